@@ -1,0 +1,71 @@
+"""deskbridge-common: the wire protocol (frames, codec, errors) and shared timings. No I/O."""
+
+from ._codec import FRAME_TYPES, MAX_FRAME_BYTES, decode_frame, encode_frame, frame_to_dict
+from ._errors import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_NORMAL,
+    CLOSE_PING_TIMEOUT,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_SERVICE_RESTART,
+    CLOSE_SUPERSEDED,
+    CLOSE_TRY_AGAIN_LATER,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from ._frames import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Error,
+    Frame,
+    Hello,
+    Job,
+    JobError,
+    JobResult,
+    Ping,
+    Pong,
+    ToolSpec,
+    Welcome,
+)
+from ._timings import Timings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL_ERROR",
+    "CLOSE_INVALID_PAYLOAD",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_NORMAL",
+    "CLOSE_PING_TIMEOUT",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_PROTOCOL_ERROR",
+    "CLOSE_SERVICE_RESTART",
+    "CLOSE_SUPERSEDED",
+    "CLOSE_TRY_AGAIN_LATER",
+    "FRAME_TYPES",
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "Cancel",
+    "Error",
+    "Frame",
+    "Hello",
+    "Job",
+    "JobError",
+    "JobResult",
+    "LocalProtocolError",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "Timings",
+    "ToolSpec",
+    "Welcome",
+    "decode_frame",
+    "encode_frame",
+    "frame_to_dict",
+]

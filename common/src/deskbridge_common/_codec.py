@@ -1,0 +1,306 @@
+"""JSON codec for the v1 frames: strict in what it accepts, exact in what it emits.
+
+``decode_frame`` turns one WebSocket text message into a frame or raises
+:class:`RemoteProtocolError` naming the field; ``encode_frame`` turns a frame into text
+and raises :class:`LocalProtocolError` if the frame would not survive ``decode_frame``.
+No I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ._errors import (
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_POLICY_VIOLATION,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from ._frames import (
+    Cancel,
+    Error,
+    Frame,
+    Hello,
+    Job,
+    JobError,
+    JobResult,
+    Ping,
+    Pong,
+    ToolSpec,
+    Welcome,
+)
+
+#: Largest frame accepted or sent, in bytes of UTF-8 (1 MiB; issue 2).
+MAX_FRAME_BYTES = 1024 * 1024
+#: Longest id-like string (delivery ids, job ids, idempotency keys, nonces).
+MAX_ID_CHARS = 200
+#: Most tools one sidecar may announce.
+MAX_TOOLS = 256
+
+_Check = Callable[[str, Any], Any]
+
+
+def _str(limit: int = MAX_ID_CHARS, *, nonempty: bool = True) -> _Check:
+    def check(field: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise RemoteProtocolError(field, f"expected string, got {_kind(value)}")
+        if nonempty and not value:
+            raise RemoteProtocolError(field, "must not be empty")
+        if len(value) > limit:
+            raise RemoteProtocolError(field, f"longer than {limit} characters")
+        return value
+
+    return check
+
+
+def _text(field: str, value: Any) -> str:
+    return _str(MAX_FRAME_BYTES, nonempty=False)(field, value)
+
+
+def _bool(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise RemoteProtocolError(field, f"expected boolean, got {_kind(value)}")
+    return value
+
+
+def _int(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RemoteProtocolError(field, f"expected integer, got {_kind(value)}")
+    return value
+
+
+def _number(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RemoteProtocolError(field, f"expected number, got {_kind(value)}")
+    if not math.isfinite(value):
+        raise RemoteProtocolError(field, "must be finite")
+    return float(value)
+
+
+def _positive(field: str, value: Any) -> float:
+    number = _number(field, value)
+    if number <= 0:
+        raise RemoteProtocolError(field, "must be positive")
+    return number
+
+
+def _object(field: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RemoteProtocolError(field, f"expected object, got {_kind(value)}")
+    return value
+
+
+def _any(field: str, value: Any) -> Any:
+    return value
+
+
+def _job_error(field: str, value: Any) -> JobError:
+    obj = _object(field, value)
+    fields = _fields(obj, {"code": (_str(64), True), "message": (_text, True)}, prefix=field)
+    return JobError(**fields)
+
+
+def _tool_spec(field: str, value: Any) -> ToolSpec:
+    obj = _object(field, value)
+    spec = {
+        "name": (_str(64), True),
+        "description": (_str(4096, nonempty=False), False),
+        "args_schema": (_object, False),
+        "side_effects": (_bool, False),
+    }
+    return ToolSpec(**_fields(obj, spec, prefix=field))
+
+
+def _tools(field: str, value: Any) -> tuple[ToolSpec, ...]:
+    if not isinstance(value, list):
+        raise RemoteProtocolError(field, f"expected array, got {_kind(value)}")
+    if len(value) > MAX_TOOLS:
+        raise RemoteProtocolError(field, f"more than {MAX_TOOLS} tools")
+    tools = tuple(_tool_spec(f"{field}[{i}]", item) for i, item in enumerate(value))
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise RemoteProtocolError(field, "duplicate tool name")
+    return tools
+
+
+# One table: frame type -> (class, {field: (check, required)}).
+_SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
+    "hello": (
+        Hello,
+        {
+            "protocol_version": (_int, True),
+            "sidecar_version": (_str(64), True),
+            "tools": (_tools, False),
+        },
+    ),
+    "welcome": (
+        Welcome,
+        {
+            "session_id": (_str(), True),
+            "heartbeat_s": (_positive, True),
+            "ping_interval_s": (_positive, True),
+            "ping_timeout_s": (_positive, True),
+        },
+    ),
+    "job": (
+        Job,
+        {
+            "id": (_str(), True),
+            "job_id": (_str(), True),
+            "name": (_str(64), True),
+            "args": (_object, True),
+            "idempotency_key": (_str(), True),
+            "deadline": (_number, True),
+        },
+    ),
+    "job_result": (
+        JobResult,
+        {
+            "id": (_str(), True),
+            "ok": (_bool, True),
+            "result": (_any, False),
+            "error": (_job_error, False),
+        },
+    ),
+    "cancel": (Cancel, {"id": (_str(), True)}),
+    "ping": (Ping, {"nonce": (_str(), True)}),
+    "pong": (Pong, {"nonce": (_str(), True)}),
+    "error": (Error, {"code": (_str(64), True), "message": (_text, True)}),
+}
+
+FRAME_TYPES = frozenset(_SPECS)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), "null" if value is None else "number"
+    )
+
+
+def _fields(
+    obj: dict[str, Any], spec: dict[str, tuple[_Check, bool]], *, prefix: str = ""
+) -> dict[str, Any]:
+    def name(key: str) -> str:
+        return f"{prefix}.{key}" if prefix else key
+
+    for key in obj:
+        if key not in spec:
+            raise RemoteProtocolError(name(key), "unexpected field", CLOSE_POLICY_VIOLATION)
+    out: dict[str, Any] = {}
+    for key, (check, required) in spec.items():
+        if key in obj:
+            out[key] = check(name(key), obj[key])
+        elif required:
+            raise RemoteProtocolError(name(key), "missing", CLOSE_POLICY_VIOLATION)
+    return out
+
+
+def decode_frame(data: str | bytes) -> Frame:
+    """Parse one WebSocket message into a frame.
+
+    Args:
+        data: the message as text (or UTF-8 bytes), at most ``MAX_FRAME_BYTES`` bytes.
+
+    Returns:
+        One of the frame classes in ``deskbridge_common.Frame``.
+
+    Raises:
+        RemoteProtocolError: the message is too big (close 1009), not UTF-8 or JSON or not
+            an object or has a wrong-typed field (1007), or has an unknown ``type``, an
+            unexpected or a missing field (1008). ``field`` names the culprit.
+    """
+    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
+    if size > MAX_FRAME_BYTES:
+        raise RemoteProtocolError(
+            "$", f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}", CLOSE_MESSAGE_TOO_BIG
+        )
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise RemoteProtocolError("$", f"not valid JSON ({type(exc).__name__})") from None
+    if not isinstance(obj, dict):
+        raise RemoteProtocolError("$", f"expected a JSON object, got {_kind(obj)}")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise RemoteProtocolError("type", "missing or not a string", CLOSE_POLICY_VIOLATION)
+    if kind not in _SPECS:
+        raise RemoteProtocolError("type", f"unknown frame type {kind[:32]!r}", CLOSE_POLICY_VIOLATION)
+    cls, spec = _SPECS[kind]
+    body = {k: v for k, v in obj.items() if k != "type"}
+    fields = _fields(body, spec)
+    if cls is JobResult:
+        _check_result_shape(fields)
+    return cls(**fields)
+
+
+def _check_result_shape(fields: dict[str, Any]) -> None:
+    if fields["ok"] and "error" in fields:
+        raise RemoteProtocolError("error", "must be absent when ok is true", CLOSE_POLICY_VIOLATION)
+    if not fields["ok"]:
+        if "error" not in fields:
+            raise RemoteProtocolError("error", "missing (ok is false)", CLOSE_POLICY_VIOLATION)
+        if "result" in fields:
+            raise RemoteProtocolError(
+                "result", "must be absent when ok is false", CLOSE_POLICY_VIOLATION
+            )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def _to_wire(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return {k: _to_wire(v) for k, v in attrs.asdict(value, recurse=False).items()}
+    if isinstance(value, tuple | list):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def frame_to_dict(frame: Frame) -> dict[str, Any]:
+    """Return the JSON object for ``frame`` (optional fields left out when unset)."""
+    body = _to_wire(frame)
+    if isinstance(frame, JobResult):
+        if frame.ok:
+            body.pop("error", None)
+        else:
+            body.pop("result", None)
+    return {"type": frame.type, **body}
+
+
+def encode_frame(frame: Frame) -> str:
+    """Serialise ``frame`` to one WebSocket text message.
+
+    Returns:
+        Compact JSON text.
+
+    Raises:
+        LocalProtocolError: the frame is not JSON-serialisable, over ``MAX_FRAME_BYTES``,
+            or would be refused by :func:`decode_frame` (``field`` names why).
+    """
+    try:
+        text = json.dumps(frame_to_dict(frame), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise LocalProtocolError("$", f"not JSON-serialisable: {exc}") from None
+    try:
+        decode_frame(text)
+    except ProtocolError as exc:
+        raise LocalProtocolError(exc.field, str(exc).split(": ", 1)[-1], exc.close_code) from None
+    return text
+
+
+__all__ = [
+    "CLOSE_INVALID_PAYLOAD",
+    "FRAME_TYPES",
+    "MAX_FRAME_BYTES",
+    "decode_frame",
+    "encode_frame",
+    "frame_to_dict",
+]

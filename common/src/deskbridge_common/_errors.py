@@ -1,0 +1,59 @@
+"""Protocol errors, split by blame (after h11's Local/RemoteProtocolError).
+
+Each error names the offending ``field`` and carries the WebSocket close code the
+receiving end should use (RFC 6455 section 7.4.1):
+
+* 1007 (invalid frame payload data): the text is not JSON, not an object, or a field
+  has the wrong type or value.
+* 1008 (policy violation): an unknown frame type, an unexpected or missing field, or a
+  frame that is not allowed in this direction or state.
+* 1009 (message too big): a frame over the size limit.
+"""
+
+from __future__ import annotations
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_INVALID_PAYLOAD = 1007
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_SERVICE_RESTART = 1012
+CLOSE_TRY_AGAIN_LATER = 1013
+# Application close codes (4000-4999 are private use per RFC 6455).
+CLOSE_SUPERSEDED = 4001  # a newer sidecar session for the same user took over
+CLOSE_PING_TIMEOUT = 4002  # the peer did not answer an application-level ping in time
+
+
+class ProtocolError(Exception):
+    """A frame broke the deskbridge protocol.
+
+    Attributes:
+        field: dotted name of the offending field (``"type"``, ``"args"``,
+            ``"error.code"``), or ``"$"`` for the frame as a whole.
+        close_code: WebSocket close code to use when closing for this error.
+        reason: short human-readable reason, at most 123 bytes of UTF-8 so it fits in a
+            close frame.
+    """
+
+    def __init__(self, field: str, message: str, close_code: int = CLOSE_INVALID_PAYLOAD):
+        self.field = field
+        self.close_code = close_code
+        self.reason = _truncate_reason(f"{field}: {message}")
+        super().__init__(self.reason)
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent a frame that breaks the protocol; close its socket with ``close_code``."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to send a frame that breaks the protocol (a bug on this side)."""
+
+
+def _truncate_reason(text: str, limit: int = 123) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."

@@ -1,0 +1,141 @@
+"""The v1 frames as frozen attrs classes. Pure data, no I/O.
+
+Wire shape: one JSON object per WebSocket text message, with a ``type`` member naming
+the frame and the fields below. See docs/protocol.md for the full reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+PROTOCOL_VERSION = 1
+
+
+@attrs.frozen
+class ToolSpec:
+    """One entry of the sidecar's tool catalogue.
+
+    Attributes:
+        name: tool name, ``[A-Za-z0-9_.-]{1,64}``.
+        description: free text for humans and agents.
+        args_schema: JSON Schema (draft 2020-12) of the tool's ``args`` object.
+        side_effects: True if running the tool twice is not harmless (a click, a submit).
+    """
+
+    name: str
+    description: str = ""
+    args_schema: dict[str, Any] = attrs.field(factory=lambda: {"type": "object"})
+    side_effects: bool = False
+
+
+@attrs.frozen
+class Hello:
+    """sidecar -> hub, first frame of every session."""
+
+    protocol_version: int
+    sidecar_version: str
+    tools: tuple[ToolSpec, ...] = ()
+    type = "hello"
+
+
+@attrs.frozen
+class Welcome:
+    """hub -> sidecar, answer to ``hello``.
+
+    Attributes:
+        session_id: the hub's id for this socket (also the presence key's value).
+        heartbeat_s: presence heartbeat interval, seconds.
+        ping_interval_s: how often each side sends an application-level ping, seconds.
+        ping_timeout_s: how long a ping may go unanswered before the socket is dropped.
+    """
+
+    session_id: str
+    heartbeat_s: float
+    ping_interval_s: float
+    ping_timeout_s: float
+    type = "welcome"
+
+
+@attrs.frozen
+class Job:
+    """hub -> sidecar: run a tool.
+
+    Attributes:
+        id: delivery id, minted fresh by the hub for every delivery; ``job_result``
+            answers with it.
+        job_id: the requester's job id, stable across redeliveries.
+        name: tool name.
+        args: keyword arguments for the tool (a JSON object).
+        idempotency_key: set once by the requester, unchanged on every redelivery; the
+            sidecar deduplicates on it.
+        deadline: absolute deadline, Unix time in seconds (wall clock); a job arriving
+            after it must not start.
+    """
+
+    id: str
+    job_id: str
+    name: str
+    args: dict[str, Any]
+    idempotency_key: str
+    deadline: float
+    type = "job"
+
+
+@attrs.frozen
+class JobError:
+    """Why a job failed: a machine-readable ``code`` and a human ``message``."""
+
+    code: str
+    message: str
+
+
+@attrs.frozen
+class JobResult:
+    """sidecar -> hub: the outcome of one delivery, answered on the delivery ``id``.
+
+    Exactly one of ``result`` (when ``ok``) and ``error`` (when not ``ok``) is meaningful.
+    """
+
+    id: str
+    ok: bool
+    result: Any = None
+    error: JobError | None = None
+    type = "job_result"
+
+
+@attrs.frozen
+class Cancel:
+    """hub -> sidecar: cancel the running delivery ``id`` (the tool task is cancelled)."""
+
+    id: str
+    type = "cancel"
+
+
+@attrs.frozen
+class Ping:
+    """Either direction: application-level ping; the peer answers ``pong`` with the nonce."""
+
+    nonce: str
+    type = "ping"
+
+
+@attrs.frozen
+class Pong:
+    """Either direction: answer to ``ping``."""
+
+    nonce: str
+    type = "pong"
+
+
+@attrs.frozen
+class Error:
+    """Either direction: the sender is about to close, or refuses a frame, and says why."""
+
+    code: str
+    message: str
+    type = "error"
+
+
+Frame = Hello | Welcome | Job | JobResult | Cancel | Ping | Pong | Error

@@ -1,0 +1,72 @@
+"""Shared timing constants, with units in their names, tunable from the environment.
+
+Defaults are the field-tested values of the seed report (shared/reference): heartbeat
+10 s, presence TTL 3 x heartbeat (a blip shorter than two heartbeats must not read as a
+disconnect), stream MAXLEN ~ 500, reclaim idle 180 s (longer than the longest legitimate
+browser job, 60-120 s), result TTL 300 s, requester wait 90 s (the seed's BLPOP), dedupe
+cache 256 outcomes for 300 s (mirrors the result TTL), sleep/wedge gap 5 s.
+
+Every field can be overridden with ``DESKBRIDGE_<FIELD NAME IN UPPER CASE>``, for example
+``DESKBRIDGE_RECLAIM_IDLE_S=5``. The table in docs/operations.md lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import attrs
+
+
+def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Timings:
+    """Every timing knob of hub and sidecar. Seconds unless the name says otherwise."""
+
+    heartbeat_s: float = attrs.field(default=10.0, validator=_positive)
+    presence_ttl_s: float = attrs.field(default=30.0, validator=_positive)
+    jobs_maxlen: int = attrs.field(default=500, validator=_positive)
+    reclaim_idle_s: float = attrs.field(default=180.0, validator=_positive)
+    result_ttl_s: float = attrs.field(default=300.0, validator=_positive)
+    call_timeout_s: float = attrs.field(default=90.0, validator=_positive)
+    read_block_ms: int = attrs.field(default=2000, validator=_positive)
+    ping_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    ping_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    dedupe_size: int = attrs.field(default=256, validator=_positive)
+    dedupe_ttl_s: float = attrs.field(default=300.0, validator=_positive)
+    wedge_gap_s: float = attrs.field(default=5.0, validator=_positive)
+    watchdog_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    backoff_initial_s: float = attrs.field(default=1.0, validator=_positive)
+    backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
+    grace_s: float = attrs.field(default=20.0, validator=_positive)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:
+        """Build from ``DESKBRIDGE_<NAME>`` variables, defaults for the rest.
+
+        Raises:
+            ValueError: a variable is not a number, or not positive; the message names it.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, float | int] = {}
+        for field in attrs.fields(cls):
+            var = "DESKBRIDGE_" + field.name.upper()
+            if var in environ:
+                raw = environ[var]
+                try:
+                    values[field.name] = int(raw) if field.type in (int, "int") else float(raw)
+                except ValueError:
+                    raise ValueError(f"{var}={raw!r} is not a number") from None
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ValueError(f"DESKBRIDGE_{str(exc).upper().split(' ', 1)[0]}: {exc}") from None
+
+    def env_names(self) -> dict[str, str]:
+        """Map each field name to its environment variable name."""
+        return {f.name: "DESKBRIDGE_" + f.name.upper() for f in attrs.fields(type(self))}

@@ -1,0 +1,78 @@
+"""The dispatch API's typed errors. Each maps to one outcome (docs/outcomes.md).
+
+"Desktop offline", "Redis unavailable", "job expired", "job failed" and "outcome
+unknown" are different answers and are never collapsed into one (DESIGN.md, invariant 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BridgeError(Exception):
+    """Base class of every error ``Bridge`` raises. ``status`` is the outcome name."""
+
+    status = "error"
+
+    def __init__(self, message: str, *, job_id: str | None = None, **details: Any):
+        super().__init__(message)
+        self.message = message
+        self.job_id = job_id
+        self.details = details
+
+
+class DesktopOffline(BridgeError):
+    """No presence for the user when the job was dispatched; nothing was enqueued."""
+
+    status = "offline"
+
+
+class SubstrateUnavailable(BridgeError):
+    """Redis (the substrate) could not be reached; the job may or may not be enqueued."""
+
+    status = "unavailable"
+
+
+class JobFailed(BridgeError):
+    """The tool ran and failed. ``code`` and ``message`` come from the sidecar."""
+
+    status = "failed"
+
+    def __init__(self, message: str, *, code: str, job_id: str | None = None, **details: Any):
+        super().__init__(message, job_id=job_id, **details)
+        self.code = code
+
+
+class JobTimeout(BridgeError):
+    """The caller stopped waiting. ``details['stage']`` says what is known:
+    ``queued``, ``delivered`` or ``running``, or ``unknown``."""
+
+    status = "timeout"
+
+
+class JobExpired(BridgeError):
+    """The job's deadline passed before it started; it never ran."""
+
+    status = "expired"
+
+
+class JobLost(BridgeError):
+    """The stream entry was trimmed or deleted before it ran; it never ran."""
+
+    status = "lost"
+
+
+class JobCancelled(BridgeError):
+    """The job was cancelled (``Bridge.cancel``) before or while it ran."""
+
+    status = "cancelled"
+
+
+class BadRequest(BridgeError):
+    """The call itself is malformed (``field`` names what); nothing was enqueued."""
+
+    status = "bad_request"
+
+    def __init__(self, message: str, *, field: str, **details: Any):
+        super().__init__(message, **details)
+        self.field = field

@@ -1,0 +1,111 @@
+"""The substrate contract: the stream and presence primitives and nothing else.
+
+Two implementations honour it, proven by one contract suite (tests/hub/test_substrate_contract.py):
+``RedisSubstrate`` (the only module importing the Redis client) and ``MemorySubstrate``
+(in-process, on the running clock; the embedded default and the deterministic tests' one).
+
+Key names (DESIGN.md; literal braces make them Redis Cluster hash tags):
+``bridge:presence:{<user_id>}``, ``bridge:jobs:{<user_id>}`` (consumer group
+``bridge-workers``), ``bridge:result:{<job_id>}``.
+
+Every method raises :class:`~deskbridge_hub.SubstrateUnavailable` when the backing store
+cannot be reached; no other exception escapes for an I/O fault. Methods are cancellable;
+a cancelled blocking read leaves no server-side waiter behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import attrs
+
+GROUP = "bridge-workers"
+
+
+def presence_key(user_id: str) -> str:
+    return f"bridge:presence:{{{user_id}}}"
+
+
+def jobs_key(user_id: str) -> str:
+    return f"bridge:jobs:{{{user_id}}}"
+
+
+def result_key(job_id: str) -> str:
+    return f"bridge:result:{{{job_id}}}"
+
+
+@attrs.frozen
+class Entry:
+    """One stream entry as read by a consumer.
+
+    Attributes:
+        entry_id: the Redis stream entry ID (``"<ms>-<seq>"``).
+        fields: the entry's field/value pairs, or ``None`` when the entry is still in the
+            pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
+    """
+
+    entry_id: str
+    fields: Mapping[str, str] | None
+
+
+@attrs.frozen
+class Claimed:
+    """Reply of :meth:`Substrate.autoclaim` (XAUTOCLAIM).
+
+    Attributes:
+        next_start: cursor for the next call; ``"0-0"`` when the scan is complete.
+        entries: entries now owned by the claiming consumer (bodies present).
+        deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
+            from the pending entries list (Redis >= 7), the caller must answer their
+            callers "lost".
+    """
+
+    next_start: str
+    entries: tuple[Entry, ...]
+    deleted_ids: tuple[str, ...]
+
+
+class Substrate(Protocol):
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+        """SET presence = session_id EX ttl_s (heartbeat)."""
+
+    async def get_presence(self, user_id: str) -> str | None:
+        """Holder session id, or None when no live presence."""
+
+    async def clear_presence(self, user_id: str, session_id: str) -> bool:
+        """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
+
+    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
+        """XADD with MAXLEN ~ maxlen; creates group GROUP (from 0, MKSTREAM) if missing.
+        Returns the entry ID."""
+
+    async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
+        """XREADGROUP ... STREAMS key 0: this consumer's own pending entries (bodies may be None).
+        Recreates a missing group (NOGROUP) from 0 and returns []."""
+
+    async def read_new(
+        self, user_id: str, consumer: str, *, count: int, block_ms: int
+    ) -> list[Entry]:
+        """XREADGROUP ... BLOCK block_ms STREAMS key >: new entries, [] on timeout.
+        Recreates a missing group (NOGROUP) from 0 and returns []."""
+
+    async def ack(self, user_id: str, entry_id: str) -> int:
+        """XACK; returns the number acknowledged (0 or 1)."""
+
+    async def autoclaim(
+        self, user_id: str, consumer: str, *, min_idle_ms: int, start: str, count: int
+    ) -> Claimed:
+        """XAUTOCLAIM key GROUP consumer min_idle_ms start COUNT count."""
+
+    async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
+        """RPUSH result list + EXPIRE ttl_s in one round trip (MULTI/EXEC)."""
+
+    async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
+        """BLPOP with a server-side timeout; the payload, or None on timeout."""
+
+    async def ping(self) -> None:
+        """Round trip to the store (health check)."""
+
+    async def aclose(self) -> None:
+        """Release connections. Idempotent."""
