@@ -231,7 +231,9 @@ def decode_frame(data: str | bytes) -> Frame:
     if not isinstance(kind, str):
         raise RemoteProtocolError("type", "missing or not a string", CLOSE_POLICY_VIOLATION)
     if kind not in _SPECS:
-        raise RemoteProtocolError("type", f"unknown frame type {kind[:32]!r}", CLOSE_POLICY_VIOLATION)
+        raise RemoteProtocolError(
+            "type", f"unknown frame type {kind[:32]!r}", CLOSE_POLICY_VIOLATION
+        )
     cls, spec = _SPECS[kind]
     body = {k: v for k, v in obj.items() if k != "type"}
     fields = _fields(body, spec)

@@ -1,0 +1,65 @@
+"""deskbridge-hub: relays jobs from any backend replica to a user's sidecar.
+
+Public API: :class:`Bridge` (dispatch), :func:`create_app` (the ASGI app),
+:class:`HubConfig`, the typed errors, the substrates and token helpers.
+"""
+
+from typing import Any
+
+from ._app import create_app
+from ._bridge import Bridge, Outcome, Presence
+from ._config import HubConfig
+from ._errors import (
+    BadRequest,
+    BridgeError,
+    DesktopOffline,
+    JobCancelled,
+    JobExpired,
+    JobFailed,
+    JobLost,
+    JobTimeout,
+    SubstrateUnavailable,
+)
+from ._substrate import Claimed, Entry, Substrate
+from ._tokens import TokenRejected, issue_token, verify_token
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Substrates load lazily so importing the package does not import the Redis client.
+    if name == "MemorySubstrate":
+        from ._memory import MemorySubstrate
+
+        return MemorySubstrate
+    if name == "RedisSubstrate":
+        from ._redis import RedisSubstrate
+
+        return RedisSubstrate
+    raise AttributeError(name)
+
+
+__all__ = [
+    "BadRequest",
+    "Bridge",
+    "BridgeError",
+    "Claimed",
+    "DesktopOffline",
+    "Entry",
+    "HubConfig",
+    "JobCancelled",
+    "JobExpired",
+    "JobFailed",
+    "JobLost",
+    "JobTimeout",
+    "MemorySubstrate",
+    "Outcome",
+    "Presence",
+    "RedisSubstrate",
+    "Substrate",
+    "SubstrateUnavailable",
+    "TokenRejected",
+    "create_app",
+    "issue_token",
+    "verify_token",
+]

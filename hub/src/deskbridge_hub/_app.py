@@ -1,0 +1,246 @@
+"""The hub's ASGI app: the sidecar WebSocket and the dispatch HTTP API (Quart-Trio).
+
+``create_app(config, substrate=None)`` builds it; the substrate is opened in
+``while_serving`` so its lifetime is the app's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+import trio
+from quart import Response, request, websocket
+from quart_trio import QuartTrio
+
+from ._bridge import Bridge, Outcome
+from ._config import HubConfig
+from ._errors import BadRequest, SubstrateUnavailable
+from ._session import HubState, SocketClosed, serve_sidecar
+from ._substrate import Substrate
+from ._tokens import TokenRejected, verify_token
+
+log = logging.getLogger("deskbridge.hub")
+
+#: HTTP status for each outcome (DESIGN.md, public interface).
+HTTP_STATUS = {
+    "completed": 200,
+    "failed": 422,
+    "expired": 410,
+    "lost": 410,
+    "cancelled": 409,
+    "timeout": 504,
+    "offline": 503,
+    "unavailable": 503,
+}
+
+
+def make_consumer_name() -> str:
+    """A consumer name unique per process: host, pid and a random suffix."""
+    return f"{socket.gethostname()[:32]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _default_substrate(config: HubConfig) -> Substrate:
+    if config.redis_url:
+        from ._redis import RedisSubstrate
+
+        return RedisSubstrate.from_url(config.redis_url)
+    from ._memory import MemorySubstrate
+
+    return MemorySubstrate()
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> Response:
+    return _json({"error": {"code": code, "message": message, **extra}}, status)
+
+
+class _QuartSocket:
+    """Adapts Quart's websocket global to :class:`SidecarSocket`."""
+
+    def __init__(self, ws: Any):
+        self._ws = ws
+        self._closed = False
+
+    async def receive(self) -> str | bytes:
+        return await self._ws.receive()
+
+    async def send(self, data: str) -> None:
+        if self._closed:
+            raise SocketClosed("closed")
+        await self._ws.send(data)
+
+    async def close(self, code: int, reason: str) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._ws.close(code, reason)
+
+
+def create_app(config: HubConfig | None = None, substrate: Substrate | None = None) -> QuartTrio:
+    """Build the hub app.
+
+    Args:
+        config: hub configuration (default: ``HubConfig.from_env()``).
+        substrate: use this substrate instead of building one from ``config`` (tests,
+            the demo). It is closed when the app stops serving either way.
+
+    Returns:
+        A QuartTrio app; ``app.extensions["deskbridge"]`` holds the ``Bridge`` and
+        ``HubState`` while serving.
+    """
+    config = HubConfig.from_env() if config is None else config
+    app = QuartTrio("deskbridge_hub")
+    app.config["DESKBRIDGE"] = config
+    holder: dict[str, Any] = {}
+
+    @app.while_serving
+    async def _lifetime():  # type: ignore[no-untyped-def]
+        sub = substrate if substrate is not None else _default_substrate(config)
+        state = HubState(
+            substrate=sub,
+            timings=config.timings,
+            consumer=make_consumer_name(),
+            wall_clock=time.time,
+            max_inflight_per_session=config.max_inflight_per_session,
+        )
+        bridge = Bridge(sub, config.timings)
+        holder.update(state=state, bridge=bridge)
+        app.extensions["deskbridge"] = holder
+        log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
+        try:
+            yield
+        finally:
+            with trio.move_on_after(2.0, shield=True):
+                await sub.aclose()
+
+    def _authorised() -> bool:
+        if not config.api_keys:
+            return True
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            return False
+        ok = False
+        for key in config.api_keys:  # compare with every key: constant time overall
+            ok |= hmac.compare_digest(given.encode(), key.encode())
+        return ok
+
+    @app.before_request
+    async def _check_api_key():  # type: ignore[no-untyped-def]
+        if request.path.startswith("/v1/") and not _authorised():
+            return _error(
+                401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
+            )
+        return None
+
+    @app.errorhandler(SubstrateUnavailable)
+    async def _unavailable(exc: SubstrateUnavailable):  # type: ignore[no-untyped-def]
+        return _json(
+            {"status": "unavailable", "error": {"code": "unavailable", "message": str(exc)}}, 503
+        )
+
+    @app.errorhandler(BadRequest)
+    async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
+        return _error(400, "bad_request", str(exc), field=exc.field)
+
+    @app.get("/healthz")
+    async def healthz():  # type: ignore[no-untyped-def]
+        state: HubState = holder["state"]
+        try:
+            await state.substrate.ping()
+        except SubstrateUnavailable as exc:
+            return _json({"ok": False, "substrate": "unavailable", "error": str(exc)}, 503)
+        return _json({"ok": True, "substrate": "ok", "consumer": state.consumer})
+
+    @app.get("/v1/users/<user_id>/presence")
+    async def presence(user_id: str):  # type: ignore[no-untyped-def]
+        p = await holder["bridge"].presence(user_id)
+        return _json({"user_id": p.user_id, "online": p.online, "session_id": p.session_id})
+
+    @app.post("/v1/users/<user_id>/jobs")
+    async def jobs(user_id: str):  # type: ignore[no-untyped-def]
+        body = await _json_body()
+        name = _field(body, "name", str, required=True)
+        args = _field(body, "args", dict, required=False, default={})
+        key = _field(body, "idempotency_key", str, required=False)
+        timeout_s = _field(body, "timeout_s", (int, float), required=False)
+        unknown = set(body) - {"name", "args", "idempotency_key", "timeout_s"}
+        if unknown:
+            raise BadRequest(f"unexpected field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
+        if len(json.dumps(args)) > config.max_args_bytes:
+            raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
+        outcome = await holder["bridge"].dispatch(
+            user_id, name, args, idempotency_key=key, timeout_s=timeout_s
+        )
+        return _outcome_response(outcome)
+
+    @app.post("/v1/users/<user_id>/status")
+    async def status(user_id: str):  # type: ignore[no-untyped-def]
+        outcome = await holder["bridge"].status(user_id)
+        return _outcome_response(outcome)
+
+    @app.websocket("/v1/sidecar")
+    async def sidecar():  # type: ignore[no-untyped-def]
+        header = websocket.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not config.secrets:
+            return _error(
+                503, "not_configured", "hub has no DESKBRIDGE_SECRET; cannot verify tokens"
+            )
+        if scheme.lower() != "bearer" or not token:
+            return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
+        try:
+            user_id = verify_token(token.strip(), config.secrets)
+        except TokenRejected as exc:
+            log.warning("sidecar handshake refused: %s", exc)
+            return _error(403 if "expired" not in str(exc) else 401, "forbidden", str(exc))
+        await websocket.accept()
+        await serve_sidecar(holder["state"], _QuartSocket(websocket._get_current_object()), user_id)
+        return None
+
+    return app
+
+
+async def _json_body() -> dict[str, Any]:
+    raw = await request.get_data(as_text=False)
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError:
+        raise BadRequest("body is not valid JSON", field="$") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object", field="$")
+    return body
+
+
+def _field(
+    body: dict[str, Any], name: str, kind: Any, *, required: bool, default: Any = None
+) -> Any:
+    if name not in body or body[name] is None:
+        if required:
+            raise BadRequest(f"{name} is required", field=name)
+        return default
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise BadRequest(f"{name} has the wrong type", field=name)
+    return value
+
+
+def _outcome_response(outcome: Outcome) -> Response:
+    body: dict[str, Any] = {"job_id": outcome.job_id, "status": outcome.status}
+    if outcome.status == "completed":
+        body["result"] = outcome.result
+    else:
+        body["error"] = outcome.error
+    if outcome.detail:
+        body["detail"] = outcome.detail
+    body["elapsed_ms"] = round(outcome.elapsed_s * 1000, 3)
+    return _json(body, HTTP_STATUS.get(outcome.status, 500))

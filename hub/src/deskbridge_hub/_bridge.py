@@ -1,0 +1,260 @@
+"""The dispatch API: ``Bridge.call``, ``Bridge.presence``, ``Bridge.status``.
+
+Any replica can dispatch: a call checks presence, puts the job on the user's stream and
+waits (BLPOP) on the job's result list. Uses only anyio-compatible substrate calls, so it
+runs under trio and asyncio alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import attrs
+from deskbridge_common import Timings
+
+from ._errors import (
+    BadRequest,
+    BridgeError,
+    DesktopOffline,
+    JobCancelled,
+    JobExpired,
+    JobFailed,
+    JobLost,
+    JobTimeout,
+)
+from ._jobs import JobEnvelope, parse_result
+from ._substrate import Substrate
+from ._validate import validate_key, validate_tool_name, validate_user_id
+
+#: Default wait for ``Bridge.status``: a status round trip that takes longer than this
+#: means the desktop is not answering (the field figure is 20 ms).
+STATUS_TIMEOUT_S = 5.0
+
+
+@attrs.frozen
+class Presence:
+    """Answer of ``Bridge.presence``: ``online`` iff a live presence key exists."""
+
+    user_id: str
+    online: bool
+    session_id: str | None = None
+
+
+@attrs.frozen
+class Outcome:
+    """A terminal answer for one dispatched job (see docs/outcomes.md).
+
+    Attributes:
+        job_id: the job's id (None if it was never enqueued: offline, bad request).
+        status: completed | failed | expired | lost | cancelled | timeout | offline |
+            unavailable.
+        result: the tool's return value when completed.
+        error: ``{"code", "message"}`` for every other status.
+        detail: extra facts (``stage`` for timeouts).
+        elapsed_s: seconds from dispatch to this answer (monotonic clock).
+    """
+
+    job_id: str | None
+    status: str
+    result: Any = None
+    error: dict[str, str] | None = None
+    detail: dict[str, Any] = attrs.field(factory=dict)
+    elapsed_s: float = 0.0
+
+    def raise_for_status(self) -> Any:
+        """Return ``result`` if completed, else raise the matching ``BridgeError``."""
+        if self.status == "completed":
+            return self.result
+        err = self.error or {"code": self.status, "message": self.status}
+        message = err.get("message", self.status)
+        exc_type = _ERRORS.get(self.status, BridgeError)
+        if exc_type is JobFailed:
+            raise JobFailed(message, code=err.get("code", "failed"), job_id=self.job_id)
+        raise exc_type(message, job_id=self.job_id, **self.detail)
+
+
+_ERRORS: dict[str, type[BridgeError]] = {
+    "failed": JobFailed,
+    "expired": JobExpired,
+    "lost": JobLost,
+    "cancelled": JobCancelled,
+    "timeout": JobTimeout,
+    "offline": DesktopOffline,
+}
+
+
+@attrs.define(eq=False)
+class Bridge:
+    """Dispatch jobs to users' desktops through a substrate.
+
+    Args:
+        substrate: the shared substrate (Redis, or in-memory for one process).
+        timings: timing knobs; ``call_timeout_s`` (90 s, the seed's BLPOP) is the default
+            wait, ``result_ttl_s`` bounds how long a result is kept.
+        wall_clock: Unix time source for deadlines (injectable for tests).
+    """
+
+    substrate: Substrate
+    timings: Timings = attrs.field(factory=Timings)
+    wall_clock: Callable[[], float] = time.time
+
+    async def presence(self, user_id: str) -> Presence:
+        """Is the user's desktop connected, as every replica sees it?
+
+        Raises:
+            BadRequest: invalid user id.
+            SubstrateUnavailable: Redis unreachable (never reported as offline).
+        """
+        _check(validate_user_id, user_id, "user_id")
+        holder = await self.substrate.get_presence(user_id)
+        return Presence(user_id=user_id, online=holder is not None, session_id=holder)
+
+    async def dispatch(
+        self,
+        user_id: str,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> Outcome:
+        """Run tool ``name`` on the user's desktop and wait for its terminal answer.
+
+        Args:
+            user_id: whose desktop.
+            name: tool name.
+            args: keyword arguments for the tool (a JSON object; default ``{}``).
+            idempotency_key: stable key for deduplication across redeliveries; default is
+                the fresh job id (a retry by the caller with the same key runs once).
+            timeout_s: how long to wait for the answer, seconds (default
+                ``timings.call_timeout_s`` = 90 s); it is the server-side BLPOP timeout.
+            deadline: absolute Unix time after which the job must not start (default
+                now + timeout_s).
+
+        Returns:
+            An :class:`Outcome` whose status is completed, failed, expired, lost,
+            cancelled, timeout or offline. It never returns "unavailable": that raises.
+
+        Raises:
+            BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
+            SubstrateUnavailable: Redis unreachable; the job may or may not be enqueued
+                if this happens after the presence check.
+
+        Cancellation: stops waiting; the job stays queued and runs unless its deadline
+        passes first.
+        """
+        started = anyio.current_time()
+        _check(validate_user_id, user_id, "user_id")
+        _check(validate_tool_name, name, "name")
+        args = {} if args is None else args
+        if not isinstance(args, dict):
+            raise BadRequest("args must be a JSON object", field="args")
+        try:
+            json.dumps(args)
+        except (TypeError, ValueError):
+            raise BadRequest("args must be JSON-serialisable", field="args") from None
+        timeout_s = self.timings.call_timeout_s if timeout_s is None else timeout_s
+        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise BadRequest("timeout_s must be a positive number of seconds", field="timeout_s")
+        job_id = uuid.uuid4().hex
+        if idempotency_key is None:
+            idempotency_key = job_id
+        _check(validate_key, idempotency_key, "idempotency_key")
+
+        holder = await self.substrate.get_presence(user_id)
+        if holder is None:
+            return Outcome(
+                job_id=None,
+                status="offline",
+                error={"code": "offline", "message": f"desktop of {user_id} is offline"},
+                elapsed_s=anyio.current_time() - started,
+            )
+        now = self.wall_clock()
+        envelope = JobEnvelope(
+            job_id=job_id,
+            name=name,
+            args=args,
+            idempotency_key=idempotency_key,
+            deadline=now + timeout_s if deadline is None else deadline,
+            enqueued_at=now,
+        )
+        await self.substrate.enqueue(user_id, envelope.to_fields(), maxlen=self.timings.jobs_maxlen)
+        payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+        elapsed = anyio.current_time() - started
+        if payload is None:
+            return Outcome(
+                job_id=job_id,
+                status="timeout",
+                error={
+                    "code": "timeout",
+                    "message": f"no answer within {timeout_s:g} s; outcome unknown",
+                },
+                detail={"stage": "unknown"},
+                elapsed_s=elapsed,
+            )
+        body = parse_result(payload)
+        return Outcome(
+            job_id=job_id,
+            status=body["status"],
+            result=body.get("result"),
+            error=body.get("error"),
+            detail=body.get("detail") or {},
+            elapsed_s=elapsed,
+        )
+
+    async def call(
+        self,
+        user_id: str,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Like :meth:`dispatch`, but return the tool's result or raise.
+
+        Returns:
+            The tool's JSON result.
+
+        Raises:
+            DesktopOffline: no presence when dispatched (answered at once, nothing queued).
+            JobFailed: the tool failed (``code``, ``message`` from the sidecar).
+            JobExpired: the deadline passed before the job started.
+            JobLost: the entry was trimmed or deleted before it ran.
+            JobCancelled: the job was cancelled.
+            JobTimeout: no answer within ``timeout_s``; ``details['stage']`` says what is
+                known.
+            SubstrateUnavailable: Redis unreachable.
+            BadRequest: malformed input.
+        """
+        outcome = await self.dispatch(
+            user_id, name, args, idempotency_key=idempotency_key, timeout_s=timeout_s
+        )
+        return outcome.raise_for_status()
+
+    async def status(self, user_id: str, *, timeout_s: float = STATUS_TIMEOUT_S) -> Outcome:
+        """Round trip through the desktop's status worker (never queued behind a tool).
+
+        Returns:
+            The status job's :class:`Outcome`; ``result`` holds the sidecar's status
+            (its wall time, version, running tool) when completed, ``elapsed_s`` the
+            round-trip time.
+
+        Raises:
+            BadRequest, SubstrateUnavailable: as :meth:`dispatch`.
+        """
+        return await self.dispatch(user_id, "status", {}, timeout_s=timeout_s)
+
+
+def _check(validator: Callable[..., Any], value: Any, field: str) -> None:
+    try:
+        validator(value)
+    except ValueError as exc:
+        raise BadRequest(str(exc), field=field) from None

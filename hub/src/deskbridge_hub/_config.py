@@ -1,0 +1,70 @@
+"""Hub configuration, read from the environment (DESIGN.md, public interface)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import attrs
+from deskbridge_common import Timings
+
+
+@attrs.frozen(kw_only=True)
+class HubConfig:
+    """Everything a hub process needs.
+
+    Attributes:
+        redis_url: ``DESKBRIDGE_REDIS_URL``; None selects the in-memory substrate (one
+            process only).
+        secrets: ``DESKBRIDGE_SECRET`` first, then ``DESKBRIDGE_PREVIOUS_SECRETS``
+            (comma-separated) still accepted during a rotation window.
+        api_keys: ``DESKBRIDGE_API_KEY`` (comma-separated for rotation); empty means the
+            dispatch API is open, which is allowed on loopback binds only.
+        timings: every timing knob (``DESKBRIDGE_<NAME>``), see deskbridge_common.Timings.
+        max_inflight_per_session: most jobs delivered and not yet answered on one socket
+            (``DESKBRIDGE_MAX_INFLIGHT``, default 32).
+        max_args_bytes: largest JSON-encoded ``args`` accepted by the dispatch API
+            (``DESKBRIDGE_MAX_ARGS_BYTES``, default 256 KiB).
+    """
+
+    redis_url: str | None = None
+    secrets: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = ()
+    timings: Timings = attrs.field(factory=Timings)
+    max_inflight_per_session: int = 32
+    max_args_bytes: int = 256 * 1024
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HubConfig:
+        """Read the configuration from ``environ`` (default ``os.environ``).
+
+        Raises:
+            ValueError: a variable does not parse; the message names it.
+        """
+        env = os.environ if environ is None else environ
+
+        def csv(name: str) -> tuple[str, ...]:
+            return tuple(p.strip() for p in env.get(name, "").split(",") if p.strip())
+
+        secret = env.get("DESKBRIDGE_SECRET", "").strip()
+        return cls(
+            redis_url=env.get("DESKBRIDGE_REDIS_URL") or None,
+            secrets=((secret,) if secret else ()) + csv("DESKBRIDGE_PREVIOUS_SECRETS"),
+            api_keys=csv("DESKBRIDGE_API_KEY"),
+            timings=Timings.from_env(env),
+            max_inflight_per_session=_int(env, "DESKBRIDGE_MAX_INFLIGHT", 32),
+            max_args_bytes=_int(env, "DESKBRIDGE_MAX_ARGS_BYTES", 256 * 1024),
+        )
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be positive")
+    return value

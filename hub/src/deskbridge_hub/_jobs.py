@@ -1,0 +1,94 @@
+"""Job envelopes on the stream and result payloads on the result list. No I/O.
+
+A stream entry's fields (all strings, as Redis stores them):
+``job_id``, ``name``, ``args`` (JSON object), ``idempotency_key``, ``deadline`` (Unix
+seconds, wall clock), ``enqueued_at`` (Unix seconds).
+
+A result payload is a JSON object: ``{"status": <outcome>, "result"?: ..., "error"?:
+{"code", "message"}, "detail"?: ...}`` where outcome is one of :data:`OUTCOMES`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+#: Terminal outcomes a result payload can carry (docs/outcomes.md).
+OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled"})
+
+
+class MalformedEntry(ValueError):
+    """A stream entry's body does not decode into a job (names the field)."""
+
+
+@attrs.frozen
+class JobEnvelope:
+    """What the requester put on the user's stream.
+
+    Attributes:
+        job_id: requester's job id (also the result list's key suffix).
+        name: tool name.
+        args: tool keyword arguments.
+        idempotency_key: stable across redeliveries; the sidecar dedupes on it.
+        deadline: absolute deadline, Unix seconds (wall clock).
+        enqueued_at: when it was enqueued, Unix seconds.
+    """
+
+    job_id: str
+    name: str
+    args: dict[str, Any]
+    idempotency_key: str
+    deadline: float
+    enqueued_at: float
+
+    def to_fields(self) -> dict[str, str]:
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "args": json.dumps(self.args, separators=(",", ":")),
+            "idempotency_key": self.idempotency_key,
+            "deadline": repr(float(self.deadline)),
+            "enqueued_at": repr(float(self.enqueued_at)),
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> JobEnvelope:
+        """Decode stream fields.
+
+        Raises:
+            MalformedEntry: a field is missing or does not decode.
+        """
+        try:
+            args = json.loads(fields["args"])
+            if not isinstance(args, dict):
+                raise MalformedEntry("args: not a JSON object")
+            return cls(
+                job_id=fields["job_id"],
+                name=fields["name"],
+                args=args,
+                idempotency_key=fields["idempotency_key"],
+                deadline=float(fields["deadline"]),
+                enqueued_at=float(fields["enqueued_at"]),
+            )
+        except KeyError as exc:
+            raise MalformedEntry(f"{exc.args[0]}: missing") from None
+        except ValueError as exc:
+            raise MalformedEntry(str(exc)) from None
+
+
+def result_payload(status: str, **body: Any) -> str:
+    """Encode a terminal result payload for the result list."""
+    if status not in OUTCOMES:
+        raise ValueError(f"unknown outcome {status!r}")
+    return json.dumps({"status": status, **body}, separators=(",", ":"))
+
+
+def parse_result(payload: str) -> dict[str, Any]:
+    """Decode a result payload. Raises ValueError if it is not one."""
+    obj = json.loads(payload)
+    if not isinstance(obj, dict) or obj.get("status") not in OUTCOMES:
+        raise ValueError("not a result payload")
+    return obj

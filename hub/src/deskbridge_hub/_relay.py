@@ -1,0 +1,140 @@
+"""The relay loop: moves entries from a user's stream to that user's socket.
+
+Order of business (DESIGN.md; the seed's recovery lessons):
+
+1. Drain this consumer's own pending entries from ``0`` first, skipping entries already
+   in flight; as soon as nothing unserved is pending, switch to new entries, so the
+   drain can never spin on its own un-acked entry.
+2. Read new entries (``>``) with ``BLOCK read_block_ms``.
+3. When a read comes back empty (idle) or every ``reclaim_idle_s / 4``, run XAUTOCLAIM
+   with min-idle = ``reclaim_idle_s`` to take over entries of dead consumers.
+
+Entries are handed to ``dispatch(entry)`` which must run in a task of the caller's
+nursery; the relay adds the entry ID to the in-flight set before dispatching, and the
+dispatcher removes it only after XACK (or when it gives up on the socket).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import attrs
+from deskbridge_common import Timings
+
+from ._errors import SubstrateUnavailable
+from ._substrate import Entry, Substrate
+
+log = logging.getLogger("deskbridge.hub.relay")
+
+#: Back-off after a substrate error in the relay loop, seconds (bounded; no tight loop).
+ERROR_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+@attrs.define(eq=False)
+class EntrySource:
+    """Reads entries for one user on behalf of one consumer (per-user blocking reads).
+
+    A shared multiplexed reader can replace it later without touching the relay.
+    """
+
+    substrate: Substrate
+    user_id: str
+    consumer: str
+    timings: Timings
+    batch: int = 32
+
+    async def pending(self) -> list[Entry]:
+        return await self.substrate.read_pending(self.user_id, self.consumer, count=self.batch)
+
+    async def new(self) -> list[Entry]:
+        return await self.substrate.read_new(
+            self.user_id, self.consumer, count=self.batch, block_ms=self.timings.read_block_ms
+        )
+
+    async def reclaim(self) -> tuple[list[Entry], list[str]]:
+        """XAUTOCLAIM entries idle for at least ``reclaim_idle_s``; full scan."""
+        entries: list[Entry] = []
+        deleted: list[str] = []
+        start = "0-0"
+        min_idle_ms = int(self.timings.reclaim_idle_s * 1000)
+        for _ in range(100):  # bounded: at most 100 batches per pass
+            claimed = await self.substrate.autoclaim(
+                self.user_id, self.consumer, min_idle_ms=min_idle_ms, start=start, count=self.batch
+            )
+            entries.extend(claimed.entries)
+            deleted.extend(claimed.deleted_ids)
+            start = claimed.next_start
+            if start in ("0-0", "0"):
+                break
+        return entries, deleted
+
+
+async def relay_loop(
+    source: EntrySource,
+    inflight: set[str],
+    dispatch: Callable[[Entry], Awaitable[None]],
+    *,
+    on_deleted: Callable[[list[str]], Awaitable[None]] | None = None,
+    paused: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run until cancelled, dispatching every entry of the user's stream exactly once
+    per delivery.
+
+    Args:
+        source: where entries come from.
+        inflight: entry IDs being served right now in this process (shared by every
+            session of the user in this process); never dispatched again while present.
+        dispatch: called with each fresh entry; must start the serving task and return
+            promptly (the relay adds to ``inflight`` first).
+        on_deleted: called with pending entry IDs whose body no longer exists (XAUTOCLAIM
+            deleted IDs).
+        paused: while it returns True (graceful shutdown) no new entries are read.
+
+    Raises:
+        Nothing of its own: substrate errors are logged and retried with bounded backoff.
+
+    Cancellation: stops between reads; in-flight entries stay in the pending entries
+    list and are redelivered by the next drain or reclaim.
+    """
+    draining = True
+    failures = 0
+    reclaim_every_s = max(source.timings.reclaim_idle_s / 4, 1.0)
+    last_reclaim = -float("inf")
+    while True:
+        if paused():
+            await anyio.sleep(0.1)
+            continue
+        try:
+            if draining:
+                entries = await source.pending()
+                fresh = [e for e in entries if e.entry_id not in inflight]
+                if not fresh:
+                    draining = False
+                    continue
+            else:
+                entries = await source.new()
+                fresh = [e for e in entries if e.entry_id not in inflight]
+                now = anyio.current_time()
+                if not entries or now - last_reclaim >= reclaim_every_s:
+                    last_reclaim = now
+                    claimed, deleted = await source.reclaim()
+                    fresh += [e for e in claimed if e.entry_id not in inflight]
+                    if deleted and on_deleted is not None:
+                        await on_deleted(deleted)
+            failures = 0
+        except SubstrateUnavailable as exc:
+            delay = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
+            failures += 1
+            log.warning("relay for %s: %s; retrying in %.2f s", source.user_id, exc, delay)
+            await anyio.sleep(delay)
+            draining = True
+            continue
+        seen: set[str] = set()
+        for entry in fresh:
+            if entry.entry_id in seen or entry.entry_id in inflight:
+                continue
+            seen.add(entry.entry_id)
+            inflight.add(entry.entry_id)
+            await dispatch(entry)

@@ -1,0 +1,438 @@
+"""One connected sidecar socket on the hub.
+
+Each socket gets one nursery, owned by :func:`serve_sidecar`, holding: the reader, the
+writer (the only task that sends), the presence heartbeat, the pinger (application-level
+ping with a deadline), the relay loop, and one task per delivered job.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+import attrs
+import trio
+from deskbridge_common import (
+    CLOSE_NORMAL,
+    CLOSE_PING_TIMEOUT,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_SUPERSEDED,
+    PROTOCOL_VERSION,
+    Error,
+    Frame,
+    Hello,
+    Job,
+    JobResult,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    Timings,
+    Welcome,
+    decode_frame,
+    encode_frame,
+)
+
+from ._errors import SubstrateUnavailable
+from ._jobs import JobEnvelope, MalformedEntry, result_payload
+from ._relay import EntrySource, relay_loop
+from ._substrate import Entry, Substrate
+
+log = logging.getLogger("deskbridge.hub.session")
+
+
+class SidecarSocket(Protocol):
+    """The little a session needs from a WebSocket (Quart's, or a memory fake)."""
+
+    async def receive(self) -> str | bytes:
+        """Next message. Raises ``SocketClosed`` (or is cancelled) when the peer is gone."""
+
+    async def send(self, data: str) -> None:
+        """Send one text message."""
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close with ``code`` and ``reason``."""
+
+
+class SocketClosed(Exception):
+    """The peer closed the socket or it broke."""
+
+
+class _EndSession(Exception):
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@attrs.define(eq=False)
+class HubState:
+    """Process-wide state shared by every session in this hub process.
+
+    Attributes:
+        substrate: the shared substrate.
+        timings: timing knobs.
+        consumer: this process's consumer name in group ``bridge-workers`` (unique per
+            process).
+        inflight: per user, entry IDs being served in this process right now.
+        wall_clock: Unix time source (deadlines).
+        max_inflight_per_session: most unanswered deliveries per socket.
+        draining: set on graceful shutdown: relays stop reading new entries.
+    """
+
+    substrate: Substrate
+    timings: Timings
+    consumer: str
+    wall_clock: Callable[[], float]
+    max_inflight_per_session: int = 32
+    inflight: dict[str, set[str]] = attrs.field(factory=dict)
+    draining: bool = False
+    sessions: dict[str, Any] = attrs.field(factory=dict)
+    deliveries_total: int = 0
+
+
+@attrs.define(eq=False)
+class _Delivery:
+    entry_id: str
+    envelope: JobEnvelope
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: JobResult | None = None
+
+
+@attrs.define(eq=False)
+class HubSession:
+    state: HubState
+    socket: SidecarSocket
+    user_id: str
+    session_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
+    hello: Hello | None = None
+    deliveries: dict[str, _Delivery] = attrs.field(factory=dict)
+    _send: Any = None
+    _recv: Any = None
+    _pongs: dict[str, trio.Event] = attrs.field(factory=dict)
+    _nursery: trio.Nursery | None = None
+    _limiter: trio.CapacityLimiter | None = None
+    _closing: tuple[int, str] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the socket until it closes. Never raises for peer misbehaviour:
+        protocol errors close the socket with their close code."""
+        t = self.state.timings
+        try:
+            await self._handshake()
+        except _EndSession as end:
+            await self._close(end.code, end.reason)
+            return
+        self._send, self._recv = trio.open_memory_channel[str](256)
+        self._limiter = trio.CapacityLimiter(self.state.max_inflight_per_session)
+        inflight = self.state.inflight.setdefault(self.user_id, set())
+        self.state.sessions[self.session_id] = self
+        end: _EndSession | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._guard, self._writer)
+                nursery.start_soon(self._guard, self._reader)
+                nursery.start_soon(self._guard, self._heartbeat)
+                nursery.start_soon(self._guard, self._pinger)
+                source = EntrySource(self.state.substrate, self.user_id, self.state.consumer, t)
+                nursery.start_soon(
+                    self._guard,
+                    lambda: relay_loop(
+                        source,
+                        inflight,
+                        self._dispatch,
+                        on_deleted=self._on_deleted,
+                        paused=lambda: self.state.draining,
+                    ),
+                )
+        except* _EndSession as group:
+            end = group.exceptions[0]  # type: ignore[assignment]
+        finally:
+            self.state.sessions.pop(self.session_id, None)
+            with trio.move_on_after(2.0, shield=True):
+                try:
+                    await self.state.substrate.clear_presence(self.user_id, self.session_id)
+                except SubstrateUnavailable as exc:
+                    log.warning("could not clear presence of %s: %s", self.user_id, exc)
+        if end is not None:
+            log.info(
+                "session %s of %s ends: %s %s", self.session_id, self.user_id, end.code, end.reason
+            )
+            await self._close(end.code, end.reason)
+
+    async def close(self, code: int, reason: str) -> None:
+        """End the session from outside (graceful shutdown, superseded)."""
+        if self._nursery is not None:
+            self._closing = (code, reason)
+            self._nursery.cancel_scope.cancel()
+            await self._close(code, reason)
+
+    async def _guard(self, fn: Callable[[], Any]) -> None:
+        try:
+            await fn()
+        except SocketClosed:
+            raise _EndSession(CLOSE_NORMAL, "socket closed") from None
+
+    async def _close(self, code: int, reason: str) -> None:
+        with trio.move_on_after(self.state.timings.close_timeout_s, shield=True):
+            try:
+                await self.socket.close(code, reason)
+            except Exception:  # noqa: BLE001 - the socket may already be gone
+                pass
+
+    async def _handshake(self) -> None:
+        t = self.state.timings
+        with trio.move_on_after(t.ping_timeout_s) as scope:
+            try:
+                raw = await self.socket.receive()
+            except SocketClosed:
+                raise _EndSession(CLOSE_NORMAL, "closed before hello") from None
+        if scope.cancelled_caught:
+            raise _EndSession(CLOSE_POLICY_VIOLATION, "no hello within ping timeout")
+        frame = self._decode(raw)
+        if not isinstance(frame, Hello):
+            raise _EndSession(CLOSE_POLICY_VIOLATION, f"expected hello, got {frame.type}")
+        if frame.protocol_version != PROTOCOL_VERSION:
+            raise _EndSession(
+                CLOSE_POLICY_VIOLATION,
+                f"unsupported protocol_version {frame.protocol_version}; hub speaks {PROTOCOL_VERSION}",
+            )
+        self.hello = frame
+        try:
+            await self.state.substrate.set_presence(self.user_id, self.session_id, t.presence_ttl_s)
+        except SubstrateUnavailable:
+            raise _EndSession(1013, "substrate unavailable; try again later") from None
+        await self.socket.send(
+            encode_frame(
+                Welcome(
+                    session_id=self.session_id,
+                    heartbeat_s=t.heartbeat_s,
+                    ping_interval_s=t.ping_interval_s,
+                    ping_timeout_s=t.ping_timeout_s,
+                )
+            )
+        )
+        log.info(
+            "session %s: %s online (sidecar %s)",
+            self.session_id,
+            self.user_id,
+            frame.sidecar_version,
+        )
+
+    def _decode(self, raw: str | bytes) -> Frame:
+        try:
+            return decode_frame(raw)
+        except RemoteProtocolError as exc:
+            log.warning(
+                "session %s: bad frame from %s: %s", self.session_id, self.user_id, exc.reason
+            )
+            raise _EndSession(exc.close_code, exc.reason) from None
+
+    # -- tasks -------------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        async for text in self._recv:
+            await self.socket.send(text)
+
+    def _post(self, frame: Frame) -> None:
+        self._send.send_nowait(encode_frame(frame))
+
+    async def _reader(self) -> None:
+        while True:
+            frame = self._decode(await self.socket.receive())
+            if isinstance(frame, JobResult):
+                delivery = self.deliveries.get(frame.id)
+                if delivery is None or delivery.done.is_set():
+                    log.warning(
+                        "session %s: job_result for id %r not delivered on this socket; refused",
+                        self.session_id,
+                        frame.id[:64],
+                    )
+                    continue
+                delivery.result = frame
+                delivery.done.set()
+            elif isinstance(frame, Ping):
+                await self._send.send(encode_frame(Pong(nonce=frame.nonce)))
+            elif isinstance(frame, Pong):
+                event = self._pongs.get(frame.nonce)
+                if event is not None:
+                    event.set()
+            elif isinstance(frame, Error):
+                log.info(
+                    "session %s: sidecar says %s: %s", self.session_id, frame.code, frame.message
+                )
+            else:
+                raise _EndSession(
+                    CLOSE_POLICY_VIOLATION, f"unexpected {frame.type} frame from sidecar"
+                )
+
+    async def _heartbeat(self) -> None:
+        t = self.state.timings
+        while True:
+            await trio.sleep(t.heartbeat_s)
+            try:
+                holder = await self.state.substrate.get_presence(self.user_id)
+                if holder is not None and holder != self.session_id:
+                    raise _EndSession(CLOSE_SUPERSEDED, "superseded by a newer sidecar session")
+                await self.state.substrate.set_presence(
+                    self.user_id, self.session_id, t.presence_ttl_s
+                )
+            except SubstrateUnavailable as exc:
+                log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+
+    async def _pinger(self) -> None:
+        t = self.state.timings
+        while True:
+            await trio.sleep(t.ping_interval_s)
+            nonce = uuid.uuid4().hex
+            event = self._pongs[nonce] = trio.Event()
+            try:
+                await self._send.send(encode_frame(Ping(nonce=nonce)))
+                with trio.move_on_after(t.ping_timeout_s):
+                    await event.wait()
+                if not event.is_set():
+                    raise _EndSession(CLOSE_PING_TIMEOUT, f"no pong within {t.ping_timeout_s:g} s")
+            finally:
+                self._pongs.pop(nonce, None)
+
+    # -- jobs --------------------------------------------------------------------------
+
+    async def _dispatch(self, entry: Entry) -> None:
+        assert self._limiter is not None and self._nursery is not None
+        await self._limiter.acquire_on_behalf_of(entry.entry_id)
+        self._nursery.start_soon(self._serve_entry, entry)
+
+    async def _on_deleted(self, entry_ids: list[str]) -> None:
+        log.warning(
+            "user %s: %d pending entries were trimmed before they ran: %s",
+            self.user_id,
+            len(entry_ids),
+            ", ".join(entry_ids[:10]),
+        )
+
+    async def _serve_entry(self, entry: Entry) -> None:
+        inflight = self.state.inflight.setdefault(self.user_id, set())
+        try:
+            await self._serve_entry_inner(entry)
+        finally:
+            inflight.discard(entry.entry_id)
+            assert self._limiter is not None
+            self._limiter.release_on_behalf_of(entry.entry_id)
+
+    async def _serve_entry_inner(self, entry: Entry) -> None:
+        substrate = self.state.substrate
+        if entry.fields is None:
+            log.warning("user %s: entry %s was trimmed before it ran", self.user_id, entry.entry_id)
+            await self._ack(entry.entry_id)
+            return
+        try:
+            envelope = JobEnvelope.from_fields(entry.fields)
+        except MalformedEntry as exc:
+            log.error(
+                "user %s: malformed entry %s (%s); acked and dropped",
+                self.user_id,
+                entry.entry_id,
+                exc,
+            )
+            job_id = entry.fields.get("job_id")
+            if job_id:
+                await self._publish(
+                    job_id,
+                    result_payload("failed", error={"code": "malformed", "message": str(exc)}),
+                )
+            await self._ack(entry.entry_id)
+            return
+        if self.state.wall_clock() >= envelope.deadline:
+            await self._publish(
+                envelope.job_id,
+                result_payload(
+                    "expired",
+                    error={
+                        "code": "expired",
+                        "message": "deadline passed before the job was forwarded",
+                    },
+                    detail={"stage": "queued"},
+                ),
+            )
+            await self._ack(entry.entry_id)
+            return
+        delivery_id = uuid.uuid4().hex
+        delivery = _Delivery(entry_id=entry.entry_id, envelope=envelope)
+        self.deliveries[delivery_id] = delivery
+        self.state.deliveries_total += 1
+        try:
+            await self._send.send(
+                encode_frame(
+                    Job(
+                        id=delivery_id,
+                        job_id=envelope.job_id,
+                        name=envelope.name,
+                        args=envelope.args,
+                        idempotency_key=envelope.idempotency_key,
+                        deadline=envelope.deadline,
+                    )
+                )
+            )
+            await delivery.done.wait()
+        finally:
+            self.deliveries.pop(delivery_id, None)
+        result = delivery.result
+        assert result is not None
+        if result.ok:
+            payload = result_payload("completed", result=result.result)
+        else:
+            error = result.error
+            code = error.code if error else "failed"
+            message = error.message if error else "failed"
+            status = code if code in ("expired", "cancelled") else "failed"
+            payload = result_payload(status, error={"code": code, "message": message})
+        await self._publish(envelope.job_id, payload)
+        await self._ack(entry.entry_id)
+
+    async def _publish(self, job_id: str, payload: str) -> None:
+        """RPUSH the result; retried with bounded backoff until it is durable. XACK
+        must never run before this returns (invariant 3)."""
+        await _retrying(
+            lambda: self.state.substrate.publish_result(
+                job_id, payload, ttl_s=self.state.timings.result_ttl_s
+            ),
+            what=f"publish result of {job_id}",
+        )
+
+    async def _ack(self, entry_id: str) -> None:
+        await _retrying(
+            lambda: self.state.substrate.ack(self.user_id, entry_id), what=f"XACK {entry_id}"
+        )
+
+
+async def _retrying(fn: Callable[[], Any], *, what: str) -> Any:
+    delay = 0.1
+    while True:
+        try:
+            return await fn()
+        except SubstrateUnavailable as exc:
+            log.warning("%s failed: %s; retrying in %.1f s", what, exc, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def serve_sidecar(state: HubState, socket: SidecarSocket, user_id: str) -> None:
+    """Serve one authenticated sidecar socket until it closes (see module docstring).
+
+    Args:
+        state: the process-wide hub state.
+        socket: the accepted WebSocket.
+        user_id: the user, taken from the verified token only.
+
+    Cancellation: ends the session; presence is cleared only if still ours (shielded,
+    bounded by 2 s); in-flight entries stay pending and are redelivered.
+    """
+    await HubSession(state, socket, user_id).run()
+
+
+__all__ = ["HubSession", "HubState", "SidecarSocket", "SocketClosed", "serve_sidecar"]

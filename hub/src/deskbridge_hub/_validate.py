@@ -1,0 +1,34 @@
+"""Validation of identifiers before they reach a Redis key or a log line."""
+
+from __future__ import annotations
+
+import re
+
+_USER_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,128}")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+def validate_user_id(user_id: object) -> str:
+    """Return ``user_id`` if it is 1-128 of ``[A-Za-z0-9_.@:-]``.
+
+    Raises:
+        ValueError: it is not a string or has other characters or length.
+    """
+    if not isinstance(user_id, str) or not _USER_ID.fullmatch(user_id):
+        raise ValueError("user_id must be 1-128 characters of A-Z a-z 0-9 _ . @ : -")
+    return user_id
+
+
+def validate_tool_name(name: object) -> str:
+    """Return ``name`` if it is 1-64 of ``[A-Za-z0-9_.-]``; else raise ValueError."""
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise ValueError("name must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    return name
+
+
+def validate_key(key: object, field: str = "idempotency_key") -> str:
+    """Return ``key`` if it is 1-200 printable ASCII characters without spaces."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(f"{field} must be 1-200 printable ASCII characters without spaces")
+    return key

@@ -1,0 +1,208 @@
+"""``deskbridge-hub``: serve the hub, issue sidecar tokens, call a tool over the HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from ._tokens import DEFAULT_TOKEN_LIFETIME_S, issue_token
+
+EPILOG = """environment:
+  DESKBRIDGE_REDIS_URL   Redis URL (redis://host:port/db); absent -> in-memory substrate,
+                         one worker only
+  DESKBRIDGE_SECRET      signs and verifies sidecar tokens (required by serve and token)
+  DESKBRIDGE_PREVIOUS_SECRETS  comma-separated older secrets still accepted (rotation)
+  DESKBRIDGE_API_KEY     bearer key(s) for the HTTP dispatch API (comma-separated)
+  DESKBRIDGE_<TIMING>    timing overrides, e.g. DESKBRIDGE_RECLAIM_IDLE_S (docs/operations.md)
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="deskbridge-hub",
+        description="deskbridge hub: relays jobs from any backend replica to users' sidecars.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser(
+        "serve",
+        help="run the hub under Hypercorn (trio workers)",
+        description="Run the hub: WebSocket /v1/sidecar and the HTTP API, under Hypercorn "
+        "with trio workers.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument(
+        "--bind",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:8080)",
+    )
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes (default 1; more than 1 needs DESKBRIDGE_REDIS_URL)",
+    )
+    s.add_argument("--certfile", help="TLS certificate (PEM) to serve wss:// and https://")
+    s.add_argument("--keyfile", help="TLS private key (PEM)")
+    s.add_argument(
+        "--graceful-timeout-s",
+        type=float,
+        default=None,
+        help="seconds running jobs get to finish on shutdown (default DESKBRIDGE_GRACE_S=20)",
+    )
+    s.add_argument("--log-level", default=os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO"))
+
+    t = sub.add_parser(
+        "token",
+        help="issue a sidecar token for a user (signed with DESKBRIDGE_SECRET)",
+        description="Print a sidecar token for USER_ID, signed with DESKBRIDGE_SECRET.",
+    )
+    t.add_argument("user_id", metavar="USER_ID")
+    t.add_argument(
+        "--lifetime-s",
+        type=float,
+        default=DEFAULT_TOKEN_LIFETIME_S,
+        help=f"seconds until the token expires (default {DEFAULT_TOKEN_LIFETIME_S:.0f}, 30 days)",
+    )
+
+    c = sub.add_parser(
+        "call",
+        help="call a tool on a user's desktop through a running hub's HTTP API",
+        description="POST /v1/users/USER_ID/jobs on a running hub and print the JSON answer. "
+        "Exit 0 when completed, 1 for any other outcome, 2 for usage errors.",
+    )
+    c.add_argument("user_id", metavar="USER_ID")
+    c.add_argument("tool", metavar="TOOL")
+    c.add_argument("--args", default="{}", metavar="JSON", help="tool arguments as a JSON object")
+    c.add_argument(
+        "--hub",
+        default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
+        help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
+    )
+    c.add_argument("--idempotency-key", default=None)
+    c.add_argument("--timeout-s", type=float, default=None, help="seconds to wait (default 90)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "token":
+        return _token(args)
+    if args.command == "call":
+        return _call(args)
+    return _serve(args)
+
+
+def _token(args: argparse.Namespace) -> int:
+    secret = os.environ.get("DESKBRIDGE_SECRET", "")
+    if not secret:
+        print("deskbridge-hub token: DESKBRIDGE_SECRET is not set", file=sys.stderr)
+        return 2
+    try:
+        print(issue_token(secret, args.user_id, lifetime_s=args.lifetime_s))
+    except ValueError as exc:
+        print(f"deskbridge-hub token: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        tool_args = json.loads(args.args)
+    except ValueError:
+        print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
+        return 2
+    body: dict[str, object] = {"name": args.tool, "args": tool_args}
+    if args.idempotency_key:
+        body["idempotency_key"] = args.idempotency_key
+    if args.timeout_s:
+        body["timeout_s"] = args.timeout_s
+    url = f"{args.hub.rstrip('/')}/v1/users/{args.user_id}/jobs"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    wait_s = (args.timeout_s or 90.0) + 10.0
+    try:
+        with urllib.request.urlopen(req, timeout=wait_s) as resp:
+            print(resp.read().decode())
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(exc.read().decode())
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hypercorn.config import Config
+    from hypercorn.run import run
+
+    from ._config import HubConfig
+    from ._logging import setup_logging
+
+    setup_logging(args.log_level)
+    try:
+        hub = HubConfig.from_env()
+    except ValueError as exc:
+        print(f"deskbridge-hub serve: {exc}", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("deskbridge-hub serve: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if hub.redis_url is None and args.workers > 1:
+        print(
+            "deskbridge-hub serve: the in-memory substrate serves one process only; "
+            "set DESKBRIDGE_REDIS_URL to run more than one worker",
+            file=sys.stderr,
+        )
+        return 2
+    if not hub.secrets:
+        print(
+            "deskbridge-hub serve: DESKBRIDGE_SECRET is not set; sidecars could not authenticate",
+            file=sys.stderr,
+        )
+        return 2
+    host = args.bind.rsplit(":", 1)[0].strip("[]")
+    if not hub.api_keys and host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"deskbridge-hub serve: binding {args.bind} (not loopback) requires "
+            "DESKBRIDGE_API_KEY for the dispatch API",
+            file=sys.stderr,
+        )
+        return 2
+    config = Config()
+    config.application_path = "deskbridge_hub.asgi:app"
+    config.worker_class = "trio"
+    config.workers = args.workers
+    config.bind = [args.bind]
+    config.graceful_timeout = (
+        args.graceful_timeout_s if args.graceful_timeout_s is not None else hub.timings.grace_s
+    )
+    # Liveness is ours (application-level ping both ways); Hypercorn's own keep-alive
+    # settings are spelled out so nothing is inherited silently.
+    config.websocket_max_message_size = 2 * 1024 * 1024  # bytes; frames are capped at 1 MiB
+    config.websocket_ping_interval = None  # app-level ping runs instead (docs/operations.md)
+    config.keep_alive_timeout = 75.0  # seconds, HTTP keep-alive between dispatch calls
+    if args.certfile:
+        config.certfile = args.certfile
+        config.keyfile = args.keyfile
+    config.accesslog = None
+    config.errorlog = "-"
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Protocol codec: pure tests, no event loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from deskbridge_common import (
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_POLICY_VIOLATION,
+    MAX_FRAME_BYTES,
+    Cancel,
+    Error,
+    Hello,
+    Job,
+    JobError,
+    JobResult,
+    LocalProtocolError,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    ToolSpec,
+    Welcome,
+    decode_frame,
+    encode_frame,
+)
+
+FRAMES = [
+    Hello(1, "0.1.0", (ToolSpec("echo", "returns args", {"type": "object"}, False),)),
+    Hello(1, "0.1.0"),
+    Welcome("s1", 10.0, 10.0, 10.0),
+    Job("d1", "j1", "echo", {"a": [1, 2, {"b": None}]}, "k1", 1700000000.5),
+    JobResult("d1", True, {"x": 1}),
+    JobResult("d1", True, None),
+    JobResult("d1", False, error=JobError("tool_error", "boom")),
+    Cancel("d1"),
+    Ping("n1"),
+    Pong("n1"),
+    Error("bye", "going away"),
+]
+
+
+@pytest.mark.parametrize("frame", FRAMES, ids=lambda f: type(f).__name__)
+def test_round_trip(frame):
+    assert decode_frame(encode_frame(frame)) == frame
+
+
+@pytest.mark.parametrize("frame", FRAMES, ids=lambda f: type(f).__name__)
+def test_bytes_input_is_accepted(frame):
+    assert decode_frame(encode_frame(frame).encode()) == frame
+
+
+def _job(**over):
+    body = {
+        "type": "job",
+        "id": "d1",
+        "job_id": "j1",
+        "name": "echo",
+        "args": {},
+        "idempotency_key": "k",
+        "deadline": 1.0,
+    }
+    body.update(over)
+    return json.dumps({k: v for k, v in body.items() if v is not ...})
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "code"),
+    [
+        ("not json", "$", CLOSE_INVALID_PAYLOAD),
+        ("[1, 2]", "$", CLOSE_INVALID_PAYLOAD),
+        ('"hello"', "$", CLOSE_INVALID_PAYLOAD),
+        ("{}", "type", CLOSE_POLICY_VIOLATION),
+        ('{"type": 3}', "type", CLOSE_POLICY_VIOLATION),
+        ('{"type": "bogus"}', "type", CLOSE_POLICY_VIOLATION),
+        (_job(extra=1), "extra", CLOSE_POLICY_VIOLATION),
+        (_job(idempotency_key=...), "idempotency_key", CLOSE_POLICY_VIOLATION),
+        (_job(args=[1]), "args", CLOSE_INVALID_PAYLOAD),
+        (_job(deadline="soon"), "deadline", CLOSE_INVALID_PAYLOAD),
+        (_job(deadline=True), "deadline", CLOSE_INVALID_PAYLOAD),
+        (_job(id=""), "id", CLOSE_INVALID_PAYLOAD),
+        (_job(id=7), "id", CLOSE_INVALID_PAYLOAD),
+        ('{"type":"job","deadline":NaN}', "$", CLOSE_INVALID_PAYLOAD),
+        (
+            '{"type":"hello","protocol_version":1.5,"sidecar_version":"x"}',
+            "protocol_version",
+            CLOSE_INVALID_PAYLOAD,
+        ),
+        (
+            '{"type":"hello","protocol_version":1,"sidecar_version":"x","tools":[{"name":1}]}',
+            "tools[0].name",
+            CLOSE_INVALID_PAYLOAD,
+        ),
+        (
+            '{"type":"hello","protocol_version":1,"sidecar_version":"x",'
+            '"tools":[{"name":"a"},{"name":"a"}]}',
+            "tools",
+            CLOSE_INVALID_PAYLOAD,
+        ),
+        ('{"type":"job_result","id":"x","ok":false}', "error", CLOSE_POLICY_VIOLATION),
+        (
+            '{"type":"job_result","id":"x","ok":true,"error":{"code":"a","message":"b"}}',
+            "error",
+            CLOSE_POLICY_VIOLATION,
+        ),
+        (
+            '{"type":"job_result","id":"x","ok":false,"error":{"code":"a"}}',
+            "error.message",
+            CLOSE_POLICY_VIOLATION,
+        ),
+        ('{"type":"ping"}', "nonce", CLOSE_POLICY_VIOLATION),
+        (b"\xff\xfe", "$", CLOSE_INVALID_PAYLOAD),
+    ],
+)
+def test_malformed_frames_name_the_field_and_close_code(text, field, code):
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_frame(text)
+    assert info.value.field == field
+    assert info.value.close_code == code
+    assert field in info.value.reason
+    assert len(info.value.reason.encode()) <= 123
+
+
+def test_oversize_frame_is_refused_with_1009_before_parsing():
+    text = _job(args={"blob": "x" * MAX_FRAME_BYTES})
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_frame(text)
+    assert info.value.close_code == CLOSE_MESSAGE_TOO_BIG
+    assert info.value.field == "$"
+
+
+def test_frame_just_under_the_limit_is_accepted():
+    base = len(_job(args={"blob": ""}).encode())
+    text = _job(args={"blob": "x" * (MAX_FRAME_BYTES - base)})
+    assert len(text.encode()) == MAX_FRAME_BYTES
+    assert decode_frame(text).args["blob"].startswith("x")
+
+
+def test_encode_refuses_what_decode_would_refuse():
+    with pytest.raises(LocalProtocolError) as info:
+        encode_frame(Job("", "j", "echo", {}, "k", 1.0))
+    assert info.value.field == "id"
+    with pytest.raises(LocalProtocolError):
+        encode_frame(JobResult("d", True, {"x": object()}))
+    with pytest.raises(LocalProtocolError):
+        encode_frame(Job("d", "j", "echo", {"x": float("nan")}, "k", 1.0))
+
+
+def test_job_result_wire_shape_omits_the_unused_half():
+    ok = json.loads(encode_frame(JobResult("d", True, 5)))
+    assert ok == {"type": "job_result", "id": "d", "ok": True, "result": 5}
+    bad = json.loads(encode_frame(JobResult("d", False, error=JobError("c", "m"))))
+    assert bad == {
+        "type": "job_result",
+        "id": "d",
+        "ok": False,
+        "error": {"code": "c", "message": "m"},
+    }
+
+
+def test_deeply_nested_json_is_a_protocol_error_not_a_crash():
+    text = '{"type":"ping","nonce":' + "[" * 100000 + "]" * 100000 + "}"
+    with pytest.raises(RemoteProtocolError):
+        decode_frame(text)

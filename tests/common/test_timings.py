@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import pytest
+from deskbridge_common import Timings
+
+
+def test_defaults_are_the_field_tested_values():
+    t = Timings()
+    assert (t.heartbeat_s, t.presence_ttl_s, t.jobs_maxlen) == (10.0, 30.0, 500)
+    assert (t.reclaim_idle_s, t.result_ttl_s, t.call_timeout_s) == (180.0, 300.0, 90.0)
+    assert (t.dedupe_size, t.dedupe_ttl_s, t.wedge_gap_s) == (256, 300.0, 5.0)
+    assert t.presence_ttl_s == 3 * t.heartbeat_s
+
+
+def test_every_field_reads_its_environment_variable():
+    t = Timings()
+    env = {var: "7" for var in t.env_names().values()}
+    loaded = Timings.from_env(env)
+    for name in t.env_names():
+        assert getattr(loaded, name) == 7
+
+
+def test_int_fields_stay_int():
+    assert Timings.from_env({"DESKBRIDGE_JOBS_MAXLEN": "42"}).jobs_maxlen == 42
+    assert isinstance(Timings.from_env({"DESKBRIDGE_JOBS_MAXLEN": "42"}).jobs_maxlen, int)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "0"])
+def test_bad_values_name_the_variable(raw):
+    with pytest.raises(ValueError, match="DESKBRIDGE_RECLAIM_IDLE_S"):
+        Timings.from_env({"DESKBRIDGE_RECLAIM_IDLE_S": raw})
