@@ -200,7 +200,8 @@ class HubSession:
         if frame.protocol_version != PROTOCOL_VERSION:
             raise _EndSession(
                 CLOSE_POLICY_VIOLATION,
-                f"unsupported protocol_version {frame.protocol_version}; hub speaks {PROTOCOL_VERSION}",
+                f"unsupported protocol_version {frame.protocol_version}"
+                f"; hub speaks {PROTOCOL_VERSION}",
             )
         self.hello = frame
         try:
@@ -325,7 +326,6 @@ class HubSession:
             self._limiter.release_on_behalf_of(entry.entry_id)
 
     async def _serve_entry_inner(self, entry: Entry) -> None:
-        substrate = self.state.substrate
         if entry.fields is None:
             log.warning("user %s: entry %s was trimmed before it ran", self.user_id, entry.entry_id)
             await self._ack(entry.entry_id)

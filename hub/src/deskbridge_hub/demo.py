@@ -63,9 +63,8 @@ async def _main() -> int:
             session_id = await nursery.start(daemon.run)
         print(f"sidecar  connected as {USER}, session {session_id}")
         bridge = Bridge(substrate, timings)
-        with trio.fail_after(10):
-            while not (await bridge.presence(USER)).online:
-                await trio.sleep(0.01)
+        presence = await bridge.presence(USER)
+        ok = presence.online
         print(f"presence {USER} online\n")
 
         echo = await bridge.dispatch(USER, "echo", {"hello": "world", "n": 1}, timeout_s=10)
