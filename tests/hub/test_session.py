@@ -1,0 +1,290 @@
+"""Hub session + relay on MemorySubstrate, memory sockets and MockClock (autojump).
+
+Every test drives the hub with a scripted fake sidecar (``deskbridge_hub.testing``).
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import (
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_PING_TIMEOUT,
+    CLOSE_POLICY_VIOLATION,
+    Hello,
+    Job,
+    JobError,
+    JobResult,
+    Ping,
+    Pong,
+    Timings,
+    Welcome,
+)
+from deskbridge_hub import Bridge
+from deskbridge_hub._jobs import JobEnvelope
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._session import HubState, serve_sidecar
+from deskbridge_hub.testing import socket_pair
+
+EPOCH = 1_700_000_000.0
+
+
+def wall() -> float:
+    return EPOCH + trio.current_time()
+
+
+def make_state(**timings) -> HubState:
+    return HubState(
+        substrate=MemorySubstrate(),
+        timings=Timings(**timings),
+        consumer="hub-1",
+        wall_clock=wall,
+    )
+
+
+async def connect(nursery, state, user="u1"):
+    hub_side, peer = socket_pair()
+    nursery.start_soon(serve_sidecar, state, hub_side, user)
+    await peer.send(Hello(protocol_version=1, sidecar_version="test"))
+    welcome = await peer.receive()
+    assert isinstance(welcome, Welcome)
+    return peer, welcome
+
+
+async def answer_jobs(peer, executed, *, delay_s=0.0):
+    """A well-behaved sidecar: answers pings, echoes job args after ``delay_s``."""
+    async for raw in peer._in:
+        from deskbridge_common import decode_frame
+
+        frame = decode_frame(raw)
+        if isinstance(frame, Ping):
+            await peer.send(Pong(frame.nonce))
+        elif isinstance(frame, Job):
+            executed.append(frame)
+            if delay_s:
+                await trio.sleep(delay_s)
+            await peer.send(JobResult(frame.id, True, frame.args))
+
+
+async def test_welcome_sets_presence_and_echo_round_trips(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, welcome = await connect(nursery, state)
+        assert welcome.heartbeat_s == 10.0 and welcome.ping_timeout_s == 10.0
+        presence = await bridge.presence("u1")
+        assert presence.online and presence.session_id == welcome.session_id
+        executed = []
+        nursery.start_soon(answer_jobs, peer, executed)
+        outcome = await bridge.dispatch("u1", "echo", {"a": 1}, idempotency_key="k1")
+        assert outcome.status == "completed" and outcome.result == {"a": 1}
+        assert [j.idempotency_key for j in executed] == ["k1"]
+        assert executed[0].job_id == outcome.job_id
+        await trio.testing.wait_all_tasks_blocked()
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_presence_survives_heartbeats_and_clears_on_disconnect(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(answer_jobs, peer, [])
+        await trio.sleep(300)  # many TTLs: the heartbeat keeps it alive
+        assert (await bridge.presence("u1")).online
+        await peer.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not (await bridge.presence("u1")).online
+        nursery.cancel_scope.cancel()
+
+
+async def test_offline_answers_at_once_and_enqueues_nothing(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    start = trio.current_time()
+    outcome = await bridge.dispatch("nobody", "echo", {})
+    assert outcome.status == "offline" and outcome.job_id is None
+    assert trio.current_time() == start
+    assert state.substrate.pending_count("nobody") == 0
+
+
+async def test_malformed_frame_closes_with_1007_and_clears_presence(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        await peer.send_raw("{not json")
+        await peer.closed.wait()
+        assert peer.close_code == CLOSE_INVALID_PAYLOAD
+        await trio.testing.wait_all_tasks_blocked()
+        assert not (await bridge.presence("u1")).online
+
+
+async def test_first_frame_must_be_hello(autojump_clock):
+    state = make_state()
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_sidecar, state, hub_side, "u1")
+        await peer.send(Ping("x"))
+        await peer.closed.wait()
+    assert peer.close_code == CLOSE_POLICY_VIOLATION
+    assert "hello" in peer.close_reason
+    assert not (await Bridge(state.substrate).presence("u1")).online
+
+
+async def test_wrong_protocol_version_is_refused(autojump_clock):
+    state = make_state()
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_sidecar, state, hub_side, "u1")
+        await peer.send(Hello(protocol_version=99, sidecar_version="x"))
+        await peer.closed.wait()
+    assert peer.close_code == CLOSE_POLICY_VIOLATION
+    assert "protocol_version" in peer.close_reason
+
+
+async def test_result_for_an_id_not_delivered_here_is_refused(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        outcome = {}
+
+        async def caller():
+            outcome["o"] = await bridge.dispatch("u1", "echo", {"v": 1}, timeout_s=30)
+
+        nursery.start_soon(caller)
+        job = await peer.receive()
+        assert isinstance(job, Job)
+        await peer.send(JobResult("forged-id", True, {"v": "evil"}))
+        await trio.sleep(1)
+        assert "o" not in outcome  # the forged result completed nothing
+        await peer.send(JobResult(job.id, True, {"v": 1}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcome["o"].result == {"v": 1}
+        nursery.cancel_scope.cancel()
+
+
+async def test_failed_tool_maps_to_failed_with_code(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+
+        async def sidecar():
+            job = await peer.receive()
+            await peer.send(JobResult(job.id, False, error=JobError("tool_error", "no such page")))
+
+        nursery.start_soon(sidecar)
+        outcome = await bridge.dispatch("u1", "click", {})
+        assert outcome.status == "failed"
+        assert outcome.error == {"code": "tool_error", "message": "no such page"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_sidecar_that_stops_answering_pings_is_dropped(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        start = trio.current_time()
+        with trio.fail_after(60):
+            await peer.closed.wait()  # never answers the ping
+        took = trio.current_time() - start
+        assert peer.close_code == CLOSE_PING_TIMEOUT
+        t = state.timings
+        assert t.ping_interval_s + t.ping_timeout_s <= took <= t.ping_interval_s + t.ping_timeout_s + 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert not (await bridge.presence("u1")).online
+
+
+async def enqueue(state, user, name="echo", args=None, key="k", deadline_in_s=3600.0, job_id="j1"):
+    env = JobEnvelope(job_id, name, args or {}, key, wall() + deadline_in_s, wall())
+    return await state.substrate.enqueue(user, env.to_fields(), maxlen=500)
+
+
+async def test_startup_drain_delivers_own_pending_once_without_spinning(autojump_clock):
+    """A pending entry of this consumer (socket dropped mid-job) is redelivered once by the
+    next session's drain, and the drain never re-dispatches it while it runs."""
+    state = make_state()
+    await enqueue(state, "u1", key="k-drain")
+    # The previous session read it (now in hub-1's pending entries list) and died.
+    got = await state.substrate.read_new("u1", "hub-1", count=10, block_ms=1)
+    assert len(got) == 1
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        executed = []
+        nursery.start_soon(answer_jobs, peer, executed, 60.0)  # a 60 s browser job
+        await trio.sleep(30)
+        assert len(executed) == 1  # delivered, and not again while it runs
+        await trio.sleep(60)
+        assert [j.idempotency_key for j in executed] == ["k-drain"]
+        assert state.substrate.pending_count("u1") == 0
+        payload = await state.substrate.wait_result("j1", timeout_s=1)
+        assert payload is not None and '"completed"' in payload
+        nursery.cancel_scope.cancel()
+
+
+async def test_dead_consumers_entry_is_reclaimed_at_reclaim_idle_not_before(autojump_clock):
+    state = make_state(reclaim_idle_s=180.0)
+    await enqueue(state, "u1", key="k-reclaim")
+    await state.substrate.read_new("u1", "dead-pod", count=10, block_ms=1)
+    claimed_at = []
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        start = trio.current_time()
+
+        async def sidecar():
+            async for raw in peer._in:
+                from deskbridge_common import decode_frame
+
+                frame = decode_frame(raw)
+                if isinstance(frame, Ping):
+                    await peer.send(Pong(frame.nonce))
+                elif isinstance(frame, Job):
+                    claimed_at.append(trio.current_time() - start)
+                    await peer.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar)
+        await trio.sleep(400)
+        assert len(claimed_at) == 1
+        # reclaimed once idle >= 180 s, within one idle read (2 s) plus a reclaim period
+        assert 180.0 <= claimed_at[0] <= 180.0 + 45.0 + 2.0
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_job_past_its_deadline_is_never_forwarded(autojump_clock):
+    state = make_state()
+    await enqueue(state, "u1", key="k-old", deadline_in_s=-1.0, job_id="j-old")
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        executed = []
+        nursery.start_soon(answer_jobs, peer, executed)
+        payload = await state.substrate.wait_result("j-old", timeout_s=10)
+        assert payload is not None and '"expired"' in payload
+        await trio.sleep(5)
+        assert executed == []
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_ack_waits_until_the_result_is_published(autojump_clock):
+    state = make_state()
+    await enqueue(state, "u1", key="k-ack", job_id="j-ack")
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        job = await peer.receive()
+        while not isinstance(job, Job):
+            job = await peer.receive()
+        state.substrate.set_unavailable(True)
+        await peer.send(JobResult(job.id, True, {"done": True}))
+        await trio.sleep(3)
+        state.substrate.set_unavailable(False)
+        assert state.substrate.pending_count("u1") == 1  # not acked while unpublished
+        payload = await state.substrate.wait_result("j-ack", timeout_s=30)
+        assert payload is not None and '"done"' in payload
+        await trio.testing.wait_all_tasks_blocked()
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
