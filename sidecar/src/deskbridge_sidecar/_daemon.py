@@ -1,0 +1,356 @@
+"""The daemon: connect, run one session, reconnect — for as long as it runs.
+
+Reconnect policy, by how the last session ended:
+
+* the hub closed a welcomed session with 1012 (restarting) or 1001 (going away):
+  reconnect at once, no delay;
+* HTTP 401/403 on the upgrade: the token is refused; stop (:class:`TokenRefused`);
+  retrying cannot help;
+* anything else — refused or failed connects, other HTTP statuses, 4001 (superseded by
+  a newer sidecar of the same user), 1006, ping timeout, clock gap, a malformed frame —
+  full-jitter exponential backoff: first retry within ``backoff_initial_s`` (1 s), the
+  window doubling up to ``backoff_max_s`` (30 s). The backoff resets after a welcomed
+  session that lasted at least ``backoff_max_s``: a link that held longer than the
+  longest wait is healthy, while one that flaps (say two sidecars superseding each
+  other) keeps backing off.
+
+The daemon owns the dedupe cache and the tool runner for its whole life, and a nursery
+in which every tool run executes, so runs survive dropped sockets (see ``_runner``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random as _random
+import ssl
+import time
+from collections.abc import Callable
+
+import attrs
+import trio
+from deskbridge_common import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_SERVICE_RESTART,
+    PROTOCOL_VERSION,
+    Hello,
+    Timings,
+    Welcome,
+)
+
+from ._backoff import Backoff
+from ._dedupe import DedupeCache
+from ._errors import ConnectFailed, HandshakeRejected, TokenRefused
+from ._runner import ToolRunner
+from ._session import CLOSED, INTERNAL_ERROR, Session, SessionEnd
+from ._tools import STATUS_SPEC, ToolRegistry
+from ._transport import Connector, WebSocketConnector, WebSocketSettings, sidecar_url
+from ._version import __version__
+
+log = logging.getLogger("deskbridge.sidecar")
+
+#: SessionEnd.cause when the connection could not be opened.
+CONNECT_FAILED = "connect_failed"
+#: SessionEnd.cause when the hub refused the upgrade with an HTTP status other than 401/403.
+REJECTED = "rejected"
+
+#: Close codes after which the daemon reconnects without delay.
+IMMEDIATE_RECONNECT_CODES = frozenset({CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+
+
+@attrs.frozen
+class DaemonStatistics:
+    """A snapshot of the daemon's counters.
+
+    Attributes:
+        connect_attempts: connections tried (successful or not).
+        sessions_started: sessions the hub welcomed.
+        reconnects: times the daemon went round again after a session or attempt ended.
+        executions: per tool name, times the tool actually started (``status`` included).
+        dedupe_hits: deliveries answered from the cache or by awaiting a running original.
+        dedupe_entries: outcomes held in the dedupe cache now.
+        running: the tool running now, or None.
+        session_id: the current session's id, or None between sessions.
+        last_end: how the previous session or attempt ended, or None.
+    """
+
+    connect_attempts: int
+    sessions_started: int
+    reconnects: int
+    executions: dict[str, int]
+    dedupe_hits: int
+    dedupe_entries: int
+    running: str | None
+    session_id: str | None
+    last_end: SessionEnd | None
+
+
+def _default_registry(value: ToolRegistry | None) -> ToolRegistry:
+    return ToolRegistry() if value is None else value
+
+
+def _default_timings(value: Timings | None) -> Timings:
+    return Timings() if value is None else value
+
+
+@attrs.define(eq=False)
+class Daemon:
+    """The sidecar daemon. Construct, then ``await daemon.run(task_status=...)``.
+
+    Args:
+        hub_url: the hub, e.g. ``ws://127.0.0.1:8080`` (``/v1/sidecar`` is appended when
+            the URL has no path) or ``wss://hub.example/v1/sidecar``.
+        token: the sidecar token, sent as ``Authorization: Bearer <token>``.
+        registry: the tools (default: a registry with the built-ins ``echo``, ``sleep``;
+            ``status`` is always offered).
+        timings: timing knobs (default ``Timings()``; the CLI uses ``Timings.from_env()``).
+        wall_clock: Unix time in seconds (job deadlines, watchdog, status); injectable.
+        ssl_context: certificate verification for ``wss://`` (default: system trust).
+            Ignored when ``connector`` is given.
+        connector: how to open sockets (default :class:`WebSocketConnector`; tests pass
+            ``deskbridge_sidecar.testing.FakeHub``).
+        websocket: trio-websocket settings for the default connector (default:
+            :class:`WebSocketSettings` with ``disconnect_timeout_s`` =
+            ``timings.close_timeout_s``).
+        random: floats in [0, 1) for backoff jitter; injectable for tests.
+
+    Raises:
+        ValueError: ``hub_url`` is not a ws/wss URL with a host.
+    """
+
+    hub_url: str
+    token: str = attrs.field(repr=False)
+    registry: ToolRegistry = attrs.field(default=None, converter=_default_registry, kw_only=True)
+    timings: Timings = attrs.field(default=None, converter=_default_timings, kw_only=True)
+    wall_clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True)
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
+    connector: Connector | None = attrs.field(default=None, kw_only=True)
+    websocket: WebSocketSettings | None = attrs.field(default=None, kw_only=True)
+    random: Callable[[], float] = attrs.field(default=_random.random, kw_only=True)
+    url: str = attrs.field(init=False)
+    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _ran: bool = attrs.field(default=False, init=False)
+    _started: bool = attrs.field(default=False, init=False)
+    _runner: ToolRunner | None = attrs.field(default=None, init=False)
+    _session: Session | None = attrs.field(default=None, init=False)
+    _connect_attempts: int = attrs.field(default=0, init=False)
+    _sessions_started: int = attrs.field(default=0, init=False)
+    _reconnects: int = attrs.field(default=0, init=False)
+    _last_end: SessionEnd | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.url = sidecar_url(self.hub_url)
+        if self.connector is None:
+            settings = self.websocket or WebSocketSettings(
+                disconnect_timeout_s=self.timings.close_timeout_s
+            )
+            self.connector = WebSocketConnector(ssl_context=self.ssl_context, settings=settings)
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect and serve, reconnecting, until stopped.
+
+        Args:
+            task_status: ``started(session_id)`` is called after the first welcome (so
+                ``await nursery.start(daemon.run)`` returns the first session id).
+
+        Returns:
+            None, after :meth:`stop` (or when the daemon's scope was cancelled).
+
+        Raises:
+            TokenRefused: the hub answered the upgrade with 401 or 403 (logged first).
+            RuntimeError: ``run`` was called twice on one daemon.
+
+        Cancellation (:meth:`stop` or the caller's scope): the open socket is closed with
+            1001 (bounded by ``close_timeout_s``); running tools are cancelled (async
+            tools at their next checkpoint; a sync tool's thread is abandoned) and their
+            outcomes are not recorded.
+        """
+        if self._ran:
+            raise RuntimeError("Daemon.run() was already called; create a new Daemon")
+        self._ran = True
+        refused: TokenRefused | None = None
+        with self._cancel_scope:
+            async with trio.open_nursery() as work:
+                t = self.timings
+                self._runner = ToolRunner(
+                    registry=self.registry,
+                    cache=DedupeCache(size=t.dedupe_size, ttl_s=t.dedupe_ttl_s),
+                    nursery=work,
+                    wall_clock=self.wall_clock,
+                )
+                try:
+                    await self._connect_loop(task_status)
+                except TokenRefused as exc:
+                    refused = exc
+                work.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
+
+    def stop(self) -> None:
+        """Stop the daemon: :meth:`run` returns soon after. Safe to call at any time."""
+        self._cancel_scope.cancel()
+
+    @property
+    def session_id(self) -> str | None:
+        """The current session's id, or None between sessions."""
+        session = self._session
+        return None if session is None else session.session_id
+
+    def statistics(self) -> DaemonStatistics:
+        """Counters for tests and monitoring (a snapshot)."""
+        runner = self._runner
+        return DaemonStatistics(
+            connect_attempts=self._connect_attempts,
+            sessions_started=self._sessions_started,
+            reconnects=self._reconnects,
+            executions=dict(runner.executions) if runner else {},
+            dedupe_hits=runner.dedupe_hits if runner else 0,
+            dedupe_entries=len(runner.cache) if runner else 0,
+            running=runner.running if runner else None,
+            session_id=self.session_id,
+            last_end=self._last_end,
+        )
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _hello(self) -> Hello:
+        return Hello(
+            protocol_version=PROTOCOL_VERSION,
+            sidecar_version=__version__,
+            tools=(STATUS_SPEC, *self.registry.specs()),
+        )
+
+    def _on_welcome(self, task_status: trio.TaskStatus[str], welcome: Welcome) -> None:
+        self._sessions_started += 1
+        log.info(
+            "welcomed by hub: session %s (ping every %g s, timeout %g s)",
+            welcome.session_id,
+            welcome.ping_interval_s,
+            welcome.ping_timeout_s,
+        )
+        if not self._started:
+            self._started = True
+            task_status.started(welcome.session_id)
+
+    async def _connect_loop(self, task_status: trio.TaskStatus[str]) -> None:
+        t = self.timings
+        assert self.connector is not None and self._runner is not None
+        backoff = Backoff(initial_s=t.backoff_initial_s, max_s=t.backoff_max_s, random=self.random)
+        headers = [("Authorization", f"Bearer {self.token}")]
+        hello = self._hello()
+        on_welcome = functools.partial(self._on_welcome, task_status)
+        while True:
+            self._connect_attempts += 1
+            log.info("connecting to %s (attempt %d)", self.url, self._connect_attempts)
+            started_at = trio.current_time()
+            try:
+                async with self.connector.connect(self.url, headers) as transport:
+                    log.info("connected to %s; sending hello", self.url)
+                    session = Session(
+                        transport=transport,
+                        runner=self._runner,
+                        timings=t,
+                        wall_clock=self.wall_clock,
+                        hello=hello,
+                        on_welcome=on_welcome,
+                    )
+                    self._session = session
+                    try:
+                        end = await session.run()
+                    except Exception:
+                        log.exception("session failed with an internal error")
+                        end = SessionEnd(
+                            cause=INTERNAL_ERROR,
+                            code=CLOSE_INTERNAL_ERROR,
+                            reason="internal error",
+                            by_hub=False,
+                            session_id=session.session_id,
+                            duration_s=trio.current_time() - started_at,
+                        )
+                    finally:
+                        self._session = None
+            except HandshakeRejected as exc:
+                if exc.status_code in (401, 403):
+                    log.error(
+                        "token refused by hub (%d): issue a new one with "
+                        "`deskbridge-hub token USER_ID`",
+                        exc.status_code,
+                    )
+                    raise TokenRefused(exc.status_code) from None
+                end = self._failed(
+                    REJECTED, f"hub refused the upgrade with HTTP {exc.status_code}", started_at
+                )
+            except ConnectFailed as exc:
+                end = self._failed(CONNECT_FAILED, str(exc), started_at)
+            self._last_end = end
+            if end.cause in (CONNECT_FAILED, REJECTED):
+                log.warning("could not connect to %s: %s", self.url, end.reason)
+            else:
+                log.info(
+                    "disconnected from hub (%s, code %s%s) after %.1f s",
+                    end.cause,
+                    end.code,
+                    f": {end.reason}" if end.reason else "",
+                    end.duration_s,
+                )
+            if end.welcomed and end.duration_s >= t.backoff_max_s:
+                backoff.reset()
+            if end.cause == CLOSED and end.welcomed and end.code in IMMEDIATE_RECONNECT_CODES:
+                delay = 0.0
+                log.info("hub closed with %d; reconnecting now", end.code)
+            else:
+                delay = backoff.next_delay()
+                log.info("reconnecting in %.2f s", delay)
+            self._reconnects += 1
+            await trio.sleep(delay)
+
+    @staticmethod
+    def _failed(cause: str, reason: str, started_at: float) -> SessionEnd:
+        return SessionEnd(
+            cause=cause,
+            code=1006,
+            reason=reason,
+            by_hub=True,
+            session_id=None,
+            duration_s=trio.current_time() - started_at,
+        )
+
+
+async def run_daemon(
+    hub_url: str,
+    token: str,
+    *,
+    registry: ToolRegistry | None = None,
+    timings: Timings | None = None,
+    wall_clock: Callable[[], float] = time.time,
+    ssl_context: ssl.SSLContext | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a :class:`Daemon` built from these arguments (see :meth:`Daemon.run`).
+
+    Stop it by cancelling the enclosing scope.
+
+    Raises:
+        TokenRefused: the hub refused the token (401/403).
+        ValueError: bad ``hub_url``.
+    """
+    daemon = Daemon(
+        hub_url,
+        token,
+        registry=registry,
+        timings=timings,
+        wall_clock=wall_clock,
+        ssl_context=ssl_context,
+    )
+    await daemon.run(task_status=task_status)
+
+
+__all__ = [
+    "CONNECT_FAILED",
+    "IMMEDIATE_RECONNECT_CODES",
+    "REJECTED",
+    "Daemon",
+    "DaemonStatistics",
+    "run_daemon",
+]

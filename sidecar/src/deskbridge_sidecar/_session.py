@@ -1,0 +1,435 @@
+"""One connected socket: hello/welcome, then six tasks in one nursery until it ends.
+
+The session nursery owns every task of the socket:
+
+* reader — the only task that receives. It routes frames and never awaits job work:
+  jobs go onto memory channels (unbounded; the hub bounds what it has in flight), pings
+  are answered at once through the writer, cache hits and refusals are answered
+  directly.
+* writer — the only task that sends; drains the outbox channel.
+* tool worker — strictly serial: takes one job at a time, in arrival order, and awaits
+  the daemon's :class:`ToolRunner` (there is one browser).
+* status worker — answers ``status`` jobs from live state; never waits behind a tool.
+* pinger — application-level ``ping`` every ``ping_interval_s``; no ``pong`` within
+  ``ping_timeout_s`` raises ``TooSlowError`` -> the socket is dropped (close 4002).
+* watchdog — a wall/monotonic clock gap over ``wedge_gap_s`` drops the socket (1001).
+
+The first task to decide the session is over records why (:class:`SessionEnd`) and
+cancels the nursery; the socket is then closed with that code, bounded by
+``close_timeout_s``. Cancelling a session never cancels a tool run: runs belong to the
+daemon (see ``_runner``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Callable
+
+import attrs
+import trio
+from deskbridge_common import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_PING_TIMEOUT,
+    CLOSE_POLICY_VIOLATION,
+    Cancel,
+    Error,
+    Frame,
+    Hello,
+    Job,
+    JobResult,
+    LocalProtocolError,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    Timings,
+    Welcome,
+    decode_frame,
+    encode_frame,
+)
+
+from ._errors import TransportClosed
+from ._outcome import CANCELLED, CRASHED, EXPIRED, Outcome
+from ._runner import ToolRunner
+from ._tools import STATUS_TOOL
+from ._transport import Transport
+from ._version import __version__
+from ._watchdog import watch_clocks
+
+log = logging.getLogger("deskbridge.sidecar.session")
+
+# Why a session ended (SessionEnd.cause).
+CLOSED = "closed"  #: the hub closed the socket, or the connection broke
+PING_TIMEOUT = "ping_timeout"  #: no pong within ping_timeout_s (we close with 4002)
+CLOCK_GAP = "clock_gap"  #: the watchdog saw a clock gap (we close with 1001)
+PROTOCOL_ERROR = "protocol_error"  #: the hub sent a bad frame (we close with its code)
+WELCOME_TIMEOUT = "welcome_timeout"  #: no welcome within ping_timeout_s (we close, 4002)
+STOPPED = "stopped"  #: the daemon was cancelled/stopped (we close with 1001)
+INTERNAL_ERROR = "internal_error"  #: a bug in the sidecar (we close with 1011)
+
+#: Frames waiting for the writer. The reader awaits space here only when the socket
+#: itself is not draining, which is backpressure from the network, not from work.
+OUTBOX_SIZE = 256
+
+
+def close_reason(text: str, limit: int = 123) -> str:
+    """``text`` cut to fit a close frame (at most ``limit`` bytes of UTF-8)."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+@attrs.frozen
+class SessionEnd:
+    """How a session ended.
+
+    Attributes:
+        cause: one of ``closed``, ``ping_timeout``, ``clock_gap``, ``protocol_error``,
+            ``welcome_timeout``, ``stopped``, ``internal_error``.
+        code: the close code: the hub's for ``closed`` (1006 if the connection broke),
+            else the one we closed with.
+        reason: the close reason.
+        by_hub: True if the hub (or the network) ended it, False if we did.
+        session_id: the hub's session id, or None if no welcome arrived.
+        duration_s: seconds from connect to end (trio clock).
+    """
+
+    cause: str
+    code: int
+    reason: str
+    by_hub: bool
+    session_id: str | None
+    duration_s: float
+
+    @property
+    def welcomed(self) -> bool:
+        """True if the hub welcomed this session."""
+        return self.session_id is not None
+
+
+@attrs.frozen
+class _Ending:
+    cause: str
+    code: int
+    reason: str
+    by_hub: bool
+
+
+@attrs.define(eq=False)
+class Session:
+    """Serve one open transport until it ends. Create one per connection.
+
+    Args:
+        transport: the open socket.
+        runner: the daemon's tool runner (outlives the session).
+        timings: timing knobs (welcome deadline, watchdog, close timeout).
+        wall_clock: Unix time source, seconds (deadlines, watchdog, status).
+        hello: the frame to open with.
+        on_welcome: called once with the hub's welcome, before any job is read.
+    """
+
+    transport: Transport
+    runner: ToolRunner
+    timings: Timings
+    wall_clock: Callable[[], float]
+    hello: Hello
+    on_welcome: Callable[[Welcome], None] = lambda welcome: None
+    session_id: str | None = attrs.field(default=None, init=False)
+    _end: _Ending | None = attrs.field(default=None, init=False)
+    _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _outbox: trio.MemorySendChannel[Frame] | None = attrs.field(default=None, init=False)
+    _tool_queue: trio.MemorySendChannel[Job] | None = attrs.field(default=None, init=False)
+    _status_queue: trio.MemorySendChannel[Job] | None = attrs.field(default=None, init=False)
+    _deliveries: dict[str, Job] = attrs.field(factory=dict, init=False)
+    _pong: tuple[str, trio.Event] | None = attrs.field(default=None, init=False)
+
+    @property
+    def tools(self) -> list[str]:
+        """Catalogue names announced in hello (``status`` first)."""
+        return [t.name for t in self.hello.tools]
+
+    async def run(self) -> SessionEnd:
+        """Say hello, wait for welcome, serve until the socket ends, close it.
+
+        Returns:
+            Why and how the session ended.
+
+        Raises:
+            trio.Cancelled: the daemon is stopping; the socket is closed first with 1001
+                (shielded, bounded by ``close_timeout_s``).
+            Exception: a bug in a session task (the socket is closed with 1011 first).
+        """
+        started_at = trio.current_time()
+        out_send, out_recv = trio.open_memory_channel[Frame](OUTBOX_SIZE)
+        tool_send, tool_recv = trio.open_memory_channel[Job](math.inf)
+        status_send, status_recv = trio.open_memory_channel[Job](math.inf)
+        self._outbox, self._tool_queue, self._status_queue = out_send, tool_send, status_send
+        try:
+            async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
+                nursery.start_soon(self._writer, out_recv)
+                await out_send.send(self.hello)
+                welcome = await self._wait_welcome()
+                if welcome is not None:
+                    self.session_id = welcome.session_id
+                    self.on_welcome(welcome)
+                    nursery.start_soon(self._reader)
+                    nursery.start_soon(self._tool_worker, tool_recv)
+                    nursery.start_soon(self._status_worker, status_recv)
+                    nursery.start_soon(
+                        self._pinger, welcome.ping_interval_s, welcome.ping_timeout_s
+                    )
+                    nursery.start_soon(self._watchdog)
+        except BaseException as exc:
+            if self._end is None:
+                if isinstance(exc, Exception):
+                    self._end = _Ending(
+                        INTERNAL_ERROR, CLOSE_INTERNAL_ERROR, "internal error", False
+                    )
+                else:
+                    self._end = _Ending(STOPPED, CLOSE_GOING_AWAY, "sidecar stopping", False)
+            await self._close_transport()
+            raise
+        await self._close_transport()
+        end = self._end
+        assert end is not None, "session nursery ended without a recorded cause"
+        return SessionEnd(
+            cause=end.cause,
+            code=end.code,
+            reason=end.reason,
+            by_hub=end.by_hub,
+            session_id=self.session_id,
+            duration_s=trio.current_time() - started_at,
+        )
+
+    # -- ending ------------------------------------------------------------------------
+
+    def _finish(self, cause: str, code: int, reason: str, *, by_hub: bool = False) -> None:
+        if self._end is None:
+            self._end = _Ending(cause, code, close_reason(reason), by_hub)
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _close_transport(self) -> None:
+        end = self._end
+        if end is None or end.by_hub:
+            return
+        with trio.move_on_after(self.timings.close_timeout_s, shield=True):
+            try:
+                if end.cause == PROTOCOL_ERROR:
+                    # Say why before closing (the error frame's purpose); best effort.
+                    await self.transport.send(
+                        encode_frame(Error(code=PROTOCOL_ERROR, message=end.reason))
+                    )
+                await self.transport.close(end.code, end.reason)
+            except (TransportClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    # -- receiving ---------------------------------------------------------------------
+
+    async def _receive_frame(self) -> Frame | None:
+        try:
+            raw = await self.transport.receive()
+        except TransportClosed as exc:
+            self._finish(CLOSED, exc.code, exc.reason, by_hub=True)
+            return None
+        try:
+            return decode_frame(raw)
+        except RemoteProtocolError as exc:
+            log.warning("bad frame from hub: %s (closing with %d)", exc.reason, exc.close_code)
+            self._finish(PROTOCOL_ERROR, exc.close_code, exc.reason)
+            return None
+
+    async def _wait_welcome(self) -> Welcome | None:
+        deadline_s = self.timings.ping_timeout_s
+        assert self._outbox is not None
+        with trio.move_on_after(deadline_s):
+            while True:
+                frame = await self._receive_frame()
+                if frame is None:
+                    return None
+                if isinstance(frame, Welcome):
+                    return frame
+                if isinstance(frame, Ping):
+                    await self._outbox.send(Pong(nonce=frame.nonce))
+                elif isinstance(frame, Error):
+                    log.warning("hub says %s: %s", frame.code, frame.message)
+                else:
+                    self._finish(
+                        PROTOCOL_ERROR,
+                        CLOSE_POLICY_VIOLATION,
+                        f"expected welcome, got {frame.type}",
+                    )
+                    return None
+        self._finish(WELCOME_TIMEOUT, CLOSE_PING_TIMEOUT, f"no welcome within {deadline_s:g} s")
+        return None
+
+    async def _reader(self) -> None:
+        while (frame := await self._receive_frame()) is not None:
+            await self._route(frame)
+
+    async def _route(self, frame: Frame) -> None:
+        assert self._outbox is not None
+        if isinstance(frame, Ping):
+            await self._outbox.send(Pong(nonce=frame.nonce))
+        elif isinstance(frame, Pong):
+            if self._pong is not None and self._pong[0] == frame.nonce:
+                self._pong[1].set()
+        elif isinstance(frame, Job):
+            await self._on_job(frame)
+        elif isinstance(frame, Cancel):
+            await self._on_cancel(frame)
+        elif isinstance(frame, Error):
+            log.warning("hub says %s: %s", frame.code, frame.message)
+        else:
+            self._finish(
+                PROTOCOL_ERROR, CLOSE_POLICY_VIOLATION, f"unexpected {frame.type} frame from hub"
+            )
+
+    async def _on_job(self, job: Job) -> None:
+        assert self._outbox is not None and self._tool_queue is not None
+        assert self._status_queue is not None
+        if job.id in self._deliveries:
+            log.warning(
+                "job %s: delivery id %r is already pending here; ignored", job.job_id, job.id
+            )
+            return
+        if job.name == STATUS_TOOL:
+            self._deliveries[job.id] = job
+            self._status_queue.send_nowait(job)
+            return
+        key = job.idempotency_key
+        cached = self.runner.lookup(key)
+        if cached is not None:
+            log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
+            await self._outbox.send(cached.reply(job.id))
+            return
+        if not self.runner.in_flight(key):
+            refused = self.runner.preflight(job)
+            if refused is not None:
+                log.info("job %s (%s): %s", job.job_id, job.name, refused.code)
+                await self._outbox.send(refused.reply(job.id))
+                return
+        self._deliveries[job.id] = job
+        self._tool_queue.send_nowait(job)
+
+    async def _on_cancel(self, cancel: Cancel) -> None:
+        job = self._deliveries.get(cancel.id)
+        if job is None:
+            log.info("cancel for delivery %r: nothing pending here (already answered?)", cancel.id)
+            return
+        if job.name == STATUS_TOOL:
+            return
+        key = job.idempotency_key
+        if self.runner.in_flight(key):
+            # The tool worker answers with the run's outcome: "cancelled" if it could be
+            # cancelled, the real outcome if it is a sync tool that cannot.
+            self.runner.cancel(key)
+            return
+        # Still queued in this session: never start it, and remember that.
+        outcome = self.runner.cached(key)
+        if outcome is None:
+            outcome = Outcome.failure(CANCELLED, "cancelled by the hub before it started")
+            self.runner.record(key, outcome)
+        await self._answer(job.id, outcome)
+
+    # -- workers -----------------------------------------------------------------------
+
+    async def _answer(self, delivery_id: str, outcome: Outcome) -> None:
+        assert self._outbox is not None
+        if self._deliveries.pop(delivery_id, None) is None:
+            return  # answered already (cancelled while queued)
+        await self._outbox.send(outcome.reply(delivery_id))
+
+    async def _tool_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:
+        async for job in queue:
+            if job.id not in self._deliveries:
+                continue
+            outcome = await self.runner.execute(job)
+            log.info("job %s (%s): %s", job.job_id, job.name, "ok" if outcome.ok else outcome.code)
+            await self._answer(job.id, outcome)
+
+    async def _status_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:
+        async for job in queue:
+            now = self.wall_clock()
+            if now >= job.deadline:
+                outcome = Outcome.failure(EXPIRED, "deadline passed before status ran")
+            else:
+                self.runner.executions[STATUS_TOOL] += 1
+                outcome = Outcome.success(self.status())
+            await self._answer(job.id, outcome)
+
+    def status(self) -> dict[str, object]:
+        """The ``status`` tool's result: live state, never cached."""
+        return {
+            "ok": True,
+            "time": self.wall_clock(),
+            "monotonic": trio.current_time(),
+            "version": __version__,
+            "running": self.runner.running,
+            "tools": self.tools,
+            "session_id": self.session_id,
+        }
+
+    async def _writer(self, outbox: trio.MemoryReceiveChannel[Frame]) -> None:
+        async for frame in outbox:
+            try:
+                text = encode_frame(frame)
+            except LocalProtocolError as exc:
+                log.error("cannot encode %s frame: %s", frame.type, exc)
+                if not isinstance(frame, JobResult):
+                    continue
+                text = encode_frame(
+                    Outcome.failure(CRASHED, f"result could not be encoded: {exc}").reply(frame.id)
+                )
+            try:
+                await self.transport.send(text)
+            except TransportClosed as exc:
+                self._finish(CLOSED, exc.code, exc.reason, by_hub=True)
+                return
+
+    async def _pinger(self, interval_s: float, timeout_s: float) -> None:
+        assert self._outbox is not None
+        tag = secrets.token_hex(4)
+        count = 0
+        while True:
+            await trio.sleep(interval_s)
+            count += 1
+            nonce = f"s{tag}-{count}"
+            answered = trio.Event()
+            self._pong = (nonce, answered)
+            try:
+                with trio.fail_after(timeout_s):
+                    await self._outbox.send(Ping(nonce=nonce))
+                    await answered.wait()
+            except trio.TooSlowError:
+                log.warning("no pong within %g s; dropping the socket", timeout_s)
+                self._finish(PING_TIMEOUT, CLOSE_PING_TIMEOUT, f"no pong within {timeout_s:g} s")
+                return
+            finally:
+                self._pong = None
+
+    async def _watchdog(self) -> None:
+        t = self.timings
+        gap = await watch_clocks(
+            interval_s=t.watchdog_interval_s, gap_s=t.wedge_gap_s, wall_clock=self.wall_clock
+        )
+        log.warning("%s", gap.describe())
+        self._finish(CLOCK_GAP, CLOSE_GOING_AWAY, gap.describe())
+
+
+__all__ = [
+    "CLOCK_GAP",
+    "CLOSED",
+    "INTERNAL_ERROR",
+    "PING_TIMEOUT",
+    "PROTOCOL_ERROR",
+    "STOPPED",
+    "WELCOME_TIMEOUT",
+    "Session",
+    "SessionEnd",
+    "close_reason",
+]

@@ -1,0 +1,449 @@
+"""Tools: the ``@tool`` decorator, :class:`ToolRegistry`, :class:`ToolError`, invocation,
+and the built-in ``echo`` and ``sleep``.
+
+How tools are found: ``@tool`` *marks* a function (it attaches a :class:`Tool` description
+and returns the function unchanged, so it stays callable and testable); nothing is
+registered globally. A :class:`ToolRegistry` collects marked functions explicitly, with
+:meth:`ToolRegistry.add` or :meth:`ToolRegistry.add_module` (what ``--tools MODULE`` does).
+Importing a module therefore never changes what another daemon or test exposes.
+
+How tools run: a tool receives the job's ``args`` as keyword arguments and returns
+JSON-able data. ``async def`` tools run in the caller's task and are cancellable. Plain
+``def`` tools run in a worker thread (``trio.to_thread.run_sync``) so a CPU-bound or
+blocking tool never blocks the task that reads the socket. A thread cannot be
+interrupted: a running sync tool ignores the hub's ``cancel`` (it finishes and its real
+outcome is reported); only stopping the daemon abandons the thread
+(``abandon_on_cancel=True``), which then runs to completion unobserved.
+
+``status`` is not a registry tool: the session answers it itself from live state (see
+``_session``), so its name is reserved.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import math
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar, overload
+
+import attrs
+import trio
+from deskbridge_common import ToolSpec
+
+from ._outcome import BAD_ARGS, CRASHED, TOOL_ERROR, Outcome, truncate
+
+log = logging.getLogger("deskbridge.sidecar.tools")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
+_CODE_RE = re.compile(r"[^\s]{1,64}\Z")
+_MARK = "__deskbridge_tool__"
+
+#: The name the session answers itself (live state, never cached, never queued).
+STATUS_TOOL = "status"
+#: Catalogue entry announced for ``status``.
+STATUS_SPEC = ToolSpec(
+    name=STATUS_TOOL,
+    description=(
+        "Liveness probe answered by a dedicated worker, never behind a running tool: "
+        "wall time, monotonic time, sidecar version, the tool running now, the catalogue."
+    ),
+    args_schema={"type": "object"},
+    side_effects=False,
+)
+
+
+class ToolError(Exception):
+    """Raise from a tool to report a failure the caller should see.
+
+    The job is answered ``ok: false`` with ``error.code`` = ``code`` and ``error.message``
+    = ``message``. Failures are cached by idempotency key like successes (the tool ran).
+
+    Args:
+        message: human-readable explanation (truncated to 2000 characters on the wire).
+        code: machine-readable code, 1-64 non-space characters; default ``"tool_error"``.
+            An invalid code is replaced by ``"tool_error"``.
+    """
+
+    def __init__(self, message: str, *, code: str = TOOL_ERROR):
+        super().__init__(message)
+        self.message = str(message)
+        self.code = code if isinstance(code, str) and _CODE_RE.match(code) else TOOL_ERROR
+
+
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
+    tuple: "array",
+    type(None): "null",
+}
+
+
+def _json_type(annotation: Any) -> dict[str, Any]:
+    origin = typing.get_origin(annotation) or annotation
+    name = _JSON_TYPES.get(origin)
+    return {"type": name} if name else {}
+
+
+def _schema_from_signature(fn: Callable[..., Any], sig: inspect.Signature) -> dict[str, Any]:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations only cost the types
+        hints = {}
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    open_ended = False
+    for param in sig.parameters.values():
+        if param.kind is param.VAR_KEYWORD:
+            open_ended = True
+        elif param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            properties[param.name] = _json_type(hints.get(param.name))
+            if param.default is param.empty:
+                required.append(param.name)
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    if not open_ended:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
+    )
+
+
+@attrs.frozen(eq=False)
+class Tool:
+    """A callable the hub may invoke by ``name``.
+
+    Attributes:
+        name: catalogue name, ``[A-Za-z0-9_.-]{1,64}``.
+        fn: the function; receives ``args`` as keyword arguments.
+        description: for humans and agents (default: the docstring's first paragraph).
+        args_schema: JSON Schema of ``args`` (default: derived from the signature).
+        side_effects: True if running twice is not harmless (announced to the hub).
+        is_async: True for ``async def`` (runs in a task, cancellable), False for sync
+            (runs in a worker thread, not interruptible).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    args_schema: dict[str, Any]
+    side_effects: bool
+    is_async: bool
+    signature: inspect.Signature
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        side_effects: bool = False,
+        args_schema: dict[str, Any] | None = None,
+    ) -> Tool:
+        """Describe ``fn`` as a tool (see :func:`tool` for the arguments).
+
+        Raises:
+            ValueError: bad name, reserved name (``status``), or a required
+                positional-only parameter (tools are called with keyword arguments only).
+            TypeError: ``fn`` is not callable or ``args_schema`` is not a dict.
+        """
+        if not callable(fn):
+            raise TypeError(f"tool must be callable, got {fn!r}")
+        tool_name = name if name is not None else getattr(fn, "__name__", "")
+        if not isinstance(tool_name, str) or not _NAME_RE.match(tool_name):
+            raise ValueError(f"tool name {tool_name!r} must match [A-Za-z0-9_.-]{{1,64}}")
+        if tool_name == STATUS_TOOL:
+            raise ValueError("the tool name 'status' is reserved for the built-in status probe")
+        sig = inspect.signature(fn)
+        for param in sig.parameters.values():
+            if param.kind is param.POSITIONAL_ONLY and param.default is param.empty:
+                raise ValueError(
+                    f"tool {tool_name!r}: parameter {param.name!r} is positional-only; "
+                    "tools receive their args as keyword arguments"
+                )
+        if args_schema is not None and not isinstance(args_schema, dict):
+            raise TypeError("args_schema must be a dict (a JSON Schema object)")
+        if description is None:
+            doc = inspect.getdoc(fn) or ""
+            description = doc.split("\n\n", 1)[0].strip()
+        return cls(
+            name=tool_name,
+            fn=fn,
+            description=description,
+            args_schema=args_schema if args_schema is not None else _schema_from_signature(fn, sig),
+            side_effects=bool(side_effects),
+            is_async=_is_async(fn),
+            signature=sig,
+        )
+
+    def spec(self) -> ToolSpec:
+        """This tool's catalogue entry for the ``hello`` frame."""
+        return ToolSpec(
+            name=self.name,
+            description=self.description[:4096],
+            args_schema=self.args_schema,
+            side_effects=self.side_effects,
+        )
+
+    def check_args(self, args: dict[str, Any]) -> str | None:
+        """Return why ``args`` cannot be passed as keyword arguments, or None if they can."""
+        try:
+            self.signature.bind(**args)
+        except TypeError as exc:
+            return f"{self.name}: {exc}"
+        return None
+
+
+@overload
+def tool(fn: F, /) -> F: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effects: bool = False,
+    args_schema: dict[str, Any] | None = None,
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    fn: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effects: bool = False,
+    args_schema: dict[str, Any] | None = None,
+) -> Any:
+    """Mark a function as a deskbridge tool. Use bare (``@tool``) or with options.
+
+    The function is returned unchanged, with its :class:`Tool` description attached;
+    collect it with :meth:`ToolRegistry.add` or :meth:`ToolRegistry.add_module`.
+
+    Args:
+        fn: the function (when used bare).
+        name: catalogue name (default: the function's ``__name__``).
+        description: default: the docstring's first paragraph.
+        side_effects: True if running the tool twice is not harmless (a click, a
+            submit). Announced to the hub; every tool is deduplicated either way.
+        args_schema: JSON Schema for ``args``; default: ``{"type": "object"}`` with a
+            property per keyword parameter (typed from simple annotations), ``required``
+            for those without defaults, and ``additionalProperties: false`` unless the
+            function takes ``**kwargs``.
+
+    Returns:
+        The function itself (bare use) or a decorator.
+
+    Raises:
+        ValueError, TypeError: see :meth:`Tool.from_function`.
+    """
+
+    def mark(f: F) -> F:
+        setattr(
+            f,
+            _MARK,
+            Tool.from_function(
+                f,
+                name=name,
+                description=description,
+                side_effects=side_effects,
+                args_schema=args_schema,
+            ),
+        )
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def tool_of(obj: Any) -> Tool | None:
+    """The :class:`Tool` attached to ``obj`` by ``@tool``, or None."""
+    found = getattr(obj, _MARK, None)
+    return found if isinstance(found, Tool) else None
+
+
+class ToolRegistry:
+    """The tools one sidecar offers, by name.
+
+    Args:
+        tools: functions (marked with ``@tool`` or plain, which get default options) or
+            :class:`Tool` objects to add.
+        builtins: include ``echo`` and ``sleep`` (default True). ``status`` is always
+            offered by the session and never lives in a registry.
+
+    Raises:
+        ValueError: two tools share a name.
+    """
+
+    def __init__(self, tools: Iterable[Callable[..., Any] | Tool] = (), *, builtins: bool = True):
+        self._tools: dict[str, Tool] = {}
+        if builtins:
+            self.add(echo)
+            self.add(sleep)
+        for item in tools:
+            self.add(item)
+
+    def add(self, item: Callable[..., Any] | Tool) -> Tool:
+        """Add one tool and return its :class:`Tool`.
+
+        Adding the very same tool twice is a no-op.
+
+        Raises:
+            ValueError: another tool already has this name (or see :meth:`Tool.from_function`).
+        """
+        found = item if isinstance(item, Tool) else tool_of(item)
+        if found is None:
+            found = Tool.from_function(item)
+        existing = self._tools.get(found.name)
+        if existing is not None:
+            if existing is found or existing.fn is found.fn:
+                return existing
+            raise ValueError(f"two tools are named {found.name!r}")
+        self._tools[found.name] = found
+        return found
+
+    def add_module(self, module: str | types.ModuleType) -> list[Tool]:
+        """Import ``module`` (a dotted name or a module) and add every ``@tool`` in it.
+
+        Only functions marked with ``@tool`` found in the module's namespace are added
+        (imported ones included), in definition order.
+
+        Returns:
+            The tools added (or already present).
+
+        Raises:
+            ImportError: the module cannot be imported (any exception raised while
+                importing it propagates as is).
+            ValueError: the module has no ``@tool`` functions, or a name clashes.
+        """
+        mod = importlib.import_module(module) if isinstance(module, str) else module
+        found = [t for t in (tool_of(v) for v in vars(mod).values()) if t is not None]
+        if not found:
+            raise ValueError(f"module {mod.__name__!r} has no @tool functions")
+        return [self.add(t) for t in found]
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or None."""
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        """Tool names, in the order they were added."""
+        return list(self._tools)
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """Catalogue entries, in the order the tools were added."""
+        return tuple(t.spec() for t in self._tools.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __repr__(self) -> str:
+        return f"ToolRegistry({self.names()!r})"
+
+
+async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
+    """Run ``tool`` once with ``args`` and capture what happened.
+
+    Args:
+        tool: the tool.
+        args: keyword arguments (the job's ``args`` object).
+
+    Returns:
+        ``Outcome.success(value)``, or a failure: ``bad_args`` (args do not bind),
+        the ``ToolError``'s code, ``crashed`` (any other exception; message = repr,
+        truncated; traceback logged), ``bad_result`` (value not JSON / too big).
+
+    Raises:
+        trio.Cancelled: cancellation propagates. An async tool is cancelled at its next
+            checkpoint; a sync tool's thread is abandoned and keeps running.
+    """
+    problem = tool.check_args(args)
+    if problem is not None:
+        return Outcome.failure(BAD_ARGS, problem)
+    try:
+        if tool.is_async:
+            value = await tool.fn(**args)
+        else:
+            value = await trio.to_thread.run_sync(
+                functools.partial(tool.fn, **args), abandon_on_cancel=True
+            )
+    except ToolError as exc:
+        return Outcome.failure(exc.code, exc.message)
+    except Exception as exc:
+        log.exception("tool %s crashed", tool.name)
+        return Outcome.failure(CRASHED, truncate(repr(exc)))
+    return Outcome.success(value)
+
+
+# -- built-ins ---------------------------------------------------------------------------
+
+
+@tool(description="Return the args object unchanged.")
+async def echo(**args: Any) -> dict[str, Any]:
+    """Return ``args`` unchanged."""
+    return args
+
+
+@tool(
+    description="Sleep for `seconds` (a non-negative number) without blocking anything else; "
+    'returns {"slept_s": seconds}. Cancellable.',
+    args_schema={
+        "type": "object",
+        "properties": {"seconds": {"type": "number", "minimum": 0}},
+        "required": ["seconds"],
+        "additionalProperties": False,
+    },
+)
+async def sleep(seconds: float) -> dict[str, Any]:
+    """Sleep ``seconds`` on the trio clock.
+
+    Raises:
+        ToolError: code ``bad_args`` if ``seconds`` is not a finite non-negative number.
+    """
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise ToolError(f"seconds must be a finite number >= 0, got {seconds!r}", code=BAD_ARGS)
+    await trio.sleep(seconds)
+    return {"slept_s": seconds}
+
+
+__all__ = [
+    "STATUS_SPEC",
+    "STATUS_TOOL",
+    "Tool",
+    "ToolError",
+    "ToolRegistry",
+    "echo",
+    "invoke",
+    "sleep",
+    "tool",
+    "tool_of",
+]

@@ -1,0 +1,213 @@
+"""The WebSocket behind a tiny interface, and the trio-websocket implementation.
+
+A session needs three things from a socket — send a text message, receive one, close
+with a code — and the daemon needs one thing from the network — open such a socket to a
+URL with headers. :class:`Transport` and :class:`Connector` say exactly that, so tests
+plug in memory transports (``deskbridge_sidecar.testing``) and nothing above this module
+imports trio-websocket. Its exceptions are mapped here into the sidecar's own
+(:class:`TransportClosed`, :class:`ConnectFailed`, :class:`HandshakeRejected`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
+
+import attrs
+import trio
+import trio_websocket
+from deskbridge_common import MAX_FRAME_BYTES
+
+from ._errors import ConnectFailed, HandshakeRejected, TransportClosed
+
+log = logging.getLogger("deskbridge.sidecar.transport")
+
+#: Path of the sidecar endpoint, appended to a hub URL that has no path.
+SIDECAR_PATH = "/v1/sidecar"
+
+
+class Transport(Protocol):
+    """One open WebSocket, as a session sees it. Only the session's writer sends."""
+
+    async def send(self, message: str) -> None:
+        """Send one text message.
+
+        Raises:
+            TransportClosed: the socket is closed (``code`` 1006 if it broke).
+        """
+
+    async def receive(self) -> str | bytes:
+        """The next message.
+
+        Raises:
+            TransportClosed: the peer closed (with its code and reason) or the socket
+                broke (1006) or we closed it.
+        """
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close with ``code`` and ``reason`` (at most 123 bytes); idempotent.
+
+        May wait for the peer's close frame; callers bound it with a deadline.
+        """
+
+
+class Connector(Protocol):
+    """Opens transports."""
+
+    def connect(
+        self, url: str, headers: Sequence[tuple[str, str]]
+    ) -> AbstractAsyncContextManager[Transport]:
+        """Open a WebSocket to ``url`` sending ``headers`` with the upgrade request.
+
+        The context manager yields an open :class:`Transport` and releases the socket on
+        exit.
+
+        Raises:
+            HandshakeRejected: the server answered the upgrade with an HTTP error.
+            ConnectFailed: DNS, TCP, TLS, timeout or a broken upgrade.
+        """
+
+
+def sidecar_url(hub_url: str) -> str:
+    """The WebSocket URL of the sidecar endpoint of ``hub_url``.
+
+    ``ws://host:8080`` becomes ``ws://host:8080/v1/sidecar``; a URL with a path keeps
+    it. ``http``/``https`` are accepted as ``ws``/``wss``.
+
+    Raises:
+        ValueError: not a ws/wss/http/https URL, or no host.
+    """
+    parts = urllib.parse.urlsplit(hub_url.strip())
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme.lower(), parts.scheme.lower())
+    if scheme not in ("ws", "wss"):
+        raise ValueError(f"hub URL must start with ws:// or wss://, got {hub_url!r}")
+    if not parts.hostname:
+        raise ValueError(f"hub URL has no host: {hub_url!r}")
+    path = parts.path if parts.path not in ("", "/") else SIDECAR_PATH
+    return urllib.parse.urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+@attrs.frozen(kw_only=True)
+class WebSocketSettings:
+    """trio-websocket settings, spelled out rather than inherited.
+
+    Attributes:
+        message_queue_size: messages trio-websocket buffers after reading them off the
+            TCP stream and before our reader takes them (library default 1). Past this
+            it stops reading the socket — the failure of the seed report, where unread
+            frames hid the keepalive. Our reader never waits on work, so the queue only
+            absorbs bursts; 64 messages.
+        max_message_size: largest incoming message, as ``len()`` of the text (so at
+            most ``MAX_FRAME_BYTES`` characters, 1 MiB); bigger closes with 1009. The
+            codec then enforces ``MAX_FRAME_BYTES`` in UTF-8 bytes.
+        connect_timeout_s: seconds for TCP connect + TLS + HTTP upgrade (10 s); then
+            :class:`ConnectFailed` and backoff.
+        disconnect_timeout_s: seconds to wait for the close handshake before the TCP
+            connection is dropped anyway (5 s, ``Timings.close_timeout_s``).
+        receive_buffer_size: bytes per read from the TCP stream (64 KiB).
+
+    trio-websocket sends no keepalive pings of its own (it answers the peer's protocol
+    pings); liveness is the application-level ``ping``/``pong`` with a deadline, on the
+    interval and timeout the hub announces in ``welcome``.
+    """
+
+    message_queue_size: int = 64
+    max_message_size: int = MAX_FRAME_BYTES
+    connect_timeout_s: float = 10.0
+    disconnect_timeout_s: float = 5.0
+    receive_buffer_size: int = 64 * 1024
+
+
+@attrs.define(eq=False)
+class _WebSocketTransport:
+    ws: trio_websocket.WebSocketConnection
+
+    async def send(self, message: str) -> None:
+        try:
+            await self.ws.send_message(message)
+        except trio_websocket.ConnectionClosed as exc:
+            raise _closed(exc) from None
+
+    async def receive(self) -> str | bytes:
+        try:
+            return await self.ws.get_message()
+        except trio_websocket.ConnectionClosed as exc:
+            raise _closed(exc) from None
+
+    async def close(self, code: int, reason: str) -> None:
+        await self.ws.aclose(code, reason)
+
+
+def _closed(exc: trio_websocket.ConnectionClosed) -> TransportClosed:
+    reason = exc.reason
+    if reason is None:
+        return TransportClosed(1006, "connection lost")
+    return TransportClosed(reason.code, reason.reason or "")
+
+
+@attrs.define(eq=False)
+class WebSocketConnector:
+    """:class:`Connector` over trio-websocket.
+
+    Args:
+        ssl_context: verification for ``wss://`` (None: system trust store). Ignored
+            for ``ws://``.
+        settings: library settings (see :class:`WebSocketSettings`).
+    """
+
+    ssl_context: ssl.SSLContext | None = None
+    settings: WebSocketSettings = attrs.field(factory=WebSocketSettings)
+
+    @asynccontextmanager
+    async def connect(
+        self, url: str, headers: Sequence[tuple[str, str]]
+    ) -> AsyncIterator[Transport]:
+        """See :meth:`Connector.connect`. Cancellation aborts the connect or closes the socket."""
+        s = self.settings
+        secure = urllib.parse.urlsplit(url).scheme == "wss"
+        entered = False
+        try:
+            async with trio_websocket.open_websocket_url(
+                url,
+                ssl_context=self.ssl_context if secure else None,
+                extra_headers=[(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                message_queue_size=s.message_queue_size,
+                max_message_size=s.max_message_size,
+                connect_timeout=s.connect_timeout_s,
+                disconnect_timeout=s.disconnect_timeout_s,
+                receive_buffer_size=s.receive_buffer_size,
+            ) as ws:
+                entered = True
+                yield _WebSocketTransport(ws)
+        except trio_websocket.ConnectionRejected as exc:
+            if entered:
+                raise
+            raise HandshakeRejected(exc.status_code) from None
+        except trio_websocket.DisconnectionTimeout:
+            if not entered:
+                raise ConnectFailed("timed out closing the connection") from None
+            log.debug("close handshake timed out; connection dropped")
+        except (
+            trio_websocket.HandshakeError,
+            trio_websocket.ConnectionClosed,
+            trio.BrokenResourceError,
+            OSError,
+        ) as exc:
+            if entered:
+                raise
+            detail = exc.__cause__ or exc
+            raise ConnectFailed(f"{type(detail).__name__}: {detail}") from None
+
+
+__all__ = [
+    "SIDECAR_PATH",
+    "Connector",
+    "Transport",
+    "WebSocketConnector",
+    "WebSocketSettings",
+    "sidecar_url",
+]

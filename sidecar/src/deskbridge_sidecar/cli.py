@@ -1,0 +1,221 @@
+"""``deskbridge-sidecar``: run the sidecar daemon on the user's machine.
+
+    deskbridge-sidecar run --hub ws://HOST:PORT --token TOKEN [--tools MODULE]...
+
+Exit status: 0 after SIGTERM, 130 after Ctrl-C, 2 for a usage error or when the hub
+refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+
+import trio
+from deskbridge_common import Timings
+
+from ._daemon import Daemon
+from ._errors import TokenRefused
+from ._tools import ToolRegistry
+from ._transport import sidecar_url
+from ._version import __version__
+
+log = logging.getLogger("deskbridge.sidecar.cli")
+
+_EPILOG = """\
+environment:
+  DESKBRIDGE_HUB_URL   hub URL when --hub is not given
+  DESKBRIDGE_TOKEN     token when --token is not given (preferred: arguments show in ps)
+  DESKBRIDGE_<NAME>    timing overrides in seconds, e.g. DESKBRIDGE_PING_TIMEOUT_S=10,
+                       DESKBRIDGE_BACKOFF_MAX_S=30, DESKBRIDGE_DEDUPE_TTL_S=300,
+                       DESKBRIDGE_WEDGE_GAP_S=5 (any field of deskbridge_common.Timings)
+
+exit status:
+  0    stopped by SIGTERM
+  2    usage error, or the hub refused the token (HTTP 401/403)
+  130  interrupted (Ctrl-C)
+"""
+
+_RUN_DESCRIPTION = """\
+Dial out to the hub's /v1/sidecar WebSocket, announce the tools, and run the jobs the
+hub relays: one tool at a time, each idempotency key at most once (for 300 s), status
+answered at once. Reconnects with full-jitter backoff (at once when the hub restarts);
+stops when the hub refuses the token.
+
+Built-in tools: echo (returns its args), sleep (seconds), status.
+--tools MODULE imports MODULE (the current directory is on the import path) and adds
+every function decorated with deskbridge_sidecar.tool."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    return _build_parsers()[0]
+
+
+def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    parser = argparse.ArgumentParser(
+        prog="deskbridge-sidecar",
+        description="deskbridge sidecar: runs tools on this machine for a cloud agent.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="connect to the hub and serve tools until stopped",
+        description=_RUN_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "--hub",
+        metavar="URL",
+        help="hub URL, e.g. ws://127.0.0.1:8080 or wss://hub.example "
+        "(/v1/sidecar is appended when there is no path; default $DESKBRIDGE_HUB_URL)",
+    )
+    run.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="sidecar token from `deskbridge-hub token USER_ID` (default $DESKBRIDGE_TOKEN)",
+    )
+    run.add_argument(
+        "--tools",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="import MODULE and offer its @tool functions (repeatable)",
+    )
+    run.add_argument(
+        "--ca-file",
+        metavar="PATH",
+        help="PEM file of CA certificates to verify a wss:// hub (default: system trust store)",
+    )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging: -v debug for deskbridge, -vv also for trio-websocket",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="log level (default INFO; -v means DEBUG)",
+    )
+    return parser, run
+
+
+def load_registry(modules: Sequence[str]) -> ToolRegistry:
+    """A registry with the built-ins plus the ``@tool`` functions of ``modules``.
+
+    Raises:
+        ImportError: a module cannot be imported.
+        ValueError: a module has no ``@tool`` functions, or two tools share a name.
+    """
+    registry = ToolRegistry()
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        registry.add_module(name)
+    return registry
+
+
+def make_ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    """Client TLS context verifying the hub: ``ca_file`` if given, else the system store.
+
+    Raises:
+        OSError: ``ca_file`` cannot be read.
+        ssl.SSLError: ``ca_file`` holds no usable certificate.
+    """
+    return ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+
+
+def _configure_logging(verbose: int, level_name: str | None) -> None:
+    level = (
+        getattr(logging, level_name) if level_name else (logging.DEBUG if verbose else logging.INFO)
+    )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("deskbridge").setLevel(level)
+    logging.getLogger("trio-websocket").setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
+
+
+async def _serve(daemon: Daemon) -> int:
+    refused: TokenRefused | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_sigterm, daemon)
+        try:
+            await daemon.run()
+        except TokenRefused as exc:
+            refused = exc
+        nursery.cancel_scope.cancel()
+    return 2 if refused is not None else 0
+
+
+async def _stop_on_sigterm(daemon: Daemon) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            log.info("SIGTERM: stopping")
+            daemon.stop()
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``deskbridge-sidecar``; returns the exit status."""
+    parser, run_parser = _build_parsers()
+    try:
+        args = parser.parse_args(argv)
+        if args.command != "run":
+            parser.print_help(sys.stderr)
+            return 2
+        daemon = _daemon_from_args(run_parser, args)
+    except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return trio.run(_serve, daemon)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namespace) -> Daemon:
+    hub = args.hub or os.environ.get("DESKBRIDGE_HUB_URL")
+    token = args.token or os.environ.get("DESKBRIDGE_TOKEN")
+    if not hub:
+        run_parser.error("the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL")
+    if not token:
+        run_parser.error("a token is required: --token TOKEN or DESKBRIDGE_TOKEN")
+    try:
+        url = sidecar_url(hub)
+    except ValueError as exc:
+        run_parser.error(str(exc))
+    try:
+        timings = Timings.from_env()
+    except ValueError as exc:
+        run_parser.error(f"bad timing in the environment: {exc}")
+    ssl_context = None
+    if args.ca_file:
+        if not url.startswith("wss://"):
+            run_parser.error("--ca-file needs a wss:// hub URL")
+        try:
+            ssl_context = make_ssl_context(args.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            run_parser.error(f"--ca-file {args.ca_file}: {exc}")
+    try:
+        registry = load_registry(args.tools)
+    except ImportError as exc:
+        run_parser.error(f"--tools: cannot import: {exc}")
+    except ValueError as exc:
+        run_parser.error(f"--tools: {exc}")
+    _configure_logging(args.verbose, args.log_level)
+    log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
+    return Daemon(hub, token, registry=registry, timings=timings, ssl_context=ssl_context)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
