@@ -250,7 +250,8 @@ class FakeHubSession:
 
     async def wait_pong(self, nonce: str) -> float:
         """Wait for the pong with ``nonce``; return its trio arrival time."""
-        return await self.wait_for(lambda: self.pongs.get(nonce))
+        await self.wait_for(lambda: nonce in self.pongs)
+        return self.pongs[nonce]
 
     async def wait_closed(self) -> CloseInfo:
         """Wait until the socket is closed; return how."""

@@ -1,0 +1,163 @@
+"""Deduplication on idempotency_key across deliveries, sessions and time.
+
+Invariant 6: every recovery path asserts *executed exactly once*.
+"""
+
+from __future__ import annotations
+
+import trio
+from deskbridge_common import Timings
+from deskbridge_sidecar import tool
+
+from .conftest import settle
+
+
+def counting_tool(seconds: float = 0.0):
+    calls: list[dict] = []
+
+    @tool(side_effects=True)
+    async def submit(form: str) -> dict:
+        calls.append({"form": form, "at": trio.current_time()})
+        await trio.sleep(seconds)
+        return {"submitted": form, "n": len(calls)}
+
+    return submit, calls
+
+
+async def test_two_deliveries_of_one_key_execute_once(autojump_clock, start_daemon):
+    submit, calls = counting_tool()
+    daemon, s = await start_daemon(tools=[submit])
+    first = await s.call("submit", {"form": "f1"}, id="d-1", key="k-1")
+    second = await s.call("submit", {"form": "f1"}, id="d-2", key="k-1")
+    assert (first.id, second.id) == ("d-1", "d-2")
+    assert first.ok and first.result == second.result == {"submitted": "f1", "n": 1}
+    assert len(calls) == 1
+    stats = daemon.statistics()
+    assert stats.executions == {"submit": 1} and stats.dedupe_hits == 1
+
+
+async def test_same_id_different_keys_are_not_deduplicated(autojump_clock, start_daemon):
+    submit, calls = counting_tool()
+    daemon, s = await start_daemon(tools=[submit])
+    await s.call("submit", {"form": "a"}, id="same", key="k-a")
+    await s.send_job("submit", {"form": "b"}, id="same", key="k-b")
+    await s.wait_for(lambda: len(s.results["same"]) == 2)
+    assert [c["form"] for c in calls] == ["a", "b"]
+
+
+async def test_redelivery_while_the_original_runs_awaits_it(autojump_clock, start_daemon):
+    submit, calls = counting_tool(seconds=10)
+    daemon, s = await start_daemon(tools=[submit])
+    original = await s.send_job("submit", {"form": "f"}, key="k-run")
+    await settle()
+    await trio.sleep(4)
+    redelivery = await s.send_job("submit", {"form": "f"}, key="k-run")
+    second = await s.wait_result(redelivery.id)
+    assert trio.current_time() == 10  # answered when the original finished, not 10 s later
+    first = await s.wait_result(original.id)
+    assert first.result == second.result and len(calls) == 1
+
+
+async def test_failures_are_cached_too(autojump_clock, start_daemon):
+    calls = []
+
+    @tool
+    def flaky():
+        calls.append(1)
+        raise RuntimeError("half-submitted")
+
+    daemon, s = await start_daemon(tools=[flaky])
+    first = await s.call("flaky", key="k-f")
+    second = await s.call("flaky", key="k-f")
+    assert first.error == second.error and first.error.code == "crashed"
+    assert len(calls) == 1
+
+
+async def test_dedupe_survives_a_dropped_socket(autojump_clock, start_daemon, hub):
+    """Socket drops mid-job; the original finishes anyway (it runs in the daemon's
+    nursery); the redelivery on the new session is answered from the cache."""
+    submit, calls = counting_tool(seconds=30)
+    daemon, s1 = await start_daemon(tools=[submit])
+    original = await s1.send_job("submit", {"form": "f"}, id="d-old", key="k-drop")
+    await settle()
+    await trio.sleep(5)
+    s1.abort()  # the network dies: no close frame
+    s2 = await hub.next_session()
+    assert trio.current_time() < 30 and daemon.statistics().running == "submit"
+    await trio.sleep(30)  # the original finishes meanwhile, unobserved
+    assert daemon.statistics().running is None and len(calls) == 1
+    redelivered = await s2.call("submit", {"form": "f"}, id="d-new", key="k-drop")
+    assert redelivered.id == "d-new"
+    assert redelivered.ok and redelivered.result == {"submitted": "f", "n": 1}
+    assert "d-old" not in s1.results  # that reply was lost with the socket
+    assert len(calls) == 1 and daemon.statistics().executions == {"submit": 1}
+    assert original.id == "d-old"
+
+
+async def test_redelivery_on_a_new_session_awaits_the_orphaned_original(
+    autojump_clock, start_daemon, hub
+):
+    submit, calls = counting_tool(seconds=30)
+    daemon, s1 = await start_daemon(tools=[submit])
+    await s1.send_job("submit", {"form": "f"}, key="k-orphan")
+    await settle()
+    await trio.sleep(5)
+    await s1.close(1012, "hub restarting")
+    s2 = await hub.next_session()
+    assert trio.current_time() == 5  # 1012: reconnected at once
+    redelivered = await s2.call("submit", {"form": "f"}, key="k-orphan")
+    assert trio.current_time() == 30 and redelivered.result["n"] == 1
+    assert len(calls) == 1
+
+
+async def test_an_orphaned_run_still_blocks_the_next_tool(autojump_clock, start_daemon, hub):
+    """One browser: a run left behind by a dropped socket and the new session's first
+    job must not overlap."""
+    spans: dict[str, list[float]] = {}
+
+    @tool
+    async def browse(name: str, seconds: float) -> str:
+        spans[name] = [trio.current_time()]
+        await trio.sleep(seconds)
+        spans[name].append(trio.current_time())
+        return name
+
+    daemon, s1 = await start_daemon(tools=[browse])
+    await s1.send_job("browse", {"name": "old", "seconds": 20})
+    await settle()
+    s1.abort()
+    s2 = await hub.next_session()
+    result = await s2.call("browse", {"name": "new", "seconds": 1})
+    assert result.ok
+    assert spans["new"][0] >= spans["old"][1] == 20
+
+
+async def test_outcomes_expire_after_300_s(autojump_clock, start_daemon):
+    submit, calls = counting_tool()
+    daemon, s = await start_daemon(tools=[submit])
+    await s.call("submit", {"form": "f"}, key="k-ttl")
+    await trio.sleep(299)
+    assert (await s.call("submit", {"form": "f"}, key="k-ttl")).result["n"] == 1
+    await trio.sleep(1)
+    assert (await s.call("submit", {"form": "f"}, key="k-ttl")).result["n"] == 2
+    assert len(calls) == 2
+
+
+async def test_cache_holds_at_most_dedupe_size_outcomes(autojump_clock, start_daemon):
+    submit, calls = counting_tool()
+    daemon, s = await start_daemon(tools=[submit], timings=Timings(dedupe_size=2))
+    for key in ("k1", "k2", "k3"):
+        await s.call("submit", {"form": key}, key=key)
+    assert daemon.statistics().dedupe_entries == 2
+    assert (await s.call("submit", {"form": "k3"}, key="k3")).result["n"] == 3  # cached
+    assert (await s.call("submit", {"form": "k1"}, key="k1")).result["n"] == 4  # evicted
+    assert len(calls) == 4
+
+
+async def test_status_is_never_cached(autojump_clock, start_daemon):
+    daemon, s = await start_daemon()
+    first = await s.call("status", key="k-status")
+    await trio.sleep(5)
+    second = await s.call("status", key="k-status")
+    assert second.result["time"] - first.result["time"] == 5
+    assert daemon.statistics().dedupe_entries == 0

@@ -1,0 +1,192 @@
+"""The connect/reconnect loop: backoff schedule, close codes, token refusal, watchdog."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import trio
+from deskbridge_sidecar import TokenRefused
+
+from .conftest import make_daemon
+
+
+async def test_backoff_schedule_doubles_to_the_cap(autojump_clock, nursery, hub, wall):
+    hub.down = True
+    daemon = make_daemon(hub, wall, random=lambda: 0.999)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(9)
+    gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
+    windows = [1, 2, 4, 8, 16, 30, 30, 30]
+    assert gaps == pytest.approx([0.999 * w for w in windows])
+    assert all(a.outcome == "down" for a in attempts)
+    assert daemon.statistics().last_end.cause == "connect_failed"
+
+
+async def test_backoff_is_full_jitter_within_bounds(autojump_clock, nursery, hub, wall):
+    hub.down = True
+    daemon = make_daemon(hub, wall, random=random.Random(1234).random)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(30)
+    gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert gaps[0] < 1.0
+    for n, gap in enumerate(gaps):
+        assert 0 <= gap < min(30.0, 2.0**n)
+    assert len({round(g, 6) for g in gaps}) == len(gaps)  # jittered, not a fixed ladder
+
+
+async def test_reconnects_once_the_hub_is_back(autojump_clock, nursery, hub, wall):
+    hub.down = True
+    daemon = make_daemon(hub, wall)
+    nursery.start_soon(daemon.run)
+    await hub.wait_attempts(4)
+    hub.down = False
+    s = await hub.next_session()
+    assert (await s.call("echo", {"back": True})).result == {"back": True}
+    stats = daemon.statistics()
+    assert stats.sessions_started == 1 and stats.connect_attempts == 5 and stats.reconnects == 4
+
+
+@pytest.mark.parametrize("code", [1012, 1001])
+async def test_restart_close_codes_reconnect_at_once(autojump_clock, start_daemon, hub, code):
+    daemon, s = await start_daemon(random=lambda: 0.999)
+    await trio.sleep(3)
+    await s.close(code, "hub restarting")
+    second = await hub.next_session()
+    assert second.attempt.at == s.closed.at
+    assert daemon.statistics().last_end.code == code
+
+
+@pytest.mark.parametrize("code", [4001, 1000, 1011, 1013, 4002])
+async def test_other_close_codes_back_off(autojump_clock, start_daemon, hub, code):
+    daemon, s = await start_daemon(random=lambda: 0.999)
+    await trio.sleep(3)
+    await s.close(code, "bye")
+    second = await hub.next_session()
+    assert second.attempt.at - s.closed.at == pytest.approx(0.999)
+    end = daemon.statistics().last_end
+    assert (end.cause, end.code, end.reason, end.by_hub) == ("closed", code, "bye", True)
+
+
+async def test_a_dropped_connection_backs_off(autojump_clock, start_daemon, hub):
+    daemon, s = await start_daemon(random=lambda: 0.999)
+    s.abort()
+    second = await hub.next_session()
+    assert second.attempt.at - s.closed.at == pytest.approx(0.999)
+    assert daemon.statistics().last_end.code == 1006
+
+
+async def test_backoff_resets_after_a_stable_session(autojump_clock, nursery, hub, wall):
+    hub.down = True
+    daemon = make_daemon(hub, wall, random=lambda: 0.999)
+    nursery.start_soon(daemon.run)
+    await hub.wait_attempts(5)  # the 5th failure waits in window 16
+    hub.down = False
+    s = await hub.next_session()
+    await trio.sleep(5)  # a short session proves little: the ladder continues
+    s.abort()
+    s = await hub.next_session()
+    assert s.attempt.at - s.hub.sessions[0].closed.at == pytest.approx(0.999 * 30)
+    await trio.sleep(30)  # a session that outlived the longest wait: start again
+    s.abort()
+    s3 = await hub.next_session()
+    assert s3.attempt.at - s.closed.at == pytest.approx(0.999)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_token_refused_stops_and_says_why(autojump_clock, hub, wall, caplog, status):
+    hub.reject_status = status
+    daemon = make_daemon(hub, wall)
+    with pytest.raises(TokenRefused) as info:
+        await daemon.run()
+    assert info.value.status_code == status
+    assert len(hub.attempts) == 1
+    assert (
+        f"token refused by hub ({status}): issue a new one with `deskbridge-hub token USER_ID`"
+        in caplog.text
+    )
+
+
+async def test_wrong_token_is_refused_with_401(autojump_clock, hub, wall):
+    daemon = make_daemon(hub, wall, token="stolen")
+    with pytest.raises(TokenRefused):
+        await daemon.run()
+    assert hub.attempts[0].headers["Authorization"] == "Bearer stolen"
+    assert hub.attempts[0].outcome == "rejected 401"
+
+
+async def test_token_revoked_while_running_stops_the_daemon(autojump_clock, nursery, hub, wall):
+    daemon = make_daemon(hub, wall)
+    outcome: list[BaseException] = []
+    stopped = trio.Event()
+
+    async def run() -> None:
+        try:
+            await daemon.run()
+        except TokenRefused as exc:
+            outcome.append(exc)
+        stopped.set()
+
+    nursery.start_soon(run)
+    s = await hub.next_session()
+    hub.reject_status = 401
+    await s.close(1012, "restart")
+    await stopped.wait()
+    assert outcome[0].status_code == 401 and len(hub.attempts) == 2
+
+
+async def test_other_http_statuses_are_retried(autojump_clock, nursery, hub, wall):
+    hub.reject_status = 503
+    daemon = make_daemon(hub, wall)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(3)
+    assert [a.outcome for a in attempts] == ["rejected 503"] * 3
+    assert daemon.statistics().last_end.cause == "rejected"
+
+
+async def test_clock_jump_drops_the_socket_and_reconnects(
+    autojump_clock, start_daemon, hub, wall, caplog
+):
+    daemon, s = await start_daemon()
+    await trio.sleep(3.5)
+    wall.jump(12)  # the lid was closed for 12 s; the trio clock did not move
+    closed = await s.wait_closed()
+    assert (closed.by, closed.code) == ("sidecar", 1001)
+    assert closed.at == pytest.approx(4.0)  # the next watchdog tick
+    assert "clock gap of 12.0 s (wall) — lid closed or loop wedged; reconnecting" in caplog.text
+    second = await hub.next_session()
+    assert (await second.call("echo", {})).ok
+    assert daemon.statistics().last_end.cause == "clock_gap"
+
+
+async def test_connect_disconnect_and_delays_are_logged(autojump_clock, start_daemon, hub, caplog):
+    caplog.set_level(logging.INFO, logger="deskbridge")
+    daemon, s = await start_daemon(random=lambda: 0.5)
+    await s.close(4001, "superseded by a newer sidecar session")
+    await hub.next_session()
+    text = caplog.text
+    assert "connecting to ws://hub.test:8080/v1/sidecar (attempt 1)" in text
+    assert "welcomed by hub: session fake-1" in text
+    assert (
+        "disconnected from hub (closed, code 4001: superseded by a newer sidecar session)" in text
+    )
+    assert "reconnecting in 0.50 s" in text
+    assert "welcomed by hub: session fake-2" in text
+
+
+async def test_stop_before_the_first_welcome(autojump_clock, nursery, hub, wall):
+    hub.down = True
+    daemon = make_daemon(hub, wall)
+    done = trio.Event()
+
+    async def run() -> None:
+        await daemon.run()
+        done.set()
+
+    nursery.start_soon(run)
+    await hub.wait_attempts(2)
+    daemon.stop()
+    await done.wait()
+    with pytest.raises(RuntimeError):
+        await daemon.run()

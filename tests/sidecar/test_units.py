@@ -1,0 +1,181 @@
+"""Pure pieces: the dedupe cache, backoff, the clock watchdog, URLs, outcomes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+from deskbridge_sidecar import (
+    Backoff,
+    ClockGap,
+    DedupeCache,
+    Outcome,
+    sidecar_url,
+    watch_clocks,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+# -- dedupe cache ----------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_dedupe_expires_after_ttl():
+    clock = FakeClock()
+    cache = DedupeCache(size=256, ttl_s=300.0, clock=clock)
+    cache.put("k", Outcome.success(1))
+    clock.now = 299.9
+    assert cache.get("k") == Outcome.success(1)  # reading does not refresh
+    clock.now = 300.0
+    assert cache.get("k") is None and len(cache) == 0
+
+
+def test_dedupe_size_bound_is_lru_by_insertion():
+    clock = FakeClock()
+    cache = DedupeCache(size=3, ttl_s=300.0, clock=clock)
+    for key in "abc":
+        cache.put(key, Outcome.success(key))
+    assert cache.get("a") is not None  # a read does not move "a" to the back
+    cache.put("d", Outcome.success("d"))
+    assert "a" not in cache and all(k in cache for k in "bcd")
+    assert cache.evictions == 1
+    cache.put("b", Outcome.success("b2"))  # re-recording re-inserts at the back
+    cache.put("e", Outcome.success("e"))
+    assert "c" not in cache and cache.get("b") == Outcome.success("b2")
+
+
+async def test_dedupe_defaults_to_the_trio_clock(autojump_clock):
+    cache = DedupeCache()
+    cache.put("k", Outcome.success(None))
+    await trio.sleep(299)
+    assert "k" in cache
+    await trio.sleep(1)
+    assert "k" not in cache
+
+
+def test_dedupe_refuses_nonsense():
+    with pytest.raises(ValueError):
+        DedupeCache(size=0)
+
+
+# -- backoff ---------------------------------------------------------------------------
+
+
+def test_backoff_full_jitter_upper_edge_doubles_to_the_cap():
+    backoff = Backoff(initial_s=1.0, max_s=30.0, random=lambda: 1.0)
+    assert [backoff.next_delay() for _ in range(8)] == [1, 2, 4, 8, 16, 30, 30, 30]
+    backoff.reset()
+    assert backoff.next_delay() == 1.0
+
+
+def test_backoff_lower_edge_is_zero():
+    backoff = Backoff(random=lambda: 0.0)
+    assert {backoff.next_delay() for _ in range(10)} == {0.0}
+
+
+@given(
+    seed=st.integers(0, 2**32),
+    initial=st.floats(0.01, 5),
+    cap=st.floats(5, 120),
+    n=st.integers(1, 80),
+)
+def test_backoff_delays_stay_within_their_windows(seed, initial, cap, n):
+    rng = random.Random(seed)
+    backoff = Backoff(initial_s=initial, max_s=cap, random=rng.random)
+    for attempt in range(n):
+        window = min(cap, initial * 2**attempt)
+        delay = backoff.next_delay()
+        assert 0.0 <= delay <= window
+    assert backoff.window_s() <= cap
+
+
+def test_backoff_refuses_nonsense():
+    with pytest.raises(ValueError):
+        Backoff(initial_s=0)
+    with pytest.raises(ValueError):
+        Backoff(initial_s=5, max_s=1)
+
+
+# -- watchdog --------------------------------------------------------------------------
+
+
+class JumpyWall:
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return 1_700_000_000.0 + trio.current_time() + self.offset
+
+
+async def _jump_later(wall: JumpyWall, at_s: float, by_s: float) -> None:
+    await trio.sleep(at_s)
+    wall.offset += by_s
+
+
+async def test_watchdog_reports_a_wall_clock_jump(autojump_clock):
+    wall = JumpyWall()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_jump_later, wall, 3.5, 12.0)
+        gap = await watch_clocks(interval_s=1.0, gap_s=5.0, wall_clock=wall)
+    assert gap == ClockGap(gap_s=12.0, clock="wall")
+    assert trio.current_time() == 4.0
+    assert gap.describe() == (
+        "clock gap of 12.0 s (wall) — lid closed or loop wedged; reconnecting"
+    )
+
+
+async def test_watchdog_reports_a_monotonic_gap(autojump_clock):
+    ticks = iter([0.0, 1.0, 2.0, 9.5])  # the loop was wedged for 6.5 s
+    gap = await watch_clocks(
+        interval_s=1.0, gap_s=5.0, wall_clock=lambda: 0.0, monotonic=lambda: next(ticks)
+    )
+    assert gap == ClockGap(gap_s=6.5, clock="monotonic")
+
+
+async def test_watchdog_ignores_small_and_backward_jumps(autojump_clock):
+    wall = JumpyWall()
+    with trio.move_on_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_jump_later, wall, 2.5, 4.9)  # under the 5 s gap
+            nursery.start_soon(_jump_later, wall, 10.5, -3600.0)  # NTP stepped back
+            await watch_clocks(interval_s=1.0, gap_s=5.0, wall_clock=wall)
+            pytest.fail("watchdog fired")
+
+
+# -- URLs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given_url", "expected"),
+    [
+        ("ws://127.0.0.1:8080", "ws://127.0.0.1:8080/v1/sidecar"),
+        ("ws://127.0.0.1:8080/", "ws://127.0.0.1:8080/v1/sidecar"),
+        ("wss://hub.example/custom/path", "wss://hub.example/custom/path"),
+        ("https://hub.example", "wss://hub.example/v1/sidecar"),
+        ("http://h:1/?x=1", "ws://h:1/v1/sidecar?x=1"),
+    ],
+)
+def test_sidecar_url(given_url, expected):
+    assert sidecar_url(given_url) == expected
+
+
+@pytest.mark.parametrize("bad", ["ftp://h", "h:8080", "ws://", ""])
+def test_sidecar_url_refuses(bad):
+    with pytest.raises(ValueError):
+        sidecar_url(bad)
+
+
+def test_outcome_reply_uses_the_given_id():
+    reply = Outcome.success({"a": 1}).reply("d-9")
+    assert (reply.id, reply.ok, reply.result, reply.error) == ("d-9", True, {"a": 1}, None)
+    failure = Outcome.failure("tool_error", "x" * 5000)
+    assert len(failure.error.message) == 2000
+    assert failure.reply("d-1").error == failure.error
