@@ -102,13 +102,21 @@ def hub_env(**extra: str) -> dict[str, str]:
 
 
 class Hub(Proc):
-    def __init__(self, tmp: Path, *, workers: int = 2, port: int | None = None, env=None, name="hub"):
+    def __init__(
+        self, tmp: Path, *, workers: int = 2, port: int | None = None, env=None, name="hub"
+    ):
         self.port = port or free_port()
         self.http = f"http://127.0.0.1:{self.port}"
         self.ws = f"ws://127.0.0.1:{self.port}"
         super().__init__(
-            [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{self.port}",
-             "--workers", str(workers)],
+            [
+                str(BIN / "deskbridge-hub"),
+                "serve",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--workers",
+                str(workers),
+            ],
             hub_env(**(env or {})),
             tmp / f"{name}-{self.port}.log",
         )
@@ -129,8 +137,9 @@ def issue(user_id: str, lifetime_s: float = 3600) -> str:
 
 
 class Sidecar(Proc):
-    def __init__(self, tmp: Path, hub_ws: str, token: str, *, tools: list[str] = (), env=None,
-                 name="sidecar"):
+    def __init__(
+        self, tmp: Path, hub_ws: str, token: str, *, tools: list[str] = (), env=None, name="sidecar"
+    ):
         argv = [str(BIN / "deskbridge-sidecar"), "run", "--hub", hub_ws, "--token", token]
         for module in tools:
             argv += ["--tools", module]

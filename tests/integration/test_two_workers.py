@@ -23,8 +23,11 @@ def test_any_worker_answers_presence_and_echo_then_offline_after_stop(tmp_path):
         sidecar = Sidecar(tmp_path, hub.ws, issue(user))
         with running(sidecar), api() as client:
             url = f"{hub.http}/v1/users/{user}"
-            wait_until(lambda: client.get(url + "/presence").json()["online"], timeout_s=15,
-                       what="presence online")
+            wait_until(
+                lambda: client.get(url + "/presence").json()["online"],
+                timeout_s=15,
+                what="presence online",
+            )
             # 200 presence reads, each on a fresh connection so both workers answer
             online = []
             consumers = set()
@@ -48,13 +51,18 @@ def test_any_worker_answers_presence_and_echo_then_offline_after_stop(tmp_path):
                 body = r.json()
                 assert body["status"] == "completed" and body["result"] == args
             median_ms = statistics.median(rtts) * 1000
-            print(f"\necho round trip through 2 workers: median {median_ms:.2f} ms, "
-                  f"p90 {sorted(rtts)[89] * 1000:.2f} ms, max {max(rtts) * 1000:.2f} ms")
+            print(
+                f"\necho round trip through 2 workers: median {median_ms:.2f} ms, "
+                f"p90 {sorted(rtts)[89] * 1000:.2f} ms, max {max(rtts) * 1000:.2f} ms"
+            )
 
             sidecar.stop()
             stopped = time.monotonic()
-            wait_until(lambda: not client.get(url + "/presence").json()["online"],
-                       timeout_s=30 + 2, what="presence offline")
+            wait_until(
+                lambda: not client.get(url + "/presence").json()["online"],
+                timeout_s=30 + 2,
+                what="presence offline",
+            )
             print(f"presence offline {time.monotonic() - stopped:.2f} s after the sidecar stopped")
             t0 = time.perf_counter()
             r = client.post(url + "/jobs", json={"name": "echo", "args": {}})

@@ -34,7 +34,7 @@ def _line(label: str, outcome: Outcome) -> str:
 
 
 async def _main() -> int:
-    from deskbridge_sidecar import Daemon, default_registry
+    from deskbridge_sidecar import Daemon
 
     from ._memory import MemorySubstrate
 
@@ -46,6 +46,7 @@ async def _main() -> int:
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     config.errorlog = None
+    config.graceful_timeout = 0.5  # seconds; the demo has no jobs left to finish at exit
     ok = True
     async with trio.open_nursery() as nursery:
         shutdown = trio.Event()
@@ -58,7 +59,7 @@ async def _main() -> int:
         ws_url = http_url.replace("http://", "ws://")
         print(f"hub      listening on {http_url} (in-memory substrate)")
         token = issue_token(secret, USER, lifetime_s=600)
-        daemon = Daemon(hub_url=ws_url, token=token, registry=default_registry(), timings=timings)
+        daemon = Daemon(ws_url, token, timings=timings)
         with trio.fail_after(10):
             session_id = await nursery.start(daemon.run)
         print(f"sidecar  connected as {USER}, session {session_id}")

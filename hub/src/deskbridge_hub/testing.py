@@ -27,13 +27,13 @@ class _Pipe:
 class MemoryHubSocket:
     """Hub end of an in-memory socket."""
 
-    _out: trio.MemorySendChannel[str | bytes]
-    _in: trio.MemoryReceiveChannel[str | bytes]
+    _outbox: trio.MemorySendChannel[str | bytes]
+    _inbox: trio.MemoryReceiveChannel[str | bytes]
     _state: _Pipe
 
     async def receive(self) -> str | bytes:
         try:
-            return await self._in.receive()
+            return await self._inbox.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise SocketClosed("peer closed") from None
 
@@ -41,7 +41,7 @@ class MemoryHubSocket:
         if self._state.closed.is_set():
             raise SocketClosed("closed")
         try:
-            await self._out.send(data)
+            await self._outbox.send(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise SocketClosed("peer gone") from None
 
@@ -50,30 +50,30 @@ class MemoryHubSocket:
             self._state.close_code = code
             self._state.close_reason = reason
             self._state.closed.set()
-            await self._out.aclose()
+            await self._outbox.aclose()
 
 
 @attrs.define(eq=False)
 class MemoryPeer:
     """The sidecar's end: send and receive frames, see how the hub closed."""
 
-    _out: trio.MemorySendChannel[str | bytes]
-    _in: trio.MemoryReceiveChannel[str | bytes]
+    _outbox: trio.MemorySendChannel[str | bytes]
+    _inbox: trio.MemoryReceiveChannel[str | bytes]
     _state: _Pipe
 
     async def send(self, frame: Frame) -> None:
-        await self._out.send(encode_frame(frame))
+        await self._outbox.send(encode_frame(frame))
 
     async def send_raw(self, data: str | bytes) -> None:
-        await self._out.send(data)
+        await self._outbox.send(data)
 
     async def receive(self) -> Frame:
         """Next frame from the hub. Raises trio.EndOfChannel once the hub closed."""
-        return decode_frame(await self._in.receive())
+        return decode_frame(await self._inbox.receive())
 
     async def disconnect(self) -> None:
         """Drop the socket as a vanished sidecar would."""
-        await self._out.aclose()
+        await self._outbox.aclose()
 
     @property
     def closed(self) -> trio.Event:
