@@ -295,3 +295,52 @@ async def test_ack_waits_until_the_result_is_published(autojump_clock):
         await trio.testing.wait_all_tasks_blocked()
         assert state.substrate.pending_count("u1") == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_drain_lets_running_job_finish_then_closes_with_1012(autojump_clock):
+    from deskbridge_common import CLOSE_SERVICE_RESTART
+    from deskbridge_hub._shutdown import drain
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        executed = []
+        nursery.start_soon(answer_jobs, peer, executed, 8.0)
+        outcomes = []
+
+        async def caller(key):
+            outcomes.append(await bridge.dispatch("u1", "sleep", {}, idempotency_key=key))
+
+        nursery.start_soon(caller, "running")
+        await trio.sleep(1)
+        assert len(executed) == 1
+        started = trio.current_time()
+        await drain(state, grace_s=20.0)
+        took = trio.current_time() - started
+        assert 7.0 - 0.01 <= took <= 8.0  # waited for the 8 s job, not the whole grace
+        assert peer.close_code == CLOSE_SERVICE_RESTART
+        assert [o.status for o in outcomes] == ["completed"]
+        # a job enqueued after the drain began is not read by this process
+        await enqueue(state, "u1", key="late", job_id="j-late")
+        await trio.sleep(5)
+        assert [j.idempotency_key for j in executed] == ["running"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_drain_gives_up_at_grace_and_leaves_the_entry_pending(autojump_clock):
+    from deskbridge_hub._shutdown import drain
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(answer_jobs, peer, [], 600.0)
+        nursery.start_soon(lambda: bridge.dispatch("u1", "sleep", {}, timeout_s=900))
+        await trio.sleep(1)
+        started = trio.current_time()
+        await drain(state, grace_s=5.0)
+        assert trio.current_time() - started == 5.0
+        await trio.testing.wait_all_tasks_blocked()
+        assert state.substrate.pending_count("u1") == 1  # redelivered by reclaim later
+        nursery.cancel_scope.cancel()

@@ -23,6 +23,7 @@ from ._bridge import Bridge, Outcome
 from ._config import HubConfig
 from ._errors import BadRequest, SubstrateUnavailable
 from ._session import HubState, SocketClosed, serve_sidecar
+from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
 from ._tokens import TokenRejected, verify_token
 
@@ -56,6 +57,11 @@ def _default_substrate(config: HubConfig) -> Substrate:
     return MemorySubstrate()
 
 
+def _exit_now() -> None:
+    logging.shutdown()
+    os._exit(0)  # Hypercorn's supervisor replaces a worker that exits 0
+
+
 def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, content_type="application/json")
 
@@ -85,13 +91,20 @@ class _QuartSocket:
             await self._ws.close(code, reason)
 
 
-def create_app(config: HubConfig | None = None, substrate: Substrate | None = None) -> QuartTrio:
+def create_app(
+    config: HubConfig | None = None,
+    substrate: Substrate | None = None,
+    *,
+    handle_sigterm: bool = False,
+) -> QuartTrio:
     """Build the hub app.
 
     Args:
         config: hub configuration (default: ``HubConfig.from_env()``).
         substrate: use this substrate instead of building one from ``config`` (tests,
             the demo). It is closed when the app stops serving either way.
+        handle_sigterm: on SIGTERM drain gracefully (see ``_shutdown``) and exit the
+            process with status 0. Only for a process's main trio run (the ASGI entry).
 
     Returns:
         A QuartTrio app; ``app.extensions["deskbridge"]`` holds the ``Bridge`` and
@@ -115,6 +128,8 @@ def create_app(config: HubConfig | None = None, substrate: Substrate | None = No
         bridge = Bridge(sub, config.timings)
         holder.update(state=state, bridge=bridge)
         app.extensions["deskbridge"] = holder
+        if handle_sigterm:
+            app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield

@@ -115,6 +115,8 @@ class HubSession:
     _nursery: trio.Nursery | None = None
     _limiter: trio.CapacityLimiter | None = None
     _closing: tuple[int, str] | None = None
+    _serving: int = 0
+    _serving_changed: trio.Event = attrs.field(factory=trio.Event)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -166,11 +168,12 @@ class HubSession:
             await self._close(end.code, end.reason)
 
     async def close(self, code: int, reason: str) -> None:
-        """End the session from outside (graceful shutdown, superseded)."""
+        """End the session from outside (graceful shutdown, superseded): send the close
+        frame first, then cancel the session's tasks."""
+        self._closing = (code, reason)
+        await self._close(code, reason)
         if self._nursery is not None:
-            self._closing = (code, reason)
             self._nursery.cancel_scope.cancel()
-            await self._close(code, reason)
 
     async def _guard(self, fn: Callable[[], Any]) -> None:
         try:
@@ -318,12 +321,21 @@ class HubSession:
 
     async def _serve_entry(self, entry: Entry) -> None:
         inflight = self.state.inflight.setdefault(self.user_id, set())
+        self._serving += 1
         try:
             await self._serve_entry_inner(entry)
         finally:
             inflight.discard(entry.entry_id)
             assert self._limiter is not None
             self._limiter.release_on_behalf_of(entry.entry_id)
+            self._serving -= 1
+            self._serving_changed.set()
+            self._serving_changed = trio.Event()
+
+    async def wait_idle(self) -> None:
+        """Return once no entry is being served on this socket (graceful shutdown)."""
+        while self._serving:
+            await self._serving_changed.wait()
 
     async def _serve_entry_inner(self, entry: Entry) -> None:
         if entry.fields is None:

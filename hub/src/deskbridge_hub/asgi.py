@@ -8,4 +8,4 @@ from ._app import create_app
 from ._logging import setup_logging
 
 setup_logging()
-app = create_app()
+app = create_app(handle_sigterm=True)

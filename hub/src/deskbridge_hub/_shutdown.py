@@ -1,0 +1,60 @@
+"""Graceful shutdown of one hub process (a worker or a pod).
+
+On SIGTERM: stop reading new entries, let running jobs finish within the grace period,
+close every sidecar socket with 1012 (service restart) so sidecars reconnect at once to
+another replica, then exit. New sidecar handshakes are refused with 503 meanwhile.
+Entries still running when the grace ends stay pending; the sidecar keeps running them
+(shielded) and answers their redelivery from its dedupe cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+
+import trio
+from deskbridge_common import CLOSE_SERVICE_RESTART
+
+from ._session import HubState
+
+log = logging.getLogger("deskbridge.hub.shutdown")
+
+
+async def drain(state: HubState, grace_s: float) -> None:
+    """Stop relaying, wait up to ``grace_s`` seconds for jobs in flight, close sockets
+    with 1012.
+
+    Args:
+        state: the process's hub state (``draining`` is set and stays set).
+        grace_s: seconds running jobs get to finish (``DESKBRIDGE_GRACE_S``, default 20).
+    """
+    state.draining = True
+    started = trio.current_time()
+    sessions = list(state.sessions.values())
+    with trio.move_on_after(grace_s) as scope:
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.wait_idle)
+    waited = trio.current_time() - started
+    if scope.cancelled_caught:
+        log.warning("grace of %.1f s over with jobs still running; they stay pending", grace_s)
+    async with trio.open_nursery() as nursery:
+        for session in list(state.sessions.values()):
+            nursery.start_soon(session.close, CLOSE_SERVICE_RESTART, "hub restarting")
+    log.info("drained %d sessions in %.3f s", len(sessions), waited)
+
+
+async def drain_on_sigterm(
+    state: HubState, grace_s: float, exit_process: Callable[[], None]
+) -> None:
+    """Wait for SIGTERM, then :func:`drain` and call ``exit_process``.
+
+    Must run in the main thread's trio run (Hypercorn worker processes do).
+    """
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            log.info("SIGTERM: draining (grace %.1f s)", grace_s)
+            await drain(state, grace_s)
+            exit_process()
+            return
