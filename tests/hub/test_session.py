@@ -344,3 +344,35 @@ async def test_drain_gives_up_at_grace_and_leaves_the_entry_pending(autojump_clo
         await trio.testing.wait_all_tasks_blocked()
         assert state.substrate.pending_count("u1") == 1  # redelivered by reclaim later
         nursery.cancel_scope.cancel()
+
+
+async def test_newest_session_wins_and_the_older_finishes_its_job_first(autojump_clock):
+    from deskbridge_common import CLOSE_SUPERSEDED
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        old, _ = await connect(nursery, state)
+        old_jobs = []
+        nursery.start_soon(answer_jobs, old, old_jobs, 5.0)
+        outcomes = {}
+
+        async def caller(key):
+            outcomes[key] = await bridge.dispatch("u1", "echo", {"k": key}, idempotency_key=key)
+
+        nursery.start_soon(caller, "before")
+        await trio.sleep(1)
+        assert [j.idempotency_key for j in old_jobs] == ["before"]
+        new, welcome = await connect(nursery, state)
+        new_jobs = []
+        nursery.start_soon(answer_jobs, new, new_jobs)
+        assert (await bridge.presence("u1")).session_id == welcome.session_id
+        with trio.fail_after(10):
+            await old.closed.wait()
+        assert old.close_code == CLOSE_SUPERSEDED
+        assert outcomes["before"].status == "completed"  # finished before the close
+        await caller("after")
+        assert outcomes["after"].status == "completed"
+        assert [j.idempotency_key for j in new_jobs] == ["after"]
+        assert [j.idempotency_key for j in old_jobs] == ["before"]
+        nursery.cancel_scope.cancel()

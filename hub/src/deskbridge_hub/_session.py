@@ -116,6 +116,7 @@ class HubSession:
     _limiter: trio.CapacityLimiter | None = None
     _closing: tuple[int, str] | None = None
     _serving: int = 0
+    _superseded: trio.Event = attrs.field(factory=trio.Event)
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -149,7 +150,7 @@ class HubSession:
                         inflight,
                         self._dispatch,
                         on_deleted=self._on_deleted,
-                        paused=lambda: self.state.draining,
+                        paused=lambda: self.state.draining or self._superseded.is_set(),
                     ),
                 )
         except* _EndSession as group:
@@ -207,6 +208,9 @@ class HubSession:
                 f"; hub speaks {PROTOCOL_VERSION}",
             )
         self.hello = frame
+        for other in list(self.state.sessions.values()):
+            if other.user_id == self.user_id:
+                other.supersede()  # same process: at once; other processes: next heartbeat
         try:
             await self.state.substrate.set_presence(self.user_id, self.session_id, t.presence_ttl_s)
         except SubstrateUnavailable:
@@ -276,18 +280,39 @@ class HubSession:
                 )
 
     async def _heartbeat(self) -> None:
+        """Refresh presence every ``heartbeat_s``; notice a newer session of the same
+        user (newest wins) and hand over."""
         t = self.state.timings
         while True:
-            await trio.sleep(t.heartbeat_s)
+            with trio.move_on_after(t.heartbeat_s):
+                await self._superseded.wait()
             try:
                 holder = await self.state.substrate.get_presence(self.user_id)
-                if holder is not None and holder != self.session_id:
-                    raise _EndSession(CLOSE_SUPERSEDED, "superseded by a newer sidecar session")
+            except SubstrateUnavailable as exc:
+                log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+                continue
+            if self._superseded.is_set() or (holder is not None and holder != self.session_id):
+                await self._hand_over()
+            try:
                 await self.state.substrate.set_presence(
                     self.user_id, self.session_id, t.presence_ttl_s
                 )
             except SubstrateUnavailable as exc:
                 log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+
+    def supersede(self) -> None:
+        """A newer session of this user started (newest wins): stop relaying, let the
+        running jobs finish, then close with 4001."""
+        self._superseded.set()
+
+    async def _hand_over(self) -> None:
+        self._superseded.set()  # the relay stops reading new entries
+        log.info(
+            "session %s of %s superseded; finishing running jobs", self.session_id, self.user_id
+        )
+        with trio.move_on_after(self.state.timings.grace_s):
+            await self.wait_idle()
+        raise _EndSession(CLOSE_SUPERSEDED, "superseded by a newer sidecar session")
 
     async def _pinger(self) -> None:
         t = self.state.timings
