@@ -1,0 +1,446 @@
+"""``MemorySubstrate``: the substrate contract in-process, on the running clock.
+
+The embedded default for one hub process, and the substrate of the deterministic tests:
+every duration is measured with ``anyio.current_time()``, so trio's ``MockClock`` (with
+autojump) drives presence expiry, result expiry and reclaim idle times without real sleeps.
+
+It mirrors the Redis 7.0 semantics the contract names (checked against ``redis-server``
+7.0.15 by the contract suite, tests/hub/test_substrate_contract.py):
+
+* presence and result lists expire exactly at ``set time + ttl_s``: a read at an earlier
+  instant sees the value, a read at or after it does not;
+* ``enqueue`` trims the stream to exactly ``maxlen`` entries, oldest first; trimmed entries
+  that were delivered stay in the pending entries list (PEL) with no body;
+* reading pending entries re-delivers them: the delivery count goes up and the idle time
+  restarts, except for entries whose body is gone (Redis leaves those untouched);
+* XAUTOCLAIM drops PEL entries whose body is gone and reports them in ``deleted_ids``
+  whatever their idle time (Redis 7 checks existence before idleness);
+* a blocked read is woken by an enqueue and each new entry goes to exactly one consumer.
+
+Blocking reads wait on anyio events, never by polling. Test helpers (not part of the
+contract): :meth:`MemorySubstrate.delete_stream`, :meth:`MemorySubstrate.set_unavailable`,
+:meth:`MemorySubstrate.pending_count`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from types import TracebackType
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from ._errors import SubstrateUnavailable
+from ._substrate import Claimed, Entry
+
+StreamID = tuple[int, int]
+
+
+def _parse_id(entry_id: str) -> StreamID:
+    """Parse ``"<ms>-<seq>"`` or ``"<ms>"`` (seq 0), as Redis does; ValueError otherwise."""
+    ms, sep, seq = entry_id.partition("-")
+    try:
+        parsed = (int(ms), int(seq) if sep else 0)
+    except ValueError:
+        raise ValueError(f"invalid stream entry ID: {entry_id!r}") from None
+    if parsed[0] < 0 or parsed[1] < 0:
+        raise ValueError(f"invalid stream entry ID: {entry_id!r}")
+    return parsed
+
+
+def _format_id(sid: StreamID) -> str:
+    return f"{sid[0]}-{sid[1]}"
+
+
+def _deadline(timeout_s: float) -> float:
+    """Absolute deadline for a Redis-style block: 0 means wait forever."""
+    if timeout_s < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout_s!r}")
+    return math.inf if timeout_s == 0 else anyio.current_time() + timeout_s
+
+
+@attrs.define(eq=False)
+class _Nack:
+    """One pending entries list record (Redis ``streamNACK``)."""
+
+    consumer: str
+    delivery_time: float
+    delivery_count: int = 1
+
+
+@attrs.define(eq=False)
+class _Stream:
+    """A stream and its single consumer group ``bridge-workers`` (they live and die together)."""
+
+    changed: anyio.Event
+    entries: dict[StreamID, dict[str, str]] = attrs.Factory(dict)
+    last_id: StreamID = (0, 0)
+    last_delivered: StreamID = (0, 0)
+    pel: dict[StreamID, _Nack] = attrs.Factory(dict)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+@attrs.define(eq=False)
+class _ResultList:
+    items: deque[str]
+    expires_at: float
+
+
+@attrs.define(eq=False)
+class _Waiters:
+    """Tasks waiting on one result list; the event fires on the next publish."""
+
+    event: anyio.Event
+    count: int = 0
+
+
+@attrs.define(eq=False)
+class MemorySubstrate:
+    """The substrate contract in one process, on ``anyio.current_time()``.
+
+    Construct it with no arguments; it needs no connection, and ``async with`` is
+    optional (entering and leaving do nothing, so code can treat both substrates alike).
+    State lives as long as the object.
+    """
+
+    _presence: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
+    _streams: dict[str, _Stream] = attrs.field(factory=dict, init=False)
+    _results: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
+    _result_waiters: dict[str, _Waiters] = attrs.field(factory=dict, init=False)
+    _unavailable: bool = attrs.field(default=False, init=False)
+
+    async def __aenter__(self) -> MemorySubstrate:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    # -- test helpers ------------------------------------------------------------------
+
+    def delete_stream(self, user_id: str) -> None:
+        """Drop the user's stream with its consumer group and PEL (key eviction, or Redis
+        restarted without persistence). The next read sees NOGROUP and self-heals; readers
+        blocked right now wake up and return ``[]`` (Redis 7: ``UNBLOCKED``)."""
+        stream = self._streams.pop(user_id, None)
+        if stream is not None:
+            stream.notify()
+
+    def set_unavailable(self, unavailable: bool) -> None:
+        """While True every call raises SubstrateUnavailable, including blocked reads and
+        waits, which wake up to raise (a dropped Redis connection)."""
+        self._unavailable = unavailable
+        if unavailable:
+            for stream in self._streams.values():
+                stream.notify()
+            for waiters in self._result_waiters.values():
+                waiters.event.set()
+            self._result_waiters.clear()
+
+    def pending_count(self, user_id: str) -> int:
+        """Number of entries in the group's pending entries list (every consumer)."""
+        stream = self._streams.get(user_id)
+        return 0 if stream is None else len(stream.pel)
+
+    # -- internals ---------------------------------------------------------------------
+
+    async def _enter(self) -> float:
+        """Checkpoint, then fail if unavailable; returns the current time."""
+        await anyio.lowlevel.checkpoint()
+        self._check()
+        return anyio.current_time()
+
+    def _check(self) -> None:
+        if self._unavailable:
+            raise SubstrateUnavailable("in-memory substrate marked unavailable (test fault)")
+
+    def _group(self, user_id: str) -> _Stream | None:
+        """The user's stream and group, or None after creating them (the NOGROUP path:
+        XGROUP CREATE ... 0 MKSTREAM, so nothing enqueued afterwards is skipped)."""
+        stream = self._streams.get(user_id)
+        if stream is None:
+            self._streams[user_id] = _Stream(changed=anyio.Event())
+        return stream
+
+    def _result_list(self, job_id: str, now: float) -> _ResultList | None:
+        lst = self._results.get(job_id)
+        if lst is not None and now >= lst.expires_at:
+            del self._results[job_id]
+            return None
+        return lst
+
+    # -- presence ----------------------------------------------------------------------
+
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+        """SET presence = session_id with a TTL of ``ttl_s`` seconds (> 0).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._presence[user_id] = (session_id, now + ttl_s)
+
+    async def get_presence(self, user_id: str) -> str | None:
+        """The holder session id, or None when absent or expired.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        held = self._presence.get(user_id)
+        if held is None:
+            return None
+        if now >= held[1]:
+            del self._presence[user_id]
+            return None
+        return held[0]
+
+    async def clear_presence(self, user_id: str, session_id: str) -> bool:
+        """Delete presence only if it is live and its value is ``session_id``.
+
+        Returns:
+            True if deleted.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        if await self.get_presence(user_id) != session_id:
+            return False
+        del self._presence[user_id]
+        return True
+
+    # -- the job stream ----------------------------------------------------------------
+
+    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
+        """XADD (creating the stream and group if missing), then trim to ``maxlen``
+        entries, oldest first. Waiting readers wake up.
+
+        Returns:
+            The new entry ID, ``"<ms>-<seq>"`` on the running clock.
+
+        Raises:
+            ValueError: ``maxlen`` < 1 or ``fields`` empty.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if maxlen < 1 or not fields:
+            raise ValueError("enqueue needs maxlen >= 1 and at least one field")
+        self._group(user_id)
+        stream = self._streams[user_id]
+        ms = max(int(now * 1000), 0)
+        last_ms, last_seq = stream.last_id
+        sid = (last_ms, last_seq + 1) if ms <= last_ms else (ms, 0)
+        if sid == (0, 0):
+            sid = (0, 1)
+        stream.last_id = sid
+        stream.entries[sid] = {str(k): str(v) for k, v in fields.items()}
+        while len(stream.entries) > maxlen:
+            del stream.entries[next(iter(stream.entries))]
+        stream.notify()
+        return _format_id(sid)
+
+    def _reply(self, stream: _Stream, sid: StreamID) -> Entry:
+        body = stream.entries.get(sid)
+        return Entry(_format_id(sid), None if body is None else dict(body))
+
+    async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
+        """This consumer's pending entries, oldest first, at most ``count``; bodies that
+        were trimmed come back as ``fields=None``. Entries with a body are re-delivered
+        (delivery count + 1, idle time restarts).
+
+        Returns:
+            The entries; ``[]`` if none, or if the group was missing (then recreated).
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        stream = self._group(user_id)
+        if stream is None:
+            return []
+        mine = sorted(sid for sid, nack in stream.pel.items() if nack.consumer == consumer)
+        out = []
+        for sid in mine[:count]:
+            if sid in stream.entries:
+                nack = stream.pel[sid]
+                nack.delivery_time = now
+                nack.delivery_count += 1
+            out.append(self._reply(stream, sid))
+        return out
+
+    async def read_new(
+        self, user_id: str, consumer: str, *, count: int, block_ms: int
+    ) -> list[Entry]:
+        """Up to ``count`` entries never delivered to the group, each handed to this
+        consumer alone and added to its PEL; waits up to ``block_ms`` milliseconds for
+        the first one (0 = forever, as in Redis).
+
+        Returns:
+            The entries, or ``[]`` on timeout, or if the group was missing (recreated)
+            or the stream was deleted while waiting.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable (also while waiting).
+
+        Cancellation: nothing is delivered to a cancelled read.
+        """
+        await self._enter()
+        deadline = _deadline(block_ms / 1000)
+        with anyio.CancelScope(deadline=deadline):
+            stream = self._group(user_id)
+            while stream is not None and stream is self._streams.get(user_id):
+                self._check()
+                fresh = [sid for sid in stream.entries if sid > stream.last_delivered]
+                if fresh:
+                    now = anyio.current_time()
+                    for sid in fresh[:count]:
+                        stream.pel[sid] = _Nack(consumer, now)
+                        stream.last_delivered = sid
+                    return [self._reply(stream, sid) for sid in fresh[:count]]
+                await stream.changed.wait()
+            self._check()
+            if stream is not None:  # deleted while we waited: heal now, like the next read
+                self._group(user_id)
+        return []
+
+    async def ack(self, user_id: str, entry_id: str) -> int:
+        """XACK: remove ``entry_id`` from the PEL.
+
+        Returns:
+            1 if it was pending, else 0 (also when the stream or group is missing).
+
+        Raises:
+            ValueError: malformed entry ID.
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        sid = _parse_id(entry_id)
+        stream = self._streams.get(user_id)
+        if stream is None or stream.pel.pop(sid, None) is None:
+            return 0
+        return 1
+
+    async def autoclaim(
+        self, user_id: str, consumer: str, *, min_idle_ms: int, start: str, count: int
+    ) -> Claimed:
+        """XAUTOCLAIM: scan the PEL from ``start`` (inclusive), examining at most
+        ``10 * count`` records; give ``consumer`` up to ``count`` entries idle for at least
+        ``min_idle_ms`` milliseconds (delivery count + 1, idle time restarts), and drop
+        records whose body is gone whatever their idle time (they count towards ``count``).
+
+        Returns:
+            ``Claimed(next_start, entries, deleted_ids)``; ``next_start`` is ``"0-0"`` when
+            the scan reached the end. A missing group is recreated and yields nothing.
+
+        Raises:
+            ValueError: malformed ``start`` or ``count`` < 1.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        first = _parse_id(start)
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count!r}")
+        stream = self._group(user_id)
+        if stream is None:
+            return Claimed("0-0", (), ())
+        scan = sorted(sid for sid in stream.pel if sid >= first)
+        claimed: list[Entry] = []
+        deleted: list[str] = []
+        budget, attempts, i = count, count * 10, 0
+        while budget and attempts and i < len(scan):
+            attempts -= 1
+            sid = scan[i]
+            i += 1
+            if sid not in stream.entries:
+                del stream.pel[sid]
+                deleted.append(_format_id(sid))
+                budget -= 1
+                continue
+            nack = stream.pel[sid]
+            if now < nack.delivery_time + min_idle_ms / 1000:
+                continue
+            nack.consumer = consumer
+            nack.delivery_time = now
+            nack.delivery_count += 1
+            claimed.append(self._reply(stream, sid))
+            budget -= 1
+        next_start = _format_id(scan[i]) if i < len(scan) else "0-0"
+        return Claimed(next_start, tuple(claimed), tuple(deleted))
+
+    # -- results -----------------------------------------------------------------------
+
+    async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
+        """RPUSH ``payload`` and (re)set the list's TTL to ``ttl_s`` seconds (> 0); wakes
+        one waiter.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        lst = self._result_list(job_id, now)
+        if lst is None:
+            lst = self._results[job_id] = _ResultList(deque(), now + ttl_s)
+        lst.items.append(payload)
+        lst.expires_at = now + ttl_s
+        waiters = self._result_waiters.pop(job_id, None)
+        if waiters is not None:
+            waiters.event.set()
+
+    async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
+        """BLPOP: pop the first payload, waiting up to ``timeout_s`` seconds for one
+        (0 = forever, as in Redis). An expired list is gone.
+
+        Returns:
+            The payload, or None on timeout.
+
+        Raises:
+            ValueError: negative ``timeout_s``.
+            SubstrateUnavailable: marked unavailable (also while waiting).
+
+        Cancellation: a cancelled wait takes nothing from the list.
+        """
+        await self._enter()
+        with anyio.CancelScope(deadline=_deadline(timeout_s)):
+            while True:
+                self._check()
+                lst = self._result_list(job_id, anyio.current_time())
+                if lst is not None:
+                    payload = lst.items.popleft()
+                    if not lst.items:
+                        del self._results[job_id]
+                    return payload
+                waiters = self._result_waiters.get(job_id)
+                if waiters is None:
+                    waiters = self._result_waiters[job_id] = _Waiters(anyio.Event())
+                waiters.count += 1
+                try:
+                    await waiters.event.wait()
+                finally:
+                    waiters.count -= 1
+                    if not waiters.count and self._result_waiters.get(job_id) is waiters:
+                        del self._result_waiters[job_id]
+        return None
+
+    async def ping(self) -> None:
+        """Raises SubstrateUnavailable when marked unavailable; otherwise returns."""
+        await self._enter()
+
+    async def aclose(self) -> None:
+        """Nothing to release; state stays. Idempotent."""
+        await anyio.lowlevel.checkpoint()

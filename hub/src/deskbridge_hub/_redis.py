@@ -1,0 +1,571 @@
+"""``RedisSubstrate``: the substrate contract on Redis >= 7, through coredis.
+
+The only module that imports coredis. anyio APIs only, so it runs under trio and asyncio.
+
+Lifecycle (what coredis 6.9 requires, read from its source). A coredis connection is
+driven by reader and writer tasks, so it needs a task group that outlives each command;
+``coredis.Redis`` gets one from ``async with client:`` and must stay entered while used.
+Two problems made us keep coredis' connections but not its pool: (1) a cancelled blocking
+command invalidates its connection but the pool never returns that connection's slot, so
+after ``max_connections`` (64) cancelled reads every later command waits forever (and a
+command cancelled while its connection is being opened leaks a slot the same way); (2) the
+invalidated socket is closed later, by another task, so the next XADD can reach Redis
+first and be handed to the stale server-side waiter. Here:
+
+* ``async with RedisSubstrate.from_url(url) as substrate:`` opens a *session* bound to the
+  current event-loop run (an anyio ``RunVar``): a task group hosting coredis connections
+  and a small pool of idle ones. Entering does no I/O; the first command connects.
+  Leaving closes every connection. The hub opens it for the app's lifetime.
+* Used without ``async with`` (scripts, CLIs, a different event-loop run than the one
+  that entered it), each call opens a one-shot session and closes it before returning:
+  correct, at the price of one connection per call.
+* Each command holds its connection exclusively. A command that is cancelled or times
+  out discards its connection and *waits* (shielded, at most 1 s) until the socket is
+  closed before the cancellation propagates, so no server-side waiter outlives it.
+* ``aclose()`` closes the current run's connections; the instance stays usable.
+
+Durations: presence and result TTLs are sent in milliseconds (``PX`` / ``PEXPIRE``,
+rounded up, at least 1 ms); BLPOP takes seconds with millisecond precision.
+
+Errors: connection failures, timeouts and the server states that refuse work (LOADING,
+READONLY, OOM, MISCONF, BUSY, MASTERDOWN, auth failures) raise ``SubstrateUnavailable``
+naming ``host:port`` (never the password). Other server errors are programming errors and
+propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator, Iterator, Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.lowlevel
+import attrs
+from coredis.connection import BaseConnection
+from coredis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ReadOnlyError,
+    ResponseError,
+    StreamConsumerGroupError,
+    StreamDuplicateConsumerGroupError,
+    UnblockedError,
+)
+from coredis.exceptions import ConnectionError as RedisConnectionError
+from coredis.pool import ConnectionPool
+
+from ._errors import SubstrateUnavailable
+from ._substrate import GROUP, Claimed, Entry, jobs_key, presence_key, result_key
+
+#: Lua: delete the presence key only while it still holds this session (atomic).
+_CLEAR_IF_HOLDER = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+#: Server error codes that mean "cannot serve now", not "bad command".
+_UNAVAILABLE_CODES = ("OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
+_UNAVAILABLE_ERRORS = (
+    RedisConnectionError,
+    OSError,  # includes TimeoutError
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    AuthenticationError,
+    AuthorizationError,
+    ReadOnlyError,
+)
+#: Seconds a discarded connection may take to close before we stop waiting.
+_CLOSE_WAIT_S = 1.0
+
+
+def _ms(duration_s: float) -> int:
+    """Seconds -> whole milliseconds, rounded up, at least 1."""
+    if not duration_s > 0:
+        raise ValueError(f"duration must be > 0 s, got {duration_s!r}")
+    return max(1, math.ceil(round(duration_s * 1000, 6)))
+
+
+def _entries(raw: Any) -> list[Entry]:
+    """``[[id, [f, v, ...] | nil], ...]`` -> entries (nil body: trimmed or deleted)."""
+    out = []
+    for entry_id, flat in raw or ():
+        fields = None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
+        out.append(Entry(entry_id, fields))
+    return out
+
+
+@attrs.define(eq=False)
+class _Conn:
+    """One coredis connection, run by a task of the session's task group."""
+
+    conn: BaseConnection
+    scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
+    ready: anyio.Event = attrs.Factory(anyio.Event)
+    closed: anyio.Event = attrs.Factory(anyio.Event)
+    error: Exception | None = None
+
+    def started(self, value: object = None) -> None:  # anyio TaskStatus, for conn.run()
+        self.ready.set()
+
+
+class _Session:
+    """Connections of one event-loop run. Enter and exit in the same task."""
+
+    def __init__(self, url: str, *, connect_timeout_s: float, max_idle: int) -> None:
+        # Built inside the run: coredis creates anyio primitives bound to it. The pool
+        # object only parses the URL (TLS, auth, db); it is never entered.
+        pool = ConnectionPool.from_url(
+            url, decode_responses=True, connect_timeout=connect_timeout_s
+        )
+        self._connection_class = pool.connection_class
+        self._location = pool.location
+        self._connection_kwargs = pool.connection_kwargs
+        self._connect_timeout_s = connect_timeout_s
+        self._max_idle = max_idle
+        self._tg = anyio.create_task_group()
+        self._idle: list[_Conn] = []
+        self._live: set[_Conn] = set()
+        self.groups: set[str] = set()  # users whose consumer group we created or saw
+        self.closed = False
+
+    async def open(self) -> None:
+        await self._tg.__aenter__()
+
+    async def close(self) -> None:
+        self.closed = True
+        self._idle.clear()
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+
+    def drop_connections(self) -> None:
+        """Close every connection (in-flight commands fail); new ones open on demand."""
+        self._idle.clear()
+        for c in list(self._live):
+            c.scope.cancel()
+
+    async def _host(self, c: _Conn) -> None:
+        try:
+            with c.scope:
+                await c.conn.run(task_status=c)  # type: ignore[arg-type]
+        except Exception as exc:  # never crash the session's task group
+            c.error = exc
+        finally:
+            self._live.discard(c)
+            c.closed.set()
+            c.ready.set()
+
+    async def _discard(self, c: _Conn) -> None:
+        c.scope.cancel()
+        with anyio.move_on_after(_CLOSE_WAIT_S, shield=True):
+            await c.closed.wait()
+
+    async def _acquire(self) -> _Conn:
+        while self._idle:
+            c = self._idle.pop()
+            if c.conn.usable:
+                return c
+            c.scope.cancel()
+        if self.closed:
+            raise RedisConnectionError("the substrate session is closed")
+        c = _Conn(self._connection_class(self._location, **self._connection_kwargs))
+        self._live.add(c)
+        self._tg.start_soon(self._host, c)
+        try:
+            with anyio.fail_after(self._connect_timeout_s):
+                await c.ready.wait()
+        except BaseException:
+            await self._discard(c)
+            raise
+        if c.error is not None or not c.conn.usable:
+            await self._discard(c)
+            raise c.error or RedisConnectionError("connection closed during the handshake")
+        return c
+
+    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
+        """Send ``commands`` in one write on one connection and return their replies; an
+        error (a server error reply, a transport failure, a ``timeout_s`` timeout; None:
+        no timeout) is returned as its exception instance. Cancellation, a timeout or a
+        transport failure closes the connection, and waits for the close."""
+        c = await self._acquire()
+        reuse = False
+        try:
+            requests = [
+                c.conn.create_request(
+                    cmd[0],
+                    *cmd[1:],
+                    raise_exceptions=False,
+                    timeout=timeout_s,
+                    disconnect_on_cancellation=True,
+                )
+                for cmd in commands
+            ]
+            replies = [await request for request in requests]
+            reuse = True  # if still usable: a timeout or transport failure invalidated it
+            return replies
+        finally:
+            if reuse and not self.closed and c.conn.usable and len(self._idle) < self._max_idle:
+                self._idle.append(c)
+            else:
+                await self._discard(c)
+
+
+class RedisSubstrate:
+    """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` (TLS) or
+            ``unix://path``. Only ``host:port`` ever appears in messages.
+        connect_timeout_s: seconds to open a connection (TCP + TLS + HELLO) before the
+            call raises SubstrateUnavailable; short so callers learn "unavailable" fast.
+        command_timeout_s: seconds a reply may take beyond a command's own blocking time
+            before the connection is presumed dead (SubstrateUnavailable).
+        max_idle_connections: idle connections kept per open session.
+
+    No I/O happens until the first command. See the module docstring for the lifecycle:
+    ``async with`` keeps connections for the block's duration; without it each call
+    uses its own connection. ``aclose()`` is idempotent.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        command_timeout_s: float = 5.0,
+        max_idle_connections: int = 32,
+    ) -> None:
+        self._url = url
+        self._connect_timeout_s = connect_timeout_s
+        self._command_timeout_s = command_timeout_s
+        self._max_idle = max_idle_connections
+        self._session_var: anyio.lowlevel.RunVar[_Session | None] = anyio.lowlevel.RunVar(
+            f"deskbridge-redis-session-{id(self)}", default=None
+        )
+        parts = urlsplit(url)
+        if parts.scheme == "unix":
+            self.address = parts.path
+        else:
+            self.address = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisSubstrate:
+        """Same as the constructor (``options`` as its keyword arguments); no I/O."""
+        return cls(url, **options)
+
+    def __repr__(self) -> str:
+        return f"RedisSubstrate<{self.address}>"
+
+    async def __aenter__(self) -> RedisSubstrate:
+        """Open a session for this event-loop run (no I/O yet).
+
+        Raises:
+            RuntimeError: a session is already open in this run.
+        """
+        if self._session_var.get() is not None:
+            raise RuntimeError(f"{self!r} is already open in this event loop")
+        session = self._new_session()
+        await session.open()
+        self._session_var.set(session)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the session's connections; waits for them (cancellation cannot stop it)."""
+        session = self._session_var.get()
+        self._session_var.set(None)
+        if session is not None:
+            await session.close()
+
+    async def aclose(self) -> None:
+        """Close the connections this event-loop run holds; later calls open new ones.
+        Idempotent; never raises."""
+        session = self._session_var.get()
+        if session is not None:
+            session.drop_connections()
+        await anyio.lowlevel.checkpoint()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _new_session(self) -> _Session:
+        return _Session(
+            self._url, connect_timeout_s=self._connect_timeout_s, max_idle=self._max_idle
+        )
+
+    @contextlib.asynccontextmanager
+    async def _session(self, what: str) -> AsyncIterator[_Session]:
+        """The open session of this run, or a one-shot one; maps I/O faults at the edge."""
+        with self._mapped(what):
+            session = self._session_var.get()
+            if session is not None and not session.closed:
+                yield session
+                return
+            session = self._new_session()
+            await session.open()
+            try:
+                yield session
+            finally:
+                await session.close()
+
+    @contextlib.contextmanager
+    def _mapped(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except _UNAVAILABLE_ERRORS as exc:
+            raise SubstrateUnavailable(
+                f"Redis at {self.address} unavailable ({what}): {exc}"
+            ) from exc
+        except ResponseError as exc:
+            if str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
+                raise SubstrateUnavailable(
+                    f"Redis at {self.address} refused {what}: {exc}"
+                ) from exc
+            raise
+
+    async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
+        """One command; server errors raise. ``block_s``: its own blocking time (None:
+        forever), to which the command timeout is added."""
+        timeout_s = None if block_s is None else block_s + self._command_timeout_s
+        (reply,) = await session.execute(command, timeout_s=timeout_s)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    async def _heal_group(self, session: _Session, user_id: str) -> None:
+        """XGROUP CREATE key GROUP 0 MKSTREAM (from 0: nothing enqueued since is skipped)."""
+        try:
+            await self._call(session, b"XGROUP CREATE", jobs_key(user_id), GROUP, "0", b"MKSTREAM")
+        except StreamDuplicateConsumerGroupError:
+            pass
+        session.groups.add(user_id)
+
+    # -- presence ----------------------------------------------------------------------
+
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+        """SET ``bridge:presence:{user_id}`` = session_id PX ceil(ttl_s * 1000).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("SET presence") as s:
+            await self._call(s, b"SET", presence_key(user_id), session_id, b"PX", px)
+
+    async def get_presence(self, user_id: str) -> str | None:
+        """GET the presence key: the holder session id, or None.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("GET presence") as s:
+            return await self._call(s, b"GET", presence_key(user_id))
+
+    async def clear_presence(self, user_id: str, session_id: str) -> bool:
+        """Delete presence only while it holds ``session_id`` (one Lua script, atomic).
+
+        Returns:
+            True if deleted.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        async with self._session("clear presence") as s:
+            key = presence_key(user_id)
+            return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
+
+    # -- the job stream ----------------------------------------------------------------
+
+    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
+        """XADD ``bridge:jobs:{user_id}`` MAXLEN ~ maxlen. The first enqueue per user and
+        session sends XGROUP CREATE ... 0 MKSTREAM in the same write (BUSYGROUP ignored).
+        If the stream vanished since, XADD recreates it without the group and the next
+        read recreates the group from 0, so the entry is still delivered.
+
+        Returns:
+            The entry ID.
+
+        Raises:
+            ValueError: ``maxlen`` < 1 or ``fields`` empty.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the entry may or
+                may not have been added.
+        """
+        if maxlen < 1 or not fields:
+            raise ValueError("enqueue needs maxlen >= 1 and at least one field")
+        key = jobs_key(user_id)
+        flat = [item for pair in fields.items() for item in pair]
+        xadd = (b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", *flat)
+        async with self._session("XADD") as s:
+            if user_id in s.groups:
+                return await self._call(s, *xadd)
+            create = (b"XGROUP CREATE", key, GROUP, "0", b"MKSTREAM")
+            created, entry_id = await s.execute(create, xadd, timeout_s=self._command_timeout_s)
+            for reply in (created, entry_id):
+                if isinstance(reply, BaseException) and not isinstance(
+                    reply, StreamDuplicateConsumerGroupError
+                ):
+                    raise reply
+            s.groups.add(user_id)
+            return entry_id
+
+    async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
+        """XREADGROUP GROUP bridge-workers consumer COUNT count STREAMS key 0.
+
+        Returns:
+            This consumer's pending entries (``fields`` None when the body was trimmed);
+            ``[]`` when the group was missing (recreated from 0).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("XREADGROUP 0") as s:
+            return await self._read(s, user_id, consumer, count, None, "0")
+
+    async def read_new(
+        self, user_id: str, consumer: str, *, count: int, block_ms: int
+    ) -> list[Entry]:
+        """XREADGROUP GROUP bridge-workers consumer COUNT count BLOCK block_ms STREAMS
+        key > (server-side timeout; 0 blocks forever).
+
+        Returns:
+            New entries, now in this consumer's PEL; ``[]`` on timeout, or when the group
+            was missing or the stream deleted while blocked (group recreated from 0).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable, or no reply ``command_timeout_s``
+                after the block should have ended.
+
+        Cancellation: the connection is closed, and the close awaited, before the
+        cancellation propagates, so no stale waiter can take a later entry.
+        """
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        async with self._session("XREADGROUP >") as s:
+            return await self._read(s, user_id, consumer, count, block_ms, ">")
+
+    async def _read(
+        self,
+        s: _Session,
+        user_id: str,
+        consumer: str,
+        count: int,
+        block_ms: int | None,
+        cursor: str,
+    ) -> list[Entry]:
+        key = jobs_key(user_id)
+        command: list[Any] = [b"XREADGROUP", b"GROUP", GROUP, consumer, b"COUNT", count]
+        if block_ms is not None:
+            command += [b"BLOCK", block_ms]
+        command += [b"STREAMS", key, cursor]
+        block_s = 0.0 if block_ms is None else (block_ms / 1000 if block_ms else None)
+        try:
+            reply = await self._call(s, *command, block_s=block_s)
+        except (StreamConsumerGroupError, UnblockedError):
+            s.groups.discard(user_id)
+            await self._heal_group(s, user_id)
+            return []
+        s.groups.add(user_id)
+        return _entries(reply.get(key)) if reply else []
+
+    async def ack(self, user_id: str, entry_id: str) -> int:
+        """XACK key bridge-workers entry_id.
+
+        Returns:
+            1 if the entry was pending, else 0 (also when the stream or group is gone).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("XACK") as s:
+            return int(await self._call(s, b"XACK", jobs_key(user_id), GROUP, entry_id))
+
+    async def autoclaim(
+        self, user_id: str, consumer: str, *, min_idle_ms: int, start: str, count: int
+    ) -> Claimed:
+        """XAUTOCLAIM key bridge-workers consumer min_idle_ms start COUNT count (Redis 7:
+        PEL entries whose body is gone are removed and listed in ``deleted_ids``).
+
+        Returns:
+            ``Claimed(next_start, entries, deleted_ids)``; a missing group is recreated
+            from 0 and yields ``Claimed("0-0", (), ())``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        key = jobs_key(user_id)
+        async with self._session("XAUTOCLAIM") as s:
+            try:
+                reply = await self._call(
+                    s, b"XAUTOCLAIM", key, GROUP, consumer, min_idle_ms, start, b"COUNT", count
+                )
+            except StreamConsumerGroupError:
+                s.groups.discard(user_id)
+                await self._heal_group(s, user_id)
+                return Claimed("0-0", (), ())
+        next_start, raw_entries, deleted = reply
+        return Claimed(next_start, tuple(_entries(raw_entries)), tuple(deleted))
+
+    # -- results -----------------------------------------------------------------------
+
+    async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
+        """MULTI, RPUSH ``bridge:result:{job_id}`` payload, PEXPIRE ceil(ttl_s * 1000),
+        EXEC: one write, one round trip, applied atomically.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the payload may
+                or may not have been stored.
+        """
+        px = _ms(ttl_s)
+        key = result_key(job_id)
+        async with self._session("RPUSH result") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"RPUSH", key, payload),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+
+    async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
+        """BLPOP ``bridge:result:{job_id}`` timeout_s (server-side; 0 waits forever).
+
+        Args:
+            timeout_s: seconds, millisecond precision (a positive value below 1 ms
+                waits 1 ms).
+
+        Returns:
+            The payload, or None on timeout.
+
+        Raises:
+            ValueError: negative ``timeout_s``.
+            SubstrateUnavailable: Redis unreachable, or no reply ``command_timeout_s``
+                after the timeout.
+
+        Cancellation: as :meth:`read_new`; nothing is popped for a cancelled wait.
+        """
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        seconds = f"{_ms(timeout_s) / 1000:.3f}" if timeout_s else "0"
+        async with self._session("BLPOP result") as s:
+            reply = await self._call(
+                s, b"BLPOP", result_key(job_id), seconds, block_s=timeout_s or None
+            )
+        return None if reply is None else reply[1]
+
+    async def ping(self) -> None:
+        """PING.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or still loading its data set.
+        """
+        async with self._session("PING") as s:
+            await self._call(s, b"PING")
