@@ -22,7 +22,7 @@ import httpx
 
 BIN = Path(sys.executable).parent
 REDIS_URL = os.environ.get("DESKBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-SECRET = "test-secret-" + secrets.token_hex(8)
+SECRET = "test-secret-" + secrets.token_hex(16)  # >= 32 bytes (MIN_SECRET_BYTES)
 API_KEY = "test-key-" + secrets.token_hex(8)
 
 

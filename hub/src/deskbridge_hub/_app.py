@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -25,7 +26,7 @@ from ._errors import BadRequest, SubstrateUnavailable
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
-from ._tokens import TokenRejected, verify_token
+from ._tokens import TokenExpired, TokenRejected, verify_token
 
 log = logging.getLogger("deskbridge.hub")
 
@@ -40,6 +41,12 @@ HTTP_STATUS = {
     "offline": 503,
     "unavailable": 503,
 }
+
+#: Longest ``timeout_s`` the HTTP API accepts: 24 h, in seconds. Far above any real
+#: tool call (the reclaim idle time, 180 s, is "longer than the longest legitimate job");
+#: it keeps the job's deadline and the BLPOP timeout in range (Redis 7 answers
+#: "ERR timeout is negative" to a timeout near 1e16 s).
+MAX_TIMEOUT_S = 24 * 3600.0
 
 
 def make_consumer_name() -> str:
@@ -188,6 +195,11 @@ def create_app(
         args = _field(body, "args", dict, required=False, default={})
         key = _field(body, "idempotency_key", str, required=False)
         timeout_s = _field(body, "timeout_s", (int, float), required=False)
+        if timeout_s is not None and not (0 < timeout_s <= MAX_TIMEOUT_S):
+            raise BadRequest(
+                f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
+                field="timeout_s",
+            )
         unknown = set(body) - {"name", "args", "idempotency_key", "timeout_s"}
         if unknown:
             raise BadRequest(f"unexpected field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
@@ -217,7 +229,9 @@ def create_app(
             user_id = verify_token(token.strip(), config.secrets)
         except TokenRejected as exc:
             log.warning("sidecar handshake refused: %s", exc)
-            return _error(403 if "expired" not in str(exc) else 401, "forbidden", str(exc))
+            if isinstance(exc, TokenExpired):
+                return _error(401, "unauthorized", str(exc))
+            return _error(403, "forbidden", str(exc))
         await websocket.accept()
         await serve_sidecar(holder["state"], _QuartSocket(websocket._get_current_object()), user_id)
         return None
@@ -225,12 +239,26 @@ def create_app(
     return app
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 async def _json_body() -> dict[str, Any]:
+    """The request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
+    number that overflows a float), so everything accepted can be re-encoded for the
+    stream and the job frame (which refuse non-finite numbers)."""
     raw = await request.get_data(as_text=False)
     try:
-        body = json.loads(raw or b"null")
-    except ValueError:
-        raise BadRequest("body is not valid JSON", field="$") from None
+        body = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object", field="$")
     return body

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from ._tokens import DEFAULT_TOKEN_LIFETIME_S, issue_token
+from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 
 EPILOG = """environment:
   DESKBRIDGE_REDIS_URL   Redis URL (redis://host:port/db); absent -> in-memory substrate,
@@ -174,6 +174,13 @@ def _serve(args: argparse.Namespace) -> int:
             "deskbridge-hub serve: DESKBRIDGE_SECRET is not set; sidecars could not authenticate",
             file=sys.stderr,
         )
+        return 2
+    try:
+        check_secret(hub.secrets[0])
+        for old in hub.secrets[1:]:
+            check_secret(old, "a secret in DESKBRIDGE_PREVIOUS_SECRETS")
+    except ValueError as exc:
+        print(f"deskbridge-hub serve: {exc}", file=sys.stderr)
         return 2
     host = args.bind.rsplit(":", 1)[0].strip("[]")
     if not hub.api_keys and host not in ("127.0.0.1", "localhost", "::1"):
