@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.lowlevel
 import attrs
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from coredis.connection import BaseConnection
 from coredis.exceptions import (
     AuthenticationError,
@@ -96,28 +97,47 @@ def _entries(raw: Any) -> list[Entry]:
     return out
 
 
+def _close_buffers(conn: BaseConnection) -> None:
+    """coredis opens memory streams in ``BaseConnection.__init__`` and closes them only
+    if ``run()`` gets as far as connecting; close them so a failed or cancelled connect
+    leaves nothing open (ResourceWarning). Closing twice is harmless."""
+    for value in vars(conn).values():
+        if isinstance(value, MemoryObjectSendStream | MemoryObjectReceiveStream):
+            value.close()
+
+
 @attrs.define(eq=False)
 class _Conn:
-    """One coredis connection, run by a task of the session's task group."""
+    """One coredis connection, created and run by a task of the session's task group."""
 
-    conn: BaseConnection
+    conn: BaseConnection | None = None
     scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
     ready: anyio.Event = attrs.Factory(anyio.Event)
     closed: anyio.Event = attrs.Factory(anyio.Event)
     error: Exception | None = None
 
+    @property
+    def usable(self) -> bool:
+        return self.conn is not None and self.conn.usable
+
     def started(self, value: object = None) -> None:  # anyio TaskStatus, for conn.run()
+        self.ready.set()
+
+    def gone(self) -> None:
+        self.closed.set()
         self.ready.set()
 
 
 class _Session:
     """Connections of one event-loop run. Enter and exit in the same task."""
 
-    def __init__(self, url: str, *, connect_timeout_s: float, max_idle: int) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout_s: float, max_idle: int, client_name: str | None
+    ) -> None:
         # Built inside the run: coredis creates anyio primitives bound to it. The pool
         # object only parses the URL (TLS, auth, db); it is never entered.
         pool = ConnectionPool.from_url(
-            url, decode_responses=True, connect_timeout=connect_timeout_s
+            url, decode_responses=True, connect_timeout=connect_timeout_s, client_name=client_name
         )
         self._connection_class = pool.connection_class
         self._location = pool.location
@@ -138,6 +158,9 @@ class _Session:
         self._idle.clear()
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
+        for c in self._live:  # hosts that never got to run (asyncio cancels before start)
+            c.gone()
+        self._live.clear()
 
     def drop_connections(self) -> None:
         """Close every connection (in-flight commands fail); new ones open on demand."""
@@ -148,28 +171,31 @@ class _Session:
     async def _host(self, c: _Conn) -> None:
         try:
             with c.scope:
+                c.conn = self._connection_class(self._location, **self._connection_kwargs)
                 await c.conn.run(task_status=c)  # type: ignore[arg-type]
         except Exception as exc:  # never crash the session's task group
             c.error = exc
         finally:
+            if c.conn is not None:
+                _close_buffers(c.conn)
             self._live.discard(c)
-            c.closed.set()
-            c.ready.set()
+            c.gone()
 
     async def _discard(self, c: _Conn) -> None:
         c.scope.cancel()
         with anyio.move_on_after(_CLOSE_WAIT_S, shield=True):
             await c.closed.wait()
 
-    async def _acquire(self) -> _Conn:
-        while self._idle:
+    async def _acquire(self, *, idle_ok: bool) -> tuple[_Conn, bool]:
+        """A connection for one exchange, and whether it was reused from the idle list."""
+        while idle_ok and self._idle:
             c = self._idle.pop()
-            if c.conn.usable:
-                return c
+            if c.usable:
+                return c, True
             c.scope.cancel()
         if self.closed:
             raise RedisConnectionError("the substrate session is closed")
-        c = _Conn(self._connection_class(self._location, **self._connection_kwargs))
+        c = _Conn()
         self._live.add(c)
         self._tg.start_soon(self._host, c)
         try:
@@ -178,18 +204,16 @@ class _Session:
         except BaseException:
             await self._discard(c)
             raise
-        if c.error is not None or not c.conn.usable:
+        if c.error is not None or not c.usable:
             await self._discard(c)
             raise c.error or RedisConnectionError("connection closed during the handshake")
-        return c
+        return c, False
 
-    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
-        """Send ``commands`` in one write on one connection and return their replies; an
-        error (a server error reply, a transport failure, a ``timeout_s`` timeout; None:
-        no timeout) is returned as its exception instance. Cancellation, a timeout or a
-        transport failure closes the connection, and waits for the close."""
-        c = await self._acquire()
-        reuse = False
+    async def _exchange(
+        self, c: _Conn, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
+    ) -> list[Any]:
+        assert c.conn is not None
+        done = False
         try:
             requests = [
                 c.conn.create_request(
@@ -202,13 +226,28 @@ class _Session:
                 for cmd in commands
             ]
             replies = [await request for request in requests]
-            reuse = True  # if still usable: a timeout or transport failure invalidated it
+            done = True
             return replies
         finally:
-            if reuse and not self.closed and c.conn.usable and len(self._idle) < self._max_idle:
+            # A timeout or transport failure has made the connection unusable.
+            if done and not self.closed and c.usable and len(self._idle) < self._max_idle:
                 self._idle.append(c)
             else:
                 await self._discard(c)
+
+    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
+        """Send ``commands`` in one write on one connection and return their replies; an
+        error (a server error reply, a transport failure, a ``timeout_s`` timeout; None:
+        no timeout) is returned as its exception instance. Cancellation, a timeout or a
+        transport failure closes the connection, and waits for the close. If an idle
+        connection turns out to have died meanwhile (Redis restarted, idle connections
+        killed), the commands are sent once more on a new connection."""
+        c, reused = await self._acquire(idle_ok=True)
+        replies = await self._exchange(c, commands, timeout_s)
+        if reused and not c.usable and any(isinstance(r, RedisConnectionError) for r in replies):
+            c, _ = await self._acquire(idle_ok=False)
+            replies = await self._exchange(c, commands, timeout_s)
+        return replies
 
 
 class RedisSubstrate:
@@ -222,6 +261,8 @@ class RedisSubstrate:
         command_timeout_s: seconds a reply may take beyond a command's own blocking time
             before the connection is presumed dead (SubstrateUnavailable).
         max_idle_connections: idle connections kept per open session.
+        client_name: sent with CLIENT SETNAME on every connection (``CLIENT LIST`` shows
+            it), or None.
 
     No I/O happens until the first command. See the module docstring for the lifecycle:
     ``async with`` keeps connections for the block's duration; without it each call
@@ -235,8 +276,10 @@ class RedisSubstrate:
         connect_timeout_s: float = 2.0,
         command_timeout_s: float = 5.0,
         max_idle_connections: int = 32,
+        client_name: str | None = None,
     ) -> None:
         self._url = url
+        self._client_name = client_name
         self._connect_timeout_s = connect_timeout_s
         self._command_timeout_s = command_timeout_s
         self._max_idle = max_idle_connections
@@ -294,7 +337,10 @@ class RedisSubstrate:
 
     def _new_session(self) -> _Session:
         return _Session(
-            self._url, connect_timeout_s=self._connect_timeout_s, max_idle=self._max_idle
+            self._url,
+            connect_timeout_s=self._connect_timeout_s,
+            max_idle=self._max_idle,
+            client_name=self._client_name,
         )
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,75 @@
+"""Shared fixtures. Real Redis is the machine's (``DESKBRIDGE_TEST_REDIS_URL``, default
+127.0.0.1:6379); a missing Redis fails loudly, it never skips."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+REDIS_URL = os.environ.get("DESKBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class RawRedis:
+    """A test oracle independent of the code under test: one connection per command,
+    RESP2, no client library. ``await raw("GET", key)``; error replies raise RuntimeError."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 6379
+        self._setup: list[tuple[str, ...]] = []
+        if parts.password:
+            auth = (parts.username, parts.password) if parts.username else (parts.password,)
+            self._setup.append(("AUTH", *auth))
+        if parts.path.strip("/"):
+            self._setup.append(("SELECT", parts.path.strip("/")))
+
+    async def __call__(self, *command: Any) -> Any:
+        with anyio.fail_after(5):
+            async with await anyio.connect_tcp(self.host, self.port) as stream:
+                reader = BufferedByteReceiveStream(stream)
+                for cmd in (*self._setup, command):
+                    await stream.send(_pack(cmd))
+                    reply = await _read(reader)
+                return reply
+
+
+def _pack(command: tuple[Any, ...]) -> bytes:
+    out = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+async def _read(reader: BufferedByteReceiveStream) -> Any:
+    line = (await reader.receive_until(b"\r\n", 1 << 20)).decode()
+    kind, rest = line[:1], line[1:]
+    if kind == "+":
+        return rest
+    if kind == "-":
+        raise RuntimeError(rest)
+    if kind == ":":
+        return int(rest)
+    if kind == "$":
+        size = int(rest)
+        return None if size < 0 else (await reader.receive_exactly(size + 2))[:-2].decode()
+    if kind == "*":
+        size = int(rest)
+        return None if size < 0 else [await _read(reader) for _ in range(size)]
+    raise AssertionError(f"unexpected RESP line {line!r}")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return REDIS_URL
+
+
+@pytest.fixture
+def raw_redis() -> RawRedis:
+    return RawRedis(REDIS_URL)

@@ -1,0 +1,242 @@
+"""RedisSubstrate beyond the shared contract: lifecycle across event-loop runs and
+backends, connection faults, and which server errors count as "unavailable".
+Real Redis on loopback; fake servers on port 0; every wait bounded."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+import trio
+import trio.testing
+from deskbridge_hub._errors import SubstrateUnavailable
+from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._substrate import jobs_key, presence_key, result_key
+
+from ..conftest import REDIS_URL, RawRedis
+
+
+def _ids() -> tuple[str, str]:
+    return f"test-{secrets.token_hex(6)}", f"job-{secrets.token_hex(6)}"
+
+
+async def _round_trip(s: RedisSubstrate, user: str, job: str) -> None:
+    await s.set_presence(user, "session", 30)
+    assert await s.get_presence(user) == "session"
+    entry_id = await s.enqueue(user, {"a": "1"}, maxlen=100)
+    got = await s.read_new(user, "c1", count=10, block_ms=1000)
+    assert [e.entry_id for e in got] == [entry_id]
+    assert await s.ack(user, entry_id) == 1
+    await s.publish_result(job, "payload", ttl_s=30)
+    assert await s.wait_result(job, timeout_s=1) == "payload"
+
+
+async def _cleanup(raw: RawRedis, user: str, job: str) -> None:
+    await raw("DEL", presence_key(user), jobs_key(user), result_key(job))
+
+
+def test_one_instance_serves_successive_trio_runs() -> None:
+    s = RedisSubstrate.from_url(REDIS_URL)
+    user, job = _ids()
+
+    async def entered() -> None:
+        with trio.fail_after(5):
+            async with s:
+                await _round_trip(s, user, job)
+            await _round_trip(s, user, job)  # after leaving: one-shot connections
+
+    async def unentered() -> None:
+        with trio.fail_after(5):
+            await _round_trip(s, user, job)
+            await s.aclose()
+            await _cleanup(RawRedis(REDIS_URL), user, job)
+
+    trio.run(entered)
+    trio.run(entered)
+    trio.run(unentered)
+
+
+@pytest.mark.parametrize("enter", [True, False])
+def test_works_under_asyncio(enter: bool) -> None:
+    s = RedisSubstrate.from_url(REDIS_URL)
+    user, job = _ids()
+
+    async def main() -> None:
+        with anyio.fail_after(5):
+            if enter:
+                async with s:
+                    await _round_trip(s, user, job)
+                    await _cancelled_read_leaves_no_waiter(s, user)
+            else:
+                await _round_trip(s, user, job)
+                await _cancelled_read_leaves_no_waiter(s, user)
+            await _cleanup(RawRedis(REDIS_URL), user, job)
+
+    anyio.run(main, backend="asyncio")
+
+
+async def _cancelled_read_leaves_no_waiter(s: RedisSubstrate, user: str) -> None:
+    with anyio.move_on_after(0.2):
+        await s.read_new(user, "c1", count=10, block_ms=30_000)
+    entry_id = await s.enqueue(user, {"b": "2"}, maxlen=100)
+    got = await s.read_new(user, "c2", count=10, block_ms=1000)
+    assert [e.entry_id for e in got] == [entry_id]
+
+
+async def test_entering_twice_in_one_run_is_refused() -> None:
+    s = RedisSubstrate.from_url(REDIS_URL)
+    async with s:
+        with pytest.raises(RuntimeError):
+            async with s:
+                pass
+    async with s:  # leaving made it enterable again
+        await s.ping()
+
+
+async def test_aclose_drops_connections_and_the_instance_stays_usable(
+    raw_redis: RawRedis,
+) -> None:
+    name = f"deskbridge-test-{secrets.token_hex(4)}"
+    s = RedisSubstrate.from_url(REDIS_URL, client_name=name)
+    with trio.fail_after(5):
+        async with s:
+            await s.ping()
+            assert await _connections_named(raw_redis, name)
+            await s.aclose()
+            await s.aclose()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not await _connections_named(raw_redis, name)
+            await s.ping()
+
+
+async def test_idle_connections_killed_by_the_server_are_replaced(raw_redis: RawRedis) -> None:
+    name = f"deskbridge-test-{secrets.token_hex(4)}"
+    s = RedisSubstrate.from_url(REDIS_URL, client_name=name)
+    with trio.fail_after(5):
+        async with s:
+            await s.ping()
+            for client_id in await _connections_named(raw_redis, name):
+                await raw_redis("CLIENT", "KILL", "ID", client_id)
+            await s.ping()  # at once: the dead idle connection may not be noticed yet
+
+
+async def _connections_named(raw: RawRedis, name: str) -> list[str]:
+    ids = []
+    for line in (await raw("CLIENT", "LIST")).splitlines():
+        info = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+        if info.get("name") == name:
+            ids.append(info["id"])
+    return ids
+
+
+async def _serve(
+    handler: Callable[[trio.SocketStream], Awaitable[None]], nursery: trio.Nursery
+) -> int:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, host="127.0.0.1"), handler, 0)
+    return listeners[0].socket.getsockname()[1]
+
+
+async def test_a_server_that_never_answers_the_handshake_is_unavailable_fast() -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(silent, nursery)
+        s = RedisSubstrate.from_url(f"redis://127.0.0.1:{port}", connect_timeout_s=0.3)
+        with trio.fail_after(3):
+            with pytest.raises(SubstrateUnavailable, match=f"127.0.0.1:{port}"):
+                await s.get_presence("u")
+        nursery.cancel_scope.cancel()
+
+
+HELLO_REPLY = b"%3\r\n$5\r\nproto\r\n:3\r\n$7\r\nversion\r\n$5\r\n7.0.0\r\n$2\r\nid\r\n:1\r\n"
+
+
+async def test_a_server_that_stops_answering_is_unavailable_after_the_command_timeout() -> None:
+    async def hangs_after_hello(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+        await stream.send_all(HELLO_REPLY)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(hangs_after_hello, nursery)
+        s = RedisSubstrate.from_url(f"redis://127.0.0.1:{port}", command_timeout_s=0.3)
+        with trio.fail_after(3):
+            start = trio.current_time()
+            with pytest.raises(SubstrateUnavailable):
+                await s.get_presence("u")
+            with pytest.raises(SubstrateUnavailable):  # block 0.2 s + 0.3 s
+                await s.read_new("u", "c1", count=1, block_ms=200)
+            assert trio.current_time() - start >= 0.8
+        nursery.cancel_scope.cancel()
+
+
+async def test_refusing_server_states_are_unavailable_and_bugs_are_not() -> None:
+    replies = iter(
+        [b"-OOM command not allowed when used memory > 'maxmemory'.\r\n", b"-ERR boom\r\n"]
+    )
+
+    async def refusing(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+        await stream.send_all(HELLO_REPLY)
+        while await stream.receive_some():
+            await stream.send_all(next(replies))
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(refusing, nursery)
+        s = RedisSubstrate.from_url(f"redis://127.0.0.1:{port}")
+        with trio.fail_after(3):
+            async with s:
+                with pytest.raises(SubstrateUnavailable, match="OOM"):
+                    await s.set_presence("u", "session", 30)
+                with pytest.raises(Exception, match="boom") as info:
+                    await s.set_presence("u", "session", 30)
+                assert not isinstance(info.value, SubstrateUnavailable)
+        nursery.cancel_scope.cancel()
+
+
+async def test_connection_refused_names_host_port_not_password() -> None:
+    async def close(stream: trio.SocketStream) -> None:
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(close, nursery)
+        nursery.cancel_scope.cancel()  # nothing listens on the port any more
+    s = RedisSubstrate.from_url(f"redis://user:hunter2@127.0.0.1:{port}/0")
+    assert "hunter2" not in repr(s)
+    with trio.fail_after(3):
+        with pytest.raises(SubstrateUnavailable) as info:
+            await s.ping()
+    assert f"127.0.0.1:{port}" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+async def test_an_idle_connection_found_dead_on_use_is_replaced_once() -> None:
+    accepted = 0
+
+    async def drops_first_connection_on_second_command(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        first = accepted == 1
+        await stream.receive_some()
+        await stream.send_all(HELLO_REPLY)
+        served = 0
+        while await stream.receive_some():
+            if first and served == 1:
+                await stream.aclose()  # as a restarted Redis or a NAT timeout would
+                return
+            served += 1
+            await stream.send_all(b"+PONG\r\n")
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(drops_first_connection_on_second_command, nursery)
+        s = RedisSubstrate.from_url(f"redis://127.0.0.1:{port}")
+        with trio.fail_after(3):
+            async with s:
+                await s.ping()
+                await s.ping()  # reuses the idle connection, which dies: sent again once
+        assert accepted == 2
+        nursery.cancel_scope.cancel()
