@@ -15,7 +15,8 @@ first and be handed to the stale server-side waiter. Here:
 * ``async with RedisSubstrate.from_url(url) as substrate:`` opens a *session* bound to the
   current event-loop run (an anyio ``RunVar``): a task group hosting coredis connections
   and a small pool of idle ones. Entering does no I/O; the first command connects.
-  Leaving closes every connection. The hub opens it for the app's lifetime.
+  Leaving closes every connection. A server should hold it open for its lifetime
+  (in the app's ``while_serving``).
 * Used without ``async with`` (scripts, CLIs, a different event-loop run than the one
   that entered it), each call opens a one-shot session and closes it before returning:
   correct, at the price of one connection per call.

@@ -11,6 +11,11 @@ Key names (DESIGN.md; literal braces make them Redis Cluster hash tags):
 Every method raises :class:`~deskbridge_hub.SubstrateUnavailable` when the backing store
 cannot be reached; no other exception escapes for an I/O fault. Methods are cancellable;
 a cancelled blocking read leaves no server-side waiter behind.
+
+Durations: ``*_s`` are seconds (floats), ``*_ms`` milliseconds (ints); Redis rounds TTLs
+up to whole milliseconds. A block or timeout of 0 waits forever, as in Redis. Both
+implementations can also be used as async context managers (``async with substrate:``);
+for ``RedisSubstrate`` that keeps its connections open for the block's duration.
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ class Claimed:
 
 class Substrate(Protocol):
     async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
-        """SET presence = session_id EX ttl_s (heartbeat)."""
+        """SET presence = session_id with a TTL of ttl_s (> 0) seconds (heartbeat).
+        Gone from set time + ttl_s on."""
 
     async def get_presence(self, user_id: str) -> str | None:
         """Holder session id, or None when no live presence."""
@@ -82,30 +88,38 @@ class Substrate(Protocol):
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
         """XREADGROUP ... STREAMS key 0: this consumer's own pending entries (bodies may be None).
+        Entries with a body count as delivered again (delivery count + 1, idle time restarts);
+        body-less ones are left as they are (Redis 7).
         Recreates a missing group (NOGROUP) from 0 and returns []."""
 
     async def read_new(
         self, user_id: str, consumer: str, *, count: int, block_ms: int
     ) -> list[Entry]:
         """XREADGROUP ... BLOCK block_ms STREAMS key >: new entries, [] on timeout.
-        Recreates a missing group (NOGROUP) from 0 and returns []."""
+        Each new entry goes to exactly one consumer and into its pending entries list.
+        Recreates a missing group (NOGROUP) from 0 and returns []; also returns [] when
+        the stream is deleted while blocked (Redis 7: UNBLOCKED)."""
 
     async def ack(self, user_id: str, entry_id: str) -> int:
-        """XACK; returns the number acknowledged (0 or 1)."""
+        """XACK; returns the number acknowledged (0 or 1; 0 when the stream or group is gone)."""
 
     async def autoclaim(
         self, user_id: str, consumer: str, *, min_idle_ms: int, start: str, count: int
     ) -> Claimed:
-        """XAUTOCLAIM key GROUP consumer min_idle_ms start COUNT count."""
+        """XAUTOCLAIM key GROUP consumer min_idle_ms start COUNT count. Pending entries whose
+        body is gone are dropped and reported in ``deleted_ids`` whatever their idle time
+        (Redis 7 checks existence first); claimed ones count as delivered again.
+        A missing group is recreated from 0 and yields ``Claimed("0-0", (), ())``."""
 
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
-        """RPUSH result list + EXPIRE ttl_s in one round trip (MULTI/EXEC)."""
+        """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC)."""
 
     async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
-        """BLPOP with a server-side timeout; the payload, or None on timeout."""
+        """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
+        A cancelled wait pops nothing."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""
 
     async def aclose(self) -> None:
-        """Release connections. Idempotent."""
+        """Release connections (the object stays usable). Idempotent."""
