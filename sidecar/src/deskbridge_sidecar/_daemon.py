@@ -283,6 +283,9 @@ class Daemon:
                 )
             except ConnectFailed as exc:
                 end = self._failed(CONNECT_FAILED, str(exc), started_at)
+            except Exception:  # a bug or an unmapped library error: log it, keep going
+                log.exception("connection to %s failed with an internal error", self.url)
+                end = self._failed(INTERNAL_ERROR, "internal error", started_at)
             self._last_end = end
             if end.cause in (CONNECT_FAILED, REJECTED):
                 log.warning("could not connect to %s: %s", self.url, end.reason)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import attrs
 import trio
@@ -143,6 +143,7 @@ class _WebSocketTransport:
 
 
 def _closed(exc: trio_websocket.ConnectionClosed) -> TransportClosed:
+    """Map trio-websocket's close into ours (no reason object: the link broke, 1006)."""
     reason = exc.reason
     if reason is None:
         return TransportClosed(1006, "connection lost")
@@ -153,9 +154,15 @@ def _closed(exc: trio_websocket.ConnectionClosed) -> TransportClosed:
 class WebSocketConnector:
     """:class:`Connector` over trio-websocket.
 
+    The TCP (and TLS) stream is opened here, not by trio-websocket, for two reasons: a
+    failed TLS handshake is reported with its cause (trio-websocket 0.12 ends its reader
+    silently and the connect only times out), and the stream is always closed, also
+    when the upgrade is refused or the server closed first (trio-websocket 0.12 leaks
+    the socket in those cases).
+
     Args:
-        ssl_context: verification for ``wss://`` (None: system trust store). Ignored
-            for ``ws://``.
+        ssl_context: verification for ``wss://`` (None: the system trust store). Not
+            used for ``ws://``.
         settings: library settings (see :class:`WebSocketSettings`).
     """
 
@@ -166,41 +173,121 @@ class WebSocketConnector:
     async def connect(
         self, url: str, headers: Sequence[tuple[str, str]]
     ) -> AsyncIterator[Transport]:
-        """See :meth:`Connector.connect`. Cancellation aborts the connect or closes the socket."""
+        """See :meth:`Connector.connect`.
+
+        Everything up to the completed upgrade is bounded by ``connect_timeout_s``.
+
+        Cancellation: while connecting, aborts and closes the stream; once open, the
+        socket is closed (close handshake bounded by ``disconnect_timeout_s``, shielded).
+        """
         s = self.settings
-        secure = urllib.parse.urlsplit(url).scheme == "wss"
+        parts = urllib.parse.urlsplit(url)
+        secure = parts.scheme == "wss"
+        host = parts.hostname or ""
+        port = parts.port or (443 if secure else 80)
+        resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host_header = f"[{host}]" if ":" in host else host
+        if port != (443 if secure else 80):
+            host_header = f"{host_header}:{port}"
+        deadline = trio.current_time() + s.connect_timeout_s
+        stream = await self._open_stream(host, port, secure, deadline)
         entered = False
         try:
-            async with trio_websocket.open_websocket_url(
-                url,
-                ssl_context=self.ssl_context if secure else None,
-                extra_headers=[(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-                message_queue_size=s.message_queue_size,
-                max_message_size=s.max_message_size,
-                connect_timeout=s.connect_timeout_s,
-                disconnect_timeout=s.disconnect_timeout_s,
-                receive_buffer_size=s.receive_buffer_size,
-            ) as ws:
+            async with trio.open_nursery() as nursery:
+                reader = _ShieldedSpawner(nursery)
+                try:
+                    with trio.fail_at(deadline):
+                        ws = await trio_websocket.wrap_client_stream(
+                            reader,  # type: ignore[arg-type]  # only start_soon is used
+                            stream,
+                            host_header,
+                            resource,
+                            extra_headers=[
+                                (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers
+                            ],
+                            message_queue_size=s.message_queue_size,
+                            max_message_size=s.max_message_size,
+                            receive_buffer_size=s.receive_buffer_size,
+                        )
+                except trio.TooSlowError:
+                    raise ConnectFailed(
+                        f"no WebSocket upgrade from {host}:{port} within {s.connect_timeout_s:g} s"
+                    ) from None
                 entered = True
-                yield _WebSocketTransport(ws)
-        except trio_websocket.ConnectionRejected as exc:
-            if entered:
+                try:
+                    yield _WebSocketTransport(ws)
+                finally:
+                    with trio.move_on_after(s.disconnect_timeout_s, shield=True):
+                        await ws.aclose()  # a no-op if the session closed it already
+                    await trio.aclose_forcefully(stream)
+                    reader.scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) != 1:
                 raise
-            raise HandshakeRejected(exc.status_code) from None
-        except trio_websocket.DisconnectionTimeout:
-            if not entered:
-                raise ConnectFailed("timed out closing the connection") from None
-            log.debug("close handshake timed out; connection dropped")
-        except (
-            trio_websocket.HandshakeError,
-            trio_websocket.ConnectionClosed,
-            trio.BrokenResourceError,
-            OSError,
-        ) as exc:
-            if entered:
-                raise
-            detail = exc.__cause__ or exc
-            raise ConnectFailed(f"{type(detail).__name__}: {detail}") from None
+            exc = group.exceptions[0]
+            if not entered and isinstance(exc, trio_websocket.ConnectionRejected):
+                raise HandshakeRejected(exc.status_code) from None
+            _reraise(exc)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _open_stream(
+        self, host: str, port: int, secure: bool, deadline: float
+    ) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+        try:
+            with trio.fail_at(deadline):
+                tcp = await trio.open_tcp_stream(host, port)
+                if not secure:
+                    return tcp
+                context = self.ssl_context or ssl.create_default_context()
+                tls = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=True)
+                try:
+                    await tls.do_handshake()
+                except BaseException:
+                    await trio.aclose_forcefully(tcp)
+                    raise
+                return tls
+        except trio.TooSlowError:
+            raise ConnectFailed(
+                f"cannot connect to {host}:{port} within {self.settings.connect_timeout_s:g} s"
+            ) from None
+        except trio.BrokenResourceError as exc:
+            raise ConnectFailed(
+                f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}"
+            ) from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from None
+
+
+class _ShieldedSpawner:
+    """Runs trio-websocket's reader task shielded from the caller's cancellation.
+
+    The reader must keep reading while the session closes the socket under a
+    cancelled scope (the daemon stopping): the peer's close frame is what completes
+    the close handshake. The connector cancels :attr:`scope` (and closes the stream)
+    once the socket is done, so the shield cannot outlive the connection.
+    """
+
+    def __init__(self, nursery: trio.Nursery):
+        self._nursery = nursery
+        self.scope = trio.CancelScope(shield=True)
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        self._nursery.start_soon(self._run, fn, *args)
+
+    async def _run(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        with self.scope:
+            await fn(*args)
+
+
+def _reraise(exc: BaseException) -> NoReturn:
+    """Raise ``exc`` (taken out of a one-member group) keeping its own context."""
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+        del exc, context
 
 
 __all__ = [
