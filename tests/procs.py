@@ -12,10 +12,11 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -102,30 +103,52 @@ def hub_env(**extra: str) -> dict[str, str]:
 
 
 class Hub(Proc):
+    """``deskbridge-hub serve`` on 127.0.0.1. With ``certfile``/``keyfile`` it serves
+    https:// and wss:// (``http``/``ws`` say so) and ``verify`` is the CA to trust
+    (``ca_file``) for httpx; ``extra_args`` are appended to the command line."""
+
     def __init__(
-        self, tmp: Path, *, workers: int = 2, port: int | None = None, env=None, name="hub"
+        self,
+        tmp: Path,
+        *,
+        workers: int = 2,
+        port: int | None = None,
+        env=None,
+        name="hub",
+        extra_args: Sequence[str] = (),
+        certfile: Path | None = None,
+        keyfile: Path | None = None,
+        ca_file: Path | None = None,
     ):
         self.port = port or free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
-        self.ws = f"ws://127.0.0.1:{self.port}"
+        tls = certfile is not None
+        self.http = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ws = f"{'wss' if tls else 'ws'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else True
+        )
+        argv = [
+            str(BIN / "deskbridge-hub"),
+            "serve",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+        ]
+        if tls:
+            argv += ["--certfile", str(certfile), "--keyfile", str(keyfile)]
         super().__init__(
-            [
-                str(BIN / "deskbridge-hub"),
-                "serve",
-                "--bind",
-                f"127.0.0.1:{self.port}",
-                "--workers",
-                str(workers),
-            ],
-            hub_env(**(env or {})),
-            tmp / f"{name}-{self.port}.log",
+            [*argv, *extra_args], hub_env(**(env or {})), tmp / f"{name}-{self.port}.log"
         )
 
     def wait_healthy(self, timeout_s: float = 20.0) -> None:
         def ok():
             if self.popen.poll() is not None:
                 raise RuntimeError(f"hub exited {self.popen.returncode}:\n{self.output()[-3000:]}")
-            return httpx.get(self.http + "/healthz", timeout=1.0).status_code == 200
+            return (
+                httpx.get(self.http + "/healthz", timeout=1.0, verify=self.verify).status_code
+                == 200
+            )
 
         wait_until(ok, timeout_s=timeout_s, what=f"hub {self.http} healthy")
 
@@ -138,11 +161,20 @@ def issue(user_id: str, lifetime_s: float = 3600) -> str:
 
 class Sidecar(Proc):
     def __init__(
-        self, tmp: Path, hub_ws: str, token: str, *, tools: list[str] = (), env=None, name="sidecar"
+        self,
+        tmp: Path,
+        hub_ws: str,
+        token: str,
+        *,
+        tools: list[str] = (),
+        env=None,
+        name="sidecar",
+        extra_args: Sequence[str] = (),
     ):
         argv = [str(BIN / "deskbridge-sidecar"), "run", "--hub", hub_ws, "--token", token]
         for module in tools:
             argv += ["--tools", module]
+        argv += list(extra_args)
         full_env = {"PYTHONPATH": str(Path(__file__).parent / "tools")}
         full_env.update(env or {})
         super().__init__(argv, full_env, tmp / f"{name}-{secrets.token_hex(3)}.log")
