@@ -310,6 +310,17 @@ def test_serve_refuses_a_non_loopback_bind_without_an_api_key(monkeypatch, capsy
     assert "DESKBRIDGE_API_KEY" in capsys.readouterr().err
 
 
+async def test_body_over_16_mib_is_refused_413_before_parsing(autojump_clock):
+    """Quart's MAX_CONTENT_LENGTH (16 MiB) bounds what one request may make the hub
+    buffer; the args limit then applies to what is left."""
+    async with running_hub() as (client, sub):
+        await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)
+        huge = b'{"name":"echo","args":{"x":"' + b"a" * (16 * 1024 * 1024) + b'"}}'
+        r = await post_job(client, huge)
+        assert r.status_code == 413
+        assert sub.entries(ONLINE) == 0
+
+
 def test_default_args_limit_is_256_kib_and_env_overrides():
     assert HubConfig().max_args_bytes == MAX_ARGS_BYTES == 256 * 1024
     assert HubConfig.from_env({"DESKBRIDGE_MAX_ARGS_BYTES": "1000"}).max_args_bytes == 1000
