@@ -196,29 +196,33 @@ class WebSocketConnector:
             async with trio.open_nursery() as nursery:
                 reader = _ShieldedSpawner(nursery)
                 try:
-                    with trio.fail_at(deadline):
-                        ws = await trio_websocket.wrap_client_stream(
-                            reader,  # type: ignore[arg-type]  # only start_soon is used
-                            stream,
-                            host_header,
-                            resource,
-                            extra_headers=[
-                                (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers
-                            ],
-                            message_queue_size=s.message_queue_size,
-                            max_message_size=s.max_message_size,
-                            receive_buffer_size=s.receive_buffer_size,
-                        )
-                except trio.TooSlowError:
-                    raise ConnectFailed(
-                        f"no WebSocket upgrade from {host}:{port} within {s.connect_timeout_s:g} s"
-                    ) from None
-                entered = True
-                try:
+                    try:
+                        with trio.fail_at(deadline):
+                            ws = await trio_websocket.wrap_client_stream(
+                                reader,  # type: ignore[arg-type]  # only start_soon is used
+                                stream,
+                                host_header,
+                                resource,
+                                extra_headers=[
+                                    (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers
+                                ],
+                                message_queue_size=s.message_queue_size,
+                                max_message_size=s.max_message_size,
+                                receive_buffer_size=s.receive_buffer_size,
+                            )
+                    except trio.TooSlowError:
+                        raise ConnectFailed(
+                            f"no WebSocket upgrade from {host}:{port} "
+                            f"within {s.connect_timeout_s:g} s"
+                        ) from None
+                    entered = True
                     yield _WebSocketTransport(ws)
                 finally:
-                    with trio.move_on_after(s.disconnect_timeout_s, shield=True):
-                        await ws.aclose()  # a no-op if the session closed it already
+                    if entered:
+                        with trio.move_on_after(s.disconnect_timeout_s, shield=True):
+                            await ws.aclose()  # a no-op if the session closed it already
+                    # Closing the stream and the shield ends the reader on every path,
+                    # so this nursery can always exit.
                     await trio.aclose_forcefully(stream)
                     reader.scope.cancel()
         except BaseExceptionGroup as group:
