@@ -1,0 +1,187 @@
+"""``deskbridge-sidecar``: argument handling in-process, and the real entry point as a
+subprocess against a tiny trio-websocket hub on loopback (real clock, bounded)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+from deskbridge_common import Hello, Job, JobResult, Welcome, decode_frame, encode_frame
+from deskbridge_sidecar.cli import build_parser, load_registry, main
+from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+
+BIN = Path(sys.executable).parent / "deskbridge-sidecar"
+DEADLINE_S = 30
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("DESKBRIDGE_"):
+            monkeypatch.delenv(name)
+
+
+def test_help(capsys):
+    assert main(["--help"]) == 0
+    assert "run" in capsys.readouterr().out
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    needles = ["--hub URL", "--token TOKEN", "--tools MODULE", "--ca-file PATH", "--log-level"]
+    needles += ["DESKBRIDGE_HUB_URL", "DESKBRIDGE_TOKEN", "exit status"]
+    for needle in needles:
+        assert needle in out
+    assert build_parser().prog == "deskbridge-sidecar"
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main([]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["run", "--token", "t"], {}, "the hub URL is required"),
+        (["run", "--hub", "ws://h:1"], {}, "a token is required"),
+        (["run"], {"DESKBRIDGE_HUB_URL": "ws://h:1"}, "a token is required"),
+        (["run", "--hub", "ftp://h", "--token", "t"], {}, "must start with ws://"),
+        (["run", "--hub", "ws://h:1", "--token", "t", "--ca-file", "ca.pem"], {}, "needs a wss://"),
+        (["run", "--hub", "wss://h:1", "--token", "t", "--ca-file", "/nonexistent.pem"], {},
+         "--ca-file /nonexistent.pem"),
+        (["run", "--hub", "ws://h:1", "--token", "t", "--tools", "no_such_module_xyz"], {},
+         "cannot import"),
+        (["run", "--hub", "ws://h:1", "--token", "t", "--tools", "json"], {}, "no @tool"),
+        (["run", "--hub", "ws://h:1", "--token", "t"], {"DESKBRIDGE_PING_TIMEOUT_S": "soon"},
+         "DESKBRIDGE_PING_TIMEOUT_S"),
+        (["run", "--hub", "ws://h:1", "--token", "t", "--log-level", "LOUD"], {}, "invalid choice"),
+    ],
+)  # fmt: skip
+def test_usage_errors_exit_2(capsys, monkeypatch, argv, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_load_registry_collects_tools_from_modules(tmp_path, monkeypatch):
+    (tmp_path / "cli_tools_a.py").write_text(
+        textwrap.dedent(
+            """
+            from deskbridge_sidecar import tool
+
+            @tool(side_effects=True)
+            def fill(form: str) -> str:
+                return form
+
+            def not_a_tool():
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry(["cli_tools_a"])
+    assert registry.names() == ["echo", "sleep", "fill"]
+    assert registry.get("fill").side_effects
+
+
+# -- the real entry point ----------------------------------------------------------------
+
+
+class CliHub:
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.hello: Hello | None = None
+        self.result: JobResult | None = None
+        self.answered = trio.Event()
+        self.closed = trio.Event()
+        self.close_code: int | None = None
+
+    async def handle(self, request: WebSocketRequest) -> None:
+        headers = {k.lower(): v for k, v in request.headers}
+        if headers.get(b"authorization") != f"Bearer {self.token}".encode():
+            await request.reject(401)
+            return
+        ws = await request.accept()
+        self.hello = decode_frame(await ws.get_message())
+        welcome = Welcome(session_id="cli-1", heartbeat_s=10, ping_interval_s=10, ping_timeout_s=10)
+        await ws.send_message(encode_frame(welcome))
+        job = Job(
+            id="d-1",
+            job_id="j-1",
+            name="shout",
+            args={"text": "hi"},
+            idempotency_key="k-1",
+            deadline=4_000_000_000.0,
+        )
+        await ws.send_message(encode_frame(job))
+        try:
+            while True:
+                frame = decode_frame(await ws.get_message())
+                if isinstance(frame, JobResult):
+                    self.result = frame
+                    self.answered.set()
+        except ConnectionClosed as exc:
+            self.close_code = exc.reason.code
+            self.closed.set()
+
+
+async def _serve(nursery: trio.Nursery, hub: CliHub) -> int:
+    server = await nursery.start(
+        functools.partial(serve_websocket, hub.handle, "127.0.0.1", 0, ssl_context=None)
+    )
+    return server.port
+
+
+async def test_entry_point_runs_tools_from_cwd_and_stops_on_sigterm(nursery, tmp_path):
+    (tmp_path / "cli_tools_b.py").write_text(
+        "from deskbridge_sidecar import tool\n\n"
+        "@tool\ndef shout(text: str) -> str:\n    return text.upper()\n"
+    )
+    log_path = tmp_path / "sidecar.log"
+    with trio.fail_after(DEADLINE_S):
+        hub = CliHub("cli-token")
+        port = await _serve(nursery, hub)
+        env = {**os.environ, "DESKBRIDGE_HUB_URL": f"ws://127.0.0.1:{port}",
+               "DESKBRIDGE_TOKEN": "cli-token", "DESKBRIDGE_PING_INTERVAL_S": "5"}  # fmt: skip
+        with log_path.open("wb") as log_file:
+            proc = await trio.lowlevel.open_process(
+                [str(BIN), "run", "--tools", "cli_tools_b"],
+                cwd=str(tmp_path),
+                env=env,
+                stdout=log_file,
+                stderr=log_file,
+            )
+            try:
+                await hub.answered.wait()
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+            finally:
+                proc.kill()
+                await proc.wait()
+        await hub.closed.wait()
+    assert [t.name for t in hub.hello.tools] == ["status", "echo", "sleep", "shout"]
+    assert (hub.result.id, hub.result.ok, hub.result.result) == ("d-1", True, "HI")
+    assert hub.close_code == 1001
+    log = log_path.read_text()
+    assert "welcomed by hub: session cli-1" in log
+    assert "SIGTERM: stopping" in log
+
+
+async def test_entry_point_exits_2_when_the_token_is_refused(nursery, tmp_path):
+    with trio.fail_after(DEADLINE_S):
+        port = await _serve(nursery, CliHub("right-token"))
+        result = await trio.run_process(
+            [str(BIN), "run", "--hub", f"ws://127.0.0.1:{port}", "--token", "wrong-token"],
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 2
+    assert (
+        b"token refused by hub (401): issue a new one with `deskbridge-hub token USER_ID`"
+        in result.stderr
+    )
