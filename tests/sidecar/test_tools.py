@@ -195,3 +195,19 @@ async def test_builtin_sleep_and_echo(autojump_clock):
         assert (await invoke(registry.get("sleep"), {"seconds": bad})).code == BAD_ARGS
     args = {"a": [1, {"b": None}], "c": "d"}
     assert (await invoke(registry.get("echo"), args)).result == args
+
+
+def test_a_catalogue_that_does_not_fit_in_hello_is_refused_early():
+    from deskbridge_sidecar import Daemon
+
+    tools = []
+    for i in range(300):
+
+        def f() -> None:
+            return None
+
+        tools.append(tool(name=f"t{i}")(f))
+    with pytest.raises(ValueError, match="catalogue"):
+        Daemon("ws://h:1", "t", registry=ToolRegistry(tools))
+    with pytest.raises(ValueError, match="ws://"):
+        Daemon("h:1", "t")

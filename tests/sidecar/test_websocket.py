@@ -20,9 +20,15 @@ from deskbridge_sidecar import (
     TokenRefused,
     WebSocketConnector,
     WebSocketSettings,
+    run_daemon,
 )
 from deskbridge_sidecar.cli import make_ssl_context
-from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    serve_websocket,
+)
 
 TOKEN = "real-token"
 DEADLINE_S = 10
@@ -68,7 +74,13 @@ class TinyHub:
         self.paths.append(request.path)
         ws = await request.accept()
         self.connections += 1
-        n = self.connections
+        try:
+            await self._serve_one(ws, self.connections)
+        except ConnectionClosed as exc:
+            self.closed_with = (exc.reason.code, exc.reason.reason)
+            self.closed.set()
+
+    async def _serve_one(self, ws: WebSocketConnection, n: int) -> None:
         self.hellos.append(decode_frame(await ws.get_message()))
         await ws.send_message(_welcome(f"real-{n}"))
         await ws.send_message(_job(f"d-{n}", key="same-key"))
@@ -79,14 +91,10 @@ class TinyHub:
                 break
         if n == 1:
             await ws.aclose(1012, "hub restarting")
-        else:
-            self.second_result.set()
-            try:
-                while True:  # keep reading so the sidecar's close handshake completes
-                    await ws.get_message()
-            except ConnectionClosed as exc:
-                self.closed_with = (exc.reason.code, exc.reason.reason)
-                self.closed.set()
+            return
+        self.second_result.set()
+        while True:  # keep reading so the sidecar's close handshake completes
+            await ws.get_message()
 
 
 async def _serve(nursery: trio.Nursery, hub: TinyHub, ssl_context=None) -> int:
@@ -186,3 +194,16 @@ async def test_a_server_that_never_upgrades_times_out(nursery):
         with pytest.raises(ConnectFailed, match="no WebSocket upgrade .* within 0.3 s"):
             async with connector.connect(f"ws://127.0.0.1:{port}/v1/sidecar", []):
                 pytest.fail("upgraded by a silent server")
+
+
+async def test_run_daemon_until_its_scope_is_cancelled(nursery):
+    with trio.fail_after(DEADLINE_S):
+        hub = TinyHub()
+        port = await _serve(nursery, hub)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as inner:
+                run = functools.partial(run_daemon, f"ws://127.0.0.1:{port}", TOKEN)
+                assert await inner.start(run) == "real-1"
+                scope.cancel()
+        await hub.closed.wait()
+        assert hub.closed_with == (1001, "sidecar stopping")

@@ -35,8 +35,10 @@ from deskbridge_common import (
     CLOSE_SERVICE_RESTART,
     PROTOCOL_VERSION,
     Hello,
+    LocalProtocolError,
     Timings,
     Welcome,
+    encode_frame,
 )
 
 from ._backoff import Backoff
@@ -116,7 +118,8 @@ class Daemon:
         random: floats in [0, 1) for backoff jitter; injectable for tests.
 
     Raises:
-        ValueError: ``hub_url`` is not a ws/wss URL with a host.
+        ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
+            not fit in a ``hello`` frame (more than 256 tools, a schema that is not JSON).
     """
 
     hub_url: str
@@ -141,6 +144,10 @@ class Daemon:
 
     def __attrs_post_init__(self) -> None:
         self.url = sidecar_url(self.hub_url)
+        try:
+            encode_frame(self._hello())  # fail now, not as a hello the hub never gets
+        except LocalProtocolError as exc:
+            raise ValueError(f"the tool catalogue cannot be announced: {exc}") from None
         if self.connector is None:
             settings = self.websocket or WebSocketSettings(
                 disconnect_timeout_s=self.timings.close_timeout_s
