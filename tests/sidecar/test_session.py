@@ -50,6 +50,7 @@ async def test_echo_is_answered_under_the_incoming_id(autojump_clock, start_daem
         ("fails", {}, "portal_refused"),
         ("raises", {}, "crashed"),
         ("returns_junk", {}, "bad_result"),
+        ("returns_deep", {}, "bad_result"),
     ],
 )
 async def test_failures_are_answered_with_their_codes(
@@ -67,9 +68,18 @@ async def test_failures_are_answered_with_their_codes(
     async def returns_junk():
         return {1, 2}
 
-    daemon, s = await start_daemon(tools=[fails, raises, returns_junk])
+    @tool
+    async def returns_deep():
+        value: list = []
+        for _ in range(5000):
+            value = [value]
+        return value
+
+    daemon, s = await start_daemon(tools=[fails, raises, returns_junk, returns_deep])
     result = await s.call(name, args)
     assert not result.ok and result.error.code == code
+    again = await s.call(name, args, key=f"k-{name}")  # and again: still one socket
+    assert again.error.code == code
     if code == "crashed":
         assert result.error.message == "KeyError('missing')"
     assert s.closed is None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+from deskbridge_common import encode_frame
 from deskbridge_sidecar import (
     BAD_ARGS,
     BAD_RESULT,
@@ -173,8 +174,25 @@ async def test_invoke_outcomes():
     assert result.error.message.startswith("RuntimeError('boom boom")
     assert len(result.error.message) == 2000 and result.error.message.endswith("...")
 
-    for bad in (unserialisable, nan, huge):
+    @tool
+    async def deep() -> list:
+        value: list = []
+        for _ in range(5000):
+            value = [value]
+        return value
+
+    @tool
+    async def nested_900() -> list:
+        value: list = []
+        for _ in range(900):
+            value = [value]
+        return value
+
+    for bad in (unserialisable, nan, huge, deep):
         assert (await invoke(tool_of(bad), {})).code == BAD_RESULT
+    outcome = await invoke(tool_of(nested_900), {})
+    if outcome.ok:  # whatever the verdict, an ok outcome must be sendable
+        encode_frame(outcome.reply("d"))
 
 
 async def test_sync_tools_run_in_a_worker_thread():

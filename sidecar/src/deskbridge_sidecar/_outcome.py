@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import attrs
-from deskbridge_common import MAX_FRAME_BYTES, JobError, JobResult
+from deskbridge_common import JobError, JobResult, LocalProtocolError, encode_frame
 
 # Error codes of job_result.error.code, as the sidecar uses them.
 TOOL_ERROR = "tool_error"  #: the tool raised ToolError (which may carry its own code)
@@ -23,8 +23,8 @@ BAD_RESULT = "bad_result"  #: the tool returned something that is not JSON or to
 
 #: Longest error message sent, in characters (a crash repr is cut to this).
 MAX_MESSAGE_CHARS = 2000
-#: Room kept for the frame envelope (type, id up to 200 chars, ok) around a result.
-_ENVELOPE_BYTES = 1024
+#: Longest delivery id the codec accepts; results are checked against the worst case.
+MAX_ID_CHARS = 200
 
 
 def truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -50,20 +50,19 @@ class Outcome:
     def success(cls, result: Any) -> Outcome:
         """Wrap a tool's return value, normalised to plain JSON.
 
-        A value that is not JSON-serialisable, contains NaN/Infinity, or would make a frame
-        larger than ``MAX_FRAME_BYTES`` becomes a ``bad_result`` failure instead (the tool
-        ran; its value cannot be sent).
+        A value that is not JSON-serialisable, contains NaN/Infinity, nests too deeply,
+        or would not fit in a ``MAX_FRAME_BYTES`` frame becomes a ``bad_result`` failure
+        instead (the tool ran; its value cannot be sent). Checking here, once, means a
+        cached outcome can always be sent, so a redelivery can never break the writer.
         """
         try:
-            text = json.dumps(result, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            return cls.failure(BAD_RESULT, f"result is not JSON-serialisable: {exc}")
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > MAX_FRAME_BYTES - _ENVELOPE_BYTES:
-            return cls.failure(
-                BAD_RESULT, f"result of {size} bytes does not fit in a {MAX_FRAME_BYTES}-byte frame"
-            )
-        return cls(ok=True, result=json.loads(text))
+            value = json.loads(json.dumps(result, allow_nan=False, separators=(",", ":")))
+            encode_frame(JobResult(id="x" * MAX_ID_CHARS, ok=True, result=value))
+        except (TypeError, ValueError, RecursionError) as exc:
+            return cls.failure(BAD_RESULT, f"result is not JSON-serialisable: {exc!r}")
+        except LocalProtocolError as exc:
+            return cls.failure(BAD_RESULT, f"result cannot be sent: {exc}")
+        return cls(ok=True, result=value)
 
     @classmethod
     def failure(cls, code: str, message: str) -> Outcome:

@@ -378,7 +378,7 @@ class Session:
         async for frame in outbox:
             try:
                 text = encode_frame(frame)
-            except LocalProtocolError as exc:
+            except (LocalProtocolError, RecursionError) as exc:
                 log.error("cannot encode %s frame: %s", frame.type, exc)
                 if not isinstance(frame, JobResult):
                     continue
