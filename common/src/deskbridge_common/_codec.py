@@ -222,7 +222,7 @@ def decode_frame(data: str | bytes) -> Frame:
             "$", f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}", CLOSE_MESSAGE_TOO_BIG
         )
     try:
-        obj = json.loads(data, parse_constant=_reject_constant)
+        obj = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise RemoteProtocolError("$", f"not valid JSON ({type(exc).__name__})") from None
     if not isinstance(obj, dict):
@@ -258,6 +258,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name}")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 overflows to inf: refused like Infinity
+        raise ValueError("number out of range")
+    return value
+
+
 def _to_wire(value: Any) -> Any:
     if attrs.has(type(value)):
         return {k: _to_wire(v) for k, v in attrs.asdict(value, recurse=False).items()}
@@ -291,6 +298,8 @@ def encode_frame(frame: Frame) -> str:
         text = json.dumps(frame_to_dict(frame), separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError("$", f"not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise LocalProtocolError("$", "nested too deeply to encode") from None
     try:
         decode_frame(text)
     except ProtocolError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_INVALID_PAYLOAD = 1007
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
@@ -38,9 +39,10 @@ class ProtocolError(Exception):
     """
 
     def __init__(self, field: str, message: str, close_code: int = CLOSE_INVALID_PAYLOAD):
+        field = _printable(field, 64)
         self.field = field
         self.close_code = close_code
-        self.reason = _truncate_reason(f"{field}: {message}")
+        self.reason = _truncate_reason(f"{field}: {_printable(message, 200)}")
         super().__init__(self.reason)
 
 
@@ -50,6 +52,16 @@ class RemoteProtocolError(ProtocolError):
 
 class LocalProtocolError(ProtocolError):
     """We were about to send a frame that breaks the protocol (a bug on this side)."""
+
+
+def _printable(text: str, limit: int) -> str:
+    """Escape control and non-ASCII characters, so a peer's field names cannot forge log
+    lines or close reasons, and cap the length."""
+    if text.isascii() and text.isprintable() and len(text) <= limit:
+        return text
+    escaped = text[:limit].encode("ascii", "backslashreplace").decode("ascii")
+    escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
+    return escaped + ("..." if len(text) > limit else "")
 
 
 def _truncate_reason(text: str, limit: int = 123) -> str:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -20,7 +21,7 @@ import trio
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
-from ._bridge import Bridge, Outcome
+from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import HubConfig
 from ._errors import BadRequest, SubstrateUnavailable
 from ._session import HubState, SocketClosed, serve_sidecar
@@ -41,12 +42,6 @@ HTTP_STATUS = {
     "offline": 503,
     "unavailable": 503,
 }
-
-#: Longest ``timeout_s`` the HTTP API accepts: 24 h, in seconds. Far above any real
-#: tool call (the reclaim idle time, 180 s, is "longer than the longest legitimate job");
-#: it keeps the job's deadline and the BLPOP timeout in range (Redis 7 answers
-#: "ERR timeout is negative" to a timeout near 1e16 s).
-MAX_TIMEOUT_S = 24 * 3600.0
 
 
 def make_consumer_name() -> str:
@@ -124,7 +119,15 @@ def create_app(
 
     @app.while_serving
     async def _lifetime():  # type: ignore[no-untyped-def]
-        sub = substrate if substrate is not None else _default_substrate(config)
+        owned = substrate is None
+        sub = _default_substrate(config) if owned else substrate
+        async with contextlib.AsyncExitStack() as stack:
+            if owned:  # hold pooled connections for the app's lifetime
+                await stack.enter_async_context(sub)
+            async for _ in _serve_with(sub):
+                yield
+
+    async def _serve_with(sub: Substrate):  # type: ignore[no-untyped-def]
         state = HubState(
             substrate=sub,
             timings=config.timings,

@@ -8,7 +8,6 @@ runs under trio and asyncio alike.
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +34,9 @@ from ._validate import validate_key, validate_tool_name, validate_user_id
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
 STATUS_TIMEOUT_S = 5.0
+#: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
+#: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
+MAX_TIMEOUT_S = 24 * 3600.0
 
 
 @attrs.frozen
@@ -157,12 +159,19 @@ class Bridge:
         if not isinstance(args, dict):
             raise BadRequest("args must be a JSON object", field="args")
         try:
-            json.dumps(args)
-        except (TypeError, ValueError):
-            raise BadRequest("args must be JSON-serialisable", field="args") from None
+            json.dumps(args, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            raise BadRequest(
+                "args must be JSON-serialisable (finite numbers, bounded nesting)", field="args"
+            ) from None
         timeout_s = self.timings.call_timeout_s if timeout_s is None else timeout_s
-        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
-            raise BadRequest("timeout_s must be a positive number of seconds", field="timeout_s")
+        if isinstance(timeout_s, bool) or not (
+            isinstance(timeout_s, int | float) and 0 < timeout_s <= MAX_TIMEOUT_S
+        ):
+            raise BadRequest(
+                f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
+                field="timeout_s",
+            )
         job_id = uuid.uuid4().hex
         if idempotency_key is None:
             idempotency_key = job_id

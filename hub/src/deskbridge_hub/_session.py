@@ -20,12 +20,14 @@ from deskbridge_common import (
     CLOSE_PING_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_SUPERSEDED,
+    CLOSE_UNSUPPORTED_DATA,
     PROTOCOL_VERSION,
     Error,
     Frame,
     Hello,
     Job,
     JobResult,
+    LocalProtocolError,
     Ping,
     Pong,
     RemoteProtocolError,
@@ -233,6 +235,8 @@ class HubSession:
         )
 
     def _decode(self, raw: str | bytes) -> Frame:
+        if isinstance(raw, bytes):
+            raise _EndSession(CLOSE_UNSUPPORTED_DATA, "binary frames are not part of the protocol")
         try:
             return decode_frame(raw)
         except RemoteProtocolError as exc:
@@ -265,6 +269,8 @@ class HubSession:
                 delivery.result = frame
                 delivery.done.set()
             elif isinstance(frame, Ping):
+                # Blocks when the send queue is full: a peer flooding pings without
+                # reading stalls only its own session, and the pinger's deadline ends it.
                 await self._send.send(encode_frame(Pong(nonce=frame.nonce)))
             elif isinstance(frame, Pong):
                 event = self._pongs.get(frame.nonce)
@@ -272,7 +278,10 @@ class HubSession:
                     event.set()
             elif isinstance(frame, Error):
                 log.info(
-                    "session %s: sidecar says %s: %s", self.session_id, frame.code, frame.message
+                    "session %s: sidecar says %s: %r",
+                    self.session_id,
+                    frame.code,
+                    frame.message[:200],
                 )
             else:
                 raise _EndSession(
@@ -321,8 +330,10 @@ class HubSession:
             nonce = uuid.uuid4().hex
             event = self._pongs[nonce] = trio.Event()
             try:
-                await self._send.send(encode_frame(Ping(nonce=nonce)))
+                # The deadline covers queueing the ping too: a peer that stops reading
+                # fills the send queue, and must be timed out all the same.
                 with trio.move_on_after(t.ping_timeout_s):
+                    await self._send.send(encode_frame(Ping(nonce=nonce)))
                     await event.wait()
                 if not event.is_set():
                     raise _EndSession(CLOSE_PING_TIMEOUT, f"no pong within {t.ping_timeout_s:g} s")
@@ -403,18 +414,29 @@ class HubSession:
         self.deliveries[delivery_id] = delivery
         self.state.deliveries_total += 1
         try:
-            await self._send.send(
-                encode_frame(
-                    Job(
-                        id=delivery_id,
-                        job_id=envelope.job_id,
-                        name=envelope.name,
-                        args=envelope.args,
-                        idempotency_key=envelope.idempotency_key,
-                        deadline=envelope.deadline,
-                    )
+            frame = encode_frame(
+                Job(
+                    id=delivery_id,
+                    job_id=envelope.job_id,
+                    name=envelope.name,
+                    args=envelope.args,
+                    idempotency_key=envelope.idempotency_key,
+                    deadline=envelope.deadline,
                 )
             )
+        except LocalProtocolError as exc:
+            # An entry no sidecar could accept (written by a buggy producer): answer it
+            # as failed instead of letting it crash every session it is redelivered to.
+            log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
+            self.deliveries.pop(delivery_id, None)
+            await self._publish(
+                envelope.job_id,
+                result_payload("failed", error={"code": "bad_job", "message": exc.reason}),
+            )
+            await self._ack(entry.entry_id)
+            return
+        try:
+            await self._send.send(frame)
             await delivery.done.wait()
         finally:
             self.deliveries.pop(delivery_id, None)
