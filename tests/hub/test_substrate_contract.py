@@ -17,7 +17,17 @@ import trio.testing
 from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._redis import RedisSubstrate
-from deskbridge_hub._substrate import Claimed, Entry, jobs_key, presence_key, result_key
+from deskbridge_hub._substrate import (
+    Claimed,
+    Entry,
+    cancel_key,
+    index_key,
+    jobs_key,
+    presence_key,
+    result_key,
+    state_key,
+    tools_key,
+)
 
 from ..conftest import RawRedis
 
@@ -40,12 +50,13 @@ class Case:
 
     def user(self) -> str:
         user_id = f"test-{secrets.token_hex(6)}"
-        self.keys += [presence_key(user_id), jobs_key(user_id)]
+        self.keys += [presence_key(user_id), jobs_key(user_id), index_key(user_id)]
+        self.keys.append(tools_key(user_id))
         return user_id
 
     def job(self) -> str:
         job_id = f"job-{secrets.token_hex(6)}"
-        self.keys.append(result_key(job_id))
+        self.keys += [result_key(job_id), state_key(job_id), cancel_key(job_id)]
         return job_id
 
     async def delete_stream(self, user_id: str) -> None:
@@ -473,3 +484,56 @@ async def test_unavailable_is_reported_quickly_without_the_password(case: Case) 
         assert "hunter2" not in str(info.value)
         if case.is_redis:
             assert f"127.0.0.1:{port}" in str(info.value)
+
+
+# -- bookkeeping: the entry index, job state, cancel flag, catalogue -------------------------
+
+
+async def test_index_maps_entries_to_jobs_until_acked(case: Case) -> None:
+    user, job = case.user(), case.job()
+    entry_id = await case.substrate.enqueue(user, {"job_id": job, "name": "x"}, maxlen=100)
+    other = await case.substrate.enqueue(user, {"filler": "1"}, maxlen=100)  # no job id
+    assert await case.substrate.job_ids(user, [entry_id, other, "1-1"]) == {entry_id: job}
+    await case.substrate.read_new(user, "c1", count=10, block_ms=1)
+    assert await case.substrate.ack(user, entry_id) == 1
+    assert await case.substrate.job_ids(user, [entry_id]) == {}
+    assert await case.substrate.trimmed(user) == []
+
+
+async def test_trimmed_lists_indexed_entries_older_than_the_stream(case: Case) -> None:
+    user = case.user()
+    jobs = [case.job() for _ in range(3)]
+    ids = [await case.substrate.enqueue(user, {"job_id": j}, maxlen=1000) for j in jobs]
+    assert await case.substrate.trimmed(user) == []
+    # MAXLEN ~ trims whole macro nodes in Redis: push enough to trim the first three away
+    await case.fill(user, 300, maxlen=50)
+    lost = await case.substrate.trimmed(user)
+    assert lost == list(zip(ids, jobs, strict=True))
+    assert await case.substrate.forget(user, ids[0]) is True
+    assert await case.substrate.forget(user, ids[0]) is False  # only one caller owns it
+    assert [e for e, _ in await case.substrate.trimmed(user)] == ids[1:]
+
+
+async def test_trimmed_lists_everything_when_the_stream_is_gone(case: Case) -> None:
+    user, job = case.user(), case.job()
+    entry_id = await case.substrate.enqueue(user, {"job_id": job}, maxlen=100)
+    await case.delete_stream(user)
+    assert await case.substrate.trimmed(user) == [(entry_id, job)]
+
+
+async def test_job_state_and_cancel_flag(case: Case) -> None:
+    job = case.job()
+    assert await case.substrate.get_job_state(job) is None
+    await case.substrate.set_job_state(job, "queued", ttl_s=60)
+    assert await case.substrate.get_job_state(job) == "queued"
+    assert await case.substrate.mark_delivered(job, "delivered", ttl_s=60) is False
+    assert await case.substrate.get_job_state(job) == "delivered"
+    await case.substrate.request_cancel(job, ttl_s=60)
+    assert await case.substrate.mark_delivered(job, "delivered", ttl_s=60) is True
+
+
+async def test_catalogue_round_trips(case: Case) -> None:
+    user = case.user()
+    assert await case.substrate.get_catalogue(user) is None
+    await case.substrate.set_catalogue(user, '[{"name": "echo"}]')
+    assert await case.substrate.get_catalogue(user) == '[{"name": "echo"}]'

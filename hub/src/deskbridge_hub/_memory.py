@@ -34,7 +34,7 @@ import anyio.lowlevel
 import attrs
 
 from ._errors import SubstrateUnavailable
-from ._substrate import Claimed, Entry
+from ._substrate import Claimed, Entry, cancel_key, state_key, tools_key
 
 StreamID = tuple[int, int]
 
@@ -114,6 +114,8 @@ class MemorySubstrate:
     _results: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _result_waiters: dict[str, _Waiters] = attrs.field(factory=dict, init=False)
     _unavailable: bool = attrs.field(default=False, init=False)
+    _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
+    _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
 
     async def __aenter__(self) -> MemorySubstrate:
         return self
@@ -247,6 +249,8 @@ class MemorySubstrate:
             sid = (0, 1)
         stream.last_id = sid
         stream.entries[sid] = {str(k): str(v) for k, v in fields.items()}
+        if fields.get("job_id"):
+            self._index.setdefault(user_id, {})[sid] = str(fields["job_id"])
         while len(stream.entries) > maxlen:
             del stream.entries[next(iter(stream.entries))]
         stream.notify()
@@ -317,7 +321,7 @@ class MemorySubstrate:
         return []
 
     async def ack(self, user_id: str, entry_id: str) -> int:
-        """XACK: remove ``entry_id`` from the PEL.
+        """XACK: remove ``entry_id`` from the PEL (and from the index).
 
         Returns:
             1 if it was pending, else 0 (also when the stream or group is missing).
@@ -328,6 +332,7 @@ class MemorySubstrate:
         """
         await self._enter()
         sid = _parse_id(entry_id)
+        self._index.get(user_id, {}).pop(sid, None)
         stream = self._streams.get(user_id)
         if stream is None or stream.pel.pop(sid, None) is None:
             return 0
@@ -436,6 +441,97 @@ class MemorySubstrate:
                     if not waiters.count and self._result_waiters.get(job_id) is waiters:
                         del self._result_waiters[job_id]
         return None
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _get(self, key: str, now: float) -> str | None:
+        held = self._kv.get(key)
+        if held is None:
+            return None
+        if now >= held[1]:
+            del self._kv[key]
+            return None
+        return held[0]
+
+    def _set(self, key: str, value: str, now: float, ttl_s: float | None) -> None:
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._kv[key] = (value, math.inf if ttl_s is None else now + ttl_s)
+
+    async def job_ids(self, user_id: str, entry_ids: list[str]) -> dict[str, str]:
+        """The job id of each entry ID still indexed (enqueued and not acked).
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        index = self._index.get(user_id, {})
+        found = {e: index.get(_parse_id(e)) for e in entry_ids}
+        return {e: j for e, j in found.items() if j is not None}
+
+    async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
+        """Indexed entries older than the stream's first entry, or all when the stream
+        is gone.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        stream = self._streams.get(user_id)
+        floor = min(stream.entries) if stream is not None and stream.entries else None
+        index = self._index.get(user_id, {})
+        return [
+            (_format_id(sid), job_id)
+            for sid, job_id in sorted(index.items())
+            if floor is None or sid < floor
+        ]
+
+    async def forget(self, user_id: str, entry_id: str) -> bool:
+        """Remove ``entry_id`` from the index; True if this call removed it.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        return self._index.get(user_id, {}).pop(_parse_id(entry_id), None) is not None
+
+    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
+        """Store what is known about ``job_id`` for ``ttl_s`` seconds.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        self._set(state_key(job_id), state, await self._enter(), ttl_s)
+
+    async def get_job_state(self, job_id: str) -> str | None:
+        """The stored state, or None. Raises SubstrateUnavailable when marked so."""
+        return self._get(state_key(job_id), await self._enter())
+
+    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        """Set the state; return True if a cancel was requested for ``job_id``.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        self._set(state_key(job_id), state, now, ttl_s)
+        return self._get(cancel_key(job_id), now) is not None
+
+    async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
+        """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        self._set(cancel_key(job_id), "1", await self._enter(), ttl_s)
+
+    async def set_catalogue(self, user_id: str, catalogue: str) -> None:
+        """Store the user's tool catalogue (no TTL). Raises SubstrateUnavailable."""
+        self._set(tools_key(user_id), catalogue, await self._enter(), None)
+
+    async def get_catalogue(self, user_id: str) -> str | None:
+        """The user's last tool catalogue, or None. Raises SubstrateUnavailable."""
+        return self._get(tools_key(user_id), await self._enter())
 
     async def ping(self) -> None:
         """Raises SubstrateUnavailable when marked unavailable; otherwise returns."""

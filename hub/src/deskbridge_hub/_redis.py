@@ -61,11 +61,28 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.pool import ConnectionPool
 
 from ._errors import SubstrateUnavailable
-from ._substrate import GROUP, Claimed, Entry, jobs_key, presence_key, result_key
+from ._substrate import (
+    GROUP,
+    Claimed,
+    Entry,
+    cancel_key,
+    index_key,
+    jobs_key,
+    presence_key,
+    result_key,
+    state_key,
+    tools_key,
+)
 
 #: Lua: delete the presence key only while it still holds this session (atomic).
 _CLEAR_IF_HOLDER = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+#: XADD and index the entry ID -> job id in one atomic step (keys share the {user} slot).
+_XADD_INDEXED = (
+    "local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3)) "
+    "if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end "
+    "return id"
 )
 #: Server error codes that mean "cannot serve now", not "bad command".
 _UNAVAILABLE_CODES = ("OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
@@ -87,6 +104,11 @@ def _ms(duration_s: float) -> int:
     if not duration_s > 0:
         raise ValueError(f"duration must be > 0 s, got {duration_s!r}")
     return max(1, math.ceil(round(duration_s * 1000, 6)))
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _entries(raw: Any) -> list[Entry]:
@@ -446,7 +468,8 @@ class RedisSubstrate:
             raise ValueError("enqueue needs maxlen >= 1 and at least one field")
         key = jobs_key(user_id)
         flat = [item for pair in fields.items() for item in pair]
-        xadd = (b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", *flat)
+        job_id = fields.get("job_id", "")
+        xadd = (b"EVAL", _XADD_INDEXED, 2, key, index_key(user_id), maxlen, job_id, *flat)
         async with self._session("XADD") as s:
             if user_id in s.groups:
                 return await self._call(s, *xadd)
@@ -520,7 +543,7 @@ class RedisSubstrate:
         return _entries(reply.get(key)) if reply else []
 
     async def ack(self, user_id: str, entry_id: str) -> int:
-        """XACK key bridge-workers entry_id.
+        """XACK key bridge-workers entry_id, and HDEL it from the index (one round trip).
 
         Returns:
             1 if the entry was pending, else 0 (also when the stream or group is gone).
@@ -529,7 +552,14 @@ class RedisSubstrate:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("XACK") as s:
-            return int(await self._call(s, b"XACK", jobs_key(user_id), GROUP, entry_id))
+            acked, _ = await s.execute(
+                (b"XACK", jobs_key(user_id), GROUP, entry_id),
+                (b"HDEL", index_key(user_id), entry_id),
+                timeout_s=self._command_timeout_s,
+            )
+        if isinstance(acked, BaseException):
+            raise acked
+        return int(acked)
 
     async def autoclaim(
         self, user_id: str, consumer: str, *, min_idle_ms: int, start: str, count: int
@@ -607,6 +637,126 @@ class RedisSubstrate:
                 s, b"BLPOP", result_key(job_id), seconds, block_s=timeout_s or None
             )
         return None if reply is None else reply[1]
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    async def job_ids(self, user_id: str, entry_ids: list[str]) -> dict[str, str]:
+        """HMGET ``bridge:index:{user_id}`` for ``entry_ids``.
+
+        Returns:
+            ``{entry_id: job_id}`` for the entries still indexed.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        if not entry_ids:
+            return {}
+        async with self._session("HMGET index") as s:
+            values = await self._call(s, b"HMGET", index_key(user_id), *entry_ids)
+        return {e: v for e, v in zip(entry_ids, values, strict=True) if v is not None}
+
+    async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
+        """Indexed entries older than the stream's first entry (or all of them when the
+        stream is gone): trimmed by MAXLEN before any consumer read them.
+
+        Returns:
+            ``[(entry_id, job_id)]``, oldest first.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("XRANGE+HGETALL") as s:
+            first, index = await s.execute(
+                (b"XRANGE", jobs_key(user_id), b"-", b"+", b"COUNT", 1),
+                (b"HGETALL", index_key(user_id)),
+                timeout_s=self._command_timeout_s,
+            )
+        for reply in (first, index):
+            if isinstance(reply, BaseException):
+                raise reply
+        if isinstance(index, list):  # RESP2 flat reply
+            index = dict(zip(index[::2], index[1::2], strict=True))
+        floor = _stream_id(first[0][0]) if first else None
+        lost = [
+            (entry_id, job_id)
+            for entry_id, job_id in index.items()
+            if floor is None or _stream_id(entry_id) < floor
+        ]
+        return sorted(lost, key=lambda pair: _stream_id(pair[0]))
+
+    async def forget(self, user_id: str, entry_id: str) -> bool:
+        """HDEL ``entry_id`` from the index; True if this call removed it.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("HDEL index") as s:
+            return bool(await self._call(s, b"HDEL", index_key(user_id), entry_id))
+
+    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
+        """SET ``bridge:state:{job_id}`` state PX ceil(ttl_s * 1000).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("SET state") as s:
+            await self._call(s, b"SET", state_key(job_id), state, b"PX", _ms(ttl_s))
+
+    async def get_job_state(self, job_id: str) -> str | None:
+        """GET ``bridge:state:{job_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("GET state") as s:
+            return await self._call(s, b"GET", state_key(job_id))
+
+    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        """GET the cancel flag and SET the state, pipelined in one round trip.
+
+        Returns:
+            True if a cancel was requested for ``job_id``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("GET cancel+SET state") as s:
+            flag, stored = await s.execute(
+                (b"GET", cancel_key(job_id)),
+                (b"SET", state_key(job_id), state, b"PX", _ms(ttl_s)),
+                timeout_s=self._command_timeout_s,
+            )
+        for reply in (flag, stored):
+            if isinstance(reply, BaseException):
+                raise reply
+        return flag is not None
+
+    async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
+        """SET ``bridge:cancel:{job_id}`` 1 PX ceil(ttl_s * 1000).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("SET cancel") as s:
+            await self._call(s, b"SET", cancel_key(job_id), "1", b"PX", _ms(ttl_s))
+
+    async def set_catalogue(self, user_id: str, catalogue: str) -> None:
+        """SET ``bridge:tools:{user_id}`` catalogue (no TTL: the last known catalogue).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("SET tools") as s:
+            await self._call(s, b"SET", tools_key(user_id), catalogue)
+
+    async def get_catalogue(self, user_id: str) -> str | None:
+        """GET ``bridge:tools:{user_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("GET tools") as s:
+            return await self._call(s, b"GET", tools_key(user_id))
 
     async def ping(self) -> None:
         """PING.

@@ -6,7 +6,12 @@ Two implementations honour it, proven by one contract suite (tests/hub/test_subs
 
 Key names (DESIGN.md; literal braces make them Redis Cluster hash tags):
 ``bridge:presence:{<user_id>}``, ``bridge:jobs:{<user_id>}`` (consumer group
-``bridge-workers``), ``bridge:result:{<job_id>}``.
+``bridge-workers``), ``bridge:result:{<job_id>}``. Bookkeeping beside them:
+``bridge:index:{<user_id>}`` (hash entry ID -> job id, written with the XADD and removed
+with the XACK, so a trimmed or deleted entry's caller can be answered "lost"),
+``bridge:state:{<job_id>}`` (what is known about a job: queued, delivered, interrupted),
+``bridge:cancel:{<job_id>}`` (a cancel was requested), ``bridge:tools:{<user_id>}`` (the
+sidecar's tool catalogue from its last hello).
 
 Every method raises :class:`~deskbridge_hub.SubstrateUnavailable` when the backing store
 cannot be reached; no other exception escapes for an I/O fault. Methods are cancellable;
@@ -38,6 +43,22 @@ def jobs_key(user_id: str) -> str:
 
 def result_key(job_id: str) -> str:
     return f"bridge:result:{{{job_id}}}"
+
+
+def index_key(user_id: str) -> str:
+    return f"bridge:index:{{{user_id}}}"
+
+
+def state_key(job_id: str) -> str:
+    return f"bridge:state:{{{job_id}}}"
+
+
+def cancel_key(job_id: str) -> str:
+    return f"bridge:cancel:{{{job_id}}}"
+
+
+def tools_key(user_id: str) -> str:
+    return f"bridge:tools:{{{user_id}}}"
 
 
 @attrs.frozen
@@ -117,6 +138,38 @@ class Substrate(Protocol):
     async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
         A cancelled wait pops nothing."""
+
+    # -- bookkeeping (issue 3: lost entries; issue 5: state, cancel, catalogue) ------------
+
+    async def job_ids(self, user_id: str, entry_ids: list[str]) -> dict[str, str]:
+        """HMGET the index: job id of each entry ID still indexed (enqueued, not acked)."""
+
+    async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
+        """Indexed entries older than the stream's first entry (trimmed by MAXLEN before
+        any consumer read them, or the stream was deleted): ``[(entry_id, job_id)]``."""
+
+    async def forget(self, user_id: str, entry_id: str) -> bool:
+        """HDEL the entry from the index. True if this call removed it (the caller then
+        owns answering its requester)."""
+
+    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
+        """SET ``bridge:state:{job_id}`` = state PX ttl."""
+
+    async def get_job_state(self, job_id: str) -> str | None:
+        """GET ``bridge:state:{job_id}``."""
+
+    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        """In one round trip: GET the cancel flag and SET the job state. Returns True if
+        a cancel was requested (the caller must not forward the job)."""
+
+    async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
+        """SET ``bridge:cancel:{job_id}`` PX ttl."""
+
+    async def set_catalogue(self, user_id: str, catalogue: str) -> None:
+        """SET ``bridge:tools:{user_id}`` (JSON array of tool specs), no TTL."""
+
+    async def get_catalogue(self, user_id: str) -> str | None:
+        """GET ``bridge:tools:{user_id}``."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""
