@@ -19,6 +19,7 @@ from ._errors import (
     JobLost,
     JobTimeout,
     SubstrateUnavailable,
+    UnknownJob,
 )
 from ._substrate import Claimed, Entry, Substrate
 from ._tokens import TokenRejected, issue_token, verify_token
@@ -59,6 +60,7 @@ __all__ = [
     "Substrate",
     "SubstrateUnavailable",
     "TokenRejected",
+    "UnknownJob",
     "create_app",
     "issue_token",
     "verify_token",

@@ -7,6 +7,7 @@ runs under trio and asyncio alike.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -15,6 +16,9 @@ from typing import Any
 
 import anyio
 import attrs
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
 from deskbridge_common import Timings
 
 from ._errors import (
@@ -26,8 +30,9 @@ from ._errors import (
     JobFailed,
     JobLost,
     JobTimeout,
+    UnknownJob,
 )
-from ._jobs import JobEnvelope, parse_result
+from ._jobs import JobEnvelope, parse_result, result_payload
 from ._substrate import Substrate
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
@@ -126,6 +131,7 @@ class Bridge:
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
         deadline: float | None = None,
+        job_id: str | None = None,
     ) -> Outcome:
         """Run tool ``name`` on the user's desktop and wait for its terminal answer.
 
@@ -139,6 +145,8 @@ class Bridge:
                 ``timings.call_timeout_s`` = 90 s); it is the server-side BLPOP timeout.
             deadline: absolute Unix time after which the job must not start (default
                 now + timeout_s).
+            job_id: the job's id, if the caller wants to choose it (to cancel it from
+                elsewhere while this call waits); default a fresh UUID.
 
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
@@ -153,6 +161,7 @@ class Bridge:
         passes first.
         """
         started = anyio.current_time()
+        job_id_given = job_id
         _check(validate_user_id, user_id, "user_id")
         _check(validate_tool_name, name, "name")
         args = {} if args is None else args
@@ -177,6 +186,9 @@ class Bridge:
             idempotency_key = job_id
         _check(validate_key, idempotency_key, "idempotency_key")
 
+        if job_id_given is not None:
+            _check(validate_key, job_id_given, "job_id")
+            job_id = job_id_given
         holder = await self.substrate.get_presence(user_id)
         if holder is None:
             return Outcome(
@@ -185,6 +197,7 @@ class Bridge:
                 error={"code": "offline", "message": f"desktop of {user_id} is offline"},
                 elapsed_s=anyio.current_time() - started,
             )
+        await self._check_catalogue(user_id, name, args)
         now = self.wall_clock()
         envelope = JobEnvelope(
             job_id=job_id,
@@ -194,18 +207,18 @@ class Bridge:
             deadline=now + timeout_s if deadline is None else deadline,
             enqueued_at=now,
         )
+        queued = json.dumps({"stage": "queued", "user_id": user_id, "at": now})
+        await self.substrate.set_job_state(job_id, queued, ttl_s=self.timings.result_ttl_s)
         await self.substrate.enqueue(user_id, envelope.to_fields(), maxlen=self.timings.jobs_maxlen)
         payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
         elapsed = anyio.current_time() - started
         if payload is None:
+            stage = await self._stage(job_id)
             return Outcome(
                 job_id=job_id,
                 status="timeout",
-                error={
-                    "code": "timeout",
-                    "message": f"no answer within {timeout_s:g} s; outcome unknown",
-                },
-                detail={"stage": "unknown"},
+                error={"code": "timeout", "message": _TIMEOUT_MESSAGES[stage].format(timeout_s)},
+                detail={"stage": stage},
                 elapsed_s=elapsed,
             )
         body = parse_result(payload)
@@ -217,6 +230,80 @@ class Bridge:
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _stage(self, job_id: str) -> str:
+        try:
+            raw = await self.substrate.get_job_state(job_id)
+            stage = json.loads(raw)["stage"] if raw else "unknown"
+        except (ValueError, KeyError, TypeError):
+            stage = "unknown"
+        return stage if stage in _TIMEOUT_MESSAGES else "unknown"
+
+    async def _check_catalogue(self, user_id: str, name: str, args: dict[str, Any]) -> None:
+        """Refuse, before enqueueing, a tool the desktop did not announce or args that fail
+        its JSON Schema. Without a known catalogue (an old sidecar) nothing is checked."""
+        if name == "status":
+            return
+        raw = await self.substrate.get_catalogue(user_id)
+        catalogue = json.loads(raw) if raw else None
+        if not catalogue:
+            return
+        tools = {t["name"]: t for t in catalogue}
+        if name not in tools:
+            raise BadRequest(
+                f"the desktop offers no tool {name!r} (it offers: {', '.join(sorted(tools))})",
+                field="name",
+            )
+        message = validate_args(tools[name].get("args_schema") or {}, args)
+        if message is not None:
+            raise BadRequest(f"args do not match the schema of {name!r}: {message}", field="args")
+
+    async def tools(self, user_id: str) -> list[dict[str, Any]] | None:
+        """The tool catalogue the user's sidecar announced in its last hello: a list of
+        ``{"name", "description", "args_schema", "side_effects"}``, or None if unknown.
+
+        Raises:
+            BadRequest: invalid user id. SubstrateUnavailable: Redis unreachable.
+        """
+        _check(validate_user_id, user_id, "user_id")
+        raw = await self.substrate.get_catalogue(user_id)
+        return json.loads(raw) if raw else None
+
+    async def cancel(self, job_id: str) -> str:
+        """Cancel a job: a queued job is never started; a running one gets a ``cancel``
+        frame at once (its async tool task is cancelled; a sync tool cannot be
+        interrupted and finishes). Its caller is answered "cancelled".
+
+        Returns:
+            The stage the job was in: ``queued``, ``delivered`` or ``interrupted``.
+
+        Raises:
+            BadRequest: malformed job id.
+            UnknownJob: no such job (never dispatched, or its state expired after
+                ``result_ttl_s``).
+            SubstrateUnavailable: Redis unreachable.
+        """
+        _check(validate_key, job_id, "job_id")
+        raw = await self.substrate.get_job_state(job_id)
+        if raw is None:
+            raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
+        state = json.loads(raw)
+        ttl_s = self.timings.result_ttl_s
+        await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
+        control = {"control": "cancel", "job_id": job_id}
+        await self.substrate.enqueue(state["user_id"], control, maxlen=self.timings.jobs_maxlen)
+        if state["stage"] == "queued":
+            # The relay will drop the entry when it reads it; answer the caller now.
+            await self.substrate.publish_result(
+                job_id,
+                result_payload(
+                    "cancelled",
+                    error={"code": "cancelled", "message": "cancelled before it started"},
+                    detail={"stage": "queued"},
+                ),
+                ttl_s=ttl_s,
+            )
+        return state["stage"]
 
     async def call(
         self,
@@ -260,6 +347,38 @@ class Bridge:
             BadRequest, SubstrateUnavailable: as :meth:`dispatch`.
         """
         return await self.dispatch(user_id, "status", {}, timeout_s=timeout_s)
+
+
+_TIMEOUT_MESSAGES = {
+    "queued": "no answer within {:g} s; the job was still queued (the desktop never took it)",
+    "delivered": "no answer within {:g} s; the job was delivered and may be running; "
+    "outcome unknown",
+    "interrupted": "no answer within {:g} s; the job was delivered and running when the "
+    "desktop went away; outcome unknown",
+    "unknown": "no answer within {:g} s; outcome unknown",
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema)
+
+
+def validate_args(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
+    """Validate ``args`` against a JSON Schema (the ``jsonschema`` library); return the
+    first error's message with its path, or None when valid. A schema that is itself
+    invalid is not enforced (the sidecar's own binding still checks the args)."""
+    try:
+        validator = _validator(json.dumps(schema, sort_keys=True))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+    except (jsonschema.exceptions.SchemaError, TypeError, ValueError):
+        return None
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where or '(root)'}: {error.message}"[:300]
 
 
 def _check(validator: Callable[..., Any], value: Any, field: str) -> None:

@@ -76,3 +76,9 @@ class BadRequest(BridgeError):
     def __init__(self, message: str, *, field: str, **details: Any):
         super().__init__(message, **details)
         self.field = field
+
+
+class UnknownJob(BridgeError):
+    """No such job: never dispatched, or its state expired (``result_ttl_s``)."""
+
+    status = "not_found"

@@ -88,8 +88,9 @@ async def relay_loop(
             session of the user in this process); never dispatched again while present.
         dispatch: called with each fresh entry; must start the serving task and return
             promptly (the relay adds to ``inflight`` first).
-        on_deleted: called with pending entry IDs whose body no longer exists (XAUTOCLAIM
-            deleted IDs).
+        on_deleted: called after every reclaim pass with the pending entry IDs whose body
+            no longer exists (XAUTOCLAIM deleted IDs; possibly none), so the session can
+            answer their callers and sweep entries trimmed before anyone read them.
         paused: while it returns True (graceful shutdown) no new entries are read.
 
     Raises:
@@ -121,7 +122,7 @@ async def relay_loop(
                     last_reclaim = now
                     claimed, deleted = await source.reclaim()
                     fresh += [e for e in claimed if e.entry_id not in inflight]
-                    if deleted and on_deleted is not None:
+                    if on_deleted is not None:
                         await on_deleted(deleted)
             failures = 0
         except SubstrateUnavailable as exc:

@@ -7,6 +7,7 @@ ping with a deadline), the relay loop, and one task per delivered job.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from deskbridge_common import (
     CLOSE_SUPERSEDED,
     CLOSE_UNSUPPORTED_DATA,
     PROTOCOL_VERSION,
+    Cancel,
     Error,
     Frame,
     Hello,
@@ -43,6 +45,15 @@ from ._relay import EntrySource, relay_loop
 from ._substrate import Entry, Substrate
 
 log = logging.getLogger("deskbridge.hub.session")
+
+
+def frame_to_dict_tool(spec: Any) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "args_schema": spec.args_schema,
+        "side_effects": spec.side_effects,
+    }
 
 
 class SidecarSocket(Protocol):
@@ -213,7 +224,11 @@ class HubSession:
         for other in list(self.state.sessions.values()):
             if other.user_id == self.user_id:
                 other.supersede()  # same process: at once; other processes: next heartbeat
+        # A hello without tools (the field is optional) means "catalogue unknown": stored
+        # as null, so callers are not refused for tools the sidecar never listed.
+        catalogue = json.dumps([frame_to_dict_tool(t) for t in frame.tools] or None)
         try:
+            await self.state.substrate.set_catalogue(self.user_id, catalogue)
             await self.state.substrate.set_presence(self.user_id, self.session_id, t.presence_ttl_s)
         except SubstrateUnavailable:
             raise _EndSession(1013, "substrate unavailable; try again later") from None
@@ -348,12 +363,36 @@ class HubSession:
         self._nursery.start_soon(self._serve_entry, entry)
 
     async def _on_deleted(self, entry_ids: list[str]) -> None:
-        log.warning(
-            "user %s: %d pending entries were trimmed before they ran: %s",
-            self.user_id,
-            len(entry_ids),
-            ", ".join(entry_ids[:10]),
-        )
+        """After each reclaim pass: answer "lost" for pending entries whose body is gone
+        (XAUTOCLAIM deleted IDs) and for indexed entries trimmed before anyone read them."""
+        found = await self.state.substrate.job_ids(self.user_id, entry_ids) if entry_ids else {}
+        lost = list(found.items()) + await self.state.substrate.trimmed(self.user_id)
+        for entry_id, job_id in lost:
+            await self._answer_lost(entry_id, job_id)
+
+    async def _answer_lost(self, entry_id: str, job_id: str | None) -> None:
+        substrate = self.state.substrate
+        if job_id is None:
+            job_id = (await substrate.job_ids(self.user_id, [entry_id])).get(entry_id)
+        # Whoever removes the index record answers, so a caller is told once.
+        if job_id is not None and await substrate.forget(self.user_id, entry_id):
+            log.warning(
+                "user %s: entry %s (job %s) was trimmed or deleted before it ran",
+                self.user_id,
+                entry_id,
+                job_id,
+            )
+            await self._publish(
+                job_id,
+                result_payload(
+                    "lost",
+                    error={
+                        "code": "lost",
+                        "message": "the queued entry was trimmed or deleted before it ran",
+                    },
+                ),
+            )
+        await self._ack(entry_id)
 
     async def _serve_entry(self, entry: Entry) -> None:
         inflight = self.state.inflight.setdefault(self.user_id, set())
@@ -375,7 +414,10 @@ class HubSession:
 
     async def _serve_entry_inner(self, entry: Entry) -> None:
         if entry.fields is None:
-            log.warning("user %s: entry %s was trimmed before it ran", self.user_id, entry.entry_id)
+            await self._answer_lost(entry.entry_id, None)
+            return
+        if entry.fields.get("control") == "cancel":
+            await self._relay_cancel(entry.fields.get("job_id", ""))
             await self._ack(entry.entry_id)
             return
         try:
@@ -404,6 +446,31 @@ class HubSession:
                         "code": "expired",
                         "message": "deadline passed before the job was forwarded",
                     },
+                    detail={"stage": "queued"},
+                ),
+            )
+            await self._ack(entry.entry_id)
+            return
+        state = json.dumps(
+            {
+                "stage": "delivered",
+                "user_id": self.user_id,
+                "session_id": self.session_id,
+                "at": self.state.wall_clock(),
+            }
+        )
+        cancelled = await _retrying(
+            lambda: self.state.substrate.mark_delivered(
+                envelope.job_id, state, ttl_s=self.state.timings.result_ttl_s
+            ),
+            what=f"mark {envelope.job_id} delivered",
+        )
+        if cancelled:
+            await self._publish(
+                envelope.job_id,
+                result_payload(
+                    "cancelled",
+                    error={"code": "cancelled", "message": "cancelled before it started"},
                     detail={"stage": "queued"},
                 ),
             )
@@ -440,6 +507,8 @@ class HubSession:
             await delivery.done.wait()
         finally:
             self.deliveries.pop(delivery_id, None)
+            if delivery.result is None:  # the socket went away with the job on the desktop
+                await self._mark_interrupted(envelope.job_id)
         result = delivery.result
         assert result is not None
         if result.ok:
@@ -452,6 +521,31 @@ class HubSession:
             payload = result_payload(status, error={"code": code, "message": message})
         await self._publish(envelope.job_id, payload)
         await self._ack(entry.entry_id)
+
+    async def _relay_cancel(self, job_id: str) -> None:
+        """A cancel control entry: send ``cancel`` at once for a delivery of that job on
+        this socket. (Queued jobs are refused by the cancel flag when read.)"""
+        for delivery_id, delivery in list(self.deliveries.items()):
+            if delivery.envelope.job_id == job_id and not delivery.done.is_set():
+                log.info(
+                    "session %s: cancelling job %s (delivery %s)",
+                    self.session_id,
+                    job_id,
+                    delivery_id,
+                )
+                await self._send.send(encode_frame(Cancel(id=delivery_id)))
+
+    async def _mark_interrupted(self, job_id: str) -> None:
+        state = json.dumps(
+            {"stage": "interrupted", "user_id": self.user_id, "at": self.state.wall_clock()}
+        )
+        with trio.move_on_after(2.0, shield=True):
+            try:
+                await self.state.substrate.set_job_state(
+                    job_id, state, ttl_s=self.state.timings.result_ttl_s
+                )
+            except SubstrateUnavailable:
+                pass
 
     async def _publish(self, job_id: str, payload: str) -> None:
         """RPUSH the result; retried with bounded backoff until it is durable. XACK
