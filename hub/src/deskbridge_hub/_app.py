@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import HubConfig
-from ._errors import BadRequest, SubstrateUnavailable
+from ._errors import BadRequest, SubstrateUnavailable, UnknownJob
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
@@ -197,21 +197,36 @@ def create_app(
         name = _field(body, "name", str, required=True)
         args = _field(body, "args", dict, required=False, default={})
         key = _field(body, "idempotency_key", str, required=False)
+        job_id = _field(body, "job_id", str, required=False)
         timeout_s = _field(body, "timeout_s", (int, float), required=False)
         if timeout_s is not None and not (0 < timeout_s <= MAX_TIMEOUT_S):
             raise BadRequest(
                 f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
                 field="timeout_s",
             )
-        unknown = set(body) - {"name", "args", "idempotency_key", "timeout_s"}
+        unknown = set(body) - {"name", "args", "idempotency_key", "timeout_s", "job_id"}
         if unknown:
             raise BadRequest(f"unexpected field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         outcome = await holder["bridge"].dispatch(
-            user_id, name, args, idempotency_key=key, timeout_s=timeout_s
+            user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
         )
         return _outcome_response(outcome)
+
+    @app.get("/v1/users/<user_id>/tools")
+    async def tools(user_id: str):  # type: ignore[no-untyped-def]
+        catalogue = await holder["bridge"].tools(user_id)
+        presence = await holder["bridge"].presence(user_id)
+        return _json({"user_id": user_id, "online": presence.online, "tools": catalogue})
+
+    @app.delete("/v1/jobs/<job_id>")
+    async def cancel(job_id: str):  # type: ignore[no-untyped-def]
+        try:
+            stage = await holder["bridge"].cancel(job_id)
+        except UnknownJob as exc:
+            return _error(404, "not_found", str(exc))
+        return _json({"job_id": job_id, "cancel_requested": True, "stage": stage}, 202)
 
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]

@@ -1,0 +1,84 @@
+"""HTTP: the catalogue endpoint, DELETE /v1/jobs/{job_id}, caller-chosen job ids."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+import trio.testing
+from deskbridge_common import (
+    Cancel,
+    Hello,
+    Job,
+    JobError,
+    JobResult,
+    ToolSpec,
+    Welcome,
+    decode_frame,
+    encode_frame,
+)
+from deskbridge_hub import issue_token
+
+from tests.hub.test_http_api import AUTH, SECRET, post_job, running_hub
+
+SCHEMA = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
+
+
+async def _connect(client, user="u1", tools=()):
+    token = issue_token(SECRET, user, lifetime_s=3600)
+    ws = client.websocket("/v1/sidecar", headers={"Authorization": f"Bearer {token}"})
+    conn = await ws.__aenter__()
+    await conn.send(encode_frame(Hello(1, "test", tuple(tools))))
+    assert isinstance(decode_frame(await conn.receive()), Welcome)
+    return ws, conn
+
+
+async def test_tools_endpoint_lists_the_catalogue_and_the_hub_enforces_it(autojump_clock):
+    async with running_hub() as (client, sub):
+        r = await client.get("/v1/users/u1/tools", headers=AUTH)
+        assert (await r.get_json()) == {"user_id": "u1", "online": False, "tools": None}
+        ws, conn = await _connect(client, tools=[ToolSpec("wait", "waits", SCHEMA, False)])
+        r = await client.get("/v1/users/u1/tools", headers=AUTH)
+        body = await r.get_json()
+        assert body["online"] is True
+        assert body["tools"] == [
+            {"name": "wait", "description": "waits", "args_schema": SCHEMA, "side_effects": False}
+        ]
+        r = await post_job(client, {"name": "nope", "args": {}})
+        assert r.status_code == 400 and (await r.get_json())["error"]["field"] == "name"
+        r = await post_job(client, {"name": "wait", "args": {"seconds": "soon"}})
+        err = (await r.get_json())["error"]
+        assert r.status_code == 400 and err["field"] == "args" and "seconds" in err["message"]
+        assert sub.entries("u1") == 0
+        await ws.__aexit__(None, None, None)
+
+
+async def test_delete_cancels_a_running_job_by_its_caller_chosen_id(autojump_clock):
+    async with running_hub() as (client, sub):
+        ws, conn = await _connect(client)
+        answers = {}
+
+        async def caller():
+            r = await post_job(client, {"name": "click", "args": {}, "job_id": "order-7"})
+            answers["r"] = (r.status_code, await r.get_json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            job = decode_frame(await conn.receive())
+            assert isinstance(job, Job) and job.job_id == "order-7"
+            r = await client.delete("/v1/jobs/order-7", headers=AUTH)
+            assert r.status_code == 202
+            assert (await r.get_json())["stage"] == "delivered"
+            cancel = decode_frame(await conn.receive())
+            assert cancel == Cancel(id=job.id)
+            await conn.send(
+                encode_frame(JobResult(job.id, False, error=JobError("cancelled", "ok")))
+            )
+        status, body = answers["r"]
+        assert status == 409 and body["status"] == "cancelled" and body["job_id"] == "order-7"
+        r = await client.delete("/v1/jobs/never-was", headers=AUTH)
+        assert r.status_code == 404
+        r = await client.delete("/v1/jobs/order-7", headers={})
+        assert r.status_code == 401
+        await ws.__aexit__(None, None, None)
+        assert json.dumps(body)  # the body is plain JSON

@@ -1,0 +1,352 @@
+"""Issue 5: every outcome, deadlines, cancellation, the catalogue — on MemorySubstrate,
+memory sockets and MockClock (autojump). One scripted fake sidecar per test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from deskbridge_common import (
+    Cancel,
+    Hello,
+    Job,
+    JobError,
+    JobResult,
+    Ping,
+    Pong,
+    Timings,
+    ToolSpec,
+    Welcome,
+    decode_frame,
+)
+from deskbridge_hub import BadRequest, Bridge, SubstrateUnavailable, UnknownJob
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._session import HubState, serve_sidecar
+from deskbridge_hub.testing import socket_pair
+
+EPOCH = 1_700_000_000.0
+
+
+def wall() -> float:
+    return EPOCH + trio.current_time()
+
+
+@pytest.fixture
+def state() -> HubState:
+    return HubState(
+        substrate=MemorySubstrate(), timings=Timings(), consumer="hub-1", wall_clock=wall
+    )
+
+
+@pytest.fixture
+def bridge(state) -> Bridge:
+    return Bridge(state.substrate, state.timings, wall_clock=wall)
+
+
+async def connect(nursery, state, tools=(), user="u1"):
+    hub_side, peer = socket_pair()
+    nursery.start_soon(serve_sidecar, state, hub_side, user)
+    await peer.send(Hello(protocol_version=1, sidecar_version="test", tools=tuple(tools)))
+    assert isinstance(await peer.receive(), Welcome)
+    return peer
+
+
+async def sidecar(peer, handler):
+    """Answer pings; hand every job/cancel frame to ``handler(frame)`` in its own task."""
+    try:
+        async with trio.open_nursery() as nursery:
+            async for raw in peer._inbox:
+                frame = decode_frame(raw)
+                if isinstance(frame, Ping):
+                    await peer.send(Pong(frame.nonce))
+                else:
+                    nursery.start_soon(handler, frame)
+    except* (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass
+
+
+async def test_expired_on_arrival_at_the_sidecar_is_reported_expired(autojump_clock, state, bridge):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+
+        async def refuse(frame):
+            if isinstance(frame, Job):
+                await peer.send(JobResult(frame.id, False, error=JobError("expired", "late")))
+
+        nursery.start_soon(sidecar, peer, refuse)
+        outcome = await bridge.dispatch("u1", "click", {})
+        assert outcome.status == "expired" and outcome.error["code"] == "expired"
+        nursery.cancel_scope.cancel()
+
+
+async def test_timeout_says_queued_when_nobody_took_the_job(autojump_clock, state, bridge):
+    # presence lingers (a hub process died without clearing it) but nothing reads the stream
+    await state.substrate.set_presence("u1", "ghost", 30)
+    outcome = await bridge.dispatch("u1", "click", {}, timeout_s=5)
+    assert outcome.status == "timeout"
+    assert outcome.detail == {"stage": "queued"}
+    assert "queued" in outcome.error["message"]
+    assert trio.current_time() == pytest.approx(5.0)
+
+
+async def test_timeout_says_delivered_when_the_desktop_holds_it(autojump_clock, state, bridge):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+        received = []
+
+        async def never_answer(frame):
+            received.append(frame)
+
+        nursery.start_soon(sidecar, peer, never_answer)
+        outcome = await bridge.dispatch("u1", "click", {}, timeout_s=5)
+        assert [type(f) for f in received] == [Job]
+        assert outcome.status == "timeout" and outcome.detail == {"stage": "delivered"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_desktop_leaving_mid_job_is_told_as_interrupted(autojump_clock, state, bridge):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+
+        async def vanish(frame):
+            await peer.disconnect()  # the lid closes with the job running
+
+        nursery.start_soon(sidecar, peer, vanish)
+        outcome = await bridge.dispatch("u1", "click", {}, timeout_s=30)
+        assert outcome.status == "timeout"
+        assert outcome.detail == {"stage": "interrupted"}
+        assert "went away" in outcome.error["message"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_redelivery_completing_before_the_deadline_wins(autojump_clock, state, bridge):
+    async with trio.open_nursery() as nursery:
+        first = await connect(nursery, state)
+
+        async def vanish(frame):
+            await first.disconnect()
+
+        nursery.start_soon(sidecar, first, vanish)
+        outcomes = []
+
+        async def caller():
+            outcomes.append(await bridge.dispatch("u1", "echo", {"x": 1}, timeout_s=60))
+
+        nursery.start_soon(caller)
+        await trio.sleep(5)
+        second = await connect(nursery, state)  # same process: drains its pending entry
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                await second.send(JobResult(frame.id, True, frame.args))
+
+        nursery.start_soon(sidecar, second, answer)
+        await trio.sleep(10)
+        assert [o.status for o in outcomes] == ["completed"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_unavailable_is_not_offline(autojump_clock, state, bridge):
+    state.substrate.set_unavailable(True)
+    with pytest.raises(SubstrateUnavailable):
+        await bridge.dispatch("u1", "echo", {})
+    with pytest.raises(SubstrateUnavailable):
+        await bridge.presence("u1")
+
+
+async def test_trimmed_entry_is_answered_lost_before_its_timeout(autojump_clock, state, bridge):
+    state.timings = Timings(jobs_maxlen=3)
+    bridge.timings = state.timings
+    await state.substrate.set_presence("u1", "ghost", 3600)  # looks online, nobody reads
+    outcomes = []
+
+    async def caller(key):
+        outcomes.append((key, await bridge.dispatch("u1", "echo", {}, idempotency_key=key)))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(5):
+            nursery.start_soon(caller, f"k{i}")
+            await trio.sleep(0.01)
+        await trio.sleep(1)
+        peer = await connect(nursery, state)
+        ran = []
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                ran.append(frame.idempotency_key)
+                await peer.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar, peer, answer)
+        await trio.sleep(10)  # far less than the 90 s call timeout
+        assert len(outcomes) == 5
+        statuses = dict((k, o.status) for k, o in outcomes)
+        assert statuses == {
+            "k0": "lost",
+            "k1": "lost",
+            "k2": "completed",
+            "k3": "completed",
+            "k4": "completed",
+        }
+        assert sorted(ran) == ["k2", "k3", "k4"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancel_queued_job_is_never_started(autojump_clock, state, bridge):
+    await state.substrate.set_presence("u1", "ghost", 3600)
+    outcomes = []
+    async with trio.open_nursery() as nursery:
+
+        async def caller():
+            outcomes.append(await bridge.dispatch("u1", "click", {}, job_id="job-1", timeout_s=60))
+
+        nursery.start_soon(caller)
+        await trio.sleep(1)
+        assert await bridge.cancel("job-1") == "queued"
+        await trio.testing.wait_all_tasks_blocked()
+        assert [o.status for o in outcomes] == ["cancelled"]
+        peer = await connect(nursery, state)  # the desktop shows up afterwards
+        seen = []
+
+        async def record(frame):
+            seen.append(frame)
+
+        nursery.start_soon(sidecar, peer, record)
+        await trio.sleep(10)
+        assert seen == []  # neither the job nor the control entry reached the desktop
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancel_running_job_sends_cancel_at_once(autojump_clock, state, bridge):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+        running = {}
+
+        async def tool(frame):
+            if isinstance(frame, Job):
+                running[frame.id] = trio.current_time()
+            elif isinstance(frame, Cancel):
+                running["cancelled_at"] = trio.current_time()
+                await peer.send(JobResult(frame.id, False, error=JobError("cancelled", "stop")))
+
+        nursery.start_soon(sidecar, peer, tool)
+        outcomes = []
+
+        async def caller():
+            outcomes.append(await bridge.dispatch("u1", "click", {}, job_id="job-2"))
+
+        nursery.start_soon(caller)
+        await trio.sleep(3)
+        asked = trio.current_time()
+        assert await bridge.cancel("job-2") == "delivered"
+        await trio.testing.wait_all_tasks_blocked()
+        assert running["cancelled_at"] == asked  # not on the next heartbeat
+        assert [o.status for o in outcomes] == ["cancelled"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancel_unknown_job(autojump_clock, bridge):
+    with pytest.raises(UnknownJob):
+        await bridge.cancel("no-such-job")
+
+
+async def ignore(frame):
+    pass
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"selector": {"type": "string"}, "times": {"type": "integer", "minimum": 1}},
+    "required": ["selector"],
+    "additionalProperties": False,
+}
+
+
+async def test_catalogue_is_listed_and_enforced_before_enqueue(autojump_clock, state, bridge):
+    tools = [ToolSpec("click", "click a thing", SCHEMA, True), ToolSpec("echo")]
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state, tools)
+        nursery.start_soon(sidecar, peer, ignore)
+        listed = await bridge.tools("u1")
+        assert [t["name"] for t in listed] == ["click", "echo"]
+        assert listed[0]["side_effects"] is True and listed[0]["args_schema"] == SCHEMA
+        with pytest.raises(BadRequest) as info:
+            await bridge.dispatch("u1", "type_text", {})
+        assert info.value.field == "name" and "click" in str(info.value)
+        for bad in (
+            {},
+            {"selector": 3},
+            {"selector": "#a", "times": 0},
+            {"selector": "#a", "x": 1},
+        ):
+            with pytest.raises(BadRequest) as info:
+                await bridge.dispatch("u1", "click", bad)
+            assert info.value.field == "args"
+        assert state.substrate.pending_count("u1") == 0
+        assert (
+            state.substrate._streams.get("u1") is None or not state.substrate._streams["u1"].entries
+        )
+        nursery.cancel_scope.cancel()
+
+
+async def test_stale_backlog_never_runs_when_the_desktop_returns(autojump_clock, state, bridge):
+    """Desktop away for 10 min of mock time; 20 jobs with 30 s deadlines meanwhile; when it
+    returns none of them runs, and every caller was answered before it came back."""
+    async with trio.open_nursery() as nursery:
+        asleep = await connect(nursery, state)  # the lid closes: it stops reading at once
+        outcomes = []
+
+        async def caller(i):
+            outcome = await bridge.dispatch("u1", "click", {"i": i}, timeout_s=30)
+            outcomes.append((trio.current_time(), outcome))
+
+        for i in range(20):
+            nursery.start_soon(caller, i)
+            await trio.sleep(0.25)
+        await trio.sleep(600)
+        returned_at = trio.current_time()
+        assert len(outcomes) == 20
+        assert all(at < returned_at for at, _ in outcomes)
+        assert {o.status for _, o in outcomes} <= {"expired", "timeout"}
+        back = await connect(nursery, state)
+        ran = []
+
+        async def record(frame):
+            if isinstance(frame, Job):
+                ran.append(frame)
+                await back.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar, back, record)
+        await trio.sleep(400)  # past the reclaim idle: every stale entry has been read
+        assert ran == []
+        assert state.substrate.pending_count("u1") == 0
+        del asleep
+        nursery.cancel_scope.cancel()
+
+
+async def test_outcome_table_in_docs_lists_every_status():
+    from pathlib import Path
+
+    from deskbridge_hub._app import HTTP_STATUS
+
+    table = (Path(__file__).parents[2] / "docs" / "outcomes.md").read_text()
+    for status, code in HTTP_STATUS.items():
+        assert f"| `{status}` |" in table
+        assert f"| {code} |" in table
+    assert json.dumps(sorted(HTTP_STATUS)) == json.dumps(
+        sorted(
+            [
+                "completed",
+                "failed",
+                "expired",
+                "timeout",
+                "offline",
+                "unavailable",
+                "lost",
+                "cancelled",
+            ]
+        )
+    )
