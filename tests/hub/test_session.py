@@ -376,3 +376,16 @@ async def test_newest_session_wins_and_the_older_finishes_its_job_first(autojump
         assert [j.idempotency_key for j in new_jobs] == ["after"]
         assert [j.idempotency_key for j in old_jobs] == ["before"]
         nursery.cancel_scope.cancel()
+
+
+async def test_job_still_running_at_the_reclaim_idle_is_not_executed_twice(autojump_clock):
+    state = make_state(reclaim_idle_s=180.0)
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        executed = []
+        nursery.start_soon(answer_jobs, peer, executed, 400.0)  # runs past two reclaim idles
+        outcome = await bridge.dispatch("u1", "long", {}, idempotency_key="k-long", timeout_s=900)
+        assert outcome.status == "completed"
+        assert [j.idempotency_key for j in executed] == ["k-long"]
+        nursery.cancel_scope.cancel()
