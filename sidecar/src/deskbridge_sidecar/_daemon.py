@@ -3,7 +3,11 @@
 Reconnect policy, by how the last session ended:
 
 * the hub closed a welcomed session with 1012 (restarting) or 1001 (going away):
-  reconnect at once, no delay;
+  reconnect at once, no delay. The next few attempts are likely to meet the restarting
+  process itself (HTTP 503 while it drains, a refused or reset connection as it exits),
+  so up to ``QUICK_RETRIES`` (3) of those failures are retried after a small jitter
+  (0-``QUICK_RETRY_JITTER_S``, 100 ms) before falling back to full-jitter backoff: the
+  reconnect lands on a live replica in well under a second;
 * HTTP 401/403 on the upgrade: the token is refused; stop (:class:`TokenRefused`);
   retrying cannot help;
 * anything else — refused or failed connects, other HTTP statuses, 4001 (superseded by
@@ -59,6 +63,18 @@ REJECTED = "rejected"
 
 #: Close codes after which the daemon reconnects without delay.
 IMMEDIATE_RECONNECT_CODES = frozenset({CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+
+#: After a restart close (1012/1001), this many failed attempts in a row are retried
+#: quickly: a draining hub refuses with 503, an exiting one refuses or resets.
+QUICK_RETRIES = 3
+#: Upper bound of the (uniform) delay before a quick retry, seconds.
+QUICK_RETRY_JITTER_S = 0.1
+#: HTTP statuses of a refused upgrade that are retried quickly after a restart close
+#: (a draining hub says 503; a load balancer without a live backend 502/503/504).
+QUICK_RETRY_STATUSES = frozenset({502, 503, 504})
+#: Close codes of a socket that closed before the welcome, retried quickly after a
+#: restart close (the restarting process accepted it and then went away).
+_QUICK_RETRY_CLOSE_CODES = frozenset({1006, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
 
 
 @attrs.frozen
@@ -247,7 +263,9 @@ class Daemon:
         headers = [("Authorization", f"Bearer {self.token}")]
         hello = self._hello()
         on_welcome = functools.partial(self._on_welcome, task_status)
+        quick_left = 0  # quick retries left after a restart close
         while True:
+            rejected_status: int | None = None
             self._connect_attempts += 1
             log.info("connecting to %s (attempt %d)", self.url, self._connect_attempts)
             started_at = trio.current_time()
@@ -285,6 +303,7 @@ class Daemon:
                         exc.status_code,
                     )
                     raise TokenRefused(exc.status_code) from None
+                rejected_status = exc.status_code
                 end = self._failed(
                     REJECTED, f"hub refused the upgrade with HTTP {exc.status_code}", started_at
                 )
@@ -308,8 +327,19 @@ class Daemon:
                 backoff.reset()
             if end.cause == CLOSED and end.welcomed and end.code in IMMEDIATE_RECONNECT_CODES:
                 delay = 0.0
+                quick_left = QUICK_RETRIES
                 log.info("hub closed with %d; reconnecting now", end.code)
+            elif quick_left > 0 and _restart_in_progress(end, rejected_status):
+                quick_left -= 1
+                delay = min(max(float(self.random()), 0.0), 1.0) * QUICK_RETRY_JITTER_S
+                log.info(
+                    "hub is restarting; retrying in %.3f s (quick retry %d of %d)",
+                    delay,
+                    QUICK_RETRIES - quick_left,
+                    QUICK_RETRIES,
+                )
             else:
+                quick_left = 0
                 delay = backoff.next_delay()
                 log.info("reconnecting in %.2f s", delay)
             self._reconnects += 1
@@ -325,6 +355,17 @@ class Daemon:
             session_id=None,
             duration_s=trio.current_time() - started_at,
         )
+
+
+def _restart_in_progress(end: SessionEnd, rejected_status: int | None) -> bool:
+    """True if a failed attempt looks like the restarting hub process itself: the
+    connection was refused or broke, the upgrade was refused with 502/503/504, or the
+    socket closed (1006/1012/1001) before any welcome."""
+    if end.cause == CONNECT_FAILED:
+        return True
+    if end.cause == REJECTED:
+        return rejected_status in QUICK_RETRY_STATUSES
+    return end.cause == CLOSED and not end.welcomed and end.code in _QUICK_RETRY_CLOSE_CODES
 
 
 async def run_daemon(
@@ -359,6 +400,9 @@ async def run_daemon(
 __all__ = [
     "CONNECT_FAILED",
     "IMMEDIATE_RECONNECT_CODES",
+    "QUICK_RETRIES",
+    "QUICK_RETRY_JITTER_S",
+    "QUICK_RETRY_STATUSES",
     "REJECTED",
     "Daemon",
     "DaemonStatistics",

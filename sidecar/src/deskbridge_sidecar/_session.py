@@ -16,8 +16,9 @@ The session nursery owns every task of the socket:
 
 The first task to decide the session is over records why (:class:`SessionEnd`) and
 cancels the nursery; the socket is then closed with that code, bounded by
-``close_timeout_s``. Cancelling a session never cancels a tool run: runs belong to the
-daemon (see ``_runner``).
+``close_timeout_s`` (by ``DEAD_PEER_CLOSE_S``, 0.5 s, when the hub is presumed gone:
+ping timeout, welcome timeout, clock gap). Cancelling a session never cancels a tool
+run: runs belong to the daemon (see ``_runner``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ PROTOCOL_ERROR = "protocol_error"  #: the hub sent a bad frame (we close with it
 WELCOME_TIMEOUT = "welcome_timeout"  #: no welcome within ping_timeout_s (we close, 4002)
 STOPPED = "stopped"  #: the daemon was cancelled/stopped (we close with 1001)
 INTERNAL_ERROR = "internal_error"  #: a bug in the sidecar (we close with 1011)
+
+#: Causes after which the hub is presumed unreachable: the close frame is sent but its
+#: answer is awaited at most DEAD_PEER_CLOSE_S, so a frozen hub or a dead network path
+#: does not delay the reconnect by a whole ``close_timeout_s``.
+_PEER_PRESUMED_DEAD = frozenset({PING_TIMEOUT, WELCOME_TIMEOUT, CLOCK_GAP})
+#: Seconds a close handshake may take when the peer is presumed dead.
+DEAD_PEER_CLOSE_S = 0.5
 
 #: Frames waiting for the writer. The reader awaits space here only when the socket
 #: itself is not draining, which is backpressure from the network, not from work.
@@ -217,7 +225,10 @@ class Session:
         end = self._end
         if end is None or end.by_hub:
             return
-        with trio.move_on_after(self.timings.close_timeout_s, shield=True):
+        bound_s = self.timings.close_timeout_s
+        if end.cause in _PEER_PRESUMED_DEAD:
+            bound_s = min(bound_s, DEAD_PEER_CLOSE_S)
+        with trio.move_on_after(bound_s, shield=True):
             try:
                 if end.cause == PROTOCOL_ERROR:
                     # Say why before closing (the error frame's purpose); best effort.

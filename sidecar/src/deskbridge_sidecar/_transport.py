@@ -15,7 +15,7 @@ import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 import attrs
 import trio
@@ -198,8 +198,8 @@ class WebSocketConnector:
                 try:
                     try:
                         with trio.fail_at(deadline):
-                            ws = await trio_websocket.wrap_client_stream(
-                                reader,  # type: ignore[arg-type]  # only start_soon is used
+                            ws = await _upgrade(
+                                reader,
                                 stream,
                                 host_header,
                                 resource,
@@ -215,6 +215,10 @@ class WebSocketConnector:
                             f"no WebSocket upgrade from {host}:{port} "
                             f"within {s.connect_timeout_s:g} s"
                         ) from None
+                    if ws is None:
+                        raise ConnectFailed(
+                            f"{host}:{port} closed the connection during the WebSocket upgrade"
+                        )
                     entered = True
                     yield _WebSocketTransport(ws)
                 finally:
@@ -263,6 +267,39 @@ class WebSocketConnector:
             raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from None
 
 
+async def _upgrade(
+    reader: _ShieldedSpawner, stream: trio.abc.Stream, host: str, resource: str, **kwargs: Any
+) -> trio_websocket.WebSocketConnection | None:
+    """``trio_websocket.wrap_client_stream``, or None as soon as the reader ends first.
+
+    trio-websocket 0.12 waits for the upgrade forever when the server closes the
+    connection before answering (its reader records an abnormal close but never wakes
+    the opener), so the connect would only fail at ``connect_timeout_s``. A hub process
+    that accepted the TCP connection and then exited (a worker finishing its graceful
+    restart) must instead be a prompt :class:`ConnectFailed`, retried at once.
+
+    A reader that raises (``ConnectionRejected``) does not count as ended: its error
+    reaches the connector's nursery as before.
+    """
+    result: trio_websocket.WebSocketConnection | None = None
+    async with trio.open_nursery() as race:
+
+        async def watch_reader() -> None:
+            await reader.ended.wait()
+            race.cancel_scope.cancel()
+
+        race.start_soon(watch_reader)
+        result = await trio_websocket.wrap_client_stream(
+            reader,  # type: ignore[arg-type]  # only start_soon is used
+            stream,  # type: ignore[arg-type]
+            host,
+            resource,
+            **kwargs,
+        )
+        race.cancel_scope.cancel()
+    return result
+
+
 class _ShieldedSpawner:
     """Runs trio-websocket's reader task shielded from the caller's cancellation.
 
@@ -270,11 +307,13 @@ class _ShieldedSpawner:
     cancelled scope (the daemon stopping): the peer's close frame is what completes
     the close handshake. The connector cancels :attr:`scope` (and closes the stream)
     once the socket is done, so the shield cannot outlive the connection.
+    :attr:`ended` is set when the reader returns (the connection is over).
     """
 
     def __init__(self, nursery: trio.Nursery):
         self._nursery = nursery
         self.scope = trio.CancelScope(shield=True)
+        self.ended = trio.Event()
 
     def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         self._nursery.start_soon(self._run, fn, *args)
@@ -282,6 +321,7 @@ class _ShieldedSpawner:
     async def _run(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         with self.scope:
             await fn(*args)
+            self.ended.set()
 
 
 def _reraise(exc: BaseException) -> NoReturn:
