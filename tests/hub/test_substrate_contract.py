@@ -537,3 +537,13 @@ async def test_catalogue_round_trips(case: Case) -> None:
     assert await case.substrate.get_catalogue(user) is None
     await case.substrate.set_catalogue(user, '[{"name": "echo"}]')
     assert await case.substrate.get_catalogue(user) == '[{"name": "echo"}]'
+
+
+async def test_refresh_presence_never_steals_it_from_another_session(case: Case) -> None:
+    user = case.user()
+    assert await case.substrate.refresh_presence(user, "s1", 30) is True  # absent: taken
+    assert await case.substrate.get_presence(user) == "s1"
+    assert await case.substrate.refresh_presence(user, "s1", 30) is True  # ours: refreshed
+    await case.substrate.set_presence(user, "s2", 30)  # a newer session took over
+    assert await case.substrate.refresh_presence(user, "s1", 30) is False
+    assert await case.substrate.get_presence(user) == "s2"

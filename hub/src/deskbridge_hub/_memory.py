@@ -210,6 +210,22 @@ class MemorySubstrate:
             return None
         return held[0]
 
+    async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
+        """Set presence only if absent (or expired) or held by ``session_id``.
+
+        Returns:
+            True if refreshed; False if another session holds it.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        holder = await self.get_presence(user_id)
+        if holder is not None and holder != session_id:
+            return False
+        await self.set_presence(user_id, session_id, ttl_s)
+        return True
+
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if it is live and its value is ``session_id``.
 

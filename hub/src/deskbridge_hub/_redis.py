@@ -78,6 +78,12 @@ from ._substrate import (
 _CLEAR_IF_HOLDER = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
+#: Refresh presence only while it is absent or ours (a heartbeat never steals it back).
+_REFRESH_IF_HOLDER = (
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v == false or v == ARGV[1] then "
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0"
+)
 #: XADD and index the entry ID -> job id in one atomic step (keys share the {user} slot).
 _XADD_INDEXED = (
     "local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3)) "
@@ -434,6 +440,21 @@ class RedisSubstrate:
         """
         async with self._session("GET presence") as s:
             return await self._call(s, b"GET", presence_key(user_id))
+
+    async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
+        """SET presence PX ttl only if absent or held by ``session_id`` (one Lua script).
+
+        Returns:
+            True if refreshed; False if another session holds it.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("refresh presence") as s:
+            key = presence_key(user_id)
+            return bool(await self._call(s, b"EVAL", _REFRESH_IF_HOLDER, 1, key, session_id, px))
 
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only while it holds ``session_id`` (one Lua script, atomic).

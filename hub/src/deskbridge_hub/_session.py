@@ -304,25 +304,24 @@ class HubSession:
                 )
 
     async def _heartbeat(self) -> None:
-        """Refresh presence every ``heartbeat_s``; notice a newer session of the same
-        user (newest wins) and hand over."""
+        """Refresh presence every ``heartbeat_s`` while it is still ours (atomically, so a
+        heartbeat never steals presence back from a newer session); a newer session of
+        the same user (newest wins) makes this one hand over."""
         t = self.state.timings
         while True:
             with trio.move_on_after(t.heartbeat_s):
                 await self._superseded.wait()
-            try:
-                holder = await self.state.substrate.get_presence(self.user_id)
-            except SubstrateUnavailable as exc:
-                log.warning("heartbeat for %s failed: %s", self.user_id, exc)
-                continue
-            if self._superseded.is_set() or (holder is not None and holder != self.session_id):
+            if self._superseded.is_set():
                 await self._hand_over()
             try:
-                await self.state.substrate.set_presence(
+                ours = await self.state.substrate.refresh_presence(
                     self.user_id, self.session_id, t.presence_ttl_s
                 )
             except SubstrateUnavailable as exc:
                 log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+                continue
+            if not ours:
+                await self._hand_over()
 
     def supersede(self) -> None:
         """A newer session of this user started (newest wins): stop relaying, let the

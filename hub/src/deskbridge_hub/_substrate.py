@@ -100,6 +100,10 @@ class Substrate(Protocol):
     async def get_presence(self, user_id: str) -> str | None:
         """Holder session id, or None when no live presence."""
 
+    async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
+        """Heartbeat: SET presence = session_id PX ttl only if it is absent or already
+        ``session_id`` (atomic). False means a newer session holds it (newest wins)."""
+
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
