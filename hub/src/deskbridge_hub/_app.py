@@ -243,6 +243,8 @@ def create_app(
             )
         if scheme.lower() != "bearer" or not token:
             return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
+        if holder["state"].draining:  # graceful restart: send the sidecar to a live replica
+            return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
             user_id = verify_token(token.strip(), config.secrets)
         except TokenRejected as exc:
