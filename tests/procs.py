@@ -191,3 +191,215 @@ def running(*procs: Proc) -> Iterator[None]:
     finally:
         for p in procs:
             p.stop()
+
+# -- chaos helpers (issue 3, item 6): additive; nothing above depends on them ------------
+
+
+def kill_group(proc: Proc, timeout_s: float = 5.0) -> None:
+    """SIGKILL ``proc``'s whole process group (a Hypercorn master and its worker) and
+    reap the leader. The log stays open: ``output()`` still works, ``stop()`` later is
+    harmless."""
+    proc.signal_group(signal.SIGKILL)
+    proc.popen.wait(timeout_s)
+
+
+def resp_command(host: str, port: int, *command: object, timeout_s: float = 5.0):
+    """One Redis command on a fresh connection (RESP2, no client library), blocking.
+
+    Returns the decoded reply; an error reply raises RuntimeError. A test oracle that
+    shares nothing with the code under test."""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        out = [b"*%d\r\n" % len(command)]
+        for arg in command:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        sock.sendall(b"".join(out))
+        reader = sock.makefile("rb")
+        try:
+            return _resp_read(reader)
+        finally:
+            reader.close()
+
+
+def _resp_read(reader):
+    line = reader.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed mid-reply")
+    kind, rest = line[:1], line[1:-2].decode()
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise RuntimeError(rest)
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        return None if size < 0 else reader.read(size + 2)[:-2].decode()
+    if kind == b"*":
+        size = int(rest)
+        return None if size < 0 else [_resp_read(reader) for _ in range(size)]
+    raise AssertionError(f"unexpected RESP line {line!r}")
+
+
+class RedisServer(Proc):
+    """A private ``redis-server`` on a free port that keeps nothing on disk (no RDB, no
+    AOF): a restart on the same port comes back empty. A missing ``redis-server`` fails
+    loudly (FileNotFoundError), it never skips."""
+
+    def __init__(self, tmp: Path, *, port: int | None = None, name: str = "redis"):
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        workdir = tmp / f"{name}-{self.port}"
+        workdir.mkdir(exist_ok=True)
+        argv = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ]
+        super().__init__(argv, {}, tmp / f"{name}-{self.port}.log")
+
+    def command(self, *command: object, timeout_s: float = 5.0):
+        return resp_command("127.0.0.1", self.port, *command, timeout_s=timeout_s)
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        def ok():
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"redis-server exited {self.popen.returncode}")
+            return self.command("PING", timeout_s=1.0) == "PONG"
+
+        wait_until(ok, timeout_s=timeout_s, what=f"redis-server on {self.port} ready")
+
+
+HAPROXY = os.environ.get("DESKBRIDGE_TEST_HAPROXY", "/usr/sbin/haproxy")
+
+
+class HAProxy(Proc):
+    """A real HAProxy (``haproxy -f cfg -db``) on 127.0.0.1 in front of hub pods.
+
+    ``mode http`` (the WebSocket upgrade is passed through; ``timeout tunnel`` keeps the
+    upgraded socket), ``balance`` over ``backends`` (ports on 127.0.0.1), health checked
+    with ``GET /healthz`` every ``inter_ms`` (one failure marks a pod down, one success
+    up), and ``option redispatch`` so a connection refused by a dead pod is retried on
+    another before the health check has noticed. The config is written to ``tmp``.
+    """
+
+    def __init__(
+        self,
+        tmp: Path,
+        backends: Sequence[int],
+        *,
+        port: int | None = None,
+        name: str = "haproxy",
+        balance: str = "roundrobin",
+        inter_ms: int = 200,
+    ):
+        self.port = port or free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.ws = f"ws://127.0.0.1:{self.port}"
+        servers = "\n".join(
+            f"    server pod{i} 127.0.0.1:{p} check inter {inter_ms}ms fall 1 rise 1"
+            for i, p in enumerate(backends, 1)
+        )
+        self.cfg_path = tmp / f"{name}-{self.port}.cfg"
+        self.cfg_path.write_text(
+            f"""global
+    log stdout format raw local0 info
+
+defaults
+    mode http
+    log global
+    option httplog
+    option redispatch
+    retries 3
+    timeout connect 1s
+    timeout client 120s
+    timeout server 120s
+    timeout tunnel 1h
+    timeout http-request 10s
+
+frontend hubs
+    bind 127.0.0.1:{self.port}
+    default_backend pods
+
+backend pods
+    balance {balance}
+    option httpchk GET /healthz
+{servers}
+"""
+        )
+        super().__init__(
+            [HAPROXY, "-f", str(self.cfg_path), "-db"], {}, tmp / f"{name}-{self.port}.log"
+        )
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        def ok():
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"haproxy exited {self.popen.returncode}:\n{self.output()}")
+            return httpx.get(self.http + "/healthz", timeout=1.0).status_code == 200
+
+        wait_until(ok, timeout_s=timeout_s, what=f"haproxy {self.http} ready")
+
+
+def holder(hubs: Sequence[Hub], user_id: str, session_id: str) -> Hub | None:
+    """The hub process whose log says it welcomed ``session_id`` of ``user_id``."""
+    needle = f"session {session_id}: {user_id} online"
+    for hub in hubs:
+        if needle in hub.output():
+            return hub
+    return None
+
+
+class Ledger:
+    """The counting tool's ledger (``tests/tools/counting_tools.py``): one JSON line per
+    tool start and end, appended by the sidecar process."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def env(self) -> dict[str, str]:
+        return {"DESKBRIDGE_TEST_LEDGER": str(self.path)}
+
+    def events(self) -> list[dict]:
+        import json
+
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def starts(self, key: str) -> list[dict]:
+        return [e for e in self.events() if e["event"] == "start" and e["key"] == key]
+
+    def ends(self, key: str) -> list[dict]:
+        return [e for e in self.events() if e["event"] == "end" and e["key"] == key]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for e in self.events():
+            if e["event"] == "start":
+                out[e["key"]] = out.get(e["key"], 0) + 1
+        return out
+
+
+def log_times(text: str, needle: str) -> list[float]:
+    """Unix times of the log lines containing ``needle`` (lines start with Python's
+    ``asctime``, local time with milliseconds: ``2025-01-31 12:00:00,123``)."""
+    from datetime import datetime
+
+    out = []
+    for line in text.splitlines():
+        if needle in line:
+            try:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            except ValueError:
+                continue
+            out.append(stamp.timestamp())
+    return out
+

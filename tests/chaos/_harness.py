@@ -1,0 +1,173 @@
+"""Shared pieces of the chaos suite: timings, HTTP callers in threads, the process
+registry. Everything is sync (threads for concurrency) and every wait is bounded."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+from tests.procs import API_KEY, Hub, Proc, wait_until
+
+#: Shortened timings shared by hubs and sidecars (docs/operations.md). Per test, a few
+#: are overridden; each test says why.
+TIMINGS = {
+    "DESKBRIDGE_HEARTBEAT_S": "1",
+    "DESKBRIDGE_PRESENCE_TTL_S": "3",
+    "DESKBRIDGE_RECLAIM_IDLE_S": "3",
+    "DESKBRIDGE_READ_BLOCK_MS": "500",
+    "DESKBRIDGE_PING_INTERVAL_S": "1",
+    "DESKBRIDGE_PING_TIMEOUT_S": "2",
+    "DESKBRIDGE_BACKOFF_INITIAL_S": "0.5",
+    "DESKBRIDGE_BACKOFF_MAX_S": "1",
+    "DESKBRIDGE_GRACE_S": "1",
+}
+
+#: Every HTTP call made by a test waits at most this long beyond the job's own timeout.
+HTTP_SLACK_S = 10.0
+
+
+def new_user() -> str:
+    return "chaos-" + secrets.token_hex(4)
+
+
+def headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {API_KEY}"}
+
+
+@attrs.frozen
+class Answer:
+    """A caller's terminal answer: HTTP status, JSON body, when it arrived (Unix time)."""
+
+    http_status: int
+    body: dict[str, Any]
+    at: float
+
+    @property
+    def status(self) -> str:
+        return self.body.get("status", "")
+
+
+def post_job(
+    base: str,
+    user: str,
+    name: str,
+    args: dict[str, Any],
+    *,
+    key: str | None = None,
+    timeout_s: float = 30.0,
+) -> Answer:
+    body: dict[str, Any] = {"name": name, "args": args, "timeout_s": timeout_s}
+    if key is not None:
+        body["idempotency_key"] = key
+    with httpx.Client(headers=headers(), timeout=timeout_s + HTTP_SLACK_S) as client:
+        r = client.post(f"{base}/v1/users/{user}/jobs", json=body)
+    return Answer(r.status_code, r.json(), time.time())
+
+
+def presence(base: str, user: str, timeout_s: float = 5.0) -> tuple[int, dict[str, Any]]:
+    with httpx.Client(headers=headers(), timeout=timeout_s) as client:
+        r = client.get(f"{base}/v1/users/{user}/presence")
+    return r.status_code, r.json()
+
+
+def wait_online(base: str, user: str, timeout_s: float = 15.0) -> str:
+    """Wait until presence reads online; return the holder session id."""
+
+    def ok():
+        code, body = presence(base, user)
+        return code == 200 and body["online"] and body["session_id"]
+
+    return wait_until(ok, timeout_s=timeout_s, what=f"{user} online via {base}")
+
+
+class Callers:
+    """HTTP callers running in threads; ``result(f)`` is bounded."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="caller")
+
+    def post(self, *args: Any, **kwargs: Any) -> Future[Answer]:
+        """``post_job(*args, **kwargs)`` in a thread."""
+        return self._pool.submit(post_job, *args, **kwargs)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Procs:
+    """Processes started by one test; all stopped (by process group) at teardown."""
+
+    def __init__(self) -> None:
+        self.all: list[Proc] = []
+        self.callers = Callers()
+
+    def add(self, proc: Proc) -> Proc:
+        self.all.append(proc)
+        return proc
+
+    def hub(self, tmp: Path, env: dict[str, str], **kwargs: Any) -> Hub:
+        hub = Hub(tmp, workers=1, env=env, **kwargs)
+        self.add(hub)
+        hub.wait_healthy()
+        return hub
+
+    def stop_all(self) -> None:
+        self.callers.close()
+        for proc in reversed(self.all):
+            try:
+                proc.stop(timeout_s=5.0)
+            except Exception as exc:  # noqa: BLE001 - stop the rest regardless
+                print(f"stopping {proc.argv[0]} failed: {exc!r}")
+
+    def dump_logs(self, lines: int = 60) -> None:
+        seen = set()
+        for proc in self.all:
+            if proc.log_path in seen:
+                continue
+            seen.add(proc.log_path)
+            tail = proc.log_path.read_text(errors="replace").splitlines()[-lines:]
+            print(f"\n===== {proc.log_path.name} (last {lines} lines) =====")
+            print("\n".join(tail))
+
+
+def bridge_dispatch(
+    redis_url: str,
+    user: str,
+    name: str,
+    args: dict[str, Any],
+    *,
+    key: str | None = None,
+    timeout_s: float = 30.0,
+) -> Answer:
+    """``Bridge.dispatch`` from the test process, straight over Redis (no hub involved:
+    presence check, XADD, BLPOP), in its own trio run. ``http_status`` is what the HTTP
+    API would answer for the outcome."""
+    import trio
+    from deskbridge_hub import Bridge, RedisSubstrate
+    from deskbridge_hub._app import HTTP_STATUS
+
+    async def main():
+        substrate = RedisSubstrate.from_url(redis_url)
+        async with substrate:
+            with trio.fail_after(timeout_s + HTTP_SLACK_S):
+                return await Bridge(substrate).dispatch(
+                    user, name, args, idempotency_key=key, timeout_s=timeout_s
+                )
+
+    outcome = trio.run(main)
+    body: dict[str, Any] = {"job_id": outcome.job_id, "status": outcome.status}
+    if outcome.status == "completed":
+        body["result"] = outcome.result
+    else:
+        body["error"] = outcome.error
+    return Answer(HTTP_STATUS[outcome.status], body, time.time())

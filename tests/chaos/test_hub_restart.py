@@ -1,0 +1,120 @@
+"""Issue 3, item 6, case a: the hub restarts with pending entries for a connected user.
+
+What "pending" means here: consumer names are unique per process, so a restarted hub is
+a *new* consumer. Its startup drain (XREADGROUP from ``0``) only ever sees its own
+entries — none; the dead process's pending entry comes back through XAUTOCLAIM once it
+has been idle for ``RECLAIM_IDLE_S``. Jobs enqueued while no hub ran at all (presence
+still alive within its TTL, so callers were not told "offline") were never delivered to
+any consumer and are read with ``>`` as soon as a hub serves the user again.
+
+The sidecar dials the one pod directly; the pod is SIGKILLed (its whole process group)
+and started again on the same port. Callers use ``Bridge.dispatch`` over Redis from the
+test process, so they wait through the time when no hub runs at all.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from deskbridge_hub._substrate import GROUP, jobs_key, presence_key
+
+from tests.chaos._harness import TIMINGS, bridge_dispatch, new_user, wait_online
+from tests.procs import REDIS_URL, Ledger, Sidecar, issue, kill_group, log_times, wait_until
+from tests.procs import resp_command as _resp
+
+pytestmark = pytest.mark.chaos
+
+RECLAIM_IDLE_S = 3.0
+JOB_S = 1.0
+
+
+def redis(*command):
+    host_port = REDIS_URL.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    return _resp(host, int(port), *command)
+
+
+def test_restarted_hub_reclaims_pending_and_delivers_jobs_queued_while_down(tmp_path, procs):
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    # presence must outlive the outage (kill, enqueue, restart) so callers are queued,
+    # not told "offline": 10 s instead of 3
+    env = {
+        **TIMINGS,
+        "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S),
+        "DESKBRIDGE_PRESENCE_TTL_S": "10",
+    }
+    pod = procs.hub(tmp_path, env, name="pod")
+    sidecar = procs.add(
+        Sidecar(
+            tmp_path, pod.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()}
+        )
+    )
+    wait_online(pod.http, user)
+
+    def dispatch(key, seconds=0.0):
+        return procs.callers.submit(
+            bridge_dispatch,
+            REDIS_URL,
+            user,
+            "record",
+            {"key": key, "seconds": seconds},
+            key=key,
+            timeout_s=30,
+        )
+
+    running_key = "a-running-" + user
+    first = dispatch(running_key, JOB_S)
+    wait_until(lambda: ledger.starts(running_key), timeout_s=10, what="the job started")
+    kill_group(pod)
+    killed_at = time.time()
+
+    # no hub runs now; presence is still alive (within its TTL), so these are enqueued
+    assert redis("GET", presence_key(user)) is not None
+    queued_keys = [f"a-queued{i}-{user}" for i in range(3)]
+    queued = [dispatch(k) for k in queued_keys]
+    wait_until(
+        lambda: redis("XLEN", jobs_key(user)) == 1 + len(queued_keys),
+        timeout_s=10,
+        what="jobs enqueued while no hub runs",
+    )
+    wait_until(lambda: ledger.ends(running_key), timeout_s=10, what="the orphaned run finished")
+    assert not first.done() and not any(f.done() for f in queued)
+    pending = redis("XPENDING", jobs_key(user), GROUP)
+    assert pending[0] == 1  # the running job's entry, pending for the dead consumer
+    dead_consumer = pending[3][0][0]
+
+    pod2 = procs.hub(tmp_path, env, port=pod.port, name="pod-restarted")
+    restarted_at = time.time()
+
+    answers = {k: f.result(timeout=30) for k, f in zip(queued_keys, queued, strict=True)}
+    answers[running_key] = first.result(timeout=30)
+    for key, a in answers.items():
+        assert a.status == "completed", (key, a.body)
+        assert a.body["result"]["key"] == key
+    assert ledger.counts() == {k: 1 for k in answers}, ledger.events()
+
+    # the reclaimed entry went through XAUTOCLAIM: not before the reclaim idle had passed
+    delivered_at = ledger.starts(running_key)[0]["t"]
+    assert answers[running_key].at - delivered_at >= RECLAIM_IDLE_S
+    job_id = answers[running_key].body["job_id"]
+    log = sidecar.output()
+    assert len(log_times(log, f"job {job_id} (record): answered from the dedupe cache")) == 1
+    assert len(log_times(log, "welcomed by hub")) == 2
+
+    # everything acked; the restarted process is a new consumer, the dead one holds nothing
+    wait_until(
+        lambda: redis("XPENDING", jobs_key(user), GROUP)[0] == 0, timeout_s=5, what="all acked"
+    )
+    consumers = {c[1]: c[3] for c in redis("XINFO", "CONSUMERS", jobs_key(user), GROUP)}
+    assert dead_consumer in consumers and consumers[dead_consumer] == 0
+    assert len(consumers) == 2
+    assert wait_online(pod2.http, user)
+    queued_done = max(answers[k].at for k in queued_keys) - restarted_at
+    print(
+        f"\ncase a: hub down {restarted_at - killed_at:.3f} s; after the restart the "
+        f"{len(queued_keys)} jobs queued meanwhile answered within {queued_done:.3f} s, the "
+        f"reclaimed one {answers[running_key].at - restarted_at:.3f} s "
+        f"(reclaim idle {RECLAIM_IDLE_S:g} s from its delivery)"
+    )

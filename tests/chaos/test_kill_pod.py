@@ -1,0 +1,89 @@
+"""Issue 3, item 6, case b: the pod holding the sidecar's socket is SIGKILLed mid-job.
+
+Two independent hub processes (pods) behind a real HAProxy; the sidecar dials HAProxy.
+The caller waits on the *other* pod. After the kill the sidecar reconnects through
+HAProxy to the surviving pod, whose relay reclaims the dead consumer's pending entry
+(XAUTOCLAIM, min-idle ``RECLAIM_IDLE_S``) and redelivers it; the sidecar answers from
+its dedupe cache. Asserts: executed exactly once, the caller gets ``completed``; prints
+the time from the kill to the caller's answer and its parts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.chaos._harness import TIMINGS, new_user, wait_online
+from tests.procs import HAProxy, Ledger, Sidecar, holder, issue, kill_group, log_times, wait_until
+
+pytestmark = pytest.mark.chaos
+
+JOB_S = 1.5  # the job outlives the kill, and ends before the reclaim idle has passed
+RECLAIM_IDLE_S = 3.0
+
+
+def test_kill_pod_holding_socket_mid_job(tmp_path, procs):
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    # READ_BLOCK_MS stays at its default (2000 ms): it sets how often an idle relay runs
+    # a reclaim pass, so the measured figure keeps the production granularity.
+    env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S)}
+    env.pop("DESKBRIDGE_READ_BLOCK_MS")
+    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
+    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
+    lb.wait_ready()
+    sidecar = procs.add(
+        Sidecar(
+            tmp_path,
+            lb.ws,
+            issue(user),
+            tools=["counting_tools"],
+            env={**env, **ledger.env()},
+        )
+    )
+    sid = wait_online(lb.http, user)
+    doomed = wait_until(lambda: holder(pods, user, sid), timeout_s=5, what="socket holder")
+    survivor = pods[1] if doomed is pods[0] else pods[0]
+
+    key = "b-" + user
+    caller = procs.callers.post(
+        survivor.http, user, "record", {"key": key, "seconds": JOB_S}, key=key, timeout_s=30
+    )
+    wait_until(lambda: ledger.starts(key), timeout_s=10, what="the job started")
+    killed_at = time.time()
+    kill_group(doomed)
+
+    answer = caller.result(timeout=40)
+    assert answer.http_status == 200, answer.body
+    assert answer.status == "completed", answer.body
+    assert answer.body["result"]["key"] == key
+    assert ledger.counts() == {key: 1}, ledger.events()
+    assert len(ledger.ends(key)) == 1  # the run finished although its socket died
+
+    # the redelivery went through the survivor and was answered from the cache
+    new_sid = wait_online(survivor.http, user)
+    assert new_sid != sid
+    assert holder([survivor], user, new_sid) is survivor
+    log = sidecar.output()
+    job_id = answer.body["job_id"]
+    cache_hits = log_times(log, f"job {job_id} (record): answered from the dedupe cache")
+    assert len(cache_hits) == 1, log[-3000:]
+
+    delivered_at = ledger.starts(key)[0]["t"]
+    noticed_at = min(t for t in log_times(log, "disconnected from hub") if t >= killed_at - 0.01)
+    welcomed_at = max(log_times(log, "welcomed by hub"))
+    total = answer.at - killed_at
+    print(
+        f"\ncase b: kill -> caller's result {total:.3f} s "
+        f"(reclaim idle {RECLAIM_IDLE_S:g} s, read block 2000 ms, job {JOB_S:g} s; "
+        f"killed {killed_at - delivered_at:.3f} s after delivery)\n"
+        f"  kill -> sidecar noticed the dead socket   {noticed_at - killed_at:7.3f} s\n"
+        f"  noticed -> welcomed by the survivor       {welcomed_at - noticed_at:7.3f} s\n"
+        f"  welcomed -> redelivery (reclaim)          {cache_hits[0] - welcomed_at:7.3f} s"
+        f"   (entry idle since delivery: eligible {delivered_at + RECLAIM_IDLE_S - killed_at:.3f}"
+        f" s after the kill)\n"
+        f"  redelivery -> caller's result            {answer.at - cache_hits[0]:7.3f} s"
+    )
+    # bounded by: reclaim idle after delivery + one idle read (2 s) + reconnect slack
+    assert total < RECLAIM_IDLE_S + 2.0 + 3.0
