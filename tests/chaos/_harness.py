@@ -171,3 +171,23 @@ def bridge_dispatch(
     else:
         body["error"] = outcome.error
     return Answer(HTTP_STATUS[outcome.status], body, time.time())
+
+
+def worker_pid(hub: Hub) -> int:
+    """The pid of the hub's serving worker (Hypercorn forks one even with --workers 1),
+    from its "hub serving" log line."""
+    import re
+
+    def find():
+        m = re.search(r"deskbridge\.hub\[(\d+)\]: hub serving", hub.output())
+        return m and int(m.group(1))
+
+    return wait_until(find, timeout_s=5, what="the hub worker's pid")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux ``/proc/<pid>/stat``)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
