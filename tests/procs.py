@@ -403,3 +403,231 @@ def log_times(text: str, needle: str) -> list[float]:
             out.append(stamp.timestamp())
     return out
 
+
+# -- liveness helpers (issue 4): additive; nothing above depends on them ----------------
+
+
+def presence_key(user_id: str) -> str:
+    """The presence key of ``user_id`` (``bridge:presence:{<user_id>}``)."""
+    return f"bridge:presence:{{{user_id}}}"
+
+
+class RedisPoller:
+    """One persistent blocking Redis connection (RESP2, no client library) for tight
+    polling from a test or a bench: ``poller.get(key)``, ``poller.presence(user)``.
+    Shares nothing with the code under test. Use as a context manager."""
+
+    def __init__(self, url: str = REDIS_URL, timeout_s: float = 5.0):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self._sock = socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or 6379), timeout=timeout_s
+        )
+        self._reader = self._sock.makefile("rb")
+        if parts.password:
+            self.command("AUTH", *([parts.username] if parts.username else []), parts.password)
+        if parts.path.strip("/"):
+            self.command("SELECT", parts.path.strip("/"))
+
+    def command(self, *command: object):
+        out = [b"*%d\r\n" % len(command)]
+        for arg in command:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        self._sock.sendall(b"".join(out))
+        return self._read()
+
+    def _read(self):
+        line = self._reader.readline()
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError("Redis closed the connection mid-reply")
+        kind, rest = line[:1], line[1:-2].decode()
+        if kind == b"-":
+            raise RuntimeError(rest)
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            return None if size < 0 else self._reader.read(size + 2)[:-2].decode()
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self._read() for _ in range(size)]
+        raise AssertionError(f"unexpected RESP line {line!r}")
+
+    def get(self, key: str) -> str | None:
+        return self.command("GET", key)
+
+    def presence(self, user_id: str) -> str | None:
+        """The session id holding ``user_id``'s presence, or None (offline)."""
+        return self.get(presence_key(user_id))
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+
+    def __enter__(self) -> RedisPoller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def log_text(proc: Proc) -> str:
+    """Everything ``proc`` logged so far (works before and after ``stop()``)."""
+    with contextlib.suppress(ValueError):
+        proc._log.flush()
+    return proc.log_path.read_text(errors="replace")
+
+
+def wait_log(proc: Proc, pattern: str, *, timeout_s: float, since: int = 0):
+    """Wait until ``proc``'s log (from character ``since`` on) matches the regular
+    expression ``pattern``; return the ``re.Match``. Raises TimeoutError."""
+    import re
+
+    regex = re.compile(pattern)
+    return wait_until(
+        lambda: regex.search(log_text(proc), since),
+        timeout_s=timeout_s,
+        interval_s=0.02,
+        what=f"log line /{pattern}/ from {proc.log_path.name}",
+    )
+
+
+def session_pid(hub: Hub, session_id: str, *, timeout_s: float = 10.0) -> int:
+    """The pid of the hub worker that welcomed ``session_id``: its log line
+    ``deskbridge.hub.session[<pid>]: session <sid>: <user> online``."""
+    import re
+
+    match = wait_log(hub, rf"\[(\d+)\]: session {re.escape(session_id)}: ", timeout_s=timeout_s)
+    return int(match.group(1))
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def worker_pids(hub: Hub) -> set[int]:
+    """Pids of the hub's live workers (each logs ``hub serving`` once it is up)."""
+    import re
+
+    pids = {int(p) for p in re.findall(r"deskbridge\.hub\[(\d+)\]: hub serving", log_text(hub))}
+    return {p for p in pids if pid_alive(p)}
+
+
+def client_on_worker(hub: Hub, *, not_pid: int, attempts: int = 50) -> tuple[httpx.Client, int]:
+    """An API client whose one keep-alive connection is served by a worker other than
+    ``not_pid`` (learnt from ``/healthz``'s consumer name, ``<host>-<pid>-<rand>``).
+    Returns ``(client, pid)``; the caller closes the client."""
+    for _ in range(attempts):
+        client = httpx.Client(
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=60.0,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+        pid = int(client.get(hub.http + "/healthz").json()["consumer"].rsplit("-", 2)[1])
+        if pid != not_pid:
+            return client, pid
+        client.close()
+    raise RuntimeError(f"no connection landed on a worker other than {not_pid}")
+
+
+def raw_upgrade(hub: Hub, token: str, *, timeout_s: float = 5.0) -> tuple[int, str]:
+    """One WebSocket upgrade request to ``/v1/sidecar`` on a fresh TCP connection,
+    closed as soon as the answer's head (and a short body) is read. Returns
+    ``(HTTP status, body text)``; 101 means the upgrade was accepted."""
+    import base64
+
+    key = base64.b64encode(secrets.token_bytes(16)).decode()
+    request = (
+        f"GET /v1/sidecar HTTP/1.1\r\nHost: 127.0.0.1:{hub.port}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", hub.port), timeout=timeout_s) as sock:
+        sock.sendall(request.encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+        if status != 101:
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(body) < length:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+        return status, body.decode(errors="replace")
+
+
+class RedisMonitor:
+    """``MONITOR`` on its own connection, read by a background thread: every command
+    the server runs (Lua-internal ones too, as ``[0 lua]``), one line each. An oracle of
+    what the hub processes did to a key. Use as a context manager; ``lines(since)``,
+    ``wait_for(predicate, timeout_s)``."""
+
+    def __init__(self, url: str = REDIS_URL):
+        import threading
+
+        self._poller = RedisPoller(url, timeout_s=None)
+        assert self._poller.command("MONITOR") == "OK"
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                line = self._poller._reader.readline()
+                if not line:
+                    return
+                with self._lock:
+                    self._lines.append(line.decode(errors="replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            return
+
+    def lines(self, since: int = 0) -> list[str]:
+        with self._lock:
+            return self._lines[since:]
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self._lines)
+
+    def wait_for(self, predicate, *, timeout_s: float, since: int = 0, what: str = "line") -> str:
+        return wait_until(
+            lambda: next((line for line in self.lines(since) if predicate(line)), None),
+            timeout_s=timeout_s,
+            interval_s=0.01,
+            what=f"MONITOR {what}",
+        )
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._poller._sock.shutdown(socket.SHUT_RDWR)
+        self._poller.close()
+        self._thread.join(5)
+
+    def __enter__(self) -> RedisMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
