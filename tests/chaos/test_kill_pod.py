@@ -23,30 +23,31 @@ JOB_S = 1.5  # the job outlives the kill, and ends before the reclaim idle has p
 RECLAIM_IDLE_S = 3.0
 
 
-def test_kill_pod_holding_socket_mid_job(tmp_path, procs):
+def _pods_behind_haproxy(tmp_path, procs, env):
+    """Two pods behind HAProxy, a sidecar through HAProxy; returns the user, the ledger,
+    the sidecar, the pod holding its socket and the other pod."""
     user = new_user()
     ledger = Ledger(tmp_path / "ledger.jsonl")
+    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
+    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
+    lb.wait_ready()
+    sidecar = procs.add(
+        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
+    )
+    sid = wait_online(lb.http, user)
+    doomed = wait_until(lambda: holder(pods, user, sid), timeout_s=5, what="socket holder")
+    survivor = pods[1] if doomed is pods[0] else pods[0]
+    return user, ledger, sidecar, doomed, survivor, sid
+
+
+def test_kill_pod_holding_socket_mid_job(tmp_path, procs):
     # READ_BLOCK_MS (2000 ms: how often an idle relay runs a reclaim pass) and
     # BACKOFF_INITIAL_S (1 s: the sidecar's first reconnect delay bound) keep their
     # defaults, so the measured figure has the production shape; only the reclaim idle
     # (180 s) is shortened.
     env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S)}
     del env["DESKBRIDGE_READ_BLOCK_MS"], env["DESKBRIDGE_BACKOFF_INITIAL_S"]
-    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
-    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
-    lb.wait_ready()
-    sidecar = procs.add(
-        Sidecar(
-            tmp_path,
-            lb.ws,
-            issue(user),
-            tools=["counting_tools"],
-            env={**env, **ledger.env()},
-        )
-    )
-    sid = wait_online(lb.http, user)
-    doomed = wait_until(lambda: holder(pods, user, sid), timeout_s=5, what="socket holder")
-    survivor = pods[1] if doomed is pods[0] else pods[0]
+    user, ledger, sidecar, doomed, survivor, sid = _pods_behind_haproxy(tmp_path, procs, env)
 
     key = "b-" + user
     caller = procs.callers.post(
@@ -95,3 +96,36 @@ def test_kill_pod_holding_socket_mid_job(tmp_path, procs):
     # not before the reclaim idle; at most one idle read (2 s) plus slack after it
     assert eligible_at - 0.05 <= redelivered_at <= eligible_at + 2.0 + 1.0
     assert total < RECLAIM_IDLE_S + 2.0 + 2.0
+
+
+def test_kill_pod_while_a_job_outlives_the_reclaim_idle(tmp_path, procs):
+    """The job runs longer than the reclaim idle: the survivor reclaims and redelivers
+    it while the orphaned run is still going; the sidecar joins the running original
+    (no second start) and answers when it ends."""
+    job_s = 2 * RECLAIM_IDLE_S
+    env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S)}
+    user, ledger, sidecar, doomed, survivor, _ = _pods_behind_haproxy(tmp_path, procs, env)
+    key = "b-long-" + user
+    caller = procs.callers.post(
+        survivor.http, user, "record", {"key": key, "seconds": job_s}, key=key, timeout_s=30
+    )
+    wait_until(lambda: ledger.starts(key), timeout_s=10, what="the job started")
+    kill_group(doomed)
+
+    answer = caller.result(timeout=40)
+    assert answer.http_status == 200 and answer.status == "completed", answer.body
+    assert answer.body["result"]["key"] == key
+    assert ledger.counts() == {key: 1}, ledger.events()
+    (end,) = ledger.ends(key)
+    (start,) = ledger.starts(key)
+    assert answer.at - end["t"] < 1.0  # answered as the run ended, not a reclaim later
+    log = sidecar.output()
+    job_id = answer.body["job_id"]
+    # the redelivery arrived while the run was still going: it joined the run
+    assert not log_times(log, f"job {job_id} (record): answered from the dedupe cache")
+    assert len(log_times(log, f"job {job_id} (record): ok")) == 1, log[-3000:]
+    assert "not delivered on this socket" not in survivor.output()
+    print(
+        f"\ncase b (long job): ran {end['t'] - start['t']:.3f} s once; caller answered "
+        f"{answer.at - end['t']:.3f} s after the run ended"
+    )
