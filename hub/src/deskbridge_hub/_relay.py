@@ -4,7 +4,10 @@ Order of business (DESIGN.md; the seed's recovery lessons):
 
 1. Drain this consumer's own pending entries from ``0`` first, skipping entries already
    in flight; as soon as nothing unserved is pending, switch to new entries, so the
-   drain can never spin on its own un-acked entry.
+   drain can never spin on its own un-acked entry. Drain again when an entry it skipped
+   leaves the in-flight set: if an older session of the user in this process ended
+   without an answer for it, it is ours and is redelivered now, not after the reclaim
+   idle.
 2. Read new entries (``>``) with ``BLOCK read_block_ms``.
 3. When a read comes back empty (idle) or every ``reclaim_idle_s / 4``, run XAUTOCLAIM
    with min-idle = ``reclaim_idle_s`` to take over entries of dead consumers.
@@ -100,6 +103,11 @@ async def relay_loop(
     list and are redelivered by the next drain or reclaim.
     """
     draining = True
+    # Own pending entries the last drain skipped because another session of this user
+    # in this process was serving them. If that session ends without an ack (its socket
+    # died; the sidecar reconnected here first), the entry is ours and idle: drain again
+    # instead of waiting for the reclaim idle.
+    skipped: set[str] = set()
     failures = 0
     reclaim_every_s = max(source.timings.reclaim_idle_s / 4, 1.0)
     last_reclaim = -float("inf")
@@ -107,9 +115,12 @@ async def relay_loop(
         if paused():
             await anyio.sleep(0.1)
             continue
+        if skipped and not skipped <= inflight:
+            draining = True
         try:
             if draining:
                 entries = await source.pending()
+                skipped = {e.entry_id for e in entries if e.entry_id in inflight}
                 fresh = [e for e in entries if e.entry_id not in inflight]
                 if not fresh:
                     draining = False
