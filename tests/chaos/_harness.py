@@ -191,3 +191,100 @@ def cpu_seconds(pid: int) -> float:
 
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CuttableProxy:
+    """A TCP proxy on 127.0.0.1 in the test process (threads) that can drop its
+    connections *on one side only*: ``cut_client_side()`` resets the client's end (the
+    sidecar sees a reset at once, as after a Wi-Fi switch) and leaves the upstream
+    (hub) end open and silent, so the hub learns of the loss only from its own ping
+    deadline. New connections are proxied as before."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import socket
+        import threading
+
+        self.upstream_port = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.ws = f"ws://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._conns: list[dict[str, Any]] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            conn = {"client": client, "upstream": upstream, "cut": False}
+            with self._lock:
+                self._conns.append(conn)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(conn, src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(conn: dict[str, Any], src: Any, dst: Any) -> None:
+        import socket
+
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if conn["cut"]:
+                return  # black hole: nothing more is forwarded either way
+            if not data:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def cut_client_side(self) -> int:
+        """Reset every live connection's client end; keep the upstream ends open and
+        silent. Returns how many connections were cut."""
+        import socket
+        import struct
+
+        n = 0
+        with self._lock:
+            for conn in self._conns:
+                if conn["cut"]:
+                    continue
+                conn["cut"] = True
+                client = conn["client"]
+                try:
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    # wake the pump blocked in recv (a close alone would wait for it),
+                    # then close: with linger 0 the sidecar gets a reset
+                    client.shutdown(socket.SHUT_RD)
+                    client.close()
+                except OSError:
+                    pass
+                n += 1
+        return n
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for conn in self._conns:
+                for end in ("client", "upstream"):
+                    try:
+                        conn[end].close()
+                    except OSError:
+                        pass
