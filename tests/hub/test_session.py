@@ -389,3 +389,25 @@ async def test_job_still_running_at_the_reclaim_idle_is_not_executed_twice(autoj
         assert outcome.status == "completed"
         assert [j.idempotency_key for j in executed] == ["k-long"]
         nursery.cancel_scope.cancel()
+
+
+async def test_drain_waits_for_dispatch_requests_waiting_in_this_process(autojump_clock):
+    from deskbridge_hub._shutdown import drain
+
+    state = make_state()
+    done = []
+
+    async def request(seconds):
+        with state.tracking_request():
+            await trio.sleep(seconds)
+        done.append(seconds)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, 6.0)
+        nursery.start_soon(request, 50.0)
+        await trio.testing.wait_all_tasks_blocked()
+        started = trio.current_time()
+        await drain(state, grace_s=20.0)
+        assert trio.current_time() - started == 20.0  # bounded by the grace
+        assert done == [6.0]
+        nursery.cancel_scope.cancel()

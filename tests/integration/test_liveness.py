@@ -453,13 +453,6 @@ def test_sigterm_worker_finishes_the_job_closes_1012_and_sidecar_moves(tmp_path,
             assert reconnect_s < 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hub bug: on SIGTERM the drain waits only for jobs on the worker's own sidecar "
-    "sockets, then os._exit(0) cuts dispatch requests still waiting in that worker "
-    "(the caller sees 'server disconnected', not an outcome); _shutdown.drain_on_sigterm "
-    "/ _app._exit_now",
-)
 def test_sigterm_worker_answers_the_callers_waiting_in_it(tmp_path, poller, pool):
     """A caller whose HTTP request waits in the worker being restarted, for a job that
     runs on the other worker's socket, still gets its outcome within the grace."""

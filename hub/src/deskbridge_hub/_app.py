@@ -64,6 +64,18 @@ def _exit_now() -> None:
     os._exit(0)  # Hypercorn's supervisor replaces a worker that exits 0
 
 
+def _draining() -> Response:
+    """A replica that is shutting down refuses new work before enqueueing anything, so
+    the caller can retry on another replica at once."""
+    return _json(
+        {
+            "status": "unavailable",
+            "error": {"code": "draining", "message": "this hub replica is restarting; retry"},
+        },
+        503,
+    )
+
+
 def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, content_type="application/json")
 
@@ -209,6 +221,9 @@ def create_app(
             raise BadRequest(f"unexpected field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
+        state: HubState = holder["state"]
+        if state.draining:
+            return _draining()
         outcome = await holder["bridge"].dispatch(
             user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
         )
@@ -230,6 +245,9 @@ def create_app(
 
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
+        state: HubState = holder["state"]
+        if state.draining:
+            return _draining()
         outcome = await holder["bridge"].status(user_id)
         return _outcome_response(outcome)
 
@@ -255,6 +273,22 @@ def create_app(
         await websocket.accept()
         await serve_sidecar(holder["state"], _QuartSocket(websocket._get_current_object()), user_id)
         return None
+
+    app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    return app
+
+
+def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
+    """ASGI middleware: count each HTTP request until its response has been sent, so a
+    graceful shutdown lets waiting callers get their answer before the process exits."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        state: HubState | None = holder.get("state")
+        if scope["type"] != "http" or state is None:
+            await asgi_app(scope, receive, send)
+            return
+        with state.tracking_request():
+            await asgi_app(scope, receive, send)
 
     return app
 

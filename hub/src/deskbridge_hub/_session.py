@@ -7,10 +7,11 @@ ping with a deadline), the relay loop, and one task per delivered job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import anyio
@@ -104,6 +105,25 @@ class HubState:
     draining: bool = False
     sessions: dict[str, Any] = attrs.field(factory=dict)
     deliveries_total: int = 0
+    requests: int = 0
+    requests_changed: trio.Event = attrs.field(factory=trio.Event)
+
+    @contextlib.contextmanager
+    def tracking_request(self) -> Iterator[None]:
+        """Count a dispatch request waiting in this process, so a graceful shutdown can
+        let it get its answer (within the grace) instead of cutting it."""
+        self.requests += 1
+        try:
+            yield
+        finally:
+            self.requests -= 1
+            self.requests_changed.set()
+            self.requests_changed = trio.Event()
+
+    async def wait_requests(self) -> None:
+        """Return once no dispatch request is waiting in this process."""
+        while self.requests:
+            await self.requests_changed.wait()
 
 
 @attrs.define(eq=False)

@@ -1,6 +1,8 @@
 """Graceful shutdown of one hub process (a worker or a pod).
 
-On SIGTERM: stop reading new entries, let running jobs finish within the grace period,
+On SIGTERM: stop reading new entries, refuse new dispatch requests and sidecar
+handshakes with 503, let running jobs and waiting dispatch requests finish within the
+grace period,
 close every sidecar socket with 1012 (service restart) so sidecars reconnect at once to
 another replica, then exit. New sidecar handshakes are refused with 503 meanwhile.
 Entries still running when the grace ends stay pending; the sidecar keeps running them
@@ -22,8 +24,8 @@ log = logging.getLogger("deskbridge.hub.shutdown")
 
 
 async def drain(state: HubState, grace_s: float) -> None:
-    """Stop relaying, wait up to ``grace_s`` seconds for jobs in flight, close sockets
-    with 1012.
+    """Stop relaying, wait up to ``grace_s`` seconds for jobs in flight on this
+    process's sockets and for dispatch requests waiting in it, close sockets with 1012.
 
     Args:
         state: the process's hub state (``draining`` is set and stays set).
@@ -36,9 +38,15 @@ async def drain(state: HubState, grace_s: float) -> None:
         async with trio.open_nursery() as nursery:
             for session in sessions:
                 nursery.start_soon(session.wait_idle)
+            nursery.start_soon(state.wait_requests)
     waited = trio.current_time() - started
     if scope.cancelled_caught:
-        log.warning("grace of %.1f s over with jobs still running; they stay pending", grace_s)
+        log.warning(
+            "grace of %.1f s over with jobs still running (they stay pending) and %d "
+            "dispatch requests waiting (cut)",
+            grace_s,
+            state.requests,
+        )
     async with trio.open_nursery() as nursery:
         for session in list(state.sessions.values()):
             nursery.start_soon(session.close, CLOSE_SERVICE_RESTART, "hub restarting")
