@@ -12,3 +12,6 @@ def setup_logging(level: str | None = None) -> None:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
+    # coredis logs a traceback at ERROR when a connection attempt is cancelled (shutdown,
+    # a cancelled blocking read); the substrate maps every real failure itself.
+    logging.getLogger("coredis").setLevel(logging.CRITICAL)

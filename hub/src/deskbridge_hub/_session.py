@@ -189,6 +189,8 @@ class HubSession:
         except* _EndSession as group:
             end = group.exceptions[0]  # type: ignore[assignment]
         finally:
+            if end is None:
+                log.info("session %s of %s ends (socket gone)", self.session_id, self.user_id)
             self.state.sessions.pop(self.session_id, None)
             with trio.move_on_after(2.0, shield=True):
                 try:
