@@ -13,8 +13,9 @@ Order of business (DESIGN.md; the seed's recovery lessons):
    with min-idle = ``reclaim_idle_s`` to take over entries of dead consumers.
 
 Entries are handed to ``dispatch(entry)`` which must run in a task of the caller's
-nursery; the relay adds the entry ID to the in-flight set before dispatching, and the
-dispatcher removes it only after XACK (or when it gives up on the socket).
+nursery; the relay adds the entry ID to the in-flight set before dispatching (and
+removes it again if ``dispatch`` raises or is cancelled before it started the task),
+and the dispatcher removes it only after XACK (or when it gives up on the socket).
 """
 
 from __future__ import annotations
@@ -149,4 +150,11 @@ async def relay_loop(
                 continue
             seen.add(entry.entry_id)
             inflight.add(entry.entry_id)
-            await dispatch(entry)
+            try:
+                await dispatch(entry)
+            except BaseException:
+                # Never started (cancelled while waiting for an in-flight slot: the
+                # socket went away): a stale in-flight mark would hide the entry from
+                # every drain and reclaim in this process for good.
+                inflight.discard(entry.entry_id)
+                raise
