@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import httpx
 
-from tests.procs import API_KEY, Hub, Proc, wait_until
+from tests.procs import API_KEY, REDIS_URL, Hub, Proc, resp_command, wait_until
 
 #: Shortened timings shared by hubs and sidecars (docs/operations.md). Per test, a few
 #: are overridden; each test says why.
@@ -288,3 +288,12 @@ class CuttableProxy:
                         conn[end].close()
                     except OSError:
                         pass
+
+
+def redis_command(*command: Any, url: str = REDIS_URL) -> Any:
+    """One command to the Redis at ``url`` (default: the machine's), through the raw
+    RESP oracle of ``tests.procs``."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return resp_command(parts.hostname or "127.0.0.1", parts.port or 6379, *command)

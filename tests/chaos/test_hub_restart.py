@@ -20,19 +20,13 @@ import pytest
 from deskbridge_hub._substrate import GROUP, jobs_key, presence_key
 
 from tests.chaos._harness import TIMINGS, bridge_dispatch, new_user, wait_online
+from tests.chaos._harness import redis_command as redis
 from tests.procs import REDIS_URL, Ledger, Sidecar, issue, kill_group, log_times, wait_until
-from tests.procs import resp_command as _resp
 
 pytestmark = pytest.mark.chaos
 
 RECLAIM_IDLE_S = 3.0
 JOB_S = 1.0
-
-
-def redis(*command):
-    host_port = REDIS_URL.split("//", 1)[1].split("/", 1)[0]
-    host, port = host_port.rsplit(":", 1)
-    return _resp(host, int(port), *command)
 
 
 def test_restarted_hub_reclaims_pending_and_delivers_jobs_queued_while_down(tmp_path, procs):

@@ -15,7 +15,14 @@ import time
 
 import pytest
 
-from tests.chaos._harness import TIMINGS, new_user, presence, wait_online
+from tests.chaos._harness import (
+    TIMINGS,
+    new_user,
+    post_job,
+    presence,
+    redis_command,
+    wait_online,
+)
 from tests.procs import HAProxy, Ledger, Sidecar, holder, issue, kill_group, log_times, wait_until
 
 pytestmark = pytest.mark.chaos
@@ -80,3 +87,59 @@ def test_socket_drop_mid_job_redelivered_by_drain_and_answered_from_cache(tmp_pa
         f"(drain from 0; reclaim idle {RECLAIM_IDLE_S:g} s not involved)"
     )
     assert took < 5.0  # reconnect backoff (<= 1 s) + handshake + drain; far below reclaim
+
+
+def test_socket_drop_with_a_backlog_beyond_one_drain_batch(tmp_path, procs):
+    """More of the user's entries are pending for the hub process than one drain read
+    returns (32) when the socket drops: after the reconnect every one of them is
+    redelivered by the same process's drain — the entries past the first batch must not
+    wait for the reclaim idle — and each runs exactly once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deskbridge_hub._substrate import jobs_key
+
+    n_jobs = 48
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S)}
+    pod = procs.hub(tmp_path, env, name="pod")
+    lb = procs.add(HAProxy(tmp_path, [pod.port]))
+    lb.wait_ready()
+    procs.add(
+        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
+    )
+    wait_online(pod.http, user)
+    keys = [f"c-backlog{i:02d}-{user}" for i in range(n_jobs)]
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        futures = [
+            pool.submit(
+                post_job, pod.http, user, "record", {"key": k, "seconds": 0.2}, key=k, timeout_s=60
+            )
+            for k in keys
+        ]
+        # all enqueued, a few ran: then drop the socket
+        wait_until(
+            lambda: redis_command("XLEN", jobs_key(user)) == n_jobs,
+            timeout_s=10,
+            what="all jobs enqueued",
+        )
+        wait_until(lambda: len(ledger.counts()) >= 2, timeout_s=10, what="jobs running")
+        kill_group(lb)
+        wait_until(
+            lambda: not presence(pod.http, user)[1]["online"], timeout_s=5, what="presence cleared"
+        )
+        ran_before = len(ledger.counts())
+        lb2 = procs.add(HAProxy(tmp_path, [pod.port], port=lb.port, name="haproxy-again"))
+        lb2.wait_ready()
+        back_at = time.time()
+        answers = [f.result(timeout=RECLAIM_IDLE_S + 30) for f in futures]
+    for k, a in zip(keys, answers, strict=True):
+        assert a.http_status == 200 and a.status == "completed", (k, a.body)
+    assert ledger.counts() == {k: 1 for k in keys}, ledger.counts()
+    took = max(a.at for a in answers) - back_at
+    print(
+        f"\ncase c (backlog): {ran_before} of {n_jobs} ran before the drop; the rest answered "
+        f"{took:.3f} s after the load balancer came back (reclaim idle {RECLAIM_IDLE_S:g} s)"
+    )
+    # 48 x 0.2 s serial runs + reconnect + drains; the reclaim idle (60 s) would be beyond
+    assert took < 0.2 * n_jobs + 10.0
