@@ -192,6 +192,7 @@ def running(*procs: Proc) -> Iterator[None]:
         for p in procs:
             p.stop()
 
+
 # -- chaos helpers (issue 3, item 6): additive; nothing above depends on them ------------
 
 
