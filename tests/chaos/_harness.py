@@ -292,8 +292,15 @@ class CuttableProxy:
 
 def redis_command(*command: Any, url: str = REDIS_URL) -> Any:
     """One command to the Redis at ``url`` (default: the machine's), through the raw
-    RESP oracle of ``tests.procs``."""
+    RESP oracle of ``tests.procs`` (a fresh connection per command; retried twice on a
+    connection-level error)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    return resp_command(parts.hostname or "127.0.0.1", parts.port or 6379, *command)
+    for attempt in range(3):  # the oracle, not the system under test: ride out a
+        try:  # transient connect failure on a loaded machine
+            return resp_command(parts.hostname or "127.0.0.1", parts.port or 6379, *command)
+        except OSError as exc:
+            if attempt == 2:
+                raise OSError(f"Redis oracle {command[0]} failed 3 times: {exc!r}") from exc
+            time.sleep(0.2)
