@@ -189,6 +189,16 @@ def create_app(
     async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
         return _error(400, "bad_request", str(exc), field=exc.field)
 
+    @app.get("/livez")
+    async def livez():  # type: ignore[no-untyped-def]
+        """Liveness: the process serves HTTP (no Redis round trip). A load balancer that
+        routes sidecars should check this, so a Redis outage does not take every replica
+        out (sockets stay up and callers get the hub's own 503 "unavailable")."""
+        state: HubState = holder["state"]
+        return _json(
+            {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
+        )
+
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
         state: HubState = holder["state"]

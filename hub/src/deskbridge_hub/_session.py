@@ -330,9 +330,11 @@ class HubSession:
         heartbeat never steals presence back from a newer session); a newer session of
         the same user (newest wins) makes this one hand over."""
         t = self.state.timings
+        interval_s = t.heartbeat_s
         while True:
-            with trio.move_on_after(t.heartbeat_s):
+            with trio.move_on_after(interval_s):
                 await self._superseded.wait()
+            interval_s = t.heartbeat_s
             if self._superseded.is_set():
                 await self._hand_over()
             try:
@@ -340,7 +342,10 @@ class HubSession:
                     self.user_id, self.session_id, t.presence_ttl_s
                 )
             except SubstrateUnavailable as exc:
+                # Retry sooner than a full interval: after Redis comes back (empty), the
+                # desktop must read online again quickly, not a heartbeat later.
                 log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+                interval_s = min(1.0, t.heartbeat_s)
                 continue
             if not ours:
                 await self._hand_over()

@@ -193,7 +193,10 @@ def _serve(args: argparse.Namespace) -> int:
     config = Config()
     config.application_path = "deskbridge_hub.asgi:app"
     config.worker_class = "trio"
-    config.workers = args.workers
+    # One worker runs in this process (Hypercorn's workers=0 mode), so SIGTERM to it (a
+    # pod's PID 1) drains gracefully: finish jobs, close sockets 1012, exit. With N > 1
+    # Hypercorn's supervisor forks N workers; SIGTERM one worker to restart it gracefully.
+    config.workers = 0 if args.workers == 1 else args.workers
     config.bind = [args.bind]
     config.graceful_timeout = (
         args.graceful_timeout_s if args.graceful_timeout_s is not None else hub.timings.grace_s
