@@ -82,3 +82,11 @@ async def test_delete_cancels_a_running_job_by_its_caller_chosen_id(autojump_clo
         assert r.status_code == 401
         await ws.__aexit__(None, None, None)
         assert json.dumps(body)  # the body is plain JSON
+
+
+async def test_livez_does_not_touch_redis(autojump_clock):
+    async with running_hub() as (client, sub):
+        sub.inner.set_unavailable(True)
+        r = await client.get("/livez")
+        assert r.status_code == 200 and (await r.get_json()) == {"ok": True, "draining": False}
+        assert (await client.get("/healthz")).status_code == 503

@@ -411,3 +411,21 @@ async def test_drain_waits_for_dispatch_requests_waiting_in_this_process(autojum
         assert trio.current_time() - started == 20.0  # bounded by the grace
         assert done == [6.0]
         nursery.cancel_scope.cancel()
+
+
+async def test_presence_returns_within_a_second_after_redis_comes_back_empty(autojump_clock):
+    state = make_state()  # heartbeat 10 s
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(answer_jobs, peer, [])
+        await trio.sleep(9.5)
+        state.substrate.set_unavailable(True)  # Redis down across a heartbeat
+        await trio.sleep(5)
+        state.substrate._presence.clear()  # it comes back without its data
+        state.substrate.set_unavailable(False)
+        back = trio.current_time()
+        while not (await bridge.presence("u1")).online:  # noqa: ASYNC110 - mock clock
+            await trio.sleep(0.1)
+        assert trio.current_time() - back <= 1.0  # not a whole heartbeat later
+        nursery.cancel_scope.cancel()
