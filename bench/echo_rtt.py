@@ -50,7 +50,7 @@ async def bridge_calls(user: str, n: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100)
-    n = parser.parse_args().calls
+    n = parser.parse_known_args()[0].calls
     user = "bench-" + secrets.token_hex(4)
     with tempfile.TemporaryDirectory() as tmp:
         hub = Hub(Path(tmp), workers=2)
