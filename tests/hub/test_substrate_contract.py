@@ -547,3 +547,22 @@ async def test_refresh_presence_never_steals_it_from_another_session(case: Case)
     await case.substrate.set_presence(user, "s2", 30)  # a newer session took over
     assert await case.substrate.refresh_presence(user, "s1", 30) is False
     assert await case.substrate.get_presence(user) == "s2"
+
+
+async def test_prune_consumers_drops_idle_empty_consumers_only(case: Case) -> None:
+    user = case.user()
+    for _ in range(3):
+        await case.substrate.enqueue(user, {"job_id": case.job()}, maxlen=100)
+    (first,) = await case.substrate.read_new(user, "dead-acked", count=1, block_ms=1)
+    await case.substrate.ack(user, first.entry_id)
+    await case.substrate.read_new(user, "dead-pending", count=1, block_ms=1)
+    await case.substrate.read_new(user, "me", count=1, block_ms=1)
+    # "dead-pending" still owns an entry (reclaim takes it later); "me" is kept
+    assert await case.substrate.prune_consumers(user, idle_ms=0, keep="me") == 1  # dead-acked
+    assert await case.substrate.prune_consumers(user, idle_ms=0, keep="me") == 0
+    assert await case.substrate.prune_consumers(user, idle_ms=3_600_000, keep="x") == 0
+    if case.is_redis:
+        names = {
+            c[1] for c in await case.raw("XINFO", "CONSUMERS", jobs_key(user), "bridge-workers")
+        }
+        assert names == {"dead-pending", "me"}

@@ -80,6 +80,7 @@ class _Stream:
     last_id: StreamID = (0, 0)
     last_delivered: StreamID = (0, 0)
     pel: dict[StreamID, _Nack] = attrs.Factory(dict)
+    seen: dict[str, float] = attrs.Factory(dict)  # consumer -> last read or claim
 
     def notify(self) -> None:
         self.changed.set()
@@ -291,6 +292,7 @@ class MemorySubstrate:
         stream = self._group(user_id)
         if stream is None:
             return []
+        stream.seen[consumer] = now
         mine = sorted(sid for sid, nack in stream.pel.items() if nack.consumer == consumer)
         out = []
         for sid in mine[:count]:
@@ -321,6 +323,8 @@ class MemorySubstrate:
         deadline = _deadline(block_ms / 1000)
         with anyio.CancelScope(deadline=deadline):
             stream = self._group(user_id)
+            if stream is not None:
+                stream.seen[consumer] = anyio.current_time()
             while stream is not None and stream is self._streams.get(user_id):
                 self._check()
                 fresh = [sid for sid in stream.entries if sid > stream.last_delivered]
@@ -377,6 +381,7 @@ class MemorySubstrate:
         stream = self._group(user_id)
         if stream is None:
             return Claimed("0-0", (), ())
+        stream.seen[consumer] = now
         scan = sorted(sid for sid in stream.pel if sid >= first)
         claimed: list[Entry] = []
         deleted: list[str] = []
@@ -400,6 +405,30 @@ class MemorySubstrate:
             budget -= 1
         next_start = _format_id(scan[i]) if i < len(scan) else "0-0"
         return Claimed(next_start, tuple(claimed), tuple(deleted))
+
+    async def prune_consumers(self, user_id: str, *, idle_ms: int, keep: str) -> int:
+        """XGROUP DELCONSUMER every consumer other than ``keep`` with nothing pending and
+        idle for at least ``idle_ms`` milliseconds.
+
+        Returns:
+            How many were deleted.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        stream = self._streams.get(user_id)
+        if stream is None:
+            return 0
+        busy = {nack.consumer for nack in stream.pel.values()}
+        gone = [
+            name
+            for name, seen in stream.seen.items()
+            if name != keep and name not in busy and now >= seen + idle_ms / 1000
+        ]
+        for name in gone:
+            del stream.seen[name]
+        return len(gone)
 
     # -- results -----------------------------------------------------------------------
 

@@ -608,6 +608,35 @@ class RedisSubstrate:
         next_start, raw_entries, deleted = reply
         return Claimed(next_start, tuple(_entries(raw_entries)), tuple(deleted))
 
+    async def prune_consumers(self, user_id: str, *, idle_ms: int, keep: str) -> int:
+        """XINFO CONSUMERS, then XGROUP DELCONSUMER every consumer other than ``keep``
+        with nothing pending and idle for at least ``idle_ms`` (restarted processes leave
+        their consumer names behind).
+
+        Returns:
+            How many were deleted (0 when the group is missing).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        key = jobs_key(user_id)
+        async with self._session("XINFO CONSUMERS") as s:
+            try:
+                consumers = await self._call(s, b"XINFO", b"CONSUMERS", key, GROUP)
+            except (StreamConsumerGroupError, ResponseError):
+                return 0
+            gone = []
+            for info in consumers:
+                if isinstance(info, list):  # RESP2 flat reply
+                    info = dict(zip(info[::2], info[1::2], strict=True))
+                name = info.get("name")
+                if name != keep and int(info.get("pending", 1)) == 0:
+                    if int(info.get("idle", 0)) >= idle_ms:
+                        gone.append(name)
+            for name in gone:
+                await self._call(s, b"XGROUP", b"DELCONSUMER", key, GROUP, name)
+        return len(gone)
+
     # -- results -----------------------------------------------------------------------
 
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:

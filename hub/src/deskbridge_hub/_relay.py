@@ -72,6 +72,8 @@ class EntrySource:
             start = claimed.next_start
             if start in ("0-0", "0"):
                 break
+        # Restarted processes leave their consumer names behind; drop the idle empty ones.
+        await self.substrate.prune_consumers(self.user_id, idle_ms=min_idle_ms, keep=self.consumer)
         return entries, deleted
 
 

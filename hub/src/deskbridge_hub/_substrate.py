@@ -143,6 +143,11 @@ class Substrate(Protocol):
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
         A cancelled wait pops nothing."""
 
+    async def prune_consumers(self, user_id: str, *, idle_ms: int, keep: str) -> int:
+        """XGROUP DELCONSUMER every consumer but ``keep`` with nothing pending and idle for
+        at least ``idle_ms``; returns how many. (A deleted consumer that reads again is
+        recreated by Redis.)"""
+
     # -- bookkeeping (issue 3: lost entries; issue 5: state, cancel, catalogue) ------------
 
     async def job_ids(self, user_id: str, entry_ids: list[str]) -> dict[str, str]:
