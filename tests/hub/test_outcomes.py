@@ -350,3 +350,62 @@ async def test_outcome_table_in_docs_lists_every_status():
             ]
         )
     )
+
+
+async def test_caller_chosen_job_id_names_one_job_only(autojump_clock, state, bridge):
+    from deskbridge_hub import JobIdInUse
+
+    await state.substrate.set_presence("u1", "ghost", 3600)
+    await state.substrate.set_presence("u2", "ghost", 3600)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: bridge.dispatch("u1", "click", {}, job_id="order-42"))
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(JobIdInUse):
+            await bridge.dispatch("u2", "echo", {"secret": 1}, job_id="order-42")
+        assert state.substrate.pending_count("u2") == 0
+        assert not state.substrate._streams.get("u2")
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "object", "properties": {"a": {"pattern": "(a+)+$"}}}, "pattern"),
+        ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
+        ({"$ref": "http://example.invalid/s.json"}, "$ref"),
+        ({"type": "bogus"}, "valid JSON Schema"),
+        ({"properties": {"a": {"properties": {"a": {"properties": {"a": {}}}}}}}, None),
+    ],
+)
+async def test_hello_with_a_schema_the_hub_will_not_evaluate_is_refused(
+    autojump_clock, state, schema, why
+):
+    from deskbridge_common import CLOSE_POLICY_VIOLATION
+
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_sidecar, state, hub_side, "u1")
+        await peer.send(Hello(1, "test", (ToolSpec("t", "", schema, False),)))
+        frame = await peer.receive() if why is None else None
+        if why is None:
+            assert isinstance(frame, Welcome)  # an ordinary nested schema is fine
+            nursery.cancel_scope.cancel()
+            return
+        await peer.closed.wait()
+    assert peer.close_code == CLOSE_POLICY_VIOLATION
+    assert "tools[0].args_schema" in peer.close_reason and why in peer.close_reason
+
+
+async def test_cancel_after_the_answer_reports_finished(autojump_clock, state, bridge):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                await peer.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar, peer, answer)
+        outcome = await bridge.dispatch("u1", "echo", {}, job_id="done-1")
+        assert outcome.status == "completed"
+        assert await bridge.cancel("done-1") == "finished"
+        nursery.cancel_scope.cancel()

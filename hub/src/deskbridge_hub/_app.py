@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import HubConfig
-from ._errors import BadRequest, SubstrateUnavailable, UnknownJob
+from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
@@ -185,6 +185,10 @@ def create_app(
             {"status": "unavailable", "error": {"code": "unavailable", "message": str(exc)}}, 503
         )
 
+    @app.errorhandler(JobIdInUse)
+    async def _job_id_in_use(exc: JobIdInUse):  # type: ignore[no-untyped-def]
+        return _error(409, "job_id_in_use", str(exc), field="job_id")
+
     @app.errorhandler(BadRequest)
     async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
         return _error(400, "bad_request", str(exc), field=exc.field)
@@ -251,6 +255,8 @@ def create_app(
             stage = await holder["bridge"].cancel(job_id)
         except UnknownJob as exc:
             return _error(404, "not_found", str(exc))
+        if stage == "finished":
+            return _json({"job_id": job_id, "cancel_requested": False, "stage": stage}, 409)
         return _json({"job_id": job_id, "cancel_requested": True, "stage": stage}, 202)
 
     @app.post("/v1/users/<user_id>/status")

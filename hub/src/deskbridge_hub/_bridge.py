@@ -28,6 +28,7 @@ from ._errors import (
     JobCancelled,
     JobExpired,
     JobFailed,
+    JobIdInUse,
     JobLost,
     JobTimeout,
     UnknownJob,
@@ -154,6 +155,7 @@ class Bridge:
 
         Raises:
             BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
+            JobIdInUse: the caller-chosen ``job_id`` already names another job.
             SubstrateUnavailable: Redis unreachable; the job may or may not be enqueued
                 if this happens after the presence check.
 
@@ -208,7 +210,9 @@ class Bridge:
             enqueued_at=now,
         )
         queued = json.dumps({"stage": "queued", "user_id": user_id, "at": now})
-        await self.substrate.set_job_state(job_id, queued, ttl_s=self.timings.result_ttl_s)
+        state_ttl_s = timeout_s + self.timings.result_ttl_s
+        if not await self.substrate.claim_job(job_id, queued, ttl_s=state_ttl_s):
+            raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
         await self.substrate.enqueue(user_id, envelope.to_fields(), maxlen=self.timings.jobs_maxlen)
         payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
         elapsed = anyio.current_time() - started
@@ -222,6 +226,10 @@ class Bridge:
                 elapsed_s=elapsed,
             )
         body = parse_result(payload)
+        finished = {"stage": "finished", "status": body["status"], "user_id": user_id}
+        await self.substrate.set_job_state(
+            job_id, json.dumps(finished), ttl_s=self.timings.result_ttl_s
+        )
         return Outcome(
             job_id=job_id,
             status=body["status"],
@@ -275,7 +283,8 @@ class Bridge:
         interrupted and finishes). Its caller is answered "cancelled".
 
         Returns:
-            The stage the job was in: ``queued``, ``delivered`` or ``interrupted``.
+            The stage the job was in: ``queued``, ``delivered`` or ``interrupted``; or
+            ``finished`` when it already has its answer (nothing is cancelled then).
 
         Raises:
             BadRequest: malformed job id.
@@ -288,6 +297,8 @@ class Bridge:
         if raw is None:
             raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
         state = json.loads(raw)
+        if state["stage"] == "finished":
+            return "finished"
         ttl_s = self.timings.result_ttl_s
         await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
@@ -366,6 +377,54 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
+#: Keywords the hub will not evaluate in a sidecar-supplied schema: references (could
+#: point anywhere) and regular expressions (Python's ``re`` backtracks: a hostile pattern
+#: would pin the event loop). Sidecars enforce those themselves.
+UNSUPPORTED_KEYWORDS = frozenset(
+    {"$ref", "$dynamicRef", "$recursiveRef", "pattern", "patternProperties"}
+)
+#: Deepest nesting accepted in a tool's ``args_schema``.
+MAX_SCHEMA_DEPTH = 32
+
+
+def check_tool_schema(schema: Any) -> str | None:
+    """Vet a sidecar's ``args_schema`` before the hub ever validates against it.
+
+    Returns:
+        None if usable, else why not (an unsupported keyword, nesting deeper than
+        ``MAX_SCHEMA_DEPTH``, or not a valid JSON Schema per its meta-schema).
+    """
+
+    def walk(node: Any, depth: int) -> str | None:
+        if depth > MAX_SCHEMA_DEPTH:
+            return f"nested deeper than {MAX_SCHEMA_DEPTH}"
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in UNSUPPORTED_KEYWORDS:
+                    return f"keyword {key!r} is not supported by the hub"
+                found = walk(value, depth + 1)
+                if found:
+                    return found
+        elif isinstance(node, list):
+            for value in node:
+                found = walk(value, depth + 1)
+                if found:
+                    return found
+        return None
+
+    problem = walk(schema, 0)
+    if problem:
+        return problem
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        return f"not a valid JSON Schema: {exc.message}"[:200]
+    except Exception as exc:  # noqa: BLE001 - a hostile schema must not crash the hub
+        return f"not a usable JSON Schema ({type(exc).__name__})"
+    return None
+
+
 def validate_args(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
     """Validate ``args`` against a JSON Schema (the ``jsonschema`` library); return the
     first error's message with its path, or None when valid. A schema that is itself
@@ -373,7 +432,7 @@ def validate_args(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
     try:
         validator = _validator(json.dumps(schema, sort_keys=True))
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
-    except (jsonschema.exceptions.SchemaError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - schemas are vetted at hello; never crash a dispatch
         return None
     if error is None:
         return None

@@ -82,3 +82,9 @@ class UnknownJob(BridgeError):
     """No such job: never dispatched, or its state expired (``result_ttl_s``)."""
 
     status = "not_found"
+
+
+class JobIdInUse(BridgeError):
+    """The caller-chosen ``job_id`` already names another job; nothing was enqueued."""
+
+    status = "conflict"

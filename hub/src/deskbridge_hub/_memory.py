@@ -548,6 +548,18 @@ class MemorySubstrate:
         """
         self._set(state_key(job_id), state, await self._enter(), ttl_s)
 
+    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        """Store the state only if no live state exists for ``job_id``; True if stored.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if self._get(state_key(job_id), now) is not None:
+            return False
+        self._set(state_key(job_id), state, now, ttl_s)
+        return True
+
     async def get_job_state(self, job_id: str) -> str | None:
         """The stored state, or None. Raises SubstrateUnavailable when marked so."""
         return self._get(state_key(job_id), await self._enter())

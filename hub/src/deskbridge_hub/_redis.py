@@ -752,6 +752,19 @@ class RedisSubstrate:
         async with self._session("SET state") as s:
             await self._call(s, b"SET", state_key(job_id), state, b"PX", _ms(ttl_s))
 
+    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        """SET ``bridge:state:{job_id}`` state NX PX ceil(ttl_s * 1000).
+
+        Returns:
+            True if the job id was free and is now claimed.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("SET NX state") as s:
+            reply = await self._call(s, b"SET", state_key(job_id), state, b"NX", b"PX", _ms(ttl_s))
+        return reply is not None
+
     async def get_job_state(self, job_id: str) -> str | None:
         """GET ``bridge:state:{job_id}``.
 

@@ -40,6 +40,7 @@ from deskbridge_common import (
     encode_frame,
 )
 
+from ._bridge import check_tool_schema
 from ._errors import SubstrateUnavailable
 from ._jobs import JobEnvelope, MalformedEntry, result_payload
 from ._relay import EntrySource, relay_loop
@@ -149,6 +150,7 @@ class HubSession:
     _limiter: trio.CapacityLimiter | None = None
     _closing: tuple[int, str] | None = None
     _serving: int = 0
+    _catalogue: str = "null"
     _superseded: trio.Event = attrs.field(factory=trio.Event)
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
 
@@ -242,13 +244,19 @@ class HubSession:
                 f"unsupported protocol_version {frame.protocol_version}"
                 f"; hub speaks {PROTOCOL_VERSION}",
             )
+        for i, spec in enumerate(frame.tools):
+            problem = check_tool_schema(spec.args_schema)
+            if problem:
+                raise _EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
         self.hello = frame
         for other in list(self.state.sessions.values()):
             if other.user_id == self.user_id:
                 other.supersede()  # same process: at once; other processes: next heartbeat
         # A hello without tools (the field is optional) means "catalogue unknown": stored
         # as null, so callers are not refused for tools the sidecar never listed.
-        catalogue = json.dumps([frame_to_dict_tool(t) for t in frame.tools] or None)
+        catalogue = self._catalogue = json.dumps(
+            [frame_to_dict_tool(t) for t in frame.tools] or None
+        )
         try:
             await self.state.substrate.set_catalogue(self.user_id, catalogue)
             await self.state.substrate.set_presence(self.user_id, self.session_id, t.presence_ttl_s)
@@ -349,6 +357,10 @@ class HubSession:
                 continue
             if not ours:
                 await self._hand_over()
+            try:  # the holder keeps the catalogue true (a short-lived rival, a Redis restart)
+                await self.state.substrate.set_catalogue(self.user_id, self._catalogue)
+            except SubstrateUnavailable:
+                interval_s = min(1.0, t.heartbeat_s)
 
     def supersede(self) -> None:
         """A newer session of this user started (newest wins): stop relaying, let the

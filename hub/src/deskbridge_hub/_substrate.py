@@ -164,6 +164,10 @@ class Substrate(Protocol):
     async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
         """SET ``bridge:state:{job_id}`` = state PX ttl."""
 
+    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        """SET ``bridge:state:{job_id}`` state NX PX ttl: True if the id was free (a job id
+        names one job only, so no caller can receive another call's result)."""
+
     async def get_job_state(self, job_id: str) -> str | None:
         """GET ``bridge:state:{job_id}``."""
 
