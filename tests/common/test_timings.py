@@ -15,9 +15,10 @@ def test_defaults_are_the_field_tested_values():
 def test_every_field_reads_its_environment_variable():
     t = Timings()
     env = {var: "7" for var in t.env_names().values()}
+    env["DESKBRIDGE_PRESENCE_TTL_S"] = "21"
     loaded = Timings.from_env(env)
     for name in t.env_names():
-        assert getattr(loaded, name) == 7
+        assert getattr(loaded, name) == (21 if name == "presence_ttl_s" else 7)
 
 
 def test_int_fields_stay_int():
@@ -29,3 +30,8 @@ def test_int_fields_stay_int():
 def test_bad_values_name_the_variable(raw):
     with pytest.raises(ValueError, match="DESKBRIDGE_RECLAIM_IDLE_S"):
         Timings.from_env({"DESKBRIDGE_RECLAIM_IDLE_S": raw})
+
+
+def test_presence_ttl_must_outlive_the_heartbeat():
+    with pytest.raises(ValueError, match="DESKBRIDGE_PRESENCE_TTL_S"):
+        Timings.from_env({"DESKBRIDGE_PRESENCE_TTL_S": "5"})  # heartbeat stays 10

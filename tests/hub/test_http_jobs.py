@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 import trio.testing
 from deskbridge_common import (
@@ -90,3 +91,23 @@ async def test_livez_does_not_touch_redis(autojump_clock):
         r = await client.get("/livez")
         assert r.status_code == 200 and (await r.get_json()) == {"ok": True, "draining": False}
         assert (await client.get("/healthz")).status_code == 503
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--bind", "127.0.0.1"], {}, "HOST:PORT"),
+        (["--bind", "127.0.0.1:99999"], {}, "HOST:PORT"),
+        (["--certfile", "/etc/hostname"], {}, "--certfile and --keyfile go together"),
+        ([], {"DESKBRIDGE_REDIS_URL": "notaurl"}, "DESKBRIDGE_REDIS_URL must look like"),
+        (["--graceful-timeout-s", "-1"], {}, "--graceful-timeout-s"),
+    ],
+)
+def test_serve_usage_errors_exit_2_with_a_message(monkeypatch, capsys, argv, env, message):
+    from deskbridge_hub import cli
+
+    monkeypatch.setenv("DESKBRIDGE_SECRET", "s" * 40)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["serve", *argv]) == 2
+    assert message in capsys.readouterr().err

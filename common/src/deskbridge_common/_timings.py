@@ -45,6 +45,13 @@ class Timings:
     backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
     grace_s: float = attrs.field(default=20.0, validator=_positive)
 
+    def __attrs_post_init__(self) -> None:
+        if self.presence_ttl_s <= self.heartbeat_s:
+            raise ValueError(
+                f"presence_ttl_s ({self.presence_ttl_s:g}) must exceed heartbeat_s "
+                f"({self.heartbeat_s:g}), or presence lapses between heartbeats"
+            )
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:
         """Build from ``DESKBRIDGE_<NAME>`` variables, defaults for the rest.

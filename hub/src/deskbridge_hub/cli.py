@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
@@ -60,7 +61,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds running jobs get to finish on shutdown (default DESKBRIDGE_GRACE_S=20)",
     )
-    s.add_argument("--log-level", default=os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO"))
+    s.add_argument(
+        "--log-level",
+        default=os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO").upper(),
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
 
     t = sub.add_parser(
         "token",
@@ -146,6 +152,30 @@ def _call(args: argparse.Namespace) -> int:
         return 1
 
 
+def _check_serve_args(args: argparse.Namespace) -> str | None:
+    """Usage errors that Hypercorn would otherwise turn into tracebacks or silent surprises."""
+    host, sep, port = args.bind.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        return f"--bind {args.bind!r}: expected HOST:PORT with a port in 0-65535"
+    if bool(args.certfile) != bool(args.keyfile):
+        return "--certfile and --keyfile go together (TLS needs both; refusing to serve plain HTTP)"
+    for path in filter(None, (args.certfile, args.keyfile)):
+        if not os.path.isfile(path):
+            return f"{path}: no such file"
+    if args.graceful_timeout_s is not None and not args.graceful_timeout_s > 0:
+        return "--graceful-timeout-s must be a positive number of seconds"
+    url = os.environ.get("DESKBRIDGE_REDIS_URL")
+    if url:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix") or (
+            parts.scheme != "unix" and not parts.hostname
+        ):
+            return (
+                "DESKBRIDGE_REDIS_URL must look like redis://HOST:PORT/DB (or rediss://, unix://)"
+            )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from hypercorn.config import Config
     from hypercorn.run import run
@@ -154,6 +184,10 @@ def _serve(args: argparse.Namespace) -> int:
     from ._logging import setup_logging
 
     setup_logging(args.log_level)
+    problem = _check_serve_args(args)
+    if problem:
+        print(f"deskbridge-hub serve: {problem}", file=sys.stderr)
+        return 2
     try:
         hub = HubConfig.from_env()
     except ValueError as exc:
