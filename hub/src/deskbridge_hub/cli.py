@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import urllib.error
@@ -244,7 +245,7 @@ def _serve(args: argparse.Namespace) -> int:
         config.certfile = args.certfile
         config.keyfile = args.keyfile
     config.accesslog = None
-    config.errorlog = "-"
+    config.errorlog = logging.getLogger("hypercorn.error")  # our handler, printed once
     return run(config)
 
 
