@@ -40,10 +40,10 @@ from deskbridge_common import (
     encode_frame,
 )
 
-from ._bridge import check_tool_schema
 from ._errors import SubstrateUnavailable
 from ._jobs import JobEnvelope, MalformedEntry, result_payload
 from ._relay import EntrySource, relay_loop
+from ._schema import check_tool_schema
 from ._substrate import Entry, Substrate
 
 log = logging.getLogger("deskbridge.hub.session")
