@@ -429,3 +429,22 @@ async def test_presence_returns_within_a_second_after_redis_comes_back_empty(aut
             await trio.sleep(0.1)
         assert trio.current_time() - back <= 1.0  # not a whole heartbeat later
         nursery.cancel_scope.cancel()
+
+
+async def test_session_closes_when_its_token_expires(autojump_clock):
+    from deskbridge_common import CLOSE_TOKEN_EXPIRED
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: serve_sidecar(state, hub_side, "u1", expires_at=wall() + 95.0))
+        await peer.send(Hello(protocol_version=1, sidecar_version="test"))
+        assert isinstance(await peer.receive(), Welcome)
+        nursery.start_soon(answer_jobs, peer, [])
+        start = trio.current_time()
+        await peer.closed.wait()
+        assert peer.close_code == CLOSE_TOKEN_EXPIRED
+        assert 95.0 <= trio.current_time() - start <= 95.5
+        await trio.testing.wait_all_tasks_blocked()
+        assert not (await bridge.presence("u1")).online

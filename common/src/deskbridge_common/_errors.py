@@ -25,6 +25,7 @@ CLOSE_TRY_AGAIN_LATER = 1013
 # Application close codes (4000-4999 are private use per RFC 6455).
 CLOSE_SUPERSEDED = 4001  # a newer sidecar session for the same user took over
 CLOSE_PING_TIMEOUT = 4002  # the peer did not answer an application-level ping in time
+CLOSE_TOKEN_EXPIRED = 4003  # the sidecar token's lifetime ended during the session
 
 
 class ProtocolError(Exception):

@@ -27,7 +27,7 @@ from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
-from ._tokens import TokenExpired, TokenRejected, verify_token
+from ._tokens import TokenExpired, TokenRejected, verify_token_claims
 
 log = logging.getLogger("deskbridge.hub")
 
@@ -280,14 +280,19 @@ def create_app(
         if holder["state"].draining:  # graceful restart: send the sidecar to a live replica
             return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
-            user_id = verify_token(token.strip(), config.secrets)
+            user_id, expires_at = verify_token_claims(token.strip(), config.secrets)
         except TokenRejected as exc:
             log.warning("sidecar handshake refused: %s", exc)
             if isinstance(exc, TokenExpired):
                 return _error(401, "unauthorized", str(exc))
             return _error(403, "forbidden", str(exc))
         await websocket.accept()
-        await serve_sidecar(holder["state"], _QuartSocket(websocket._get_current_object()), user_id)
+        await serve_sidecar(
+            holder["state"],
+            _QuartSocket(websocket._get_current_object()),
+            user_id,
+            expires_at=expires_at,
+        )
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]

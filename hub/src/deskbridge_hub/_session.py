@@ -22,6 +22,7 @@ from deskbridge_common import (
     CLOSE_PING_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_SUPERSEDED,
+    CLOSE_TOKEN_EXPIRED,
     CLOSE_UNSUPPORTED_DATA,
     PROTOCOL_VERSION,
     Cancel,
@@ -141,6 +142,7 @@ class HubSession:
     socket: SidecarSocket
     user_id: str
     session_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
+    expires_at: float | None = None
     hello: Hello | None = None
     deliveries: dict[str, _Delivery] = attrs.field(factory=dict)
     _send: Any = None
@@ -177,6 +179,8 @@ class HubSession:
                 nursery.start_soon(self._guard, self._reader)
                 nursery.start_soon(self._guard, self._heartbeat)
                 nursery.start_soon(self._guard, self._pinger)
+                if self.expires_at is not None:
+                    nursery.start_soon(self._expiry)
                 source = EntrySource(self.state.substrate, self.user_id, self.state.consumer, t)
                 nursery.start_soon(
                     self._guard,
@@ -361,6 +365,14 @@ class HubSession:
                 await self.state.substrate.set_catalogue(self.user_id, self._catalogue)
             except SubstrateUnavailable:
                 interval_s = min(1.0, t.heartbeat_s)
+
+    async def _expiry(self) -> None:
+        """Close the session when its token expires (checked against the wall clock at
+        most every ``heartbeat_s``, so a wall-clock jump is noticed too)."""
+        assert self.expires_at is not None
+        while (left := self.expires_at - self.state.wall_clock()) > 0:  # noqa: ASYNC110 - wall clock
+            await trio.sleep(min(left, self.state.timings.heartbeat_s))
+        raise _EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one")
 
     def supersede(self) -> None:
         """A newer session of this user started (newest wins): stop relaying, let the
@@ -612,18 +624,22 @@ async def _retrying(fn: Callable[[], Any], *, what: str) -> Any:
             delay = min(delay * 2, 5.0)
 
 
-async def serve_sidecar(state: HubState, socket: SidecarSocket, user_id: str) -> None:
+async def serve_sidecar(
+    state: HubState, socket: SidecarSocket, user_id: str, *, expires_at: float | None = None
+) -> None:
     """Serve one authenticated sidecar socket until it closes (see module docstring).
 
     Args:
         state: the process-wide hub state.
         socket: the accepted WebSocket.
         user_id: the user, taken from the verified token only.
+        expires_at: the token's ``exp`` (Unix seconds, wall clock): the session is closed
+            with 4003 when it passes, so a token's lifetime bounds its sessions too.
 
     Cancellation: ends the session; presence is cleared only if still ours (shielded,
     bounded by 2 s); in-flight entries stay pending and are redelivered.
     """
-    await HubSession(state, socket, user_id).run()
+    await HubSession(state, socket, user_id, expires_at=expires_at).run()
 
 
 __all__ = ["HubSession", "HubState", "SidecarSocket", "SocketClosed", "serve_sidecar"]

@@ -95,7 +95,12 @@ def issue_token(
 
 
 def verify_token(token: str, secrets: Sequence[str]) -> str:
-    """Verify a sidecar token and return its user id.
+    """Verify a sidecar token and return its user id (see :func:`verify_token_claims`)."""
+    return verify_token_claims(token, secrets)[0]
+
+
+def verify_token_claims(token: str, secrets: Sequence[str]) -> tuple[str, float]:
+    """Verify a sidecar token and return ``(user_id, exp)``, ``exp`` in Unix seconds.
 
     Args:
         token: the compact JWT.
@@ -129,4 +134,4 @@ def verify_token(token: str, secrets: Sequence[str]) -> str:
         validate_user_id(user_id)
     except ValueError as exc:
         raise TokenRejected(str(exc)) from None
-    return user_id
+    return user_id, float(claims["exp"])
