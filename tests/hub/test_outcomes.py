@@ -27,11 +27,7 @@ from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._session import HubState, serve_sidecar
 from deskbridge_hub.testing import socket_pair
 
-EPOCH = 1_700_000_000.0
-
-
-def wall() -> float:
-    return EPOCH + trio.current_time()
+from tests.hub.test_session import wall
 
 
 @pytest.fixture

@@ -223,10 +223,6 @@ class Bridge:
                 elapsed_s=elapsed,
             )
         body = parse_result(payload)
-        finished = {"stage": "finished", "status": body["status"], "user_id": user_id}
-        await self.substrate.set_job_state(
-            job_id, json.dumps(finished), ttl_s=self.timings.result_ttl_s
-        )
         return Outcome(
             job_id=job_id,
             status=body["status"],
@@ -311,6 +307,8 @@ class Bridge:
                 ),
                 ttl_s=ttl_s,
             )
+            finished = {"stage": "finished", "user_id": state["user_id"]}
+            await self.substrate.set_job_state(job_id, json.dumps(finished), ttl_s=ttl_s)
         return state["stage"]
 
     async def call(

@@ -606,6 +606,15 @@ class HubSession:
             ),
             what=f"publish result of {job_id}",
         )
+        # Off the caller's path (its BLPOP woke at the RPUSH): remember the job is finished,
+        # so a late cancel is answered "finished". Best effort: the answer is already durable.
+        finished = json.dumps({"stage": "finished", "user_id": self.user_id})
+        try:
+            await self.state.substrate.set_job_state(
+                job_id, finished, ttl_s=self.state.timings.result_ttl_s
+            )
+        except SubstrateUnavailable:
+            pass
 
     async def _ack(self, entry_id: str) -> None:
         await _retrying(
