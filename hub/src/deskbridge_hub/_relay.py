@@ -138,11 +138,22 @@ async def relay_loop(
                     fresh += [e for e in claimed if e.entry_id not in inflight]
                     if on_deleted is not None:
                         await on_deleted(deleted)
+            if failures:
+                log.info("relay for %s: substrate back after %d failures", source.user_id, failures)
             failures = 0
         except SubstrateUnavailable as exc:
             delay = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
             failures += 1
-            log.warning("relay for %s: %s; retrying in %.2f s", source.user_id, exc, delay)
+            # The first failure, then about once a minute: an outage must not flood the log.
+            level = logging.WARNING if failures % 30 == 1 else logging.DEBUG
+            log.log(
+                level,
+                "relay for %s: %s; retrying in %.2f s (failure %d)",
+                source.user_id,
+                exc,
+                delay,
+                failures,
+            )
             await anyio.sleep(delay)
             draining = True
             continue
