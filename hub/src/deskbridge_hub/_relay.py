@@ -144,8 +144,8 @@ async def relay_loop(
         except SubstrateUnavailable as exc:
             delay = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
             failures += 1
-            # The first failure, then about once a minute: an outage must not flood the log.
-            level = logging.WARNING if failures % 30 == 1 else logging.DEBUG
+            # WARNING for the first failure, then about once a minute; INFO in between.
+            level = logging.WARNING if failures % 30 == 1 else logging.INFO
             log.log(
                 level,
                 "relay for %s: %s; retrying in %.2f s (failure %d)",
