@@ -451,7 +451,7 @@ async def test_bad_token_is_refused_before_the_upgrade_writing_nothing(
         assert got == status
         assert body["error"]["code"] in ("unauthorized", "forbidden")
         assert sub.calls == []  # no presence, no stream, not even a read
-        assert sub.inner._presence == {}
+        assert sub.inner._kv == {}  # no presence (nor any other key) stored
 
 
 async def test_hub_without_a_secret_refuses_every_sidecar_with_503(autojump_clock):

@@ -422,7 +422,7 @@ async def test_presence_returns_within_a_second_after_redis_comes_back_empty(aut
         await trio.sleep(9.5)
         state.substrate.set_unavailable(True)  # Redis down across a heartbeat
         await trio.sleep(5)
-        state.substrate._presence.clear()  # it comes back without its data
+        state.substrate._kv.clear()  # it comes back without its data
         state.substrate.set_unavailable(False)
         back = trio.current_time()
         while not (await bridge.presence("u1")).online:  # noqa: ASYNC110 - mock clock

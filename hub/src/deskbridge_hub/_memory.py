@@ -34,7 +34,7 @@ import anyio.lowlevel
 import attrs
 
 from ._errors import SubstrateUnavailable
-from ._substrate import Claimed, Entry, cancel_key, state_key, tools_key
+from ._substrate import Claimed, Entry, cancel_key, presence_key, state_key, tools_key
 
 StreamID = tuple[int, int]
 
@@ -110,7 +110,6 @@ class MemorySubstrate:
     State lives as long as the object.
     """
 
-    _presence: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
     _streams: dict[str, _Stream] = attrs.field(factory=dict, init=False)
     _results: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _result_waiters: dict[str, _Waiters] = attrs.field(factory=dict, init=False)
@@ -191,10 +190,7 @@ class MemorySubstrate:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        self._presence[user_id] = (session_id, now + ttl_s)
+        self._set(presence_key(user_id), session_id, await self._enter(), ttl_s)
 
     async def get_presence(self, user_id: str) -> str | None:
         """The holder session id, or None when absent or expired.
@@ -202,14 +198,7 @@ class MemorySubstrate:
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        held = self._presence.get(user_id)
-        if held is None:
-            return None
-        if now >= held[1]:
-            del self._presence[user_id]
-            return None
-        return held[0]
+        return self._get(presence_key(user_id), await self._enter())
 
     async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
         """Set presence only if absent (or expired) or held by ``session_id``.
@@ -238,7 +227,7 @@ class MemorySubstrate:
         """
         if await self.get_presence(user_id) != session_id:
             return False
-        del self._presence[user_id]
+        del self._kv[presence_key(user_id)]
         return True
 
     # -- the job stream ----------------------------------------------------------------
