@@ -50,15 +50,6 @@ from ._substrate import Entry, Substrate
 log = logging.getLogger("deskbridge.hub.session")
 
 
-def frame_to_dict_tool(spec: Any) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "description": spec.description,
-        "args_schema": spec.args_schema,
-        "side_effects": spec.side_effects,
-    }
-
-
 class SidecarSocket(Protocol):
     """The little a session needs from a WebSocket (Quart's, or a memory fake)."""
 
@@ -106,7 +97,6 @@ class HubState:
     inflight: dict[str, set[str]] = attrs.field(factory=dict)
     draining: bool = False
     sessions: dict[str, Any] = attrs.field(factory=dict)
-    deliveries_total: int = 0
     requests: int = 0
     requests_changed: trio.Event = attrs.field(factory=trio.Event)
 
@@ -150,7 +140,6 @@ class HubSession:
     _pongs: dict[str, trio.Event] = attrs.field(factory=dict)
     _nursery: trio.Nursery | None = None
     _limiter: trio.CapacityLimiter | None = None
-    _closing: tuple[int, str] | None = None
     _serving: int = 0
     _catalogue: str = "null"
     _superseded: trio.Event = attrs.field(factory=trio.Event)
@@ -212,7 +201,6 @@ class HubSession:
     async def close(self, code: int, reason: str) -> None:
         """End the session from outside (graceful shutdown, superseded): send the close
         frame first, then cancel the session's tasks."""
-        self._closing = (code, reason)
         await self._close(code, reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -258,9 +246,7 @@ class HubSession:
                 other.supersede()  # same process: at once; other processes: next heartbeat
         # A hello without tools (the field is optional) means "catalogue unknown": stored
         # as null, so callers are not refused for tools the sidecar never listed.
-        catalogue = self._catalogue = json.dumps(
-            [frame_to_dict_tool(t) for t in frame.tools] or None
-        )
+        catalogue = self._catalogue = json.dumps([attrs.asdict(t) for t in frame.tools] or None)
         try:
             await self.state.substrate.set_catalogue(self.user_id, catalogue)
             await self.state.substrate.set_presence(self.user_id, self.session_id, t.presence_ttl_s)
@@ -529,7 +515,6 @@ class HubSession:
         delivery_id = uuid.uuid4().hex
         delivery = _Delivery(entry_id=entry.entry_id, envelope=envelope)
         self.deliveries[delivery_id] = delivery
-        self.state.deliveries_total += 1
         try:
             frame = encode_frame(
                 Job(
