@@ -29,7 +29,8 @@ The 2 s floor keeps a hub that welcomes and then at once closes (a loop) from be
 hammered: such sessions count as failed attempts and the window keeps doubling.
 A drop of many healthy sessions at once (a pod died) spreads their reconnects
 uniformly over ``backoff_initial_s``: N desktops arrive at about N / 0.5 s per second
-on the survivors, none in lockstep (``bench/reconnect_spread.py`` prints the figures).
+on the survivors, none in lockstep (``tests/sidecar/test_reconnect.py`` checks the
+spread of 200 daemons on MockClock; ``bench/reconnect_gaps.py`` measures the gap).
 
 The daemon owns the dedupe cache and the tool runner for its whole life, and a nursery
 in which every tool run executes, so runs survive dropped sockets (see ``_runner``).
