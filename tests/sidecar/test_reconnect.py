@@ -7,9 +7,8 @@ import random
 
 import pytest
 import trio
-from deskbridge_sidecar import TokenRefused
-
 from deskbridge_common import Timings
+from deskbridge_sidecar import TokenRefused
 from deskbridge_sidecar._daemon import HEALTHY_SESSION_S
 
 from .conftest import make_daemon

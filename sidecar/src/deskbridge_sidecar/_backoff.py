@@ -40,7 +40,8 @@ class Backoff:
     def __attrs_post_init__(self) -> None:
         if not (self.initial_s > 0 and self.max_s > 0):
             raise ValueError(
-                f"Backoff needs positive initial_s and max_s, got {self.initial_s!r}, {self.max_s!r}"
+                "Backoff needs positive initial_s and max_s, "
+                f"got {self.initial_s!r} and {self.max_s!r}"
             )
 
     def window_s(self) -> float:
