@@ -6,6 +6,7 @@ import random
 
 import pytest
 import trio
+from deskbridge_common import decode_frame, encode_frame
 from deskbridge_sidecar import (
     Backoff,
     ClockGap,
@@ -174,7 +175,7 @@ def test_sidecar_url_refuses(bad):
 
 
 def test_outcome_reply_uses_the_given_id():
-    reply = Outcome.success({"a": 1}).reply("d-9")
+    reply = decode_frame(encode_frame(Outcome.success({"a": 1}).reply("d-9")))
     assert (reply.id, reply.ok, reply.result, reply.error) == ("d-9", True, {"a": 1}, None)
     failure = Outcome.failure("tool_error", "x" * 5000)
     assert len(failure.error.message) == 2000

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import attrs
 import trio
 from deskbridge_common import (
+    CLOSE_ABNORMAL,
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
@@ -74,7 +75,7 @@ QUICK_RETRY_JITTER_S = 0.1
 QUICK_RETRY_STATUSES = frozenset({502, 503, 504})
 #: Close codes of a socket that closed before the welcome, retried quickly after a
 #: restart close (the restarting process accepted it and then went away).
-_QUICK_RETRY_CLOSE_CODES = frozenset({1006, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+_QUICK_RETRY_CLOSE_CODES = frozenset({CLOSE_ABNORMAL, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
 
 
 @attrs.frozen
@@ -349,7 +350,7 @@ class Daemon:
     def _failed(cause: str, reason: str, started_at: float) -> SessionEnd:
         return SessionEnd(
             cause=cause,
-            code=1006,
+            code=CLOSE_ABNORMAL,
             reason=reason,
             by_hub=True,
             session_id=None,
