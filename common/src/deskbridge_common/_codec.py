@@ -281,11 +281,14 @@ def _finite_float(text: str) -> float:
 
 
 def _to_wire(value: Any) -> Any:
+    """A frame field as JSON-ready data: attrs values (ToolSpec, JobError) become objects,
+    tuples of them arrays. Plain data (``args``, ``result``) is left for ``json.dumps``,
+    not walked here (a deeply nested result must not recurse in Python)."""
     if isinstance(value, RawJSON):
         return json.loads(value.text)
     if attrs.has(type(value)):
         return {k: _to_wire(v) for k, v in attrs.asdict(value, recurse=False).items()}
-    if isinstance(value, tuple | list):
+    if isinstance(value, tuple):
         return [_to_wire(v) for v in value]
     return value
 
@@ -295,7 +298,8 @@ def _body(frame: Frame) -> dict[str, Any]:
     for key, value in attrs.asdict(frame, recurse=False).items():
         if value is None and isinstance(frame, Progress | JobResult):
             continue  # optional fields left out when unset
-        body[key] = value if isinstance(value, RawJSON) else _to_wire(value)
+        plain = isinstance(value, RawJSON) or key in ("args", "result", "args_schema")
+        body[key] = value if plain else _to_wire(value)
     if isinstance(frame, JobResult):
         body.pop("error" if frame.ok else "result", None)
         if frame.ok and "result" not in body:
