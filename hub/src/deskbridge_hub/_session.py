@@ -548,6 +548,7 @@ class HubSession:
                     args=envelope.args,
                     idempotency_key=envelope.idempotency_key,
                     deadline=envelope.deadline,
+                    traceparent=envelope.traceparent,
                 )
             )
         except LocalProtocolError as exc:
