@@ -33,6 +33,7 @@ import attrs
 import trio
 from deskbridge_common import Job, JobResult, LocalProtocolError, Timings
 
+from . import _metrics
 from ._errors import SubstrateUnavailable
 from ._jobs import (
     JobEnvelope,
@@ -123,15 +124,18 @@ class EntryServer:
             )
             job_id = entry.fields.get("job_id")
             if job_id:
-                await self.finish(
-                    entry.entry_id, job_id, "failed", failed_payload("malformed", str(exc))
-                )
+                payload = failed_payload("malformed", str(exc))
+                name = entry.fields.get("name", "unknown")
+                await self.finish(entry.entry_id, job_id, "failed", payload, name=name)
             else:
+                _metrics.job_served(entry.fields.get("name", "unknown"), "failed")
                 await self.ack(entry.entry_id)
             return
         job_id = envelope.job_id
         if self.wall_clock() >= envelope.deadline:
-            await self.finish(entry.entry_id, job_id, "expired", expired_payload())
+            await self.finish(
+                entry.entry_id, job_id, "expired", expired_payload(), name=envelope.name
+            )
             return
         delivered = JobState(
             Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
@@ -143,7 +147,9 @@ class EntryServer:
             what=f"mark {job_id} delivered",
         )
         if cancelled:
-            await self.finish(entry.entry_id, job_id, "cancelled", cancelled_before_start())
+            await self.finish(
+                entry.entry_id, job_id, "cancelled", cancelled_before_start(), name=envelope.name
+            )
             return
         try:
             job = Job(
@@ -154,22 +160,24 @@ class EntryServer:
                 idempotency_key=envelope.idempotency_key,
                 deadline=envelope.deadline,
             )
+            _metrics.job_dispatched(envelope.name, self.wall_clock() - envelope.enqueued_at)
             result = await executor.execute(job)
         except LocalProtocolError as exc:
             # An entry no sidecar could accept (written by a buggy producer): answer it
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
-            await self.finish(
-                entry.entry_id, job_id, "failed", failed_payload("bad_job", exc.reason)
-            )
+            payload = failed_payload("bad_job", exc.reason)
+            await self.finish(entry.entry_id, job_id, "failed", payload, name=envelope.name)
             return
         except BaseException:
             await self._mark_interrupted(job_id)  # the socket went away with the job
             raise
         status, payload = outcome_of(result)
-        await self.finish(entry.entry_id, job_id, status, payload)
+        await self.finish(entry.entry_id, job_id, status, payload, name=envelope.name)
 
-    async def finish(self, entry_id: str, job_id: str, status: str, payload: str) -> None:
+    async def finish(
+        self, entry_id: str, job_id: str, status: str, payload: str, *, name: str = "unknown"
+    ) -> None:
         """Publish ``payload`` (retried until durable), record the terminal stage, XACK.
 
         Args:
@@ -177,7 +185,9 @@ class EntryServer:
             job_id: its job.
             status: the payload's outcome (``_jobs.OUTCOMES``).
             payload: the result payload.
+            name: the tool's name (metrics).
         """
+        _metrics.job_served(name, status)
         ttl_s = self.timings.result_ttl_s
         await retrying(
             lambda: self.substrate.publish_result(job_id, payload, ttl_s=ttl_s),

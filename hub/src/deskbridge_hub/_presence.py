@@ -18,6 +18,7 @@ import attrs
 import trio
 from deskbridge_common import CLOSE_SUPERSEDED, Timings
 
+from . import _metrics
 from ._errors import EndSession, SubstrateUnavailable
 from ._retry import CLEANUP_TIMEOUT_S, HEARTBEAT_RETRY_S
 from ._substrate import Substrate
@@ -53,10 +54,15 @@ class PresenceKeeper:
         Raises:
             SubstrateUnavailable: the substrate cannot be reached.
         """
-        await self.substrate.set_catalogue(self.user_id, self.catalogue)
-        await self.substrate.set_presence(
-            self.user_id, self.session_id, self.timings.presence_ttl_s
-        )
+        try:
+            await self.substrate.set_catalogue(self.user_id, self.catalogue)
+            await self.substrate.set_presence(
+                self.user_id, self.session_id, self.timings.presence_ttl_s
+            )
+        except SubstrateUnavailable:
+            _metrics.presence_failed("unavailable")
+            raise
+        _metrics.presence_written("set")
 
     def supersede(self) -> None:
         """A newer session of this user started in this process: hand over at once."""
@@ -93,10 +99,13 @@ class PresenceKeeper:
                 # Retry sooner than a full interval: after Redis comes back (empty), the
                 # desktop must read online again quickly, not a heartbeat later.
                 log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+                _metrics.presence_failed("unavailable")
                 interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
                 continue
             if not ours:
+                _metrics.presence_failed("not_holder")
                 await self._hand_over(wait_idle)
+            _metrics.presence_written("refresh")
             try:  # the holder keeps the catalogue true (a short-lived rival, a Redis restart)
                 await self.substrate.set_catalogue(self.user_id, self.catalogue)
             except SubstrateUnavailable:

@@ -48,6 +48,7 @@ from deskbridge_common import (
     encode_frame,
 )
 
+from . import _metrics
 from ._delivery import EntryServer
 from ._errors import EndSession, SocketClosed, SubstrateUnavailable
 from ._presence import PresenceKeeper
@@ -127,6 +128,7 @@ class HubSession:
             self.state.substrate, self.user_id, self.state.consumer, self.state.timings
         )
         self.state.sessions[self.session_id] = self
+        _metrics.session_opened()
         if self.state.drain.active:
             self.stop_reading()
         end: EndSession | None = None
@@ -155,6 +157,7 @@ class HubSession:
             if end is None:
                 log.info("session %s of %s ends (socket gone)", self.session_id, self.user_id)
             self.state.sessions.pop(self.session_id, None)
+            _metrics.session_closed()
             await presence.clear()
         if end is not None:
             log.info(

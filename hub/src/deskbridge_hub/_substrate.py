@@ -31,6 +31,7 @@ from typing import Protocol
 
 import attrs
 
+from ._inspection import QueueInfo
 from ._jobstate import JobState
 
 GROUP = "bridge-workers"
@@ -150,6 +151,10 @@ class StreamSubstrate(Protocol):
         """XGROUP DELCONSUMER every consumer but ``keep`` with nothing pending and idle for
         at least ``idle_ms``; returns how many. (A deleted consumer that reads again is
         recreated by Redis.)"""
+
+    async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
+        """XLEN + XPENDING of the user's stream, up to ``count`` pending entries
+        (read-only: metrics and the admin API)."""
 
 
 class ResultSubstrate(Protocol):
