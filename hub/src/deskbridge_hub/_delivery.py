@@ -125,16 +125,16 @@ class EntryServer:
             job_id = entry.fields.get("job_id")
             if job_id:
                 payload = failed_payload("malformed", str(exc))
-                name = entry.fields.get("name", "unknown")
-                await self.finish(entry.entry_id, job_id, "failed", payload, name=name)
+                tool = entry.fields.get("name")
+                await self.finish(entry.entry_id, job_id, "failed", payload, tool=tool)
             else:
-                _metrics.job_served(entry.fields.get("name", "unknown"), "failed")
+                _metrics.job_served(self, "failed", tool=entry.fields.get("name"))
                 await self.ack(entry.entry_id)
             return
         job_id = envelope.job_id
         if self.wall_clock() >= envelope.deadline:
             await self.finish(
-                entry.entry_id, job_id, "expired", expired_payload(), name=envelope.name
+                entry.entry_id, job_id, "expired", expired_payload(), envelope=envelope
             )
             return
         delivered = JobState(
@@ -148,14 +148,14 @@ class EntryServer:
         )
         if cancelled:
             await self.finish(
-                entry.entry_id, job_id, "cancelled", cancelled_before_start(), name=envelope.name
+                entry.entry_id, job_id, "cancelled", cancelled_before_start(), envelope=envelope
             )
             return
         try:
             job = Job(
                 id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)
                 job_id=job_id,
-                name=envelope.name,
+                envelope=envelope,
                 args=envelope.args,
                 idempotency_key=envelope.idempotency_key,
                 deadline=envelope.deadline,
@@ -167,16 +167,23 @@ class EntryServer:
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
             payload = failed_payload("bad_job", exc.reason)
-            await self.finish(entry.entry_id, job_id, "failed", payload, name=envelope.name)
+            await self.finish(entry.entry_id, job_id, "failed", payload, envelope=envelope)
             return
         except BaseException:
             await self._mark_interrupted(job_id)  # the socket went away with the job
             raise
         status, payload = outcome_of(result)
-        await self.finish(entry.entry_id, job_id, status, payload, name=envelope.name)
+        await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope)
 
     async def finish(
-        self, entry_id: str, job_id: str, status: str, payload: str, *, name: str = "unknown"
+        self,
+        entry_id: str,
+        job_id: str,
+        status: str,
+        payload: str,
+        *,
+        envelope: JobEnvelope | None = None,
+        tool: str | None = None,
     ) -> None:
         """Publish ``payload`` (retried until durable), record the terminal stage, XACK.
 
@@ -185,9 +192,10 @@ class EntryServer:
             job_id: its job.
             status: the payload's outcome (``_jobs.OUTCOMES``).
             payload: the result payload.
-            name: the tool's name (metrics).
+            envelope: the decoded entry, if it decoded (metrics and the job's log line).
+            tool: the tool's name when the entry did not decode.
         """
-        _metrics.job_served(name, status)
+        _metrics.job_served(self, status, envelope, job_id=job_id, tool=tool)
         ttl_s = self.timings.result_ttl_s
         await retrying(
             lambda: self.substrate.publish_result(job_id, payload, ttl_s=ttl_s),

@@ -51,6 +51,7 @@ from deskbridge_common import (
 from . import _metrics
 from ._delivery import EntryServer
 from ._errors import EndSession, SocketClosed, SubstrateUnavailable
+from ._logging import fields
 from ._presence import PresenceKeeper
 from ._process import HubState
 from ._relay import EntrySource, relay_loop
@@ -155,13 +156,23 @@ class HubSession:
             end = group.exceptions[0]  # type: ignore[assignment]
         finally:
             if end is None:
-                log.info("session %s of %s ends (socket gone)", self.session_id, self.user_id)
+                log.info(
+                    "session %s of %s ends (socket gone)",
+                    self.session_id,
+                    self.user_id,
+                    extra=fields(user_id=self.user_id, session_id=self.session_id),
+                )
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             await presence.clear()
         if end is not None:
             log.info(
-                "session %s of %s ends: %s %s", self.session_id, self.user_id, end.code, end.reason
+                "session %s of %s ends: %s %s",
+                self.session_id,
+                self.user_id,
+                end.code,
+                end.reason,
+                extra=fields(user_id=self.user_id, session_id=self.session_id),
             )
             await self._close(end.code, end.reason)
 
@@ -251,9 +262,12 @@ class HubSession:
             )
         )
         log.info(
-            "session %s: %s online (sidecar %s)", self.session_id, self.user_id,
+            "session %s: %s online (sidecar %s)",
+            self.session_id,
+            self.user_id,
             frame.sidecar_version,
-        )  # fmt: skip
+            extra=fields(user_id=self.user_id, session_id=self.session_id),
+        )
         return presence
 
     def _decode(self, raw: str | bytes) -> Frame:
