@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
+from ._mcp_mount import mount_mcp
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
@@ -310,6 +311,7 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     return app
 
 
