@@ -22,11 +22,15 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from . import _metrics
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
-from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
+from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
+from ._logging import fields
 from ._mcp_mount import mount_mcp
-from ._session import HubState, SocketClosed, serve_sidecar
+from ._process import HubState
+from ._retry import CLEANUP_TIMEOUT_S
+from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
 from ._tokens import TokenExpired, TokenRejected, verify_token_claims
@@ -154,11 +158,16 @@ def create_app(
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+        lag_probe = trio.CancelScope()
+        app.add_background_task(
+            _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
+        )
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
-            with trio.move_on_after(2.0, shield=True):
+            lag_probe.cancel()
+            with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
     def _authorised() -> bool:
@@ -175,7 +184,7 @@ def create_app(
 
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
-        if request.path.startswith("/v1/") and not _authorised():
+        if _needs_key(request.path) and not _authorised():
             return _error(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
             )
@@ -215,8 +224,15 @@ def create_app(
         out (sockets stay up and callers get the hub's own 503 "unavailable")."""
         state: HubState = holder["state"]
         return _json(
-            {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
+            {"ok": not state.drain.active, "draining": state.drain.active},
+            503 if state.drain.active else 200,
         )
+
+    @app.get("/metrics")
+    async def metrics():  # type: ignore[no-untyped-def]
+        """Prometheus exposition (API key required, as /v1/; docs/operations.md)."""
+        await _metrics.refresh(holder["state"])
+        return Response(_metrics.render(), status=200, content_type=_metrics.CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
@@ -251,7 +267,7 @@ def create_app(
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].dispatch(
             user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
@@ -277,7 +293,7 @@ def create_app(
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].status(user_id)
         return _outcome_response(outcome)
@@ -292,7 +308,7 @@ def create_app(
             )
         if scheme.lower() != "bearer" or not token:
             return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
-        if holder["state"].draining:  # graceful restart: send the sidecar to a live replica
+        if holder["state"].drain.active:  # graceful restart: send the sidecar to a live replica
             return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
             user_id, expires_at = verify_token_claims(token.strip(), config.secrets)
@@ -312,6 +328,66 @@ def create_app(
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
+    app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
+    return app
+
+
+def _needs_key(path: str) -> bool:
+    """Routes behind the API key: the dispatch API, metrics and the admin pages."""
+    return path.startswith(("/v1/", "/admin")) or path == "/metrics"
+
+
+async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` under ``scope`` (cancelled when the app stops serving)."""
+    with scope:
+        await fn(*args)
+
+
+#: Paths probed by load balancers and Prometheus: their access lines are DEBUG.
+_QUIET_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
+access_log = logging.getLogger("deskbridge.hub.access")
+
+
+def _access_log(asgi_app: Any) -> Any:
+    """ASGI middleware: one INFO line per HTTP request once its response has started
+    (method, path, status, elapsed_ms, client), as ``extra`` fields for JSON logs."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await asgi_app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[int] = []
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await asgi_app(scope, receive, sending)
+        finally:
+            path = scope.get("path", "")
+            client = scope.get("client") or ("-", 0)
+            elapsed_s = time.monotonic() - started
+            code = status[0] if status else 0
+            access_log.log(
+                logging.DEBUG if path in _QUIET_PATHS and code < 500 else logging.INFO,
+                '%s - "%s %s" %s %.1f ms',
+                client[0],
+                scope.get("method", "-"),
+                path,
+                code or "-",
+                elapsed_s * 1000,
+                extra=fields(
+                    method=scope.get("method"),
+                    path=path,
+                    status=code or None,
+                    client=client[0],
+                    elapsed_s=elapsed_s,
+                ),
+            )
+
     return app
 
 
@@ -324,7 +400,7 @@ def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
         if scope["type"] != "http" or state is None:
             await asgi_app(scope, receive, send)
             return
-        with state.tracking_request():
+        with state.drain.tracking_request():
             await asgi_app(scope, receive, send)
 
     return app
