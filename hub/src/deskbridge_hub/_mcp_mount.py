@@ -92,7 +92,7 @@ def mount_mcp(
     endpoints = McpEndpoints(
         get_nursery=lambda: app.nursery,
         get_bridge=lambda: holder.get("bridge"),
-        is_draining=lambda: bool(getattr(holder.get("state"), "draining", False)),
+        is_draining=lambda: _draining(holder),
     )
     holder["mcp"] = endpoints
 
@@ -122,6 +122,11 @@ def mount_mcp(
         await endpoint.manager.handle_request(scope, receive, send)
 
     return mcp_app
+
+
+def _draining(holder: dict[str, Any]) -> bool:
+    state = holder.get("state")
+    return state is not None and bool(state.drain.active)
 
 
 def _authorised(scope: Any, api_keys: tuple[str, ...]) -> bool:
