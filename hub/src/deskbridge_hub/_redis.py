@@ -61,6 +61,7 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.pool import ConnectionPool
 
 from . import _metrics
+from ._directory import RedisDirectory
 from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
@@ -282,7 +283,7 @@ class _Session:
         return replies
 
 
-class RedisSubstrate:
+class RedisSubstrate(RedisDirectory):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 
     Args:

@@ -48,7 +48,7 @@ from deskbridge_common import (
     encode_frame,
 )
 
-from . import _metrics
+from . import _directory, _metrics
 from ._delivery import EntryServer
 from ._errors import EndSession, SocketClosed, SubstrateUnavailable
 from ._logging import fields
@@ -130,6 +130,7 @@ class HubSession:
         )
         self.state.sessions[self.session_id] = self
         _metrics.session_opened()
+        await _directory.connected(self)  # the admin API's index (best effort)
         if self.state.drain.active:
             self.stop_reading()
         end: EndSession | None = None
@@ -165,6 +166,8 @@ class HubSession:
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             await presence.clear()
+            end_of = (end.code, end.reason) if end else (None, "socket gone")
+            await _directory.disconnected(self, *end_of)
         if end is not None:
             log.info(
                 "session %s of %s ends: %s %s",
