@@ -526,10 +526,45 @@ async def test_job_state_and_cancel_flag(case: Case) -> None:
     assert await case.substrate.get_job_state(job) is None
     await case.substrate.set_job_state(job, "queued", ttl_s=60)
     assert await case.substrate.get_job_state(job) == "queued"
-    assert await case.substrate.mark_delivered(job, "delivered", ttl_s=60) is False
+    marked = await case.substrate.mark_delivered(job, "delivered", ttl_s=60)
+    assert marked.verdict == "delivered"
     assert await case.substrate.get_job_state(job) == "delivered"
+    await case.substrate.set_job_state(job, "queued", ttl_s=60)
     await case.substrate.request_cancel(job, ttl_s=60)
-    assert await case.substrate.mark_delivered(job, "delivered", ttl_s=60) is True
+    marked = await case.substrate.mark_delivered(job, "delivered", ttl_s=60)
+    assert marked.verdict == "cancelled"
+    assert await case.substrate.get_job_state(job) == "queued"  # not forwarded: untouched
+
+
+async def test_deadline_is_set_and_judged_on_the_substrate_clock(case: Case) -> None:
+    """enqueue(start_within_s) stamps deadline/enqueued_at from the substrate's clock
+    (Redis TIME); mark_delivered compares the deadline with that same clock."""
+    user, job = case.user(), case.job()
+    await case.substrate.enqueue(user, {"job_id": job}, maxlen=100, start_within_s=30.0)
+    (entry,) = await case.substrate.read_new(user, "c1", count=1, block_ms=1)
+    assert entry.fields is not None
+    deadline, enqueued_at = float(entry.fields["deadline"]), float(entry.fields["enqueued_at"])
+    assert deadline - enqueued_at == pytest.approx(30.0, abs=0.002)
+    marked = await case.substrate.mark_delivered(job, "delivered", ttl_s=60, deadline=deadline)
+    assert marked.verdict == "delivered"
+    assert enqueued_at - 0.002 <= marked.server_time < enqueued_at + 5.0
+    assert await case.substrate.get_job_state(job) == "delivered"
+    # a deadline already passed on the substrate's clock: expired, state untouched
+    other = case.job()
+    await case.substrate.set_job_state(other, "queued", ttl_s=60)
+    marked = await case.substrate.mark_delivered(
+        other, "delivered", ttl_s=60, deadline=enqueued_at - 1.0
+    )
+    assert marked.verdict == "expired"
+    assert await case.substrate.get_job_state(other) == "queued"
+    # start_within_s=0: expired as soon as it is read
+    await case.substrate.enqueue(user, {"job_id": other}, maxlen=100, start_within_s=0.0)
+    (late,) = await case.substrate.read_new(user, "c1", count=1, block_ms=1)
+    assert late.fields is not None
+    marked = await case.substrate.mark_delivered(
+        other, "delivered", ttl_s=60, deadline=float(late.fields["deadline"])
+    )
+    assert marked.verdict == "expired"
 
 
 async def test_catalogue_round_trips(case: Case) -> None:

@@ -84,6 +84,13 @@ def _number(field: str, value: Any) -> float:
     return float(value)
 
 
+def _non_negative(field: str, value: Any) -> float:
+    number = _number(field, value)
+    if number < 0:
+        raise RemoteProtocolError(field, "must not be negative")
+    return number
+
+
 def _positive(field: str, value: Any) -> float:
     number = _number(field, value)
     if number <= 0:
@@ -158,6 +165,7 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "args": (_object, True),
             "idempotency_key": (_str(), True),
             "deadline": (_number, True),
+            "timeout_s": (_non_negative, False),
         },
     ),
     "job_result": (
@@ -276,6 +284,8 @@ def _to_wire(value: Any) -> Any:
 def frame_to_dict(frame: Frame) -> dict[str, Any]:
     """Return the JSON object for ``frame`` (optional fields left out when unset)."""
     body = _to_wire(frame)
+    if isinstance(frame, Job) and frame.timeout_s is None:
+        body.pop("timeout_s", None)
     if isinstance(frame, JobResult):
         if frame.ok:
             body.pop("error", None)

@@ -473,7 +473,26 @@ class HubSession:
                 )
             await self._ack(entry.entry_id)
             return
-        if self.state.wall_clock() >= envelope.deadline:
+        state = json.dumps(
+            {
+                "stage": "delivered",
+                "user_id": self.user_id,
+                "session_id": self.session_id,
+                "at": self.state.wall_clock(),
+            }
+        )
+        # The deadline was set on the substrate's clock (Redis TIME) and is judged there,
+        # in the same step that records the delivery: no hub's own clock decides it.
+        marked = await _retrying(
+            lambda: self.state.substrate.mark_delivered(
+                envelope.job_id,
+                state,
+                ttl_s=self.state.timings.result_ttl_s,
+                deadline=envelope.deadline,
+            ),
+            what=f"mark {envelope.job_id} delivered",
+        )
+        if marked.verdict == "expired":
             await self._publish(
                 envelope.job_id,
                 result_payload(
@@ -487,21 +506,7 @@ class HubSession:
             )
             await self._ack(entry.entry_id)
             return
-        state = json.dumps(
-            {
-                "stage": "delivered",
-                "user_id": self.user_id,
-                "session_id": self.session_id,
-                "at": self.state.wall_clock(),
-            }
-        )
-        cancelled = await _retrying(
-            lambda: self.state.substrate.mark_delivered(
-                envelope.job_id, state, ttl_s=self.state.timings.result_ttl_s
-            ),
-            what=f"mark {envelope.job_id} delivered",
-        )
-        if cancelled:
+        if marked.verdict == "cancelled":
             await self._publish(
                 envelope.job_id,
                 result_payload(
@@ -512,6 +517,9 @@ class HubSession:
             )
             await self._ack(entry.entry_id)
             return
+        # The sidecar gets the time left as a duration (its clock may be anything);
+        # ``deadline`` is that duration added to this hub's clock, for old readers.
+        left_s = max(0.0, envelope.deadline - marked.server_time)
         delivery_id = uuid.uuid4().hex
         delivery = _Delivery(entry_id=entry.entry_id, envelope=envelope)
         self.deliveries[delivery_id] = delivery
@@ -523,7 +531,8 @@ class HubSession:
                     name=envelope.name,
                     args=envelope.args,
                     idempotency_key=envelope.idempotency_key,
-                    deadline=envelope.deadline,
+                    deadline=self.state.wall_clock() + left_s,
+                    timeout_s=left_s,
                 )
             )
         except LocalProtocolError as exc:

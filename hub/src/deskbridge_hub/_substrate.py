@@ -92,6 +92,23 @@ class Claimed:
     deleted_ids: tuple[str, ...]
 
 
+@attrs.frozen
+class Marked:
+    """Reply of :meth:`Substrate.mark_delivered`.
+
+    Attributes:
+        verdict: ``"delivered"`` (state written: forward the job), ``"expired"`` (its
+            deadline has passed on the substrate's clock; state untouched) or
+            ``"cancelled"`` (a cancel was requested; state untouched).
+        server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
+            ``deadline - server_time`` is the time the job has left, measured on the one
+            clock that set the deadline (docs/operations.md, "Clocks").
+    """
+
+    verdict: str
+    server_time: float
+
+
 class Substrate(Protocol):
     async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
         """SET presence = session_id with a TTL of ttl_s (> 0) seconds (heartbeat).
@@ -107,9 +124,19 @@ class Substrate(Protocol):
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
-    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
+    async def enqueue(
+        self,
+        user_id: str,
+        fields: Mapping[str, str],
+        *,
+        maxlen: int,
+        start_within_s: float | None = None,
+    ) -> str:
         """XADD with MAXLEN ~ maxlen; creates group GROUP (from 0, MKSTREAM) if missing.
-        Returns the entry ID."""
+        With ``start_within_s`` (>= 0) the entry also gets ``deadline`` = server time +
+        start_within_s and ``enqueued_at`` = server time (Unix seconds on the substrate's
+        clock, Redis ``TIME``), written by the same atomic step: a job's deadline is set
+        and compared on one clock. Returns the entry ID."""
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
         """XREADGROUP ... STREAMS key 0: this consumer's own pending entries (bodies may be None).
@@ -171,9 +198,13 @@ class Substrate(Protocol):
     async def get_job_state(self, job_id: str) -> str | None:
         """GET ``bridge:state:{job_id}``."""
 
-    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
-        """In one round trip: GET the cancel flag and SET the job state. Returns True if
-        a cancel was requested (the caller must not forward the job)."""
+    async def mark_delivered(
+        self, job_id: str, state: str, *, ttl_s: float, deadline: float | None = None
+    ) -> Marked:
+        """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
+        that clock) has passed answer ``expired``; else if a cancel was requested answer
+        ``cancelled``; else SET the job state PX ttl and answer ``delivered``. Only
+        ``delivered`` may be forwarded."""
 
     async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{job_id}`` PX ttl."""
