@@ -20,9 +20,11 @@ from typing import Any
 import trio
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
+from . import _metrics
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
-from ._config import HubConfig
+from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
@@ -50,7 +52,7 @@ def make_consumer_name() -> str:
 
 
 def _default_substrate(config: HubConfig) -> Substrate:
-    if config.redis_url:
+    if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
         return RedisSubstrate.from_url(config.redis_url)
@@ -152,10 +154,15 @@ def create_app(
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+        lag_probe = trio.CancelScope()
+        app.add_background_task(
+            _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
+        )
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
+            lag_probe.cancel()
             with trio.move_on_after(2.0, shield=True):
                 await sub.aclose()
 
@@ -173,7 +180,7 @@ def create_app(
 
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
-        if request.path.startswith("/v1/") and not _authorised():
+        if _needs_key(request.path) and not _authorised():
             return _error(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
             )
@@ -193,6 +200,19 @@ def create_app(
     async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
         return _error(400, "bad_request", str(exc), field=exc.field)
 
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
+        """Unmatched routes, wrong methods and the like answer JSON, as every other
+        error of the API does (Quart's default is an HTML page)."""
+        status = exc.code or 500
+        code = (exc.name or "error").lower().replace(" ", "_").replace("'", "")
+        message = f"{exc.name}: {request.method} {request.path}"
+        response = _error(status, code, message)
+        allowed = getattr(exc, "valid_methods", None)
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+        return response
+
     @app.get("/livez")
     async def livez():  # type: ignore[no-untyped-def]
         """Liveness: the process serves HTTP (no Redis round trip). A load balancer that
@@ -202,6 +222,12 @@ def create_app(
         return _json(
             {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
         )
+
+    @app.get("/metrics")
+    async def metrics():  # type: ignore[no-untyped-def]
+        """Prometheus exposition (API key required, as /v1/; docs/operations.md)."""
+        await _metrics.refresh(holder["state"])
+        return Response(_metrics.render(), status=200, content_type=_metrics.CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
@@ -304,6 +330,17 @@ def create_app(
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     return app
+
+
+def _needs_key(path: str) -> bool:
+    """Routes behind the API key: the dispatch API, metrics and the admin pages."""
+    return path.startswith(("/v1/", "/admin")) or path == "/metrics"
+
+
+async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` under ``scope`` (cancelled when the app stops serving)."""
+    with scope:
+        await fn(*args)
 
 
 def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
