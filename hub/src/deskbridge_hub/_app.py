@@ -26,6 +26,7 @@ from . import _metrics
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
+from ._logging import fields
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
@@ -329,6 +330,7 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 
 
@@ -341,6 +343,54 @@ async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
     """Run ``fn(*args)`` under ``scope`` (cancelled when the app stops serving)."""
     with scope:
         await fn(*args)
+
+
+#: Paths probed by load balancers and Prometheus: their access lines are DEBUG.
+_QUIET_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
+access_log = logging.getLogger("deskbridge.hub.access")
+
+
+def _access_log(asgi_app: Any) -> Any:
+    """ASGI middleware: one INFO line per HTTP request once its response has started
+    (method, path, status, elapsed_ms, client), as ``extra`` fields for JSON logs."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await asgi_app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[int] = []
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await asgi_app(scope, receive, sending)
+        finally:
+            path = scope.get("path", "")
+            client = scope.get("client") or ("-", 0)
+            elapsed_s = time.monotonic() - started
+            code = status[0] if status else 0
+            access_log.log(
+                logging.DEBUG if path in _QUIET_PATHS and code < 500 else logging.INFO,
+                '%s - "%s %s" %s %.1f ms',
+                client[0],
+                scope.get("method", "-"),
+                path,
+                code or "-",
+                elapsed_s * 1000,
+                extra=fields(
+                    method=scope.get("method"),
+                    path=path,
+                    status=code or None,
+                    client=client[0],
+                    elapsed_s=elapsed_s,
+                ),
+            )
+
+    return app
 
 
 def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:

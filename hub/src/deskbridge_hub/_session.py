@@ -44,6 +44,7 @@ from deskbridge_common import (
 from . import _metrics
 from ._errors import SubstrateUnavailable
 from ._jobs import JobEnvelope, MalformedEntry, result_payload
+from ._logging import fields
 from ._relay import EntrySource, relay_loop
 from ._schema import check_tool_schema
 from ._substrate import Entry, Substrate
@@ -187,7 +188,12 @@ class HubSession:
             end = group.exceptions[0]  # type: ignore[assignment]
         finally:
             if end is None:
-                log.info("session %s of %s ends (socket gone)", self.session_id, self.user_id)
+                log.info(
+                    "session %s of %s ends (socket gone)",
+                    self.session_id,
+                    self.user_id,
+                    extra=fields(user_id=self.user_id, session_id=self.session_id),
+                )
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             with trio.move_on_after(2.0, shield=True):
@@ -197,7 +203,12 @@ class HubSession:
                     log.warning("could not clear presence of %s: %s", self.user_id, exc)
         if end is not None:
             log.info(
-                "session %s of %s ends: %s %s", self.session_id, self.user_id, end.code, end.reason
+                "session %s of %s ends: %s %s",
+                self.session_id,
+                self.user_id,
+                end.code,
+                end.reason,
+                extra=fields(user_id=self.user_id, session_id=self.session_id),
             )
             await self._close(end.code, end.reason)
 
@@ -272,6 +283,7 @@ class HubSession:
             self.session_id,
             self.user_id,
             frame.sidecar_version,
+            extra=fields(user_id=self.user_id, session_id=self.session_id),
         )
 
     def _decode(self, raw: str | bytes) -> Frame:
@@ -426,7 +438,7 @@ class HubSession:
                 entry_id,
                 job_id,
             )
-            _metrics.job_served("unknown", "lost")
+            _metrics.job_served(self, "lost", job_id=job_id)
             await self._publish(
                 job_id,
                 result_payload(
@@ -475,7 +487,7 @@ class HubSession:
                 exc,
             )
             job_id = entry.fields.get("job_id")
-            _metrics.job_served(entry.fields.get("name", "unknown"), "failed")
+            _metrics.job_served(self, "failed", job_id=job_id, tool=entry.fields.get("name"))
             if job_id:
                 await self._publish(
                     job_id,
@@ -503,7 +515,7 @@ class HubSession:
             what=f"mark {envelope.job_id} delivered",
         )
         if marked.verdict == "expired":
-            _metrics.job_served(envelope.name, "expired")
+            _metrics.job_served(self, "expired", envelope)
             await self._publish(
                 envelope.job_id,
                 result_payload(
@@ -518,7 +530,7 @@ class HubSession:
             await self._ack(entry.entry_id)
             return
         if marked.verdict == "cancelled":
-            _metrics.job_served(envelope.name, "cancelled")
+            _metrics.job_served(self, "cancelled", envelope)
             await self._publish(
                 envelope.job_id,
                 result_payload(
@@ -552,7 +564,7 @@ class HubSession:
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
             self.deliveries.pop(delivery_id, None)
-            _metrics.job_served(envelope.name, "failed")
+            _metrics.job_served(self, "failed", envelope)
             await self._publish(
                 envelope.job_id,
                 result_payload("failed", error={"code": "bad_job", "message": exc.reason}),
@@ -577,7 +589,7 @@ class HubSession:
             message = error.message if error else "failed"
             status = code if code in ("expired", "cancelled") else "failed"
             payload = result_payload(status, error={"code": code, "message": message})
-        _metrics.job_served(envelope.name, "completed" if result.ok else status)
+        _metrics.job_served(self, "completed" if result.ok else status, envelope)
         await self._publish(envelope.job_id, payload)
         await self._ack(entry.entry_id)
 
