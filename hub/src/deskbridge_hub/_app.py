@@ -25,9 +25,11 @@ from werkzeug.exceptions import HTTPException
 from . import _metrics
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
-from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
+from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
 from ._logging import fields
-from ._session import HubState, SocketClosed, serve_sidecar
+from ._process import HubState
+from ._retry import CLEANUP_TIMEOUT_S
+from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
@@ -164,7 +166,7 @@ def create_app(
             yield
         finally:
             lag_probe.cancel()
-            with trio.move_on_after(2.0, shield=True):
+            with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
     def _authorised() -> bool:
@@ -221,7 +223,8 @@ def create_app(
         out (sockets stay up and callers get the hub's own 503 "unavailable")."""
         state: HubState = holder["state"]
         return _json(
-            {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
+            {"ok": not state.drain.active, "draining": state.drain.active},
+            503 if state.drain.active else 200,
         )
 
     @app.get("/metrics")
@@ -263,7 +266,7 @@ def create_app(
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].dispatch(
             user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
@@ -289,7 +292,7 @@ def create_app(
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].status(user_id)
         return _outcome_response(outcome)
@@ -304,7 +307,7 @@ def create_app(
             )
         if scheme.lower() != "bearer" or not token:
             return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
-        if holder["state"].draining:  # graceful restart: send the sidecar to a live replica
+        if holder["state"].drain.active:  # graceful restart: send the sidecar to a live replica
             return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
             user_id, expires_at = verify_token_claims(
@@ -402,7 +405,7 @@ def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
         if scope["type"] != "http" or state is None:
             await asgi_app(scope, receive, send)
             return
-        with state.tracking_request():
+        with state.drain.tracking_request():
             await asgi_app(scope, receive, send)
 
     return app

@@ -36,6 +36,7 @@ import attrs
 
 from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
+from ._jobstate import JobState
 from ._substrate import Claimed, Entry, Marked, cancel_key, presence_key, state_key, tools_key
 
 StreamID = tuple[int, int]
@@ -565,15 +566,15 @@ class MemorySubstrate:
         await self._enter()
         return self._index.get(user_id, {}).pop(_parse_id(entry_id), None) is not None
 
-    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
+    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
         """Store what is known about ``job_id`` for ``ttl_s`` seconds.
 
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
-        self._set(state_key(job_id), state, await self._enter(), ttl_s)
+        self._set(state_key(job_id), state.encode(), await self._enter(), ttl_s)
 
-    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
         """Store the state only if no live state exists for ``job_id``; True if stored.
 
         Raises:
@@ -582,15 +583,21 @@ class MemorySubstrate:
         now = await self._enter()
         if self._get(state_key(job_id), now) is not None:
             return False
-        self._set(state_key(job_id), state, now, ttl_s)
+        self._set(state_key(job_id), state.encode(), now, ttl_s)
         return True
 
-    async def get_job_state(self, job_id: str) -> str | None:
-        """The stored state, or None. Raises SubstrateUnavailable when marked so."""
-        return self._get(state_key(job_id), await self._enter())
+    async def get_job_state(self, job_id: str) -> JobState | None:
+        """The stored state, or None.
+
+        Raises:
+            MalformedState: the stored value is not a job state.
+            SubstrateUnavailable: marked unavailable.
+        """
+        raw = self._get(state_key(job_id), await self._enter())
+        return None if raw is None else JobState.decode(raw)
 
     async def mark_delivered(
-        self, job_id: str, state: str, *, ttl_s: float, deadline: float | None = None
+        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
     ) -> Marked:
         """Expired (``deadline`` passed on :meth:`server_time`), else cancelled (flag
         set), else set the state and answer delivered.
@@ -604,7 +611,7 @@ class MemorySubstrate:
             return Marked("expired", at)
         if self._get(cancel_key(job_id), now) is not None:
             return Marked("cancelled", at)
-        self._set(state_key(job_id), state, now, ttl_s)
+        self._set(state_key(job_id), state.encode(), now, ttl_s)
         return Marked("delivered", at)
 
     async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:

@@ -38,7 +38,7 @@ from prometheus_client import (
 from ._logging import fields
 
 if TYPE_CHECKING:
-    from ._session import HubState
+    from ._process import HubState
 
 #: Buckets for job latencies, seconds: from a 20 ms status round trip (the field figure)
 #: to the 90 s default call timeout and the 180 s reclaim idle.
@@ -179,7 +179,8 @@ def job_served(
     """An entry answered by the socket holder: count it and log the job's one INFO line.
 
     Args:
-        session: the ``HubSession`` (user, session id, wall clock).
+        session: the ``EntryServer`` serving it (``user_id``, ``session_id``,
+            ``wall_clock``).
         outcome: the terminal outcome published for the job.
         envelope: the entry's ``JobEnvelope`` when it decoded (tool, job id, enqueue time).
         job_id, tool: what is known when the body is gone (lost) or malformed.
@@ -194,7 +195,7 @@ def job_served(
         EXPIRED.inc()
     elapsed_s = None
     if envelope is not None:
-        elapsed_s = max(session.state.wall_clock() - envelope.enqueued_at, 0.0)
+        elapsed_s = max(session.wall_clock() - envelope.enqueued_at, 0.0)
     jobs_log.info(
         "job %s finished: %s (%s)",
         job_id,
@@ -280,7 +281,7 @@ async def refresh(state: HubState) -> None:
     """
     from ._errors import SubstrateUnavailable
 
-    DRAINING.set(1 if state.draining else 0)
+    DRAINING.set(1 if state.drain.active else 0)
     users = {s.user_id for s in list(state.sessions.values())}
     CONNECTED_USERS.set(len(users))
     length = pending = 0
