@@ -76,6 +76,8 @@ class Job:
         timeout_s: seconds left before the deadline when the hub sent the frame (a
             duration, as gRPC propagates deadlines as ``grpc-timeout``): the sidecar's
             deadline is its own clock at receipt plus this. Optional (older hubs).
+        traceparent: the caller's W3C trace context (``traceparent`` header value), so
+            the tool runs in the caller's trace; left out of the frame when None.
     """
 
     id: str
@@ -85,6 +87,7 @@ class Job:
     idempotency_key: str
     deadline: float
     timeout_s: float | None = None
+    traceparent: str | None = None
     type = "job"
 
 

@@ -34,6 +34,7 @@ from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._schema import validate_args
 from ._substrate import Substrate
+from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
@@ -207,7 +208,8 @@ class Bridge:
         # this process sends only a duration (docs/operations.md, "Clocks").
         now = self.wall_clock()
         start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
-        fields = job_fields(job_id, name, args, idempotency_key)
+        # the caller's trace context goes on to the tool
+        fields = job_fields(job_id, name, args, idempotency_key, current_traceparent())
         queued = JobState(Stage.QUEUED, user_id, at=now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         if not await self.substrate.claim_job(job_id, queued, ttl_s=state_ttl_s):

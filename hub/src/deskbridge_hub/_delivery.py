@@ -165,6 +165,7 @@ class EntryServer:
                 idempotency_key=envelope.idempotency_key,
                 deadline=self.wall_clock() + left_s,
                 timeout_s=left_s,
+                traceparent=envelope.traceparent,
             )
             _metrics.job_dispatched(envelope.name, marked.server_time - envelope.enqueued_at)
             result = await executor.execute(job)
