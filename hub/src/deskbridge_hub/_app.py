@@ -22,11 +22,12 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _metrics
+from . import _metrics, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
 from ._logging import fields
+from ._mcp_mount import mount_mcp
 from ._process import HubState
 from ._retry import CLEANUP_TIMEOUT_S
 from ._session import serve_sidecar
@@ -268,9 +269,10 @@ def create_app(
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
-        outcome = await holder["bridge"].dispatch(
-            user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
-        )
+        with _tracing.extracted(request.headers):  # a W3C traceparent header, if any
+            outcome = await holder["bridge"].dispatch(
+                user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
+            )
         return _outcome_response(outcome)
 
     @app.get("/v1/users/<user_id>/tools")
@@ -326,6 +328,7 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 
