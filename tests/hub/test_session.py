@@ -36,7 +36,7 @@ def wall() -> float:
 
 def make_state(**timings) -> HubState:
     return HubState(
-        substrate=MemorySubstrate(),
+        substrate=MemorySubstrate(clock=wall),
         timings=Timings(**timings),
         consumer="hub-1",
         wall_clock=wall,
@@ -398,7 +398,7 @@ async def test_drain_waits_for_dispatch_requests_waiting_in_this_process(autojum
     done = []
 
     async def request(seconds):
-        with state.tracking_request():
+        with state.drain.tracking_request():
             await trio.sleep(seconds)
         done.append(seconds)
 

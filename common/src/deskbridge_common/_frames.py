@@ -70,8 +70,14 @@ class Job:
         args: keyword arguments for the tool (a JSON object).
         idempotency_key: set once by the requester, unchanged on every redelivery; the
             sidecar deduplicates on it.
-        deadline: absolute deadline, Unix time in seconds (wall clock); a job arriving
-            after it must not start.
+        deadline: absolute deadline, Unix time in seconds by the *hub's* clock; a job
+            arriving after it must not start. Machines' clocks differ, so a receiver
+            prefers ``timeout_s`` when present.
+        timeout_s: seconds left before the deadline when the hub sent the frame (a
+            duration, as gRPC propagates deadlines as ``grpc-timeout``): the sidecar's
+            deadline is its own clock at receipt plus this. Optional (older hubs).
+        traceparent: the caller's W3C trace context (``traceparent`` header value), so
+            the tool runs in the caller's trace; left out of the frame when None.
     """
 
     id: str
@@ -80,7 +86,25 @@ class Job:
     args: dict[str, Any]
     idempotency_key: str
     deadline: float
+    timeout_s: float | None = None
+    traceparent: str | None = None
     type = "job"
+
+
+@attrs.frozen
+class RawJSON:
+    """A JSON value already serialised (compact, ASCII, finite numbers only).
+
+    A ``job_result`` may carry its ``result`` this way, so a large result is serialised
+    once, where it is produced, and spliced into the frame as is (issue 9: a 1 MiB result
+    used to be encoded three times and parsed three times on its way out).
+
+    Attributes:
+        text: the JSON text, e.g. ``'{"a":[1,2]}'``. The producer vouches that it is valid
+            JSON (``json.dumps(..., allow_nan=False)`` output); the codec does not re-parse it.
+    """
+
+    text: str
 
 
 @attrs.frozen
@@ -96,6 +120,8 @@ class JobResult:
     """sidecar -> hub: the outcome of one delivery, answered on the delivery ``id``.
 
     Exactly one of ``result`` (when ``ok``) and ``error`` (when not ``ok``) is meaningful.
+    ``result`` is a JSON value, or a :class:`RawJSON` holding one already serialised (as
+    sent; a decoded frame always holds the plain value).
     """
 
     id: str
@@ -111,6 +137,27 @@ class Cancel:
 
     id: str
     type = "cancel"
+
+
+@attrs.frozen
+class Progress:
+    """sidecar -> hub: how far the running delivery ``id`` has got.
+
+    Legal only while ``id`` is outstanding (delivered and not yet answered). Shaped after
+    MCP's ``notifications/progress``.
+
+    Attributes:
+        id: the delivery id of the running job.
+        progress: progress so far (any finite number; meant to increase).
+        total: the value ``progress`` will reach when done, if known (finite, >= 0).
+        message: a short human-readable status, if any.
+    """
+
+    id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+    type = "progress"
 
 
 @attrs.frozen
@@ -138,4 +185,4 @@ class Error:
     type = "error"
 
 
-Frame = Hello | Welcome | Job | JobResult | Cancel | Ping | Pong | Error
+Frame = Hello | Welcome | Job | JobResult | Progress | Cancel | Ping | Pong | Error

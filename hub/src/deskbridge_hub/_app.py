@@ -20,14 +20,20 @@ from typing import Any
 import trio
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
+from . import _metrics, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
-from ._config import HubConfig
-from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
-from ._session import HubState, SocketClosed, serve_sidecar
+from ._config import MEMORY_URL, HubConfig
+from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
+from ._logging import fields
+from ._mcp_mount import mount_mcp
+from ._process import HubState
+from ._retry import CLEANUP_TIMEOUT_S
+from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
-from ._tokens import TokenExpired, TokenRejected, verify_token_claims
+from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
 
 log = logging.getLogger("deskbridge.hub")
 
@@ -50,7 +56,7 @@ def make_consumer_name() -> str:
 
 
 def _default_substrate(config: HubConfig) -> Substrate:
-    if config.redis_url:
+    if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
         return RedisSubstrate.from_url(config.redis_url)
@@ -152,11 +158,16 @@ def create_app(
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+        lag_probe = trio.CancelScope()
+        app.add_background_task(
+            _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
+        )
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
-            with trio.move_on_after(2.0, shield=True):
+            lag_probe.cancel()
+            with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
     def _authorised() -> bool:
@@ -173,7 +184,7 @@ def create_app(
 
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
-        if request.path.startswith("/v1/") and not _authorised():
+        if _needs_key(request.path) and not _authorised():
             return _error(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
             )
@@ -193,6 +204,19 @@ def create_app(
     async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
         return _error(400, "bad_request", str(exc), field=exc.field)
 
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
+        """Unmatched routes, wrong methods and the like answer JSON, as every other
+        error of the API does (Quart's default is an HTML page)."""
+        status = exc.code or 500
+        code = (exc.name or "error").lower().replace(" ", "_").replace("'", "")
+        message = f"{exc.name}: {request.method} {request.path}"
+        response = _error(status, code, message)
+        allowed = getattr(exc, "valid_methods", None)
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+        return response
+
     @app.get("/livez")
     async def livez():  # type: ignore[no-untyped-def]
         """Liveness: the process serves HTTP (no Redis round trip). A load balancer that
@@ -200,8 +224,15 @@ def create_app(
         out (sockets stay up and callers get the hub's own 503 "unavailable")."""
         state: HubState = holder["state"]
         return _json(
-            {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
+            {"ok": not state.drain.active, "draining": state.drain.active},
+            503 if state.drain.active else 200,
         )
+
+    @app.get("/metrics")
+    async def metrics():  # type: ignore[no-untyped-def]
+        """Prometheus exposition (API key required, as /v1/; docs/operations.md)."""
+        await _metrics.refresh(holder["state"])
+        return Response(_metrics.render(), status=200, content_type=_metrics.CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
@@ -236,11 +267,12 @@ def create_app(
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
-        outcome = await holder["bridge"].dispatch(
-            user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
-        )
+        with _tracing.extracted(request.headers):  # a W3C traceparent header, if any
+            outcome = await holder["bridge"].dispatch(
+                user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
+            )
         return _outcome_response(outcome)
 
     @app.get("/v1/users/<user_id>/tools")
@@ -262,7 +294,7 @@ def create_app(
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].status(user_id)
         return _outcome_response(outcome)
@@ -277,12 +309,19 @@ def create_app(
             )
         if scheme.lower() != "bearer" or not token:
             return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
-        if holder["state"].draining:  # graceful restart: send the sidecar to a live replica
+        if holder["state"].drain.active:  # graceful restart: send the sidecar to a live replica
             return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
-            user_id, expires_at = verify_token_claims(token.strip(), config.secrets)
+            user_id, expires_at = verify_token_claims(
+                token.strip(), config.secrets, leeway_s=config.token_leeway_s
+            )
         except TokenRejected as exc:
             log.warning("sidecar handshake refused: %s", exc)
+            if isinstance(exc, TokenNotYetValid):
+                # Transient (the minting clock runs ahead): 503 so the sidecar retries.
+                response = _error(503, "token_not_yet_valid", str(exc))
+                response.headers["Retry-After"] = str(max(1, math.ceil(exc.valid_in_s)))
+                return response
             if isinstance(exc, TokenExpired):
                 return _error(401, "unauthorized", str(exc))
             return _error(403, "forbidden", str(exc))
@@ -296,6 +335,67 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
+    app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
+    return app
+
+
+def _needs_key(path: str) -> bool:
+    """Routes behind the API key: the dispatch API, metrics and the admin pages."""
+    return path.startswith(("/v1/", "/admin")) or path == "/metrics"
+
+
+async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` under ``scope`` (cancelled when the app stops serving)."""
+    with scope:
+        await fn(*args)
+
+
+#: Paths probed by load balancers and Prometheus: their access lines are DEBUG.
+_QUIET_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
+access_log = logging.getLogger("deskbridge.hub.access")
+
+
+def _access_log(asgi_app: Any) -> Any:
+    """ASGI middleware: one INFO line per HTTP request once its response has started
+    (method, path, status, elapsed_ms, client), as ``extra`` fields for JSON logs."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await asgi_app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[int] = []
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await asgi_app(scope, receive, sending)
+        finally:
+            path = scope.get("path", "")
+            client = scope.get("client") or ("-", 0)
+            elapsed_s = time.monotonic() - started
+            code = status[0] if status else 0
+            access_log.log(
+                logging.DEBUG if path in _QUIET_PATHS and code < 500 else logging.INFO,
+                '%s - "%s %s" %s %.1f ms',
+                client[0],
+                scope.get("method", "-"),
+                path,
+                code or "-",
+                elapsed_s * 1000,
+                extra=fields(
+                    method=scope.get("method"),
+                    path=path,
+                    status=code or None,
+                    client=client[0],
+                    elapsed_s=elapsed_s,
+                ),
+            )
+
     return app
 
 
@@ -308,7 +408,7 @@ def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
         if scope["type"] != "http" or state is None:
             await asgi_app(scope, receive, send)
             return
-        with state.tracking_request():
+        with state.drain.tracking_request():
             await asgi_app(scope, receive, send)
 
     return app
