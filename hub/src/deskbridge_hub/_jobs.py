@@ -17,7 +17,13 @@ from typing import Any
 import attrs
 
 #: Terminal outcomes a result payload can carry (docs/outcomes.md).
-OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled"})
+OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled", "in_doubt"})
+
+#: Error codes of a sidecar's ``job_result`` that are outcomes of their own; any other
+#: code is the outcome ``failed`` with that code. ``in_doubt``: the job started in a
+#: sidecar process that died before it finished (its ledger says so), so it may have
+#: acted and was not run again.
+SIDECAR_OUTCOME_CODES = frozenset({"expired", "cancelled", "in_doubt"})
 
 
 class MalformedEntry(ValueError):

@@ -42,7 +42,7 @@ from deskbridge_common import (
 )
 
 from ._errors import SubstrateUnavailable
-from ._jobs import JobEnvelope, MalformedEntry, result_payload
+from ._jobs import SIDECAR_OUTCOME_CODES, JobEnvelope, MalformedEntry, result_payload
 from ._relay import EntrySource, relay_loop
 from ._schema import check_tool_schema
 from ._substrate import Entry, Substrate
@@ -552,7 +552,7 @@ class HubSession:
             error = result.error
             code = error.code if error else "failed"
             message = error.message if error else "failed"
-            status = code if code in ("expired", "cancelled") else "failed"
+            status = code if code in SIDECAR_OUTCOME_CODES else "failed"
             payload = result_payload(status, error={"code": code, "message": message})
         await self._publish(envelope.job_id, payload)
         await self._ack(entry.entry_id)

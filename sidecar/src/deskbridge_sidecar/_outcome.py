@@ -20,6 +20,12 @@ CRASHED = "crashed"  #: the tool raised an unexpected exception (message = its r
 EXPIRED = "expired"  #: the job's deadline passed before it started; never started
 CANCELLED = "cancelled"  #: the hub cancelled the delivery (or the daemon stopped)
 BAD_RESULT = "bad_result"  #: the tool returned something that is not JSON or too big
+#: the key was first used for another tool or other arguments; nothing ran (issue 12)
+IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+#: the job started in a sidecar process that died before it finished; may have acted
+IN_DOUBT = "in_doubt"
+#: the sidecar could not read or write its ledger; the tool did not start
+LEDGER_ERROR = "ledger_error"
 
 #: Longest error message sent, in characters (a crash repr is cut to this).
 MAX_MESSAGE_CHARS = 2000
@@ -87,6 +93,9 @@ __all__ = [
     "CANCELLED",
     "CRASHED",
     "EXPIRED",
+    "IDEMPOTENCY_KEY_REUSED",
+    "IN_DOUBT",
+    "LEDGER_ERROR",
     "MAX_MESSAGE_CHARS",
     "TOOL_ERROR",
     "UNKNOWN_TOOL",
