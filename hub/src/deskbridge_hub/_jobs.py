@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from deskbridge_common import OUTCOME_ERROR_CODES
 
 #: Terminal outcomes a result payload can carry (docs/outcomes.md).
 OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled", "in_doubt"})
@@ -23,7 +24,7 @@ OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled", "in
 #: code is the outcome ``failed`` with that code. ``in_doubt``: the job started in a
 #: sidecar process that died before it finished (its ledger says so), so it may have
 #: acted and was not run again.
-SIDECAR_OUTCOME_CODES = frozenset({"expired", "cancelled", "in_doubt"})
+SIDECAR_OUTCOME_CODES = OUTCOME_ERROR_CODES
 
 
 class MalformedEntry(ValueError):
