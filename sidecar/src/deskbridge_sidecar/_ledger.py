@@ -99,17 +99,19 @@ def args_digest(args: dict[str, Any]) -> str:
 
 
 def outcome_to_json(outcome: Outcome) -> str:
+    """The ledger's text for ``outcome`` (the result kept as its JSON text)."""
     if outcome.ok:
-        return json.dumps({"ok": True, "result": outcome.result}, separators=(",", ":"))
+        return json.dumps({"ok": True, "result_json": outcome.result_json})
     assert outcome.error is not None
     error = {"code": outcome.error.code, "message": outcome.error.message}
     return json.dumps({"ok": False, "error": error}, separators=(",", ":"))
 
 
 def outcome_from_json(text: str) -> Outcome:
+    """The :class:`Outcome` written by :func:`outcome_to_json`."""
     data = json.loads(text)
     if data["ok"]:
-        return Outcome(ok=True, result=data["result"])
+        return Outcome(ok=True, result_json=data["result_json"])
     err = data["error"]
     return Outcome(ok=False, error=JobError(code=err["code"], message=err["message"]))
 
