@@ -31,9 +31,11 @@ from ._errors import (
     JobTimeout,
     UnknownJob,
 )
-from ._jobs import JobEnvelope, parse_result, result_payload
+from ._jobs import cancelled_before_start, job_fields, parse_result
+from ._jobstate import JobState, MalformedState, Stage
 from ._schema import validate_args
 from ._substrate import Substrate
+from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
@@ -105,7 +107,8 @@ class Bridge:
         substrate: the shared substrate (Redis, or in-memory for one process).
         timings: timing knobs; ``call_timeout_s`` (90 s, the seed's BLPOP) is the default
             wait, ``result_ttl_s`` bounds how long a result is kept.
-        wall_clock: Unix time source for deadlines (injectable for tests).
+        wall_clock: Unix time source, only to turn ``dispatch(deadline=...)`` into a
+            duration and to stamp states (injectable for tests).
     """
 
     substrate: Substrate
@@ -145,8 +148,10 @@ class Bridge:
                 the fresh job id (a retry by the caller with the same key runs once).
             timeout_s: how long to wait for the answer, seconds (default
                 ``timings.call_timeout_s`` = 90 s); it is the server-side BLPOP timeout.
-            deadline: absolute Unix time after which the job must not start (default
-                now + timeout_s).
+            deadline: absolute Unix time, by this process's ``wall_clock``, after which the
+                job must not start (default now + timeout_s). It is turned into a
+                duration here and the job's deadline is set on the substrate's clock, so
+                other machines' clocks never decide it (docs/operations.md, "Clocks").
             job_id: the job's id, if the caller wants to choose it (to cancel it from
                 elsewhere while this call waits); default a fresh UUID.
 
@@ -201,20 +206,19 @@ class Bridge:
                 elapsed_s=anyio.current_time() - started,
             )
         await self._check_catalogue(user_id, name, args)
+        # The deadline is set and compared on one clock, the substrate's (Redis TIME):
+        # this process sends only a duration (docs/operations.md, "Clocks").
         now = self.wall_clock()
-        envelope = JobEnvelope(
-            job_id=job_id,
-            name=name,
-            args=args,
-            idempotency_key=idempotency_key,
-            deadline=now + timeout_s if deadline is None else deadline,
-            enqueued_at=now,
-        )
-        queued = json.dumps({"stage": "queued", "user_id": user_id, "at": now})
+        start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
+        # the caller's trace context goes on to the tool
+        fields = job_fields(job_id, name, args, idempotency_key, current_traceparent())
+        queued = JobState(Stage.QUEUED, user_id, at=now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         if not await self.substrate.claim_job(job_id, queued, ttl_s=state_ttl_s):
             raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
-        await self.substrate.enqueue(user_id, envelope.to_fields(), maxlen=self.timings.jobs_maxlen)
+        await self.substrate.enqueue(
+            user_id, fields, maxlen=self.timings.jobs_maxlen, start_within_s=start_within_s
+        )
         payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
         elapsed = anyio.current_time() - started
         if payload is None:
@@ -238,10 +242,10 @@ class Bridge:
 
     async def _stage(self, job_id: str) -> str:
         try:
-            raw = await self.substrate.get_job_state(job_id)
-            stage = json.loads(raw)["stage"] if raw else "unknown"
-        except (ValueError, KeyError, TypeError):
-            stage = "unknown"
+            state = await self.substrate.get_job_state(job_id)
+        except MalformedState:
+            state = None
+        stage = "unknown" if state is None else state.stage.value
         return stage if stage in _TIMEOUT_MESSAGES else "unknown"
 
     async def _check_catalogue(self, user_id: str, name: str, args: dict[str, Any]) -> None:
@@ -290,30 +294,21 @@ class Bridge:
             SubstrateUnavailable: Redis unreachable.
         """
         _check(validate_key, job_id, "job_id")
-        raw = await self.substrate.get_job_state(job_id)
-        if raw is None:
+        state = await self.substrate.get_job_state(job_id)
+        if state is None:
             raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
-        state = json.loads(raw)
-        if state["stage"] == "finished":
+        if state.stage.terminal:
             return "finished"
         ttl_s = self.timings.result_ttl_s
         await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
-        await self.substrate.enqueue(state["user_id"], control, maxlen=self.timings.jobs_maxlen)
-        if state["stage"] == "queued":
+        await self.substrate.enqueue(state.user_id, control, maxlen=self.timings.jobs_maxlen)
+        if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
-            await self.substrate.publish_result(
-                job_id,
-                result_payload(
-                    "cancelled",
-                    error={"code": "cancelled", "message": "cancelled before it started"},
-                    detail={"stage": "queued"},
-                ),
-                ttl_s=ttl_s,
-            )
-            finished = {"stage": "finished", "user_id": state["user_id"]}
-            await self.substrate.set_job_state(job_id, json.dumps(finished), ttl_s=ttl_s)
-        return state["stage"]
+            await self.substrate.publish_result(job_id, cancelled_before_start(), ttl_s=ttl_s)
+            cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
+            await self.substrate.set_job_state(job_id, cancelled, ttl_s=ttl_s)
+        return state.stage.value
 
     async def call(
         self,
