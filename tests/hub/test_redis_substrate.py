@@ -59,6 +59,58 @@ def test_one_instance_serves_successive_trio_runs() -> None:
     trio.run(unentered)
 
 
+def test_connections_are_bound_to_the_event_loop_run_that_opened_them() -> None:
+    """Invariant: a client opened in one event-loop run is never used from another.
+
+    Run A holds ``async with substrate`` open (its connections live in A's task group)
+    while run B, in another thread, uses the same instance. B must get connections of its
+    own: borrowing A's would drive A's sockets from B's loop (the field's cached-client
+    "offline" bug). A plain attribute instead of a per-run holder fails this test: B hangs
+    or errors. Then A, still open, must keep working on its own connections.
+    """
+    import threading
+
+    s = RedisSubstrate.from_url(REDIS_URL)
+    user, job = _ids()
+    a_open = threading.Event()
+    b_done = threading.Event()
+    errors: list[BaseException] = []
+
+    async def run_a() -> None:
+        with trio.fail_after(15):
+            async with s:
+                await _round_trip(s, user, job)
+                a_open.set()
+                await trio.to_thread.run_sync(b_done.wait, 10)
+                assert b_done.is_set(), "run B never finished"
+                await _round_trip(s, user, job)  # A's own connections still serve A
+
+    async def run_b() -> None:
+        with trio.fail_after(5):
+            await _round_trip(s, user + "-b", job + "-b")
+            await _cleanup(RawRedis(REDIS_URL), user + "-b", job + "-b")
+
+    def thread_b() -> None:
+        try:
+            assert a_open.wait(10), "run A never opened"
+            trio.run(run_b)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+        finally:
+            b_done.set()
+
+    t = threading.Thread(target=thread_b)
+    t.start()
+    try:
+        trio.run(run_a)
+    finally:
+        b_done.set()
+        t.join(10)
+    assert not t.is_alive()
+    assert errors == []
+    trio.run(_cleanup, RawRedis(REDIS_URL), user, job)
+
+
 @pytest.mark.parametrize("enter", [True, False])
 def test_works_under_asyncio(enter: bool) -> None:
     s = RedisSubstrate.from_url(REDIS_URL)

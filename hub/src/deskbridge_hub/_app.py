@@ -20,9 +20,10 @@ from typing import Any
 import trio
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
-from ._config import HubConfig
+from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
 from ._session import HubState, SocketClosed, serve_sidecar
 from ._shutdown import drain_on_sigterm
@@ -50,7 +51,7 @@ def make_consumer_name() -> str:
 
 
 def _default_substrate(config: HubConfig) -> Substrate:
-    if config.redis_url:
+    if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
         return RedisSubstrate.from_url(config.redis_url)
@@ -192,6 +193,19 @@ def create_app(
     @app.errorhandler(BadRequest)
     async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
         return _error(400, "bad_request", str(exc), field=exc.field)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
+        """Unmatched routes, wrong methods and the like answer JSON, as every other
+        error of the API does (Quart's default is an HTML page)."""
+        status = exc.code or 500
+        code = (exc.name or "error").lower().replace(" ", "_").replace("'", "")
+        message = f"{exc.name}: {request.method} {request.path}"
+        response = _error(status, code, message)
+        allowed = getattr(exc, "valid_methods", None)
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+        return response
 
     @app.get("/livez")
     async def livez():  # type: ignore[no-untyped-def]

@@ -8,14 +8,18 @@ from collections.abc import Mapping
 import attrs
 from deskbridge_common import Timings
 
+#: ``DESKBRIDGE_REDIS_URL`` value that asks for the in-memory substrate explicitly.
+MEMORY_URL = "memory://"
+
 
 @attrs.frozen(kw_only=True)
 class HubConfig:
     """Everything a hub process needs.
 
     Attributes:
-        redis_url: ``DESKBRIDGE_REDIS_URL``; None selects the in-memory substrate (one
-            process only).
+        redis_url: ``DESKBRIDGE_REDIS_URL``; ``memory://`` (or None, for the
+            programmatic API) selects the in-memory substrate (one process only). The ASGI
+            entry refuses None (``_startup``).
         secrets: ``DESKBRIDGE_SECRET`` first, then ``DESKBRIDGE_PREVIOUS_SECRETS``
             (comma-separated) still accepted during a rotation window.
         api_keys: ``DESKBRIDGE_API_KEY`` (comma-separated for rotation); empty means the

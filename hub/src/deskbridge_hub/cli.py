@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -12,11 +13,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from ._config import MEMORY_URL
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 
 EPILOG = """environment:
-  DESKBRIDGE_REDIS_URL   Redis URL (redis://host:port/db); absent -> in-memory substrate,
-                         one worker only
+  DESKBRIDGE_REDIS_URL   Redis URL (redis://host:port/db); memory:// (or absent, with
+                         serve --workers 1) -> in-memory substrate, one worker only
   DESKBRIDGE_SECRET      signs and verifies sidecar tokens (required by serve and token)
   DESKBRIDGE_PREVIOUS_SECRETS  comma-separated older secrets still accepted (rotation)
   DESKBRIDGE_API_KEY     bearer key(s) for the HTTP dispatch API (comma-separated)
@@ -31,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser(
@@ -101,6 +104,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("deskbridge-hub")
+    except PackageNotFoundError:  # running from a source tree without installing
+        from . import __version__
+
+        return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "token":
@@ -166,13 +180,14 @@ def _check_serve_args(args: argparse.Namespace) -> str | None:
     if args.graceful_timeout_s is not None and not args.graceful_timeout_s > 0:
         return "--graceful-timeout-s must be a positive number of seconds"
     url = os.environ.get("DESKBRIDGE_REDIS_URL")
-    if url:
+    if url and url != MEMORY_URL:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix") or (
             parts.scheme != "unix" and not parts.hostname
         ):
             return (
-                "DESKBRIDGE_REDIS_URL must look like redis://HOST:PORT/DB (or rediss://, unix://)"
+                "DESKBRIDGE_REDIS_URL must look like redis://HOST:PORT/DB (or rediss://, "
+                "unix://, memory://)"
             )
     return None
 
@@ -182,9 +197,11 @@ def _serve(args: argparse.Namespace) -> int:
     from hypercorn.run import run
 
     from ._config import HubConfig
+    from ._envcheck import warn_unknown_variables
     from ._logging import setup_logging
 
     setup_logging(args.log_level)
+    warn_unknown_variables()
     problem = _check_serve_args(args)
     if problem:
         print(f"deskbridge-hub serve: {problem}", file=sys.stderr)
@@ -197,7 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("deskbridge-hub serve: --workers must be at least 1", file=sys.stderr)
         return 2
-    if hub.redis_url is None and args.workers > 1:
+    if hub.redis_url in (None, MEMORY_URL) and args.workers > 1:
         print(
             "deskbridge-hub serve: the in-memory substrate serves one process only; "
             "set DESKBRIDGE_REDIS_URL to run more than one worker",
@@ -225,6 +242,13 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if hub.redis_url is None:
+        # One process, known here: the in-memory default is safe, so ask for it
+        # explicitly for the ASGI entry (which refuses an absent URL).
+        os.environ["DESKBRIDGE_REDIS_URL"] = MEMORY_URL
+        logging.getLogger("deskbridge.hub").info(
+            "DESKBRIDGE_REDIS_URL is not set: in-memory substrate for this one process"
+        )
     config = Config()
     config.application_path = "deskbridge_hub.asgi:app"
     config.worker_class = "trio"
@@ -246,7 +270,16 @@ def _serve(args: argparse.Namespace) -> int:
         config.keyfile = args.keyfile
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # our handler, printed once
-    return run(config)
+    try:
+        return run(config)
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            print(
+                f"deskbridge-hub serve: cannot listen on {args.bind}: {exc.strerror}",
+                file=sys.stderr,
+            )
+            return 2
+        raise
 
 
 if __name__ == "__main__":

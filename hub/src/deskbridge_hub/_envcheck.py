@@ -1,0 +1,92 @@
+"""Operator-mistake checks on the environment: misspelt ``DESKBRIDGE_*`` variables.
+
+A misspelt variable (``DESKBRIDGE_REDIS_ULR``) is otherwise ignored silently and the hub
+runs on a default the operator did not choose. Every variable the product reads is listed
+here (a test scans the source tree for ``DESKBRIDGE_`` names and fails when one is
+missing, so a new knob cannot be forgotten); anything else with the prefix gets one
+WARNING naming it and the nearest known name (difflib, the standard library's fuzzy match).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Mapping
+
+import attrs
+from deskbridge_common import Timings
+
+log = logging.getLogger("deskbridge.hub.config")
+
+PREFIX = "DESKBRIDGE_"
+
+#: Variables read by the hub, the sidecar or the command-line tools, beyond the timing
+#: knobs (``DESKBRIDGE_<TIMING FIELD>``, added below from :class:`Timings`). Sidecar names
+#: are listed too: a hub and a sidecar often share a developer's shell.
+KNOWN: frozenset[str] = frozenset(
+    {
+        "DESKBRIDGE_REDIS_URL",
+        "DESKBRIDGE_SECRET",
+        "DESKBRIDGE_PREVIOUS_SECRETS",
+        "DESKBRIDGE_API_KEY",
+        "DESKBRIDGE_MAX_INFLIGHT",
+        "DESKBRIDGE_MAX_ARGS_BYTES",
+        "DESKBRIDGE_LOG_LEVEL",
+        "DESKBRIDGE_LOG_FORMAT",
+        "DESKBRIDGE_METRICS_BIND",
+        "DESKBRIDGE_HUB_HTTP",
+        "DESKBRIDGE_HUB_URL",
+        "DESKBRIDGE_TOKEN",
+        "DESKBRIDGE_CONFIG",
+        "DESKBRIDGE_VENV",
+    }
+) | frozenset("DESKBRIDGE_" + f.name.upper() for f in attrs.fields(Timings))
+
+#: Prefixes of names that belong to the test suite and CI, never warned about.
+IGNORED_PREFIXES = ("DESKBRIDGE_TEST_",)
+
+
+def known_names() -> frozenset[str]:
+    """Every ``DESKBRIDGE_*`` name the product reads (see :data:`KNOWN`)."""
+    return KNOWN
+
+
+def unknown_variables(
+    environ: Mapping[str, str] | None = None,
+) -> list[tuple[str, str | None]]:
+    """The ``DESKBRIDGE_*`` variables in ``environ`` that nothing reads.
+
+    Args:
+        environ: the environment to check (default ``os.environ``).
+
+    Returns:
+        ``(name, nearest known name or None)`` for each unknown variable, sorted by name.
+    """
+    env = os.environ if environ is None else environ
+    found = []
+    for name in sorted(env):
+        if not name.startswith(PREFIX) or name in KNOWN or name.startswith(IGNORED_PREFIXES):
+            continue
+        # Compare without the shared prefix, which would make every name look close.
+        tails = sorted(k[len(PREFIX) :] for k in KNOWN)
+        close = difflib.get_close_matches(name[len(PREFIX) :], tails, n=1, cutoff=0.6)
+        found.append((name, PREFIX + close[0] if close else None))
+    return found
+
+
+def warn_unknown_variables(
+    environ: Mapping[str, str] | None = None, logger: logging.Logger | None = None
+) -> list[str]:
+    """Log one WARNING per unknown ``DESKBRIDGE_*`` variable.
+
+    Returns:
+        The warning lines logged (empty when every variable is known).
+    """
+    lines = []
+    for name, nearest in unknown_variables(environ):
+        hint = f"; did you mean {nearest}?" if nearest else ""
+        line = f"unknown environment variable {name} is ignored{hint}"
+        (logger or log).warning(line)
+        lines.append(line)
+    return lines

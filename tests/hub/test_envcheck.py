@@ -1,0 +1,55 @@
+"""Unknown ``DESKBRIDGE_*`` variables are named (issue 11 item 6), and the list of known
+names cannot fall behind the code: every name the source tree mentions is known."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from deskbridge_hub._envcheck import known_names, unknown_variables, warn_unknown_variables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_unknown_names_get_the_nearest_known_one() -> None:
+    env = {
+        "DESKBRIDGE_REDIS_URL": "redis://x",
+        "DESKBRIDGE_HEARTBEAT_SECS": "3",
+        "DESKBRIDGE_API_KEYS": "k",
+        "DESKBRIDGE_QQQQQQQQ": "1",
+        "DESKBRIDGE_TEST_ANYTHING": "1",
+        "PATH": "/bin",
+    }
+    assert unknown_variables(env) == [
+        ("DESKBRIDGE_API_KEYS", "DESKBRIDGE_API_KEY"),
+        ("DESKBRIDGE_HEARTBEAT_SECS", "DESKBRIDGE_HEARTBEAT_S"),
+        ("DESKBRIDGE_QQQQQQQQ", None),
+    ]
+
+
+def test_warning_lines(caplog) -> None:
+    lines = warn_unknown_variables({"DESKBRIDGE_SECERT": "x"})
+    assert lines == [
+        "unknown environment variable DESKBRIDGE_SECERT is ignored; did you mean DESKBRIDGE_SECRET?"
+    ]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert warn_unknown_variables({"DESKBRIDGE_SECRET": "x"}) == []
+
+
+def test_every_name_in_the_source_tree_is_known() -> None:
+    """A knob added anywhere (hub, sidecar, common, docs) must be added to KNOWN, or the
+    hub would warn that the operator's correct variable is unknown."""
+    pattern = re.compile(r"DESKBRIDGE_[A-Z0-9_]*[A-Z0-9]")
+    seen: set[str] = set()
+    for folder in ("hub/src", "sidecar/src", "common/src", "docs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".toml") and path.name != "_envcheck.py":
+                seen |= set(pattern.findall(path.read_text(errors="replace")))
+            elif path.suffix == ".md":  # the docs' tables of variables
+                for line in path.read_text(errors="replace").splitlines():
+                    if line.startswith("|"):
+                        seen |= set(pattern.findall(line))
+    seen = {n for n in seen if not n.startswith("DESKBRIDGE_TEST")}
+    assert seen, "the scan found nothing: wrong root?"
+    missing = sorted(seen - known_names())
+    assert not missing, f"add to deskbridge_hub._envcheck.KNOWN: {missing}"

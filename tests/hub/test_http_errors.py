@@ -1,0 +1,26 @@
+"""Errors outside the routes answer JSON like the rest of the API (issue 11 item 6):
+an unmatched route is a JSON 404, a wrong method a JSON 405 with ``Allow``."""
+
+from __future__ import annotations
+
+from deskbridge_hub import HubConfig, create_app
+from deskbridge_hub._memory import MemorySubstrate
+
+
+async def test_unmatched_route_and_wrong_method_answer_json(autojump_clock) -> None:
+    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=MemorySubstrate())
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        r = await client.get("/no/such/route")
+        assert r.status_code == 404
+        assert r.content_type == "application/json"
+        assert await r.get_json() == {
+            "error": {"code": "not_found", "message": "Not Found: GET /no/such/route"}
+        }
+        r = await client.delete("/livez")
+        assert r.status_code == 405
+        assert (await r.get_json())["error"]["code"] == "method_not_allowed"
+        assert "GET" in r.headers["Allow"]
+        r = await client.get("/v1/users/u1/jobs")  # POST-only route
+        assert r.status_code == 405
+        assert r.content_type == "application/json"

@@ -1,0 +1,139 @@
+"""Issue 11 item 6 (hub side): operator mistakes get one clear line, never silence or a
+traceback. Real ``hypercorn`` / ``deskbridge-hub`` processes; every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.procs import BIN, SECRET, Proc, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+NO_REDIS_LINE = "DESKBRIDGE_REDIS_URL is not set"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The test's environment without any DESKBRIDGE_* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKBRIDGE_")}
+    env.update(extra)
+    return env
+
+
+def _run(argv: list[str], env: dict[str, str], timeout_s: float = 30.0):
+    return subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+    )
+
+
+def test_two_hypercorn_workers_without_redis_url_refuse_to_start() -> None:
+    port = free_port()
+    done = _run(
+        [
+            str(BIN / "hypercorn"),
+            "-k",
+            "trio",
+            "-w",
+            "2",
+            "-b",
+            f"127.0.0.1:{port}",
+            "deskbridge_hub.asgi:app",
+        ],
+        _env(DESKBRIDGE_SECRET=SECRET),
+    )
+    out = done.stdout + done.stderr
+    assert NO_REDIS_LINE in out
+    assert "memory://" in out  # the line says how to ask for it on purpose
+    assert "Traceback" not in out
+    assert "Running on" not in out  # never served
+    # One line per worker (each imports the app), nothing else. Hypercorn's supervisor
+    # exits 0 here (it loses the workers' status 2); the hub never ran, which is the point.
+    assert [line for line in out.splitlines() if line.strip()] == [
+        line for line in out.splitlines() if NO_REDIS_LINE in line
+    ]
+
+
+def test_explicit_memory_url_without_secret_logs_it_and_refusal_carries_the_reason(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    hub = Proc(
+        [
+            str(BIN / "hypercorn"),
+            "-k",
+            "trio",
+            "-b",
+            f"127.0.0.1:{port}",
+            "deskbridge_hub.asgi:app",
+        ],
+        {**_env(DESKBRIDGE_REDIS_URL="memory://"), "DESKBRIDGE_SECRET": ""},
+        tmp_path / "hub.log",
+    )
+    try:
+        wait_until(lambda: "Running on" in hub.output(), timeout_s=20, what="hub up")
+        log = hub.output()
+        assert "DESKBRIDGE_SECRET is not set" in log
+        assert "ERROR" in log.split("DESKBRIDGE_SECRET is not set")[0].splitlines()[-1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(
+                b"GET /v1/sidecar HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer x\r\n\r\n"
+            )
+            reply = b""
+            while b"}}" not in reply:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503")
+        error = json.loads(body)["error"]
+        assert error["code"] == "not_configured"
+        assert "DESKBRIDGE_SECRET" in error["message"]
+    finally:
+        hub.stop()
+
+
+def test_bind_port_in_use_prints_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _run(
+            [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{port}"],
+            _env(DESKBRIDGE_SECRET=SECRET),
+        )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr + done.stdout
+    assert f"deskbridge-hub serve: cannot listen on 127.0.0.1:{port}: Address already in use" in (
+        done.stderr
+    )
+
+
+def test_misspelt_variable_is_named_with_the_nearest_known_one() -> None:
+    done = _run(
+        [str(BIN / "deskbridge-hub"), "serve", "--bind", "127.0.0.1:bad"],  # exits at once
+        _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_ULR="redis://x", DESKBRIDGE_ZZZZ="1"),
+    )
+    assert done.returncode == 2
+    err = done.stderr
+    assert (
+        "unknown environment variable DESKBRIDGE_REDIS_ULR is ignored; "
+        "did you mean DESKBRIDGE_REDIS_URL?" in err
+    )
+    assert "unknown environment variable DESKBRIDGE_ZZZZ is ignored" in err
+    assert "DESKBRIDGE_SECRET" not in err.replace("DESKBRIDGE_SECRET is", "")
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    done = _run([str(BIN / "deskbridge-hub"), "--version"], _env())
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"deskbridge-hub {version('deskbridge-hub')}"
