@@ -66,7 +66,7 @@ async def test_failures_are_answered_with_their_codes(
 
     @tool
     async def returns_junk():
-        return {1, 2}
+        return object()  # not JSON-able (a set would serialise as a list)
 
     @tool
     async def returns_deep():

@@ -52,7 +52,17 @@ from ._session import (
     Session,
     SessionEnd,
 )
-from ._tools import STATUS_SPEC, STATUS_TOOL, Tool, ToolError, ToolRegistry, invoke, tool, tool_of
+from ._tools import (
+    STATUS_SPEC,
+    STATUS_TOOL,
+    ArgsInvalid,
+    Tool,
+    ToolError,
+    ToolRegistry,
+    invoke,
+    tool,
+    tool_of,
+)
 from ._transport import (
     SIDECAR_PATH,
     Connector,
@@ -65,6 +75,7 @@ from ._version import __version__
 from ._watchdog import ClockGap, watch_clocks
 
 __all__ = [
+    "ArgsInvalid",
     "BAD_ARGS",
     "BAD_RESULT",
     "CANCELLED",

@@ -25,18 +25,18 @@ import functools
 import importlib
 import inspect
 import logging
-import math
 import re
 import types
-import typing
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar, overload
+from typing import Annotated, Any, TypeVar, overload
 
 import attrs
+import pydantic
 import trio
 from deskbridge_common import ToolSpec
 
-from ._outcome import BAD_ARGS, CRASHED, TOOL_ERROR, Outcome, truncate
+from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, TOOL_ERROR, Outcome, truncate
+from ._typed import ArgsInvalid, Arguments, to_json_value
 
 log = logging.getLogger("deskbridge.sidecar.tools")
 
@@ -78,47 +78,6 @@ class ToolError(Exception):
         self.code = code if isinstance(code, str) and _CODE_RE.match(code) else TOOL_ERROR
 
 
-_JSON_TYPES: dict[Any, str] = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    dict: "object",
-    list: "array",
-    tuple: "array",
-    type(None): "null",
-}
-
-
-def _json_type(annotation: Any) -> dict[str, Any]:
-    origin = typing.get_origin(annotation) or annotation
-    name = _JSON_TYPES.get(origin)
-    return {"type": name} if name else {}
-
-
-def _schema_from_signature(fn: Callable[..., Any], sig: inspect.Signature) -> dict[str, Any]:
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolvable annotations only cost the types
-        hints = {}
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    open_ended = False
-    for param in sig.parameters.values():
-        if param.kind is param.VAR_KEYWORD:
-            open_ended = True
-        elif param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
-            properties[param.name] = _json_type(hints.get(param.name))
-            if param.default is param.empty:
-                required.append(param.name)
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
-    if not open_ended:
-        schema["additionalProperties"] = False
-    return schema
-
-
 def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
@@ -133,7 +92,8 @@ class Tool:
         name: catalogue name, ``[A-Za-z0-9_.-]{1,64}``.
         fn: the function; receives ``args`` as keyword arguments.
         description: for humans and agents (default: the docstring's first paragraph).
-        args_schema: JSON Schema of ``args`` (default: derived from the signature).
+        args_schema: JSON Schema of ``args`` as announced (default: derived from the
+            type hints, see :mod:`deskbridge_sidecar._typed`).
         side_effects: True if running twice is not harmless (announced to the hub).
         is_async: True for ``async def`` (runs in a task, cancellable), False for sync
             (runs in a worker thread, not interruptible).
@@ -146,6 +106,7 @@ class Tool:
     side_effects: bool
     is_async: bool
     signature: inspect.Signature
+    arguments: Arguments
 
     @classmethod
     def from_function(
@@ -162,7 +123,8 @@ class Tool:
         Raises:
             ValueError: bad name, reserved name (``status``), or a required
                 positional-only parameter (tools are called with keyword arguments only).
-            TypeError: ``fn`` is not callable or ``args_schema`` is not a dict.
+            TypeError: ``fn`` is not callable, ``args_schema`` is not a dict, or a type
+                hint cannot be resolved or turned into a schema by pydantic.
         """
         if not callable(fn):
             raise TypeError(f"tool must be callable, got {fn!r}")
@@ -183,14 +145,16 @@ class Tool:
         if description is None:
             doc = inspect.getdoc(fn) or ""
             description = doc.split("\n\n", 1)[0].strip()
+        arguments = Arguments.from_function(fn, sig)
         return cls(
             name=tool_name,
             fn=fn,
             description=description,
-            args_schema=args_schema if args_schema is not None else _schema_from_signature(fn, sig),
+            args_schema=args_schema if args_schema is not None else arguments.schema,
             side_effects=bool(side_effects),
             is_async=_is_async(fn),
             signature=sig,
+            arguments=arguments,
         )
 
     def spec(self) -> ToolSpec:
@@ -202,12 +166,23 @@ class Tool:
             side_effects=self.side_effects,
         )
 
+    def convert_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``args`` against the type hints and convert them (strict, as JSON).
+
+        Returns:
+            The keyword arguments to call :attr:`fn` with.
+
+        Raises:
+            ArgsInvalid: the message names each offending field by its path.
+        """
+        return self.arguments.validate(self.name, args)
+
     def check_args(self, args: dict[str, Any]) -> str | None:
-        """Return why ``args`` cannot be passed as keyword arguments, or None if they can."""
+        """Return why ``args`` are refused (see :meth:`convert_args`), or None if valid."""
         try:
-            self.signature.bind(**args)
-        except TypeError as exc:
-            return f"{self.name}: {exc}"
+            self.convert_args(args)
+        except ArgsInvalid as exc:
+            return str(exc)
         return None
 
 
@@ -245,10 +220,12 @@ def tool(
         description: default: the docstring's first paragraph.
         side_effects: True if running the tool twice is not harmless (a click, a
             submit). Announced to the hub; every tool is deduplicated either way.
-        args_schema: JSON Schema for ``args``; default: ``{"type": "object"}`` with a
-            property per keyword parameter (typed from simple annotations), ``required``
-            for those without defaults, and ``additionalProperties: false`` unless the
-            function takes ``**kwargs``.
+        args_schema: JSON Schema for ``args`` as announced; default: derived from the
+            type hints with pydantic (a property per keyword parameter, ``required`` for
+            those without defaults, descriptions from ``Annotated[..., Field(...)]`` or the
+            docstring's ``Args:``, ``additionalProperties: false`` unless the function
+            takes ``**kwargs``; self-contained, no ``$ref``). Either way the sidecar
+            validates ``args`` against the type hints before the tool runs.
 
     Returns:
         The function itself (bare use) or a decorator.
@@ -373,29 +350,36 @@ async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
         args: keyword arguments (the job's ``args`` object).
 
     Returns:
-        ``Outcome.success(value)``, or a failure: ``bad_args`` (args do not bind),
-        the ``ToolError``'s code, ``crashed`` (any other exception; message = repr,
-        truncated; traceback logged), ``bad_result`` (value not JSON / too big).
+        ``Outcome.success(value)`` (a model, dataclass, Enum or datetime result is
+        serialised as pydantic's JSON mode does), or a failure: ``bad_args`` (args do
+        not match the type hints; the tool never ran), the ``ToolError``'s code,
+        ``crashed`` (any other exception; message = repr, truncated; traceback logged),
+        ``bad_result`` (value not JSON-serialisable / too big).
 
     Raises:
         trio.Cancelled: cancellation propagates. An async tool is cancelled at its next
             checkpoint; a sync tool's thread is abandoned and keeps running.
     """
-    problem = tool.check_args(args)
-    if problem is not None:
-        return Outcome.failure(BAD_ARGS, problem)
+    try:
+        kwargs = tool.convert_args(args)
+    except ArgsInvalid as exc:
+        return Outcome.failure(BAD_ARGS, str(exc))
     try:
         if tool.is_async:
-            value = await tool.fn(**args)
+            value = await tool.fn(**kwargs)
         else:
             value = await trio.to_thread.run_sync(
-                functools.partial(tool.fn, **args), abandon_on_cancel=True
+                functools.partial(tool.fn, **kwargs), abandon_on_cancel=True
             )
     except ToolError as exc:
         return Outcome.failure(exc.code, exc.message)
     except Exception as exc:
         log.exception("tool %s crashed", tool.name)
         return Outcome.failure(CRASHED, truncate(repr(exc)))
+    try:
+        value = to_json_value(value)
+    except TypeError as exc:
+        return Outcome.failure(BAD_RESULT, truncate(f"result is not JSON-serialisable: {exc}"))
     return Outcome.success(value)
 
 
@@ -408,29 +392,18 @@ async def echo(**args: Any) -> dict[str, Any]:
     return args
 
 
-@tool(
-    description="Sleep for `seconds` (a non-negative number) without blocking anything else; "
-    'returns {"slept_s": seconds}. Cancellable.',
-    args_schema={
-        "type": "object",
-        "properties": {"seconds": {"type": "number", "minimum": 0}},
-        "required": ["seconds"],
-        "additionalProperties": False,
-    },
-)
-async def sleep(seconds: float) -> dict[str, Any]:
-    """Sleep ``seconds`` on the trio clock.
+@tool
+async def sleep(
+    seconds: Annotated[
+        float, pydantic.Field(ge=0, allow_inf_nan=False, description="how long, in seconds")
+    ],
+) -> dict[str, Any]:
+    """Sleep for `seconds` without blocking anything else; returns {"slept_s": seconds}.
+    Cancellable.
 
-    Raises:
-        ToolError: code ``bad_args`` if ``seconds`` is not a finite non-negative number.
+    Args:
+        seconds: how long, in seconds (finite, >= 0; checked before the tool runs).
     """
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds < 0
-    ):
-        raise ToolError(f"seconds must be a finite number >= 0, got {seconds!r}", code=BAD_ARGS)
     await trio.sleep(seconds)
     return {"slept_s": seconds}
 
@@ -438,6 +411,7 @@ async def sleep(seconds: float) -> dict[str, Any]:
 __all__ = [
     "STATUS_SPEC",
     "STATUS_TOOL",
+    "ArgsInvalid",
     "Tool",
     "ToolError",
     "ToolRegistry",
