@@ -333,7 +333,7 @@ async def test_malformed_frame_closes_with_its_code_then_backs_off(
     errors = s.frames(Error)
     assert len(errors) == 1 and errors[0].code == "protocol_error"
     second = await hub.next_session()
-    assert second.attempt.at - closed.at == pytest.approx(0.5)  # backoff, not at once
+    assert second.attempt.at - closed.at == pytest.approx(0.5 * 0.5)  # backoff, not at once
 
 
 async def test_second_welcome_is_a_protocol_violation(autojump_clock, start_daemon):

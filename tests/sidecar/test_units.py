@@ -101,7 +101,14 @@ def test_backoff_refuses_nonsense():
     with pytest.raises(ValueError):
         Backoff(initial_s=0)
     with pytest.raises(ValueError):
-        Backoff(initial_s=5, max_s=1)
+        Backoff(max_s=0)
+
+
+def test_backoff_cap_below_the_first_window_caps_every_window():
+    """DESKBRIDGE_BACKOFF_MAX_S=0.5 with the default first window crashed the sidecar
+    with a traceback (issue 11 item 6); it now caps every window at 0.5 s."""
+    backoff = Backoff(initial_s=1.0, max_s=0.25, random=lambda: 1.0)
+    assert [backoff.next_delay() for _ in range(4)] == [0.25] * 4
 
 
 # -- watchdog --------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Defaults are the field-tested values of the seed report (shared/reference): hear
 10 s, presence TTL 3 x heartbeat (a blip shorter than two heartbeats must not read as a
 disconnect), stream MAXLEN ~ 500, reclaim idle 180 s (longer than the longest legitimate
 browser job, 60-120 s), result TTL 300 s, requester wait 90 s (the seed's BLPOP), dedupe
-cache 256 outcomes for 300 s (mirrors the result TTL), sleep/wedge gap 5 s.
+cache 256 outcomes for 300 s (mirrors the result TTL), sleep/wedge gap 5 s. Reconnect
+backoff: first window 0.5 s (so a desktop whose healthy session dropped is back within
+1 s at p99, connect time included: issue 16), doubling to 30 s while attempts fail.
 
 Every field can be overridden with ``DESKBRIDGE_<FIELD NAME IN UPPER CASE>``, for example
 ``DESKBRIDGE_RECLAIM_IDLE_S=5``. The table in docs/operations.md lists them all.
@@ -41,7 +43,7 @@ class Timings:
     dedupe_ttl_s: float = attrs.field(default=300.0, validator=_positive)
     wedge_gap_s: float = attrs.field(default=5.0, validator=_positive)
     watchdog_interval_s: float = attrs.field(default=1.0, validator=_positive)
-    backoff_initial_s: float = attrs.field(default=1.0, validator=_positive)
+    backoff_initial_s: float = attrs.field(default=0.5, validator=_positive)
     backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
     grace_s: float = attrs.field(default=20.0, validator=_positive)
 

@@ -10,13 +10,27 @@ Reconnect policy, by how the last session ended:
   reconnect lands on a live replica in well under a second;
 * HTTP 401/403 on the upgrade: the token is refused; stop (:class:`TokenRefused`);
   retrying cannot help;
-* anything else — refused or failed connects, other HTTP statuses, 4001 (superseded by
-  a newer sidecar of the same user), 1006, ping timeout, clock gap, a malformed frame —
-  full-jitter exponential backoff: first retry within ``backoff_initial_s`` (1 s), the
-  window doubling up to ``backoff_max_s`` (30 s). The backoff resets after a welcomed
-  session that lasted at least ``backoff_max_s``: a link that held longer than the
-  longest wait is healthy, while one that flaps (say two sidecars superseding each
-  other) keeps backing off.
+* anything else — refused or failed connects, other HTTP statuses, 1006, ping
+  timeout, clock gap, a malformed frame — full-jitter exponential backoff: first retry
+  within ``backoff_initial_s`` (0.5 s), the window doubling up to ``backoff_max_s``
+  (30 s) while attempts keep failing.
+
+When the backoff starts again. A session the hub *welcomed* and that stayed open at
+least ``HEALTHY_SESSION_S`` (2 s) was healthy: the backoff resets, so the first
+reconnect after it comes within ``backoff_initial_s`` (uniform over [0, 0.5 s): back
+within 1 s at p99 with the connect included). Why this rule and not "answered pings" or
+"scale by how long it lasted": the welcome already proves what a ping would (the token
+is good, the hub app and its Redis work: the hub writes presence before it welcomes),
+and with the default 10 s ping interval a session cut after 8 s has never seen a ping
+although it served jobs fine (issue 16's soak: median session 12-13 s under faults,
+which the old "lasted at least ``backoff_max_s``" rule never counted as healthy, so
+reconnects waited up to 30 s). Scaling by duration would punish exactly those sessions.
+The 2 s floor keeps a hub that welcomes and then at once closes (a loop) from being
+hammered: such sessions count as failed attempts and the window keeps doubling.
+A drop of many healthy sessions at once (a pod died) spreads their reconnects
+uniformly over ``backoff_initial_s``: N desktops arrive at about N / 0.5 s per second
+on the survivors, none in lockstep (``tests/sidecar/test_reconnect.py`` checks the
+spread of 200 daemons on MockClock; ``bench/reconnect_gaps.py`` measures the gap).
 
 The daemon owns the dedupe cache and the tool runner for its whole life, and a nursery
 in which every tool run executes, so runs survive dropped sockets (see ``_runner``).
@@ -75,6 +89,9 @@ QUICK_RETRY_STATUSES = frozenset({502, 503, 504})
 #: Close codes of a socket that closed before the welcome, retried quickly after a
 #: restart close (the restarting process accepted it and then went away).
 _QUICK_RETRY_CLOSE_CODES = frozenset({1006, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+#: A welcomed session open at least this long (seconds) was healthy: the reconnect
+#: backoff starts again from ``backoff_initial_s`` (see the module docstring for why).
+HEALTHY_SESSION_S = 2.0
 
 
 @attrs.frozen
@@ -323,7 +340,7 @@ class Daemon:
                     f": {end.reason}" if end.reason else "",
                     end.duration_s,
                 )
-            if end.welcomed and end.duration_s >= t.backoff_max_s:
+            if end.welcomed and end.duration_s >= HEALTHY_SESSION_S:
                 backoff.reset()
             if end.cause == CLOSED and end.welcomed and end.code in IMMEDIATE_RECONNECT_CODES:
                 delay = 0.0
@@ -399,6 +416,7 @@ async def run_daemon(
 
 __all__ = [
     "CONNECT_FAILED",
+    "HEALTHY_SESSION_S",
     "IMMEDIATE_RECONNECT_CODES",
     "QUICK_RETRIES",
     "QUICK_RETRY_JITTER_S",
