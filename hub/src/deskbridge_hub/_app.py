@@ -22,6 +22,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from . import _metrics
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
@@ -153,10 +154,15 @@ def create_app(
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+        lag_probe = trio.CancelScope()
+        app.add_background_task(
+            _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
+        )
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
+            lag_probe.cancel()
             with trio.move_on_after(2.0, shield=True):
                 await sub.aclose()
 
@@ -174,7 +180,7 @@ def create_app(
 
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
-        if request.path.startswith("/v1/") and not _authorised():
+        if _needs_key(request.path) and not _authorised():
             return _error(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
             )
@@ -216,6 +222,12 @@ def create_app(
         return _json(
             {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
         )
+
+    @app.get("/metrics")
+    async def metrics():  # type: ignore[no-untyped-def]
+        """Prometheus exposition (API key required, as /v1/; docs/operations.md)."""
+        await _metrics.refresh(holder["state"])
+        return Response(_metrics.render(), status=200, content_type=_metrics.CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
@@ -311,6 +323,17 @@ def create_app(
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     return app
+
+
+def _needs_key(path: str) -> bool:
+    """Routes behind the API key: the dispatch API, metrics and the admin pages."""
+    return path.startswith(("/v1/", "/admin")) or path == "/metrics"
+
+
+async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` under ``scope`` (cancelled when the app stops serving)."""
+    with scope:
+        await fn(*args)
 
 
 def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:

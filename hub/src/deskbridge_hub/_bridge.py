@@ -17,6 +17,7 @@ import anyio
 import attrs
 from deskbridge_common import Timings
 
+from . import _metrics
 from ._errors import (
     BadRequest,
     BridgeError,
@@ -120,6 +121,7 @@ class Bridge:
         holder = await self.substrate.get_presence(user_id)
         return Presence(user_id=user_id, online=holder is not None, session_id=holder)
 
+    @_metrics.timed_dispatch
     async def dispatch(
         self,
         user_id: str,

@@ -34,6 +34,7 @@ import anyio.lowlevel
 import attrs
 
 from ._errors import SubstrateUnavailable
+from ._inspection import PendingEntry, QueueInfo
 from ._substrate import Claimed, Entry, cancel_key, presence_key, state_key, tools_key
 
 StreamID = tuple[int, int]
@@ -578,6 +579,28 @@ class MemorySubstrate:
     async def get_catalogue(self, user_id: str) -> str | None:
         """The user's last tool catalogue, or None. Raises SubstrateUnavailable."""
         return self._get(tools_key(user_id), await self._enter())
+
+    async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
+        """XLEN and XPENDING of the user's stream (see RedisSubstrate.queue_info).
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        stream = self._streams.get(user_id)
+        if stream is None:
+            return QueueInfo(0, 0)
+        rows = sorted(stream.pel.items())[: max(count, 0)]
+        pending = tuple(
+            PendingEntry(
+                _format_id(sid),
+                nack.consumer,
+                int(max(now - nack.delivery_time, 0.0) * 1000),
+                nack.delivery_count,
+            )
+            for sid, nack in rows
+        )
+        return QueueInfo(len(stream.entries), len(stream.pel), pending)
 
     async def ping(self) -> None:
         """Raises SubstrateUnavailable when marked unavailable; otherwise returns."""

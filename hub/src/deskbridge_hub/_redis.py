@@ -31,6 +31,7 @@ from coredis.exceptions import (
     UnblockedError,
 )
 
+from ._inspection import PendingEntry, QueueInfo
 from ._redis_conn import RedisConnections, _Session
 from ._substrate import (
     GROUP,
@@ -576,6 +577,35 @@ class RedisSubstrate:
         async with self._session("GET tools") as s:
             return await self._call(s, b"GET", tools_key(user_id))
 
+    async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
+        """XLEN and XPENDING of the user's stream (read-only; metrics and admin API).
+
+        Args:
+            count: list at most this many pending entries, oldest first (0: summary only).
+
+        Returns:
+            A :class:`QueueInfo`; a missing stream or group reads as empty.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        key = jobs_key(user_id)
+        async with self._session("XPENDING") as s:
+            length = int(await self._call(s, b"XLEN", key))
+            try:
+                summary = await self._call(s, b"XPENDING", key, GROUP)
+                rows = (
+                    await self._call(s, b"XPENDING", key, GROUP, b"-", b"+", count)
+                    if count > 0
+                    else []
+                )
+            except (StreamConsumerGroupError, ResponseError):
+                return QueueInfo(length, 0)
+        pending = tuple(
+            PendingEntry(_str(r[0]), _str(r[1]), int(r[2]), int(r[3])) for r in rows or ()
+        )
+        return QueueInfo(length, int(summary[0]) if summary else 0, pending)
+
     async def ping(self) -> None:
         """PING.
 
@@ -584,3 +614,7 @@ class RedisSubstrate:
         """
         async with self._session("PING") as s:
             await self._call(s, b"PING")
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

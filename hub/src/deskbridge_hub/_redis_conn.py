@@ -67,6 +67,7 @@ from coredis.exceptions import (
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.pool import ConnectionPool
 
+from . import _metrics
 from ._errors import SubstrateUnavailable
 
 #: Server error codes that mean "cannot serve now", not "bad command".
@@ -335,11 +336,13 @@ class RedisConnections:
         try:
             yield
         except _UNAVAILABLE_ERRORS as exc:
+            _metrics.substrate_error(what)
             raise SubstrateUnavailable(
                 f"Redis at {self.address} unavailable ({what}): {exc}"
             ) from exc
         except ResponseError as exc:
             if str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
+                _metrics.substrate_error(what)
                 raise SubstrateUnavailable(
                     f"Redis at {self.address} refused {what}: {exc}"
                 ) from exc

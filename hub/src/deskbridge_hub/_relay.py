@@ -27,6 +27,7 @@ import anyio
 import attrs
 from deskbridge_common import Timings
 
+from . import _metrics
 from ._errors import SubstrateUnavailable
 from ._substrate import Entry, Substrate
 
@@ -135,6 +136,7 @@ async def relay_loop(
                 if not entries or now - last_reclaim >= reclaim_every_s:
                     last_reclaim = now
                     claimed, deleted = await source.reclaim()
+                    _metrics.entries_reclaimed(len(claimed))
                     fresh += [e for e in claimed if e.entry_id not in inflight]
                     if on_deleted is not None:
                         await on_deleted(deleted)

@@ -41,6 +41,7 @@ from deskbridge_common import (
     encode_frame,
 )
 
+from . import _metrics
 from ._errors import SubstrateUnavailable
 from ._jobs import JobEnvelope, MalformedEntry, result_payload
 from ._relay import EntrySource, relay_loop
@@ -160,6 +161,7 @@ class HubSession:
         self._limiter = trio.CapacityLimiter(self.state.max_inflight_per_session)
         inflight = self.state.inflight.setdefault(self.user_id, set())
         self.state.sessions[self.session_id] = self
+        _metrics.session_opened()
         end: _EndSession | None = None
         try:
             async with trio.open_nursery() as nursery:
@@ -187,6 +189,7 @@ class HubSession:
             if end is None:
                 log.info("session %s of %s ends (socket gone)", self.session_id, self.user_id)
             self.state.sessions.pop(self.session_id, None)
+            _metrics.session_closed()
             with trio.move_on_after(2.0, shield=True):
                 try:
                     await self.state.substrate.clear_presence(self.user_id, self.session_id)
@@ -250,7 +253,9 @@ class HubSession:
         try:
             await self.state.substrate.set_catalogue(self.user_id, catalogue)
             await self.state.substrate.set_presence(self.user_id, self.session_id, t.presence_ttl_s)
+            _metrics.presence_written("set")
         except SubstrateUnavailable:
+            _metrics.presence_failed("unavailable")
             raise _EndSession(1013, "substrate unavailable; try again later") from None
         await self.socket.send(
             encode_frame(
@@ -343,10 +348,13 @@ class HubSession:
                 # Retry sooner than a full interval: after Redis comes back (empty), the
                 # desktop must read online again quickly, not a heartbeat later.
                 log.warning("heartbeat for %s failed: %s", self.user_id, exc)
+                _metrics.presence_failed("unavailable")
                 interval_s = min(1.0, t.heartbeat_s)
                 continue
             if not ours:
+                _metrics.presence_failed("not_holder")
                 await self._hand_over()
+            _metrics.presence_written("refresh")
             try:  # the holder keeps the catalogue true (a short-lived rival, a Redis restart)
                 await self.state.substrate.set_catalogue(self.user_id, self._catalogue)
             except SubstrateUnavailable:
@@ -418,6 +426,7 @@ class HubSession:
                 entry_id,
                 job_id,
             )
+            _metrics.job_served("unknown", "lost")
             await self._publish(
                 job_id,
                 result_payload(
@@ -466,6 +475,7 @@ class HubSession:
                 exc,
             )
             job_id = entry.fields.get("job_id")
+            _metrics.job_served(entry.fields.get("name", "unknown"), "failed")
             if job_id:
                 await self._publish(
                     job_id,
@@ -474,6 +484,7 @@ class HubSession:
             await self._ack(entry.entry_id)
             return
         if self.state.wall_clock() >= envelope.deadline:
+            _metrics.job_served(envelope.name, "expired")
             await self._publish(
                 envelope.job_id,
                 result_payload(
@@ -502,6 +513,7 @@ class HubSession:
             what=f"mark {envelope.job_id} delivered",
         )
         if cancelled:
+            _metrics.job_served(envelope.name, "cancelled")
             await self._publish(
                 envelope.job_id,
                 result_payload(
@@ -531,6 +543,7 @@ class HubSession:
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
             self.deliveries.pop(delivery_id, None)
+            _metrics.job_served(envelope.name, "failed")
             await self._publish(
                 envelope.job_id,
                 result_payload("failed", error={"code": "bad_job", "message": exc.reason}),
@@ -539,6 +552,7 @@ class HubSession:
             return
         try:
             await self._send.send(frame)
+            _metrics.job_dispatched(envelope.name, self.state.wall_clock() - envelope.enqueued_at)
             await delivery.done.wait()
         finally:
             self.deliveries.pop(delivery_id, None)
@@ -554,6 +568,7 @@ class HubSession:
             message = error.message if error else "failed"
             status = code if code in ("expired", "cancelled") else "failed"
             payload = result_payload(status, error={"code": code, "message": message})
+        _metrics.job_served(envelope.name, "completed" if result.ok else status)
         await self._publish(envelope.job_id, payload)
         await self._ack(entry.entry_id)
 

@@ -30,6 +30,8 @@ from typing import Protocol
 
 import attrs
 
+from ._inspection import QueueInfo
+
 GROUP = "bridge-workers"
 
 
@@ -183,6 +185,10 @@ class Substrate(Protocol):
 
     async def get_catalogue(self, user_id: str) -> str | None:
         """GET ``bridge:tools:{user_id}``."""
+
+    async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
+        """XLEN + XPENDING of the user's stream, up to ``count`` pending entries
+        (read-only: metrics and the admin API)."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""

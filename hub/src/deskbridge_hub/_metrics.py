@@ -1,0 +1,252 @@
+"""Prometheus metrics of a hub process (prometheus-client), behind one-line hooks.
+
+The product's modules call the small functions below (``session_opened()``,
+``job_answered(...)``) and never touch prometheus-client themselves, so the relay and
+session code stays about relaying. Metrics live in prometheus-client's default registry,
+one set per process. ``render(state)`` refreshes the scrape-time gauges (queue depth and
+pending entries of the users connected to this process, draining) and returns the
+exposition text for ``GET /metrics``.
+
+Multi-worker: prometheus-client's multiprocess mode is used when ``PROMETHEUS_MULTIPROC_DIR``
+is set (every worker writes its samples there; a scrape of any worker aggregates them; the
+gauges say how: ``livesum``/``max``). The recommended deployment is one worker per pod
+(``serve --workers 1``), each pod scraped on its own (docs/operations.md, "Metrics").
+
+Units: every duration is in seconds (``_seconds`` in the name), as Prometheus expects.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from ._session import HubState
+
+#: Buckets for job latencies, seconds: from a 20 ms status round trip (the field figure)
+#: to the 90 s default call timeout and the 180 s reclaim idle.
+LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 90.0, 180.0,
+)  # fmt: skip
+#: Buckets for event-loop lag, seconds (a healthy trio loop lags well under 10 ms).
+LAG_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: How often the lag probe wakes, seconds.
+LAG_PROBE_INTERVAL_S = 1.0
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+SESSIONS_OPEN = Gauge(
+    "deskbridge_sessions_open",
+    "Sidecar sessions open in this process (after the hello/welcome handshake).",
+    multiprocess_mode="livesum",
+)
+SESSIONS = Counter(
+    "deskbridge_sessions",
+    "Sidecar sessions opened (handshake completed).",
+)
+PRESENCE_WRITES = Counter(
+    "deskbridge_presence_writes",
+    "Presence writes (set at handshake, refresh at each heartbeat).",
+    ["kind"],
+)
+PRESENCE_WRITE_FAILURES = Counter(
+    "deskbridge_presence_write_failures",
+    "Presence writes that failed (Redis unavailable) or found another holder.",
+    ["reason"],
+)
+JOBS = Counter(
+    "deskbridge_jobs",
+    "Jobs answered to callers in this process (dispatch API), by tool and outcome.",
+    ["tool", "outcome"],
+)
+JOB_SECONDS = Histogram(
+    "deskbridge_job_seconds",
+    "End-to-end latency seen by the caller: dispatch call to terminal answer, seconds.",
+    ["tool"],
+    buckets=LATENCY_BUCKETS_S,
+)
+DISPATCH_SECONDS = Histogram(
+    "deskbridge_dispatch_seconds",
+    "Enqueue to job frame sent to the sidecar (queue wait + relay), seconds, on the "
+    "process holding the socket (wall clocks of two processes: skew shows here).",
+    ["tool"],
+    buckets=LATENCY_BUCKETS_S,
+)
+SERVED = Counter(
+    "deskbridge_jobs_served",
+    "Entries answered by this process as the socket holder, by tool and outcome "
+    "(including lost and expired entries that never reached a sidecar).",
+    ["tool", "outcome"],
+)
+RECLAIMED = Counter(
+    "deskbridge_reclaimed_entries",
+    "Entries taken over from other consumers by XAUTOCLAIM.",
+)
+LOST = Counter(
+    "deskbridge_jobs_lost", "Entries answered lost (trimmed or deleted before they ran)."
+)
+EXPIRED = Counter(
+    "deskbridge_jobs_expired", "Entries answered expired (deadline passed before forwarding)."
+)
+SUBSTRATE_ERRORS = Counter(
+    "deskbridge_redis_errors",
+    "Substrate (Redis) operations that failed as unavailable, by operation.",
+    ["operation"],
+)
+QUEUE_ENTRIES = Gauge(
+    "deskbridge_queue_entries",
+    "Entries in the job streams (XLEN) of the users connected to this process, at scrape.",
+    multiprocess_mode="livesum",
+)
+PENDING_ENTRIES = Gauge(
+    "deskbridge_pending_entries",
+    "Pending entries (delivered, not acknowledged) of the users connected to this "
+    "process, at scrape.",
+    multiprocess_mode="livesum",
+)
+CONNECTED_USERS = Gauge(
+    "deskbridge_connected_users",
+    "Distinct users with a session in this process, at scrape.",
+    multiprocess_mode="livesum",
+)
+DRAINING = Gauge(
+    "deskbridge_draining",
+    "1 while this process drains for a graceful shutdown, else 0.",
+    multiprocess_mode="livemax",
+)
+LOOP_LAG = Histogram(
+    "deskbridge_event_loop_lag_seconds",
+    "How late the event loop wakes a 1 s sleep, seconds.",
+    buckets=LAG_BUCKETS_S,
+)
+
+# -- hooks (one line at each call site) ----------------------------------------------
+
+
+def session_opened() -> None:
+    SESSIONS.inc()
+    SESSIONS_OPEN.inc()
+
+
+def session_closed() -> None:
+    SESSIONS_OPEN.dec()
+
+
+def presence_written(kind: str) -> None:
+    """``kind``: ``set`` (handshake) or ``refresh`` (heartbeat)."""
+    PRESENCE_WRITES.labels(kind).inc()
+
+
+def presence_failed(reason: str) -> None:
+    """``reason``: ``unavailable`` or ``not_holder``."""
+    PRESENCE_WRITE_FAILURES.labels(reason).inc()
+
+
+def job_dispatched(tool: str, waited_s: float) -> None:
+    DISPATCH_SECONDS.labels(tool).observe(max(waited_s, 0.0))
+
+
+def job_served(tool: str, outcome: str) -> None:
+    SERVED.labels(tool, outcome).inc()
+    if outcome == "lost":
+        LOST.inc()
+    elif outcome == "expired":
+        EXPIRED.inc()
+
+
+def entries_reclaimed(count: int) -> None:
+    if count:
+        RECLAIMED.inc(count)
+
+
+def substrate_error(operation: str) -> None:
+    SUBSTRATE_ERRORS.labels(operation).inc()
+
+
+def job_answered(tool: str, outcome: str, elapsed_s: float) -> None:
+    JOBS.labels(tool, outcome).inc()
+    JOB_SECONDS.labels(tool).observe(elapsed_s)
+
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+
+def timed_dispatch(fn: _F) -> _F:
+    """Decorate ``Bridge.dispatch``: count each answer by tool and outcome and observe
+    its latency; a SubstrateUnavailable counts as ``unavailable`` (and is re-raised).
+    Bad requests are not jobs and are not counted."""
+    from ._errors import SubstrateUnavailable
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, user_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            outcome = await fn(self, user_id, name, *args, **kwargs)
+        except SubstrateUnavailable:
+            job_answered(str(name), "unavailable", time.monotonic() - started)
+            raise
+        job_answered(str(name), outcome.status, outcome.elapsed_s)
+        return outcome
+
+    return wrapper  # type: ignore[return-value]
+
+
+# -- exposition ------------------------------------------------------------------------
+
+
+async def refresh(state: HubState) -> None:
+    """Set the scrape-time gauges from this process's sessions (one XLEN + XPENDING per
+    connected user; a user whose stream cannot be read is skipped).
+
+    Raises:
+        Nothing: substrate failures leave the previous values (and are counted).
+    """
+    from ._errors import SubstrateUnavailable
+
+    DRAINING.set(1 if state.draining else 0)
+    users = {s.user_id for s in list(state.sessions.values())}
+    CONNECTED_USERS.set(len(users))
+    length = pending = 0
+    for user_id in sorted(users):
+        try:
+            info = await state.substrate.queue_info(user_id, count=0)
+        except SubstrateUnavailable:
+            return
+        length += info.length
+        pending += info.pending_count
+    QUEUE_ENTRIES.set(length)
+    PENDING_ENTRIES.set(pending)
+
+
+def render() -> bytes:
+    """The exposition text of this process (or of every worker, in multiprocess mode)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return generate_latest(REGISTRY)
+
+
+async def probe_loop_lag(
+    sleep: Callable[[float], Awaitable[None]], clock: Callable[[], float]
+) -> None:
+    """Run until cancelled: sleep ``LAG_PROBE_INTERVAL_S`` and observe how late it woke."""
+    while True:
+        before = clock()
+        await sleep(LAG_PROBE_INTERVAL_S)
+        LOOP_LAG.observe(max(clock() - before - LAG_PROBE_INTERVAL_S, 0.0))
