@@ -163,3 +163,61 @@ def test_deeply_nested_json_is_a_protocol_error_not_a_crash():
     text = '{"type":"ping","nonce":' + "[" * 100000 + "]" * 100000 + "}"
     with pytest.raises(RemoteProtocolError):
         decode_frame(text)
+
+
+def test_progress_round_trips_and_checks_its_fields():
+    from deskbridge_common import Progress
+
+    for frame in (Progress("d1", 3, 10, "three of ten"), Progress("d1", 0.5)):
+        assert decode_frame(encode_frame(frame)) == frame
+    assert "total" not in encode_frame(Progress("d1", 1))
+    for bad in ({"progress": "1"}, {"progress": 1, "total": -1}, {"progress": 1, "message": 5}):
+        with pytest.raises(RemoteProtocolError):
+            decode_frame(json.dumps({"type": "progress", "id": "d1", **bad}))
+    with pytest.raises(LocalProtocolError):
+        encode_frame(Progress("d1", float("nan")))
+
+
+class _CountingJson:
+    """Stands in for the ``json`` module inside the codec, counting encodes and parses."""
+
+    def __init__(self):
+        self.dumps_calls = 0
+        self.loads_calls = 0
+
+    def dumps(self, *args, **kwargs):
+        self.dumps_calls += 1
+        return json.dumps(*args, **kwargs)
+
+    def loads(self, *args, **kwargs):
+        self.loads_calls += 1
+        return json.loads(*args, **kwargs)
+
+
+def test_encoding_serialises_once_and_never_parses(monkeypatch):
+    import deskbridge_common._codec as codec
+
+    counting = _CountingJson()
+    monkeypatch.setattr(codec, "json", counting)
+    big = {"rows": ["x" * 1000] * 1000}  # ~1 MB
+    text = encode_frame(JobResult("d1", True, big))
+    assert (counting.dumps_calls, counting.loads_calls) == (1, 0)
+    monkeypatch.undo()
+    assert decode_frame(text).result == big
+
+
+def test_raw_json_result_is_spliced_not_reencoded(monkeypatch):
+    import deskbridge_common._codec as codec
+    from deskbridge_common import RawJSON
+
+    raw = json.dumps({"rows": ["x" * 1000] * 1000}, separators=(",", ":"))
+    counting = _CountingJson()
+    monkeypatch.setattr(codec, "json", counting)
+    text = encode_frame(JobResult("d1", True, RawJSON(raw)))
+    assert counting.loads_calls == 0
+    assert counting.dumps_calls == 1 and len(text) < len(raw) + 60  # the envelope only
+    monkeypatch.undo()
+    assert text == encode_frame(JobResult("d1", True, json.loads(raw)))
+    with pytest.raises(LocalProtocolError) as info:
+        encode_frame(JobResult("d1", True, RawJSON('"' + "x" * MAX_FRAME_BYTES + '"')))
+    assert info.value.close_code == CLOSE_MESSAGE_TOO_BIG

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import trio
+from deskbridge_common import decode_frame, encode_frame
 from deskbridge_sidecar import (
     Backoff,
     ClockGap,
@@ -181,8 +182,47 @@ def test_sidecar_url_refuses(bad):
 
 
 def test_outcome_reply_uses_the_given_id():
-    reply = Outcome.success({"a": 1}).reply("d-9")
+    reply = decode_frame(encode_frame(Outcome.success({"a": 1}).reply("d-9")))
     assert (reply.id, reply.ok, reply.result, reply.error) == ("d-9", True, {"a": 1}, None)
     failure = Outcome.failure("tool_error", "x" * 5000)
     assert len(failure.error.message) == 2000
     assert failure.reply("d-1").error == failure.error
+
+
+def test_a_one_mib_result_is_serialised_once_on_its_way_out(monkeypatch):
+    """Issue 9: a 1 MiB result used to be encoded three times and parsed three times
+    (normalise, size check, writer). Now: one json.dumps where the tool returns, none
+    when the reply is encoded, no parse at all."""
+    import json
+
+    import deskbridge_common._codec as codec
+    import deskbridge_sidecar._outcome as outcome_module
+    from deskbridge_common import Connection, Hello, Job, Role, Welcome
+
+    calls = {"dumps": 0, "loads": 0}
+
+    class CountingJson:
+        @staticmethod
+        def dumps(*args, **kwargs):
+            calls["dumps"] += 1
+            return json.dumps(*args, **kwargs)
+
+        @staticmethod
+        def loads(*args, **kwargs):
+            calls["loads"] += 1
+            return json.loads(*args, **kwargs)
+
+    hub, sidecar = Connection(Role.HUB), Connection(Role.SIDECAR)
+    hub.receive(sidecar.send(Hello(1, "t")))
+    sidecar.receive(hub.send(Welcome("s", 10, 10, 10)))
+    sidecar.receive(hub.send(Job("d1", "j1", "big", {}, "k1", 1e10)))
+    value = {"blob": "x" * (1024 * 1024 - 300)}
+    monkeypatch.setattr(codec, "json", CountingJson)
+    monkeypatch.setattr(outcome_module, "json", CountingJson)
+    outcome = Outcome.success(value)
+    assert outcome.ok
+    first = sidecar.send(outcome.reply("d1"))
+    assert calls == {"dumps": 2, "loads": 0}  # the result once, the small envelope once
+    assert len(first) > 1024 * 1024 - 300
+    monkeypatch.undo()
+    assert decode_frame(first).result == value

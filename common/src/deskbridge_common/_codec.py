@@ -3,7 +3,8 @@
 ``decode_frame`` turns one WebSocket text message into a frame or raises
 :class:`RemoteProtocolError` naming the field; ``encode_frame`` turns a frame into text
 and raises :class:`LocalProtocolError` if the frame would not survive ``decode_frame``.
-No I/O.
+Both run the same spec table: the encoder checks the frame's fields as Python values
+before serialising, once, and never parses its own output. No I/O.
 """
 
 from __future__ import annotations
@@ -15,14 +16,8 @@ from typing import Any
 
 import attrs
 
-from ._errors import (
-    CLOSE_INVALID_PAYLOAD,
-    CLOSE_MESSAGE_TOO_BIG,
-    CLOSE_POLICY_VIOLATION,
-    LocalProtocolError,
-    ProtocolError,
-    RemoteProtocolError,
-)
+from ._codes import CLOSE_MESSAGE_TOO_BIG, CLOSE_POLICY_VIOLATION
+from ._errors import LocalProtocolError, RemoteProtocolError
 from ._frames import (
     Cancel,
     Error,
@@ -33,6 +28,8 @@ from ._frames import (
     JobResult,
     Ping,
     Pong,
+    Progress,
+    RawJSON,
     ToolSpec,
     Welcome,
 )
@@ -43,6 +40,8 @@ MAX_FRAME_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
 #: Most tools one sidecar may announce.
 MAX_TOOLS = 256
+#: Longest ``progress.message``, in characters (a status line, not a log).
+MAX_PROGRESS_MESSAGE_CHARS = 1024
 
 _Check = Callable[[str, Any], Any]
 
@@ -88,6 +87,13 @@ def _positive(field: str, value: Any) -> float:
     number = _number(field, value)
     if number <= 0:
         raise RemoteProtocolError(field, "must be positive")
+    return number
+
+
+def _nonnegative(field: str, value: Any) -> float:
+    number = _number(field, value)
+    if number < 0:
+        raise RemoteProtocolError(field, "must not be negative")
     return number
 
 
@@ -167,6 +173,15 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "ok": (_bool, True),
             "result": (_any, False),
             "error": (_job_error, False),
+        },
+    ),
+    "progress": (
+        Progress,
+        {
+            "id": (_str(), True),
+            "progress": (_number, True),
+            "total": (_nonnegative, False),
+            "message": (_str(MAX_PROGRESS_MESSAGE_CHARS, nonempty=False), False),
         },
     ),
     "cancel": (Cancel, {"id": (_str(), True)}),
@@ -266,51 +281,85 @@ def _finite_float(text: str) -> float:
 
 
 def _to_wire(value: Any) -> Any:
+    """A frame field as JSON-ready data: attrs values (ToolSpec, JobError) become objects,
+    tuples of them arrays. Plain data (``args``, ``result``) is left for ``json.dumps``,
+    not walked here (a deeply nested result must not recurse in Python)."""
+    if isinstance(value, RawJSON):
+        return json.loads(value.text)
     if attrs.has(type(value)):
         return {k: _to_wire(v) for k, v in attrs.asdict(value, recurse=False).items()}
-    if isinstance(value, tuple | list):
+    if isinstance(value, tuple):
         return [_to_wire(v) for v in value]
     return value
 
 
-def frame_to_dict(frame: Frame) -> dict[str, Any]:
-    """Return the JSON object for ``frame`` (optional fields left out when unset)."""
-    body = _to_wire(frame)
+def _body(frame: Frame) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for key, value in attrs.asdict(frame, recurse=False).items():
+        if value is None and isinstance(frame, Progress | JobResult):
+            continue  # optional fields left out when unset
+        plain = isinstance(value, RawJSON) or key in ("args", "result", "args_schema")
+        body[key] = value if plain else _to_wire(value)
     if isinstance(frame, JobResult):
-        if frame.ok:
-            body.pop("error", None)
-        else:
-            body.pop("result", None)
-    return {"type": frame.type, **body}
+        body.pop("error" if frame.ok else "result", None)
+        if frame.ok and "result" not in body:
+            body["result"] = None
+    return body
+
+
+def frame_to_dict(frame: Frame) -> dict[str, Any]:
+    """Return the JSON object for ``frame`` (optional fields left out when unset; a
+    :class:`RawJSON` result parsed back into its value)."""
+    body = _body(frame)
+    return {"type": frame.type, **{k: _to_wire(v) for k, v in body.items()}}
 
 
 def encode_frame(frame: Frame) -> str:
-    """Serialise ``frame`` to one WebSocket text message.
+    """Serialise ``frame`` to one WebSocket text message, once.
+
+    The fields are checked as Python values against the same spec table
+    :func:`decode_frame` uses; the JSON text is produced once and not parsed again. A
+    ``job_result`` whose ``result`` is a :class:`RawJSON` has that text spliced in as is.
 
     Returns:
-        Compact JSON text.
+        Compact JSON text (ASCII unless a :class:`RawJSON` brings other characters).
 
     Raises:
         LocalProtocolError: the frame is not JSON-serialisable, over ``MAX_FRAME_BYTES``,
-            or would be refused by :func:`decode_frame` (``field`` names why).
+            or would be refused by :func:`decode_frame` (``field`` names why, and
+            ``close_code`` is the code the peer would close with).
     """
+    body = _body(frame)
+    raw = body.pop("result", None) if isinstance(body.get("result"), RawJSON) else None
+    _cls, spec = _SPECS[frame.type]
     try:
-        text = json.dumps(frame_to_dict(frame), separators=(",", ":"), allow_nan=False)
+        checked = _fields(body if raw is None else {**body, "result": None}, spec)
+        if isinstance(frame, JobResult):
+            _check_result_shape(checked)
+    except RemoteProtocolError as exc:
+        raise LocalProtocolError(exc.field, str(exc).split(": ", 1)[-1], exc.close_code) from None
+    try:
+        text = json.dumps({"type": frame.type, **body}, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError("$", f"not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise LocalProtocolError("$", "nested too deeply to encode") from None
-    try:
-        decode_frame(text)
-    except ProtocolError as exc:
-        raise LocalProtocolError(exc.field, str(exc).split(": ", 1)[-1], exc.close_code) from None
+    if raw is not None:
+        text = f'{text[:-1]},"result":{raw.text}}}'
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_FRAME_BYTES:
+        raise LocalProtocolError(
+            "$", f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}", CLOSE_MESSAGE_TOO_BIG
+        )
     return text
 
 
 __all__ = [
-    "CLOSE_INVALID_PAYLOAD",
     "FRAME_TYPES",
     "MAX_FRAME_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_PROGRESS_MESSAGE_CHARS",
+    "MAX_TOOLS",
     "decode_frame",
     "encode_frame",
     "frame_to_dict",

@@ -12,20 +12,7 @@ receiving end should use (RFC 6455 section 7.4.1):
 
 from __future__ import annotations
 
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_INVALID_PAYLOAD = 1007
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_MESSAGE_TOO_BIG = 1009
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_SERVICE_RESTART = 1012
-CLOSE_TRY_AGAIN_LATER = 1013
-# Application close codes (4000-4999 are private use per RFC 6455).
-CLOSE_SUPERSEDED = 4001  # a newer sidecar session for the same user took over
-CLOSE_PING_TIMEOUT = 4002  # the peer did not answer an application-level ping in time
-CLOSE_TOKEN_EXPIRED = 4003  # the sidecar token's lifetime ended during the session
+from ._codes import CLOSE_INVALID_PAYLOAD, close_reason
 
 
 class ProtocolError(Exception):
@@ -33,7 +20,8 @@ class ProtocolError(Exception):
 
     Attributes:
         field: dotted name of the offending field (``"type"``, ``"args"``,
-            ``"error.code"``), or ``"$"`` for the frame as a whole.
+            ``"error.code"``), ``"$"`` for the frame as a whole, or ``""`` when the
+            error is not about one frame (a deadline); ``reason`` is then the message alone.
         close_code: WebSocket close code to use when closing for this error.
         reason: short human-readable reason, at most 123 bytes of UTF-8 so it fits in a
             close frame.
@@ -43,7 +31,8 @@ class ProtocolError(Exception):
         field = _printable(field, 64)
         self.field = field
         self.close_code = close_code
-        self.reason = _truncate_reason(f"{field}: {_printable(message, 200)}")
+        message = _printable(message, 200)
+        self.reason = close_reason(f"{field}: {message}" if field else message)
         super().__init__(self.reason)
 
 
@@ -65,8 +54,4 @@ def _printable(text: str, limit: int) -> str:
     return escaped + ("..." if len(text) > limit else "")
 
 
-def _truncate_reason(text: str, limit: int = 123) -> str:
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+__all__ = ["LocalProtocolError", "ProtocolError", "RemoteProtocolError"]

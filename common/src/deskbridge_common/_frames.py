@@ -84,6 +84,22 @@ class Job:
 
 
 @attrs.frozen
+class RawJSON:
+    """A JSON value already serialised (compact, ASCII, finite numbers only).
+
+    A ``job_result`` may carry its ``result`` this way, so a large result is serialised
+    once, where it is produced, and spliced into the frame as is (issue 9: a 1 MiB result
+    used to be encoded three times and parsed three times on its way out).
+
+    Attributes:
+        text: the JSON text, e.g. ``'{"a":[1,2]}'``. The producer vouches that it is valid
+            JSON (``json.dumps(..., allow_nan=False)`` output); the codec does not re-parse it.
+    """
+
+    text: str
+
+
+@attrs.frozen
 class JobError:
     """Why a job failed: a machine-readable ``code`` and a human ``message``."""
 
@@ -96,6 +112,8 @@ class JobResult:
     """sidecar -> hub: the outcome of one delivery, answered on the delivery ``id``.
 
     Exactly one of ``result`` (when ``ok``) and ``error`` (when not ``ok``) is meaningful.
+    ``result`` is a JSON value, or a :class:`RawJSON` holding one already serialised (as
+    sent; a decoded frame always holds the plain value).
     """
 
     id: str
@@ -111,6 +129,27 @@ class Cancel:
 
     id: str
     type = "cancel"
+
+
+@attrs.frozen
+class Progress:
+    """sidecar -> hub: how far the running delivery ``id`` has got.
+
+    Legal only while ``id`` is outstanding (delivered and not yet answered). Shaped after
+    MCP's ``notifications/progress``.
+
+    Attributes:
+        id: the delivery id of the running job.
+        progress: progress so far (any finite number; meant to increase).
+        total: the value ``progress`` will reach when done, if known (finite, >= 0).
+        message: a short human-readable status, if any.
+    """
+
+    id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+    type = "progress"
 
 
 @attrs.frozen
@@ -138,4 +177,4 @@ class Error:
     type = "error"
 
 
-Frame = Hello | Welcome | Job | JobResult | Cancel | Ping | Pong | Error
+Frame = Hello | Welcome | Job | JobResult | Progress | Cancel | Ping | Pong | Error

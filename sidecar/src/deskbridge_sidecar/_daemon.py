@@ -48,6 +48,7 @@ from collections.abc import Callable
 import attrs
 import trio
 from deskbridge_common import (
+    CLOSE_ABNORMAL,
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
@@ -88,7 +89,7 @@ QUICK_RETRY_JITTER_S = 0.1
 QUICK_RETRY_STATUSES = frozenset({502, 503, 504})
 #: Close codes of a socket that closed before the welcome, retried quickly after a
 #: restart close (the restarting process accepted it and then went away).
-_QUICK_RETRY_CLOSE_CODES = frozenset({1006, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+_QUICK_RETRY_CLOSE_CODES = frozenset({CLOSE_ABNORMAL, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
 #: A welcomed session open at least this long (seconds) was healthy: the reconnect
 #: backoff starts again from ``backoff_initial_s`` (see the module docstring for why).
 HEALTHY_SESSION_S = 2.0
@@ -366,7 +367,7 @@ class Daemon:
     def _failed(cause: str, reason: str, started_at: float) -> SessionEnd:
         return SessionEnd(
             cause=cause,
-            code=1006,
+            code=CLOSE_ABNORMAL,
             reason=reason,
             by_hub=True,
             session_id=None,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import attrs
 import trio
+from deskbridge_common import CLOSE_ABNORMAL
 
 from ._errors import TransportClosed
 
-#: Close code seen when the link broke without a close frame (RFC 6455 abnormal closure).
-ABNORMAL_CLOSURE = 1006
+#: Close code seen when the link broke without a close frame (kept for importers).
+ABNORMAL_CLOSURE = CLOSE_ABNORMAL
 
 
 @attrs.define(eq=False)

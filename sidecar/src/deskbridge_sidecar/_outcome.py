@@ -10,21 +10,31 @@ import json
 from typing import Any
 
 import attrs
-from deskbridge_common import JobError, JobResult, LocalProtocolError, encode_frame
-
-# Error codes of job_result.error.code, as the sidecar uses them.
-TOOL_ERROR = "tool_error"  #: the tool raised ToolError (which may carry its own code)
-UNKNOWN_TOOL = "unknown_tool"  #: no tool of that name in this sidecar's catalogue
-BAD_ARGS = "bad_args"  #: args do not bind to the tool's keyword parameters
-CRASHED = "crashed"  #: the tool raised an unexpected exception (message = its repr)
-EXPIRED = "expired"  #: the job's deadline passed before it started; never started
-CANCELLED = "cancelled"  #: the hub cancelled the delivery (or the daemon stopped)
-BAD_RESULT = "bad_result"  #: the tool returned something that is not JSON or too big
+from deskbridge_common import (
+    BAD_ARGS,
+    BAD_RESULT,
+    CANCELLED,
+    CRASHED,
+    EXPIRED,
+    MAX_FRAME_BYTES,
+    MAX_ID_CHARS,
+    TOOL_ERROR,
+    UNKNOWN_TOOL,
+    JobError,
+    JobResult,
+    RawJSON,
+    encode_frame,
+)
 
 #: Longest error message sent, in characters (a crash repr is cut to this).
 MAX_MESSAGE_CHARS = 2000
-#: Longest delivery id the codec accepts; results are checked against the worst case.
-MAX_ID_CHARS = 200
+#: Bytes of a ``job_result`` frame around its result, for the longest delivery id:
+#: ``{"type":"job_result","id":"<MAX_ID_CHARS>","ok":true,"result":}``.
+_RESULT_FRAME_OVERHEAD = len(
+    encode_frame(JobResult(id="x" * MAX_ID_CHARS, ok=True, result=RawJSON("")))
+)
+#: Largest serialised result that fits in a frame (``MAX_FRAME_BYTES`` less the above).
+MAX_RESULT_BYTES = MAX_FRAME_BYTES - _RESULT_FRAME_OVERHEAD
 
 
 def truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -36,33 +46,48 @@ def truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 class Outcome:
     """The outcome of one tool execution (or of refusing to execute).
 
+    The result is kept as its JSON text (``result_json``), serialised once when the tool
+    returns: that text is what the dedupe cache holds and what every reply splices into
+    its frame (:class:`RawJSON`), so a redelivery neither re-encodes nor re-checks it.
+
     Attributes:
         ok: True if the tool returned normally.
-        result: the tool's JSON value (only when ``ok``).
+        result_json: the tool's value as compact JSON text (only when ``ok``).
         error: code and message (only when not ``ok``).
     """
 
     ok: bool
-    result: Any = None
+    result_json: str | None = None
     error: JobError | None = None
+
+    @property
+    def result(self) -> Any:
+        """The tool's JSON value, parsed from ``result_json`` (None when not ``ok``).
+        Parses on every access: for inspection, not for the reply path."""
+        return None if self.result_json is None else json.loads(self.result_json)
 
     @classmethod
     def success(cls, result: Any) -> Outcome:
         """Wrap a tool's return value, normalised to plain JSON.
 
-        A value that is not JSON-serialisable, contains NaN/Infinity, nests too deeply,
-        or would not fit in a ``MAX_FRAME_BYTES`` frame becomes a ``bad_result`` failure
-        instead (the tool ran; its value cannot be sent). Checking here, once, means a
-        cached outcome can always be sent, so a redelivery can never break the writer.
+        Serialises ``result`` once (compact, ASCII). A value that is not
+        JSON-serialisable, contains NaN/Infinity, nests too deeply, or would not fit in a
+        ``MAX_FRAME_BYTES`` frame with the longest delivery id becomes a ``bad_result``
+        failure instead (the tool ran; its value cannot be sent). Checking here, once,
+        means a cached outcome can always be sent, so a redelivery can never break the
+        writer.
         """
         try:
-            value = json.loads(json.dumps(result, allow_nan=False, separators=(",", ":")))
-            encode_frame(JobResult(id="x" * MAX_ID_CHARS, ok=True, result=value))
+            text = json.dumps(result, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError) as exc:
             return cls.failure(BAD_RESULT, f"result is not JSON-serialisable: {exc!r}")
-        except LocalProtocolError as exc:
-            return cls.failure(BAD_RESULT, f"result cannot be sent: {exc}")
-        return cls(ok=True, result=value)
+        if len(text) > MAX_RESULT_BYTES:  # ASCII: characters are bytes
+            return cls.failure(
+                BAD_RESULT,
+                f"result cannot be sent: {len(text)} bytes of JSON exceed the "
+                f"{MAX_RESULT_BYTES} a {MAX_FRAME_BYTES}-byte frame leaves for it",
+            )
+        return cls(ok=True, result_json=text)
 
     @classmethod
     def failure(cls, code: str, message: str) -> Outcome:
@@ -77,11 +102,12 @@ class Outcome:
     def reply(self, delivery_id: str) -> JobResult:
         """The ``job_result`` frame answering delivery ``delivery_id`` with this outcome."""
         if self.ok:
-            return JobResult(id=delivery_id, ok=True, result=self.result)
+            return JobResult(id=delivery_id, ok=True, result=RawJSON(self.result_json or "null"))
         return JobResult(id=delivery_id, ok=False, error=self.error)
 
 
 __all__ = [
+    "MAX_RESULT_BYTES",
     "BAD_ARGS",
     "BAD_RESULT",
     "CANCELLED",

@@ -1,8 +1,14 @@
 """One connected socket: hello/welcome, then six tasks in one nursery until it ends.
 
+The protocol's rules (handshake order, which frames the hub may send, outstanding
+delivery ids, ping nonces and their deadlines, the close code for each violation) are
+the sans-I/O :class:`deskbridge_common.Connection`'s; this module only does the I/O
+around it and the sidecar's own work (routing jobs, dedupe, answering).
+
 The session nursery owns every task of the socket:
 
-* reader — the only task that receives. It routes frames and never awaits job work:
+* reader — the only task that receives. It feeds each message to the connection and
+  routes the events; it never awaits job work:
   jobs go onto memory channels (unbounded; the hub bounds what it has in flight), pings
   are answered at once through the writer, cache hits and refusals are answered
   directly.
@@ -23,6 +29,7 @@ run: runs belong to the daemon (see ``_runner``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
@@ -33,26 +40,29 @@ import trio
 from deskbridge_common import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
-    CLOSE_PING_TIMEOUT,
-    CLOSE_POLICY_VIOLATION,
+    CRASHED,
+    EXPIRED,
     Cancel,
+    Connection,
     Error,
     Frame,
     Hello,
+    Ignored,
     Job,
     JobResult,
     LocalProtocolError,
     Ping,
     Pong,
     RemoteProtocolError,
+    Role,
     Timings,
     Welcome,
-    decode_frame,
-    encode_frame,
+    close_reason,
 )
+from deskbridge_common._connection import Event
 
 from ._errors import TransportClosed
-from ._outcome import CANCELLED, CRASHED, EXPIRED, Outcome
+from ._outcome import CANCELLED, Outcome
 from ._runner import ToolRunner
 from ._tools import STATUS_TOOL
 from ._transport import Transport
@@ -80,14 +90,6 @@ DEAD_PEER_CLOSE_S = 0.5
 #: Frames waiting for the writer. The reader awaits space here only when the socket
 #: itself is not draining, which is backpressure from the network, not from work.
 OUTBOX_SIZE = 256
-
-
-def close_reason(text: str, limit: int = 123) -> str:
-    """``text`` cut to fit a close frame (at most ``limit`` bytes of UTF-8)."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
 @attrs.frozen
@@ -148,7 +150,8 @@ class Session:
     session_id: str | None = attrs.field(default=None, init=False)
     _end: _Ending | None = attrs.field(default=None, init=False)
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
-    _outbox: trio.MemorySendChannel[Frame] | None = attrs.field(default=None, init=False)
+    _conn: Connection = attrs.field(factory=lambda: Connection(Role.SIDECAR), init=False)
+    _outbox: trio.MemorySendChannel[str] | None = attrs.field(default=None, init=False)
     _tool_queue: trio.MemorySendChannel[Job] | None = attrs.field(default=None, init=False)
     _status_queue: trio.MemorySendChannel[Job] | None = attrs.field(default=None, init=False)
     _deliveries: dict[str, Job] = attrs.field(factory=dict, init=False)
@@ -171,7 +174,10 @@ class Session:
             Exception: a bug in a session task (the socket is closed with 1011 first).
         """
         started_at = trio.current_time()
-        out_send, out_recv = trio.open_memory_channel[Frame](OUTBOX_SIZE)
+        self._conn = Connection(
+            Role.SIDECAR, now_s=started_at, handshake_timeout_s=self.timings.ping_timeout_s
+        )
+        out_send, out_recv = trio.open_memory_channel[str](OUTBOX_SIZE)
         tool_send, tool_recv = trio.open_memory_channel[Job](math.inf)
         status_send, status_recv = trio.open_memory_channel[Job](math.inf)
         self._outbox, self._tool_queue, self._status_queue = out_send, tool_send, status_send
@@ -179,7 +185,7 @@ class Session:
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
                 nursery.start_soon(self._writer, out_recv)
-                await out_send.send(self.hello)
+                await self._post(self.hello)
                 welcome = await self._wait_welcome()
                 if welcome is not None:
                     self.session_id = welcome.session_id
@@ -187,9 +193,7 @@ class Session:
                     nursery.start_soon(self._reader)
                     nursery.start_soon(self._tool_worker, tool_recv)
                     nursery.start_soon(self._status_worker, status_recv)
-                    nursery.start_soon(
-                        self._pinger, welcome.ping_interval_s, welcome.ping_timeout_s
-                    )
+                    nursery.start_soon(self._pinger, welcome.ping_interval_s)
                     nursery.start_soon(self._watchdog)
         except BaseException as exc:
             if self._end is None:
@@ -216,6 +220,10 @@ class Session:
     # -- ending ------------------------------------------------------------------------
 
     def _finish(self, cause: str, code: int, reason: str, *, by_hub: bool = False) -> None:
+        if by_hub:
+            self._conn.closed(code, reason)
+        else:
+            self._conn.close(code, reason)
         if self._end is None:
             self._end = _Ending(cause, code, close_reason(reason), by_hub)
         if self._scope is not None:
@@ -232,82 +240,67 @@ class Session:
             try:
                 if end.cause == PROTOCOL_ERROR:
                     # Say why before closing (the error frame's purpose); best effort.
-                    await self.transport.send(
-                        encode_frame(Error(code=PROTOCOL_ERROR, message=end.reason))
-                    )
+                    with contextlib.suppress(LocalProtocolError):
+                        text = self._conn.send(Error(code=PROTOCOL_ERROR, message=end.reason))
+                        await self.transport.send(text)
                 await self.transport.close(end.code, end.reason)
             except (TransportClosed, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
     # -- receiving ---------------------------------------------------------------------
 
-    async def _receive_frame(self) -> Frame | None:
+    async def _receive(self) -> list[Event] | None:
+        """The connection's events for the next message; None once the session is over
+        (the socket closed, or the hub broke the protocol: recorded, with its close code)."""
         try:
             raw = await self.transport.receive()
         except TransportClosed as exc:
             self._finish(CLOSED, exc.code, exc.reason, by_hub=True)
             return None
         try:
-            return decode_frame(raw)
+            return self._conn.receive(raw)
         except RemoteProtocolError as exc:
             log.warning("bad frame from hub: %s (closing with %d)", exc.reason, exc.close_code)
             self._finish(PROTOCOL_ERROR, exc.close_code, exc.reason)
             return None
 
     async def _wait_welcome(self) -> Welcome | None:
-        deadline_s = self.timings.ping_timeout_s
-        assert self._outbox is not None
-        with trio.move_on_after(deadline_s):
-            while True:
-                frame = await self._receive_frame()
-                if frame is None:
-                    return None
-                if isinstance(frame, Welcome):
-                    return frame
-                if isinstance(frame, Ping):
-                    await self._outbox.send(Pong(nonce=frame.nonce))
-                elif isinstance(frame, Error):
-                    log.warning("hub says %s: %s", frame.code, frame.message)
-                else:
-                    self._finish(
-                        PROTOCOL_ERROR,
-                        CLOSE_POLICY_VIOLATION,
-                        f"expected welcome, got {frame.type}",
-                    )
-                    return None
-        self._finish(WELCOME_TIMEOUT, CLOSE_PING_TIMEOUT, f"no welcome within {deadline_s:g} s")
+        deadline_s = self._conn.deadline_s
+        with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
+            while (events := await self._receive()) is not None:
+                for event in events:
+                    if isinstance(event, Welcome):
+                        return event
+                    await self._route(event)  # a ping or an error (the connection's rules)
+            return None
+        try:
+            self._conn.check_deadlines(trio.current_time())
+        except RemoteProtocolError as exc:
+            self._finish(WELCOME_TIMEOUT, exc.close_code, exc.reason)
         return None
 
     async def _reader(self) -> None:
-        while (frame := await self._receive_frame()) is not None:
-            await self._route(frame)
+        while (events := await self._receive()) is not None:
+            for event in events:
+                await self._route(event)
 
-    async def _route(self, frame: Frame) -> None:
-        assert self._outbox is not None
-        if isinstance(frame, Ping):
-            await self._outbox.send(Pong(nonce=frame.nonce))
-        elif isinstance(frame, Pong):
-            if self._pong is not None and self._pong[0] == frame.nonce:
+    async def _route(self, event: Event) -> None:
+        if isinstance(event, Ping):
+            await self._post(Pong(nonce=event.nonce))
+        elif isinstance(event, Pong):
+            if self._pong is not None and self._pong[0] == event.nonce:
                 self._pong[1].set()
-        elif isinstance(frame, Job):
-            await self._on_job(frame)
-        elif isinstance(frame, Cancel):
-            await self._on_cancel(frame)
-        elif isinstance(frame, Error):
-            log.warning("hub says %s: %s", frame.code, frame.message)
-        else:
-            self._finish(
-                PROTOCOL_ERROR, CLOSE_POLICY_VIOLATION, f"unexpected {frame.type} frame from hub"
-            )
+        elif isinstance(event, Job):
+            await self._on_job(event)
+        elif isinstance(event, Cancel):
+            await self._on_cancel(event)
+        elif isinstance(event, Error):
+            log.warning("hub says %s: %s", event.code, event.message)
+        elif isinstance(event, Ignored):
+            log.info("%s from hub ignored: %s", event.frame.type, event.reason)
 
     async def _on_job(self, job: Job) -> None:
-        assert self._outbox is not None and self._tool_queue is not None
-        assert self._status_queue is not None
-        if job.id in self._deliveries:
-            log.warning(
-                "job %s: delivery id %r is already pending here; ignored", job.job_id, job.id
-            )
-            return
+        assert self._tool_queue is not None and self._status_queue is not None
         if job.name == STATUS_TOOL:
             self._deliveries[job.id] = job
             self._status_queue.send_nowait(job)
@@ -316,13 +309,13 @@ class Session:
         cached = self.runner.lookup(key)
         if cached is not None:
             log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
-            await self._outbox.send(cached.reply(job.id))
+            await self._post(cached.reply(job.id))
             return
         if not self.runner.in_flight(key):
             refused = self.runner.preflight(job)
             if refused is not None:
                 log.info("job %s (%s): %s", job.job_id, job.name, refused.code)
-                await self._outbox.send(refused.reply(job.id))
+                await self._post(refused.reply(job.id))
                 return
         self._deliveries[job.id] = job
         self._tool_queue.send_nowait(job)
@@ -330,8 +323,7 @@ class Session:
     async def _on_cancel(self, cancel: Cancel) -> None:
         job = self._deliveries.get(cancel.id)
         if job is None:
-            log.info("cancel for delivery %r: nothing pending here (already answered?)", cancel.id)
-            return
+            return  # its answer is queued already (crossed the cancel)
         if job.name == STATUS_TOOL:
             return
         key = job.idempotency_key
@@ -350,10 +342,9 @@ class Session:
     # -- workers -----------------------------------------------------------------------
 
     async def _answer(self, delivery_id: str, outcome: Outcome) -> None:
-        assert self._outbox is not None
         if self._deliveries.pop(delivery_id, None) is None:
             return  # answered already (cancelled while queued)
-        await self._outbox.send(outcome.reply(delivery_id))
+        await self._post(outcome.reply(delivery_id))
 
     async def _tool_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:
         async for job in queue:
@@ -385,24 +376,35 @@ class Session:
             "session_id": self.session_id,
         }
 
-    async def _writer(self, outbox: trio.MemoryReceiveChannel[Frame]) -> None:
-        async for frame in outbox:
-            try:
-                text = encode_frame(frame)
-            except (LocalProtocolError, RecursionError) as exc:
-                log.error("cannot encode %s frame: %s", frame.type, exc)
-                if not isinstance(frame, JobResult):
-                    continue
-                text = encode_frame(
-                    Outcome.failure(CRASHED, f"result could not be encoded: {exc}").reply(frame.id)
-                )
+    async def _post(self, frame: Frame) -> None:
+        """Queue ``frame`` for the writer, encoded now by the connection (so its rules and
+        bookkeeping follow the order of the calls, which the outbox keeps)."""
+        assert self._outbox is not None
+        try:
+            text = self._conn.send(frame, now_s=trio.current_time())
+        except LocalProtocolError as exc:
+            if not self._conn.may_send(frame.type):
+                log.debug("%s not sent: the session is closing", frame.type)
+                return
+            log.error("cannot send %s frame: %s", frame.type, exc)
+            if not isinstance(frame, JobResult) or frame.id not in self._conn.outstanding:
+                return
+            failed = Outcome.failure(CRASHED, f"result could not be encoded: {exc}")
+            text = self._conn.send(failed.reply(frame.id))
+        await self._outbox.send(text)
+
+    async def _writer(self, outbox: trio.MemoryReceiveChannel[str]) -> None:
+        async for text in outbox:
             try:
                 await self.transport.send(text)
             except TransportClosed as exc:
                 self._finish(CLOSED, exc.code, exc.reason, by_hub=True)
                 return
 
-    async def _pinger(self, interval_s: float, timeout_s: float) -> None:
+    async def _pinger(self, interval_s: float) -> None:
+        """A ping every ``interval_s``; the connection holds its deadline (the welcome's
+        ``ping_timeout_s``, counted from when the ping is queued, so a stalled socket
+        counts against the hub too)."""
         assert self._outbox is not None
         tag = secrets.token_hex(4)
         count = 0
@@ -413,12 +415,15 @@ class Session:
             answered = trio.Event()
             self._pong = (nonce, answered)
             try:
-                with trio.fail_after(timeout_s):
-                    await self._outbox.send(Ping(nonce=nonce))
+                text = self._conn.send(Ping(nonce=nonce), now_s=trio.current_time())
+                deadline_s = self._conn.deadline_s
+                with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
+                    await self._outbox.send(text)
                     await answered.wait()
-            except trio.TooSlowError:
-                log.warning("no pong within %g s; dropping the socket", timeout_s)
-                self._finish(PING_TIMEOUT, CLOSE_PING_TIMEOUT, f"no pong within {timeout_s:g} s")
+                self._conn.check_deadlines(trio.current_time())
+            except RemoteProtocolError as exc:
+                log.warning("%s; dropping the socket", exc.reason)
+                self._finish(PING_TIMEOUT, exc.close_code, exc.reason)
                 return
             finally:
                 self._pong = None
@@ -442,5 +447,4 @@ __all__ = [
     "WELCOME_TIMEOUT",
     "Session",
     "SessionEnd",
-    "close_reason",
 ]

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, Protocol
 import attrs
 import trio
 import trio_websocket
-from deskbridge_common import MAX_FRAME_BYTES
+from deskbridge_common import CLOSE_ABNORMAL, MAX_FRAME_BYTES
 
 from ._errors import ConnectFailed, HandshakeRejected, TransportClosed
 
@@ -146,7 +146,7 @@ def _closed(exc: trio_websocket.ConnectionClosed) -> TransportClosed:
     """Map trio-websocket's close into ours (no reason object: the link broke, 1006)."""
     reason = exc.reason
     if reason is None:
-        return TransportClosed(1006, "connection lost")
+        return TransportClosed(CLOSE_ABNORMAL, "connection lost")
     return TransportClosed(reason.code, reason.reason or "")
 
 

@@ -1,0 +1,92 @@
+"""Every code the protocol uses, in one place: WebSocket close codes and job error codes.
+
+Close codes follow RFC 6455 section 7.4.1; 4000-4999 are private use (ours below).
+Job error codes are ``job_result.error.code`` on the wire and ``error.code`` in a result
+payload (docs/outcomes.md). Both sides import them from here; nothing compares a bare
+literal. No I/O.
+"""
+
+from __future__ import annotations
+
+# -- WebSocket close codes ------------------------------------------------------------
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_UNSUPPORTED_DATA = 1003  # a binary message: the protocol is text only
+#: Never sent on the wire (RFC 6455 7.4.1): reported locally when the connection broke
+#: without a close frame.
+CLOSE_ABNORMAL = 1006
+CLOSE_INVALID_PAYLOAD = 1007
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_SERVICE_RESTART = 1012
+CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_SUPERSEDED = 4001  # a newer sidecar session for the same user took over
+CLOSE_PING_TIMEOUT = 4002  # the peer did not answer an application-level ping in time
+CLOSE_TOKEN_EXPIRED = 4003  # the sidecar token's lifetime ended during the session
+
+#: Longest close reason, in bytes of UTF-8: a close frame's payload is at most 125 bytes,
+#: two of which are the code (RFC 6455 5.5).
+MAX_CLOSE_REASON_BYTES = 123
+
+
+def close_reason(text: str, limit: int = MAX_CLOSE_REASON_BYTES) -> str:
+    """``text`` cut to fit a close frame: at most ``limit`` bytes of UTF-8, a cut marked
+    with ``...`` (never splitting a character)."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+# -- job error codes (job_result.error.code, result payload error.code) ---------------
+# Sent by the sidecar:
+TOOL_ERROR = "tool_error"  #: the tool raised ToolError (which may carry its own code)
+UNKNOWN_TOOL = "unknown_tool"  #: no tool of that name in the sidecar's catalogue
+BAD_ARGS = "bad_args"  #: args do not bind to the tool's keyword parameters
+CRASHED = "crashed"  #: the tool raised an unexpected exception (message = its repr)
+BAD_RESULT = "bad_result"  #: the tool returned something that is not JSON or too big
+# Sent by either side (each is also an outcome of the same name):
+EXPIRED = "expired"  #: the deadline passed before the job started; it never started
+CANCELLED = "cancelled"  #: cancelled (by the caller via the hub, or the sidecar stopped)
+# Written by the hub:
+LOST = "lost"  #: the queued entry was trimmed or deleted before it ran
+MALFORMED = "malformed"  #: the stream entry does not decode into a job
+BAD_JOB = "bad_job"  #: the entry decodes but no sidecar could accept it as a frame
+OFFLINE = "offline"  #: no sidecar of the user is connected
+UNAVAILABLE = "unavailable"  #: the substrate (Redis) cannot be used right now
+#: Error codes that are also the job's outcome (every other error code means "failed").
+OUTCOME_ERROR_CODES = frozenset({EXPIRED, CANCELLED})
+
+__all__ = [
+    "BAD_ARGS",
+    "BAD_JOB",
+    "BAD_RESULT",
+    "CANCELLED",
+    "CLOSE_ABNORMAL",
+    "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL_ERROR",
+    "CLOSE_INVALID_PAYLOAD",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_NORMAL",
+    "CLOSE_PING_TIMEOUT",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_PROTOCOL_ERROR",
+    "CLOSE_SERVICE_RESTART",
+    "CLOSE_SUPERSEDED",
+    "CLOSE_TOKEN_EXPIRED",
+    "CLOSE_TRY_AGAIN_LATER",
+    "CLOSE_UNSUPPORTED_DATA",
+    "CRASHED",
+    "EXPIRED",
+    "LOST",
+    "MALFORMED",
+    "MAX_CLOSE_REASON_BYTES",
+    "OFFLINE",
+    "OUTCOME_ERROR_CODES",
+    "TOOL_ERROR",
+    "UNAVAILABLE",
+    "UNKNOWN_TOOL",
+    "close_reason",
+]
