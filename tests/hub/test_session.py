@@ -398,7 +398,7 @@ async def test_drain_waits_for_dispatch_requests_waiting_in_this_process(autojum
     done = []
 
     async def request(seconds):
-        with state.tracking_request():
+        with state.drain.tracking_request():
             await trio.sleep(seconds)
         done.append(seconds)
 

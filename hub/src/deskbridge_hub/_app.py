@@ -25,8 +25,11 @@ from werkzeug.exceptions import HTTPException
 from . import _metrics
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
-from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable, UnknownJob
-from ._session import HubState, SocketClosed, serve_sidecar
+from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
+from ._logging import fields
+from ._process import HubState
+from ._retry import CLEANUP_TIMEOUT_S
+from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
 from ._tokens import TokenExpired, TokenRejected, verify_token_claims
@@ -163,7 +166,7 @@ def create_app(
             yield
         finally:
             lag_probe.cancel()
-            with trio.move_on_after(2.0, shield=True):
+            with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
     def _authorised() -> bool:
@@ -220,7 +223,8 @@ def create_app(
         out (sockets stay up and callers get the hub's own 503 "unavailable")."""
         state: HubState = holder["state"]
         return _json(
-            {"ok": not state.draining, "draining": state.draining}, 503 if state.draining else 200
+            {"ok": not state.drain.active, "draining": state.drain.active},
+            503 if state.drain.active else 200,
         )
 
     @app.get("/metrics")
@@ -262,7 +266,7 @@ def create_app(
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].dispatch(
             user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
@@ -288,7 +292,7 @@ def create_app(
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
         state: HubState = holder["state"]
-        if state.draining:
+        if state.drain.active:
             return _draining()
         outcome = await holder["bridge"].status(user_id)
         return _outcome_response(outcome)
@@ -303,7 +307,7 @@ def create_app(
             )
         if scheme.lower() != "bearer" or not token:
             return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
-        if holder["state"].draining:  # graceful restart: send the sidecar to a live replica
+        if holder["state"].drain.active:  # graceful restart: send the sidecar to a live replica
             return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
             user_id, expires_at = verify_token_claims(token.strip(), config.secrets)
@@ -322,6 +326,7 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 
 
@@ -336,6 +341,54 @@ async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
         await fn(*args)
 
 
+#: Paths probed by load balancers and Prometheus: their access lines are DEBUG.
+_QUIET_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
+access_log = logging.getLogger("deskbridge.hub.access")
+
+
+def _access_log(asgi_app: Any) -> Any:
+    """ASGI middleware: one INFO line per HTTP request once its response has started
+    (method, path, status, elapsed_ms, client), as ``extra`` fields for JSON logs."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await asgi_app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[int] = []
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await asgi_app(scope, receive, sending)
+        finally:
+            path = scope.get("path", "")
+            client = scope.get("client") or ("-", 0)
+            elapsed_s = time.monotonic() - started
+            code = status[0] if status else 0
+            access_log.log(
+                logging.DEBUG if path in _QUIET_PATHS and code < 500 else logging.INFO,
+                '%s - "%s %s" %s %.1f ms',
+                client[0],
+                scope.get("method", "-"),
+                path,
+                code or "-",
+                elapsed_s * 1000,
+                extra=fields(
+                    method=scope.get("method"),
+                    path=path,
+                    status=code or None,
+                    client=client[0],
+                    elapsed_s=elapsed_s,
+                ),
+            )
+
+    return app
+
+
 def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
     """ASGI middleware: count each HTTP request until its response has been sent, so a
     graceful shutdown lets waiting callers get their answer before the process exits."""
@@ -345,7 +398,7 @@ def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
         if scope["type"] != "http" or state is None:
             await asgi_app(scope, receive, send)
             return
-        with state.tracking_request():
+        with state.drain.tracking_request():
             await asgi_app(scope, receive, send)
 
     return app

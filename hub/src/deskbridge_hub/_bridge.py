@@ -30,7 +30,8 @@ from ._errors import (
     JobTimeout,
     UnknownJob,
 )
-from ._jobs import JobEnvelope, parse_result, result_payload
+from ._jobs import JobEnvelope, cancelled_before_start, parse_result
+from ._jobstate import JobState, MalformedState, Stage
 from ._schema import validate_args
 from ._substrate import Substrate
 from ._validate import validate_key, validate_tool_name, validate_user_id
@@ -208,7 +209,7 @@ class Bridge:
             deadline=now + timeout_s if deadline is None else deadline,
             enqueued_at=now,
         )
-        queued = json.dumps({"stage": "queued", "user_id": user_id, "at": now})
+        queued = JobState(Stage.QUEUED, user_id, at=now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         if not await self.substrate.claim_job(job_id, queued, ttl_s=state_ttl_s):
             raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
@@ -236,10 +237,10 @@ class Bridge:
 
     async def _stage(self, job_id: str) -> str:
         try:
-            raw = await self.substrate.get_job_state(job_id)
-            stage = json.loads(raw)["stage"] if raw else "unknown"
-        except (ValueError, KeyError, TypeError):
-            stage = "unknown"
+            state = await self.substrate.get_job_state(job_id)
+        except MalformedState:
+            state = None
+        stage = "unknown" if state is None else state.stage.value
         return stage if stage in _TIMEOUT_MESSAGES else "unknown"
 
     async def _check_catalogue(self, user_id: str, name: str, args: dict[str, Any]) -> None:
@@ -288,30 +289,21 @@ class Bridge:
             SubstrateUnavailable: Redis unreachable.
         """
         _check(validate_key, job_id, "job_id")
-        raw = await self.substrate.get_job_state(job_id)
-        if raw is None:
+        state = await self.substrate.get_job_state(job_id)
+        if state is None:
             raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
-        state = json.loads(raw)
-        if state["stage"] == "finished":
+        if state.stage.terminal:
             return "finished"
         ttl_s = self.timings.result_ttl_s
         await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
-        await self.substrate.enqueue(state["user_id"], control, maxlen=self.timings.jobs_maxlen)
-        if state["stage"] == "queued":
+        await self.substrate.enqueue(state.user_id, control, maxlen=self.timings.jobs_maxlen)
+        if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
-            await self.substrate.publish_result(
-                job_id,
-                result_payload(
-                    "cancelled",
-                    error={"code": "cancelled", "message": "cancelled before it started"},
-                    detail={"stage": "queued"},
-                ),
-                ttl_s=ttl_s,
-            )
-            finished = {"stage": "finished", "user_id": state["user_id"]}
-            await self.substrate.set_job_state(job_id, json.dumps(finished), ttl_s=ttl_s)
-        return state["stage"]
+            await self.substrate.publish_result(job_id, cancelled_before_start(), ttl_s=ttl_s)
+            cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
+            await self.substrate.set_job_state(job_id, cancelled, ttl_s=ttl_s)
+        return state.stage.value
 
     async def call(
         self,

@@ -88,3 +88,24 @@ class JobIdInUse(BridgeError):
     """The caller-chosen ``job_id`` already names another job; nothing was enqueued."""
 
     status = "conflict"
+
+
+# -- errors inside the hub process (never raised to a dispatch caller) --------------------
+
+
+class SocketClosed(Exception):
+    """The sidecar's socket closed or broke (raised by a ``SidecarSocket``)."""
+
+
+class EndSession(Exception):
+    """End a sidecar session with this WebSocket close ``code`` and ``reason``.
+
+    Raised by the session's tasks (a protocol violation, a ping deadline, token expiry,
+    a hand-over to a newer session); the session sends the close frame after its nursery
+    has ended.
+    """
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason

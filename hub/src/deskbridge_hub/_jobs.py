@@ -86,6 +86,39 @@ def result_payload(status: str, **body: Any) -> str:
     return json.dumps({"status": status, **body}, separators=(",", ":"))
 
 
+def cancelled_before_start() -> str:
+    """The payload for a job cancelled while queued (the one place it is written: the
+    bridge answers a cancel of a queued job with it, the holder a job it reads with the
+    cancel flag set)."""
+    return result_payload(
+        "cancelled",
+        error={"code": "cancelled", "message": "cancelled before it started"},
+        detail={"stage": "queued"},
+    )
+
+
+def lost_payload() -> str:
+    """The payload for an entry trimmed or deleted before any executor received it."""
+    return result_payload(
+        "lost",
+        error={"code": "lost", "message": "the queued entry was trimmed or deleted before it ran"},
+    )
+
+
+def expired_payload() -> str:
+    """The payload for a job whose deadline passed before it was forwarded."""
+    return result_payload(
+        "expired",
+        error={"code": "expired", "message": "deadline passed before the job was forwarded"},
+        detail={"stage": "queued"},
+    )
+
+
+def failed_payload(code: str, message: str) -> str:
+    """The payload for a job the hub itself answers "failed" (``code`` names why)."""
+    return result_payload("failed", error={"code": code, "message": message})
+
+
 def parse_result(payload: str) -> dict[str, Any]:
     """Decode a result payload. Raises ValueError if it is not one."""
     obj = json.loads(payload)

@@ -1,17 +1,74 @@
-"""Log setup for hub processes: one line per record, level from DESKBRIDGE_LOG_LEVEL."""
+"""Log setup for hub processes: one line per record, level from ``DESKBRIDGE_LOG_LEVEL``,
+format from ``DESKBRIDGE_LOG_FORMAT`` (``text``, the default, or ``json``).
+
+JSON lines come from python-json-logger: ``time``, ``level``, ``logger``, ``process``,
+``message`` and every field a call passes with ``extra=`` (``user_id``, ``job_id``,
+``session_id``, ``tool``, ``outcome``, ``elapsed_ms``; the access log adds ``method``,
+``path``, ``status``, ``client``). :func:`fields` builds those ``extra`` mappings so the
+names are the same everywhere.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+from typing import Any
+
+#: Values of ``DESKBRIDGE_LOG_FORMAT``.
+FORMATS = ("text", "json")
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 
 
-def setup_logging(level: str | None = None) -> None:
+def make_formatter(fmt: str) -> logging.Formatter:
+    """A formatter for ``fmt`` (``text`` or ``json``).
+
+    Raises:
+        ValueError: an unknown format (the message names the variable and the choices).
+    """
+    if fmt == "text":
+        return logging.Formatter(TEXT_FORMAT)
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        return JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        )
+    raise ValueError(f"DESKBRIDGE_LOG_FORMAT={fmt!r}: expected one of {', '.join(FORMATS)}")
+
+
+def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
+    """Configure the root logger once per process (later calls change nothing).
+
+    An unknown ``DESKBRIDGE_LOG_FORMAT`` falls back to text with one WARNING naming it.
+    """
     level = level or os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO")
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-    )
+    fmt = (fmt or os.environ.get("DESKBRIDGE_LOG_FORMAT", "text")).strip().lower()
+    root = logging.getLogger()
+    if root.handlers:  # configured already (the CLI, then the ASGI entry in-process)
+        return
+    problem = None
+    try:
+        formatter = make_formatter(fmt)
+    except ValueError as exc:
+        problem, formatter = str(exc), make_formatter("text")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    if problem:
+        logging.getLogger("deskbridge.hub").warning("%s; using text", problem)
     # coredis logs a traceback at ERROR when a connection attempt is cancelled (shutdown,
     # a cancelled blocking read); the substrate maps every real failure itself.
     logging.getLogger("coredis").setLevel(logging.CRITICAL)
+
+
+def fields(**values: Any) -> dict[str, Any]:
+    """``extra=`` for a log call: the given fields, without the ones that are None.
+    ``elapsed_s`` is turned into ``elapsed_ms`` (rounded to microseconds)."""
+    elapsed_s = values.pop("elapsed_s", None)
+    if elapsed_s is not None:
+        values["elapsed_ms"] = round(elapsed_s * 1000, 3)
+    return {k: v for k, v in values.items() if v is not None}

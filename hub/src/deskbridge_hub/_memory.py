@@ -35,6 +35,7 @@ import attrs
 
 from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
+from ._jobstate import JobState
 from ._substrate import Claimed, Entry, cancel_key, presence_key, state_key, tools_key
 
 StreamID = tuple[int, int]
@@ -530,15 +531,15 @@ class MemorySubstrate:
         await self._enter()
         return self._index.get(user_id, {}).pop(_parse_id(entry_id), None) is not None
 
-    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
+    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
         """Store what is known about ``job_id`` for ``ttl_s`` seconds.
 
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
-        self._set(state_key(job_id), state, await self._enter(), ttl_s)
+        self._set(state_key(job_id), state.encode(), await self._enter(), ttl_s)
 
-    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
         """Store the state only if no live state exists for ``job_id``; True if stored.
 
         Raises:
@@ -547,21 +548,27 @@ class MemorySubstrate:
         now = await self._enter()
         if self._get(state_key(job_id), now) is not None:
             return False
-        self._set(state_key(job_id), state, now, ttl_s)
+        self._set(state_key(job_id), state.encode(), now, ttl_s)
         return True
 
-    async def get_job_state(self, job_id: str) -> str | None:
-        """The stored state, or None. Raises SubstrateUnavailable when marked so."""
-        return self._get(state_key(job_id), await self._enter())
+    async def get_job_state(self, job_id: str) -> JobState | None:
+        """The stored state, or None.
 
-    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+        Raises:
+            MalformedState: the stored value is not a job state.
+            SubstrateUnavailable: marked unavailable.
+        """
+        raw = self._get(state_key(job_id), await self._enter())
+        return None if raw is None else JobState.decode(raw)
+
+    async def mark_delivered(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
         """Set the state; return True if a cancel was requested for ``job_id``.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter()
-        self._set(state_key(job_id), state, now, ttl_s)
+        self._set(state_key(job_id), state.encode(), now, ttl_s)
         return self._get(cancel_key(job_id), now) is not None
 
     async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:

@@ -1,4 +1,5 @@
-"""Prometheus metrics of a hub process (prometheus-client), behind one-line hooks.
+"""Prometheus metrics of a hub process (prometheus-client) and the per-job log line,
+behind one-line hooks.
 
 The product's modules call the small functions below (``session_opened()``,
 ``job_answered(...)``) and never touch prometheus-client themselves, so the relay and
@@ -18,6 +19,7 @@ Units: every duration is in seconds (``_seconds`` in the name), as Prometheus ex
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -33,8 +35,10 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ._logging import fields
+
 if TYPE_CHECKING:
-    from ._session import HubState
+    from ._process import HubState
 
 #: Buckets for job latencies, seconds: from a 20 ms status round trip (the field figure)
 #: to the 90 s default call timeout and the 180 s reclaim idle.
@@ -47,6 +51,11 @@ LAG_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LAG_PROBE_INTERVAL_S = 1.0
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+#: Outcomes a caller gets without any holder finishing the job.
+CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable"})
+
+jobs_log = logging.getLogger("deskbridge.hub.jobs")
 
 SESSIONS_OPEN = Gauge(
     "deskbridge_sessions_open",
@@ -159,12 +168,48 @@ def job_dispatched(tool: str, waited_s: float) -> None:
     DISPATCH_SECONDS.labels(tool).observe(max(waited_s, 0.0))
 
 
-def job_served(tool: str, outcome: str) -> None:
+def job_served(
+    session: Any,
+    outcome: str,
+    envelope: Any = None,
+    *,
+    job_id: str | None = None,
+    tool: str | None = None,
+) -> None:
+    """An entry answered by the socket holder: count it and log the job's one INFO line.
+
+    Args:
+        session: the ``EntryServer`` serving it (``user_id``, ``session_id``,
+            ``wall_clock``).
+        outcome: the terminal outcome published for the job.
+        envelope: the entry's ``JobEnvelope`` when it decoded (tool, job id, enqueue time).
+        job_id, tool: what is known when the body is gone (lost) or malformed.
+    """
+    if envelope is not None:
+        job_id, tool = envelope.job_id, envelope.name
+    tool = tool or "unknown"
     SERVED.labels(tool, outcome).inc()
     if outcome == "lost":
         LOST.inc()
     elif outcome == "expired":
         EXPIRED.inc()
+    elapsed_s = None
+    if envelope is not None:
+        elapsed_s = max(session.wall_clock() - envelope.enqueued_at, 0.0)
+    jobs_log.info(
+        "job %s finished: %s (%s)",
+        job_id,
+        outcome,
+        tool,
+        extra=fields(
+            user_id=session.user_id,
+            session_id=session.session_id,
+            job_id=job_id,
+            tool=tool,
+            outcome=outcome,
+            elapsed_s=elapsed_s,
+        ),
+    )
 
 
 def entries_reclaimed(count: int) -> None:
@@ -176,9 +221,26 @@ def substrate_error(operation: str) -> None:
     SUBSTRATE_ERRORS.labels(operation).inc()
 
 
-def job_answered(tool: str, outcome: str, elapsed_s: float) -> None:
+def job_answered(
+    tool: str, outcome: str, elapsed_s: float, *, user_id: str, job_id: str | None
+) -> None:
+    """A dispatch call's answer: count it, observe its latency, and log it. The job's
+    INFO line is written here only for answers no holder logged (offline, timeout,
+    unavailable); a finished job's INFO line is the holder's ("job ... finished")."""
     JOBS.labels(tool, outcome).inc()
     JOB_SECONDS.labels(tool).observe(elapsed_s)
+    level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
+    jobs_log.log(
+        level,
+        "job %s answered: %s (%s for %s)",
+        job_id or "-",
+        outcome,
+        tool,
+        user_id,
+        extra=fields(
+            user_id=user_id, job_id=job_id, tool=tool, outcome=outcome, elapsed_s=elapsed_s
+        ),
+    )
 
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
@@ -196,9 +258,12 @@ def timed_dispatch(fn: _F) -> _F:
         try:
             outcome = await fn(self, user_id, name, *args, **kwargs)
         except SubstrateUnavailable:
-            job_answered(str(name), "unavailable", time.monotonic() - started)
+            elapsed_s = time.monotonic() - started
+            job_answered(str(name), "unavailable", elapsed_s, user_id=user_id, job_id=None)
             raise
-        job_answered(str(name), outcome.status, outcome.elapsed_s)
+        job_answered(
+            str(name), outcome.status, outcome.elapsed_s, user_id=user_id, job_id=outcome.job_id
+        )
         return outcome
 
     return wrapper  # type: ignore[return-value]
@@ -216,7 +281,7 @@ async def refresh(state: HubState) -> None:
     """
     from ._errors import SubstrateUnavailable
 
-    DRAINING.set(1 if state.draining else 0)
+    DRAINING.set(1 if state.drain.active else 0)
     users = {s.user_id for s in list(state.sessions.values())}
     CONNECTED_USERS.set(len(users))
     length = pending = 0

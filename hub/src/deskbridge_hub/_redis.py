@@ -32,6 +32,7 @@ from coredis.exceptions import (
 )
 
 from ._inspection import PendingEntry, QueueInfo
+from ._jobstate import JobState
 from ._redis_conn import RedisConnections, _Session
 from ._substrate import (
     GROUP,
@@ -499,17 +500,17 @@ class RedisSubstrate:
         async with self._session("HDEL index") as s:
             return bool(await self._call(s, b"HDEL", index_key(user_id), entry_id))
 
-    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
-        """SET ``bridge:state:{job_id}`` state PX ceil(ttl_s * 1000).
+    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
+        """SET ``bridge:state:{job_id}`` state.encode() PX ceil(ttl_s * 1000).
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("SET state") as s:
-            await self._call(s, b"SET", state_key(job_id), state, b"PX", _ms(ttl_s))
+            await self._call(s, b"SET", state_key(job_id), state.encode(), b"PX", _ms(ttl_s))
 
-    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
-        """SET ``bridge:state:{job_id}`` state NX PX ceil(ttl_s * 1000).
+    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
+        """SET ``bridge:state:{job_id}`` state.encode() NX PX ceil(ttl_s * 1000).
 
         Returns:
             True if the job id was free and is now claimed.
@@ -518,19 +519,23 @@ class RedisSubstrate:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("SET NX state") as s:
-            reply = await self._call(s, b"SET", state_key(job_id), state, b"NX", b"PX", _ms(ttl_s))
+            reply = await self._call(
+                s, b"SET", state_key(job_id), state.encode(), b"NX", b"PX", _ms(ttl_s)
+            )
         return reply is not None
 
-    async def get_job_state(self, job_id: str) -> str | None:
-        """GET ``bridge:state:{job_id}``.
+    async def get_job_state(self, job_id: str) -> JobState | None:
+        """GET ``bridge:state:{job_id}``, decoded.
 
         Raises:
+            MalformedState: the stored value is not a job state.
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("GET state") as s:
-            return await self._call(s, b"GET", state_key(job_id))
+            raw = await self._call(s, b"GET", state_key(job_id))
+        return None if raw is None else JobState.decode(raw)
 
-    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+    async def mark_delivered(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
         """GET the cancel flag and SET the state, pipelined in one round trip.
 
         Returns:
@@ -542,7 +547,7 @@ class RedisSubstrate:
         async with self._session("GET cancel+SET state") as s:
             flag, stored = await s.execute(
                 (b"GET", cancel_key(job_id)),
-                (b"SET", state_key(job_id), state, b"PX", _ms(ttl_s)),
+                (b"SET", state_key(job_id), state.encode(), b"PX", _ms(ttl_s)),
                 timeout_s=self._command_timeout_s,
             )
         for reply in (flag, stored):

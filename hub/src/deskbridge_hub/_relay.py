@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import anyio
 import attrs
@@ -29,12 +30,23 @@ from deskbridge_common import Timings
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
+from ._retry import READ_ERROR_BACKOFF_S, READ_ERROR_WARN_EVERY
 from ._substrate import Entry, Substrate
 
 log = logging.getLogger("deskbridge.hub.relay")
 
-#: Back-off after a substrate error in the relay loop, seconds (bounded; no tight loop).
-ERROR_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+#: Entries asked for per read, and per XAUTOCLAIM batch.
+READ_BATCH = 32
+#: Most XAUTOCLAIM batches per reclaim pass (bounds one pass's work).
+RECLAIM_MAX_BATCHES = 100
+#: Lower bound on the time between reclaim passes while entries keep coming, seconds.
+RECLAIM_MIN_EVERY_S = 1.0
+
+
+class Flag(Protocol):
+    """A one-way flag (``trio.Event``, ``anyio.Event``)."""
+
+    def is_set(self) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -48,7 +60,7 @@ class EntrySource:
     user_id: str
     consumer: str
     timings: Timings
-    batch: int = 32
+    batch: int = READ_BATCH
 
     async def pending(self) -> list[Entry]:
         return await self.substrate.read_pending(self.user_id, self.consumer, count=self.batch)
@@ -64,7 +76,7 @@ class EntrySource:
         deleted: list[str] = []
         start = "0-0"
         min_idle_ms = int(self.timings.reclaim_idle_s * 1000)
-        for _ in range(100):  # bounded: at most 100 batches per pass
+        for _ in range(RECLAIM_MAX_BATCHES):  # bounded work per pass
             claimed = await self.substrate.autoclaim(
                 self.user_id, self.consumer, min_idle_ms=min_idle_ms, start=start, count=self.batch
             )
@@ -84,7 +96,7 @@ async def relay_loop(
     dispatch: Callable[[Entry], Awaitable[None]],
     *,
     on_deleted: Callable[[list[str]], Awaitable[None]] | None = None,
-    paused: Callable[[], bool] = lambda: False,
+    stopped: Flag | None = None,
 ) -> None:
     """Run until cancelled, dispatching every entry of the user's stream exactly once
     per delivery.
@@ -98,7 +110,8 @@ async def relay_loop(
         on_deleted: called after every reclaim pass with the pending entry IDs whose body
             no longer exists (XAUTOCLAIM deleted IDs; possibly none), so the session can
             answer their callers and sweep entries trimmed before anyone read them.
-        paused: while it returns True (graceful shutdown) no new entries are read.
+        stopped: once set (graceful shutdown, a newer session of the user) no new entry
+            is read: the loop parks until cancelled, serving tasks finish on their own.
 
     Raises:
         Nothing of its own: substrate errors are logged and retried with bounded backoff.
@@ -113,12 +126,11 @@ async def relay_loop(
     # instead of waiting for the reclaim idle.
     skipped: set[str] = set()
     failures = 0
-    reclaim_every_s = max(source.timings.reclaim_idle_s / 4, 1.0)
+    reclaim_every_s = max(source.timings.reclaim_idle_s / 4, RECLAIM_MIN_EVERY_S)
     last_reclaim = -float("inf")
     while True:
-        if paused():
-            await anyio.sleep(0.1)
-            continue
+        if stopped is not None and stopped.is_set():
+            await anyio.sleep_forever()  # one-way: nothing to poll for
         if skipped and not skipped <= inflight:
             draining = True
         try:
@@ -144,10 +156,10 @@ async def relay_loop(
                 log.info("relay for %s: substrate back after %d failures", source.user_id, failures)
             failures = 0
         except SubstrateUnavailable as exc:
-            delay = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
+            delay = READ_ERROR_BACKOFF_S[min(failures, len(READ_ERROR_BACKOFF_S) - 1)]
             failures += 1
             # WARNING for the first failure, then about once a minute; INFO in between.
-            level = logging.WARNING if failures % 30 == 1 else logging.INFO
+            level = logging.WARNING if failures % READ_ERROR_WARN_EVERY == 1 else logging.INFO
             log.log(
                 level,
                 "relay for %s: %s; retrying in %.2f s (failure %d)",

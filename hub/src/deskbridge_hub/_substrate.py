@@ -1,4 +1,5 @@
-"""The substrate contract: the stream and presence primitives and nothing else.
+"""The substrate contract, split by concern: presence, streams, results, the job ledger
+and catalogue.
 
 Two implementations honour it, proven by one contract suite (tests/hub/test_substrate_contract.py):
 ``RedisSubstrate`` (the only module importing the Redis client) and ``MemorySubstrate``
@@ -31,6 +32,7 @@ from typing import Protocol
 import attrs
 
 from ._inspection import QueueInfo
+from ._jobstate import JobState
 
 GROUP = "bridge-workers"
 
@@ -94,7 +96,9 @@ class Claimed:
     deleted_ids: tuple[str, ...]
 
 
-class Substrate(Protocol):
+class PresenceSubstrate(Protocol):
+    """Presence: one key per user naming the holder session, with a TTL (invariant 1)."""
+
     async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
         """SET presence = session_id with a TTL of ttl_s (> 0) seconds (heartbeat).
         Gone from set time + ttl_s on."""
@@ -108,6 +112,11 @@ class Substrate(Protocol):
 
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
+
+
+class StreamSubstrate(Protocol):
+    """The job streams: one per user, consumer group ``bridge-workers``, read by the
+    holder, reclaimed from dead consumers."""
 
     async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
         """XADD with MAXLEN ~ maxlen; creates group GROUP (from 0, MKSTREAM) if missing.
@@ -138,6 +147,20 @@ class Substrate(Protocol):
         (Redis 7 checks existence first); claimed ones count as delivered again.
         A missing group is recreated from 0 and yields ``Claimed("0-0", (), ())``."""
 
+    async def prune_consumers(self, user_id: str, *, idle_ms: int, keep: str) -> int:
+        """XGROUP DELCONSUMER every consumer but ``keep`` with nothing pending and idle for
+        at least ``idle_ms``; returns how many. (A deleted consumer that reads again is
+        recreated by Redis.)"""
+
+    async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
+        """XLEN + XPENDING of the user's stream, up to ``count`` pending entries
+        (read-only: metrics and the admin API)."""
+
+
+class ResultSubstrate(Protocol):
+    """Result lists: the holder publishes, the caller waits (invariant 3: durable
+    before the XACK)."""
+
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
         """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC)."""
 
@@ -145,12 +168,10 @@ class Substrate(Protocol):
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
         A cancelled wait pops nothing."""
 
-    async def prune_consumers(self, user_id: str, *, idle_ms: int, keep: str) -> int:
-        """XGROUP DELCONSUMER every consumer but ``keep`` with nothing pending and idle for
-        at least ``idle_ms``; returns how many. (A deleted consumer that reads again is
-        recreated by Redis.)"""
 
-    # -- bookkeeping (issue 3: lost entries; issue 5: state, cancel, catalogue) ------------
+class LedgerSubstrate(Protocol):
+    """The job ledger and catalogue: the entry index (lost entries), job states
+    (``_jobstate.JobState``), cancel flags, the desktop's tool catalogue."""
 
     async def job_ids(self, user_id: str, entry_ids: list[str]) -> dict[str, str]:
         """HMGET the index: job id of each entry ID still indexed (enqueued, not acked)."""
@@ -163,17 +184,18 @@ class Substrate(Protocol):
         """HDEL the entry from the index. True if this call removed it (the caller then
         owns answering its requester)."""
 
-    async def set_job_state(self, job_id: str, state: str, *, ttl_s: float) -> None:
-        """SET ``bridge:state:{job_id}`` = state PX ttl."""
+    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
+        """SET ``bridge:state:{job_id}`` = state.encode() PX ttl."""
 
-    async def claim_job(self, job_id: str, state: str, *, ttl_s: float) -> bool:
-        """SET ``bridge:state:{job_id}`` state NX PX ttl: True if the id was free (a job id
+    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
+        """SET ``bridge:state:{job_id}`` state.encode() NX PX ttl: True if the id was free (a job id
         names one job only, so no caller can receive another call's result)."""
 
-    async def get_job_state(self, job_id: str) -> str | None:
-        """GET ``bridge:state:{job_id}``."""
+    async def get_job_state(self, job_id: str) -> JobState | None:
+        """GET ``bridge:state:{job_id}``, decoded; raises ``MalformedState`` if it is not
+        a job state."""
 
-    async def mark_delivered(self, job_id: str, state: str, *, ttl_s: float) -> bool:
+    async def mark_delivered(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
         """In one round trip: GET the cancel flag and SET the job state. Returns True if
         a cancel was requested (the caller must not forward the job)."""
 
@@ -186,9 +208,11 @@ class Substrate(Protocol):
     async def get_catalogue(self, user_id: str) -> str | None:
         """GET ``bridge:tools:{user_id}``."""
 
-    async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
-        """XLEN + XPENDING of the user's stream, up to ``count`` pending entries
-        (read-only: metrics and the admin API)."""
+
+class Substrate(PresenceSubstrate, StreamSubstrate, ResultSubstrate, LedgerSubstrate, Protocol):
+    """Everything the hub needs from its store: the four parts above, plus health and
+    lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
+    contract suite is ``deskbridge_hub.testing.check_substrate``."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""

@@ -1,4 +1,5 @@
-"""Fakes for tests (shipped, like ``trio.testing``): an in-memory sidecar socket pair.
+"""Fakes and checks for tests (shipped, like ``trio.testing``): an in-memory sidecar
+socket pair, and the substrate contract suite :func:`check_substrate`.
 
 ``socket_pair()`` returns ``(hub_side, peer)``: ``hub_side`` implements
 ``SidecarSocket`` for :func:`deskbridge_hub._session.serve_sidecar`; ``peer`` is what a
@@ -11,7 +12,9 @@ import attrs
 import trio
 from deskbridge_common import Frame, decode_frame, encode_frame
 
-from ._session import SocketClosed
+from . import _contract_streams as _contract_streams  # registers the stream checks
+from ._contract import CHECKS, SubstrateHarness, check_substrate
+from ._errors import SocketClosed
 
 
 @attrs.define(eq=False)
@@ -96,3 +99,13 @@ def socket_pair(buffer: int = 1000) -> tuple[MemoryHubSocket, MemoryPeer]:
         MemoryHubSocket(to_peer_send, to_hub_recv, state),
         MemoryPeer(to_hub_send, to_peer_recv, state),
     )
+
+
+__all__ = [
+    "CHECKS",
+    "MemoryHubSocket",
+    "MemoryPeer",
+    "SubstrateHarness",
+    "check_substrate",
+    "socket_pair",
+]

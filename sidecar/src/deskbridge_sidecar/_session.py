@@ -62,6 +62,7 @@ from deskbridge_common import (
 from deskbridge_common._connection import Event
 
 from ._errors import TransportClosed
+from ._logformat import fields
 from ._outcome import CANCELLED, Outcome
 from ._runner import ToolRunner
 from ._tools import STATUS_TOOL
@@ -350,8 +351,20 @@ class Session:
         async for job in queue:
             if job.id not in self._deliveries:
                 continue
+            started = trio.current_time()
             outcome = await self.runner.execute(job)
-            log.info("job %s (%s): %s", job.job_id, job.name, "ok" if outcome.ok else outcome.code)
+            log.info(
+                "job %s (%s): %s",
+                job.job_id,
+                job.name,
+                "ok" if outcome.ok else outcome.code,
+                extra=fields(
+                    job_id=job.job_id,
+                    tool=job.name,
+                    outcome="completed" if outcome.ok else outcome.code,
+                    elapsed_s=trio.current_time() - started,
+                ),
+            )
             await self._answer(job.id, outcome)
 
     async def _status_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:

@@ -21,6 +21,7 @@ from deskbridge_common import Timings
 
 from ._daemon import Daemon
 from ._errors import TokenRefused
+from ._logformat import make_formatter
 from ._tools import ToolRegistry
 from ._transport import sidecar_url
 from ._version import __version__
@@ -141,7 +142,9 @@ def _configure_logging(verbose: int, level_name: str | None) -> None:
     level = (
         getattr(logging, level_name) if level_name else (logging.DEBUG if verbose else logging.INFO)
     )
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(make_formatter())  # DESKBRIDGE_LOG_FORMAT: text or json
+    logging.basicConfig(level=level, handlers=[handler])
     logging.getLogger("deskbridge").setLevel(level)
     logging.getLogger("trio-websocket").setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
 

@@ -1,0 +1,277 @@
+"""Contract checks of the streams part of the substrate (``_substrate.StreamSubstrate``):
+enqueue and reads, XAUTOCLAIM, NOGROUP self-heal, cancellation. Registered into
+``_contract.CHECKS``; run them with ``deskbridge_hub.testing.check_substrate``."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
+from ._substrate import Claimed, Entry
+
+# -- enqueue and reads ---------------------------------------------------------------------
+
+
+@check
+async def check_enqueue_then_read_new_delivers_fields(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    entry_id = await s.enqueue(user, {"job_id": "j1", "name": "echo"}, maxlen=GROUP_MAXLEN)
+    with trio.fail_after(3):
+        got = await s.read_new(user, "c1", count=10, block_ms=1000)
+    assert got == [Entry(entry_id, {"job_id": "j1", "name": "echo"})]
+
+
+@check
+async def check_read_new_times_out_with_empty_list(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    await s.read_new(user, "c1", count=10, block_ms=100)
+    with trio.fail_after(3):
+        start = trio.current_time()
+        assert await s.read_new(user, "c1", count=10, block_ms=150) == []
+        assert trio.current_time() - start >= 0.14
+
+
+@check
+async def check_read_new_wakes_when_an_entry_arrives_during_the_block(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.read_new(user, "c1", count=10, block_ms=1)  # group exists
+    got: list[Entry] = []
+
+    async def reader() -> None:
+        got.extend(await s.read_new(user, "c1", count=10, block_ms=10_000))
+
+    with trio.fail_after(3):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await h.wait_blocked("xreadgroup")
+            entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    assert got == [Entry(entry_id, {"a": "1"})]
+
+
+@check
+async def check_one_entry_goes_to_exactly_one_of_two_consumers(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.read_new(user, "c1", count=10, block_ms=1)
+    got: dict[str, list[Entry]] = {}
+
+    async def reader(consumer: str) -> None:
+        got[consumer] = await s.read_new(user, consumer, count=10, block_ms=400)
+
+    with trio.fail_after(3):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader, "c1")
+            nursery.start_soon(reader, "c2")
+            await trio.testing.wait_all_tasks_blocked()
+            entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    delivered = got["c1"] + got["c2"]
+    assert [e.entry_id for e in delivered] == [entry_id]
+
+
+@check
+async def check_read_pending_returns_own_unacked_entries_until_acked(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    first = await s.enqueue(user, {"n": "1"}, maxlen=GROUP_MAXLEN)
+    second = await s.enqueue(user, {"n": "2"}, maxlen=GROUP_MAXLEN)
+    assert len(await s.read_new(user, "c1", count=10, block_ms=100)) == 2
+    third = await s.enqueue(user, {"n": "3"}, maxlen=GROUP_MAXLEN)
+    assert [e.entry_id for e in await s.read_new(user, "c2", count=10, block_ms=100)] == [third]
+
+    mine = await s.read_pending(user, "c1", count=10)
+    assert mine == [Entry(first, {"n": "1"}), Entry(second, {"n": "2"})]
+    assert await s.read_pending(user, "c1", count=1) == [Entry(first, {"n": "1"})]
+    assert await s.ack(user, first) == 1
+    assert await s.ack(user, first) == 0
+    assert [e.entry_id for e in await s.read_pending(user, "c1", count=10)] == [second]
+    assert [e.entry_id for e in await s.read_pending(user, "c2", count=10)] == [third]
+    assert await s.read_pending(user, "nobody", count=10) == []
+
+
+@check
+async def check_ack_of_unknown_entry_or_stream_is_zero(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    assert await s.ack(user, "1-1") == 0
+    await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    assert await s.ack(user, "1-1") == 0
+
+
+@check
+async def check_trimmed_pending_entry_comes_back_without_fields(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    victim = await s.enqueue(user, {"a": "victim"}, maxlen=GROUP_MAXLEN)
+    assert [e.entry_id for e in await s.read_new(user, "c1", count=1, block_ms=100)] == [victim]
+    # MAXLEN ~ trims whole stream nodes (100 entries by default), so overflow generously.
+    await h.fill(user, 250, maxlen=1)
+    pending = await s.read_pending(user, "c1", count=10)
+    assert pending == [Entry(victim, None)]
+    assert await s.ack(user, victim) == 1
+    assert await s.read_pending(user, "c1", count=10) == []
+
+
+# -- XAUTOCLAIM ----------------------------------------------------------------------------
+
+
+@check
+async def check_autoclaim_respects_min_idle(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    await s.read_new(user, "dead", count=10, block_ms=100)
+
+    none = await s.autoclaim(user, "alive", min_idle_ms=60_000, start="0-0", count=10)
+    assert none == Claimed("0-0", (), ())
+    await trio.sleep(0.15)  # let the entry go idle
+    claimed = await s.autoclaim(user, "alive", min_idle_ms=100, start="0-0", count=10)
+    assert claimed == Claimed("0-0", (Entry(entry_id, {"a": "1"}),), ())
+    assert await s.read_pending(user, "dead", count=10) == []
+    assert [e.entry_id for e in await s.read_pending(user, "alive", count=10)] == [entry_id]
+    # the claim restarted the idle time
+    again = await s.autoclaim(user, "third", min_idle_ms=100, start="0-0", count=10)
+    assert again == Claimed("0-0", (), ())
+
+
+@check
+async def check_read_pending_restarts_idle_time(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    await s.read_new(user, "c1", count=10, block_ms=100)
+    await trio.sleep(0.15)
+    assert len(await s.read_pending(user, "c1", count=10)) == 1  # re-delivery
+    claimed = await s.autoclaim(user, "c2", min_idle_ms=100, start="0-0", count=10)
+    assert claimed.entries == ()
+
+
+@check
+async def check_autoclaim_reports_and_drops_deleted_entries_whatever_their_idle(
+    h: SubstrateHarness,
+) -> None:
+    s, user = h.substrate, h.user()
+    victim = await s.enqueue(user, {"a": "victim"}, maxlen=GROUP_MAXLEN)
+    await s.read_new(user, "dead", count=1, block_ms=100)
+    await h.fill(user, 250, maxlen=1)
+    claimed = await s.autoclaim(user, "alive", min_idle_ms=60_000, start="0-0", count=10)
+    assert claimed == Claimed("0-0", (), (victim,))
+    assert await s.read_pending(user, "dead", count=10) == []
+    again = await s.autoclaim(user, "alive", min_idle_ms=0, start="0-0", count=10)
+    assert again == Claimed("0-0", (), ())
+
+
+@check
+async def check_autoclaim_cursor_walks_the_pending_entries_list(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    ids = [await s.enqueue(user, {"n": str(i)}, maxlen=GROUP_MAXLEN) for i in range(3)]
+    await s.read_new(user, "dead", count=10, block_ms=100)
+    first = await s.autoclaim(user, "alive", min_idle_ms=0, start="0-0", count=1)
+    assert [e.entry_id for e in first.entries] == ids[:1]
+    assert first.next_start == ids[1]
+    second = await s.autoclaim(user, "alive", min_idle_ms=0, start=first.next_start, count=1)
+    assert [e.entry_id for e in second.entries] == ids[1:2]
+    third = await s.autoclaim(user, "alive", min_idle_ms=0, start=second.next_start, count=5)
+    assert [e.entry_id for e in third.entries] == ids[2:]
+    assert third.next_start == "0-0"
+
+
+# -- NOGROUP self-heal ---------------------------------------------------------------------
+
+
+@check
+async def check_reads_on_a_missing_group_heal_and_return_nothing(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    assert await s.read_pending(user, "c1", count=10) == []
+    await h.delete_stream(user)
+    assert await s.read_new(user, "c1", count=10, block_ms=1) == []
+    await h.delete_stream(user)
+    assert await s.autoclaim(user, "c1", min_idle_ms=0, start="0-0", count=10) == Claimed(
+        "0-0", (), ()
+    )
+    entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    assert [e.entry_id for e in await s.read_new(user, "c1", count=10, block_ms=500)] == [entry_id]
+
+
+async def _stream_deleted_then_next_entry_is_read_exactly_once(
+    h: SubstrateHarness, order: str
+) -> None:
+    s, user = h.substrate, h.user()
+    old = await s.enqueue(user, {"a": "old"}, maxlen=GROUP_MAXLEN)
+    assert [e.entry_id for e in await s.read_new(user, "c1", count=10, block_ms=100)] == [old]
+    await h.delete_stream(user)  # Redis restarted without persistence
+    if order == "read-first":
+        assert await s.read_new(user, "c1", count=10, block_ms=1) == []
+    new = await s.enqueue(user, {"a": "new"}, maxlen=GROUP_MAXLEN)
+    assert await read_all(h, user, "c1") == [Entry(new, {"a": "new"})]
+    assert await s.read_pending(user, "c1", count=10) == [Entry(new, {"a": "new"})]
+    assert await s.ack(user, new) == 1
+
+
+@check
+async def check_stream_deleted_then_read_then_next_entry_is_read_exactly_once(
+    h: SubstrateHarness,
+) -> None:
+    await _stream_deleted_then_next_entry_is_read_exactly_once(h, "read-first")
+
+
+@check
+async def check_stream_deleted_then_enqueue_then_next_entry_is_read_exactly_once(
+    h: SubstrateHarness,
+) -> None:
+    await _stream_deleted_then_next_entry_is_read_exactly_once(h, "enqueue-first")
+
+
+@check
+async def check_stream_deleted_while_a_reader_blocks(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.read_new(user, "c1", count=10, block_ms=1)
+    got: list[list[Entry]] = []
+
+    async def reader() -> None:
+        got.append(await s.read_new(user, "c1", count=10, block_ms=10_000))
+
+    with trio.fail_after(3):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await h.wait_blocked("xreadgroup")
+            await h.delete_stream(user)
+    assert got == [[]]
+    entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    assert [e.entry_id for e in await read_all(h, user, "c1")] == [entry_id]
+
+
+# -- cancellation --------------------------------------------------------------------------
+
+
+@check
+async def check_cancelled_read_new_leaves_no_waiter_to_steal_the_next_entry(
+    h: SubstrateHarness,
+) -> None:
+    s, user = h.substrate, h.user()
+    await s.read_new(user, "c1", count=10, block_ms=1)
+    for round_ in range(10):
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+
+                async def reader() -> None:
+                    await s.read_new(user, "c1", count=10, block_ms=30_000)
+                    raise AssertionError("the read was not cancelled")
+
+                nursery.start_soon(reader)
+                await h.wait_blocked("xreadgroup")
+                nursery.cancel_scope.cancel()
+            if h.is_blocked is not None:  # no server-side waiter outlived the cancellation
+                assert not await h.is_blocked("xreadgroup")
+            entry_id = await s.enqueue(user, {"round": str(round_)}, maxlen=GROUP_MAXLEN)
+            got = await s.read_new(user, "c2", count=10, block_ms=1000)
+        assert [e.entry_id for e in got] == [entry_id]
+        assert await s.read_pending(user, "c1", count=10) == []
+
+
+@check
+async def check_many_cancelled_reads_do_not_exhaust_connections(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.read_new(user, "c1", count=10, block_ms=1)
+    for _ in range(80):  # more than coredis' default pool of 64
+        with trio.move_on_after(0.005):
+            await s.read_new(user, "c1", count=10, block_ms=30_000)
+    with trio.fail_after(5):
+        entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+        got = await s.read_new(user, "c2", count=10, block_ms=1000)
+    assert [e.entry_id for e in got] == [entry_id]

@@ -1,0 +1,248 @@
+"""Serving one stream entry: everything between reading it and acknowledging it.
+
+Socket-free: the session hands each entry to :meth:`EntryServer.serve` with an
+:class:`Executor` (its socket, seen as "run this job, give me its result"), so the rules
+below are tested alone (tests/hub/test_delivery.py) on the memory substrate.
+
+For one entry, in order:
+
+1. a body trimmed or deleted before anyone received it -> answer ``lost`` (once: whoever
+   removes the index record answers);
+2. a cancel control entry -> tell the executor, XACK;
+3. a body that does not decode -> ``failed`` (``malformed``), XACK;
+4. past its deadline -> ``expired``, XACK;
+5. mark it delivered, reading the cancel flag in the same round trip; cancelled ->
+   ``cancelled`` (before it started), XACK;
+6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``;
+   a job no sidecar could accept -> ``failed`` (``bad_job``); the socket went away ->
+   record ``interrupted`` and leave the entry pending (it is redelivered);
+7. publish the result (RPUSH, retried until durable), record the terminal stage, XACK.
+
+Invariant 3 (DESIGN.md): XACK only after the result is durable. Every answer goes through
+:meth:`EntryServer.finish`, which publishes before it acknowledges.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+import trio
+from deskbridge_common import Job, JobResult, LocalProtocolError, Timings
+
+from . import _metrics
+from ._errors import SubstrateUnavailable
+from ._jobs import (
+    JobEnvelope,
+    MalformedEntry,
+    cancelled_before_start,
+    expired_payload,
+    failed_payload,
+    lost_payload,
+    result_payload,
+)
+from ._jobstate import STAGE_OF_OUTCOME, JobState, Stage
+from ._retry import CLEANUP_TIMEOUT_S, retrying
+from ._substrate import Entry, Substrate
+
+log = logging.getLogger("deskbridge.hub.delivery")
+
+
+class Executor(Protocol):
+    """Where a delivered job runs: the session's socket, or a test's fake."""
+
+    async def execute(self, job: Job) -> JobResult:
+        """Forward ``job`` and return the sidecar's result for it.
+
+        Raises:
+            LocalProtocolError: the job cannot be sent (no sidecar could accept it).
+
+        Cancellation: the socket went away (or the session ended) before the result came.
+        """
+
+    async def cancel(self, job_id: str) -> None:
+        """Ask the sidecar to cancel its running delivery of ``job_id``, if it has one."""
+
+
+def outcome_of(result: JobResult) -> tuple[str, str]:
+    """The outcome name and the result payload for a sidecar's ``job_result``."""
+    if result.ok:
+        return "completed", result_payload("completed", result=result.result)
+    code = result.error.code if result.error else "failed"
+    message = result.error.message if result.error else "failed"
+    status = code if code in ("expired", "cancelled") else "failed"
+    return status, result_payload(status, error={"code": code, "message": message})
+
+
+@attrs.define(eq=False)
+class EntryServer:
+    """Serves entries of one user's stream on behalf of one session.
+
+    Attributes:
+        substrate: the shared substrate.
+        timings: ``result_ttl_s`` bounds results and job states.
+        user_id: whose stream.
+        session_id: recorded in the ``delivered`` state.
+        wall_clock: Unix time source (deadlines).
+    """
+
+    substrate: Substrate
+    timings: Timings
+    user_id: str
+    session_id: str
+    wall_clock: Callable[[], float]
+
+    async def serve(self, entry: Entry, executor: Executor) -> None:
+        """Serve ``entry`` to its terminal answer, or leave it pending if the executor
+        went away (see the module docstring).
+
+        Raises:
+            Nothing for a bad entry; substrate errors on writes that must happen are
+            retried until they succeed.
+
+        Cancellation: a job already forwarded is recorded ``interrupted`` (shielded,
+        bounded by ``CLEANUP_TIMEOUT_S``); the entry stays pending.
+        """
+        if entry.fields is None:
+            await self.answer_lost(entry.entry_id, None)
+            return
+        if entry.fields.get("control") == "cancel":
+            await executor.cancel(entry.fields.get("job_id", ""))
+            await self.ack(entry.entry_id)
+            return
+        try:
+            envelope = JobEnvelope.from_fields(entry.fields)
+        except MalformedEntry as exc:
+            log.error(
+                "user %s: malformed entry %s (%s); acked and dropped",
+                self.user_id,
+                entry.entry_id,
+                exc,
+            )
+            job_id = entry.fields.get("job_id")
+            if job_id:
+                payload = failed_payload("malformed", str(exc))
+                tool = entry.fields.get("name")
+                await self.finish(entry.entry_id, job_id, "failed", payload, tool=tool)
+            else:
+                _metrics.job_served(self, "failed", tool=entry.fields.get("name"))
+                await self.ack(entry.entry_id)
+            return
+        job_id = envelope.job_id
+        if self.wall_clock() >= envelope.deadline:
+            await self.finish(
+                entry.entry_id, job_id, "expired", expired_payload(), envelope=envelope
+            )
+            return
+        delivered = JobState(
+            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
+        )
+        cancelled = await retrying(
+            lambda: self.substrate.mark_delivered(
+                job_id, delivered, ttl_s=self.timings.result_ttl_s
+            ),
+            what=f"mark {job_id} delivered",
+        )
+        if cancelled:
+            await self.finish(
+                entry.entry_id, job_id, "cancelled", cancelled_before_start(), envelope=envelope
+            )
+            return
+        try:
+            job = Job(
+                id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)
+                job_id=job_id,
+                envelope=envelope,
+                args=envelope.args,
+                idempotency_key=envelope.idempotency_key,
+                deadline=envelope.deadline,
+            )
+            _metrics.job_dispatched(envelope.name, self.wall_clock() - envelope.enqueued_at)
+            result = await executor.execute(job)
+        except LocalProtocolError as exc:
+            # An entry no sidecar could accept (written by a buggy producer): answer it
+            # as failed instead of letting it crash every session it is redelivered to.
+            log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
+            payload = failed_payload("bad_job", exc.reason)
+            await self.finish(entry.entry_id, job_id, "failed", payload, envelope=envelope)
+            return
+        except BaseException:
+            await self._mark_interrupted(job_id)  # the socket went away with the job
+            raise
+        status, payload = outcome_of(result)
+        await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope)
+
+    async def finish(
+        self,
+        entry_id: str,
+        job_id: str,
+        status: str,
+        payload: str,
+        *,
+        envelope: JobEnvelope | None = None,
+        tool: str | None = None,
+    ) -> None:
+        """Publish ``payload`` (retried until durable), record the terminal stage, XACK.
+
+        Args:
+            entry_id: the stream entry answered.
+            job_id: its job.
+            status: the payload's outcome (``_jobs.OUTCOMES``).
+            payload: the result payload.
+            envelope: the decoded entry, if it decoded (metrics and the job's log line).
+            tool: the tool's name when the entry did not decode.
+        """
+        _metrics.job_served(self, status, envelope, job_id=job_id, tool=tool)
+        ttl_s = self.timings.result_ttl_s
+        await retrying(
+            lambda: self.substrate.publish_result(job_id, payload, ttl_s=ttl_s),
+            what=f"publish result of {job_id}",
+        )
+        # Off the caller's path (its BLPOP woke at the RPUSH): remember the job is over,
+        # so a late cancel is answered "finished". Best effort: the answer is durable.
+        terminal = JobState(STAGE_OF_OUTCOME[status], self.user_id, at=self.wall_clock())
+        try:
+            await self.substrate.set_job_state(job_id, terminal, ttl_s=ttl_s)
+        except SubstrateUnavailable:
+            pass
+        await self.ack(entry_id)
+
+    async def ack(self, entry_id: str) -> None:
+        """XACK ``entry_id`` (retried until it succeeds)."""
+        await retrying(lambda: self.substrate.ack(self.user_id, entry_id), what=f"XACK {entry_id}")
+
+    async def answer_deleted(self, entry_ids: list[str]) -> None:
+        """After a reclaim pass: answer ``lost`` for pending entries whose body is gone
+        (XAUTOCLAIM's deleted IDs) and for indexed entries trimmed before anyone read
+        them."""
+        found = await self.substrate.job_ids(self.user_id, entry_ids) if entry_ids else {}
+        lost = list(found.items()) + await self.substrate.trimmed(self.user_id)
+        for entry_id, job_id in lost:
+            await self.answer_lost(entry_id, job_id)
+
+    async def answer_lost(self, entry_id: str, job_id: str | None) -> None:
+        """Answer ``lost`` for an entry whose body is gone, then XACK it. Only the call
+        that removes the index record answers, so a caller is told once."""
+        if job_id is None:
+            job_id = (await self.substrate.job_ids(self.user_id, [entry_id])).get(entry_id)
+        if job_id is not None and await self.substrate.forget(self.user_id, entry_id):
+            log.warning(
+                "user %s: entry %s (job %s) was trimmed or deleted before it ran",
+                self.user_id,
+                entry_id,
+                job_id,
+            )
+            await self.finish(entry_id, job_id, "lost", lost_payload())
+            return
+        await self.ack(entry_id)
+
+    async def _mark_interrupted(self, job_id: str) -> None:
+        state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
+        with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+            try:
+                await self.substrate.set_job_state(job_id, state, ttl_s=self.timings.result_ttl_s)
+            except SubstrateUnavailable:
+                pass

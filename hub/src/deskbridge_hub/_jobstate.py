@@ -1,0 +1,136 @@
+"""What is known about one job: its stage, as one typed value with one transition table.
+
+No I/O. The job state lives at ``bridge:state:{<job_id>}`` (see ``_substrate``) as the JSON
+text of :meth:`JobState.encode`; every writer (the bridge, the delivery module, both
+substrates) goes through :class:`JobState`, so the stored shape is written in one place.
+
+Stages (h11-style: one table, checked by :func:`check_transition`)::
+
+    queued ──> delivered ──> finished | cancelled | expired | lost
+      │  ^         │  ^
+      │  │         v  │  (redelivered after a dropped socket or a reclaim)
+      │  └──── interrupted
+      └──> finished | cancelled | expired | lost     (answered before it was delivered)
+
+``finished`` means the tool's answer (completed or failed) is published; ``cancelled``,
+``expired`` and ``lost`` are the other terminal answers. ``interrupted``: it was on a
+desktop whose socket went away before it answered; the entry stays pending and is
+redelivered. A terminal stage is final: a late cancel is answered "finished".
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+import attrs
+
+
+class Stage(enum.StrEnum):
+    """A job's stage (the ``stage`` field of its state)."""
+
+    QUEUED = "queued"
+    DELIVERED = "delivered"
+    INTERRUPTED = "interrupted"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    LOST = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        """True for the stages after which nothing more happens to the job."""
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Stage.FINISHED, Stage.CANCELLED, Stage.EXPIRED, Stage.LOST})
+
+#: Which stage may follow which (the only table; a stage may repeat: a redelivery
+#: marks an already-delivered job delivered again).
+TRANSITIONS: dict[Stage, frozenset[Stage]] = {
+    Stage.QUEUED: frozenset({Stage.QUEUED, Stage.DELIVERED} | TERMINAL),
+    Stage.DELIVERED: frozenset({Stage.DELIVERED, Stage.INTERRUPTED} | TERMINAL),
+    Stage.INTERRUPTED: frozenset({Stage.INTERRUPTED, Stage.DELIVERED} | TERMINAL),
+    Stage.FINISHED: frozenset(),
+    Stage.CANCELLED: frozenset(),
+    Stage.EXPIRED: frozenset(),
+    Stage.LOST: frozenset(),
+}
+
+#: The terminal stage recorded after publishing a result payload of each outcome
+#: (``_jobs.OUTCOMES``): the tool's own answers are "finished".
+STAGE_OF_OUTCOME: dict[str, Stage] = {
+    "completed": Stage.FINISHED,
+    "failed": Stage.FINISHED,
+    "cancelled": Stage.CANCELLED,
+    "expired": Stage.EXPIRED,
+    "lost": Stage.LOST,
+}
+
+
+class InvalidTransition(ValueError):
+    """A stage change the table does not allow (a bug in the caller, never user input)."""
+
+
+class MalformedState(ValueError):
+    """Stored text that is not a job state."""
+
+
+def check_transition(old: Stage, new: Stage) -> None:
+    """Raise :class:`InvalidTransition` unless ``new`` may follow ``old``."""
+    if new not in TRANSITIONS[old]:
+        raise InvalidTransition(f"job stage {old} cannot become {new}")
+
+
+@attrs.frozen
+class JobState:
+    """What is known about one job.
+
+    Attributes:
+        stage: where the job is.
+        user_id: whose desktop the job is for (a cancel finds the stream from it).
+        at: when the stage was entered, Unix seconds (wall clock of the writer), if known.
+        session_id: the hub session a ``delivered`` job was forwarded on.
+    """
+
+    stage: Stage = attrs.field(converter=Stage)
+    user_id: str
+    at: float | None = None
+    session_id: str | None = None
+
+    def advance(self, stage: Stage, *, at: float | None = None, **changes: Any) -> JobState:
+        """The state after moving to ``stage``.
+
+        Raises:
+            InvalidTransition: the table does not allow it.
+        """
+        check_transition(self.stage, stage)
+        return attrs.evolve(self, stage=stage, at=at, **changes)
+
+    def encode(self) -> str:
+        """The stored JSON text (fields that are None are left out)."""
+        body: dict[str, Any] = {"stage": self.stage.value, "user_id": self.user_id}
+        if self.at is not None:
+            body["at"] = self.at
+        if self.session_id is not None:
+            body["session_id"] = self.session_id
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> JobState:
+        """Parse stored text.
+
+        Raises:
+            MalformedState: not a JSON object with a known ``stage`` and a ``user_id``.
+        """
+        try:
+            body = json.loads(text)
+            return cls(
+                stage=Stage(body["stage"]),
+                user_id=str(body["user_id"]),
+                at=None if body.get("at") is None else float(body["at"]),
+                session_id=body.get("session_id"),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MalformedState(f"not a job state: {str(text)[:80]!r} ({exc})") from None

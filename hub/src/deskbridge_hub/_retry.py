@@ -1,0 +1,65 @@
+"""Named timings of the hub process that are not user knobs (``Timings`` holds those),
+each with its reason, and the one retry helper for writes that must not be dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+
+from ._errors import SubstrateUnavailable
+
+log = logging.getLogger("deskbridge.hub.retry")
+
+T = TypeVar("T")
+
+#: First wait before retrying a write that must happen (publish, XACK, mark delivered),
+#: seconds: short, because a one-off connection reset is the common case.
+DURABLE_RETRY_FIRST_S = 0.1
+#: Longest wait between such retries, seconds: during an outage the job's caller is
+#: waiting, so the write is retried at least this often (and logged each time).
+DURABLE_RETRY_MAX_S = 5.0
+
+#: Bound on best-effort cleanup after a session ends (clear presence, record
+#: "interrupted"), seconds: shielded work that must not hold a closing socket for long;
+#: both writes are single round trips that take a millisecond when Redis is healthy.
+CLEANUP_TIMEOUT_S = 2.0
+
+#: Back-off after a substrate error in a read loop, seconds (bounded; no tight loop
+#: while Redis is down, and back within 2 s once it returns).
+READ_ERROR_BACKOFF_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+#: During an outage a read loop warns on its first failure and then every this many
+#: failures (about once a minute at the last back-off step); INFO in between.
+READ_ERROR_WARN_EVERY = 30
+
+#: Retry a failed heartbeat this soon (seconds, or the heartbeat if shorter): after Redis
+#: comes back (possibly empty) the desktop must read online again within a second.
+HEARTBEAT_RETRY_S = 1.0
+
+
+async def retrying(fn: Callable[[], Awaitable[T]], *, what: str) -> T:
+    """Call ``fn`` until it does not raise :class:`SubstrateUnavailable`.
+
+    Waits :data:`DURABLE_RETRY_FIRST_S`, doubling up to :data:`DURABLE_RETRY_MAX_S`,
+    between attempts, with a WARNING naming ``what`` each time.
+
+    Returns:
+        What ``fn`` returned.
+
+    Raises:
+        Whatever ``fn`` raises other than ``SubstrateUnavailable``.
+
+    Cancellation: stops retrying; the write may or may not have happened.
+    """
+    delay = DURABLE_RETRY_FIRST_S
+    while True:
+        try:
+            return await fn()
+        except SubstrateUnavailable as exc:
+            log.warning("%s failed: %s; retrying in %.1f s", what, exc, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, DURABLE_RETRY_MAX_S)

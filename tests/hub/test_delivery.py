@@ -1,0 +1,214 @@
+"""Serving one entry (``_delivery.EntryServer``) alone: no socket, no session, a fake
+executor, the memory substrate, MockClock (autojump). Plus the job-state table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.testing
+from deskbridge_common import Job, JobError, JobResult, LocalProtocolError, Timings
+from deskbridge_hub._delivery import EntryServer
+from deskbridge_hub._jobs import JobEnvelope
+from deskbridge_hub._jobstate import (
+    TERMINAL,
+    TRANSITIONS,
+    InvalidTransition,
+    JobState,
+    MalformedState,
+    Stage,
+    check_transition,
+)
+from deskbridge_hub._memory import MemorySubstrate
+
+EPOCH = 1_700_000_000.0
+USER = "u1"
+
+
+def wall() -> float:
+    return EPOCH + trio.current_time()
+
+
+class FakeExecutor:
+    """Answers every job with ``answer(job)``; records what it was asked."""
+
+    def __init__(self, answer=None, *, refuse: bool = False, hang: bool = False):
+        self.jobs: list[Job] = []
+        self.cancels: list[str] = []
+        self._answer = answer or (lambda job: JobResult(job.id, True, job.args))
+        self._refuse = refuse
+        self._hang = hang
+
+    async def execute(self, job: Job) -> JobResult:
+        self.jobs.append(job)
+        if self._refuse:
+            raise LocalProtocolError("args", "too large")
+        if self._hang:
+            await trio.sleep_forever()
+        await trio.sleep(1)
+        return self._answer(job)
+
+    async def cancel(self, job_id: str) -> None:
+        self.cancels.append(job_id)
+
+
+async def setup(**fields_override):
+    substrate = MemorySubstrate()
+    server = EntryServer(substrate, Timings(), USER, "session-1", wall)
+    envelope = JobEnvelope("job-1", "echo", {"x": 1}, "key-1", wall() + 60, wall())
+    fields = {**envelope.to_fields(), **fields_override}
+    await substrate.enqueue(USER, fields, maxlen=100)
+    (entry,) = await substrate.read_new(USER, "hub-1", count=10, block_ms=1)
+    return substrate, server, entry
+
+
+async def answer(substrate, job_id="job-1"):
+    payload = await substrate.wait_result(job_id, timeout_s=0.001)
+    return None if payload is None else json.loads(payload)
+
+
+async def test_a_job_is_forwarded_once_published_then_acked(autojump_clock):
+    substrate, server, entry = await setup()
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert [j.idempotency_key for j in executor.jobs] == ["key-1"]
+    assert (await answer(substrate)) == {"status": "completed", "result": {"x": 1}}
+    assert substrate.pending_count(USER) == 0
+    assert (await substrate.get_job_state("job-1")).stage is Stage.FINISHED
+
+
+async def test_each_delivery_gets_a_fresh_id(autojump_clock):
+    substrate, server, entry = await setup()
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    await server.serve(entry, executor)
+    assert len({j.id for j in executor.jobs}) == 2
+
+
+async def test_a_failed_tool_is_answered_failed_with_its_code(autojump_clock):
+    substrate, server, entry = await setup()
+    executor = FakeExecutor(lambda job: JobResult(job.id, False, error=JobError("boom", "no")))
+    await server.serve(entry, executor)
+    assert (await answer(substrate))["error"] == {"code": "boom", "message": "no"}
+
+
+async def test_past_its_deadline_is_expired_and_never_forwarded(autojump_clock):
+    substrate, server, entry = await setup(deadline=repr(wall() - 1))
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert executor.jobs == []
+    assert (await answer(substrate))["status"] == "expired"
+    assert (await substrate.get_job_state("job-1")).stage is Stage.EXPIRED
+    assert substrate.pending_count(USER) == 0
+
+
+async def test_cancel_flag_refuses_the_job_before_it_starts(autojump_clock):
+    substrate, server, entry = await setup()
+    await substrate.request_cancel("job-1", ttl_s=60)
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert executor.jobs == []
+    body = await answer(substrate)
+    assert body["status"] == "cancelled" and body["detail"] == {"stage": "queued"}
+    assert substrate.pending_count(USER) == 0
+
+
+async def test_malformed_entry_is_failed_and_acked(autojump_clock):
+    substrate, server, entry = await setup(args="[1]")
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert executor.jobs == []
+    assert (await answer(substrate))["error"]["code"] == "malformed"
+    assert substrate.pending_count(USER) == 0
+
+
+async def test_a_job_no_sidecar_could_accept_is_failed_bad_job(autojump_clock):
+    substrate, server, entry = await setup()
+    await server.serve(entry, FakeExecutor(refuse=True))
+    assert (await answer(substrate))["error"]["code"] == "bad_job"
+    assert substrate.pending_count(USER) == 0
+
+
+async def test_executor_gone_records_interrupted_and_leaves_the_entry_pending(autojump_clock):
+    substrate, server, entry = await setup()
+    with trio.move_on_after(5):
+        await server.serve(entry, FakeExecutor(hang=True))
+    assert (await substrate.get_job_state("job-1")).stage is Stage.INTERRUPTED
+    assert substrate.pending_count(USER) == 1
+    assert await answer(substrate) is None
+
+
+async def test_an_entry_whose_body_is_gone_is_answered_lost_once(autojump_clock):
+    substrate, server, entry = await setup()
+    await server.answer_lost(entry.entry_id, "job-1")
+    await server.answer_lost(entry.entry_id, "job-1")  # a second sweep: nothing more
+    assert (await answer(substrate))["status"] == "lost"
+    assert await answer(substrate) is None
+    assert (await substrate.get_job_state("job-1")).stage is Stage.LOST
+
+
+async def test_cancel_control_entry_reaches_the_executor_and_is_acked(autojump_clock):
+    substrate, server, entry = await setup(control="cancel")
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert executor.cancels == ["job-1"] and executor.jobs == []
+    assert substrate.pending_count(USER) == 0
+
+
+async def test_a_publish_during_an_outage_is_retried_before_the_ack(autojump_clock):
+    substrate, server, entry = await setup()
+
+    class Flaky(FakeExecutor):
+        async def execute(self, job):
+            result = await super().execute(job)
+            substrate.set_unavailable(True)
+            return result
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, entry, Flaky())
+        await trio.sleep(10)
+        assert substrate.pending_count(USER) == 1  # not acked while unpublished
+        substrate.set_unavailable(False)
+    assert (await answer(substrate))["status"] == "completed"
+    assert substrate.pending_count(USER) == 0
+
+
+# -- the job-state table ---------------------------------------------------------------
+
+
+def test_every_stage_has_a_row_and_terminal_stages_are_final():
+    assert set(TRANSITIONS) == set(Stage)
+    for stage in TERMINAL:
+        assert TRANSITIONS[stage] == frozenset()
+        assert stage.terminal
+
+
+@pytest.mark.parametrize("old", list(Stage))
+@pytest.mark.parametrize("new", list(Stage))
+def test_transition_table_is_the_only_rule(old, new):
+    if new in TRANSITIONS[old]:
+        check_transition(old, new)
+    else:
+        with pytest.raises(InvalidTransition):
+            check_transition(old, new)
+
+
+def test_interrupted_job_can_be_delivered_again_but_a_finished_one_cannot():
+    state = JobState(Stage.QUEUED, USER, at=1.0)
+    state = state.advance(Stage.DELIVERED, session_id="s1").advance(Stage.INTERRUPTED)
+    state = state.advance(Stage.DELIVERED).advance(Stage.FINISHED)
+    with pytest.raises(InvalidTransition):
+        state.advance(Stage.DELIVERED)
+
+
+def test_state_round_trips_and_bad_text_is_refused():
+    state = JobState(Stage.DELIVERED, USER, at=2.5, session_id="s1")
+    assert JobState.decode(state.encode()) == state
+    assert json.loads(JobState(Stage.QUEUED, USER).encode()) == {
+        "stage": "queued",
+        "user_id": USER,
+    }
+    for bad in ["", "[]", '{"stage": "nope", "user_id": "u"}', '{"stage": "queued"}']:
+        with pytest.raises(MalformedState):
+            JobState.decode(bad)
