@@ -155,7 +155,7 @@ class EntryServer:
             job = Job(
                 id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)
                 job_id=job_id,
-                envelope=envelope,
+                name=envelope.name,
                 args=envelope.args,
                 idempotency_key=envelope.idempotency_key,
                 deadline=envelope.deadline,
