@@ -27,6 +27,7 @@ from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
 from ._logging import fields
+from ._mcp_mount import mount_mcp
 from ._process import HubState
 from ._retry import CLEANUP_TIMEOUT_S
 from ._session import serve_sidecar
@@ -326,6 +327,7 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 
