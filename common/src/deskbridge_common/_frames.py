@@ -72,6 +72,8 @@ class Job:
             sidecar deduplicates on it.
         deadline: absolute deadline, Unix time in seconds (wall clock); a job arriving
             after it must not start.
+        traceparent: the caller's W3C trace context (``traceparent`` header value), so
+            the tool runs in the caller's trace; left out of the frame when None.
     """
 
     id: str
@@ -80,6 +82,7 @@ class Job:
     args: dict[str, Any]
     idempotency_key: str
     deadline: float
+    traceparent: str | None = None
     type = "job"
 
 

@@ -22,7 +22,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _metrics
+from . import _metrics, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
@@ -269,9 +269,10 @@ def create_app(
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
-        outcome = await holder["bridge"].dispatch(
-            user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
-        )
+        with _tracing.extracted(request.headers):  # a W3C traceparent header, if any
+            outcome = await holder["bridge"].dispatch(
+                user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
+            )
         return _outcome_response(outcome)
 
     @app.get("/v1/users/<user_id>/tools")

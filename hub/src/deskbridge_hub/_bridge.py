@@ -34,6 +34,7 @@ from ._jobs import JobEnvelope, cancelled_before_start, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._schema import validate_args
 from ._substrate import Substrate
+from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
@@ -208,6 +209,7 @@ class Bridge:
             idempotency_key=idempotency_key,
             deadline=now + timeout_s if deadline is None else deadline,
             enqueued_at=now,
+            traceparent=current_traceparent(),  # the caller's trace, on to the tool
         )
         queued = JobState(Stage.QUEUED, user_id, at=now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s

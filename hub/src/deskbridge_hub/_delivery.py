@@ -159,6 +159,7 @@ class EntryServer:
                 args=envelope.args,
                 idempotency_key=envelope.idempotency_key,
                 deadline=envelope.deadline,
+                traceparent=envelope.traceparent,
             )
             _metrics.job_dispatched(envelope.name, self.wall_clock() - envelope.enqueued_at)
             result = await executor.execute(job)

@@ -2,7 +2,8 @@
 
 A stream entry's fields (all strings, as Redis stores them):
 ``job_id``, ``name``, ``args`` (JSON object), ``idempotency_key``, ``deadline`` (Unix
-seconds, wall clock), ``enqueued_at`` (Unix seconds).
+seconds, wall clock), ``enqueued_at`` (Unix seconds), and ``traceparent`` (W3C trace
+context of the caller) when the caller had one.
 
 A result payload is a JSON object: ``{"status": <outcome>, "result"?: ..., "error"?:
 {"code", "message"}, "detail"?: ...}`` where outcome is one of :data:`OUTCOMES`.
@@ -43,6 +44,7 @@ class JobEnvelope:
     idempotency_key: str
     deadline: float
     enqueued_at: float
+    traceparent: str | None = None
 
     def to_fields(self) -> dict[str, str]:
         return {
@@ -52,7 +54,7 @@ class JobEnvelope:
             "idempotency_key": self.idempotency_key,
             "deadline": repr(float(self.deadline)),
             "enqueued_at": repr(float(self.enqueued_at)),
-        }
+        } | ({"traceparent": self.traceparent} if self.traceparent else {})
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> JobEnvelope:
@@ -72,6 +74,7 @@ class JobEnvelope:
                 idempotency_key=fields["idempotency_key"],
                 deadline=float(fields["deadline"]),
                 enqueued_at=float(fields["enqueued_at"]),
+                traceparent=fields.get("traceparent") or None,
             )
         except KeyError as exc:
             raise MalformedEntry(f"{exc.args[0]}: missing") from None

@@ -66,6 +66,7 @@ from ._logformat import fields
 from ._outcome import CANCELLED, Outcome
 from ._runner import ToolRunner
 from ._tools import STATUS_TOOL
+from ._tracing import tool_span, trace_id
 from ._transport import Transport
 from ._version import __version__
 from ._watchdog import watch_clocks
@@ -352,7 +353,8 @@ class Session:
             if job.id not in self._deliveries:
                 continue
             started = trio.current_time()
-            outcome = await self.runner.execute(job)
+            with tool_span(job):  # the caller's trace context, current for the tool
+                outcome = await self.runner.execute(job)
             log.info(
                 "job %s (%s): %s",
                 job.job_id,
@@ -363,6 +365,7 @@ class Session:
                     tool=job.name,
                     outcome="completed" if outcome.ok else outcome.code,
                     elapsed_s=trio.current_time() - started,
+                    trace_id=trace_id(job.traceparent),
                 ),
             )
             await self._answer(job.id, outcome)
