@@ -86,6 +86,13 @@ def _number(field: str, value: Any) -> float:
     return float(value)
 
 
+def _non_negative(field: str, value: Any) -> float:
+    number = _number(field, value)
+    if number < 0:
+        raise RemoteProtocolError(field, "must not be negative")
+    return number
+
+
 def _positive(field: str, value: Any) -> float:
     number = _number(field, value)
     if number <= 0:
@@ -167,6 +174,7 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "args": (_object, True),
             "idempotency_key": (_str(), True),
             "deadline": (_number, True),
+            "timeout_s": (_non_negative, False),
             "traceparent": (_str(MAX_TRACEPARENT_CHARS), False),
         },
     ),

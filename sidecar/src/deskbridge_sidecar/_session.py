@@ -303,6 +303,10 @@ class Session:
 
     async def _on_job(self, job: Job) -> None:
         assert self._tool_queue is not None and self._status_queue is not None
+        if job.timeout_s is not None:
+            # The hub's clock and ours differ: the time left is a duration, and from here
+            # on the deadline is on our own clock (docs/operations.md, "Clocks").
+            job = attrs.evolve(job, deadline=self.wall_clock() + job.timeout_s)
         if job.name == STATUS_TOOL:
             self._deliveries[job.id] = job
             self._status_queue.send_nowait(job)
