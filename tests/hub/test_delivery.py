@@ -54,7 +54,7 @@ class FakeExecutor:
 
 
 async def setup(**fields_override):
-    substrate = MemorySubstrate()
+    substrate = MemorySubstrate(clock=wall)
     server = EntryServer(substrate, Timings(), USER, "session-1", wall)
     envelope = JobEnvelope("job-1", "echo", {"x": 1}, "key-1", wall() + 60, wall())
     fields = {**envelope.to_fields(), **fields_override}

@@ -343,7 +343,10 @@ def _substitute(raw: str | bytes, delivered_id: str) -> str | bytes:
 
 async def _session_under_fuzz(messages: list[str | bytes]) -> None:
     state = HubState(
-        substrate=MemorySubstrate(), timings=Timings(), consumer="hub-1", wall_clock=_wall
+        substrate=MemorySubstrate(clock=_wall),
+        timings=Timings(),
+        consumer="hub-1",
+        wall_clock=_wall,
     )
     bridge = Bridge(state.substrate, state.timings, wall_clock=_wall)
     outcomes: dict[str, Any] = {}
@@ -440,7 +443,10 @@ def test_result_for_another_sessions_delivery_completes_nothing():
 
     async def scenario() -> None:
         state = HubState(
-            substrate=MemorySubstrate(), timings=Timings(), consumer="hub-1", wall_clock=_wall
+            substrate=MemorySubstrate(clock=_wall),
+            timings=Timings(),
+            consumer="hub-1",
+            wall_clock=_wall,
         )
         bridge = Bridge(state.substrate, state.timings, wall_clock=_wall)
         outcomes: dict[str, Any] = {}
@@ -560,7 +566,10 @@ def test_random_job_bodies_get_only_documented_answers(body, user):
 async def _flood_scenario(report: dict[str, Any]) -> None:
     """``bad`` floods pings and never reads; ``good`` keeps working."""
     state = HubState(
-        substrate=MemorySubstrate(), timings=Timings(), consumer="hub-1", wall_clock=_wall
+        substrate=MemorySubstrate(clock=_wall),
+        timings=Timings(),
+        consumer="hub-1",
+        wall_clock=_wall,
     )
     bridge = Bridge(state.substrate, state.timings, wall_clock=_wall)
     async with trio.open_nursery() as nursery:

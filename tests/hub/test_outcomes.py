@@ -33,7 +33,7 @@ from tests.hub.test_session import wall
 @pytest.fixture
 def state() -> HubState:
     return HubState(
-        substrate=MemorySubstrate(), timings=Timings(), consumer="hub-1", wall_clock=wall
+        substrate=MemorySubstrate(clock=wall), timings=Timings(), consumer="hub-1", wall_clock=wall
     )
 
 

@@ -36,7 +36,7 @@ def wall() -> float:
 
 def make_state(**timings) -> HubState:
     return HubState(
-        substrate=MemorySubstrate(),
+        substrate=MemorySubstrate(clock=wall),
         timings=Timings(**timings),
         consumer="hub-1",
         wall_clock=wall,

@@ -23,7 +23,7 @@ from ._errors import (
     UnknownJob,
 )
 from ._substrate import Claimed, Entry, Substrate
-from ._tokens import TokenRejected, issue_token, verify_token
+from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, issue_token, verify_token
 
 __version__ = "0.1.0"
 
@@ -61,6 +61,8 @@ __all__ = [
     "RedisSubstrate",
     "Substrate",
     "SubstrateUnavailable",
+    "TokenExpired",
+    "TokenNotYetValid",
     "TokenRejected",
     "UnknownJob",
     "create_app",

@@ -1,8 +1,10 @@
 """Job envelopes on the stream and result payloads on the result list. No I/O.
 
 A stream entry's fields (all strings, as Redis stores them):
-``job_id``, ``name``, ``args`` (JSON object), ``idempotency_key``, ``deadline`` (Unix
-seconds, wall clock), ``enqueued_at`` (Unix seconds).
+``job_id``, ``name``, ``args`` (JSON object), ``idempotency_key``, ``deadline`` and
+``enqueued_at`` (Unix seconds on the substrate's clock: Redis ``TIME``, written by the
+enqueue script; no hub's own clock ever sets or judges a deadline), and ``traceparent``
+(W3C trace context of the caller) when the caller had one.
 
 A result payload is a JSON object: ``{"status": <outcome>, "result"?: ..., "error"?:
 {"code", "message"}, "detail"?: ...}`` where outcome is one of :data:`OUTCOMES`.
@@ -33,8 +35,8 @@ class JobEnvelope:
         name: tool name.
         args: tool keyword arguments.
         idempotency_key: stable across redeliveries; the sidecar dedupes on it.
-        deadline: absolute deadline, Unix seconds (wall clock).
-        enqueued_at: when it was enqueued, Unix seconds.
+        deadline: absolute deadline, Unix seconds on the substrate's clock (Redis TIME).
+        enqueued_at: when it was enqueued, Unix seconds on the same clock.
     """
 
     job_id: str
@@ -43,6 +45,7 @@ class JobEnvelope:
     idempotency_key: str
     deadline: float
     enqueued_at: float
+    traceparent: str | None = None
 
     def to_fields(self) -> dict[str, str]:
         return {
@@ -52,7 +55,7 @@ class JobEnvelope:
             "idempotency_key": self.idempotency_key,
             "deadline": repr(float(self.deadline)),
             "enqueued_at": repr(float(self.enqueued_at)),
-        }
+        } | ({"traceparent": self.traceparent} if self.traceparent else {})
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> JobEnvelope:
@@ -72,11 +75,32 @@ class JobEnvelope:
                 idempotency_key=fields["idempotency_key"],
                 deadline=float(fields["deadline"]),
                 enqueued_at=float(fields["enqueued_at"]),
+                traceparent=fields.get("traceparent") or None,
             )
         except KeyError as exc:
             raise MalformedEntry(f"{exc.args[0]}: missing") from None
         except ValueError as exc:
             raise MalformedEntry(str(exc)) from None
+
+
+def job_fields(
+    job_id: str,
+    name: str,
+    args: dict[str, Any],
+    idempotency_key: str,
+    traceparent: str | None = None,
+) -> dict[str, str]:
+    """The stream fields of a job without ``deadline`` and ``enqueued_at``, which the
+    substrate adds from its own clock (``enqueue(..., start_within_s=...)``)."""
+    fields = {
+        "job_id": job_id,
+        "name": name,
+        "args": json.dumps(args, separators=(",", ":")),
+        "idempotency_key": idempotency_key,
+    }
+    if traceparent:
+        fields["traceparent"] = traceparent
+    return fields
 
 
 def result_payload(status: str, **body: Any) -> str:

@@ -66,6 +66,7 @@ from ._logformat import fields
 from ._outcome import CANCELLED, Outcome
 from ._runner import ToolRunner
 from ._tools import STATUS_TOOL
+from ._tracing import tool_span, trace_id
 from ._transport import Transport
 from ._version import __version__
 from ._watchdog import watch_clocks
@@ -302,6 +303,10 @@ class Session:
 
     async def _on_job(self, job: Job) -> None:
         assert self._tool_queue is not None and self._status_queue is not None
+        if job.timeout_s is not None:
+            # The hub's clock and ours differ: the time left is a duration, and from here
+            # on the deadline is on our own clock (docs/operations.md, "Clocks").
+            job = attrs.evolve(job, deadline=self.wall_clock() + job.timeout_s)
         if job.name == STATUS_TOOL:
             self._deliveries[job.id] = job
             self._status_queue.send_nowait(job)
@@ -352,7 +357,8 @@ class Session:
             if job.id not in self._deliveries:
                 continue
             started = trio.current_time()
-            outcome = await self.runner.execute(job)
+            with tool_span(job):  # the caller's trace context, current for the tool
+                outcome = await self.runner.execute(job)
             log.info(
                 "job %s (%s): %s",
                 job.job_id,
@@ -363,6 +369,7 @@ class Session:
                     tool=job.name,
                     outcome="completed" if outcome.ok else outcome.code,
                     elapsed_s=trio.current_time() - started,
+                    trace_id=trace_id(job.traceparent),
                 ),
             )
             await self._answer(job.id, outcome)
