@@ -50,7 +50,6 @@ from deskbridge_common import (
 )
 from deskbridge_common._codec import frame_to_dict
 from deskbridge_hub import Bridge, HubConfig, create_app
-from deskbridge_hub._errors import SocketClosed
 from deskbridge_hub._jobs import JobEnvelope
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._session import HubState, serve_sidecar
@@ -585,7 +584,7 @@ async def _flood_scenario(report: dict[str, Any]) -> None:
                 while True:
                     await bad.send(Ping(f"n{report['sent']}"))
                     report["sent"] += 1
-            except SocketClosed:
+            except trio.BrokenResourceError:
                 pass  # the hub closed the socket (4002): the blocked send fails, as on TCP
 
         nursery.start_soon(flood)

@@ -34,10 +34,22 @@ class MemoryPeer:
     _socket: MemorySocket
 
     async def send(self, frame: Frame) -> None:
-        await self._socket.send(encode_frame(frame))
+        """Send one frame.
+
+        Raises:
+            trio.ClosedResourceError: this end disconnected.
+            trio.BrokenResourceError: the hub closed the socket.
+        """
+        await self.send_raw(encode_frame(frame))
 
     async def send_raw(self, data: str | bytes) -> None:
-        await self._socket.send(data)
+        """Send one message as is (raises as :meth:`send`)."""
+        try:
+            await self._socket.send(data)
+        except SocketClosed:
+            if self._socket.peer_close is None:
+                raise trio.ClosedResourceError("this end disconnected") from None
+            raise trio.BrokenResourceError("the hub closed the socket") from None
 
     async def receive(self) -> Frame:
         """Next frame from the hub. Raises trio.EndOfChannel once the hub closed."""
