@@ -36,6 +36,7 @@ import trio
 from deskbridge_common import ToolSpec
 
 from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, TOOL_ERROR, Outcome, truncate
+from ._progress import Progress
 from ._typed import ArgsInvalid, Arguments, to_json_value
 
 log = logging.getLogger("deskbridge.sidecar.tools")
@@ -145,7 +146,7 @@ class Tool:
         if description is None:
             doc = inspect.getdoc(fn) or ""
             description = doc.split("\n\n", 1)[0].strip()
-        arguments = Arguments.from_function(fn, sig)
+        arguments = Arguments.from_function(fn, sig, injected=(Progress,))
         return cls(
             name=tool_name,
             fn=fn,
@@ -342,12 +343,14 @@ class ToolRegistry:
         return f"ToolRegistry({self.names()!r})"
 
 
-async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
+async def invoke(tool: Tool, args: dict[str, Any], *, progress: Progress | None = None) -> Outcome:
     """Run ``tool`` once with ``args`` and capture what happened.
 
     Args:
         tool: the tool.
         args: keyword arguments (the job's ``args`` object).
+        progress: passed to a parameter annotated :class:`Progress`, if the tool has
+            one (default: a callback that records nothing).
 
     Returns:
         ``Outcome.success(value)`` (a model, dataclass, Enum or datetime result is
@@ -364,6 +367,8 @@ async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
         kwargs = tool.convert_args(args)
     except ArgsInvalid as exc:
         return Outcome.failure(BAD_ARGS, str(exc))
+    for name in tool.arguments.injected:
+        kwargs[name] = progress if progress is not None else Progress.discard()
     try:
         if tool.is_async:
             value = await tool.fn(**kwargs)
