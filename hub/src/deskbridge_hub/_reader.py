@@ -22,8 +22,8 @@ trip. Three loops, all owned by :meth:`ProcessReader.run`'s nursery:
 Recovery guarantees kept from the per-user relay: a new session drains its own pending
 entries and reclaims at once; an entry whose serving task ended without an answer (the
 socket died) is drained again when the user's next session is attached; a NOGROUP read
-heals the group; a substrate outage is retried with bounded back-off and, once the
-substrate is back, every user is read again (wake-ups may have been lost meanwhile).
+heals the group; a substrate outage is retried with bounded back-off (an entry whose
+wake-up was lost meanwhile is found by the next heartbeat).
 """
 
 from __future__ import annotations
@@ -320,8 +320,9 @@ class ProcessReader:
         await trio.sleep(delay)
 
     def _recovered(self) -> None:
+        # Nothing to re-read here: a wake-up pushed during the outage is still on the list
+        # (or Redis lost everything, entries included), and an entry whose wake-up failed
+        # is flagged as backlog by the next heartbeat.
         if self._failures:
-            log.info("substrate back after %d failures; reading every user again", self._failures)
+            log.info("substrate back after %d failures", self._failures)
             self._failures = 0
-            for user_id in list(self._listeners):
-                self.schedule(user_id, DRAIN, NEW)
