@@ -76,7 +76,7 @@ async def main() -> None:
     ap.add_argument("--window-s", type=float, default=60.0)
     args = ap.parse_args()
     port = free_port()
-    secret = "bench-secret-" + os.urandom(8).hex()
+    secret = os.urandom(32).hex()
     env = {**os.environ, "DESKBRIDGE_REDIS_URL": args.redis, "DESKBRIDGE_SECRET": secret}
     log = open(f"/tmp/idle-cost-hub-{port}.log", "w")  # noqa: SIM115, ASYNC230
     hub = subprocess.Popen(  # noqa: ASYNC220 - started once, before any concurrency

@@ -489,7 +489,13 @@ class MemorySubstrate:
             self._wake_changed = None
 
     async def heartbeat(
-        self, beats: Sequence[Beat], *, ttl_s: float, consumer: str, reclaim_idle_ms: int
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
     ) -> list[BeatReply]:
         """Per beat: refresh presence (and the catalogue) if absent or ours, probe the
         user's stream, drop idle empty consumers other than ``consumer``; the same rules
@@ -515,7 +521,7 @@ class MemorySubstrate:
                 idle_s = reclaim_idle_ms / 1000
                 reclaim = any(now >= n.delivery_time + idle_s for n in stream.pel.values())
                 busy = {n.consumer for n in stream.pel.values()}
-                for name, seen in list(stream.seen.items()):
+                for name, seen in list(stream.seen.items()) if prune else ():
                     if name != consumer and name not in busy and now >= seen + idle_s:
                         del stream.seen[name]
             index = self._index.get(beat.user_id, {})

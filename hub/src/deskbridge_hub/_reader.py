@@ -50,6 +50,9 @@ RECLAIM_MAX_BATCHES = 100
 #: Tasks reading due users concurrently (each holds at most one Redis command at a time,
 #: so this also bounds the reader's share of the connection pool).
 WORKERS = 8
+#: Prune dead consumers on every this many heartbeats (about once a minute at 10 s):
+#: restarted processes leave their names in each group they read.
+PRUNE_EVERY = 6
 #: Most wake-ups popped per BLMPOP.
 WAKE_BATCH = 1000
 
@@ -111,6 +114,7 @@ class ProcessReader:
     _busy: set[str] = attrs.field(factory=set)
     _work: trio.Event = attrs.field(factory=trio.Event)
     _failures: int = 0
+    _beats: int = 0
     running: bool = False
 
     # -- sessions ------------------------------------------------------------------------
@@ -204,7 +208,9 @@ class ProcessReader:
                     ttl_s=t.presence_ttl_s,
                     consumer=self.consumer,
                     reclaim_idle_ms=int(t.reclaim_idle_s * 1000),
+                    prune=self._beats % PRUNE_EVERY == 0,
                 )
+                self._beats += 1
             except SubstrateUnavailable as exc:
                 # Retry sooner than a full interval: after Redis comes back (empty), the
                 # desktops must read online again quickly, not a heartbeat later.

@@ -100,7 +100,9 @@ _XADD_INDEXED = (
 )
 #: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
 #: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
-#: reclaim idle ms. Returns {ours, backlog, reclaim_due, trimmed_due} (see BeatReply).
+#: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
+#: trimmed_due} (see BeatReply). An idle user costs GET+SET presence, GET catalogue,
+#: EXISTS, XINFO GROUPS and HLEN inside the script (XINFO CONSUMERS on pruning beats).
 _HEARTBEAT = """
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -124,38 +126,50 @@ if holder == false or holder == ARGV[1] then
   ours = 1
 end
 local backlog, reclaim, trimmed = 0, 0, 0
-local first = nil
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  local head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
+local exists = redis.call('EXISTS', KEYS[3]) == 1
+local function last_id()
   local tail = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-  if head[1] then first = head[1][1] end
+  if tail[1] then return tail[1][1] end
+  return nil
+end
+if exists then
   local group = nil
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
     local t = record(g)
     if t['name'] == ARGV[4] then group = t end
   end
   if group == nil then
-    if tail[1] then backlog = 1 end
+    if last_id() then backlog = 1 end
   else
-    if tail[1] and older(group['last-delivered-id'], tail[1][1]) then backlog = 1 end
+    local lag = group['lag']
+    if not lag then
+      local tail = last_id()
+      if tail and older(group['last-delivered-id'], tail) then backlog = 1 end
+    elseif lag > 0 then
+      backlog = 1
+    end
     if group['pending'] > 0 then
       local idle = redis.call('XPENDING', KEYS[3], ARGV[4], 'IDLE', ARGV[6], '-', '+', 1)
       if idle[1] then reclaim = 1 end
     end
-    for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
-      local t = record(c)
-      if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
-        redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[4], t['name'])
+    if ARGV[7] == '1' then
+      for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
+        local t = record(c)
+        if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
+          redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[4], t['name'])
+        end
       end
     end
   end
 end
 if redis.call('HLEN', KEYS[4]) > 0 then
-  if first == nil then
+  local head = {}
+  if exists then head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1) end
+  if head[1] == nil then
     trimmed = 1
   else
     for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do
-      if older(id, first) then
+      if older(id, head[1][1]) then
         trimmed = 1
         break
       end
@@ -765,7 +779,13 @@ class RedisSubstrate:
         return list(reply[1])
 
     async def heartbeat(
-        self, beats: Sequence[Beat], *, ttl_s: float, consumer: str, reclaim_idle_ms: int
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
     ) -> list[BeatReply]:
         """One EVALSHA of the heartbeat script per beat, pipelined in writes of up to
         1,000 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
@@ -795,6 +815,7 @@ class RedisSubstrate:
                         GROUP,
                         consumer,
                         reclaim_idle_ms,
+                        b"1" if prune else b"0",
                     )  # fmt: skip
                     for b in chunk
                 ]

@@ -221,13 +221,19 @@ class ReaderSubstrate(Protocol):
         nothing."""
 
     async def heartbeat(
-        self, beats: Sequence[Beat], *, ttl_s: float, consumer: str, reclaim_idle_ms: int
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
     ) -> list[BeatReply]:
         """For every beat, in one round trip (pipelined, one script per user, each within
         that user's slot): refresh presence PX ttl_s if absent or ours and then keep the
         catalogue equal to the beat's; probe the user's stream (see :class:`BeatReply`);
-        delete consumers other than ``consumer`` with nothing pending and idle for at least
-        ``reclaim_idle_ms``. Replies in the order of ``beats``."""
+        with ``prune``, delete consumers other than ``consumer`` with nothing pending and
+        idle for at least ``reclaim_idle_ms``. Replies in the order of ``beats``."""
 
 
 class ResultSubstrate(Protocol):
