@@ -102,8 +102,20 @@ def hub_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def faketime(offset_s: float) -> tuple[str, ...]:
+    """A command prefix running a process with its clocks moved by ``offset_s`` seconds
+    (libfaketime's ``faketime -f``; Debian package ``faketime``). Missing -> fails loudly."""
+    import shutil
+
+    path = shutil.which("faketime")
+    if path is None:
+        raise FileNotFoundError("faketime not found: apt-get install faketime")
+    return (path, "-f", f"{offset_s:+g}s")
+
+
 class Hub(Proc):
-    """``deskbridge-hub serve`` on 127.0.0.1. With ``certfile``/``keyfile`` it serves
+    """``deskbridge-hub serve`` on 127.0.0.1 (``prefix`` goes before the command, e.g.
+    :func:`faketime`). With ``certfile``/``keyfile`` it serves
     https:// and wss:// (``http``/``ws`` say so) and ``verify`` is the CA to trust
     (``ca_file``) for httpx; ``extra_args`` are appended to the command line."""
 
@@ -119,6 +131,7 @@ class Hub(Proc):
         certfile: Path | None = None,
         keyfile: Path | None = None,
         ca_file: Path | None = None,
+        prefix: Sequence[str] = (),
     ):
         self.port = port or free_port()
         tls = certfile is not None
@@ -138,7 +151,9 @@ class Hub(Proc):
         if tls:
             argv += ["--certfile", str(certfile), "--keyfile", str(keyfile)]
         super().__init__(
-            [*argv, *extra_args], hub_env(**(env or {})), tmp / f"{name}-{self.port}.log"
+            [*prefix, *argv, *extra_args],
+            hub_env(**(env or {})),
+            tmp / f"{name}-{self.port}.log",
         )
 
     def wait_healthy(self, timeout_s: float = 20.0) -> None:
@@ -170,12 +185,28 @@ class Sidecar(Proc):
         env=None,
         name="sidecar",
         extra_args: Sequence[str] = (),
+        data_dir: Path | None = None,
+        prefix: Sequence[str] = (),
     ):
-        argv = [str(BIN / "deskbridge-sidecar"), "run", "--hub", hub_ws, "--token", token]
+        argv = [
+            *prefix,
+            str(BIN / "deskbridge-sidecar"),
+            "run",
+            "--hub",
+            hub_ws,
+            "--token",
+            token,
+        ]
         for module in tools:
             argv += ["--tools", module]
         argv += list(extra_args)
-        full_env = {"PYTHONPATH": str(Path(__file__).parent / "tools")}
+        # Each sidecar its own ledger unless the test shares one on purpose (a restart
+        # of "the same desktop" passes the first one's ``data_dir``).
+        self.data_dir = data_dir or tmp / f"{name}-{secrets.token_hex(3)}-data"
+        full_env = {
+            "PYTHONPATH": str(Path(__file__).parent / "tools"),
+            "DESKBRIDGE_DATA_DIR": str(self.data_dir),
+        }
         full_env.update(env or {})
         super().__init__(argv, full_env, tmp / f"{name}-{secrets.token_hex(3)}.log")
 

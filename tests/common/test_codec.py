@@ -31,6 +31,7 @@ FRAMES = [
     Hello(1, "0.1.0"),
     Welcome("s1", 10.0, 10.0, 10.0),
     Job("d1", "j1", "echo", {"a": [1, 2, {"b": None}]}, "k1", 1700000000.5),
+    Job("d1", "j1", "echo", {}, "k1", 1700000000.5, timeout_s=29.5),
     JobResult("d1", True, {"x": 1}),
     JobResult("d1", True, None),
     JobResult("d1", False, error=JobError("tool_error", "boom")),
@@ -79,6 +80,8 @@ def _job(**over):
         (_job(args=[1]), "args", CLOSE_INVALID_PAYLOAD),
         (_job(deadline="soon"), "deadline", CLOSE_INVALID_PAYLOAD),
         (_job(deadline=True), "deadline", CLOSE_INVALID_PAYLOAD),
+        (_job(timeout_s=-0.5), "timeout_s", CLOSE_INVALID_PAYLOAD),
+        (_job(timeout_s="30"), "timeout_s", CLOSE_INVALID_PAYLOAD),
         (_job(id=""), "id", CLOSE_INVALID_PAYLOAD),
         (_job(id=7), "id", CLOSE_INVALID_PAYLOAD),
         ('{"type":"job","deadline":NaN}', "$", CLOSE_INVALID_PAYLOAD),
@@ -145,6 +148,14 @@ def test_encode_refuses_what_decode_would_refuse():
         encode_frame(JobResult("d", True, {"x": object()}))
     with pytest.raises(LocalProtocolError):
         encode_frame(Job("d", "j", "echo", {"x": float("nan")}, "k", 1.0))
+
+
+def test_job_timeout_s_is_optional_on_the_wire():
+    """``timeout_s`` (the time left, a duration) is left out when unset, so a frame of a
+    hub that does not send it still decodes."""
+    assert "timeout_s" not in encode_frame(Job("d1", "j1", "echo", {}, "k1", 1.0))
+    assert decode_frame(_job()).timeout_s is None
+    assert decode_frame(_job(timeout_s=0)).timeout_s == 0.0
 
 
 def test_job_result_wire_shape_omits_the_unused_half():

@@ -18,8 +18,11 @@ from deskbridge_hub import cli as hub_cli
 from deskbridge_hub._tokens import (
     DEFAULT_TOKEN_LIFETIME_S,
     MIN_SECRET_BYTES,
+    TOKEN_LEEWAY_S,
     TokenExpired,
+    TokenNotYetValid,
     key_id,
+    verify_token_claims,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,7 +89,45 @@ def test_expired_token_is_refused_as_expired():
 def test_token_expiring_one_second_ago_is_refused_without_leeway():
     token = issue_token(SECRET, "alice", lifetime_s=10, now=time.time() - 12)
     with pytest.raises(TokenExpired):
-        verify_token(token, (SECRET,))
+        verify_token(token, (SECRET,), leeway_s=0)
+
+
+# -- clock skew (issue 11 item 2): the minting machine's clock is not the hub's ----------
+
+
+@pytest.mark.parametrize("ahead_s", [1, 5, 30, 299])
+def test_token_minted_on_a_clock_ahead_within_the_leeway_is_valid_at_once(ahead_s):
+    now = 1_800_000_000.0
+    token = issue_token(SECRET, "alice", lifetime_s=3600, now=now + ahead_s)
+    assert verify_token_claims(token, (SECRET,), now=now)[0] == "alice"
+
+
+def test_token_minted_far_ahead_is_refused_as_not_yet_valid_which_is_transient():
+    now = 1_800_000_000.0
+    token = issue_token(SECRET, "alice", lifetime_s=3600, now=now + 400)
+    with pytest.raises(TokenNotYetValid) as info:
+        verify_token_claims(token, (SECRET,), now=now)
+    assert info.value.valid_in_s == pytest.approx(100)
+    assert "ahead" in str(info.value) and not isinstance(info.value, TokenExpired)
+
+
+def test_default_leeway_is_five_minutes_on_exp_and_iat():
+    assert TOKEN_LEEWAY_S == 300.0
+    now = 1_800_000_000.0
+    token = issue_token(SECRET, "alice", lifetime_s=60, now=now)
+    # still accepted 299 s after exp by a hub whose clock runs ahead; refused at 300 s
+    user, valid_until = verify_token_claims(token, (SECRET,), now=now + 60 + 299)
+    assert (user, valid_until) == ("alice", now + 60 + TOKEN_LEEWAY_S)
+    with pytest.raises(TokenExpired):
+        verify_token_claims(token, (SECRET,), now=now + 60 + 300)
+
+
+def test_leeway_is_configurable_and_validated():
+    assert HubConfig.from_env({}).token_leeway_s == TOKEN_LEEWAY_S
+    assert HubConfig.from_env({"DESKBRIDGE_TOKEN_LEEWAY_S": "30"}).token_leeway_s == 30.0
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(ValueError, match="DESKBRIDGE_TOKEN_LEEWAY_S"):
+            HubConfig.from_env({"DESKBRIDGE_TOKEN_LEEWAY_S": bad})
 
 
 def test_forged_token_signed_with_another_secret_is_refused():

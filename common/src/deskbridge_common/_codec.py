@@ -36,6 +36,9 @@ from ._frames import (
 
 #: Largest frame accepted or sent, in bytes of UTF-8 (1 MiB; issue 2).
 MAX_FRAME_BYTES = 1024 * 1024
+#: Longest ``traceparent`` accepted (W3C Trace Context: 55 characters for version 00;
+#: later versions may append fields).
+MAX_TRACEPARENT_CHARS = 256
 #: Longest id-like string (delivery ids, job ids, idempotency keys, nonces).
 MAX_ID_CHARS = 200
 #: Most tools one sidecar may announce.
@@ -81,6 +84,13 @@ def _number(field: str, value: Any) -> float:
     if not math.isfinite(value):
         raise RemoteProtocolError(field, "must be finite")
     return float(value)
+
+
+def _non_negative(field: str, value: Any) -> float:
+    number = _number(field, value)
+    if number < 0:
+        raise RemoteProtocolError(field, "must not be negative")
+    return number
 
 
 def _positive(field: str, value: Any) -> float:
@@ -164,6 +174,8 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "args": (_object, True),
             "idempotency_key": (_str(), True),
             "deadline": (_number, True),
+            "timeout_s": (_non_negative, False),
+            "traceparent": (_str(MAX_TRACEPARENT_CHARS), False),
         },
     ),
     "job_result": (
@@ -296,7 +308,7 @@ def _to_wire(value: Any) -> Any:
 def _body(frame: Frame) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for key, value in attrs.asdict(frame, recurse=False).items():
-        if value is None and isinstance(frame, Progress | JobResult):
+        if value is None and isinstance(frame, Progress | JobResult | Job):
             continue  # optional fields left out when unset
         plain = isinstance(value, RawJSON) or key in ("args", "result", "args_schema")
         body[key] = value if plain else _to_wire(value)

@@ -70,8 +70,14 @@ class Job:
         args: keyword arguments for the tool (a JSON object).
         idempotency_key: set once by the requester, unchanged on every redelivery; the
             sidecar deduplicates on it.
-        deadline: absolute deadline, Unix time in seconds (wall clock); a job arriving
-            after it must not start.
+        deadline: absolute deadline, Unix time in seconds by the *hub's* clock; a job
+            arriving after it must not start. Machines' clocks differ, so a receiver
+            prefers ``timeout_s`` when present.
+        timeout_s: seconds left before the deadline when the hub sent the frame (a
+            duration, as gRPC propagates deadlines as ``grpc-timeout``): the sidecar's
+            deadline is its own clock at receipt plus this. Optional (older hubs).
+        traceparent: the caller's W3C trace context (``traceparent`` header value), so
+            the tool runs in the caller's trace; left out of the frame when None.
     """
 
     id: str
@@ -80,6 +86,8 @@ class Job:
     args: dict[str, Any]
     idempotency_key: str
     deadline: float
+    timeout_s: float | None = None
+    traceparent: str | None = None
     type = "job"
 
 

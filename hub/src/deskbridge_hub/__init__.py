@@ -17,13 +17,14 @@ from ._errors import (
     JobExpired,
     JobFailed,
     JobIdInUse,
+    JobInDoubt,
     JobLost,
     JobTimeout,
     SubstrateUnavailable,
     UnknownJob,
 )
 from ._substrate import Claimed, Entry, Substrate
-from ._tokens import TokenRejected, issue_token, verify_token
+from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, issue_token, verify_token
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "Entry",
     "HubConfig",
     "JobCancelled",
+    "JobInDoubt",
     "JobExpired",
     "JobFailed",
     "JobIdInUse",
@@ -61,6 +63,8 @@ __all__ = [
     "RedisSubstrate",
     "Substrate",
     "SubstrateUnavailable",
+    "TokenExpired",
+    "TokenNotYetValid",
     "TokenRejected",
     "UnknownJob",
     "create_app",

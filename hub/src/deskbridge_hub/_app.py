@@ -22,17 +22,18 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _metrics
+from . import _metrics, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
 from ._logging import fields
+from ._mcp_mount import mount_mcp
 from ._process import HubState
 from ._retry import CLEANUP_TIMEOUT_S
 from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
-from ._tokens import TokenExpired, TokenRejected, verify_token_claims
+from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
 
 log = logging.getLogger("deskbridge.hub")
 
@@ -43,6 +44,7 @@ HTTP_STATUS = {
     "expired": 410,
     "lost": 410,
     "cancelled": 409,
+    "in_doubt": 409,
     "timeout": 504,
     "offline": 503,
     "unavailable": 503,
@@ -271,9 +273,10 @@ def create_app(
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
-        outcome = await holder["bridge"].dispatch(
-            user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
-        )
+        with _tracing.extracted(request.headers):  # a W3C traceparent header, if any
+            outcome = await holder["bridge"].dispatch(
+                user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
+            )
         return _outcome_response(outcome)
 
     @app.get("/v1/users/<user_id>/tools")
@@ -313,9 +316,16 @@ def create_app(
         if holder["state"].drain.active:  # graceful restart: send the sidecar to a live replica
             return _error(503, "draining", "hub is restarting; reconnect to another replica")
         try:
-            user_id, expires_at = verify_token_claims(token.strip(), config.secrets)
+            user_id, expires_at = verify_token_claims(
+                token.strip(), config.secrets, leeway_s=config.token_leeway_s
+            )
         except TokenRejected as exc:
             log.warning("sidecar handshake refused: %s", exc)
+            if isinstance(exc, TokenNotYetValid):
+                # Transient (the minting clock runs ahead): 503 so the sidecar retries.
+                response = _error(503, "token_not_yet_valid", str(exc))
+                response.headers["Retry-After"] = str(max(1, math.ceil(exc.valid_in_s)))
+                return response
             if isinstance(exc, TokenExpired):
                 return _error(401, "unauthorized", str(exc))
             return _error(403, "forbidden", str(exc))
@@ -329,6 +339,7 @@ def create_app(
         return None
 
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 

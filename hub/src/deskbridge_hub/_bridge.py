@@ -26,15 +26,17 @@ from ._errors import (
     JobExpired,
     JobFailed,
     JobIdInUse,
+    JobInDoubt,
     JobLost,
     JobTimeout,
     SubstrateUnavailable,
     UnknownJob,
 )
-from ._jobs import JobEnvelope, cancelled_before_start, parse_result
+from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._schema import validate_args
 from ._substrate import Substrate, holder_of
+from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
@@ -60,8 +62,8 @@ class Outcome:
 
     Attributes:
         job_id: the job's id (None if it was never enqueued: offline, bad request).
-        status: completed | failed | expired | lost | cancelled | timeout | offline |
-            unavailable.
+        status: completed | failed | expired | lost | cancelled | in_doubt | timeout |
+            offline | unavailable.
         result: the tool's return value when completed.
         error: ``{"code", "message"}`` for every other status.
         detail: extra facts (``stage`` for timeouts).
@@ -92,6 +94,7 @@ _ERRORS: dict[str, type[BridgeError]] = {
     "expired": JobExpired,
     "lost": JobLost,
     "cancelled": JobCancelled,
+    "in_doubt": JobInDoubt,
     "timeout": JobTimeout,
     "offline": DesktopOffline,
 }
@@ -105,7 +108,8 @@ class Bridge:
         substrate: the shared substrate (Redis, or in-memory for one process).
         timings: timing knobs; ``call_timeout_s`` (90 s, the seed's BLPOP) is the default
             wait, ``result_ttl_s`` bounds how long a result is kept.
-        wall_clock: Unix time source for deadlines (injectable for tests).
+        wall_clock: Unix time source, only to turn ``dispatch(deadline=...)`` into a
+            duration and to stamp states (injectable for tests).
     """
 
     substrate: Substrate
@@ -145,8 +149,10 @@ class Bridge:
                 the fresh job id (a retry by the caller with the same key runs once).
             timeout_s: how long to wait for the answer, seconds (default
                 ``timings.call_timeout_s`` = 90 s); it is the server-side BLPOP timeout.
-            deadline: absolute Unix time after which the job must not start (default
-                now + timeout_s).
+            deadline: absolute Unix time, by this process's ``wall_clock``, after which the
+                job must not start (default now + timeout_s). It is turned into a
+                duration here and the job's deadline is set on the substrate's clock, so
+                other machines' clocks never decide it (docs/operations.md, "Clocks").
             job_id: the job's id, if the caller wants to choose it (to cancel it from
                 elsewhere while this call waits); default a fresh UUID.
 
@@ -201,20 +207,19 @@ class Bridge:
                 elapsed_s=anyio.current_time() - started,
             )
         await self._check_catalogue(user_id, name, args)
+        # The deadline is set and compared on one clock, the substrate's (Redis TIME):
+        # this process sends only a duration (docs/operations.md, "Clocks").
         now = self.wall_clock()
-        envelope = JobEnvelope(
-            job_id=job_id,
-            name=name,
-            args=args,
-            idempotency_key=idempotency_key,
-            deadline=now + timeout_s if deadline is None else deadline,
-            enqueued_at=now,
-        )
+        start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
+        # the caller's trace context goes on to the tool
+        fields = job_fields(job_id, name, args, idempotency_key, current_traceparent())
         queued = JobState(Stage.QUEUED, user_id, at=now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         if not await self.substrate.claim_job(job_id, queued, ttl_s=state_ttl_s):
             raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
-        await self.substrate.enqueue(user_id, envelope.to_fields(), maxlen=self.timings.jobs_maxlen)
+        await self.substrate.enqueue(
+            user_id, fields, maxlen=self.timings.jobs_maxlen, start_within_s=start_within_s
+        )
         await self._wake(holder, user_id)
         payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
         elapsed = anyio.current_time() - started

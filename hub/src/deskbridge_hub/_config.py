@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
 import attrs
 from deskbridge_common import Timings
+
+from ._tokens import TOKEN_LEEWAY_S
 
 #: ``DESKBRIDGE_REDIS_URL`` value that asks for the in-memory substrate explicitly.
 MEMORY_URL = "memory://"
@@ -29,6 +32,9 @@ class HubConfig:
             (``DESKBRIDGE_MAX_INFLIGHT``, default 32).
         max_args_bytes: largest JSON-encoded ``args`` accepted by the dispatch API
             (``DESKBRIDGE_MAX_ARGS_BYTES``, default 256 KiB).
+        token_leeway_s: clock skew tolerated on a sidecar token's ``iat`` and ``exp``
+            (``DESKBRIDGE_TOKEN_LEEWAY_S``, seconds >= 0, default 300; see
+            docs/operations.md, "Clocks").
     """
 
     redis_url: str | None = None
@@ -37,6 +43,7 @@ class HubConfig:
     timings: Timings = attrs.field(factory=Timings)
     max_inflight_per_session: int = 32
     max_args_bytes: int = 256 * 1024
+    token_leeway_s: float = TOKEN_LEEWAY_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HubConfig:
@@ -58,6 +65,7 @@ class HubConfig:
             timings=Timings.from_env(env),
             max_inflight_per_session=_int(env, "DESKBRIDGE_MAX_INFLIGHT", 32),
             max_args_bytes=_int(env, "DESKBRIDGE_MAX_ARGS_BYTES", 256 * 1024),
+            token_leeway_s=_seconds(env, "DESKBRIDGE_TOKEN_LEEWAY_S", TOKEN_LEEWAY_S),
         )
 
 
@@ -71,4 +79,17 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if value <= 0:
         raise ValueError(f"{name} must be positive")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0")
     return value

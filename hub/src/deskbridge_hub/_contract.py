@@ -297,10 +297,43 @@ async def check_job_state_and_cancel_flag(h: SubstrateHarness) -> None:
     assert await s.get_job_state(job) is None
     await s.set_job_state(job, queued, ttl_s=60)
     assert await s.get_job_state(job) == queued
-    assert await s.mark_delivered(job, delivered, ttl_s=60) is False
+    assert (await s.mark_delivered(job, delivered, ttl_s=60)).verdict == "delivered"
     assert await s.get_job_state(job) == delivered
+    await s.set_job_state(job, queued, ttl_s=60)
     await s.request_cancel(job, ttl_s=60)
-    assert await s.mark_delivered(job, delivered, ttl_s=60) is True
+    assert (await s.mark_delivered(job, delivered, ttl_s=60)).verdict == "cancelled"
+    assert await s.get_job_state(job) == queued  # not forwarded: untouched
+
+
+@check
+async def check_deadline_is_set_and_judged_on_the_substrate_clock(h: SubstrateHarness) -> None:
+    """enqueue(start_within_s) stamps deadline/enqueued_at from the substrate's clock
+    (Redis TIME); mark_delivered compares the deadline with that same clock."""
+    s, user, job, other = h.substrate, h.user(), h.job(), h.job()
+    delivered = JobState(Stage.DELIVERED, user, at=1.0, session_id="s1")
+    queued = JobState(Stage.QUEUED, user, at=1.0)
+    await s.enqueue(user, {"job_id": job}, maxlen=100, start_within_s=30.0)
+    (entry,) = await s.read_new(user, "c1", count=1, block_ms=1)
+    assert entry.fields is not None
+    deadline, enqueued_at = float(entry.fields["deadline"]), float(entry.fields["enqueued_at"])
+    assert abs(deadline - enqueued_at - 30.0) < 0.002
+    marked = await s.mark_delivered(job, delivered, ttl_s=60, deadline=deadline)
+    assert marked.verdict == "delivered"
+    assert enqueued_at - 0.002 <= marked.server_time < enqueued_at + 5.0
+    assert await s.get_job_state(job) == delivered
+    # a deadline already passed on the substrate's clock: expired, state untouched
+    await s.set_job_state(other, queued, ttl_s=60)
+    marked = await s.mark_delivered(other, delivered, ttl_s=60, deadline=enqueued_at - 1.0)
+    assert marked.verdict == "expired"
+    assert await s.get_job_state(other) == queued
+    # start_within_s=0: expired as soon as it is read
+    await s.enqueue(user, {"job_id": other}, maxlen=100, start_within_s=0.0)
+    (late,) = await s.read_new(user, "c1", count=1, block_ms=1)
+    assert late.fields is not None
+    marked = await s.mark_delivered(
+        other, delivered, ttl_s=60, deadline=float(late.fields["deadline"])
+    )
+    assert marked.verdict == "expired"
 
 
 @check

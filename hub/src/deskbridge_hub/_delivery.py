@@ -10,9 +10,9 @@ For one entry, in order:
    removes the index record answers);
 2. a cancel control entry -> tell the executor, XACK;
 3. a body that does not decode -> ``failed`` (``malformed``), XACK;
-4. past its deadline -> ``expired``, XACK;
-5. mark it delivered, reading the cancel flag in the same round trip; cancelled ->
-   ``cancelled`` (before it started), XACK;
+4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``): past
+   its deadline -> ``expired``, XACK; cancel flag set -> ``cancelled`` (before it
+   started), XACK (docs/operations.md, "Clocks");
 6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``;
    a job no sidecar could accept -> ``failed`` (``bad_job``); the socket went away ->
    record ``interrupted`` and leave the entry pending (it is redelivered);
@@ -31,7 +31,15 @@ from typing import Protocol
 
 import attrs
 import trio
-from deskbridge_common import Job, JobResult, LocalProtocolError, Timings
+from deskbridge_common import (
+    BAD_JOB,
+    MALFORMED,
+    OUTCOME_ERROR_CODES,
+    Job,
+    JobResult,
+    LocalProtocolError,
+    Timings,
+)
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
@@ -73,7 +81,7 @@ def outcome_of(result: JobResult) -> tuple[str, str]:
         return "completed", result_payload("completed", result=result.result)
     code = result.error.code if result.error else "failed"
     message = result.error.message if result.error else "failed"
-    status = code if code in ("expired", "cancelled") else "failed"
+    status = code if code in OUTCOME_ERROR_CODES else "failed"
     return status, result_payload(status, error={"code": code, "message": message})
 
 
@@ -86,7 +94,7 @@ class EntryServer:
         timings: ``result_ttl_s`` bounds results and job states.
         user_id: whose stream.
         session_id: recorded in the ``delivered`` state.
-        wall_clock: Unix time source (deadlines).
+        wall_clock: Unix time source (stamps states; never judges a deadline).
     """
 
     substrate: Substrate
@@ -124,7 +132,7 @@ class EntryServer:
             )
             job_id = entry.fields.get("job_id")
             if job_id:
-                payload = failed_payload("malformed", str(exc))
+                payload = failed_payload(MALFORMED, str(exc))
                 tool = entry.fields.get("name")
                 await self.finish(entry.entry_id, job_id, "failed", payload, tool=tool)
             else:
@@ -132,25 +140,30 @@ class EntryServer:
                 await self.ack(entry.entry_id)
             return
         job_id = envelope.job_id
-        if self.wall_clock() >= envelope.deadline:
+        delivered = JobState(
+            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
+        )
+        # The deadline was set on the substrate's clock (Redis TIME) and is judged there, in
+        # the step that records the delivery: no hub's own clock decides it.
+        marked = await retrying(
+            lambda: self.substrate.mark_delivered(
+                job_id, delivered, ttl_s=self.timings.result_ttl_s, deadline=envelope.deadline
+            ),
+            what=f"mark {job_id} delivered",
+        )
+        if marked.verdict == "expired":
             await self.finish(
                 entry.entry_id, job_id, "expired", expired_payload(), envelope=envelope
             )
             return
-        delivered = JobState(
-            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
-        )
-        cancelled = await retrying(
-            lambda: self.substrate.mark_delivered(
-                job_id, delivered, ttl_s=self.timings.result_ttl_s
-            ),
-            what=f"mark {job_id} delivered",
-        )
-        if cancelled:
+        if marked.verdict == "cancelled":
             await self.finish(
                 entry.entry_id, job_id, "cancelled", cancelled_before_start(), envelope=envelope
             )
             return
+        # The sidecar gets the time left as a duration (its clock may be anything);
+        # ``deadline`` is that duration on this hub's clock, for older sidecars.
+        left_s = max(0.0, envelope.deadline - marked.server_time)
         try:
             job = Job(
                 id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)
@@ -158,15 +171,17 @@ class EntryServer:
                 name=envelope.name,
                 args=envelope.args,
                 idempotency_key=envelope.idempotency_key,
-                deadline=envelope.deadline,
+                deadline=self.wall_clock() + left_s,
+                timeout_s=left_s,
+                traceparent=envelope.traceparent,
             )
-            _metrics.job_dispatched(envelope.name, self.wall_clock() - envelope.enqueued_at)
+            _metrics.job_dispatched(envelope.name, marked.server_time - envelope.enqueued_at)
             result = await executor.execute(job)
         except LocalProtocolError as exc:
             # An entry no sidecar could accept (written by a buggy producer): answer it
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
-            payload = failed_payload("bad_job", exc.reason)
+            payload = failed_payload(BAD_JOB, exc.reason)
             await self.finish(entry.entry_id, job_id, "failed", payload, envelope=envelope)
             return
         except BaseException:

@@ -1,8 +1,10 @@
 """Job envelopes on the stream and result payloads on the result list. No I/O.
 
 A stream entry's fields (all strings, as Redis stores them):
-``job_id``, ``name``, ``args`` (JSON object), ``idempotency_key``, ``deadline`` (Unix
-seconds, wall clock), ``enqueued_at`` (Unix seconds).
+``job_id``, ``name``, ``args`` (JSON object), ``idempotency_key``, ``deadline`` and
+``enqueued_at`` (Unix seconds on the substrate's clock: Redis ``TIME``, written by the
+enqueue script; no hub's own clock ever sets or judges a deadline), and ``traceparent``
+(W3C trace context of the caller) when the caller had one.
 
 A result payload is a JSON object: ``{"status": <outcome>, "result"?: ..., "error"?:
 {"code", "message"}, "detail"?: ...}`` where outcome is one of :data:`OUTCOMES`.
@@ -15,9 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from deskbridge_common import CANCELLED, EXPIRED, LOST
 
 #: Terminal outcomes a result payload can carry (docs/outcomes.md).
-OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled"})
+OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled", "in_doubt"})
 
 
 class MalformedEntry(ValueError):
@@ -33,8 +36,8 @@ class JobEnvelope:
         name: tool name.
         args: tool keyword arguments.
         idempotency_key: stable across redeliveries; the sidecar dedupes on it.
-        deadline: absolute deadline, Unix seconds (wall clock).
-        enqueued_at: when it was enqueued, Unix seconds.
+        deadline: absolute deadline, Unix seconds on the substrate's clock (Redis TIME).
+        enqueued_at: when it was enqueued, Unix seconds on the same clock.
     """
 
     job_id: str
@@ -43,6 +46,7 @@ class JobEnvelope:
     idempotency_key: str
     deadline: float
     enqueued_at: float
+    traceparent: str | None = None
 
     def to_fields(self) -> dict[str, str]:
         return {
@@ -52,7 +56,7 @@ class JobEnvelope:
             "idempotency_key": self.idempotency_key,
             "deadline": repr(float(self.deadline)),
             "enqueued_at": repr(float(self.enqueued_at)),
-        }
+        } | ({"traceparent": self.traceparent} if self.traceparent else {})
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> JobEnvelope:
@@ -72,11 +76,32 @@ class JobEnvelope:
                 idempotency_key=fields["idempotency_key"],
                 deadline=float(fields["deadline"]),
                 enqueued_at=float(fields["enqueued_at"]),
+                traceparent=fields.get("traceparent") or None,
             )
         except KeyError as exc:
             raise MalformedEntry(f"{exc.args[0]}: missing") from None
         except ValueError as exc:
             raise MalformedEntry(str(exc)) from None
+
+
+def job_fields(
+    job_id: str,
+    name: str,
+    args: dict[str, Any],
+    idempotency_key: str,
+    traceparent: str | None = None,
+) -> dict[str, str]:
+    """The stream fields of a job without ``deadline`` and ``enqueued_at``, which the
+    substrate adds from its own clock (``enqueue(..., start_within_s=...)``)."""
+    fields = {
+        "job_id": job_id,
+        "name": name,
+        "args": json.dumps(args, separators=(",", ":")),
+        "idempotency_key": idempotency_key,
+    }
+    if traceparent:
+        fields["traceparent"] = traceparent
+    return fields
 
 
 def result_payload(status: str, **body: Any) -> str:
@@ -92,7 +117,7 @@ def cancelled_before_start() -> str:
     cancel flag set)."""
     return result_payload(
         "cancelled",
-        error={"code": "cancelled", "message": "cancelled before it started"},
+        error={"code": CANCELLED, "message": "cancelled before it started"},
         detail={"stage": "queued"},
     )
 
@@ -101,7 +126,7 @@ def lost_payload() -> str:
     """The payload for an entry trimmed or deleted before any executor received it."""
     return result_payload(
         "lost",
-        error={"code": "lost", "message": "the queued entry was trimmed or deleted before it ran"},
+        error={"code": LOST, "message": "the queued entry was trimmed or deleted before it ran"},
     )
 
 
@@ -109,7 +134,7 @@ def expired_payload() -> str:
     """The payload for a job whose deadline passed before it was forwarded."""
     return result_payload(
         "expired",
-        error={"code": "expired", "message": "deadline passed before the job was forwarded"},
+        error={"code": EXPIRED, "message": "deadline passed before the job was forwarded"},
         detail={"stage": "queued"},
     )
 

@@ -25,8 +25,9 @@ contract): :meth:`MemorySubstrate.delete_stream`, :meth:`MemorySubstrate.set_una
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 import anyio
@@ -41,6 +42,7 @@ from ._substrate import (
     BeatReply,
     Claimed,
     Entry,
+    Marked,
     cancel_key,
     presence_key,
     state_key,
@@ -119,7 +121,14 @@ class MemorySubstrate:
     Construct it with no arguments; it needs no connection, and ``async with`` is
     optional (entering and leaving do nothing, so code can treat both substrates alike).
     State lives as long as the object.
+
+    Args:
+        clock: the "server clock" (Redis ``TIME``'s stand-in) that job deadlines are set
+            and compared on, Unix seconds. Default: the wall clock when first read, then
+            advancing with ``anyio.current_time()`` (so ``MockClock`` moves it too).
     """
+
+    clock: Callable[[], float] | None = attrs.field(default=None, kw_only=True)
 
     _streams: dict[str, _Stream] = attrs.field(factory=dict, init=False)
     _results: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
@@ -129,6 +138,15 @@ class MemorySubstrate:
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
     _wakes: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _wake_changed: anyio.Event | None = attrs.field(default=None, init=False)
+    _anchor: float | None = attrs.field(default=None, init=False)
+
+    def server_time(self) -> float:
+        """The substrate's clock (see ``clock``), Unix seconds."""
+        if self.clock is not None:
+            return self.clock()
+        if self._anchor is None:
+            self._anchor = time.time() - anyio.current_time()
+        return self._anchor + anyio.current_time()
 
     async def __aenter__(self) -> MemorySubstrate:
         return self
@@ -246,9 +264,17 @@ class MemorySubstrate:
 
     # -- the job stream ----------------------------------------------------------------
 
-    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
+    async def enqueue(
+        self,
+        user_id: str,
+        fields: Mapping[str, str],
+        *,
+        maxlen: int,
+        start_within_s: float | None = None,
+    ) -> str:
         """XADD (creating the stream and group if missing), then trim to ``maxlen``
-        entries, oldest first. Waiting readers wake up.
+        entries, oldest first. Waiting readers wake up. With ``start_within_s`` the
+        entry gets ``deadline`` and ``enqueued_at`` from :meth:`server_time`.
 
         Returns:
             The new entry ID, ``"<ms>-<seq>"`` on the running clock.
@@ -260,6 +286,16 @@ class MemorySubstrate:
         now = await self._enter()
         if maxlen < 1 or not fields:
             raise ValueError("enqueue needs maxlen >= 1 and at least one field")
+        fields = {str(k): str(v) for k, v in fields.items()}
+        if start_within_s is not None:
+            if not start_within_s >= 0:
+                raise ValueError(f"start_within_s must be >= 0, got {start_within_s!r}")
+            at_ms = math.floor(self.server_time() * 1000)  # whole ms, as the Redis script
+            deadline_ms = at_ms + math.ceil(start_within_s * 1000)
+            fields |= {
+                "deadline": f"{deadline_ms / 1000:.3f}",
+                "enqueued_at": f"{at_ms / 1000:.3f}",
+            }
         self._group(user_id)
         stream = self._streams[user_id]
         ms = max(int(now * 1000), 0)
@@ -670,15 +706,23 @@ class MemorySubstrate:
         raw = self._get(state_key(job_id), await self._enter())
         return None if raw is None else JobState.decode(raw)
 
-    async def mark_delivered(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
-        """Set the state; return True if a cancel was requested for ``job_id``.
+    async def mark_delivered(
+        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
+    ) -> Marked:
+        """Expired (``deadline`` passed on :meth:`server_time`), else cancelled (flag
+        set), else set the state and answer delivered.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter()
+        at = self.server_time()
+        if deadline is not None and at >= deadline:
+            return Marked("expired", at)
+        if self._get(cancel_key(job_id), now) is not None:
+            return Marked("cancelled", at)
         self._set(state_key(job_id), state.encode(), now, ttl_s)
-        return self._get(cancel_key(job_id), now) is not None
+        return Marked("delivered", at)
 
     async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

@@ -36,6 +36,7 @@ from prometheus_client import (
 )
 
 from ._logging import fields
+from ._tracing import trace_id
 
 if TYPE_CHECKING:
     from ._process import HubState
@@ -208,6 +209,7 @@ def job_served(
             tool=tool,
             outcome=outcome,
             elapsed_s=elapsed_s,
+            trace_id=trace_id(envelope.traceparent) if envelope is not None else None,
         ),
     )
 

@@ -72,6 +72,7 @@ from ._substrate import (
     BeatReply,
     Claimed,
     Entry,
+    Marked,
     cancel_key,
     index_key,
     jobs_key,
@@ -93,11 +94,33 @@ _REFRESH_IF_HOLDER = (
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0"
 )
 #: XADD and index the entry ID -> job id in one atomic step (keys share the {user} slot).
-_XADD_INDEXED = (
-    "local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3)) "
-    "if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end "
-    "return id"
-)
+#: With ARGV[3] (milliseconds to start within) the deadline and enqueue time are taken
+#: from the server's clock (TIME), so every replica compares them on that one clock.
+_XADD_INDEXED = """
+local fields = {}
+for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+if ARGV[3] ~= '' then
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  fields[#fields + 1] = 'deadline'
+  fields[#fields + 1] = string.format('%.3f', (now_ms + tonumber(ARGV[3])) / 1000)
+  fields[#fields + 1] = 'enqueued_at'
+  fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(fields))
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end
+return id
+"""
+#: mark_delivered: decide on the server's clock (TIME) whether a job read from the stream
+#: may be forwarded; only then record it as delivered. KEYS: state, cancel (one {job} slot).
+_MARK_DELIVERED = """
+local t = redis.call('TIME')
+local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then return {'expired', now} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {'delivered', now}
+"""
 #: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
 #: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
 #: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
@@ -564,8 +587,17 @@ class RedisSubstrate:
 
     # -- the job stream ----------------------------------------------------------------
 
-    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
-        """XADD ``bridge:jobs:{user_id}`` MAXLEN ~ maxlen. The first enqueue per user and
+    async def enqueue(
+        self,
+        user_id: str,
+        fields: Mapping[str, str],
+        *,
+        maxlen: int,
+        start_within_s: float | None = None,
+    ) -> str:
+        """XADD ``bridge:jobs:{user_id}`` MAXLEN ~ maxlen, by a script that also indexes
+        the entry and, given ``start_within_s`` (>= 0), adds ``deadline`` and
+        ``enqueued_at`` from the server's ``TIME``. The first enqueue per user and
         session sends XGROUP CREATE ... 0 MKSTREAM in the same write (BUSYGROUP ignored).
         If the stream vanished since, XADD recreates it without the group and the next
         read recreates the group from 0, so the entry is still delivered.
@@ -574,16 +606,21 @@ class RedisSubstrate:
             The entry ID.
 
         Raises:
-            ValueError: ``maxlen`` < 1 or ``fields`` empty.
+            ValueError: ``maxlen`` < 1, ``fields`` empty or ``start_within_s`` < 0.
             SubstrateUnavailable: Redis unreachable or refusing writes; the entry may or
                 may not have been added.
         """
         if maxlen < 1 or not fields:
             raise ValueError("enqueue needs maxlen >= 1 and at least one field")
+        within = ""
+        if start_within_s is not None:
+            if not start_within_s >= 0:
+                raise ValueError(f"start_within_s must be >= 0, got {start_within_s!r}")
+            within = str(math.ceil(start_within_s * 1000))
         key = jobs_key(user_id)
         flat = [item for pair in fields.items() for item in pair]
         job_id = fields.get("job_id", "")
-        xadd = (b"EVAL", _XADD_INDEXED, 2, key, index_key(user_id), maxlen, job_id, *flat)
+        xadd = (b"EVAL", _XADD_INDEXED, 2, key, index_key(user_id), maxlen, job_id, within, *flat)
         async with self._session("XADD") as s:
             if user_id in s.groups:
                 return await self._call(s, *xadd)
@@ -971,25 +1008,32 @@ class RedisSubstrate:
             raw = await self._call(s, b"GET", state_key(job_id))
         return None if raw is None else JobState.decode(raw)
 
-    async def mark_delivered(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
-        """GET the cancel flag and SET the state, pipelined in one round trip.
+    async def mark_delivered(
+        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
+    ) -> Marked:
+        """One script, one round trip: compare ``deadline`` with the server's ``TIME``,
+        check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000).
 
         Returns:
-            True if a cancel was requested for ``job_id``.
+            :class:`Marked` with the verdict and the server's time.
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
-        async with self._session("GET cancel+SET state") as s:
-            flag, stored = await s.execute(
-                (b"GET", cancel_key(job_id)),
-                (b"SET", state_key(job_id), state.encode(), b"PX", _ms(ttl_s)),
-                timeout_s=self._command_timeout_s,
+        limit = "" if deadline is None else repr(float(deadline))
+        async with self._session("mark delivered") as s:
+            verdict, now = await self._call(
+                s,
+                b"EVAL",
+                _MARK_DELIVERED,
+                2,
+                state_key(job_id),
+                cancel_key(job_id),
+                state.encode(),
+                _ms(ttl_s),
+                limit,
             )
-        for reply in (flag, stored):
-            if isinstance(reply, BaseException):
-                raise reply
-        return flag is not None
+        return Marked(verdict=str(verdict), server_time=float(now))
 
     async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{job_id}`` 1 PX ceil(ttl_s * 1000).

@@ -143,6 +143,23 @@ class Claimed:
     deleted_ids: tuple[str, ...]
 
 
+@attrs.frozen
+class Marked:
+    """Reply of :meth:`LedgerSubstrate.mark_delivered`.
+
+    Attributes:
+        verdict: ``"delivered"`` (state written: forward the job), ``"expired"`` (its
+            deadline has passed on the substrate's clock; state untouched) or
+            ``"cancelled"`` (a cancel was requested; state untouched).
+        server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
+            ``deadline - server_time`` is the time the job has left, measured on the one
+            clock that set the deadline (docs/operations.md, "Clocks").
+    """
+
+    verdict: str
+    server_time: float
+
+
 class PresenceSubstrate(Protocol):
     """Presence: one key per user naming the holder session, with a TTL (invariant 1)."""
 
@@ -165,9 +182,19 @@ class StreamSubstrate(Protocol):
     """The job streams: one per user, consumer group ``bridge-workers``, read by the
     holder, reclaimed from dead consumers."""
 
-    async def enqueue(self, user_id: str, fields: Mapping[str, str], *, maxlen: int) -> str:
+    async def enqueue(
+        self,
+        user_id: str,
+        fields: Mapping[str, str],
+        *,
+        maxlen: int,
+        start_within_s: float | None = None,
+    ) -> str:
         """XADD with MAXLEN ~ maxlen; creates group GROUP (from 0, MKSTREAM) if missing.
-        Returns the entry ID."""
+        With ``start_within_s`` (>= 0) the entry also gets ``deadline`` = server time +
+        start_within_s and ``enqueued_at`` = server time (Unix seconds on the substrate's
+        clock, Redis ``TIME``, whole milliseconds), written by the same atomic step: a
+        job's deadline is set and compared on one clock. Returns the entry ID."""
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
         """XREADGROUP ... STREAMS key 0: this consumer's own pending entries (bodies may be None).
@@ -274,9 +301,13 @@ class LedgerSubstrate(Protocol):
         """GET ``bridge:state:{job_id}``, decoded; raises ``MalformedState`` if it is not
         a job state."""
 
-    async def mark_delivered(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
-        """In one round trip: GET the cancel flag and SET the job state. Returns True if
-        a cancel was requested (the caller must not forward the job)."""
+    async def mark_delivered(
+        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
+    ) -> Marked:
+        """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
+        that clock) has passed answer ``expired``; else if a cancel was requested answer
+        ``cancelled``; else SET the job state PX ttl and answer ``delivered``. Only
+        ``delivered`` may be forwarded."""
 
     async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{job_id}`` PX ttl."""

@@ -4,6 +4,15 @@ Claims: ``sub`` (user id), ``iat``, ``exp`` (Unix seconds), header ``kid`` = the
 hex digits of SHA-256 of the signing secret, so a hub holding several secrets (rotation)
 knows which one to verify with without trying them all.
 
+Clock skew (docs/operations.md, "Clocks"): a token is usually minted on another machine
+(``deskbridge-hub token`` on an operator's laptop, a provisioning service) than the hub that
+verifies it, so ``iat`` and ``exp`` are compared with a leeway of ``TOKEN_LEEWAY_S`` (5 min,
+the default clock skew tolerated by Kerberos and by .NET's JWT validation): a token minted
+on a clock up to 5 min ahead is valid at once, and every token stays valid 5 min past its
+``exp`` by the hub's clock. A token whose ``iat`` is further ahead is refused with
+:class:`TokenNotYetValid`, a refusal that will go away by itself (the hub answers 503 and
+the sidecar retries), never a final one.
+
 Secrets must be at least 32 bytes (256 bits, RFC 7518 section 3.2: an HS256 key no
 shorter than the hash output); a shorter one is refused when issuing and never used to
 verify.
@@ -25,6 +34,9 @@ ALGORITHM = "HS256"
 MIN_SECRET_BYTES = 32
 #: Default token lifetime: 30 days, in seconds.
 DEFAULT_TOKEN_LIFETIME_S = 30 * 24 * 3600.0
+#: Clock skew tolerated between the machine that minted a token and the hub: 300 s (the
+#: default of Kerberos and of .NET's JWT validation). ``DESKBRIDGE_TOKEN_LEEWAY_S``.
+TOKEN_LEEWAY_S = 300.0
 
 
 class TokenRejected(Exception):
@@ -37,6 +49,20 @@ class TokenRejected(Exception):
 
 class TokenExpired(TokenRejected):
     """The token was genuine but its ``exp`` has passed (HTTP 401: issue a new one)."""
+
+
+class TokenNotYetValid(TokenRejected):
+    """The token is genuine but was issued (``iat``) more than the leeway ahead of the
+    hub's clock: the minting machine's clock runs ahead. Transient: it becomes valid by
+    itself; the hub answers 503 with ``Retry-After`` so the sidecar keeps retrying.
+
+    Attributes:
+        valid_in_s: seconds until the hub will accept it.
+    """
+
+    def __init__(self, message: str, *, valid_in_s: float):
+        super().__init__(message)
+        self.valid_in_s = valid_in_s
 
 
 # Verification never silently uses a short key: PyJWT raises instead of warning.
@@ -94,21 +120,37 @@ def issue_token(
     return jwt.encode(claims, secret, algorithm=ALGORITHM, headers={"kid": key_id(secret)})
 
 
-def verify_token(token: str, secrets: Sequence[str]) -> str:
+def verify_token(token: str, secrets: Sequence[str], *, leeway_s: float = TOKEN_LEEWAY_S) -> str:
     """Verify a sidecar token and return its user id (see :func:`verify_token_claims`)."""
-    return verify_token_claims(token, secrets)[0]
+    return verify_token_claims(token, secrets, leeway_s=leeway_s)[0]
 
 
-def verify_token_claims(token: str, secrets: Sequence[str]) -> tuple[str, float]:
-    """Verify a sidecar token and return ``(user_id, exp)``, ``exp`` in Unix seconds.
+def verify_token_claims(
+    token: str,
+    secrets: Sequence[str],
+    *,
+    leeway_s: float = TOKEN_LEEWAY_S,
+    now: float | None = None,
+) -> tuple[str, float]:
+    """Verify a sidecar token and return ``(user_id, valid_until)``.
 
     Args:
         token: the compact JWT.
         secrets: every secret currently accepted (current first, then those being
             rotated out).
+        leeway_s: clock skew tolerated on ``iat`` and ``exp``, seconds (>= 0; default
+            ``TOKEN_LEEWAY_S`` = 300 s).
+        now: the hub's time, Unix seconds (default: the wall clock).
+
+    Returns:
+        The user id, and ``exp + leeway_s`` in Unix seconds: the instant after which this
+        hub no longer accepts the token (a session using it is closed then, so a closed
+        sidecar is not let back in with the same token).
 
     Raises:
-        TokenExpired: signature good, ``exp`` in the past.
+        TokenExpired: signature good, ``exp`` more than ``leeway_s`` in the past.
+        TokenNotYetValid: signature good, ``iat`` more than ``leeway_s`` in the future
+            (the minting machine's clock is ahead; transient).
         TokenRejected: malformed, ``alg`` other than HS256 (``none`` included), unknown
             ``kid``, bad signature, ``sub`` or ``exp`` missing, or a ``sub`` that is not a
             valid user id.
@@ -121,17 +163,40 @@ def verify_token_claims(token: str, secrets: Sequence[str]) -> tuple[str, float]
     secret = by_kid.get(str(header.get("kid")))
     if secret is None:
         raise TokenRejected("token signed with an unknown key")
+    if not (math.isfinite(leeway_s) and leeway_s >= 0):
+        raise ValueError("leeway_s must be a finite number of seconds >= 0")
+    # PyJWT compares with its own clock; checking iat/exp here on ``now`` keeps one rule
+    # for both (and lets tests move the hub's clock).
     try:
         claims = _JWT.decode(
-            token, secret, algorithms=[ALGORITHM], options={"require": ["sub", "exp"]}
+            token,
+            secret,
+            algorithms=[ALGORITHM],
+            leeway=leeway_s,  # for an ``nbf`` claim, if a minting service adds one
+            options={"require": ["sub", "exp"], "verify_exp": False, "verify_iat": False},
         )
-    except jwt.ExpiredSignatureError:
-        raise TokenExpired("token expired") from None
     except jwt.PyJWTError as exc:
         raise TokenRejected(f"invalid token: {exc}") from None
+    hub_now = time.time() if now is None else now
+    exp, iat = claims["exp"], claims.get("iat")
+    for name, value in (("exp", exp), ("iat", iat)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise TokenRejected(f"invalid token: {name} is not a number")
+    valid_until = float(exp) + leeway_s
+    if hub_now >= valid_until:
+        raise TokenExpired(
+            f"token expired {hub_now - float(exp):.0f} s ago (leeway {leeway_s:g} s)"
+        )
+    if iat is not None and float(iat) > hub_now + leeway_s:
+        ahead_s = float(iat) - hub_now
+        raise TokenNotYetValid(
+            f"token issued {ahead_s:.0f} s in the future by this hub's clock, more than the "
+            f"{leeway_s:g} s leeway: the clock of the machine that minted it runs ahead",
+            valid_in_s=ahead_s - leeway_s,
+        )
     user_id = claims["sub"]
     try:
         validate_user_id(user_id)
     except ValueError as exc:
         raise TokenRejected(str(exc)) from None
-    return user_id, float(claims["exp"])
+    return user_id, valid_until

@@ -66,6 +66,7 @@ from ._logformat import fields
 from ._outcome import CANCELLED, Outcome
 from ._runner import ToolRunner
 from ._tools import STATUS_TOOL
+from ._tracing import tool_span, trace_id
 from ._transport import Transport
 from ._version import __version__
 from ._watchdog import watch_clocks
@@ -302,12 +303,16 @@ class Session:
 
     async def _on_job(self, job: Job) -> None:
         assert self._tool_queue is not None and self._status_queue is not None
+        if job.timeout_s is not None:
+            # The hub's clock and ours differ: the time left is a duration, and from here
+            # on the deadline is on our own clock (docs/operations.md, "Clocks").
+            job = attrs.evolve(job, deadline=self.wall_clock() + job.timeout_s)
         if job.name == STATUS_TOOL:
             self._deliveries[job.id] = job
             self._status_queue.send_nowait(job)
             return
         key = job.idempotency_key
-        cached = self.runner.lookup(key)
+        cached = self.runner.lookup(key, job)
         if cached is not None:
             log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
             await self._post(cached.reply(job.id))
@@ -337,7 +342,7 @@ class Session:
         outcome = self.runner.cached(key)
         if outcome is None:
             outcome = Outcome.failure(CANCELLED, "cancelled by the hub before it started")
-            self.runner.record(key, outcome)
+            self.runner.record(key, outcome, job)
         await self._answer(job.id, outcome)
 
     # -- workers -----------------------------------------------------------------------
@@ -352,7 +357,8 @@ class Session:
             if job.id not in self._deliveries:
                 continue
             started = trio.current_time()
-            outcome = await self.runner.execute(job)
+            with tool_span(job):  # the caller's trace context, current for the tool
+                outcome = await self.runner.execute(job)
             log.info(
                 "job %s (%s): %s",
                 job.job_id,
@@ -363,6 +369,7 @@ class Session:
                     tool=job.name,
                     outcome="completed" if outcome.ok else outcome.code,
                     elapsed_s=trio.current_time() - started,
+                    trace_id=trace_id(job.traceparent),
                 ),
             )
             await self._answer(job.id, outcome)

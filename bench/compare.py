@@ -1,0 +1,308 @@
+"""deskbridge next to two simple designs, in the same run, on loopback (issue 10 item 6).
+
+Systems, each with its own fresh ``redis-server`` and the same fake desktop process
+(``bench/lib/desktop.py``: real v1 frames, echo answered at once):
+
+  deskbridge  ``deskbridge-hub serve --workers 1`` (a real hub process); calls through
+              ``Bridge.call`` (and over HTTP for the sequential figure)
+  pubsub      a Redis pub/sub request-reply relay (``bench/lib/pubsub_hub.py``; the way
+              Socket.IO's and Django Channels' Redis adapters route): at-most-once
+  streams     the same Streams + BLPOP design as deskbridge in plain asyncio with
+              ``websockets`` + ``redis`` (redis-py) (``bench/lib/streams_hub.py``)
+
+Each peer's docstring says what it does and does not guarantee. Peers are bench-only
+dependencies pinned in ``bench/requirements.txt`` (``./dev bench compare`` installs them).
+
+Per system, after a warm-up, the caller process (``bench/lib/callers.py``) measures:
+  idle          Redis commands/s and hub CPU with the desktops connected and no calls
+  sequential    N echo calls one after another: p50 / p99 latency
+  http          (deskbridge only) the same over one keep-alive HTTP connection
+  UxC           C concurrent callers over U users for --load-s seconds: jobs/s, p50/p99
+and for every phase: hub CPU ms per call (``/proc/<pid>/stat`` of the hub's process
+group), Redis commands per call (``INFO commandstats`` deltas, the instruments' own INFO
+left out), Redis connections opened (``total_connections_received`` delta) and held
+(by the hub: its established sockets to Redis from ``/proc``; in all: ``connected_clients``).
+Last, ``--monitor-calls`` sequential calls under MONITOR split the commands per call
+into those the caller process sent, those the hub process sent and those run inside
+scripts (``[lua]``); a pipeline's commands count one each.
+
+Usage:
+  ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
+      [--redis-port 6408] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.lib.desktop import raise_nofile  # noqa: E402
+from tests.procs import (  # noqa: E402
+    API_KEY,
+    BIN,
+    SECRET,
+    Hub,
+    Proc,
+    RedisServer,
+    free_port,
+    wait_until,
+)
+
+SHAPES = [(1, 1), (1, 64), (64, 8), (64, 64)]
+SYSTEMS = ("deskbridge", "pubsub", "streams")
+
+
+def _python() -> str:
+    return str(BIN / "python")
+
+
+def start_hub(system: str, tmp: Path, redis_url: str) -> tuple[Proc, str, str]:
+    """Returns (process, ws URL, http URL)."""
+    if system == "deskbridge":
+        hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis_url})
+        hub.wait_healthy()
+        return hub, hub.ws, hub.http
+    port = free_port()
+    proc = Proc(
+        [
+            _python(),
+            str(ROOT / "bench" / "lib" / f"{system}_hub.py"),
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_url,
+            "--secret",
+            SECRET,
+        ],
+        {"PYTHONPATH": str(ROOT)},
+        tmp / f"{system}-hub.log",
+    )
+
+    def up() -> bool:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{system} hub exited:\n{proc.output()[-2000:]}")
+        import socket
+
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    wait_until(up, timeout_s=20, what=f"{system} hub listening")
+    return proc, f"ws://127.0.0.1:{port}", ""
+
+
+def start_desktops(tmp: Path, ws: str, prefix: str, count: int) -> tuple[Proc, Path]:
+    status = tmp / f"desktops-{prefix}.json"
+    proc = Proc(
+        [
+            _python(),
+            str(ROOT / "bench" / "lib" / "desktop.py"),
+            "--url",
+            ws,
+            "--prefix",
+            prefix,
+            "--count",
+            str(count),
+            "--secret",
+            SECRET,
+            "--status-file",
+            str(status),
+        ],
+        {"PYTHONPATH": str(ROOT)},
+        tmp / f"desktops-{prefix}.log",
+    )
+
+    def welcomed() -> bool:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"desktops exited:\n{proc.output()[-2000:]}")
+        return status.exists() and json.loads(status.read_text())["welcomed"] >= count
+
+    wait_until(welcomed, timeout_s=60, interval_s=0.2, what=f"{count} desktops welcomed")
+    return proc, status
+
+
+def run_system(system: str, args: argparse.Namespace, tmp: Path, port: int) -> dict:
+    redis = RedisServer(tmp, port=port, name=f"redis-{system}")
+    procs: list[Proc] = [redis]
+    try:
+        redis.wait_ready()
+        hub, ws, http = start_hub(system, tmp, redis.url)
+        procs.append(hub)
+        prefix = f"b{secrets.token_hex(2)}-"
+        desktops, _ = start_desktops(tmp, ws, prefix, args.users)
+        procs.append(desktops)
+        users = [f"{prefix}{i:05d}" for i in range(args.users)]
+        plan = {
+            "users": users,
+            "idle_s": args.idle_s,
+            "sequential": args.calls,
+            "shapes": [s for s in SHAPES if s[0] <= args.users],
+            "load_s": args.load_s,
+            "monitor_calls": args.monitor_calls,
+        }
+        out = tmp / f"result-{system}.json"
+        argv = [
+            _python(),
+            str(ROOT / "bench" / "lib" / "callers.py"),
+            "--system",
+            system,
+            "--redis-url",
+            redis.url,
+            "--redis-pid",
+            str(redis.pid),
+            "--hub-pgid",
+            str(hub.pid),
+            "--plan",
+            json.dumps(plan),
+            "--out",
+            str(out),
+        ]
+        if http:
+            argv += ["--hub-http", http]
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DESKBRIDGE_API_KEY": API_KEY,
+            "DESKBRIDGE_TEST_REDIS_URL": redis.url,
+        }
+        budget = 120 + args.calls * 0.05 * 2 + args.load_s * len(SHAPES) * 3
+        done = subprocess.run(argv, env=env, timeout=budget, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{system} callers failed:\n{done.stdout}\n{done.stderr[-4000:]}")
+        result = json.loads(out.read_text())
+        result["desktop_cpu_s"] = json.loads((tmp / f"desktops-{prefix}.json").read_text())["cpu_s"]
+        return result
+    finally:
+        for proc in reversed(procs):
+            proc.stop(timeout_s=5)
+
+
+def fmt(v: float, digits: int = 2) -> str:
+    if v != v:  # NaN
+        return "-"
+    return f"{v:.{digits}f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def report(results: dict[str, dict], args: argparse.Namespace) -> None:
+    systems = list(results)
+    base = "deskbridge" if "deskbridge" in results else systems[0]
+    peers = [s for s in systems if s != base]
+    head = f"{'figure':<34}" + "".join(f"{s:>12}" for s in systems)
+    head += "".join(f"{base[:5] + '/' + p[:6]:>14}" for p in peers)
+    print(head)
+    print("-" * len(head))
+
+    def row(label: str, get, digits: int = 2) -> None:
+        vals = []
+        for s in systems:
+            try:
+                vals.append(get(results[s]))
+            except (KeyError, TypeError):
+                vals.append(float("nan"))
+        line = f"{label:<34}" + "".join(f"{fmt(v, digits):>12}" for v in vals)
+        b = vals[systems.index(base)]
+        for p in peers:
+            line += f"{ratio(b, vals[systems.index(p)]):>14}"
+        print(line)
+
+    row("idle redis cmds/s", lambda r: r["idle"]["redis_commands_per_s"], 1)
+    row("idle hub CPU %", lambda r: r["idle"]["hub_cpu_pct"], 1)
+    for phase, label in (("sequential", "seq"), ("sequential_http", "seq HTTP")):
+        row(f"{label} p50 ms", lambda r, ph=phase: r[ph]["p50_ms"])
+        row(f"{label} p99 ms", lambda r, ph=phase: r[ph]["p99_ms"])
+        row(f"{label} hub CPU ms/call", lambda r, ph=phase: r[ph]["hub_cpu_ms_per_call"], 3)
+        row(f"{label} redis cmds/call", lambda r, ph=phase: r[ph]["redis_commands_per_call"])
+        row(f"{label} redis conns opened", lambda r, ph=phase: r[ph]["redis_connections_opened"], 0)
+        row(f"{label} errors", lambda r, ph=phase: r[ph]["errors"], 0)
+    for u, c in SHAPES:
+        k = f"load_{u}x{c}"
+        row(f"{u}x{c} jobs/s", lambda r, k=k: r[k]["jobs_per_s"], 0)
+        row(f"{u}x{c} p50 ms", lambda r, k=k: r[k]["p50_ms"])
+        row(f"{u}x{c} p99 ms", lambda r, k=k: r[k]["p99_ms"])
+        row(f"{u}x{c} hub CPU ms/call", lambda r, k=k: r[k]["hub_cpu_ms_per_call"], 3)
+        row(f"{u}x{c} redis cmds/call", lambda r, k=k: r[k]["redis_commands_per_call"])
+        row(f"{u}x{c} redis conns opened", lambda r, k=k: r[k]["redis_connections_opened"], 0)
+        row(f"{u}x{c} redis conns held (hub)", lambda r, k=k: r[k]["hub_redis_connections_held"], 0)
+        row(
+            f"{u}x{c} redis conns held (caller)",
+            lambda r, k=k: r[k]["caller_redis_connections_held"],
+            0,
+        )
+        row(f"{u}x{c} redis conns held (all)", lambda r, k=k: r[k]["redis_connections_held"], 0)
+        row(f"{u}x{c} errors", lambda r, k=k: r[k]["errors"], 0)
+    print()
+    print(
+        "ratios: deskbridge's figure / the peer's (latency, CPU, commands: lower is better;"
+        " jobs/s: higher is better)"
+    )
+    for s in systems:
+        mon = results[s].get("monitor")
+        if mon:
+            print(
+                f"\n{s}: Redis commands per call by sender "
+                f"(MONITOR, {mon['calls']} sequential calls)"
+            )
+            for role, cmds in mon["per_call"].items():
+                if cmds:
+                    detail = ", ".join(f"{k} {v:g}" for k, v in cmds.items())
+                    print(f"  {role:<7} {mon['per_call_total'][role]:5.2f}  ({detail})")
+    print()
+    for s in systems:
+        for what, n in results[s].get("failures", {}).items():
+            print(f"{s}: {n} x {what}")
+    for s in systems:
+        idle = results[s]["idle"]
+        top = ", ".join(
+            f"{k} {v / args.idle_s:.1f}"
+            for k, v in list(idle["redis_commands_by_name"].items())[:6]
+        )
+        print(f"{s}: idle commands/s with {idle['users']} desktops: {top or 'none'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--load-s", type=float, default=5.0)
+    p.add_argument("--idle-s", type=float, default=3.0)
+    p.add_argument("--users", type=int, default=64)
+    p.add_argument("--monitor-calls", type=int, default=200)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--redis-port", type=int, default=6408, help="first of 3 ports")
+    p.add_argument("--json", default="", help="also write every figure to this file")
+    args = p.parse_known_args()[0]
+    raise_nofile()
+    results = {}
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
+        for i, system in enumerate(args.systems.split(",")):
+            t0 = time.time()
+            results[system] = run_system(system, args, Path(tmp), args.redis_port + i)
+            print(f"# {system}: measured in {time.time() - t0:.0f} s", file=sys.stderr)
+    load = os.getloadavg()
+    print(
+        f"compare: {args.calls} sequential calls, {args.load_s:g} s per shape, "
+        f"{args.users} desktops connected; load average {load[0]:.2f} {load[1]:.2f}, "
+        f"{os.cpu_count()} CPUs; {time.time() - started:.0f} s in all"
+    )
+    report(results, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The bench's fake desktop: many lightweight sidecars in one asyncio process.
+
+Each one speaks the real v1 wire protocol (docs/protocol.md) over its own WebSocket:
+``hello`` with one ``echo`` tool, then it answers ``job`` with a ``job_result`` that
+returns the args, and ``ping`` with ``pong``. It sends nothing else (no pings of its own,
+no status), keeps no dedupe ledger and runs no tools: it is the cheapest thing that a
+hub must treat as a connected desktop. The same process serves every system compared
+(deskbridge's hub and the peers in this folder speak the same frames).
+
+Runs until killed; every second it rewrites ``--status-file`` with counters (JSON):
+``connected`` (sockets open now), ``welcomed`` (sockets past welcome now),
+``welcomes`` (total), ``closes`` (total sockets that ended), ``jobs``, ``pings``,
+``failures`` (connect attempts that failed), ``cpu_s`` (this process).
+
+Usage (started by compare.py / idle.py):
+  python bench/lib/desktop.py --url ws://127.0.0.1:PORT --prefix u --count N \
+      --secret S --status-file F [--connect-concurrency 64] [--reconnect-s 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import WebSocketException
+
+HELLO = json.dumps(
+    {
+        "type": "hello",
+        "protocol_version": 1,
+        "sidecar_version": "bench-fake-desktop",
+        "tools": [
+            {
+                "name": "echo",
+                "description": "Return the args.",
+                "args_schema": {"type": "object"},
+                "side_effects": False,
+            }
+        ],
+    }
+)
+
+COUNTERS = dict.fromkeys(
+    ("connected", "welcomed", "welcomes", "closes", "jobs", "pings", "failures"), 0
+)
+
+
+def raise_nofile() -> int:
+    """Raise this process's open-file limit to its hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+async def desktop(url: str, token: str, reconnect_s: float, gate: asyncio.Semaphore) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    while True:
+        welcomed = False
+        try:
+            async with gate:
+                ws = await connect(
+                    url + "/v1/sidecar",
+                    additional_headers=headers,
+                    ping_interval=None,
+                    compression=None,
+                    open_timeout=60,
+                    close_timeout=2,
+                    max_queue=None,
+                )
+            COUNTERS["connected"] += 1
+            try:
+                await ws.send(HELLO)
+                first = json.loads(await ws.recv())
+                if first.get("type") != "welcome":
+                    raise ConnectionError(f"expected welcome, got {first!r}")
+                welcomed = True
+                COUNTERS["welcomed"] += 1
+                COUNTERS["welcomes"] += 1
+                async for raw in ws:
+                    frame = json.loads(raw)
+                    kind = frame.get("type")
+                    if kind == "job":
+                        COUNTERS["jobs"] += 1
+                        await ws.send(
+                            json.dumps(
+                                {
+                                    "type": "job_result",
+                                    "id": frame["id"],
+                                    "ok": True,
+                                    "result": frame["args"],
+                                }
+                            )
+                        )
+                    elif kind == "ping":
+                        COUNTERS["pings"] += 1
+                        await ws.send(json.dumps({"type": "pong", "nonce": frame["nonce"]}))
+            finally:
+                COUNTERS["connected"] -= 1
+                if welcomed:
+                    COUNTERS["welcomed"] -= 1
+                COUNTERS["closes"] += 1
+                await ws.close()
+        except (TimeoutError, OSError, WebSocketException, ConnectionError, ValueError):
+            if not welcomed:
+                COUNTERS["failures"] += 1
+        # full jitter, so a hub restart does not meet a stampede
+        await asyncio.sleep(random.uniform(0, reconnect_s))
+
+
+async def report(path: str) -> None:
+    while True:
+        t = os.times()
+        data = {**COUNTERS, "cpu_s": t.user + t.system, "t": time.time()}
+        tmp = path + ".tmp"
+        Path(tmp).write_text(json.dumps(data))  # noqa: ASYNC240 - a tiny local file
+        os.replace(tmp, path)
+        await asyncio.sleep(1.0)
+
+
+async def main(args: argparse.Namespace) -> None:
+    from deskbridge_hub import issue_token
+
+    gate = asyncio.Semaphore(args.connect_concurrency)
+    tasks = [asyncio.create_task(report(args.status_file))]
+    for i in range(args.count):
+        token = issue_token(args.secret, f"{args.prefix}{i:05d}", lifetime_s=24 * 3600)
+        tasks.append(asyncio.create_task(desktop(args.url, token, args.reconnect_s, gate)))
+    await asyncio.gather(*tasks)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--secret", default=os.environ.get("DESKBRIDGE_SECRET", ""))
+    p.add_argument("--status-file", required=True)
+    p.add_argument("--connect-concurrency", type=int, default=64)
+    p.add_argument("--reconnect-s", type=float, default=0.5)
+    a = p.parse_args()
+    raise_nofile()
+    try:
+        asyncio.run(main(a))
+    except KeyboardInterrupt:
+        sys.exit(0)

@@ -1,0 +1,274 @@
+"""The MCP endpoint: one Model Context Protocol server per user, at
+``/v1/users/{user_id}/mcp`` (Streamable HTTP), built on the official ``mcp`` SDK.
+
+What an agent sees: ``tools/list`` is the user's desktop catalogue (as the sidecar
+announced it in its last ``hello``), each tool's ``inputSchema`` its ``args_schema`` and
+its annotations derived from the tool's ``side_effects`` declaration; ``tools/call``
+dispatches through :meth:`Bridge.dispatch`, exactly as ``POST /v1/users/{id}/jobs`` does.
+Outcomes map as follows:
+
+- ``completed`` -> a result: the JSON value as text, and as ``structuredContent``
+  (an object as is, anything else as ``{"result": value}``);
+- ``failed`` / ``offline`` / ``timeout`` / ``expired`` / ``lost`` / ``cancelled`` /
+  ``unavailable`` -> a result with ``isError: true`` whose text starts with the status and
+  whose ``structuredContent`` is ``{"status", "error", "job_id"}`` (the model sees it and
+  can react: retry later, tell the user to open the laptop);
+- args that fail the tool's schema -> a result with ``isError: true`` and error code
+  ``bad_args`` naming the field (the 2025-11-25 spec: input validation errors are tool
+  execution errors, so the model can correct itself); nothing was enqueued;
+- anything else the hub refuses before enqueueing (unknown tool, bad ``_meta``) -> the
+  JSON-RPC error ``-32602`` naming the field.
+
+Cancellation: when the SDK cancels a ``tools/call`` handler (``notifications/cancelled``
+on the 2025 wire, the client abandoning the request stream on the 2026 wire) the job is
+cancelled through :meth:`Bridge.cancel`, as ``DELETE /v1/jobs/{job_id}`` would.
+
+Catalogue changes: a watcher per user endpoint re-reads the catalogue every
+``CATALOGUE_POLL_S`` and, when it differs, sends ``notifications/tools/list_changed`` to
+every handshake-era session that has made a request, and publishes ``ToolsListChanged``
+to ``subscriptions/listen`` streams (2026 wire).
+
+Why one SDK server per user: a session belongs to the endpoint (the URL) it was opened
+on, so a session id minted for one user can never be replayed against another's URL, and
+change notifications go to exactly that user's sessions. Endpoints are created on first
+use and live until the app stops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import attrs
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
+from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable
+
+log = logging.getLogger("deskbridge.hub.mcp")
+
+#: How often a user endpoint re-reads the catalogue to notice a change, seconds. The
+#: holder's heartbeat rewrites it every 10 s (heartbeat interval), a new hello at once.
+CATALOGUE_POLL_S = 2.0
+#: Streamable HTTP sessions idle this long are closed by the SDK, seconds (its default).
+SESSION_IDLE_TIMEOUT_S = 30 * 60.0
+#: ``_meta`` keys a ``tools/call`` may carry.
+META_IDEMPOTENCY_KEY = "deskbridge/idempotency_key"
+META_TIMEOUT_S = "deskbridge/timeout_s"
+
+
+def tool_entry(spec: dict[str, Any]) -> types.Tool:
+    """An MCP ``Tool`` for one catalogue entry (``name``, ``description``,
+    ``args_schema``, ``side_effects``).
+
+    ``side_effects: false`` -> ``readOnlyHint: true`` (and idempotent); ``true`` ->
+    ``readOnlyHint: false, destructiveHint: true, idempotentHint: false``.
+    """
+    side_effects = bool(spec.get("side_effects"))
+    schema = spec.get("args_schema") or {"type": "object"}
+    if schema.get("type") != "object":
+        schema = {"type": "object", **schema}
+    return types.Tool(
+        name=spec["name"],
+        description=spec.get("description") or None,
+        input_schema=schema,
+        annotations=types.ToolAnnotations(
+            read_only_hint=not side_effects,
+            destructive_hint=side_effects,
+            idempotent_hint=not side_effects,
+            open_world_hint=True,
+        ),
+    )
+
+
+def outcome_result(outcome: Outcome) -> types.CallToolResult:
+    """The MCP result for a terminal :class:`Outcome` (see the module docstring)."""
+    if outcome.status == "completed":
+        value = outcome.result
+        return types.CallToolResult(
+            content=[types.TextContent(text=json.dumps(value))],
+            structured_content=value if isinstance(value, dict) else {"result": value},
+        )
+    error = outcome.error or {"code": outcome.status, "message": outcome.status}
+    text = f"{outcome.status}: {error.get('code')}: {error.get('message')}"
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)],
+        structured_content={
+            "status": outcome.status,
+            "error": error,
+            "job_id": outcome.job_id,
+            **({"detail": outcome.detail} if outcome.detail else {}),
+        },
+        is_error=True,
+    )
+
+
+def _error_result(status: str, code: str, message: str) -> types.CallToolResult:
+    return outcome_result(
+        Outcome(job_id=None, status=status, error={"code": code, "message": message})
+    )
+
+
+def _digest(catalogue: list[dict[str, Any]] | None) -> str:
+    return json.dumps(catalogue or [], sort_keys=True)
+
+
+@attrs.define(eq=False)
+class UserEndpoint:
+    """The MCP server, its Streamable HTTP session manager and its catalogue watcher
+    for one user.
+
+    Args:
+        user_id: whose desktop.
+        bridge: dispatch API.
+        is_draining: True while the replica is shutting down (calls are refused then).
+        poll_s: catalogue poll interval, seconds.
+    """
+
+    user_id: str
+    bridge: Bridge
+    is_draining: Callable[[], bool] = lambda: False
+    poll_s: float = CATALOGUE_POLL_S
+    server: Server[Any] = attrs.field(init=False)
+    manager: StreamableHTTPSessionManager = attrs.field(init=False)
+    bus: InMemorySubscriptionBus = attrs.field(init=False, factory=InMemorySubscriptionBus)
+    _connections: weakref.WeakSet[Connection] = attrs.field(init=False, factory=weakref.WeakSet)
+    _digest: str | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        self.server = Server(
+            f"deskbridge:{self.user_id}",
+            version="1",
+            instructions=(
+                f"Tools on the desktop of user {self.user_id}, run by its deskbridge sidecar. "
+                "A call to an offline desktop fails at once with status 'offline'."
+            ),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        self.server.middleware.append(self._remember_session)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server, session_idle_timeout=SESSION_IDLE_TIMEOUT_S
+        )
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled: the SDK's session manager and the catalogue watcher.
+
+        Cancellation: ends every MCP session of this user (the SDK closes its streams).
+        """
+        async with self.manager.run(), anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_catalogue)
+            task_status.started()
+            await anyio.sleep_forever()
+
+    async def _remember_session(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+            # The per-request ServerSession dies with the request; its Connection lives as
+            # long as the Streamable HTTP session (the SDK exposes it to handlers only as
+            # the session's private attribute, so fall back to nothing if it moves).
+            connection = getattr(ctx.session, "_connection", None)
+            if isinstance(connection, Connection):
+                self._connections.add(connection)
+        return await call_next(ctx)
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        try:
+            catalogue = await self.bridge.tools(self.user_id)
+        except SubstrateUnavailable as exc:
+            raise MCPError(types.INTERNAL_ERROR, f"unavailable: {exc}") from None
+        self._digest = _digest(catalogue)
+        return types.ListToolsResult(tools=[tool_entry(spec) for spec in catalogue or []])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if self.is_draining():
+            return _error_result("unavailable", "draining", "this hub replica is restarting; retry")
+        meta = (ctx.params or {}).get("_meta") or {}
+        key = meta.get(META_IDEMPOTENCY_KEY)
+        timeout_s = meta.get(META_TIMEOUT_S)
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not 0 < timeout_s <= MAX_TIMEOUT_S
+        ):
+            raise MCPError(
+                types.INVALID_PARAMS, f"_meta.{META_TIMEOUT_S} must be in (0, {MAX_TIMEOUT_S:g}]"
+            )
+        job_id = uuid.uuid4().hex
+        try:
+            outcome = await self.bridge.dispatch(
+                self.user_id,
+                params.name,
+                params.arguments or {},
+                idempotency_key=key if isinstance(key, str) else None,
+                timeout_s=timeout_s,
+                job_id=job_id,
+            )
+        except BadRequest as exc:
+            if exc.field == "args":  # the model can correct its arguments (SEP-1303)
+                return _error_result("failed", "bad_args", str(exc))
+            raise MCPError(types.INVALID_PARAMS, f"{exc.field}: {exc}") from None
+        except JobIdInUse as exc:  # a fresh UUID: practically impossible
+            raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
+        except SubstrateUnavailable as exc:
+            return _error_result("unavailable", "unavailable", str(exc))
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+                await self._cancel_job(job_id)
+            raise
+        return outcome_result(outcome)
+
+    async def _cancel_job(self, job_id: str) -> None:
+        try:
+            stage = await self.bridge.cancel(job_id)
+            log.info("MCP call abandoned by the client: job %s cancelled (%s)", job_id, stage)
+        except Exception as exc:  # noqa: BLE001 - the job may not be enqueued yet
+            log.info("MCP call abandoned by the client: job %s not cancelled (%r)", job_id, exc)
+
+    async def _watch_catalogue(self) -> None:
+        while True:
+            await anyio.sleep(self.poll_s)
+            try:
+                digest = _digest(await self.bridge.tools(self.user_id))
+            except Exception as exc:  # noqa: BLE001 - Redis down: try again next round
+                log.debug("catalogue poll for %s failed: %r", self.user_id, exc)
+                continue
+            if self._digest is None:
+                self._digest = digest
+                continue
+            if digest != self._digest:
+                self._digest = digest
+                await self.notify_tools_changed()
+
+    async def notify_tools_changed(self) -> None:
+        """Tell every session of this user that ``tools/list`` changed."""
+        await self.bus.publish(ToolsListChanged())
+        for connection in list(self._connections):
+            try:
+                await connection.send_tool_list_changed()
+            except Exception as exc:  # noqa: BLE001 - a closed session: forget it
+                log.debug("list_changed not delivered: %r", exc)
+                self._connections.discard(connection)
+
+
+__all__ = ["CATALOGUE_POLL_S", "UserEndpoint", "outcome_result", "tool_entry"]

@@ -1,0 +1,226 @@
+"""Issue 13 item 1: the MCP endpoint, with the SDK's own client against a real hub process
+(``deskbridge-hub serve``, real Redis) and real sidecar processes.
+
+Both wire eras the SDK speaks are covered: ``mode="legacy"`` (the 2025 initialize
+handshake, ``notifications/cancelled``, spontaneous ``notifications/tools/list_changed``)
+and the default ``mode="auto"`` (2026-07-28: per-request envelopes, cancellation by
+abandoning the request, change events on ``subscriptions/listen``).
+
+The clients run on asyncio (``anyio.run(..., backend="asyncio")``), as agent frameworks
+do; the hub they talk to is the real trio one. (Under trio, the SDK's HTTP client leaves
+async generators to the garbage collector, which trio reports as ResourceWarnings.)
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import ToolsListChanged
+
+from tests.procs import API_KEY, Hub, Ledger, Sidecar, issue, running, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODES = ["legacy", "auto"]
+
+
+@asynccontextmanager
+async def mcp_client(hub: Hub, user: str, *, mode: str, key: str = API_KEY, **kwargs):
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30.0)
+    async with http:
+        transport = streamable_http_client(f"{hub.http}/v1/users/{user}/mcp", http_client=http)
+        async with Client(transport, mode=mode, **kwargs) as client:
+            yield client
+
+
+def wait_online(hub: Hub, user: str, online: bool = True) -> None:
+    url = f"{hub.http}/v1/users/{user}/presence"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    wait_until(
+        lambda: httpx.get(url, headers=headers).json()["online"] is online,
+        timeout_s=20,
+        what=f"{user} online={online}",
+    )
+
+
+def run(scenario, *args) -> None:
+    anyio.run(scenario, *args, backend="asyncio")
+
+
+@pytest.fixture
+def hub(tmp_path):
+    hub = Hub(tmp_path, workers=1)
+    with running(hub):
+        hub.wait_healthy()
+        yield hub
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tools_list_and_calls_through_a_real_sidecar(hub, tmp_path, mode):
+    user = "mcp-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=ledger.env())
+    with running(sidecar):
+        wait_online(hub, user)
+        run(_tools_list_and_calls, hub, user, mode, ledger)
+
+
+async def _tools_list_and_calls(hub: Hub, user: str, mode: str, ledger: Ledger) -> None:
+    with anyio.fail_after(60):
+        async with mcp_client(hub, user, mode=mode) as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(listed) == {"status", "echo", "sleep", "record"}
+            record = listed["record"]
+            assert record.description == "Append KEY to the test ledger, then sleep SECONDS."
+            assert record.input_schema["properties"]["key"] == {"type": "string"}
+            assert record.input_schema["required"] == ["key"]
+            assert record.annotations.read_only_hint is False
+            assert record.annotations.destructive_hint is True
+            assert listed["echo"].annotations.read_only_hint is True
+            assert listed["sleep"].input_schema["properties"]["seconds"]["minimum"] == 0
+
+            echoed = await client.call_tool("echo", {"x": [1, "two"], "mode": mode})
+            assert not echoed.is_error
+            assert json.loads(echoed.content[0].text) == {"x": [1, "two"], "mode": mode}
+            assert echoed.structured_content == {"x": [1, "two"], "mode": mode}
+
+            done = await client.call_tool("record", {"key": f"k-{mode}"})
+            assert not done.is_error and done.structured_content["key"] == f"k-{mode}"
+            assert ledger.counts() == {f"k-{mode}": 1}
+
+            bad = await client.call_tool("sleep", {"seconds": -1})
+            assert bad.is_error and bad.structured_content["error"]["code"] == "bad_args"
+            assert "seconds" in bad.content[0].text
+
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("no_such_tool", {})
+            assert refused.value.code == types.INVALID_PARAMS
+            assert "no tool 'no_such_tool'" in refused.value.message
+
+
+def test_an_offline_desktop_is_a_clear_tool_error(hub):
+    run(_offline, hub)
+
+
+async def _offline(hub: Hub) -> None:
+    user = "mcp-off-" + secrets.token_hex(4)
+    with anyio.fail_after(30):
+        async with mcp_client(hub, user, mode="auto") as client:
+            assert (await client.list_tools()).tools == []
+            result = await client.call_tool("echo", {"a": 1})
+    assert result.is_error
+    assert result.structured_content["status"] == "offline"
+    assert result.content[0].text.startswith("offline: offline: desktop of")
+
+
+def test_the_endpoint_needs_the_api_key(hub):
+    url = f"{hub.http}/v1/users/someone/mcp"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.post(url, json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+    r = httpx.post(
+        f"{hub.http}/v1/users/bad%20user/mcp",
+        json=body,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "user_id"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cancelling_a_call_cancels_the_job_on_the_desktop(hub, tmp_path, mode):
+    user = "mcp-c-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=ledger.env())
+    key = f"cancel-{mode}-" + secrets.token_hex(3)
+    with running(sidecar):
+        wait_online(hub, user)
+        again = anyio.run(_cancel, hub, user, mode, ledger, key, backend="asyncio")
+        # The same idempotency key again: the desktop answers from its record of the
+        # first run, which was cancelled mid-way (started, never ended).
+        assert again.is_error and again.structured_content["error"]["code"] == "cancelled"
+        assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []
+    assert "cancelled (delivered)" in hub.output()
+
+
+async def _cancel(hub: Hub, user: str, mode: str, ledger: Ledger, key: str) -> types.CallToolResult:
+    meta = {"deskbridge/idempotency_key": key}
+    with anyio.fail_after(60):
+        async with mcp_client(hub, user, mode=mode) as client:
+            async with anyio.create_task_group() as tg:
+                scope = anyio.CancelScope()
+
+                async def call() -> None:
+                    with scope:
+                        await client.call_tool("record", {"key": key, "seconds": 30}, meta=meta)
+                    assert scope.cancelled_caught
+
+                tg.start_soon(call)
+                while not ledger.starts(key):  # noqa: ASYNC110 - a file another process writes
+                    await anyio.sleep(0.05)
+                scope.cancel()
+            return await client.call_tool("record", {"key": key}, meta=meta)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_catalogue_change_is_announced(hub, tmp_path, mode):
+    user = "mcp-l-" + secrets.token_hex(4)
+    first = Sidecar(tmp_path, hub.ws, issue(user), name="plain")
+    with running(first):
+        wait_online(hub, user)
+        run(_catalogue_change, hub, tmp_path, user, mode, first)
+
+
+async def _catalogue_change(hub: Hub, tmp_path: Path, user: str, mode: str, first: Sidecar) -> None:
+    seen = anyio.Event()
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            seen.set()
+
+    with anyio.fail_after(60):
+        async with mcp_client(hub, user, mode=mode, message_handler=on_message) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == {
+                "status",
+                "echo",
+                "sleep",
+            }
+            if mode == "auto":
+                async with client.listen(tools_list_changed=True) as sub:
+                    await _swap_sidecar(first, tmp_path, hub, user)
+                    event = await sub.__anext__()
+                    assert isinstance(event, ToolsListChanged)
+            else:
+                await _swap_sidecar(first, tmp_path, hub, user)
+                await seen.wait()
+            names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+            assert "record" in names
+
+
+async def _swap_sidecar(first: Sidecar, tmp_path: Path, hub: Hub, user: str) -> None:
+    """Replace the sidecar with one that offers one more tool (a new hello, a new
+    catalogue); a second sidecar for the same user supersedes the first."""
+    await anyio.to_thread.run_sync(first.stop)
+    _LATE.append(Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], name="more"))
+
+
+_LATE: list[Sidecar] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_late_sidecars():
+    yield
+    while _LATE:
+        _LATE.pop().stop()
