@@ -661,10 +661,11 @@ class MemorySubstrate:
         stream = self._streams.get(user_id)
         floor = min(stream.entries) if stream is not None and stream.entries else None
         index = self._index.get(user_id, {})
+        pel = stream.pel if stream is not None else {}
         return [
             (_format_id(sid), job_id)
             for sid, job_id in sorted(index.items())
-            if floor is None or sid < floor
+            if (floor is None or sid < floor) and sid not in pel
         ]
 
     async def forget(self, user_id: str, entry_id: str) -> bool:

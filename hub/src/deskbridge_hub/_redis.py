@@ -202,6 +202,8 @@ end
 return {ours, backlog, reclaim, trimmed}
 """
 _HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
+#: Most pending entries examined when sweeping for trimmed entries.
+_TRIMMED_SCAN = 10_000
 #: Heartbeats per pipelined write (bounds one write's size; 10,000 sessions -> 10 writes).
 _HEARTBEAT_CHUNK = 1000
 #: Server error codes that mean "cannot serve now", not "bad command".
@@ -937,7 +939,8 @@ class RedisSubstrate:
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
         """Indexed entries older than the stream's first entry (or all of them when the
-        stream is gone): trimmed by MAXLEN before any consumer read them.
+        stream is gone) and in no consumer's pending entries list: trimmed by MAXLEN
+        before any consumer read them.
 
         Returns:
             ``[(entry_id, job_id)]``, oldest first.
@@ -962,7 +965,20 @@ class RedisSubstrate:
             for entry_id, job_id in index.items()
             if floor is None or _stream_id(entry_id) < floor
         ]
-        return sorted(lost, key=lambda pair: _stream_id(pair[0]))
+        lost.sort(key=lambda pair: _stream_id(pair[0]))
+        if not lost:
+            return []
+        # Entries read by a consumer are its to answer (issue 11.3): drop the ones pending.
+        key = jobs_key(user_id)
+        async with self._session("XPENDING") as s:
+            try:
+                pending = await self._call(
+                    s, b"XPENDING", key, GROUP, lost[0][0], lost[-1][0], _TRIMMED_SCAN
+                )
+            except StreamConsumerGroupError:
+                pending = []
+        read = {p[0] for p in pending}
+        return [pair for pair in lost if pair[0] not in read]
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL ``entry_id`` from the index; True if this call removed it.
