@@ -8,6 +8,9 @@
   job id (the jobs in flight).
 * ``GET /v1/jobs/{job_id}`` - one job's state (``_jobstate``).
 
+The first two are also served under ``/admin/api/`` (``desktops``, ``users/{user_id}``) for
+the connectors page.
+
 Every answer is built from the shared substrate, so any replica gives the same one.
 """
 
@@ -91,7 +94,10 @@ def desktop_row(
 def register(app: Any, holder: dict[str, Any], json_response: Any) -> None:
     """Add the admin routes to ``app``; ``holder["state"]`` is the running HubState."""
 
+    # Also under /admin/api/: a browser that authenticated for /admin/ sends its Basic
+    # credentials again only below that path (the connectors page's fetches).
     @app.get("/v1/admin/desktops")
+    @app.get("/admin/api/desktops")
     async def admin_desktops():  # type: ignore[no-untyped-def]
         offset = _int_arg("offset", 0, 0, 10**9)
         limit = _int_arg("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -118,6 +124,7 @@ def register(app: Any, holder: dict[str, Any], json_response: Any) -> None:
         )
 
     @app.get("/v1/admin/users/<user_id>")
+    @app.get("/admin/api/users/<user_id>")
     async def admin_user(user_id: str):  # type: ignore[no-untyped-def]
         _check(validate_user_id, user_id, "user_id")
         substrate = holder["state"].substrate

@@ -177,7 +177,6 @@ def _pairs(raw: Any) -> list[tuple[str, float]]:
 _open: dict[str, dict[str, Any]] = {}
 
 
-
 async def connected(session: Any) -> None:
     """Record a session start (best effort, bounded by :data:`WRITE_TIMEOUT_S`)."""
     hello = session.hello
