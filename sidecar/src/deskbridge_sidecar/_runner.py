@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -44,6 +44,7 @@ from ._outcome import (
     UNKNOWN_TOOL,
     Outcome,
 )
+from ._progress import Progress, ProgressState, ProgressUpdate
 from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
@@ -69,6 +70,7 @@ class _Run:
     outcome: Outcome | None = None
     #: set by ToolRunner.interrupt: the answer to give instead of waiting for the tool
     interrupted: Outcome | None = None
+    progress: ProgressState = attrs.field(factory=ProgressState)
 
 
 @attrs.define(eq=False)
@@ -119,23 +121,28 @@ class ToolRunner:
         """The recent outcome for ``key`` held in memory, or None."""
         return self.cache.get(key)
 
-    def lookup(self, key: str, job: Job | None = None) -> Outcome | None:
-        """The answer for a delivery that needs no run, from memory, or None.
+    def admit(self, job: Job) -> Outcome | None:
+        """Decide, once per delivery and from memory only, whether ``job`` is answered
+        now or queued for :meth:`execute`.
 
-        With ``job``: a key recorded (or running) for another tool or other arguments
-        returns the ``idempotency_key_reused`` refusal; a matching recent outcome is
-        returned and counted in ``dedupe_hits``. Without ``job`` nothing can be
-        verified, so None (the delivery goes to :meth:`execute`, which checks).
+        Returns:
+            The answer now: the ``idempotency_key_reused`` refusal (a key recorded or
+            running for another tool or other arguments), a recent outcome (counted in
+            ``dedupe_hits``), or a refusal (``expired``, ``unknown_tool``, ``bad_args``);
+            or None: queue it (a new run, a run in flight to join, or a key the ledger
+            holds, whose record :meth:`execute` reads).
         """
-        if job is None:
-            return None
         refused = self._check_reuse(job)
         if refused is not None:
             return refused
+        key = job.idempotency_key
         outcome = self.cache.get(key)
         if outcome is not None:
             self.dedupe_hits += 1
-        return outcome
+            return outcome
+        if key in self._runs or key in self._known:
+            return None  # joined or answered by its record; never refused afresh
+        return self._refusal(job)
 
     def _check_reuse(self, job: Job) -> Outcome | None:
         key = job.idempotency_key
@@ -151,23 +158,19 @@ class ToolRunner:
         """True while a run for ``key`` is queued for the lock or executing."""
         return key in self._runs
 
-    def preflight(self, job: Job) -> Outcome | None:
-        """Why ``job`` must not start (``idempotency_key_reused``, ``expired``,
-        ``unknown_tool``, ``bad_args``), or None. A key the ledger holds is not refused
-        (its record answers it, even after its deadline)."""
-        refused = self._check_reuse(job)
-        if refused is not None:
-            return refused
-        if job.idempotency_key in self._known:
-            return None
-        return self._refusal(job)
-
-    def _refusal(self, job: Job) -> Outcome | None:
+    def _expired(self, job: Job) -> Outcome | None:
         now = self.wall_clock()
         if now >= job.deadline:
             return Outcome.failure(
                 EXPIRED, f"deadline passed {now - job.deadline:.3f} s ago; not started"
             )
+        return None
+
+    def _refusal(self, job: Job) -> Outcome | None:
+        """Why ``job`` must not start: expired, unknown tool, bad arguments; or None."""
+        expired = self._expired(job)
+        if expired is not None:
+            return expired
         tool = self.registry.get(job.name)
         if tool is None:
             return Outcome.failure(
@@ -179,15 +182,23 @@ class ToolRunner:
             return Outcome.failure(BAD_ARGS, problem)
         return None
 
-    async def execute(self, job: Job) -> Outcome:
-        """Run ``job`` at most once per idempotency key and return the outcome.
+    async def execute(
+        self, job: Job, *, on_progress: Callable[[ProgressUpdate], Awaitable[None]] | None = None
+    ) -> Outcome:
+        """Run a delivery that :meth:`admit` queued, at most once per idempotency key,
+        and return the outcome.
 
-        A key used for another tool or other arguments is refused
-        (``idempotency_key_reused``); a key whose run is in flight awaits that run (no
-        second start); a key the ledger holds returns its record (``in_doubt`` if its
-        process died mid-run); otherwise a new run starts in the daemon's nursery,
-        waits for the daemon-wide lock, checks the deadline again, is recorded as
-        started, executes, and its outcome is recorded before it is returned.
+        No check :meth:`admit` made is repeated (key reuse, tool, arguments). What can
+        have changed while the delivery waited in its queue is decided here, once: a key
+        whose run is in flight awaits that run (no second start); a key with a recent
+        outcome (a twin delivery ran meanwhile) or a ledger record returns it
+        (``in_doubt`` if its process died mid-run); otherwise a new run starts in the
+        daemon's nursery, waits for the daemon-wide lock, checks the deadline again (it
+        may pass while queued), is recorded as started, executes, and its outcome is
+        recorded before it is returned.
+
+        ``on_progress`` is called with the run's progress reports while this delivery
+        waits for it (rate-limited, latest value only; see ``_progress``).
 
         Returns:
             The outcome (never raises for tool failures; a ledger that cannot be read
@@ -198,14 +209,11 @@ class ToolRunner:
                 itself carries on in the daemon's nursery and records its outcome.
         """
         key = job.idempotency_key
-        refused = self._check_reuse(job)
-        if refused is not None:
-            return refused
-        cached = self.cache.get(key)
+        run = self._runs.get(key)
+        cached = None if run is not None else self.cache.get(key)
         if cached is not None:
             self.dedupe_hits += 1
             return cached
-        run = self._runs.get(key)
         if run is None and key in self._known:
             try:
                 entry = await self.ledger.get(key)
@@ -217,18 +225,21 @@ class ToolRunner:
                 return entry.outcome
             run = self._runs.get(key)  # another delivery may have started one meanwhile
         if run is None:
-            refused = self._refusal(job)
-            if refused is not None:
-                return refused
             if self._closing:
                 await trio.sleep_forever()  # left to the hub: redelivered after a restart
             tool = self.registry.get(job.name)
-            assert tool is not None
+            assert tool is not None, "execute() of a delivery admit() did not queue"
             run = self._runs[key] = _Run(key=key, tool=tool, digest=args_digest(job.args))
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
             self.dedupe_hits += 1
-        await run.done.wait()
+        if on_progress is None:
+            await run.done.wait()
+        else:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run.progress.follow, on_progress)
+                await run.done.wait()
+                nursery.cancel_scope.cancel()
         if run.outcome is None and self._closing:
             await trio.sleep_forever()  # never started: left to the hub
         if run.outcome is None:
@@ -335,7 +346,7 @@ class ToolRunner:
         try:
             with run.cancel_scope:
                 async with self._lock:
-                    refused = self._refusal(job)  # the deadline may pass while queued
+                    refused = self._expired(job)  # the deadline may pass while queued
                     if self._closing:
                         pass  # stopping: never start it (outcome None: not recorded)
                     elif refused is not None:
@@ -360,7 +371,10 @@ class ToolRunner:
                             self.running = run.tool.name
                             self.executions[run.tool.name] += 1
                             try:
-                                outcome = await invoke(run.tool, job.args)
+                                progress = Progress(
+                                    run.progress, trio.lowlevel.current_trio_token()
+                                )
+                                outcome = await invoke(run.tool, job.args, progress=progress)
                             finally:
                                 self.running = None
             if run.interrupted is not None:
