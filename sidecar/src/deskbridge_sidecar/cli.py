@@ -24,6 +24,7 @@ from pathlib import Path
 import trio
 from deskbridge_common import Timings
 
+from . import _config, _service_cli
 from ._daemon import Daemon
 from ._errors import Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, LedgerError
@@ -130,7 +131,20 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         type=str.upper,
         help="log level (default INFO; -v means DEBUG)",
     )
+    run.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"TOML config file (default $DESKBRIDGE_CONFIG, else {_config.default_config_path()}"
+        " if it exists): hub, tools, ca_file, log_file, data_dir",
+    )
+    run.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="also log to PATH, rotated at 5 MiB, 3 old files kept (default: log_file in the "
+        "config file)",
+    )
     toolset_options.add_arguments(run)
+    _service_cli.add_commands(commands)
     return parser, run
 
 
@@ -187,6 +201,7 @@ async def _serve(daemon: Daemon) -> int:
     stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signals, daemon, stopped_by)
+        nursery.start_soon(_service_cli.write_status, daemon)  # for `deskbridge-sidecar status`
         try:
             await daemon.run()
         except TokenRefused:
@@ -237,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, run_parser = _build_parsers()
     try:
         args = parser.parse_args(argv)
+        if args.command in _service_cli.COMMANDS:
+            return _service_cli.run(args)
         if args.command != "run":
             parser.print_help(sys.stderr)
             return 2
@@ -257,12 +274,25 @@ _CLOSERS: list[Callable[[], None]] = []
 
 
 def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namespace) -> Daemon:
-    hub = args.hub or os.environ.get("DESKBRIDGE_HUB_URL")
-    token = args.token or os.environ.get("DESKBRIDGE_TOKEN")
+    try:  # the config file and the stored token fill in what flags and variables do not
+        cfg = _config.load_config(
+            Path(args.config) if args.config else None, required=bool(args.config)
+        )
+        stored_token = _config.load_token()
+    except _config.ConfigError as exc:
+        run_parser.error(str(exc))
+    hub = args.hub or os.environ.get("DESKBRIDGE_HUB_URL") or cfg.hub
+    token = args.token or os.environ.get("DESKBRIDGE_TOKEN") or stored_token
+    args.tools = [*cfg.tools, *args.tools]
+    args.ca_file = args.ca_file or cfg.ca_file
+    args.log_file = args.log_file or cfg.log_file
+    args.data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or cfg.data_dir
     if not hub:
         run_parser.error("the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL")
     if not token:
-        run_parser.error("a token is required: --token TOKEN or DESKBRIDGE_TOKEN")
+        run_parser.error(
+            "a token is required: --token TOKEN, DESKBRIDGE_TOKEN or `deskbridge-sidecar set-token`"
+        )
     try:
         url = sidecar_url(hub)
     except ValueError as exc:
@@ -290,6 +320,8 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     except ValueError as exc:
         run_parser.error(str(exc))
     _configure_logging(args.verbose, args.log_level)
+    if args.log_file:
+        _service_cli.log_to_file(args.log_file)
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
     log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))
