@@ -50,13 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.lib.desktop import raise_nofile  # noqa: E402
+from bench.lib.measure import start_private_redis  # noqa: E402
 from tests.procs import (  # noqa: E402
     API_KEY,
     BIN,
     SECRET,
     Hub,
     Proc,
-    RedisServer,
     free_port,
     wait_until,
 )
@@ -134,10 +134,9 @@ def start_desktops(tmp: Path, ws: str, prefix: str, count: int) -> tuple[Proc, P
 
 
 def run_system(system: str, args: argparse.Namespace, tmp: Path, port: int) -> dict:
-    redis = RedisServer(tmp, port=port, name=f"redis-{system}")
+    redis = start_private_redis(tmp, port, f"redis-{system}")
     procs: list[Proc] = [redis]
     try:
-        redis.wait_ready()
         hub, ws, http = start_hub(system, tmp, redis.url)
         procs.append(hub)
         prefix = f"b{secrets.token_hex(2)}-"
