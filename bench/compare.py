@@ -24,11 +24,14 @@ left out), Redis connections opened (``total_connections_received`` delta) and h
 (by the hub: its established sockets to Redis from ``/proc``; in all: ``connected_clients``).
 Last, ``--monitor-calls`` sequential calls under MONITOR split the commands per call
 into those the caller process sent, those the hub process sent and those run inside
-scripts (``[lua]``); a pipeline's commands count one each.
+scripts (``[lua]``), and count *steps* per sender (a command, a script, or a whole
+MULTI ... EXEC block is one step; a pipeline without MULTI is invisible to MONITOR, so
+steps bound round trips from above). Then the issue-10 targets this run can judge are
+printed as MET / NOT MET.
 
 Usage:
   ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
-      [--redis-port 6408] [--json out.json]
+      [--redis-port 6408] [--json out.json] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -175,7 +178,19 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path, port: int) -> d
             "DESKBRIDGE_TEST_REDIS_URL": redis.url,
         }
         budget = 120 + args.calls * 0.05 * 2 + args.load_s * len(SHAPES) * 3
-        done = subprocess.run(argv, env=env, timeout=budget, capture_output=True, text=True)
+        profiler = None
+        if args.profile:
+            from bench.lib.measure import group_pids
+            from bench.lib.profile import Profiler
+
+            target = max(group_pids(hub.pid))  # the serving process (the only one with -w 1)
+            profiler = Profiler(target, Path(args.profile) / f"{system}-hub.pyspy.txt")
+            profiler.start()
+        try:
+            done = subprocess.run(argv, env=env, timeout=budget, capture_output=True, text=True)
+        finally:
+            if profiler is not None:
+                profiler.stop()
         if done.returncode != 0:
             raise RuntimeError(f"{system} callers failed:\n{done.stdout}\n{done.stderr[-4000:]}")
         result = json.loads(out.read_text())
@@ -194,6 +209,69 @@ def fmt(v: float, digits: int = 2) -> str:
 
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
+
+
+def targets(results: dict[str, dict]) -> list[tuple[str, bool | None, str]]:
+    """Issue 10's "done when" lines that this run can judge: (target, met?, figures).
+    None when a figure is missing (a system not run)."""
+    d = results.get("deskbridge")
+    if d is None:
+        return []
+    ps, st = results.get("pubsub"), results.get("streams")
+    out: list[tuple[str, bool | None, str]] = []
+    seq = d["sequential"]["p50_ms"]
+    if st:
+        out.append(
+            (
+                "seq p50 <= plain-asyncio's",
+                seq <= st["sequential"]["p50_ms"],
+                f"{seq:.2f} vs {st['sequential']['p50_ms']:.2f} ms",
+            )
+        )
+    if ps:
+        out.append(
+            (
+                "seq p50 <= 1.5x pub/sub's",
+                seq <= 1.5 * ps["sequential"]["p50_ms"],
+                f"{seq:.2f} vs 1.5 x {ps['sequential']['p50_ms']:.2f} ms",
+            )
+        )
+    cpu = d["sequential"]["hub_cpu_ms_per_call"]
+    out.append(("hub CPU per call <= 0.8 ms", cpu <= 0.8, f"{cpu:.3f} ms"))
+    if "sequential_http" in d:
+        extra = d["sequential_http"]["hub_cpu_ms_per_call"] - cpu
+        out.append(("HTTP adds <= 1 ms of hub CPU", extra <= 1.0, f"+{extra:.3f} ms"))
+    for u, c in SHAPES:
+        k = f"load_{u}x{c}"
+        if st and k in d and k in st:
+            out.append(
+                (
+                    f"{u}x{c} jobs/s >= plain-asyncio's",
+                    d[k]["jobs_per_s"] >= st[k]["jobs_per_s"],
+                    f"{d[k]['jobs_per_s']:.0f} vs {st[k]['jobs_per_s']:.0f}",
+                )
+            )
+    if "load_64x64" in d:
+        j = d["load_64x64"]["jobs_per_s"]
+        out.append(("64x64 >= 2,000 jobs/s", j >= 2000, f"{j:.0f}"))
+    held = max(d[k]["hub_redis_connections_held"] for k in d if k.startswith("load_"))
+    out.append(("hub holds <= 16 Redis connections", held <= 16, f"max {held}"))
+    opened = sum(
+        d[k]["redis_connections_opened"] for k in d if k.startswith("load_") or k == "sequential"
+    )
+    out.append(("steady state opens no Redis connection", opened == 0, f"{opened} opened"))
+    mon = d.get("monitor")
+    if mon and "steps_per_call" in mon:
+        caller, hub = mon["steps_per_call"]["caller"], mon["steps_per_call"]["hub"]
+        reads = mon["per_call"]["hub"].get("xreadgroup", 0)
+        out.append(
+            (
+                "Redis steps per call <= 3 (caller 2 + holder 1 besides the read)",
+                caller <= 2 and hub - reads <= 1,
+                f"caller {caller:g}, hub {hub:g} incl. {reads:g} reads (and any background)",
+            )
+        )
+    return out
 
 
 def report(results: dict[str, dict], args: argparse.Namespace) -> None:
@@ -248,6 +326,12 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
         "ratios: deskbridge's figure / the peer's (latency, CPU, commands: lower is better;"
         " jobs/s: higher is better)"
     )
+    judged = targets(results)
+    if judged:
+        print("\nissue 10 targets (this run):")
+        for label, ok, figures in judged:
+            mark = "-" if ok is None else "MET " if ok else "NOT MET"
+            print(f"  {mark:<8} {label:<64} {figures}")
     for s in systems:
         mon = results[s].get("monitor")
         if mon:
@@ -258,7 +342,9 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
             for role, cmds in mon["per_call"].items():
                 if cmds:
                     detail = ", ".join(f"{k} {v:g}" for k, v in cmds.items())
-                    print(f"  {role:<7} {mon['per_call_total'][role]:5.2f}  ({detail})")
+                    steps = mon.get("steps_per_call", {}).get(role)
+                    step_text = f" in {steps:g} steps" if steps is not None else ""
+                    print(f"  {role:<7} {mon['per_call_total'][role]:5.2f}{step_text}  ({detail})")
     print()
     for s in systems:
         for what, n in results[s].get("failures", {}).items():
@@ -282,6 +368,12 @@ def main() -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--redis-port", type=int, default=6408, help="first of 3 ports")
     p.add_argument("--json", default="", help="also write every figure to this file")
+    p.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="py-spy each hub during its run; raw stacks to DIR, summary printed",
+    )
     args = p.parse_known_args()[0]
     raise_nofile()
     results = {}
@@ -298,6 +390,17 @@ def main() -> int:
         f"{os.cpu_count()} CPUs; {time.time() - started:.0f} s in all"
     )
     report(results, args)
+    if args.profile:
+        from bench.lib.profile import summarise
+
+        for system in results:
+            path = Path(args.profile) / f"{system}-hub.pyspy.txt"
+            if path.exists():
+                print()
+                print(
+                    f"{system} hub CPU profile (py-spy, whole caller run: warm-up and every phase)"
+                )
+                print(summarise(path))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -24,9 +24,11 @@ from deskbridge_hub._substrate import (
     index_key,
     jobs_key,
     presence_key,
+    proc_key,
     result_key,
     state_key,
     tools_key,
+    wake_key,
 )
 from deskbridge_hub.testing import CHECKS, SubstrateHarness, check_substrate
 
@@ -90,7 +92,9 @@ async def redis_harness(
         unavailable_mentions=f"127.0.0.1:{port}",
         unavailable_secret="hunter2",
         raw=raw,
-        on_user=lambda u: keys.extend([presence_key(u), jobs_key(u), index_key(u), tools_key(u)]),
+        on_user=lambda u: keys.extend(
+            [presence_key(u), jobs_key(u), index_key(u), tools_key(u), wake_key(u), proc_key(u)]
+        ),
         on_job=lambda j: keys.extend([result_key(j), state_key(j), cancel_key(j)]),
     )
     try:

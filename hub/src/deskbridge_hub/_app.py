@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hmac
 import json
@@ -22,13 +23,15 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _metrics, _tracing
+from . import _admin, _connectors, _metrics, _openapi, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
+from ._events import add_event_routes
 from ._logging import fields
 from ._mcp_mount import mount_mcp
 from ._process import HubState
+from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S
 from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
@@ -60,7 +63,11 @@ def _default_substrate(config: HubConfig) -> Substrate:
     if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
-        return RedisSubstrate.from_url(config.redis_url)
+        return RedisSubstrate.from_url(
+            config.redis_url,
+            max_connections=config.redis_max_connections,
+            health_interval_s=config.timings.heartbeat_s,
+        )
     from ._memory import MemorySubstrate
 
     return MemorySubstrate()
@@ -155,28 +162,34 @@ def create_app(
             max_inflight_per_session=config.max_inflight_per_session,
         )
         bridge = Bridge(sub, config.timings)
-        holder.update(state=state, bridge=bridge)
+        relay = ProgressRelay(sub, config.timings.result_ttl_s)
+        holder.update(state=state, bridge=bridge, progress=relay)
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+        reading = trio.CancelScope()  # the process reader: one per process (``_reader``)
+        await app.nursery.start(_start_in, reading, state.reader.run)
         lag_probe = trio.CancelScope()
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
         )
+        relaying = trio.CancelScope()  # one scope per task: a scope enters one with-block
+        app.add_background_task(_run_in, relaying, relay.run)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
             lag_probe.cancel()
+            relaying.cancel()
+            reading.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
     def _authorised() -> bool:
         if not config.api_keys:
             return True
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
+        given = _presented_key(request.headers.get("Authorization", ""))
+        if not given:
             return False
         ok = False
         for key in config.api_keys:  # compare with every key: constant time overall
@@ -186,9 +199,12 @@ def create_app(
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
         if _needs_key(request.path) and not _authorised():
-            return _error(
+            response = _error(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
             )
+            if request.path.startswith("/admin"):  # a browser asks for the key once
+                response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
+            return response
         return None
 
     @app.errorhandler(SubstrateUnavailable)
@@ -332,18 +348,54 @@ def create_app(
             _QuartSocket(websocket._get_current_object()),
             user_id,
             expires_at=expires_at,
+            on_progress=holder["progress"].offer,
         )
         return None
 
+    _admin.register(app, holder, _json)
+    _connectors.register(app)
+
+    @app.get("/openapi.json")
+    async def openapi():  # type: ignore[no-untyped-def]
+        """The OpenAPI document of this API (``_openapi``); no key needed."""
+        from . import __version__
+
+        return _json(_openapi.document(__version__))
+
+    add_event_routes(app, holder)
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 
 
+def _presented_key(header: str) -> str:
+    """The API key in an ``Authorization`` header: a bearer token, or the password of
+    HTTP Basic (any user name; what a browser sends for the connectors page)."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return value
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return ""
+        return decoded.partition(":")[2]
+    return ""
+
+
 def _needs_key(path: str) -> bool:
     """Routes behind the API key: the dispatch API, metrics and the admin pages."""
     return path.startswith(("/v1/", "/admin")) or path == "/metrics"
+
+
+async def _start_in(
+    scope: trio.CancelScope, fn: Any, *, task_status: trio.TaskStatus[None]
+) -> None:
+    """Run service ``fn(task_status=...)`` under ``scope`` (cancelled when the app stops
+    serving); ready once ``fn`` reports started."""
+    with scope:
+        await fn(task_status=task_status)
 
 
 async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:

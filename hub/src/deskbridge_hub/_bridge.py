@@ -8,9 +8,11 @@ runs under trio and asyncio alike.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -29,15 +31,22 @@ from ._errors import (
     JobInDoubt,
     JobLost,
     JobTimeout,
+    SubstrateUnavailable,
     UnknownJob,
 )
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
+from ._progress import ProgressReport, parse_progress
+from ._retry import HOLDER_ALIVE_CACHE_S
 from ._schema import validate_args
-from ._substrate import Substrate
+from ._substrate import Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
+log = logging.getLogger("deskbridge.hub.bridge")
+
+#: Most holder processes whose liveness a Bridge remembers (then it starts over).
+_ALIVE_CACHE_MAX = 10_000
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
 STATUS_TIMEOUT_S = 5.0
@@ -114,6 +123,7 @@ class Bridge:
     substrate: Substrate
     timings: Timings = attrs.field(factory=Timings)
     wall_clock: Callable[[], float] = time.time
+    _alive: dict[str, float] = attrs.field(factory=dict, init=False)  # holder -> until
 
     async def presence(self, user_id: str) -> Presence:
         """Is the user's desktop connected, as every replica sees it?
@@ -123,8 +133,27 @@ class Bridge:
             SubstrateUnavailable: Redis unreachable (never reported as offline).
         """
         _check(validate_user_id, user_id, "user_id")
-        holder = await self.substrate.get_presence(user_id)
+        holder = await self._live_presence(user_id)
         return Presence(user_id=user_id, online=holder is not None, session_id=holder)
+
+    async def _live_presence(self, user_id: str) -> str | None:
+        """The presence value (holder session id) if the process it names is alive
+        (issue 16.2: a killed hub's presences stop counting within its liveness TTL,
+        not the 30 s presence TTL), else None. A session id that names no process
+        (older hubs) counts as long as its presence lives."""
+        session_id = await self.substrate.get_presence(user_id)
+        holder = None if session_id is None else holder_of(session_id)
+        if holder is None:
+            return session_id
+        now = anyio.current_time()
+        if self._alive.get(holder, -math.inf) > now:
+            return session_id
+        if not await self.substrate.holder_alive(holder):
+            return None
+        if len(self._alive) > _ALIVE_CACHE_MAX:
+            self._alive.clear()
+        self._alive[holder] = now + HOLDER_ALIVE_CACHE_S
+        return session_id
 
     @_metrics.timed_dispatch
     async def dispatch(
@@ -137,6 +166,7 @@ class Bridge:
         timeout_s: float | None = None,
         deadline: float | None = None,
         job_id: str | None = None,
+        on_progress: Callable[[ProgressReport], Awaitable[None]] | None = None,
     ) -> Outcome:
         """Run tool ``name`` on the user's desktop and wait for its terminal answer.
 
@@ -154,6 +184,9 @@ class Bridge:
                 other machines' clocks never decide it (docs/operations.md, "Clocks").
             job_id: the job's id, if the caller wants to choose it (to cancel it from
                 elsewhere while this call waits); default a fresh UUID.
+            on_progress: awaited with each :class:`ProgressReport` the tool sends while
+                this call waits (rate-limited at the sidecar, latest value only, best
+                effort: a Redis hiccup stops the reports, never the call).
 
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
@@ -197,7 +230,7 @@ class Bridge:
         if job_id_given is not None:
             _check(validate_key, job_id_given, "job_id")
             job_id = job_id_given
-        holder = await self.substrate.get_presence(user_id)
+        holder = await self._live_presence(user_id)
         if holder is None:
             return Outcome(
                 job_id=None,
@@ -219,7 +252,11 @@ class Bridge:
         await self.substrate.enqueue(
             user_id, fields, maxlen=self.timings.jobs_maxlen, start_within_s=start_within_s
         )
-        payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+        await self._wake(holder, user_id)
+        if on_progress is None:
+            payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+        else:
+            payload = await self._wait_reporting(job_id, timeout_s, on_progress)
         elapsed = anyio.current_time() - started
         if payload is None:
             stage = await self._stage(job_id)
@@ -239,6 +276,45 @@ class Bridge:
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _wake(self, session_id: str, user_id: str) -> None:
+        """Tell the process holding the user's socket to read the stream now (its
+        heartbeat would find the entry within ``heartbeat_s`` anyway, so a failure here
+        is not the caller's)."""
+        holder = holder_of(session_id)
+        if holder is None:
+            return
+        try:
+            await self.substrate.wake(holder, user_id, ttl_s=self.timings.presence_ttl_s)
+        except SubstrateUnavailable:
+            pass
+
+    async def _wait_reporting(
+        self,
+        job_id: str,
+        timeout_s: float,
+        on_progress: Callable[[ProgressReport], Awaitable[None]],
+    ) -> str | None:
+        """``wait_result`` while a second task follows the job's progress stream."""
+
+        async def follow() -> None:
+            after = "0"
+            try:
+                while True:
+                    entries = await self.substrate.read_progress(job_id, after, block_ms=1000)
+                    for entry_id, payload in entries:
+                        after = entry_id
+                        report = parse_progress(payload)
+                        if report is not None:
+                            await on_progress(report)
+            except SubstrateUnavailable as exc:
+                log.info("progress of %s not followed further: %s", job_id, exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+            tg.cancel_scope.cancel()
+        return payload
 
     async def _stage(self, job_id: str) -> str:
         try:
@@ -303,6 +379,9 @@ class Bridge:
         await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
         await self.substrate.enqueue(state.user_id, control, maxlen=self.timings.jobs_maxlen)
+        holder = await self.substrate.get_presence(state.user_id)
+        if holder is not None:
+            await self._wake(holder, state.user_id)
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
             await self.substrate.publish_result(job_id, cancelled_before_start(), ttl_s=ttl_s)

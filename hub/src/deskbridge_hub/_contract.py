@@ -148,6 +148,20 @@ async def check_refresh_presence_never_steals_it_from_another_session(h: Substra
     assert await s.get_presence(user) == "s2"
 
 
+@check
+async def check_process_liveness_expires_and_clears(h: SubstrateHarness) -> None:
+    s, holder = h.substrate, f"proc-{h.user()}"
+    h.on_user(holder)
+    assert await s.holder_alive(holder) is False
+    await s.set_liveness(holder, 0.2)
+    assert await s.holder_alive(holder) is True
+    await trio.sleep(0.25)
+    assert await s.holder_alive(holder) is False
+    await s.set_liveness(holder, 30)
+    await s.clear_liveness(holder)
+    assert await s.holder_alive(holder) is False
+
+
 # -- results -------------------------------------------------------------------------------
 
 
@@ -279,6 +293,18 @@ async def check_trimmed_lists_indexed_entries_older_than_the_stream(h: Substrate
     assert await s.forget(user, ids[0]) is True
     assert await s.forget(user, ids[0]) is False  # only one caller owns it
     assert [e for e, _ in await s.trimmed(user)] == ids[1:]
+
+
+@check
+async def check_trimmed_skips_entries_a_consumer_has_read(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    read_job, unread_job = h.job(), h.job()
+    read_id = await s.enqueue(user, {"job_id": read_job}, maxlen=1000)
+    (entry,) = await s.read_new(user, "c1", count=1, block_ms=None)
+    assert entry.entry_id == read_id
+    unread_id = await s.enqueue(user, {"job_id": unread_job}, maxlen=1000)
+    await h.fill(user, 300, maxlen=50)  # both bodies trimmed; the read one is pending
+    assert await s.trimmed(user) == [(unread_id, unread_job)]
 
 
 @check

@@ -1,4 +1,5 @@
-"""Presence of one session: announce, heartbeat, supersede and hand-over, clear.
+"""Presence of one session: announce, supersede and hand-over, clear (the refresh is
+the process reader's pipelined heartbeat, ``_reader``).
 
 Invariant 1 (DESIGN.md): presence is a Redis key with a TTL that every replica reads the
 same way; its value names the holder session. The holder refreshes it every
@@ -20,10 +21,19 @@ from deskbridge_common import CLOSE_SUPERSEDED, Timings
 
 from . import _metrics
 from ._errors import EndSession, SubstrateUnavailable
-from ._retry import CLEANUP_TIMEOUT_S, HEARTBEAT_RETRY_S
+from ._retry import CLEANUP_TIMEOUT_S
 from ._substrate import Substrate
 
 log = logging.getLogger("deskbridge.hub.presence")
+
+#: The close reason sent with 4001 (CLOSE_SUPERSEDED): the sidecar that receives it backs
+#: off instead of taking presence back (docs/protocol.md).
+SUPERSEDED_REASON = "superseded by a newer sidecar session"
+#: A user's supersedes are logged at WARNING once per this many seconds (INFO between).
+SUPERSEDE_WARN_WINDOW_S = 600.0
+#: Users remembered for that (then the memory starts over).
+SUPERSEDE_WARN_USERS = 10_000
+_supersedes_warned: dict[str, float] = {}
 
 
 @attrs.define(eq=False)
@@ -72,9 +82,12 @@ class PresenceKeeper:
     def superseded(self) -> bool:
         return self._superseded.is_set()
 
-    async def heartbeat(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
-        """Refresh presence (atomically, only if still ours) and the catalogue every
-        ``heartbeat_s``, sooner after a failure; hand over when superseded.
+    async def watch(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
+        """Wait until superseded (a newer session in this process, or the process
+        heartbeat found presence held by another session), then hand over.
+
+        The refresh itself is pipelined for every session of the process by
+        ``_reader.ProcessReader`` (one round trip per ``heartbeat_s``).
 
         Args:
             wait_idle: returns once no job is being served on this session.
@@ -83,43 +96,34 @@ class PresenceKeeper:
             EndSession: 4001 after the hand-over (running jobs finished, or the grace
                 passed).
         """
-        t = self.timings
-        interval_s = t.heartbeat_s
-        while True:
-            with trio.move_on_after(interval_s):
-                await self._superseded.wait()
-            interval_s = t.heartbeat_s
-            if self._superseded.is_set():
-                await self._hand_over(wait_idle)
-            try:
-                ours = await self.substrate.refresh_presence(
-                    self.user_id, self.session_id, t.presence_ttl_s
-                )
-            except SubstrateUnavailable as exc:
-                # Retry sooner than a full interval: after Redis comes back (empty), the
-                # desktop must read online again quickly, not a heartbeat later.
-                log.warning("heartbeat for %s failed: %s", self.user_id, exc)
-                _metrics.presence_failed("unavailable")
-                interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
-                continue
-            if not ours:
-                _metrics.presence_failed("not_holder")
-                await self._hand_over(wait_idle)
-            _metrics.presence_written("refresh")
-            try:  # the holder keeps the catalogue true (a short-lived rival, a Redis restart)
-                await self.substrate.set_catalogue(self.user_id, self.catalogue)
-            except SubstrateUnavailable:
-                interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
+        await self._superseded.wait()
+        await self._hand_over(wait_idle)
 
     async def _hand_over(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
         self._superseded.set()
         self.on_superseded()  # stop reading new entries
-        log.info(
-            "session %s of %s superseded; finishing running jobs", self.session_id, self.user_id
+        # Two sidecars for one user fight (issue 11.5): say it at WARNING once per user
+        # and window, not on every flip; the sidecar told 4001 backs off.
+        now = trio.current_time()
+        warned = _supersedes_warned.get(self.user_id)
+        level = logging.INFO
+        if warned is None or not 0 <= now - warned < SUPERSEDE_WARN_WINDOW_S:
+            _supersedes_warned[self.user_id] = now
+            level = logging.WARNING
+            if len(_supersedes_warned) > SUPERSEDE_WARN_USERS:
+                _supersedes_warned.clear()
+        log.log(
+            level,
+            "session %s of %s superseded by a newer sidecar session of the same user; "
+            "finishing running jobs, then closing %d (if two sidecars keep taking over from "
+            "each other, stop one)",
+            self.session_id,
+            self.user_id,
+            CLOSE_SUPERSEDED,
         )
         with trio.move_on_after(self.timings.grace_s):
             await wait_idle()
-        raise EndSession(CLOSE_SUPERSEDED, "superseded by a newer sidecar session")
+        raise EndSession(CLOSE_SUPERSEDED, SUPERSEDED_REASON)
 
     async def clear(self) -> None:
         """Delete presence if it is still ours (shielded, bounded by

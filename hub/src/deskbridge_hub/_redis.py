@@ -19,33 +19,45 @@ propagate unchanged.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from coredis.exceptions import (
+    NoScriptError,
     ResponseError,
     StreamConsumerGroupError,
     StreamDuplicateConsumerGroupError,
     UnblockedError,
 )
 
+from ._directory import RedisDirectory
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
-from ._redis_conn import RedisConnections, _Session
+from ._redis_conn import RedisConnections
+from ._redis_health import Health
+from ._redis_pubsub import DEFAULT_BUFFER, Subscription
+from ._redis_session import DEFAULT_MAX_CONNECTIONS, ConnectionStatistics, _Session
 from ._substrate import (
     GROUP,
+    Beat,
+    BeatReply,
     Claimed,
     Entry,
     Marked,
     cancel_key,
     index_key,
     jobs_key,
+    outcome_event,
     presence_key,
+    proc_key,
+    progress_key,
     result_key,
     state_key,
     tools_key,
+    wake_key,
 )
 
 #: Lua: delete the presence key only while it still holds this session (atomic).
@@ -86,6 +98,91 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'delivered', now}
 """
+#: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
+#: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
+#: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
+#: trimmed_due} (see BeatReply). An idle user costs GET+SET presence, GET catalogue,
+#: EXISTS, XINFO GROUPS and HLEN inside the script (XINFO CONSUMERS on pruning beats).
+_HEARTBEAT = """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function older(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function record(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local ours = 0
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then redis.call('SET', KEYS[2], ARGV[3]) end
+  ours = 1
+end
+local backlog, reclaim, trimmed = 0, 0, 0
+local exists = redis.call('EXISTS', KEYS[3]) == 1
+local function last_id()
+  local tail = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  if tail[1] then return tail[1][1] end
+  return nil
+end
+if exists then
+  local group = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
+    local t = record(g)
+    if t['name'] == ARGV[4] then group = t end
+  end
+  if group == nil then
+    if last_id() then backlog = 1 end
+  else
+    local lag = group['lag']
+    if not lag then
+      local tail = last_id()
+      if tail and older(group['last-delivered-id'], tail) then backlog = 1 end
+    elseif lag > 0 then
+      backlog = 1
+    end
+    if group['pending'] > 0 then
+      local idle = redis.call('XPENDING', KEYS[3], ARGV[4], 'IDLE', ARGV[6], '-', '+', 1)
+      if idle[1] then reclaim = 1 end
+    end
+    if ARGV[7] == '1' then
+      for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
+        local t = record(c)
+        if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
+          redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[4], t['name'])
+        end
+      end
+    end
+  end
+end
+if redis.call('HLEN', KEYS[4]) > 0 then
+  local head = {}
+  if exists then head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1) end
+  if head[1] == nil then
+    trimmed = 1
+  else
+    for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do
+      if older(id, head[1][1]) then
+        trimmed = 1
+        break
+      end
+    end
+  end
+end
+return {ours, backlog, reclaim, trimmed}
+"""
+_HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
+#: Most pending entries examined when sweeping for trimmed entries.
+_TRIMMED_SCAN = 10_000
+#: Heartbeats per pipelined write (bounds one write's size; 10,000 sessions -> 10 writes).
+_HEARTBEAT_CHUNK = 1000
 
 
 def _ms(duration_s: float) -> int:
@@ -109,7 +206,7 @@ def _entries(raw: Any) -> list[Entry]:
     return out
 
 
-class RedisSubstrate:
+class RedisSubstrate(RedisDirectory):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 
     Args:
@@ -119,7 +216,12 @@ class RedisSubstrate:
             call raises SubstrateUnavailable; short so callers learn "unavailable" fast.
         command_timeout_s: seconds a reply may take beyond a command's own blocking time
             before the connection is presumed dead (SubstrateUnavailable).
-        max_idle_connections: idle connections kept per open session.
+        health_interval_s: seconds between health probes while entered (role,
+            eviction policy, a scripted write; see ``_redis_health``), the first at
+            entry; None (default): none in the background.
+        max_connections: most Redis connections held at once per event-loop run
+            (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16, at least 3): non-blocking
+            commands share a few, blocking ones get dedicated ones, pub/sub one.
         client_name: sent with CLIENT SETNAME on every connection (``CLIENT LIST`` shows
             it), or None.
 
@@ -134,15 +236,17 @@ class RedisSubstrate:
         *,
         connect_timeout_s: float = 2.0,
         command_timeout_s: float = 5.0,
-        max_idle_connections: int = 32,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         client_name: str | None = None,
+        health_interval_s: float | None = None,
     ) -> None:
         self._connections = RedisConnections(
             url,
             connect_timeout_s=connect_timeout_s,
             command_timeout_s=command_timeout_s,
-            max_idle_connections=max_idle_connections,
+            max_connections=max_connections,
             client_name=client_name,
+            health_interval_s=health_interval_s,
         )
         self._command_timeout_s = command_timeout_s
         self.address = self._connections.address
@@ -177,6 +281,51 @@ class RedisSubstrate:
         """Close the connections this event-loop run holds; later calls open new ones.
         Idempotent; never raises."""
         await self._connections.aclose()
+
+    def statistics(self) -> ConnectionStatistics | None:
+        """Connections held by this event-loop run's open session (``async with``), or
+        None when it is not open: see :class:`ConnectionStatistics`."""
+        return self._connections.statistics()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, channel: str, *, pattern: bool = False, buffer: int = DEFAULT_BUFFER
+    ) -> AsyncIterator[Subscription]:
+        """Subscribe to a pub/sub ``channel`` (a glob pattern if ``pattern``) for the
+        block's duration, on the one subscriber connection of this process (per
+        event-loop run); ``async for message in subscription`` yields ``Message``.
+
+        Entering returns once Redis confirmed the subscription: anything published
+        after that is delivered. Pub/sub is at most once: ``Message.data is None`` is a
+        gap (reconnected, or the consumer fell ``buffer`` messages behind); re-read the
+        durable state then. See ``_redis_pubsub``.
+
+        Raises:
+            SubstrateUnavailable: no subscriber connection or no confirmation in time.
+
+        Cancellation: leaving the block unsubscribes (when no other local subscription
+        to ``channel`` remains) without waiting for Redis.
+        """
+        async with (
+            self._connections.session("SUBSCRIBE", map_errors=False) as s,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            with self._connections.mapped("SUBSCRIBE"):
+                subscribing = s.subscriber.subscribe(channel, pattern=pattern, buffer=buffer)
+                subscription = await stack.enter_async_context(subscribing)
+            yield subscription
+
+    async def publish(self, channel: str, message: str) -> int:
+        """PUBLISH ``message`` on ``channel``.
+
+        Returns:
+            How many subscribers (connections) received it.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("PUBLISH") as s:
+            return int(await self._call(s, b"PUBLISH", channel, message))
 
     # -- plumbing (the interface every command uses) -----------------------------------
 
@@ -216,10 +365,15 @@ class RedisSubstrate:
         """GET the presence key: the holder session id, or None.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub (evicting policy,
+                replica, writes refused: absence proves nothing).
         """
         async with self._session("GET presence") as s:
-            return await self._call(s, b"GET", presence_key(user_id))
+            holder = await self._call(s, b"GET", presence_key(user_id))
+        if holder is None:
+            self._absent_proves_nothing("presence")
+        return holder
 
     async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
         """SET presence PX ttl only if absent or held by ``session_id`` (one Lua script).
@@ -248,6 +402,35 @@ class RedisSubstrate:
         async with self._session("clear presence") as s:
             key = presence_key(user_id)
             return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """SET ``bridge:proc:{holder_id}`` 1 PX ceil(ttl_s * 1000).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("SET liveness") as s:
+            await self._call(s, b"SET", proc_key(holder_id), b"1", b"PX", px)
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """DEL ``bridge:proc:{holder_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        async with self._session("DEL liveness") as s:
+            await self._call(s, b"DEL", proc_key(holder_id))
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """EXISTS ``bridge:proc:{holder_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("EXISTS liveness") as s:
+            return bool(await self._call(s, b"EXISTS", proc_key(holder_id)))
 
     # -- the job stream ----------------------------------------------------------------
 
@@ -312,7 +495,7 @@ class RedisSubstrate:
             return await self._read(s, user_id, consumer, count, None, "0")
 
     async def read_new(
-        self, user_id: str, consumer: str, *, count: int, block_ms: int
+        self, user_id: str, consumer: str, *, count: int, block_ms: int | None
     ) -> list[Entry]:
         """XREADGROUP GROUP bridge-workers consumer COUNT count BLOCK block_ms STREAMS
         key > (server-side timeout; 0 blocks forever).
@@ -328,7 +511,7 @@ class RedisSubstrate:
         Cancellation: the connection is closed, and the close awaited, before the
         cancellation propagates, so no stale waiter can take a later entry.
         """
-        if block_ms < 0:
+        if block_ms is not None and block_ms < 0:
             raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
         async with self._session("XREADGROUP >") as s:
             return await self._read(s, user_id, consumer, count, block_ms, ">")
@@ -431,11 +614,112 @@ class RedisSubstrate:
                 await self._call(s, b"XGROUP", b"DELCONSUMER", key, GROUP, name)
         return len(gone)
 
+    # -- reading at scale: wake-ups and the pipelined heartbeat -------------------------
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """MULTI, RPUSH ``bridge:wake:{holder_id}`` user_id, PEXPIRE ceil(ttl_s * 1000),
+        EXEC (one round trip).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        key = wake_key(holder_id)
+        async with self._session("RPUSH wake") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"RPUSH", key, user_id),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
+
+        Returns:
+            The user ids popped, or [] on timeout.
+
+        Raises:
+            ValueError: negative ``timeout_s``. SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: as :meth:`read_new`; nothing is popped for a cancelled wait.
+        """
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        seconds = f"{_ms(timeout_s) / 1000:.3f}" if timeout_s else "0"
+        key = wake_key(holder_id)
+        async with self._session("BLMPOP wake") as s:
+            reply = await self._call(
+                s, b"BLMPOP", seconds, 1, key, b"LEFT", b"COUNT", count,
+                block_s=timeout_s or None,
+            )  # fmt: skip
+        if not reply:
+            return []
+        return list(reply[1])
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """One EVALSHA of the heartbeat script per beat, pipelined in writes of up to
+        1,000 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes (then no reply
+                is known; the caller retries every beat).
+        """
+        px = _ms(ttl_s)
+        replies: list[BeatReply] = []
+        async with self._session("heartbeat") as s:
+            for start in range(0, len(beats), _HEARTBEAT_CHUNK):
+                chunk = beats[start : start + _HEARTBEAT_CHUNK]
+                commands = [
+                    (
+                        b"EVALSHA",
+                        _HEARTBEAT_SHA,
+                        4,
+                        presence_key(b.user_id),
+                        tools_key(b.user_id),
+                        jobs_key(b.user_id),
+                        index_key(b.user_id),
+                        b.session_id,
+                        px,
+                        b.catalogue,
+                        GROUP,
+                        consumer,
+                        reclaim_idle_ms,
+                        b"1" if prune else b"0",
+                    )  # fmt: skip
+                    for b in chunk
+                ]
+                raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                if any(isinstance(r, NoScriptError) for r in raw):
+                    await self._call(s, b"SCRIPT", b"LOAD", _HEARTBEAT)
+                    raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                for reply in raw:
+                    if isinstance(reply, BaseException):
+                        raise reply
+                    ours, backlog, reclaim, trimmed = (bool(int(x)) for x in reply)
+                    replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+        return replies
+
     # -- results -----------------------------------------------------------------------
 
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
         """MULTI, RPUSH ``bridge:result:{job_id}`` payload, PEXPIRE ceil(ttl_s * 1000),
-        EXEC: one write, one round trip, applied atomically.
+        XADD the outcome to ``bridge:progress:{job_id}`` if that stream exists, EXEC: one
+        write, one round trip, applied atomically.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -449,6 +733,19 @@ class RedisSubstrate:
                 (b"MULTI",),
                 (b"RPUSH", key, payload),
                 (b"PEXPIRE", key, px),
+                # The outcome also ends the job's progress stream, only if someone made
+                # one (NOMKSTREAM: no stream, no write): same slot, same round trip.
+                (
+                    b"XADD",
+                    progress_key(job_id),
+                    b"NOMKSTREAM",
+                    b"MAXLEN",
+                    b"~",
+                    64,
+                    b"*",
+                    b"p",
+                    outcome_event(payload),
+                ),
                 (b"EXEC",),
                 timeout_s=self._command_timeout_s,
             )
@@ -482,6 +779,67 @@ class RedisSubstrate:
             )
         return None if reply is None else reply[1]
 
+    # -- progress ----------------------------------------------------------------------
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """MULTI, XADD ``bridge:progress:{job_id}`` MAXLEN ~ maxlen * p payload, PEXPIRE,
+        EXEC (one round trip).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        key = progress_key(job_id)
+        async with self._session("XADD progress") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", b"p", payload),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """XREAD COUNT 100 BLOCK block_ms STREAMS ``bridge:progress:{job_id}`` after.
+
+        Returns:
+            ``[(entry_id, payload)]`` in order; ``[]`` on timeout.
+
+        Raises:
+            ValueError: negative ``block_ms``.
+            SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: as :meth:`read_new` (the blocked connection is discarded).
+        """
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        key = progress_key(job_id)
+        async with self._session("XREAD progress") as s:
+            reply = await self._call(
+                s,
+                b"XREAD",
+                b"COUNT",
+                100,
+                b"BLOCK",
+                block_ms,
+                b"STREAMS",
+                key,
+                after,
+                block_s=block_ms / 1000 if block_ms else None,
+            )
+        if not reply:
+            return []
+        entries = reply.get(key) if isinstance(reply, dict) else reply[0][1]
+        return [(e.entry_id, e.fields.get("p", "")) for e in _entries(entries) if e.fields]
+
     # -- bookkeeping -------------------------------------------------------------------
 
     async def job_ids(self, user_id: str, entry_ids: list[str]) -> dict[str, str]:
@@ -501,7 +859,8 @@ class RedisSubstrate:
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
         """Indexed entries older than the stream's first entry (or all of them when the
-        stream is gone): trimmed by MAXLEN before any consumer read them.
+        stream is gone) and in no consumer's pending entries list: trimmed by MAXLEN
+        before any consumer read them.
 
         Returns:
             ``[(entry_id, job_id)]``, oldest first.
@@ -526,7 +885,20 @@ class RedisSubstrate:
             for entry_id, job_id in index.items()
             if floor is None or _stream_id(entry_id) < floor
         ]
-        return sorted(lost, key=lambda pair: _stream_id(pair[0]))
+        lost.sort(key=lambda pair: _stream_id(pair[0]))
+        if not lost:
+            return []
+        # Entries read by a consumer are its to answer (issue 11.3): drop the ones pending.
+        key = jobs_key(user_id)
+        async with self._session("XPENDING") as s:
+            try:
+                pending = await self._call(
+                    s, b"XPENDING", key, GROUP, lost[0][0], lost[-1][0], _TRIMMED_SCAN
+                )
+            except StreamConsumerGroupError:
+                pending = []
+        read = {p[0] for p in pending}
+        return [pair for pair in lost if pair[0] not in read]
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL ``entry_id`` from the index; True if this call removed it.
@@ -566,11 +938,15 @@ class RedisSubstrate:
 
         Raises:
             MalformedState: the stored value is not a job state.
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub.
         """
         async with self._session("GET state") as s:
             raw = await self._call(s, b"GET", state_key(job_id))
-        return None if raw is None else JobState.decode(raw)
+        if raw is None:
+            self._absent_proves_nothing("job state")
+            return None
+        return JobState.decode(raw)
 
     async def mark_delivered(
         self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
@@ -621,10 +997,14 @@ class RedisSubstrate:
         """GET ``bridge:tools:{user_id}``.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub.
         """
         async with self._session("GET tools") as s:
-            return await self._call(s, b"GET", tools_key(user_id))
+            catalogue = await self._call(s, b"GET", tools_key(user_id))
+        if catalogue is None:
+            self._absent_proves_nothing("catalogue")
+        return catalogue
 
     async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
         """XLEN and XPENDING of the user's stream (read-only; metrics and admin API).
@@ -656,13 +1036,38 @@ class RedisSubstrate:
         return QueueInfo(length, int(summary[0]) if summary else 0, pending)
 
     async def ping(self) -> None:
-        """PING.
+        """PING, and the verdict of the last health probe (readiness).
 
         Raises:
-            SubstrateUnavailable: Redis unreachable or still loading its data set.
+            SubstrateUnavailable: Redis unreachable or still loading its data set, or the
+                last probe found it unable to serve the hub (evicting policy, replica,
+                writes or scripts refused, missing ACL permission): the message names
+                the cause. Probes run only when ``health_interval_s`` is set and the
+                substrate is entered (``_redis_health``).
         """
         async with self._session("PING") as s:
             await self._call(s, b"PING")
+        refused = self._connections.unusable("the hub")
+        if refused is not None:
+            raise refused
+
+    def _absent_proves_nothing(self, what: str) -> None:
+        """Raise SubstrateUnavailable while the last probe found Redis unable to serve
+        the hub: a missing ``what`` then does not mean "never written" or "expired" (it
+        may have been evicted, or its holder's writes refused), so "offline" or "unknown"
+        would be a guess (issue 11 item 1)."""
+        refused = self._connections.unusable(f"a {what} read")
+        if refused is not None:
+            raise refused
+
+    async def health_check(self) -> Health | None:
+        """Probe now (``_redis_health``): role, eviction policy, AOF, a scripted write.
+
+        Returns:
+            The Health found (``health.causes`` empty when usable), or None when Redis
+            could not be reached. Logs a line when the verdict changes.
+        """
+        return await self._connections.monitor.check()
 
 
 def _str(value: Any) -> str:

@@ -8,9 +8,10 @@ nursery owned by the session holding
 * the **heartbeat** (``_presence.PresenceKeeper``): presence, supersede, hand-over;
 * the **pinger**: an application-level ping with a deadline;
 * the **token expiry** watch, when the token has an ``exp``;
-* the **relay** (``_relay``), which reads the user's stream and starts one serving task
-  per entry; serving one entry is ``_delivery.EntryServer``, socket-free, with this
-  session as its :class:`~deskbridge_hub._delivery.Executor`.
+* one **serving task** per entry the process reader (``_reader``) hands it; serving one
+  entry is ``_delivery.EntryServer``, socket-free, with this session as its
+  :class:`~deskbridge_hub._delivery.Executor`. The session does not read the stream:
+  it attaches a :class:`~deskbridge_hub._reader.Listener` to the process reader.
 
 The protocol's rules — hello first, the protocol version, which frames a sidecar may
 send, outstanding delivery ids, ping nonces and deadlines, a close code per violation —
@@ -56,13 +57,13 @@ from deskbridge_common import (
 )
 from deskbridge_common._connection import Event
 
-from . import _metrics
+from . import _directory, _metrics
 from ._delivery import EntryServer
 from ._errors import EndSession, SocketClosed, SubstrateUnavailable
 from ._logging import fields
 from ._presence import PresenceKeeper
 from ._process import HubState
-from ._relay import EntrySource, relay_loop
+from ._reader import Listener
 from ._schema import check_tool_schema
 from ._substrate import Entry
 
@@ -101,7 +102,7 @@ class HubSession:
     state: HubState
     socket: SidecarSocket
     user_id: str
-    session_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
+    session_id: str = ""
     expires_at: float | None = None
     hello: Hello | None = None
     deliveries: dict[str, _Delivery] = attrs.field(factory=dict)
@@ -113,11 +114,14 @@ class HubSession:
     _nursery: trio.Nursery | None = None
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _presence: PresenceKeeper | None = None
+    _listener: Listener | None = None
+    _ending: str | None = None
     _reading_stopped: trio.Event = attrs.field(factory=trio.Event)
     _serving: int = 0
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
+        self.session_id = self.session_id or self.state.new_session_id()
         self._conn = Connection(
             Role.HUB,
             now_s=trio.current_time(),
@@ -136,41 +140,40 @@ class HubSession:
         except EndSession as end:
             await self._close(end.code, end.reason)
             return
-        inflight = self.state.inflight.setdefault(self.user_id, set())
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
             self.state.wall_clock,
         )  # fmt: skip
-        source = EntrySource(
-            self.state.substrate, self.user_id, self.state.consumer, self.state.timings
-        )
         self.state.sessions[self.session_id] = self
         _metrics.session_opened()
-        if self.state.drain.active:
-            self.stop_reading()
+        await _directory.connected(self)  # the admin API's index (best effort)
         end: EndSession | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._guard, self._writer)
                 nursery.start_soon(self._guard, self._reader)
-                nursery.start_soon(self._guard, lambda: presence.heartbeat(self.wait_idle))
+                nursery.start_soon(self._guard, lambda: presence.watch(self.wait_idle))
                 nursery.start_soon(self._guard, self._pinger)
                 if self.expires_at is not None:
                     nursery.start_soon(self._expiry)
-                nursery.start_soon(
-                    self._guard,
-                    lambda: relay_loop(
-                        source,
-                        inflight,
-                        lambda entry: self._dispatch(entry, server.serve),
-                        on_deleted=server.answer_deleted,
-                        stopped=self._reading_stopped,
-                    ),
-                )
+                # Reading this user's stream is the process reader's (``_reader``).
+                self._listener = Listener(
+                    self.user_id, self.session_id, presence.catalogue,
+                    dispatch=lambda entry: self._dispatch(entry, server.serve),
+                    on_deleted=server.answer_deleted,
+                    on_superseded=self.supersede,
+                    capacity=lambda: int(self._limiter.available_tokens),
+                    stopped=self._reading_stopped,
+                )  # fmt: skip
+                if self.state.drain.active:
+                    self.stop_reading()
+                self.state.reader.attach(self._listener)
         except* EndSession as group:
             end = group.exceptions[0]  # type: ignore[assignment]
         finally:
+            if self._listener is not None:
+                self.state.reader.detach(self._listener)
             if end is None:
                 log.info(
                     "session %s of %s ends (socket gone)",
@@ -181,6 +184,8 @@ class HubSession:
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             await presence.clear()
+            end_of = (end.code, end.reason) if end else (None, "socket gone")
+            await _directory.disconnected(self, *end_of)
         if end is not None:
             log.info(
                 "session %s of %s ends: %s %s",
@@ -194,7 +199,9 @@ class HubSession:
 
     async def close(self, code: int, reason: str) -> None:
         """End the session from outside (graceful shutdown): send the close frame
-        first, then cancel the session's tasks."""
+        first, then cancel the session's tasks. Jobs still running are answered
+        ``in_doubt`` at once (issue 11.4)."""
+        self._ending = self._ending or reason
         self._conn.close(code, reason)
         await self._close(code, reason)
         if self._nursery is not None:
@@ -204,12 +211,27 @@ class HubSession:
         """Read no new entries (draining, or superseded); running jobs go on."""
         self._reading_stopped.set()
 
-    def supersede(self) -> None:
-        """A newer session of this user started in this process (newest wins): stop
-        relaying, let the running jobs finish, then close with 4001."""
+    def supersede(self, *, local: bool = False) -> None:
+        """A newer session of this user holds presence (newest wins): stop reading, let
+        the running jobs finish (within the grace), then close with 4001.
+
+        Args:
+            local: the newer session is in this process: jobs still running at the end
+                of the grace stay pending and its drain redelivers them at once (the
+                desktop's ledger answers them); otherwise their callers are answered
+                ``in_doubt`` when this session ends.
+        """
+        if not local:
+            self._ending = self._ending or "superseded by a newer sidecar session"
         self.stop_reading()
+        if self._listener is not None:
+            self.state.reader.stop_beating(self._listener)
         if self._presence is not None:
             self._presence.supersede()
+
+    def ended_reason(self) -> str | None:
+        """Why the session is ending on purpose, if it is (``_delivery.Executor``)."""
+        return self._ending
 
     async def wait_idle(self) -> None:
         """Return once no entry is being served on this socket (graceful shutdown)."""
@@ -285,7 +307,8 @@ class HubSession:
         self.hello = frame
         for other in list(self.state.sessions.values()):
             if other.user_id == self.user_id:
-                other.supersede()  # same process: at once; other processes: next heartbeat
+                # same process: at once; other processes: their next heartbeat
+                other.supersede(local=True)
         # A hello without tools (the field is optional) means "catalogue unknown": stored
         # as null, so callers are not refused for tools the sidecar never listed.
         catalogue = json.dumps([attrs.asdict(t) for t in frame.tools] or None)
@@ -375,6 +398,7 @@ class HubSession:
         assert self.expires_at is not None
         while (left := self.expires_at - self.state.wall_clock()) > 0:  # noqa: ASYNC110 - wall clock
             await trio.sleep(min(left, self.state.timings.heartbeat_s))
+        self._ending = "token expired"
         raise EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one")
 
     async def _pinger(self) -> NoReturn:
@@ -411,10 +435,13 @@ class HubSession:
         self, entry: Entry, serve: Callable[[Entry, HubSession], Awaitable[None]]
     ) -> None:
         self._serving += 1
+        answered = False
         try:
             await serve(entry, self)
+            answered = True
         finally:
             self.state.inflight.setdefault(self.user_id, set()).discard(entry.entry_id)
+            self.state.reader.served(self.user_id, answered=answered)
             self._limiter.release_on_behalf_of(entry.entry_id)
             self._serving -= 1
             self._serving_changed.set()

@@ -26,7 +26,7 @@ for ``RedisSubstrate`` that keeps its connections open for the block's duration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -61,8 +61,68 @@ def cancel_key(job_id: str) -> str:
     return f"bridge:cancel:{{{job_id}}}"
 
 
+def progress_key(job_id: str) -> str:
+    return f"bridge:progress:{{{job_id}}}"
+
+
+def outcome_event(payload: str) -> str:
+    """The progress-stream entry that ends a job's stream: its result payload."""
+    return '{"outcome":' + payload + "}"
+
+
 def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
+
+
+def proc_key(holder_id: str) -> str:
+    return f"bridge:proc:{{{holder_id}}}"
+
+
+def wake_key(holder_id: str) -> str:
+    return f"bridge:wake:{{{holder_id}}}"
+
+
+def holder_of(session_id: str) -> str | None:
+    """The holder process id a session id names (``"<holder>.<random>"``), or None for a
+    session id without one."""
+    holder, dot, _ = session_id.rpartition(".")
+    return holder if dot and holder else None
+
+
+@attrs.frozen
+class Beat:
+    """One session's heartbeat (see :meth:`ReaderSubstrate.heartbeat`).
+
+    Attributes:
+        user_id: whose presence.
+        session_id: the session that should hold it.
+        catalogue: the session's tool catalogue (JSON text).
+    """
+
+    user_id: str
+    session_id: str
+    catalogue: str
+
+
+@attrs.frozen
+class BeatReply:
+    """What one heartbeat found.
+
+    Attributes:
+        ours: presence was absent or ours and is refreshed (with the catalogue); False: a
+            newer session holds it (hand over).
+        backlog: the user's stream has entries never delivered to the group (a missed
+            wake-up), or its group is missing: read it.
+        reclaim_due: an entry has been pending for at least the reclaim idle: run a
+            reclaim pass for this user.
+        trimmed_due: the entry index names an entry older than the stream's first entry
+            (or the stream is gone): look for entries trimmed before anyone read them.
+    """
+
+    ours: bool
+    backlog: bool = False
+    reclaim_due: bool = False
+    trimmed_due: bool = False
 
 
 @attrs.frozen
@@ -130,6 +190,16 @@ class PresenceSubstrate(Protocol):
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """SET ``bridge:proc:{holder_id}`` PX ttl_s: this hub process is alive (refreshed
+        well within the TTL by the process itself; presence names the process)."""
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """DEL ``bridge:proc:{holder_id}`` (the process is stopping)."""
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """EXISTS ``bridge:proc:{holder_id}``: is the process holding a presence alive?"""
+
 
 class StreamSubstrate(Protocol):
     """The job streams: one per user, consumer group ``bridge-workers``, read by the
@@ -156,9 +226,10 @@ class StreamSubstrate(Protocol):
         Recreates a missing group (NOGROUP) from 0 and returns []."""
 
     async def read_new(
-        self, user_id: str, consumer: str, *, count: int, block_ms: int
+        self, user_id: str, consumer: str, *, count: int, block_ms: int | None
     ) -> list[Entry]:
-        """XREADGROUP ... BLOCK block_ms STREAMS key >: new entries, [] on timeout.
+        """XREADGROUP ... BLOCK block_ms STREAMS key >: new entries, [] on timeout
+        (``block_ms`` None: no BLOCK, answer at once).
         Each new entry goes to exactly one consumer and into its pending entries list.
         Recreates a missing group (NOGROUP) from 0 and returns []; also returns [] when
         the stream is deleted while blocked (Redis 7: UNBLOCKED)."""
@@ -184,16 +255,61 @@ class StreamSubstrate(Protocol):
         (read-only: metrics and the admin API)."""
 
 
+class ReaderSubstrate(Protocol):
+    """What a holder process needs to read every connected user's stream with a bounded
+    number of connections: wake-ups from the enqueuer, and one pipelined heartbeat that
+    also tells which users need a read, a reclaim or a lost-entry sweep."""
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """RPUSH ``user_id`` onto ``bridge:wake:{holder_id}`` and PEXPIRE it ``ttl_s``
+        (one round trip): the holder process reads the user's stream now instead of at
+        its next heartbeat."""
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:
+        the user ids pushed (possibly repeated), or [] on timeout. A cancelled wait pops
+        nothing."""
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """For every beat, in one round trip (pipelined, one script per user, each within
+        that user's slot): refresh presence PX ttl_s if absent or ours and then keep the
+        catalogue equal to the beat's; probe the user's stream (see :class:`BeatReply`);
+        with ``prune``, delete consumers other than ``consumer`` with nothing pending and
+        idle for at least ``reclaim_idle_ms``. Replies in the order of ``beats``."""
+
+
 class ResultSubstrate(Protocol):
     """Result lists: the holder publishes, the caller waits (invariant 3: durable
     before the XACK)."""
 
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
-        """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC)."""
+        """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC); also ends
+        the job's progress stream with :func:`outcome_event`, if that stream exists."""
 
     async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
         A cancelled wait pops nothing."""
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """XADD the job's progress stream (MAXLEN ~ maxlen) + (P)EXPIRE ttl_s, one round
+        trip. Progress is best effort: readers see the latest reports, not every one."""
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """XREAD the job's progress stream after entry ID ``after`` ("0": from the start),
+        blocking up to ``block_ms`` (server-side) for a first one: ``[(entry_id,
+        payload)]``, ``[]`` on timeout or when there is no stream."""
 
 
 class LedgerSubstrate(Protocol):
@@ -204,8 +320,9 @@ class LedgerSubstrate(Protocol):
         """HMGET the index: job id of each entry ID still indexed (enqueued, not acked)."""
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
-        """Indexed entries older than the stream's first entry (trimmed by MAXLEN before
-        any consumer read them, or the stream was deleted): ``[(entry_id, job_id)]``."""
+        """Indexed entries older than the stream's first entry and in no consumer's
+        pending entries list (trimmed by MAXLEN before any consumer read them, or the
+        stream was deleted): ``[(entry_id, job_id)]``."""
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL the entry from the index. True if this call removed it (the caller then
@@ -240,8 +357,10 @@ class LedgerSubstrate(Protocol):
         """GET ``bridge:tools:{user_id}``."""
 
 
-class Substrate(PresenceSubstrate, StreamSubstrate, ResultSubstrate, LedgerSubstrate, Protocol):
-    """Everything the hub needs from its store: the four parts above, plus health and
+class Substrate(
+    PresenceSubstrate, StreamSubstrate, ReaderSubstrate, ResultSubstrate, LedgerSubstrate, Protocol
+):
+    """Everything the hub needs from its store: the five parts above, plus health and
     lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
     contract suite is ``deskbridge_hub.testing.check_substrate``."""
 

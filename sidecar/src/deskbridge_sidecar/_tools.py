@@ -35,15 +35,16 @@ import pydantic
 import trio
 from deskbridge_common import ToolSpec
 
-from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, TOOL_ERROR, Outcome, truncate
-from ._typed import ArgsInvalid, Arguments, to_json_value
+from ._errors import ArgsInvalid, ToolError
+from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, Outcome, truncate
+from ._progress import Progress
+from ._typed import Arguments, to_json_value
 
 log = logging.getLogger("deskbridge.sidecar.tools")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
-_CODE_RE = re.compile(r"[^\s]{1,64}\Z")
 _MARK = "__deskbridge_tool__"
 
 #: The name the session answers itself (live state, never cached, never queued).
@@ -58,24 +59,6 @@ STATUS_SPEC = ToolSpec(
     args_schema={"type": "object"},
     side_effects=False,
 )
-
-
-class ToolError(Exception):
-    """Raise from a tool to report a failure the caller should see.
-
-    The job is answered ``ok: false`` with ``error.code`` = ``code`` and ``error.message``
-    = ``message``. Failures are cached by idempotency key like successes (the tool ran).
-
-    Args:
-        message: human-readable explanation (truncated to 2000 characters on the wire).
-        code: machine-readable code, 1-64 non-space characters; default ``"tool_error"``.
-            An invalid code is replaced by ``"tool_error"``.
-    """
-
-    def __init__(self, message: str, *, code: str = TOOL_ERROR):
-        super().__init__(message)
-        self.message = str(message)
-        self.code = code if isinstance(code, str) and _CODE_RE.match(code) else TOOL_ERROR
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -145,7 +128,7 @@ class Tool:
         if description is None:
             doc = inspect.getdoc(fn) or ""
             description = doc.split("\n\n", 1)[0].strip()
-        arguments = Arguments.from_function(fn, sig)
+        arguments = Arguments.from_function(fn, sig, injected=(Progress,))
         return cls(
             name=tool_name,
             fn=fn,
@@ -342,12 +325,14 @@ class ToolRegistry:
         return f"ToolRegistry({self.names()!r})"
 
 
-async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
+async def invoke(tool: Tool, args: dict[str, Any], *, progress: Progress | None = None) -> Outcome:
     """Run ``tool`` once with ``args`` and capture what happened.
 
     Args:
         tool: the tool.
         args: keyword arguments (the job's ``args`` object).
+        progress: passed to a parameter annotated :class:`Progress`, if the tool has
+            one (default: a callback that records nothing).
 
     Returns:
         ``Outcome.success(value)`` (a model, dataclass, Enum or datetime result is
@@ -364,6 +349,8 @@ async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
         kwargs = tool.convert_args(args)
     except ArgsInvalid as exc:
         return Outcome.failure(BAD_ARGS, str(exc))
+    for name in tool.arguments.injected:
+        kwargs[name] = progress if progress is not None else Progress.discard()
     try:
         if tool.is_async:
             value = await tool.fn(**kwargs)
