@@ -72,7 +72,7 @@ async def test_the_hubs_cancel_terminates_a_process_tool(start_daemon):
     with trio.fail_after(DEADLINE_S):
         daemon, s = await start_daemon(tools=[gil_tools.crunch])
         job = await s.send_job("crunch", {"n": 10**12}, key="k-cancel")
-        while daemon.statistics().running != "crunch":
+        while daemon.statistics().running != "crunch":  # noqa: ASYNC110 - polled, bounded
             await trio.sleep(0.05)
         await trio.sleep(0.5)  # the child is computing, holding its own GIL
         await s.cancel(job.id)
