@@ -64,7 +64,7 @@ async def setup(**fields_override):
 
 
 async def answer(substrate, job_id="job-1"):
-    payload = await substrate.wait_result(job_id, timeout_s=0.001)
+    payload = await substrate.wait_result(USER, job_id, timeout_s=0.001)
     return None if payload is None else json.loads(payload)
 
 
@@ -75,7 +75,7 @@ async def test_a_job_is_forwarded_once_published_then_acked(autojump_clock):
     assert [j.idempotency_key for j in executor.jobs] == ["key-1"]
     assert (await answer(substrate)) == {"status": "completed", "result": {"x": 1}}
     assert substrate.pending_count(USER) == 0
-    assert (await substrate.get_job_state("job-1")).stage is Stage.FINISHED
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.FINISHED
 
 
 async def test_each_delivery_gets_a_fresh_id(autojump_clock):
@@ -99,13 +99,13 @@ async def test_past_its_deadline_is_expired_and_never_forwarded(autojump_clock):
     await server.serve(entry, executor)
     assert executor.jobs == []
     assert (await answer(substrate))["status"] == "expired"
-    assert (await substrate.get_job_state("job-1")).stage is Stage.EXPIRED
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.EXPIRED
     assert substrate.pending_count(USER) == 0
 
 
 async def test_cancel_flag_refuses_the_job_before_it_starts(autojump_clock):
     substrate, server, entry = await setup()
-    await substrate.request_cancel("job-1", ttl_s=60)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
     executor = FakeExecutor()
     await server.serve(entry, executor)
     assert executor.jobs == []
@@ -134,7 +134,7 @@ async def test_executor_gone_records_interrupted_and_leaves_the_entry_pending(au
     substrate, server, entry = await setup()
     with trio.move_on_after(5):
         await server.serve(entry, FakeExecutor(hang=True))
-    assert (await substrate.get_job_state("job-1")).stage is Stage.INTERRUPTED
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
     assert substrate.pending_count(USER) == 1
     assert await answer(substrate) is None
 
@@ -145,7 +145,7 @@ async def test_an_entry_whose_body_is_gone_is_answered_lost_once(autojump_clock)
     await server.answer_lost(entry.entry_id, "job-1")  # a second sweep: nothing more
     assert (await answer(substrate))["status"] == "lost"
     assert await answer(substrate) is None
-    assert (await substrate.get_job_state("job-1")).stage is Stage.LOST
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.LOST
 
 
 async def test_cancel_control_entry_reaches_the_executor_and_is_acked(autojump_clock):
