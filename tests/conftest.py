@@ -65,6 +65,13 @@ async def _read(reader: BufferedByteReceiveStream) -> Any:
     raise AssertionError(f"unexpected RESP line {line!r}")
 
 
+@pytest.fixture(autouse=True)
+def _sidecar_data_dir(tmp_path_factory, monkeypatch) -> None:
+    """A sidecar started in a test (in-process ``main`` or a child process without its
+    own) never touches the user's real ledger, nor one another test holds."""
+    monkeypatch.setenv("DESKBRIDGE_DATA_DIR", str(tmp_path_factory.mktemp("sidecar-data")))
+
+
 @pytest.fixture
 def redis_url() -> str:
     return REDIS_URL

@@ -185,6 +185,7 @@ class Sidecar(Proc):
         env=None,
         name="sidecar",
         extra_args: Sequence[str] = (),
+        data_dir: Path | None = None,
         prefix: Sequence[str] = (),
     ):
         argv = [
@@ -199,7 +200,13 @@ class Sidecar(Proc):
         for module in tools:
             argv += ["--tools", module]
         argv += list(extra_args)
-        full_env = {"PYTHONPATH": str(Path(__file__).parent / "tools")}
+        # Each sidecar its own ledger unless the test shares one on purpose (a restart
+        # of "the same desktop" passes the first one's ``data_dir``).
+        self.data_dir = data_dir or tmp / f"{name}-{secrets.token_hex(3)}-data"
+        full_env = {
+            "PYTHONPATH": str(Path(__file__).parent / "tools"),
+            "DESKBRIDGE_DATA_DIR": str(self.data_dir),
+        }
         full_env.update(env or {})
         super().__init__(argv, full_env, tmp / f"{name}-{secrets.token_hex(3)}.log")
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import trio
 import trio.testing
 from deskbridge_common import Job, JobError, JobResult, LocalProtocolError, Timings
 from deskbridge_hub._delivery import EntryServer
+from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._jobs import JobEnvelope
 from deskbridge_hub._jobstate import (
     TERMINAL,
@@ -212,3 +214,71 @@ def test_state_round_trips_and_bad_text_is_refused():
     for bad in ["", "[]", '{"stage": "nope", "user_id": "u"}', '{"stage": "queued"}']:
         with pytest.raises(MalformedState):
             JobState.decode(bad)
+
+
+
+class Watched:
+    """The memory substrate seen through a proxy that can refuse result writes and
+    records the order of result writes and XACKs."""
+
+    def __init__(self, inner: MemorySubstrate, *, refuse_publishes: int = 0):
+        self._inner = inner
+        self._refuse = refuse_publishes
+        self.order: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def publish_result(self, job_id, payload, *, ttl_s):
+        # whatever happens to this write, the entry must still be pending now
+        assert self._inner.pending_count(USER) == 1, "XACK came before the result write"
+        if self._refuse:
+            self._refuse -= 1
+            self.order.append("refused")
+            raise SubstrateUnavailable("result writes refused (test)")
+        await self._inner.publish_result(job_id, payload, ttl_s=ttl_s)
+        self.order.append("publish")
+
+    async def ack(self, user_id, entry_id):
+        self.order.append("ack")
+        return await self._inner.ack(user_id, entry_id)
+
+
+async def test_invariant_3_xack_only_after_the_result_is_durable(autojump_clock):
+    """Invariant 3: an entry is acknowledged only once its result is durable.
+
+    Only the result write fails (an XACK would succeed), so an XACK moved before the
+    RPUSH is caught: the entry would leave the pending entries list while its caller has
+    no answer, and a crash then would lose the job for good.
+    """
+    substrate, server, entry = await setup()
+    watched = Watched(substrate, refuse_publishes=3)
+    server = attrs.evolve(server, substrate=watched)
+    with trio.fail_after(120):
+        await server.serve(entry, FakeExecutor())
+    assert watched.order == ["refused", "refused", "refused", "publish", "ack"]
+    assert (await answer(substrate))["status"] == "completed"
+    assert substrate.pending_count(USER) == 0
+
+
+@pytest.mark.parametrize("kind", ["failed", "expired", "lost", "malformed"])
+async def test_invariant_3_holds_for_every_answer_the_hub_publishes(autojump_clock, kind):
+    """The tool's failure and the hub's own answers (expired, lost, malformed) also
+    publish before the XACK."""
+    if kind == "expired":
+        substrate, server, entry = await setup(deadline=repr(wall() - 1))
+    elif kind == "malformed":
+        substrate, server, entry = await setup(args="not json")
+    else:
+        substrate, server, entry = await setup()
+    if kind == "lost":
+        entry = type(entry)(entry.entry_id, None)  # body trimmed before anyone ran it
+    watched = Watched(substrate, refuse_publishes=1)
+    server = attrs.evolve(server, substrate=watched)
+    executor = FakeExecutor(lambda job: JobResult(job.id, False, error=JobError("boom", "no")))
+    with trio.fail_after(120):
+        await server.serve(entry, executor)
+    assert watched.order == ["refused", "publish", "ack"]
+    status = {"malformed": "failed"}.get(kind, kind)
+    assert (await answer(substrate))["status"] == status
+    assert substrate.pending_count(USER) == 0

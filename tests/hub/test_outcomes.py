@@ -78,6 +78,29 @@ async def test_expired_on_arrival_at_the_sidecar_is_reported_expired(autojump_cl
         nursery.cancel_scope.cancel()
 
 
+async def test_in_doubt_from_the_sidecar_is_its_own_outcome(autojump_clock, state, bridge):
+    """The sidecar's ledger answers a job that started before a crash ``in_doubt``: the
+    hub reports it as that outcome (409, ``JobInDoubt``), not as a plain failure."""
+    from deskbridge_hub import JobInDoubt
+    from deskbridge_hub._app import HTTP_STATUS
+
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+
+        async def doubt(frame):
+            if isinstance(frame, Job):
+                error = JobError("in_doubt", "started, sidecar died")
+                await peer.send(JobResult(frame.id, False, error=error))
+
+        nursery.start_soon(sidecar, peer, doubt)
+        outcome = await bridge.dispatch("u1", "click", {})
+        assert outcome.status == "in_doubt" and outcome.error["code"] == "in_doubt"
+        with pytest.raises(JobInDoubt):
+            await bridge.call("u1", "click", {})
+        assert HTTP_STATUS["in_doubt"] == 409
+        nursery.cancel_scope.cancel()
+
+
 async def test_timeout_says_queued_when_nobody_took_the_job(autojump_clock, state, bridge):
     # presence lingers (a hub process died without clearing it) but nothing reads the stream
     await state.substrate.set_presence("u1", "ghost", 30)
@@ -343,6 +366,7 @@ async def test_outcome_table_in_docs_lists_every_status():
                 "unavailable",
                 "lost",
                 "cancelled",
+                "in_doubt",
             ]
         )
     )

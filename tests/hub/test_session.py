@@ -448,3 +448,41 @@ async def test_session_closes_when_its_token_expires(autojump_clock):
         assert 95.0 <= trio.current_time() - start <= 95.5
         await trio.testing.wait_all_tasks_blocked()
         assert not (await bridge.presence("u1")).online
+
+
+async def test_progress_of_a_running_delivery_reaches_the_hook_and_stray_progress_closes_1008(
+    autojump_clock,
+):
+    from deskbridge_common import Progress
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    seen = []
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: serve_sidecar(
+                state, hub_side, "u1", on_progress=lambda job_id, p: seen.append((job_id, p))
+            )
+        )
+        await peer.send(Hello(protocol_version=1, sidecar_version="test"))
+        assert isinstance(await peer.receive(), Welcome)
+        outcomes = []
+
+        async def call():
+            outcomes.append(await bridge.dispatch("u1", "echo", {"a": 1}))
+
+        nursery.start_soon(call)
+        job = await peer.receive()
+        assert isinstance(job, Job)
+        await peer.send(Progress(job.id, 1, 2, "half"))
+        await peer.send(JobResult(job.id, True, "done"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == [(job.job_id, Progress(job.id, 1, 2, "half"))]
+        assert outcomes[0].status == "completed"
+        # After its job_result the delivery is no longer outstanding: progress breaks the rules.
+        await peer.send(Progress(job.id, 2, 2))
+        await peer.closed.wait()
+        assert peer.close_code == CLOSE_POLICY_VIOLATION
+        assert "not outstanding" in peer.close_reason
+        nursery.cancel_scope.cancel()

@@ -21,10 +21,11 @@ DEADLINE_S = 30
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
+def _clean_env(monkeypatch, tmp_path):
     for name in list(os.environ):
         if name.startswith("DESKBRIDGE_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("DESKBRIDGE_DATA_DIR", str(tmp_path / "ledger-dir"))  # not the user's
 
 
 def test_help(capsys):
@@ -185,3 +186,28 @@ async def test_entry_point_exits_2_when_the_token_is_refused(nursery, tmp_path):
         b"token refused by hub (401): issue a new one with `deskbridge-hub token USER_ID`"
         in result.stderr
     )
+
+
+async def test_a_second_sidecar_on_one_ledger_exits_2_with_one_line(tmp_path):
+    from deskbridge_sidecar._ledger import LEDGER_FILE, Ledger
+
+    holder = Ledger.open(tmp_path / "data" / LEDGER_FILE)  # the first sidecar
+    try:
+        with trio.fail_after(DEADLINE_S):
+            result = await trio.run_process(
+                [str(BIN), "run", "--hub", "ws://127.0.0.1:9", "--token", "t",
+                 "--data-dir", str(tmp_path / "data")],  # fmt: skip
+                capture_stderr=True,
+                check=False,
+            )
+    finally:
+        holder.close()
+    assert result.returncode == 2
+    assert b"another sidecar is using the ledger" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def test_help_names_the_data_dir(capsys):
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--data-dir DIR" in out and "DESKBRIDGE_DATA_DIR" in out

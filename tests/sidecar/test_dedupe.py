@@ -8,6 +8,7 @@ from __future__ import annotations
 import trio
 from deskbridge_common import Timings
 from deskbridge_sidecar import tool
+from deskbridge_sidecar._ledger import PRUNE_INTERVAL_S
 
 from .conftest import settle
 
@@ -132,26 +133,68 @@ async def test_an_orphaned_run_still_blocks_the_next_tool(autojump_clock, start_
     assert spans["new"][0] >= spans["old"][1] == 20
 
 
-async def test_outcomes_expire_after_300_s(autojump_clock, start_daemon):
+async def test_keys_are_kept_until_their_deadline_plus_the_result_ttl(
+    autojump_clock, start_daemon, wall
+):
+    """The old cache forgot after 300 s whatever the deadline; the ledger keeps a key
+    until the latest moment it could be redelivered: its deadline + the result TTL."""
     submit, calls = counting_tool()
     daemon, s = await start_daemon(tools=[submit])
-    await s.call("submit", {"form": "f"}, key="k-ttl")
-    await trio.sleep(299)
-    assert (await s.call("submit", {"form": "f"}, key="k-ttl")).result["n"] == 1
-    await trio.sleep(1)
+    deadline = wall() + 3600
+    await s.call("submit", {"form": "f"}, key="k-ttl", deadline=deadline)
+    await trio.sleep(3600 + 300 - 120)  # past the memory cache, inside the window
+    again = await s.call("submit", {"form": "f"}, key="k-ttl", deadline=wall() + 60)
+    assert again.result["n"] == 1 and len(calls) == 1
+    await trio.sleep(120 + PRUNE_INTERVAL_S)  # past deadline + TTL, and one prune pass
     assert (await s.call("submit", {"form": "f"}, key="k-ttl")).result["n"] == 2
     assert len(calls) == 2
 
 
-async def test_cache_holds_at_most_dedupe_size_outcomes(autojump_clock, start_daemon):
+async def test_the_ledger_remembers_what_the_memory_cache_evicted(autojump_clock, start_daemon):
+    """Issue 12: 400 keyed jobs, the oldest pushed out of the 256-entry cache ran again
+    on redelivery. The memory cache is only a fast path now."""
     submit, calls = counting_tool()
     daemon, s = await start_daemon(tools=[submit], timings=Timings(dedupe_size=2))
     for key in ("k1", "k2", "k3"):
         await s.call("submit", {"form": key}, key=key)
     assert daemon.statistics().dedupe_entries == 2
-    assert (await s.call("submit", {"form": "k3"}, key="k3")).result["n"] == 3  # cached
-    assert (await s.call("submit", {"form": "k1"}, key="k1")).result["n"] == 4  # evicted
-    assert len(calls) == 4
+    assert (await s.call("submit", {"form": "k3"}, key="k3")).result["n"] == 3  # memory
+    assert (await s.call("submit", {"form": "k1"}, key="k1")).result["n"] == 1  # ledger
+    assert len(calls) == 3
+
+
+async def test_same_key_other_args_or_tool_is_refused(autojump_clock, start_daemon):
+    submit, calls = counting_tool()
+
+    @tool
+    def other(form: str) -> str:
+        calls.append({"form": "other"})
+        return form
+
+    daemon, s = await start_daemon(tools=[submit, other])
+    first = await s.call("submit", {"form": "a"}, key="k-one")
+    changed = await s.call("submit", {"form": "b"}, key="k-one")
+    elsewhere = await s.call("other", {"form": "a"}, key="k-one")
+    same = await s.call("submit", {"form": "a"}, key="k-one")
+    assert first.ok and same.result == first.result
+    for refused in (changed, elsewhere):
+        assert not refused.ok and refused.error.code == "idempotency_key_reused"
+    assert "different arguments" in changed.error.message
+    assert "another tool" in elsewhere.error.message
+    assert len(calls) == 1
+
+
+async def test_same_key_other_args_while_the_original_runs_is_refused(
+    autojump_clock, start_daemon
+):
+    submit, calls = counting_tool(seconds=10)
+    daemon, s = await start_daemon(tools=[submit])
+    original = await s.send_job("submit", {"form": "a"}, key="k-busy")
+    await settle()
+    changed = await s.send_job("submit", {"form": "b"}, key="k-busy")
+    refused = await s.wait_result(changed.id)
+    assert refused.error.code == "idempotency_key_reused" and trio.current_time() < 10
+    assert (await s.wait_result(original.id)).ok and len(calls) == 1
 
 
 async def test_status_is_never_cached(autojump_clock, start_daemon):

@@ -50,6 +50,13 @@ BAD_RESULT = "bad_result"  #: the tool returned something that is not JSON or to
 # Sent by either side (each is also an outcome of the same name):
 EXPIRED = "expired"  #: the deadline passed before the job started; it never started
 CANCELLED = "cancelled"  #: cancelled (by the caller via the hub, or the sidecar stopped)
+#: the key was first used for another tool or other arguments; nothing ran (issue 12)
+IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+#: the job started in a sidecar process that died before it finished (its ledger has
+#: the start, no outcome): it may have acted; never run again under that key
+IN_DOUBT = "in_doubt"
+#: the sidecar could not read or write its ledger; the tool did not start
+LEDGER_ERROR = "ledger_error"
 # Written by the hub:
 LOST = "lost"  #: the queued entry was trimmed or deleted before it ran
 MALFORMED = "malformed"  #: the stream entry does not decode into a job
@@ -57,12 +64,15 @@ BAD_JOB = "bad_job"  #: the entry decodes but no sidecar could accept it as a fr
 OFFLINE = "offline"  #: no sidecar of the user is connected
 UNAVAILABLE = "unavailable"  #: the substrate (Redis) cannot be used right now
 #: Error codes that are also the job's outcome (every other error code means "failed").
-OUTCOME_ERROR_CODES = frozenset({EXPIRED, CANCELLED})
+OUTCOME_ERROR_CODES = frozenset({EXPIRED, CANCELLED, IN_DOUBT})
 
 __all__ = [
     "BAD_ARGS",
     "BAD_JOB",
     "BAD_RESULT",
+    "IDEMPOTENCY_KEY_REUSED",
+    "IN_DOUBT",
+    "LEDGER_ERROR",
     "CANCELLED",
     "CLOSE_ABNORMAL",
     "CLOSE_GOING_AWAY",

@@ -28,6 +28,7 @@ from ._errors import (
     JobExpired,
     JobFailed,
     JobIdInUse,
+    JobInDoubt,
     JobLost,
     JobTimeout,
     UnknownJob,
@@ -68,8 +69,8 @@ class Outcome:
 
     Attributes:
         job_id: the job's id (None if it was never enqueued: offline, bad request).
-        status: completed | failed | expired | lost | cancelled | timeout | offline |
-            unavailable.
+        status: completed | failed | expired | lost | cancelled | in_doubt | timeout |
+            offline | unavailable.
         result: the tool's return value when completed.
         error: ``{"code", "message"}`` for every other status.
         detail: extra facts (``stage`` for timeouts).
@@ -100,6 +101,7 @@ _ERRORS: dict[str, type[BridgeError]] = {
     "expired": JobExpired,
     "lost": JobLost,
     "cancelled": JobCancelled,
+    "in_doubt": JobInDoubt,
     "timeout": JobTimeout,
     "offline": DesktopOffline,
 }

@@ -31,7 +31,15 @@ from typing import Protocol
 
 import attrs
 import trio
-from deskbridge_common import Job, JobResult, LocalProtocolError, Timings
+from deskbridge_common import (
+    BAD_JOB,
+    MALFORMED,
+    OUTCOME_ERROR_CODES,
+    Job,
+    JobResult,
+    LocalProtocolError,
+    Timings,
+)
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
@@ -73,7 +81,7 @@ def outcome_of(result: JobResult) -> tuple[str, str]:
         return "completed", result_payload("completed", result=result.result)
     code = result.error.code if result.error else "failed"
     message = result.error.message if result.error else "failed"
-    status = code if code in ("expired", "cancelled") else "failed"
+    status = code if code in OUTCOME_ERROR_CODES else "failed"
     return status, result_payload(status, error={"code": code, "message": message})
 
 
@@ -124,7 +132,7 @@ class EntryServer:
             )
             job_id = entry.fields.get("job_id")
             if job_id:
-                payload = failed_payload("malformed", str(exc))
+                payload = failed_payload(MALFORMED, str(exc))
                 tool = entry.fields.get("name")
                 await self.finish(entry.entry_id, job_id, "failed", payload, tool=tool)
             else:
@@ -177,7 +185,7 @@ class EntryServer:
             # An entry no sidecar could accept (written by a buggy producer): answer it
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
-            payload = failed_payload("bad_job", exc.reason)
+            payload = failed_payload(BAD_JOB, exc.reason)
             await self.finish(entry.entry_id, job_id, "failed", payload, envelope=envelope)
             return
         except BaseException:

@@ -39,6 +39,7 @@ KNOWN: frozenset[str] = frozenset(
         "DESKBRIDGE_HUB_HTTP",
         "DESKBRIDGE_HUB_URL",
         "DESKBRIDGE_TOKEN",
+        "DESKBRIDGE_DATA_DIR",
         "DESKBRIDGE_CONFIG",
         "DESKBRIDGE_VENV",
     }

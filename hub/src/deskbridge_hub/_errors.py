@@ -62,6 +62,14 @@ class JobLost(BridgeError):
     status = "lost"
 
 
+class JobInDoubt(BridgeError):
+    """The job started on the desktop but the sidecar stopped (crash, kill, power
+    loss) before it finished: it may have acted. The sidecar's ledger refuses to run
+    it again under the same idempotency key; check, then retry with a new key."""
+
+    status = "in_doubt"
+
+
 class JobCancelled(BridgeError):
     """The job was cancelled (``Bridge.cancel``) before or while it ran."""
 

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from deskbridge_common import CANCELLED, EXPIRED, LOST
 
 #: Terminal outcomes a result payload can carry (docs/outcomes.md).
-OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled"})
+OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled", "in_doubt"})
 
 
 class MalformedEntry(ValueError):
@@ -127,7 +128,7 @@ def cancelled_before_start() -> str:
     cancel flag set)."""
     return result_payload(
         "cancelled",
-        error={"code": "cancelled", "message": "cancelled before it started"},
+        error={"code": CANCELLED, "message": "cancelled before it started"},
         detail={"stage": "queued"},
     )
 
@@ -136,7 +137,7 @@ def lost_payload() -> str:
     """The payload for an entry trimmed or deleted before any executor received it."""
     return result_payload(
         "lost",
-        error={"code": "lost", "message": "the queued entry was trimmed or deleted before it ran"},
+        error={"code": LOST, "message": "the queued entry was trimmed or deleted before it ran"},
     )
 
 
@@ -144,7 +145,7 @@ def expired_payload() -> str:
     """The payload for a job whose deadline passed before it was forwarded."""
     return result_payload(
         "expired",
-        error={"code": "expired", "message": "deadline passed before the job was forwarded"},
+        error={"code": EXPIRED, "message": "deadline passed before the job was forwarded"},
         detail={"stage": "queued"},
     )
 

@@ -63,6 +63,7 @@ TRANSITIONS: dict[Stage, frozenset[Stage]] = {
 STAGE_OF_OUTCOME: dict[str, Stage] = {
     "completed": Stage.FINISHED,
     "failed": Stage.FINISHED,
+    "in_doubt": Stage.FINISHED,  # the desktop's answer: it started once, never again
     "cancelled": Stage.CANCELLED,
     "expired": Stage.EXPIRED,
     "lost": Stage.LOST,

@@ -12,6 +12,12 @@ nursery owned by the session holding
   per entry; serving one entry is ``_delivery.EntryServer``, socket-free, with this
   session as its :class:`~deskbridge_hub._delivery.Executor`.
 
+The protocol's rules — hello first, the protocol version, which frames a sidecar may
+send, outstanding delivery ids, ping nonces and deadlines, a close code per violation —
+are the sans-I/O :class:`deskbridge_common.Connection`'s (the sidecar's session drives the
+same one); this module does the I/O around it and the hub's own policy (tool schemas,
+presence, relaying).
+
 Any task ends the session by raising :class:`~deskbridge_hub._errors.EndSession` (or
 ``SocketClosed``); the close frame is sent after the nursery ended and presence is
 cleared (if still ours).
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol
@@ -29,24 +36,25 @@ import attrs
 import trio
 from deskbridge_common import (
     CLOSE_NORMAL,
-    CLOSE_PING_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_TOKEN_EXPIRED,
-    CLOSE_UNSUPPORTED_DATA,
-    PROTOCOL_VERSION,
+    CLOSE_TRY_AGAIN_LATER,
     Cancel,
+    Connection,
     Error,
     Frame,
     Hello,
+    Ignored,
     Job,
     JobResult,
     Ping,
     Pong,
+    Progress,
     RemoteProtocolError,
+    Role,
     Welcome,
-    decode_frame,
-    encode_frame,
 )
+from deskbridge_common._connection import Event
 
 from . import _metrics
 from ._delivery import EntryServer
@@ -62,9 +70,10 @@ log = logging.getLogger("deskbridge.hub.session")
 
 #: Frames queued for the writer before a sender waits (backpressure per socket).
 SEND_QUEUE = 256
-#: Close code when the substrate cannot take the session at the handshake (RFC 6455
-#: 1013 "try again later").
-CLOSE_TRY_AGAIN_LATER = 1013
+#: Called by the reader with (job_id, frame) for each ``progress`` frame of a delivery on
+#: this socket. Runs on the reader: it must not block (invariant 4: reading never waits on
+#: work); hand the frame on with ``send_nowait`` or a non-blocking publish.
+ProgressHook = Callable[[str, Progress], None]
 
 
 class SidecarSocket(Protocol):
@@ -96,6 +105,8 @@ class HubSession:
     expires_at: float | None = None
     hello: Hello | None = None
     deliveries: dict[str, _Delivery] = attrs.field(factory=dict)
+    on_progress: ProgressHook | None = None
+    _conn: Connection = attrs.field(init=False)
     _send: trio.MemorySendChannel[str] = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
     _pongs: dict[str, trio.Event] = attrs.field(factory=dict)
@@ -107,6 +118,11 @@ class HubSession:
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
+        self._conn = Connection(
+            Role.HUB,
+            now_s=trio.current_time(),
+            handshake_timeout_s=self.state.timings.ping_timeout_s,
+        )
         self._send, self._recv = trio.open_memory_channel[str](SEND_QUEUE)
         self._limiter = trio.CapacityLimiter(self.state.max_inflight_per_session)
 
@@ -179,6 +195,7 @@ class HubSession:
     async def close(self, code: int, reason: str) -> None:
         """End the session from outside (graceful shutdown): send the close frame
         first, then cancel the session's tasks."""
+        self._conn.close(code, reason)
         await self._close(code, reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -206,30 +223,61 @@ class HubSession:
             raise EndSession(CLOSE_NORMAL, "socket closed") from None
 
     async def _close(self, code: int, reason: str) -> None:
+        self._conn.close(code, reason)
         with trio.move_on_after(self.state.timings.close_timeout_s, shield=True):
             try:
                 await self.socket.close(code, reason)
             except Exception:  # noqa: BLE001 - the socket may already be gone
                 pass
 
+    async def _receive(self) -> list[Event]:
+        """The connection's events for the next message.
+
+        Raises:
+            SocketClosed: the peer closed the socket or it broke.
+            EndSession: the sidecar broke the protocol (with the Connection's close code).
+        """
+        raw = await self.socket.receive()
+        try:
+            return self._conn.receive(raw)
+        except RemoteProtocolError as exc:
+            log.warning(
+                "session %s: bad frame from %s: %s", self.session_id, self.user_id, exc.reason
+            )
+            raise EndSession(exc.close_code, exc.reason) from None
+
+    def _encode(self, frame: Frame) -> str:
+        """The text of ``frame`` from the connection (its rules, its bookkeeping).
+
+        Raises:
+            EndSession: the session is closing (with its close code); nothing more may be
+                sent but ``error``.
+            LocalProtocolError: ``frame`` breaks the protocol (a bug here, or a job no
+                sidecar could accept).
+        """
+        code = self._conn.close_code
+        if code is not None and not self._conn.may_send(frame.type):
+            raise EndSession(code, self._conn.close_reason or "closing")
+        return self._conn.send(frame, now_s=trio.current_time())
+
     async def _handshake(self) -> PresenceKeeper:
         t = self.state.timings
-        with trio.move_on_after(t.ping_timeout_s) as scope:
+        deadline_s = self._conn.deadline_s
+        frame: Hello | None = None
+        with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
             try:
-                raw = await self.socket.receive()
+                events = await self._receive()
             except SocketClosed:
                 raise EndSession(CLOSE_NORMAL, "closed before hello") from None
-        if scope.cancelled_caught:
-            raise EndSession(CLOSE_POLICY_VIOLATION, "no hello within ping timeout")
-        frame = self._decode(raw)
-        if not isinstance(frame, Hello):
-            raise EndSession(CLOSE_POLICY_VIOLATION, f"expected hello, got {frame.type}")
-        if frame.protocol_version != PROTOCOL_VERSION:
-            raise EndSession(
-                CLOSE_POLICY_VIOLATION,
-                f"unsupported protocol_version {frame.protocol_version}"
-                f"; hub speaks {PROTOCOL_VERSION}",
-            )
+            # Before the welcome the Connection lets a sidecar send only hello.
+            assert len(events) == 1 and isinstance(events[0], Hello), events
+            frame = events[0]
+        if frame is None:
+            try:
+                self._conn.check_deadlines(trio.current_time())
+            except RemoteProtocolError as exc:
+                raise EndSession(exc.close_code, exc.reason) from None
+            raise AssertionError("handshake deadline passed but the Connection disagrees")
         for i, spec in enumerate(frame.tools):
             problem = check_tool_schema(spec.args_schema)
             if problem:
@@ -251,16 +299,13 @@ class HubSession:
             raise EndSession(
                 CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
             ) from None
-        await self.socket.send(
-            encode_frame(
-                Welcome(
-                    session_id=self.session_id,
-                    heartbeat_s=t.heartbeat_s,
-                    ping_interval_s=t.ping_interval_s,
-                    ping_timeout_s=t.ping_timeout_s,
-                )
-            )
+        welcome = Welcome(
+            session_id=self.session_id,
+            heartbeat_s=t.heartbeat_s,
+            ping_interval_s=t.ping_interval_s,
+            ping_timeout_s=t.ping_timeout_s,
         )
+        await self.socket.send(self._encode(welcome))
         log.info(
             "session %s: %s online (sidecar %s)",
             self.session_id,
@@ -270,17 +315,6 @@ class HubSession:
         )
         return presence
 
-    def _decode(self, raw: str | bytes) -> Frame:
-        if isinstance(raw, bytes):
-            raise EndSession(CLOSE_UNSUPPORTED_DATA, "binary frames are not part of the protocol")
-        try:
-            return decode_frame(raw)
-        except RemoteProtocolError as exc:
-            log.warning(
-                "session %s: bad frame from %s: %s", self.session_id, self.user_id, exc.reason
-            )
-            raise EndSession(exc.close_code, exc.reason) from None
-
     # -- tasks -------------------------------------------------------------------------
 
     async def _writer(self) -> None:
@@ -289,37 +323,51 @@ class HubSession:
 
     async def _reader(self) -> None:
         while True:
-            frame = self._decode(await self.socket.receive())
-            if isinstance(frame, JobResult):
-                delivery = self.deliveries.get(frame.id)
-                if delivery is None or delivery.done.is_set():
-                    log.warning(
-                        "session %s: job_result for id %r not delivered on this socket; refused",
-                        self.session_id,
-                        frame.id[:64],
-                    )
-                    continue
-                delivery.result = frame
-                delivery.done.set()
-            elif isinstance(frame, Ping):
-                # Blocks when the send queue is full: a peer flooding pings without
-                # reading stalls only its own session, and the pinger's deadline ends it.
-                await self._send.send(encode_frame(Pong(nonce=frame.nonce)))
-            elif isinstance(frame, Pong):
-                event = self._pongs.get(frame.nonce)
-                if event is not None:
-                    event.set()
-            elif isinstance(frame, Error):
-                log.info(
-                    "session %s: sidecar says %s: %r",
-                    self.session_id,
-                    frame.code,
-                    frame.message[:200],
-                )
+            for event in await self._receive():
+                await self._route(event)
+
+    async def _route(self, event: Event) -> None:
+        if isinstance(event, JobResult):
+            delivery = self.deliveries.get(event.id)
+            if delivery is None:  # its serving task is gone (cancelled): nobody waits
+                self._refused(event, "its delivery is no longer awaited")
+                return
+            delivery.result = event
+            delivery.done.set()
+        elif isinstance(event, Progress):
+            delivery = self.deliveries.get(event.id)
+            if delivery is not None and self.on_progress is not None:
+                self.on_progress(delivery.job_id, event)
+        elif isinstance(event, Ping):
+            # Blocks when the send queue is full: a peer flooding pings without
+            # reading stalls only its own session, and the pinger's deadline ends it.
+            await self._send.send(self._encode(Pong(nonce=event.nonce)))
+        elif isinstance(event, Pong):
+            pong = self._pongs.get(event.nonce)
+            if pong is not None:
+                pong.set()
+        elif isinstance(event, Error):
+            log.info(
+                "session %s: sidecar says %s: %r",
+                self.session_id,
+                event.code,
+                event.message[:200],
+            )
+        elif isinstance(event, Ignored):
+            if isinstance(event.frame, JobResult):
+                self._refused(event.frame, event.reason)
             else:
-                raise EndSession(
-                    CLOSE_POLICY_VIOLATION, f"unexpected {frame.type} frame from sidecar"
+                log.info(
+                    "session %s: %s ignored: %s", self.session_id, event.frame.type, event.reason
                 )
+
+    def _refused(self, result: JobResult, why: str) -> None:
+        log.warning(
+            "session %s: job_result for id %r not delivered on this socket; refused (%s)",
+            self.session_id,
+            result.id[:64],
+            why,
+        )
 
     async def _expiry(self) -> NoReturn:
         """Close the session when its token expires (checked against the wall clock at
@@ -330,19 +378,23 @@ class HubSession:
         raise EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one")
 
     async def _pinger(self) -> NoReturn:
+        """A ping every ``ping_interval_s``; the Connection holds its deadline
+        (``ping_timeout_s`` from when it is queued: a peer that stops reading fills the
+        send queue, and must be timed out all the same) and the close code (4002)."""
         t = self.state.timings
         while True:
             await trio.sleep(t.ping_interval_s)
             nonce = uuid.uuid4().hex
-            event = self._pongs[nonce] = trio.Event()
+            answered = self._pongs[nonce] = trio.Event()
             try:
-                # The deadline covers queueing the ping too: a peer that stops reading
-                # fills the send queue, and must be timed out all the same.
-                with trio.move_on_after(t.ping_timeout_s):
-                    await self._send.send(encode_frame(Ping(nonce=nonce)))
-                    await event.wait()
-                if not event.is_set():
-                    raise EndSession(CLOSE_PING_TIMEOUT, f"no pong within {t.ping_timeout_s:g} s")
+                text = self._encode(Ping(nonce=nonce))
+                deadline_s = self._conn.deadline_s
+                with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
+                    await self._send.send(text)
+                    await answered.wait()
+                self._conn.check_deadlines(trio.current_time())
+            except RemoteProtocolError as exc:
+                raise EndSession(exc.close_code, exc.reason) from None
             finally:
                 self._pongs.pop(nonce, None)
 
@@ -370,7 +422,7 @@ class HubSession:
 
     async def execute(self, job: Job) -> JobResult:
         """Send ``job`` and wait for its ``job_result`` (see ``_delivery.Executor``)."""
-        frame = encode_frame(job)  # LocalProtocolError: no sidecar could accept it
+        frame = self._encode(job)  # LocalProtocolError: no sidecar could accept it
         delivery = self.deliveries[job.id] = _Delivery(job_id=job.job_id)
         try:
             await self._send.send(frame)
@@ -384,18 +436,27 @@ class HubSession:
         """A cancel control entry: send ``cancel`` at once for a delivery of that job on
         this socket. (Queued jobs are refused by the cancel flag when read.)"""
         for delivery_id, delivery in list(self.deliveries.items()):
-            if delivery.job_id == job_id and not delivery.done.is_set():
+            if (
+                delivery.job_id == job_id
+                and not delivery.done.is_set()
+                and delivery_id in self._conn.outstanding
+            ):
                 log.info(
                     "session %s: cancelling job %s (delivery %s)",
                     self.session_id,
                     job_id,
                     delivery_id,
                 )
-                await self._send.send(encode_frame(Cancel(id=delivery_id)))
+                await self._send.send(self._encode(Cancel(id=delivery_id)))
 
 
 async def serve_sidecar(
-    state: HubState, socket: SidecarSocket, user_id: str, *, expires_at: float | None = None
+    state: HubState,
+    socket: SidecarSocket,
+    user_id: str,
+    *,
+    expires_at: float | None = None,
+    on_progress: ProgressHook | None = None,
 ) -> None:
     """Serve one authenticated sidecar socket until it closes (see module docstring).
 
@@ -405,12 +466,21 @@ async def serve_sidecar(
         user_id: the user, taken from the verified token only.
         expires_at: the token's ``exp`` (Unix seconds, wall clock): the session is closed
             with 4003 when it passes, so a token's lifetime bounds its sessions too.
+        on_progress: called with ``(job_id, Progress)`` for each ``progress`` frame of a
+            delivery on this socket, from the reader (it must not block).
 
     Cancellation: ends the session; presence is cleared only if still ours (shielded,
     bounded by ``CLEANUP_TIMEOUT_S``); in-flight entries stay pending and are
     redelivered.
     """
-    await HubSession(state, socket, user_id, expires_at=expires_at).run()
+    await HubSession(state, socket, user_id, expires_at=expires_at, on_progress=on_progress).run()
 
 
-__all__ = ["HubSession", "HubState", "SidecarSocket", "SocketClosed", "serve_sidecar"]
+__all__ = [
+    "HubSession",
+    "HubState",
+    "ProgressHook",
+    "SidecarSocket",
+    "SocketClosed",
+    "serve_sidecar",
+]

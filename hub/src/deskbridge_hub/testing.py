@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 import trio
 from deskbridge_common import Frame, decode_frame, encode_frame
+from deskbridge_common.testing import MemorySocket, memory_socket_pair
 
 from . import _contract_caller as _contract_caller  # registers the caller-path checks
 from . import _contract_streams as _contract_streams  # registers the stream checks
@@ -18,88 +19,81 @@ from ._contract import CHECKS, SubstrateHarness, check_substrate
 from ._errors import SocketClosed
 
 
-@attrs.define(eq=False)
-class _Pipe:
-    send: trio.MemorySendChannel[str | bytes]
-    recv: trio.MemoryReceiveChannel[str | bytes]
-    closed: trio.Event = attrs.field(factory=trio.Event)
-    close_code: int | None = None
-    close_reason: str | None = None
+def _socket_closed(code: int, reason: str) -> SocketClosed:
+    return SocketClosed(f"socket closed ({code}{': ' + reason if reason else ''})")
 
 
-@attrs.define(eq=False)
-class MemoryHubSocket:
-    """Hub end of an in-memory socket."""
-
-    _outbox: trio.MemorySendChannel[str | bytes]
-    _inbox: trio.MemoryReceiveChannel[str | bytes]
-    _state: _Pipe
-
-    async def receive(self) -> str | bytes:
-        try:
-            return await self._inbox.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise SocketClosed("peer closed") from None
-
-    async def send(self, data: str) -> None:
-        if self._state.closed.is_set():
-            raise SocketClosed("closed")
-        try:
-            await self._outbox.send(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise SocketClosed("peer gone") from None
-
-    async def close(self, code: int, reason: str) -> None:
-        if not self._state.closed.is_set():
-            self._state.close_code = code
-            self._state.close_reason = reason
-            self._state.closed.set()
-            await self._outbox.aclose()
+#: Hub end of an in-memory socket (``deskbridge_common.testing.MemorySocket`` raising
+#: the hub's ``SocketClosed``): implements ``SidecarSocket``.
+MemoryHubSocket = MemorySocket
 
 
 @attrs.define(eq=False)
 class MemoryPeer:
-    """The sidecar's end: send and receive frames, see how the hub closed."""
+    """The sidecar's end, speaking frames: send and receive them, see how the hub closed."""
 
-    _outbox: trio.MemorySendChannel[str | bytes]
-    _inbox: trio.MemoryReceiveChannel[str | bytes]
-    _state: _Pipe
+    _socket: MemorySocket
 
     async def send(self, frame: Frame) -> None:
-        await self._outbox.send(encode_frame(frame))
+        """Send one frame.
+
+        Raises:
+            trio.ClosedResourceError: this end disconnected.
+            trio.BrokenResourceError: the hub closed the socket.
+        """
+        await self.send_raw(encode_frame(frame))
 
     async def send_raw(self, data: str | bytes) -> None:
-        await self._outbox.send(data)
+        """Send one message as is (raises as :meth:`send`)."""
+        try:
+            await self._socket.send(data)
+        except SocketClosed:
+            if self._socket.peer_close is None:
+                raise trio.ClosedResourceError("this end disconnected") from None
+            raise trio.BrokenResourceError("the hub closed the socket") from None
 
     async def receive(self) -> Frame:
         """Next frame from the hub. Raises trio.EndOfChannel once the hub closed."""
-        return decode_frame(await self._inbox.receive())
+        try:
+            return decode_frame(await self._socket.receive())
+        except SocketClosed:
+            raise trio.EndOfChannel from None
 
     async def disconnect(self) -> None:
-        """Drop the socket as a vanished sidecar would."""
-        await self._outbox.aclose()
+        """Drop the socket as a vanished sidecar would (no close frame)."""
+        await trio.lowlevel.checkpoint()
+        self._socket.abort()
+
+    @property
+    def _inbox(self) -> trio.MemoryReceiveChannel[str | bytes]:
+        return self._socket.inbox
 
     @property
     def closed(self) -> trio.Event:
-        return self._state.closed
+        """Set once the hub closed the socket."""
+        return self._socket.peer_closed
 
     @property
     def close_code(self) -> int | None:
-        return self._state.close_code
+        close = self._socket.peer_close
+        return None if close is None else close[0]
 
     @property
     def close_reason(self) -> str | None:
-        return self._state.close_reason
+        close = self._socket.peer_close
+        return None if close is None else close[1]
 
 
 def socket_pair(buffer: int = 1000) -> tuple[MemoryHubSocket, MemoryPeer]:
-    to_peer_send, to_peer_recv = trio.open_memory_channel[str | bytes](buffer)
-    to_hub_send, to_hub_recv = trio.open_memory_channel[str | bytes](buffer)
-    state = _Pipe(to_peer_send, to_hub_recv)
-    return (
-        MemoryHubSocket(to_peer_send, to_hub_recv, state),
-        MemoryPeer(to_hub_send, to_peer_recv, state),
+    """An in-memory sidecar socket: ``(hub_side, peer)``.
+
+    Args:
+        buffer: messages each direction holds before ``send`` blocks.
+    """
+    peer, hub_side = memory_socket_pair(
+        buffer, client_error=_socket_closed, server_error=_socket_closed
     )
+    return hub_side, MemoryPeer(peer)
 
 
 __all__ = [

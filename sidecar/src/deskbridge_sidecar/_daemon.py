@@ -32,8 +32,10 @@ uniformly over ``backoff_initial_s``: N desktops arrive at about N / 0.5 s per s
 on the survivors, none in lockstep (``tests/sidecar/test_reconnect.py`` checks the
 spread of 200 daemons on MockClock; ``bench/reconnect_gaps.py`` measures the gap).
 
-The daemon owns the dedupe cache and the tool runner for its whole life, and a nursery
-in which every tool run executes, so runs survive dropped sockets (see ``_runner``).
+The daemon owns the ledger (``_ledger``: SQLite in ``data_dir``, or in memory when none
+is given), the tool runner for its whole life, and a nursery in which every tool run
+executes, so runs survive dropped sockets (see ``_runner``). It prunes the ledger every
+``PRUNE_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import random as _random
 import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import trio
@@ -63,6 +66,7 @@ from deskbridge_common import (
 from ._backoff import Backoff
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, TokenRefused
+from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
 from ._runner import ToolRunner
 from ._session import CLOSED, INTERNAL_ERROR, Session, SessionEnd
 from ._tools import STATUS_SPEC, ToolRegistry
@@ -150,6 +154,10 @@ class Daemon:
             :class:`WebSocketSettings` with ``disconnect_timeout_s`` =
             ``timings.close_timeout_s``).
         random: floats in [0, 1) for backoff jitter; injectable for tests.
+        data_dir: directory of the durable ledger (``ledger.sqlite3``); None keeps the
+            ledger in memory (gone with the process: embedders and tests). The CLI
+            passes the platform data dir (``--data-dir``, ``DESKBRIDGE_DATA_DIR``).
+        ledger_max_entries: the ledger's row cap (:data:`~._ledger.MAX_ENTRIES`).
 
     Raises:
         ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
@@ -165,6 +173,8 @@ class Daemon:
     connector: Connector | None = attrs.field(default=None, kw_only=True)
     websocket: WebSocketSettings | None = attrs.field(default=None, kw_only=True)
     random: Callable[[], float] = attrs.field(default=_random.random, kw_only=True)
+    data_dir: Path | None = attrs.field(default=None, kw_only=True)
+    ledger_max_entries: int = attrs.field(default=MAX_ENTRIES, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _ran: bool = attrs.field(default=False, init=False)
@@ -200,6 +210,9 @@ class Daemon:
 
         Raises:
             TokenRefused: the hub answered the upgrade with 401 or 403 (logged first).
+            LedgerLocked: another sidecar process holds the ledger in ``data_dir``.
+            LedgerError: the ledger cannot be created or read (a corrupt file is moved
+                aside and replaced, not raised).
             RuntimeError: ``run`` was called twice on one daemon.
 
         Cancellation (:meth:`stop` or the caller's scope): the open socket is closed with
@@ -211,20 +224,41 @@ class Daemon:
             raise RuntimeError("Daemon.run() was already called; create a new Daemon")
         self._ran = True
         refused: TokenRefused | None = None
-        with self._cancel_scope:
-            async with trio.open_nursery() as work:
-                t = self.timings
-                self._runner = ToolRunner(
-                    registry=self.registry,
-                    cache=DedupeCache(size=t.dedupe_size, ttl_s=t.dedupe_ttl_s),
-                    nursery=work,
+        t = self.timings
+        if self.data_dir is None:
+            ledger = Ledger.memory(max_entries=self.ledger_max_entries, wall_clock=self.wall_clock)
+        else:
+            ledger = await trio.to_thread.run_sync(
+                functools.partial(
+                    Ledger.open,
+                    Path(self.data_dir) / LEDGER_FILE,
+                    max_entries=self.ledger_max_entries,
+                    min_keep_s=t.dedupe_ttl_s,
                     wall_clock=self.wall_clock,
+                    now=self.wall_clock(),
                 )
-                try:
-                    await self._connect_loop(task_status)
-                except TokenRefused as exc:
-                    refused = exc
-                work.cancel_scope.cancel()
+            )
+            log.info("ledger: %s", ledger.path)
+        try:
+            with self._cancel_scope:
+                async with trio.open_nursery() as work:
+                    self._runner = ToolRunner(
+                        registry=self.registry,
+                        cache=DedupeCache(size=t.dedupe_size, ttl_s=t.dedupe_ttl_s),
+                        nursery=work,
+                        wall_clock=self.wall_clock,
+                        ledger=ledger,
+                        result_ttl_s=t.result_ttl_s,
+                    )
+                    await self._runner.load()
+                    work.start_soon(self._prune_loop, self._runner)
+                    try:
+                        await self._connect_loop(task_status)
+                    except TokenRefused as exc:
+                        refused = exc
+                    work.cancel_scope.cancel()
+        finally:
+            ledger.close()
         if refused is not None:
             raise refused
 
@@ -254,6 +288,12 @@ class Daemon:
         )
 
     # -- internals ---------------------------------------------------------------------
+
+    @staticmethod
+    async def _prune_loop(runner: ToolRunner) -> None:
+        while True:
+            await trio.sleep(PRUNE_INTERVAL_S)
+            await runner.prune()
 
     def _hello(self) -> Hello:
         return Hello(

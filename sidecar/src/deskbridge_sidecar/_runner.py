@@ -2,9 +2,19 @@
 
 The :class:`ToolRunner` belongs to the daemon, not to a session. Every run executes in
 the daemon's nursery, so a dropped socket (which cancels the session and its workers)
-does not abandon it: the run finishes, its outcome is recorded in the dedupe cache,
-and only the reply is lost with the socket. The hub redelivers under a new ``id`` and
-the redelivery is answered from the cache.
+does not abandon it: the run finishes, its outcome is recorded, and only the reply is
+lost with the socket. The hub redelivers under a new ``id`` and the redelivery is
+answered from the record.
+
+Records: the durable :class:`~deskbridge_sidecar._ledger.Ledger` (SQLite) holds every
+key for as long as it could be redelivered; a key is written as started before its tool
+runs and its outcome before the answer goes out. A small in-memory cache of recent
+outcomes (``DedupeCache``) lets the session's reader answer a redelivery at once
+without a disk read; anything else goes through :meth:`ToolRunner.execute`, which reads
+the ledger. A key is one request: a delivery whose tool or arguments differ from the
+key's record (or from its running original) is refused ``idempotency_key_reused`` and
+nothing runs. A key the ledger found started but unfinished (its process died) is
+answered with its ``in_doubt`` record and never runs again.
 
 Serial: one lock for the whole daemon (there is one browser), handed out in FIFO order
 (trio locks are fair). Within a session the serial worker awaits each job before taking
@@ -23,16 +33,35 @@ import trio
 from deskbridge_common import Job
 
 from ._dedupe import DedupeCache
-from ._outcome import BAD_ARGS, CANCELLED, EXPIRED, UNKNOWN_TOOL, Outcome
+from ._ledger import Ledger, LedgerError, args_digest
+from ._outcome import (
+    BAD_ARGS,
+    CANCELLED,
+    EXPIRED,
+    IDEMPOTENCY_KEY_REUSED,
+    LEDGER_ERROR,
+    UNKNOWN_TOOL,
+    Outcome,
+)
 from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
+
+
+def _reused(key: str, tool: str, job: Job) -> Outcome:
+    what = "another tool" if tool != job.name else "different arguments"
+    return Outcome.failure(
+        IDEMPOTENCY_KEY_REUSED,
+        f"idempotency key {key!r} was first used for {tool!r} with other arguments; "
+        f"this request ({job.name!r}) has {what}. A key names one request: use a new key",
+    )
 
 
 @attrs.define(eq=False)
 class _Run:
     key: str
     tool: Tool
+    digest: str
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     done: trio.Event = attrs.field(factory=trio.Event)
     started: bool = False
@@ -45,9 +74,13 @@ class ToolRunner:
 
     Args:
         registry: the tools.
-        cache: the daemon's dedupe cache.
+        cache: recent outcomes in memory (the reader's fast path).
         nursery: a nursery owned by the daemon (outlives sessions); runs execute there.
         wall_clock: Unix time source in seconds, compared with ``Job.deadline``.
+        ledger: the durable record (default: an in-memory ledger, gone with the
+            process; the CLI opens one on disk).
+        result_ttl_s: how long the hub keeps a result, seconds; a key is kept until its
+            deadline plus this (``Timings.result_ttl_s``, 300 s).
 
     Attributes:
         running: name of the tool executing right now, or None.
@@ -59,29 +92,73 @@ class ToolRunner:
     cache: DedupeCache
     nursery: trio.Nursery
     wall_clock: Callable[[], float]
+    ledger: Ledger = attrs.field(factory=Ledger.memory)
+    result_ttl_s: float = 300.0
     running: str | None = None
     executions: Counter[str] = attrs.field(factory=Counter)
     dedupe_hits: int = 0
     _lock: trio.Lock = attrs.field(factory=trio.Lock)
     _runs: dict[str, _Run] = attrs.field(factory=dict)
+    #: every key the ledger holds -> (tool, args digest): lets the reader refuse a
+    #: reused key and skip preflight for a known one without a disk read.
+    _known: dict[str, tuple[str, str]] = attrs.field(factory=dict)
+
+    async def load(self) -> None:
+        """Read the ledger's keys into memory (call once before serving).
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        self._known = await self.ledger.keys()
 
     def cached(self, key: str) -> Outcome | None:
-        """The recorded outcome for ``key``, or None."""
+        """The recent outcome for ``key`` held in memory, or None."""
         return self.cache.get(key)
 
-    def lookup(self, key: str) -> Outcome | None:
-        """Like :meth:`cached`, counting a hit in ``dedupe_hits`` when found."""
+    def lookup(self, key: str, job: Job | None = None) -> Outcome | None:
+        """The answer for a delivery that needs no run, from memory, or None.
+
+        With ``job``: a key recorded (or running) for another tool or other arguments
+        returns the ``idempotency_key_reused`` refusal; a matching recent outcome is
+        returned and counted in ``dedupe_hits``. Without ``job`` nothing can be
+        verified, so None (the delivery goes to :meth:`execute`, which checks).
+        """
+        if job is None:
+            return None
+        refused = self._check_reuse(job)
+        if refused is not None:
+            return refused
         outcome = self.cache.get(key)
         if outcome is not None:
             self.dedupe_hits += 1
         return outcome
+
+    def _check_reuse(self, job: Job) -> Outcome | None:
+        key = job.idempotency_key
+        run = self._runs.get(key)
+        known = (run.tool.name, run.digest) if run is not None else self._known.get(key)
+        if known is None:
+            return None
+        if known != (job.name, args_digest(job.args)):
+            return _reused(key, known[0], job)
+        return None
 
     def in_flight(self, key: str) -> bool:
         """True while a run for ``key`` is queued for the lock or executing."""
         return key in self._runs
 
     def preflight(self, job: Job) -> Outcome | None:
-        """Why ``job`` must not start (``expired``, ``unknown_tool``, ``bad_args``), or None."""
+        """Why ``job`` must not start (``idempotency_key_reused``, ``expired``,
+        ``unknown_tool``, ``bad_args``), or None. A key the ledger holds is not refused
+        (its record answers it, even after its deadline)."""
+        refused = self._check_reuse(job)
+        if refused is not None:
+            return refused
+        if job.idempotency_key in self._known:
+            return None
+        return self._refusal(job)
+
+    def _refusal(self, job: Job) -> Outcome | None:
         now = self.wall_clock()
         if now >= job.deadline:
             return Outcome.failure(
@@ -101,30 +178,47 @@ class ToolRunner:
     async def execute(self, job: Job) -> Outcome:
         """Run ``job`` at most once per idempotency key and return the outcome.
 
-        A known key returns its recorded outcome; a key whose run is in flight awaits
-        that run (no second start); otherwise a new run starts in the daemon's nursery,
-        waits for the daemon-wide lock, checks the deadline again and executes.
+        A key used for another tool or other arguments is refused
+        (``idempotency_key_reused``); a key whose run is in flight awaits that run (no
+        second start); a key the ledger holds returns its record (``in_doubt`` if its
+        process died mid-run); otherwise a new run starts in the daemon's nursery,
+        waits for the daemon-wide lock, checks the deadline again, is recorded as
+        started, executes, and its outcome is recorded before it is returned.
 
         Returns:
-            The outcome (never raises for tool failures).
+            The outcome (never raises for tool failures; a ledger that cannot be read
+            or written gives a ``ledger_error`` failure, and the tool does not start).
 
         Raises:
             trio.Cancelled: only the wait is cancelled (a dropped session); the run
                 itself carries on in the daemon's nursery and records its outcome.
         """
         key = job.idempotency_key
+        refused = self._check_reuse(job)
+        if refused is not None:
+            return refused
         cached = self.cache.get(key)
         if cached is not None:
             self.dedupe_hits += 1
             return cached
         run = self._runs.get(key)
+        if run is None and key in self._known:
+            try:
+                entry = await self.ledger.get(key)
+            except LedgerError as exc:
+                log.error("%s", exc)
+                return Outcome.failure(LEDGER_ERROR, f"the sidecar cannot read its ledger: {exc}")
+            if entry is not None and entry.outcome is not None:
+                self.dedupe_hits += 1
+                return entry.outcome
+            run = self._runs.get(key)  # another delivery may have started one meanwhile
         if run is None:
-            refused = self.preflight(job)
+            refused = self._refusal(job)
             if refused is not None:
                 return refused
             tool = self.registry.get(job.name)
             assert tool is not None
-            run = self._runs[key] = _Run(key=key, tool=tool)
+            run = self._runs[key] = _Run(key=key, tool=tool, digest=args_digest(job.args))
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
             self.dedupe_hits += 1
@@ -158,26 +252,59 @@ class ToolRunner:
         run.cancel_scope.cancel()
         return True
 
-    def record(self, key: str, outcome: Outcome) -> None:
-        """Record ``outcome`` for ``key`` (a delivery cancelled before it started)."""
+    def record(self, key: str, outcome: Outcome, job: Job | None = None) -> None:
+        """Record ``outcome`` for ``key`` (a delivery cancelled before it started): in
+        memory at once, in the ledger by a write in the daemon's nursery."""
         self.cache.put(key, outcome)
+        tool, digest = (job.name, args_digest(job.args)) if job is not None else ("", "")
+        self._known.setdefault(key, (tool, digest))
+        self.nursery.start_soon(self._record, key, outcome, tool, digest)
+
+    async def _record(self, key: str, outcome: Outcome, tool: str, digest: str) -> None:
+        try:
+            await self.ledger.finish(key, outcome, tool, digest)
+        except LedgerError as exc:
+            log.error("%s (outcome of %r kept in memory only)", exc, key)
+
+    async def prune(self) -> None:
+        """Prune the ledger and forget pruned keys. Logs (never raises) a ledger error."""
+        try:
+            await self.ledger.prune()
+            self._known = await self.ledger.keys()
+        except LedgerError as exc:
+            log.error("%s", exc)
 
     async def _run(self, run: _Run, job: Job) -> None:
         outcome: Outcome | None = None
         try:
             with run.cancel_scope:
                 async with self._lock:
-                    refused = self.preflight(job)  # the deadline may pass while queued
+                    refused = self._refusal(job)  # the deadline may pass while queued
                     if refused is not None:
                         outcome = refused
                     else:
-                        run.started = True
-                        self.running = run.tool.name
-                        self.executions[run.tool.name] += 1
+                        keep_until = max(job.deadline, self.wall_clock()) + self.result_ttl_s
                         try:
-                            outcome = await invoke(run.tool, job.args)
-                        finally:
-                            self.running = None
+                            with trio.CancelScope(shield=True):  # a start is never half-known
+                                await self.ledger.begin(
+                                    run.key, run.tool.name, run.digest, keep_until
+                                )
+                        except LedgerError as exc:
+                            log.error("%s; %s not started", exc, run.tool.name)
+                            outcome = Outcome.failure(
+                                LEDGER_ERROR,
+                                f"the sidecar cannot record the start in its ledger, so the "
+                                f"tool was not started: {exc}",
+                            )
+                        else:
+                            self._known[run.key] = (run.tool.name, run.digest)
+                            run.started = True
+                            self.running = run.tool.name
+                            self.executions[run.tool.name] += 1
+                            try:
+                                outcome = await invoke(run.tool, job.args)
+                            finally:
+                                self.running = None
             if run.cancel_scope.cancelled_caught:
                 outcome = Outcome.failure(
                     CANCELLED,
@@ -186,6 +313,12 @@ class ToolRunner:
             assert outcome is not None
             if run.started or outcome.code == CANCELLED:
                 self.cache.put(run.key, outcome)
+                self._known[run.key] = (run.tool.name, run.digest)
+                try:
+                    with trio.CancelScope(shield=True):
+                        await self.ledger.finish(run.key, outcome, run.tool.name, run.digest)
+                except LedgerError as exc:
+                    log.error("%s (outcome of %r kept in memory only)", exc, run.key)
         finally:
             # Outer cancellation (the daemon stopping) leaves outcome None: not recorded.
             self._runs.pop(run.key, None)

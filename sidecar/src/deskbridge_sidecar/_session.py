@@ -312,7 +312,7 @@ class Session:
             self._status_queue.send_nowait(job)
             return
         key = job.idempotency_key
-        cached = self.runner.lookup(key)
+        cached = self.runner.lookup(key, job)
         if cached is not None:
             log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
             await self._post(cached.reply(job.id))
@@ -342,7 +342,7 @@ class Session:
         outcome = self.runner.cached(key)
         if outcome is None:
             outcome = Outcome.failure(CANCELLED, "cancelled by the hub before it started")
-            self.runner.record(key, outcome)
+            self.runner.record(key, outcome, job)
         await self._answer(job.id, outcome)
 
     # -- workers -----------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
     deskbridge-sidecar run --hub ws://HOST:PORT --token TOKEN [--tools MODULE]...
 
-Exit status: 0 after SIGTERM, 130 after Ctrl-C, 2 for a usage error or when the hub
-refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``).
+Exit status: 0 after SIGTERM, 130 after Ctrl-C, 2 for a usage error, when the hub
+refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``), or
+when the ledger cannot be used (another sidecar holds it, or its directory is not
+writable).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import signal
 import ssl
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 from deskbridge_common import Timings
 
 from ._daemon import Daemon
 from ._errors import TokenRefused
+from ._ledger import LEDGER_FILE, LedgerError
 from ._logformat import make_formatter
 from ._tools import ToolRegistry
 from ._transport import sidecar_url
@@ -32,21 +36,25 @@ _EPILOG = """\
 environment:
   DESKBRIDGE_HUB_URL   hub URL when --hub is not given
   DESKBRIDGE_TOKEN     token when --token is not given (preferred: arguments show in ps)
+  DESKBRIDGE_DATA_DIR  directory of the job ledger when --data-dir is not given
   DESKBRIDGE_<NAME>    timing overrides in seconds, e.g. DESKBRIDGE_PING_TIMEOUT_S=10,
                        DESKBRIDGE_BACKOFF_MAX_S=30, DESKBRIDGE_DEDUPE_TTL_S=300,
                        DESKBRIDGE_WEDGE_GAP_S=5 (any field of deskbridge_common.Timings)
 
 exit status:
   0    stopped by SIGTERM
-  2    usage error, or the hub refused the token (HTTP 401/403)
+  2    usage error, the hub refused the token (HTTP 401/403), or the ledger
+       cannot be used (another sidecar holds it; directory not writable)
   130  interrupted (Ctrl-C)
 """
 
 _RUN_DESCRIPTION = """\
 Dial out to the hub's /v1/sidecar WebSocket, announce the tools, and run the jobs the
-hub relays: one tool at a time, each idempotency key at most once (for 300 s), status
-answered at once. Reconnects with full-jitter backoff (at once when the hub restarts);
-stops when the hub refuses the token.
+hub relays: one tool at a time, each idempotency key at most once (recorded on disk
+until the job's deadline + 300 s, across restarts; a job cut short by a crash is
+answered in_doubt, never run again), status answered at once. Reconnects with
+full-jitter backoff (at once when the hub restarts); stops when the hub refuses the
+token.
 
 Built-in tools: echo (returns its args), sleep (seconds), status.
 --tools MODULE imports MODULE (the current directory is on the import path) and adds
@@ -93,6 +101,12 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="import MODULE and offer its @tool functions (repeatable)",
     )
     run.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="where the job ledger lives (default $DESKBRIDGE_DATA_DIR, else the "
+        f"platform's user data dir: {_default_data_dir()})",
+    )
+    run.add_argument(
         "--ca-file",
         metavar="PATH",
         help="PEM file of CA certificates to verify a wss:// hub (default: system trust store)",
@@ -111,6 +125,12 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="log level (default INFO; -v means DEBUG)",
     )
     return parser, run
+
+
+def _default_data_dir() -> str:
+    import platformdirs
+
+    return platformdirs.user_data_dir("deskbridge", appauthor=False)
 
 
 def load_registry(modules: Sequence[str]) -> ToolRegistry:
@@ -150,15 +170,18 @@ def _configure_logging(verbose: int, level_name: str | None) -> None:
 
 
 async def _serve(daemon: Daemon) -> int:
-    refused: TokenRefused | None = None
+    status = 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_sigterm, daemon)
         try:
             await daemon.run()
-        except TokenRefused as exc:
-            refused = exc
+        except TokenRefused:
+            status = 2
+        except LedgerError as exc:
+            log.error("%s", exc)
+            status = 2
         nursery.cancel_scope.cancel()
-    return 2 if refused is not None else 0
+    return status
 
 
 async def _stop_on_sigterm(daemon: Daemon) -> None:
@@ -216,8 +239,17 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     except ValueError as exc:
         run_parser.error(f"--tools: {exc}")
     _configure_logging(args.verbose, args.log_level)
+    data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
-    return Daemon(hub, token, registry=registry, timings=timings, ssl_context=ssl_context)
+    log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))
+    return Daemon(
+        hub,
+        token,
+        registry=registry,
+        timings=timings,
+        ssl_context=ssl_context,
+        data_dir=Path(data_dir),
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,11 +1,12 @@
-"""The main job on the embedded default: ``./dev demo`` (``python -m deskbridge_hub.demo``).
+"""The main job on the embedded default: ``./dev demo`` (``python examples/demo.py``).
 
 Starts a hub on the in-memory substrate under Hypercorn (trio) on a free loopback port,
 a sidecar daemon dialling it over a real WebSocket, then dispatches ``echo``, then a
 3 s ``sleep`` with a ``status`` call made while it runs, and prints each outcome with its
 round-trip time. Exits 0 when every outcome is what it should be, 1 otherwise.
 
-Needs deskbridge-sidecar installed beside deskbridge-hub (the workspace installs both).
+Needs deskbridge-hub and deskbridge-sidecar installed (the workspace installs both). It lives
+outside both packages because it uses both: the hub package must not import the sidecar.
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ import time
 
 import trio
 from deskbridge_common import Timings
+from deskbridge_hub import Bridge, HubConfig, MemorySubstrate, Outcome, create_app, issue_token
+from deskbridge_sidecar import Daemon
 from hypercorn.config import Config
 from hypercorn.trio import serve
-
-from ._app import create_app
-from ._bridge import Bridge, Outcome
-from ._config import HubConfig
-from ._tokens import issue_token
 
 USER = "demo-user"
 
@@ -34,10 +32,6 @@ def _line(label: str, outcome: Outcome) -> str:
 
 
 async def _main() -> int:
-    from deskbridge_sidecar import Daemon
-
-    from ._memory import MemorySubstrate
-
     secret = secrets.token_hex(16)
     timings = Timings.from_env()
     substrate = MemorySubstrate()

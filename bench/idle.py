@@ -1,0 +1,347 @@
+"""N idle desktops on one hub process (issue 10's idle figures).
+
+Starts a private ``redis-server`` (``--redis-port``, default 6411), one real hub process
+(``deskbridge-hub serve --workers 1``), one extra desktop ("the extra user"), then a swarm
+of N fake desktops in one asyncio process (``bench/lib/desktop.py``: the real v1 frames,
+``hello`` and ``pong``, nothing else; ``ulimit -n`` raised to the hard limit for the hub
+and the swarm). It measures:
+
+  baseline     the extra user's echo p50 (``Bridge.call``) with no idle desktops, hub RSS
+  ramp         time until all N are welcomed (or --ramp-s passes)
+  idle window  --duration-s seconds: presence of all N sampled every --sample-s with one
+               MGET (present now / min present / flaps: a key present at one sample and
+               absent or naming another session at the next), hub CPU %, Redis commands/s
+               (INFO commandstats, the bench's own MGET/INFO left out) per idle desktop,
+               Redis connections the hub holds (its sockets, /proc) and opened (INFO),
+               the swarm's sockets closed and reconnected
+  loaded echo  the extra user's echo p50 while the N are connected
+
+and prints hub RSS per connection ((RSS with N - RSS before) / N) and the swarm
+process's own CPU (so you can tell whether the swarm, not the hub, was the limit).
+
+Usage: ./dev bench idle [--n 1000] [--duration-s 60] [--ramp-s 300] [--echo-calls 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.lib.desktop import raise_nofile  # noqa: E402
+from bench.lib.measure import (  # noqa: E402
+    RedisInfo,
+    connections_to,
+    cpu_s,
+    group_pids,
+    rss_bytes,
+)
+from tests.procs import (  # noqa: E402
+    BIN,
+    SECRET,
+    Hub,
+    Proc,
+    RedisServer,
+    presence_key,
+    wait_until,
+)
+
+
+def start_swarm(tmp: Path, ws: str, prefix: str, n: int, concurrency: int) -> tuple[Proc, Path]:
+    status = tmp / f"swarm-{prefix}.json"
+    proc = Proc(
+        [
+            str(BIN / "python"),
+            str(ROOT / "bench" / "lib" / "desktop.py"),
+            "--url",
+            ws,
+            "--prefix",
+            prefix,
+            "--count",
+            str(n),
+            "--secret",
+            SECRET,
+            "--status-file",
+            str(status),
+            "--connect-concurrency",
+            str(concurrency),
+            "--reconnect-s",
+            "5",
+        ],
+        {"PYTHONPATH": str(ROOT)},
+        tmp / f"swarm-{prefix}.log",
+    )
+    return proc, status
+
+
+def swarm_status(status: Path) -> dict:
+    try:
+        return json.loads(status.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+async def echo_p50(redis_url: str, user: str, n: int) -> tuple[float, float, int]:
+    from deskbridge_hub import Bridge, RedisSubstrate
+
+    samples, errors = [], 0
+    async with RedisSubstrate.from_url(redis_url) as substrate:
+        bridge = Bridge(substrate)
+        for i in range(10):
+            with contextlib.suppress(Exception):  # warm-up: failures show in the figures
+                await bridge.call(user, "echo", {"warm": i}, timeout_s=10)
+        for i in range(n):
+            t0 = time.perf_counter()
+            try:
+                await bridge.call(user, "echo", {"i": i}, timeout_s=10)
+            except Exception:  # noqa: BLE001 - counted
+                errors += 1
+            samples.append(time.perf_counter() - t0)
+    ms = sorted(s * 1000 for s in samples)
+    return statistics.median(ms), ms[max(0, int(len(ms) * 0.99) - 1)], errors
+
+
+class PresenceSampler(threading.Thread):
+    """MGET of every swarm user's presence key every ``interval_s``, on its own raw
+    connection; counts flaps per user."""
+
+    def __init__(self, port: int, users: list[str], interval_s: float) -> None:
+        super().__init__(daemon=True)
+        self.info = RedisInfo(port)
+        self.keys = [presence_key(u) for u in users]
+        self.interval_s = interval_s
+        self.samples = 0
+        self.present_min = len(users)
+        self.present_last = 0
+        self.flaps = 0
+        self.flapped_users: set[int] = set()
+        self._last: list[str | None] | None = None
+        self._halt = threading.Event()
+
+    def sample(self) -> None:
+        values = []
+        for i in range(0, len(self.keys), 1000):
+            values += self.info.command("MGET", *self.keys[i : i + 1000])
+        self.samples += (len(self.keys) + 999) // 1000
+        present = sum(v is not None for v in values)
+        self.present_last = present
+        self.present_min = min(self.present_min, present)
+        if self._last is not None:
+            for i, (a, b) in enumerate(zip(self._last, values, strict=True)):
+                if a is not None and a != b:
+                    self.flaps += 1
+                    self.flapped_users.add(i)
+        self._last = values
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+        self.info.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--ramp-s", type=float, default=300.0)
+    p.add_argument("--sample-s", type=float, default=1.0)
+    p.add_argument("--echo-calls", type=int, default=200)
+    p.add_argument("--connect-concurrency", type=int, default=64)
+    p.add_argument("--redis-port", type=int, default=6411)
+    p.add_argument("--json", default="")
+    args = p.parse_known_args()[0]
+    nofile = raise_nofile()
+    out: dict = {"n": args.n, "nofile": nofile}
+    with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp_name:
+        tmp = Path(tmp_name)
+        redis = RedisServer(tmp, port=args.redis_port, name="redis-idle")
+        procs: list[Proc] = [redis]
+        try:
+            redis.wait_ready()
+            hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis.url})
+            procs.append(hub)
+            hub.wait_healthy()
+            extra_prefix = f"x{secrets.token_hex(2)}-"
+            extra, extra_status = start_swarm(tmp, hub.ws, extra_prefix, 1, 1)
+            procs.append(extra)
+            wait_until(
+                lambda: swarm_status(extra_status).get("welcomed") == 1,
+                timeout_s=30,
+                what="extra desktop welcomed",
+            )
+            extra_user = f"{extra_prefix}00000"
+            p50, p99, errs = trio.run(echo_p50, redis.url, extra_user, args.echo_calls)
+            out["echo_idle0"] = {"p50_ms": p50, "p99_ms": p99, "errors": errs}
+            time.sleep(1.0)
+            hub_pids = group_pids(hub.pid)
+            out["hub_rss0_mib"] = rss_bytes(hub_pids) / 2**20
+            info = RedisInfo(redis.port)
+            conns_before = int(info.info("stats")["total_connections_received"])
+
+            prefix = f"i{secrets.token_hex(2)}-"
+            users = [f"{prefix}{i:05d}" for i in range(args.n)]
+            swarm, status = start_swarm(tmp, hub.ws, prefix, args.n, args.connect_concurrency)
+            procs.append(swarm)
+            t0 = time.monotonic()
+            ramp_end = t0 + args.ramp_s
+            while time.monotonic() < ramp_end:
+                st = swarm_status(status)
+                if st.get("welcomed", 0) >= args.n:
+                    break
+                if swarm.popen.poll() is not None:
+                    raise RuntimeError(f"swarm exited:\n{swarm.output()[-3000:]}")
+                time.sleep(0.5)
+            st = swarm_status(status)
+            out["ramp"] = {
+                "seconds": time.monotonic() - t0,
+                "welcomed": st.get("welcomed", 0),
+                "failures": st.get("failures", 0),
+                "closes": st.get("closes", 0),
+            }
+            print(
+                f"# ramp: {out['ramp']['welcomed']}/{args.n} welcomed in "
+                f"{out['ramp']['seconds']:.1f} s ({out['ramp']['failures']} failed attempts)",
+                file=sys.stderr,
+            )
+            time.sleep(2.0)  # let the ramp's last handshakes settle
+
+            sampler = PresenceSampler(redis.port, users, args.sample_s)
+            sampler.sample()
+            hub_pids = group_pids(hub.pid)
+            snap0 = info.snapshot()
+            cpu0 = cpu_s(hub_pids)
+            swarm0 = swarm_status(status)
+            redis_cpu0 = cpu_s([redis.pid])
+            w0 = time.monotonic()
+            sampler.start()
+            held_max = 0
+            end = w0 + args.duration_s
+            while time.monotonic() < end:
+                held_max = max(held_max, connections_to(hub_pids, redis.port))
+                time.sleep(min(2.0, max(0.0, end - time.monotonic())))
+            elapsed = time.monotonic() - w0
+            sampler.stop()
+            cpu1 = cpu_s(hub_pids)
+            snap1 = info.snapshot()
+            swarm1 = swarm_status(status)
+            cmds = snap1.commands_since(snap0)
+            cmds["mget"] = cmds.get("mget", 0) - sampler.samples
+            cmds = {k: v for k, v in cmds.items() if v > 0}
+            total = sum(cmds.values())
+            out["idle"] = {
+                "seconds": elapsed,
+                "present_now": sampler.present_last,
+                "present_min": sampler.present_min,
+                "presence_flaps": sampler.flaps,
+                "users_flapped": len(sampler.flapped_users),
+                "hub_cpu_pct": 100 * (cpu1 - cpu0) / elapsed,
+                "redis_cpu_pct": 100 * (cpu_s([redis.pid]) - redis_cpu0) / elapsed,
+                "redis_commands_per_s": total / elapsed,
+                "redis_commands_per_s_per_desktop": total / elapsed / max(1, args.n),
+                "redis_commands_by_name_per_s": {
+                    k: round(v / elapsed, 2) for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])
+                },
+                "hub_redis_connections_held": connections_to(hub_pids, redis.port),
+                "hub_redis_connections_held_max": held_max,
+                "redis_connections_opened_per_s": (
+                    snap1.connections_received - snap0.connections_received
+                )
+                / elapsed,
+                "swarm_closes": swarm1.get("closes", 0) - swarm0.get("closes", 0),
+                "swarm_welcomes": swarm1.get("welcomes", 0) - swarm0.get("welcomes", 0),
+                "swarm_cpu_pct": 100
+                * (swarm1.get("cpu_s", 0) - swarm0.get("cpu_s", 0))
+                / max(1e-9, swarm1.get("t", 0) - swarm0.get("t", 0)),
+                "welcomed_now": swarm1.get("welcomed", 0),
+            }
+            out["hub_rss_mib"] = rss_bytes(hub_pids) / 2**20
+            out["hub_rss_per_conn_kib"] = (
+                (out["hub_rss_mib"] - out["hub_rss0_mib"]) * 1024 / max(1, args.n)
+            )
+            out["redis_connections_opened_since_start"] = (
+                int(info.info("stats")["total_connections_received"]) - conns_before
+            )
+            p50, p99, errs = trio.run(echo_p50, redis.url, extra_user, args.echo_calls)
+            out["echo_idleN"] = {"p50_ms": p50, "p99_ms": p99, "errors": errs}
+            out["swarm_cpu_s_total"] = swarm_status(status).get("cpu_s", 0)
+            info.close()
+        finally:
+            for proc in reversed(procs):
+                proc.stop(timeout_s=10)
+    report(out, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def report(out: dict, args: argparse.Namespace) -> None:
+    idle = out["idle"]
+    load = os.getloadavg()
+    print(
+        f"idle: {args.n} desktops on one hub process (--workers 1), {idle['seconds']:.0f} s "
+        f"window; load average {load[0]:.2f}, {os.cpu_count()} CPUs, ulimit -n {out['nofile']}"
+    )
+    rows = [
+        (
+            "welcomed (ramp)",
+            f"{out['ramp']['welcomed']} in {out['ramp']['seconds']:.1f} s, "
+            f"{out['ramp']['failures']} failed attempts",
+        ),
+        ("welcomed at the end", f"{idle['welcomed_now']}"),
+        ("present (presence keys) end / min", f"{idle['present_now']} / {idle['present_min']}"),
+        ("presence flaps (users)", f"{idle['presence_flaps']} ({idle['users_flapped']})"),
+        (
+            "swarm sockets closed / re-welcomed",
+            f"{idle['swarm_closes']} / {idle['swarm_welcomes']}",
+        ),
+        ("hub CPU % of one core", f"{idle['hub_cpu_pct']:.1f}"),
+        ("hub RSS MiB before / with N", f"{out['hub_rss0_mib']:.1f} / {out['hub_rss_mib']:.1f}"),
+        ("hub RSS per connection KiB", f"{out['hub_rss_per_conn_kib']:.1f}"),
+        (
+            "Redis conns held by hub (end/max)",
+            f"{idle['hub_redis_connections_held']} / {idle['hub_redis_connections_held_max']}",
+        ),
+        ("Redis conns opened /s (window)", f"{idle['redis_connections_opened_per_s']:.2f}"),
+        ("Redis conns opened since swarm start", f"{out['redis_connections_opened_since_start']}"),
+        ("Redis commands/s (all)", f"{idle['redis_commands_per_s']:.1f}"),
+        ("Redis commands/s per idle desktop", f"{idle['redis_commands_per_s_per_desktop']:.3f}"),
+        ("Redis CPU %", f"{idle['redis_cpu_pct']:.2f}"),
+        (
+            "extra user's echo p50/p99 ms, 0 idle",
+            f"{out['echo_idle0']['p50_ms']:.2f} / {out['echo_idle0']['p99_ms']:.2f}",
+        ),
+        (
+            f"extra user's echo p50/p99 ms, {args.n} idle",
+            f"{out['echo_idleN']['p50_ms']:.2f} / {out['echo_idleN']['p99_ms']:.2f} "
+            f"({out['echo_idleN']['p50_ms'] / out['echo_idle0']['p50_ms']:.2f}x; "
+            f"{out['echo_idleN']['errors']} errors)",
+        ),
+        (
+            "swarm process CPU % (window) / s total",
+            f"{idle['swarm_cpu_pct']:.1f} / {out['swarm_cpu_s_total']:.1f}",
+        ),
+    ]
+    for label, value in rows:
+        print(f"  {label:<40} {value}")
+    top = ", ".join(f"{k} {v:g}" for k, v in list(idle["redis_commands_by_name_per_s"].items())[:8])
+    print(f"  commands/s by name: {top or 'none'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

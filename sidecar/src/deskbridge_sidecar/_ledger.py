@@ -1,0 +1,449 @@
+"""The durable ledger: what this desktop did, per idempotency key, on disk.
+
+Invariant 2 (effects happen once) needs the sidecar to remember every key it could be
+asked about again, for as long as it could be asked: a redelivery may come after a
+socket drop, a hub restart, a Redis rewound to an older AOF, or a restart of the
+sidecar itself. The old in-memory dedupe cache (256 outcomes, 300 s) forgot: issue 12
+measured 49 of 400 keys run twice after a Redis rewind, and a sidecar killed mid-job
+ran the job again after its restart.
+
+One SQLite file (the standard library's ``sqlite3``), one row per idempotency key::
+
+    key | tool | args_digest | started_at | finished_at | outcome (JSON) | keep_until
+
+* A key is written as *started* (``begin``) before its tool runs, and its outcome
+  (``finish``) before the answer is sent; both commits are durable (WAL,
+  ``synchronous=FULL``) when they return.
+* A row that is started but not finished when the ledger is opened belongs to a
+  process that died mid-job (crash, kill -9, power loss): it is closed at once with the
+  outcome ``in_doubt`` (the tool may have acted); its redelivery is answered so and the
+  tool never runs again on its own. The caller decides.
+* Retention: a row is kept until ``keep_until`` = the job's deadline + the result TTL
+  (the latest moment the hub could still deliver it: it drops entries past their
+  deadline, and keeps an idempotency key's result for the TTL), and at least
+  ``min_keep_s`` after it finished. Expired rows are pruned at open and every
+  ``PRUNE_INTERVAL_S``.
+* Size: at most ``max_entries`` rows (default :data:`MAX_ENTRIES`, 100,000: tens of MB
+  with small outcomes; a desktop doing a job a second for a whole result TTL holds
+  300). Past the cap, the oldest *finished* rows go first even if still inside their
+  window, with a WARNING naming how many (each may allow a duplicate if redelivered);
+  started rows are never evicted.
+* Corruption: the file is checked (``PRAGMA quick_check``) at open; a file that is not
+  a database or fails the check is moved aside (``<name>.corrupt-<unix time>``), one
+  ERROR line says so and that its history is lost, and a fresh ledger starts. It never
+  crash-loops.
+* One daemon per ledger: the connection holds SQLite's exclusive lock for its life
+  (``locking_mode=EXCLUSIVE``); a second daemon on the same file gets
+  :class:`LedgerLocked` at once.
+
+Every call that touches the file runs in a worker thread (``trio.to_thread``), one at
+a time (a capacity limiter of 1), so the event loop never waits on a disk flush.
+Cancelling a caller while its call runs waits for the call to finish (trio's
+``to_thread`` default): a write is never half-known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from deskbridge_common import JobError
+
+from ._outcome import IN_DOUBT, Outcome
+
+log = logging.getLogger("deskbridge.sidecar.ledger")
+
+#: File name of the ledger inside the data directory.
+LEDGER_FILE = "ledger.sqlite3"
+#: Most rows kept (see the module docstring for the eviction policy).
+MAX_ENTRIES = 100_000
+#: Seconds between prune passes of a running daemon.
+PRUNE_INTERVAL_S = 60.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    key TEXT PRIMARY KEY,
+    tool TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    outcome TEXT,
+    keep_until REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_keep_until ON jobs (keep_until);
+CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs (finished_at);
+"""
+
+
+class LedgerError(Exception):
+    """The ledger could not be read or written (disk full, I/O error)."""
+
+
+class LedgerLocked(LedgerError):
+    """Another sidecar process holds this ledger (one daemon per data directory)."""
+
+
+def args_digest(args: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of ``args`` (sorted keys, no spaces), hex."""
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def outcome_to_json(outcome: Outcome) -> str:
+    """The ledger's text for ``outcome`` (the result kept as its JSON text)."""
+    if outcome.ok:
+        return json.dumps({"ok": True, "result_json": outcome.result_json})
+    assert outcome.error is not None
+    error = {"code": outcome.error.code, "message": outcome.error.message}
+    return json.dumps({"ok": False, "error": error}, separators=(",", ":"))
+
+
+def outcome_from_json(text: str) -> Outcome:
+    """The :class:`Outcome` written by :func:`outcome_to_json`."""
+    data = json.loads(text)
+    if data["ok"]:
+        return Outcome(ok=True, result_json=data["result_json"])
+    err = data["error"]
+    return Outcome(ok=False, error=JobError(code=err["code"], message=err["message"]))
+
+
+@attrs.frozen
+class LedgerEntry:
+    """One key's record.
+
+    Attributes:
+        key: the idempotency key.
+        tool: the tool name it ran (or was to run) under.
+        args_digest: :func:`args_digest` of its arguments.
+        started_at: Unix seconds when the tool was about to start.
+        finished_at: Unix seconds when its outcome was recorded, or None while running.
+        outcome: the recorded outcome, or None while running.
+        keep_until: Unix seconds until which the row is kept.
+    """
+
+    key: str
+    tool: str
+    args_digest: str
+    started_at: float
+    finished_at: float | None
+    outcome: Outcome | None
+    keep_until: float
+
+    def matches(self, tool: str, digest: str) -> bool:
+        """True if a delivery of ``tool`` with args ``digest`` is the same request."""
+        return self.tool == tool and self.args_digest == digest
+
+
+@attrs.define(eq=False)
+class Ledger:
+    """The SQLite ledger. Build with :meth:`open` (a file) or :meth:`memory` (tests and
+    embedders that accept a ledger that dies with the process).
+
+    Attributes:
+        path: the file, or None for an in-memory ledger.
+        max_entries: the row cap.
+        min_keep_s: a finished row is kept at least this long after it finished.
+        recovered: keys found started-but-unfinished at open (now ``in_doubt``).
+        moved_aside: where a corrupt file was moved at open, or None.
+    """
+
+    path: Path | None
+    _conn: sqlite3.Connection = attrs.field(repr=False)
+    max_entries: int = MAX_ENTRIES
+    min_keep_s: float = 300.0
+    wall_clock: Callable[[], float] = time.time
+    recovered: list[str] = attrs.field(factory=list)
+    moved_aside: Path | None = None
+    _limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+
+    # -- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        max_entries: int = MAX_ENTRIES,
+        min_keep_s: float = 300.0,
+        wall_clock: Callable[[], float] = time.time,
+        now: float | None = None,
+    ) -> Ledger:
+        """Open (or create) the ledger at ``path``; blocking (call it in a thread, with
+        ``now``: Unix seconds, default ``wall_clock()``).
+
+        Recovers rows left started by a dead process (``in_doubt``), prunes expired
+        rows, and moves a corrupt file aside (one ERROR line) instead of failing.
+
+        Raises:
+            LedgerLocked: another process holds the ledger.
+            LedgerError: the directory cannot be created or the file cannot be opened
+                (permissions, disk), even after moving a corrupt file aside.
+        """
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create the data directory {path.parent}: {exc}") from exc
+        moved: Path | None = None
+        try:
+            conn = _connect(path)
+        except _Corrupt as exc:
+            moved = _move_aside(path)
+            log.error(
+                "ledger %s is corrupt (%s); moved it to %s and started a fresh one: "
+                "the history of earlier jobs is lost, so a redelivery of one of them "
+                "would run again",
+                path,
+                exc,
+                moved,
+            )
+            try:
+                conn = _connect(path)
+            except _Corrupt as exc2:
+                raise LedgerError(f"cannot create a fresh ledger at {path}: {exc2}") from exc2
+        ledger = cls(
+            path,
+            conn,
+            max_entries=max_entries,
+            min_keep_s=min_keep_s,
+            wall_clock=wall_clock,
+            moved_aside=moved,
+        )
+        now = wall_clock() if now is None else now
+        ledger._recover(now)
+        ledger._prune(now)
+        return ledger
+
+    @classmethod
+    def memory(
+        cls, *, max_entries: int = MAX_ENTRIES, wall_clock: Callable[[], float] = time.time
+    ) -> Ledger:
+        """A ledger in memory: same rules, gone with the process."""
+        conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        conn.executescript(_SCHEMA)
+        return cls(None, conn, max_entries=max_entries, wall_clock=wall_clock)
+
+    def close(self) -> None:
+        """Close the file (releases the lock). Idempotent."""
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+
+    # -- async API (worker thread, one at a time) ------------------------------------
+
+    async def get(self, key: str) -> LedgerEntry | None:
+        """The row of ``key``, or None. Raises :class:`LedgerError`."""
+        return await self._call(self._get, key)
+
+    async def keys(self) -> dict[str, tuple[str, str]]:
+        """Every key with its ``(tool, args_digest)``. Raises :class:`LedgerError`."""
+        return await self._call(self._keys)
+
+    async def begin(self, key: str, tool: str, digest: str, keep_until: float) -> None:
+        """Record ``key`` as started now (durable when this returns).
+
+        Raises:
+            LedgerError: the write failed; the tool must not run.
+        """
+        await self._call(self._begin, key, tool, digest, keep_until, self.wall_clock())
+
+    async def finish(self, key: str, outcome: Outcome, tool: str = "", digest: str = "") -> None:
+        """Record ``key``'s outcome now (durable when this returns); a key that was
+        never begun gets a row of its own with ``tool`` and ``digest`` (a delivery
+        cancelled before it started).
+
+        Raises:
+            LedgerError: the write failed.
+        """
+        await self._call(self._finish, key, outcome, tool, digest, self.wall_clock())
+
+    async def prune(self) -> int:
+        """Delete expired rows, then enforce the cap; returns rows deleted."""
+        return await self._call(self._prune, self.wall_clock())
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.path is None:  # in memory: no disk to wait for, and MockClock stays exact
+            await trio.lowlevel.checkpoint()
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    # -- blocking internals ----------------------------------------------------------
+
+    def _guard(self, what: str) -> contextlib.AbstractContextManager[None]:
+        @contextlib.contextmanager
+        def guard():  # type: ignore[no-untyped-def]
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise LedgerError(f"ledger {what} failed: {exc}") from exc
+
+        return guard()
+
+    def _get(self, key: str) -> LedgerEntry | None:
+        with self._guard("read"):
+            row = self._conn.execute(
+                "SELECT key, tool, args_digest, started_at, finished_at, outcome, keep_until "
+                "FROM jobs WHERE key = ?",
+                (key,),
+            ).fetchone()
+        if row is None:
+            return None
+        return LedgerEntry(
+            key=row[0],
+            tool=row[1],
+            args_digest=row[2],
+            started_at=row[3],
+            finished_at=row[4],
+            outcome=None if row[5] is None else outcome_from_json(row[5]),
+            keep_until=row[6],
+        )
+
+    def _keys(self) -> dict[str, tuple[str, str]]:
+        with self._guard("read"):
+            rows = self._conn.execute("SELECT key, tool, args_digest FROM jobs").fetchall()
+        return {k: (t, d) for k, t, d in rows}
+
+    def _begin(self, key: str, tool: str, digest: str, keep_until: float, now: float) -> None:
+        with self._guard("write"):
+            self._conn.execute(
+                "INSERT INTO jobs (key, tool, args_digest, started_at, keep_until) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "tool = excluded.tool, args_digest = excluded.args_digest, "
+                "started_at = excluded.started_at, finished_at = NULL, outcome = NULL, "
+                "keep_until = MAX(keep_until, excluded.keep_until)",
+                (key, tool, digest, now, keep_until),
+            )
+
+    def _finish(self, key: str, outcome: Outcome, tool: str, digest: str, now: float) -> None:
+        text = outcome_to_json(outcome)
+        with self._guard("write"):
+            cur = self._conn.execute(
+                "UPDATE jobs SET finished_at = ?, outcome = ?, "
+                "keep_until = MAX(keep_until, ?) WHERE key = ?",
+                (now, text, now + self.min_keep_s, key),
+            )
+            if cur.rowcount == 0:
+                self._conn.execute(
+                    "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (key, tool, digest, now, now, text, now + self.min_keep_s),
+                )
+
+    def _recover(self, now: float) -> None:
+        with self._guard("recovery"):
+            rows = self._conn.execute(
+                "SELECT key, tool, started_at FROM jobs WHERE finished_at IS NULL"
+            ).fetchall()
+            for key, tool, started_at in rows:
+                outcome = Outcome.failure(
+                    IN_DOUBT,
+                    f"{tool} started at {_utc(started_at)} and the sidecar stopped before it "
+                    "finished; it may have acted. Not run again: check, then retry with a "
+                    "new idempotency key if it should run",
+                )
+                self._conn.execute(
+                    "UPDATE jobs SET finished_at = ?, outcome = ?, "
+                    "keep_until = MAX(keep_until, ?) WHERE key = ?",
+                    (now, outcome_to_json(outcome), now + self.min_keep_s, key),
+                )
+        self.recovered = [r[0] for r in rows]
+        if rows:
+            log.warning(
+                "%d job(s) were running when the sidecar last stopped; their redeliveries "
+                "will be answered in_doubt, not run again: %s",
+                len(rows),
+                ", ".join(repr(r[0]) for r in rows[:10]) + (" ..." if len(rows) > 10 else ""),
+            )
+
+    def _prune(self, now: float) -> int:
+        with self._guard("prune"):
+            deleted = self._conn.execute(
+                "DELETE FROM jobs WHERE keep_until < ? AND finished_at IS NOT NULL", (now,)
+            ).rowcount
+            (count,) = self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()
+            over = count - self.max_entries
+            if over > 0:
+                evicted = self._conn.execute(
+                    "DELETE FROM jobs WHERE key IN (SELECT key FROM jobs WHERE finished_at "
+                    "IS NOT NULL ORDER BY finished_at LIMIT ?)",
+                    (over,),
+                ).rowcount
+                log.warning(
+                    "ledger over its cap of %d keys: evicted the %d oldest finished ones "
+                    "while still inside their redelivery window (a redelivery of one of "
+                    "them would run again)",
+                    self.max_entries,
+                    evicted,
+                )
+                deleted += evicted
+        return deleted
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(
+            str(path), timeout=0.5, check_same_thread=False, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        raise LedgerError(f"cannot open the ledger {path}: {exc}") from exc
+    try:
+        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        check = conn.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+        conn.execute("BEGIN IMMEDIATE")  # take the write lock now, hold it for life
+        conn.executescript(_SCHEMA)  # commits
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise LedgerLocked(
+                f"another sidecar is using the ledger {path} (one daemon per data "
+                "directory: stop it, or give this one its own --data-dir)"
+            ) from exc
+        raise LedgerError(f"cannot open the ledger {path}: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise _Corrupt(str(exc)) from exc
+    return conn
+
+
+def _move_aside(path: Path) -> Path:
+    target = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        src = Path(str(path) + suffix)
+        if src.exists():
+            try:
+                src.replace(Path(str(target) + suffix))
+            except OSError as exc:
+                raise LedgerError(f"cannot move the corrupt ledger {src} aside: {exc}") from exc
+    return target
+
+
+def _utc(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_s))
+
+
+__all__ = [
+    "IN_DOUBT",
+    "LEDGER_FILE",
+    "MAX_ENTRIES",
+    "PRUNE_INTERVAL_S",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerLocked",
+    "args_digest",
+]

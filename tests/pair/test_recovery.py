@@ -1,0 +1,106 @@
+"""Recovery with the real sidecar against the real hub, in-process (tests/pair/__init__.py).
+
+The same scenarios as the fake-peer suites (tests/sidecar/test_dedupe.py,
+tests/hub/test_outcomes.py), end to end: a caller dispatches through the real Bridge, the
+hub's relay and delivery serve the entry, the real daemon runs the tool. Invariant 6:
+every recovery path asserts *executed exactly once* and a terminal answer for the caller.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import CLOSE_SERVICE_RESTART
+from deskbridge_sidecar import tool
+
+from tests.pair import sidecar_pair
+
+
+def counting_tool(seconds: float):
+    calls: list[float] = []
+
+    @tool(side_effects=True)
+    async def submit(form: str) -> dict:
+        calls.append(trio.current_time())
+        await trio.sleep(seconds)
+        return {"submitted": form, "n": len(calls)}
+
+    return submit, calls
+
+
+async def test_socket_dropped_mid_job_is_redelivered_and_answered_from_the_cache(
+    autojump_clock,
+):
+    """The network dies 5 s into a 30 s job. The run goes on in the daemon's nursery; the
+    sidecar reconnects; the hub's new session drains its pending entry and redelivers it
+    under a new delivery id; the daemon answers from its dedupe cache. One execution, and
+    the caller gets the original's result."""
+    submit, calls = counting_tool(seconds=30)
+    async with sidecar_pair(tools=[submit]) as pair:
+        outcomes = []
+
+        async def caller():
+            outcomes.append(
+                await pair.bridge.dispatch("u1", "submit", {"form": "f"}, timeout_s=120)
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.sleep(5)
+            assert pair.daemon.statistics().running == "submit"
+            first = pair.daemon.statistics().session_id
+            pair.drop()
+            second = await pair.wait_session(2)
+            assert second != first
+        assert [o.status for o in outcomes] == ["completed"]
+        assert outcomes[0].result == {"submitted": "f", "n": 1}
+        assert len(calls) == 1 and pair.daemon.statistics().executions["submit"] == 1
+        assert pair.daemon.statistics().dedupe_hits >= 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert pair.substrate.pending_count("u1") == 0
+
+
+async def test_hub_restart_close_mid_job_reconnects_at_once_and_joins_the_orphaned_run(
+    autojump_clock,
+):
+    """The hub closes with 1012 mid-job: the sidecar reconnects at once; the redelivery
+    awaits the run still going (no second start) and the caller gets its result at 30 s."""
+    submit, calls = counting_tool(seconds=30)
+    async with sidecar_pair(tools=[submit]) as pair:
+        outcomes = []
+
+        async def caller():
+            outcomes.append(await pair.bridge.dispatch("u1", "submit", {"form": "g"}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.sleep(5)
+            [session] = pair.state.sessions.values()
+            await session.close(CLOSE_SERVICE_RESTART, "hub restarting")
+            await pair.wait_session(2)
+            assert trio.current_time() < 6  # 1012: reconnected without backoff
+        assert [o.status for o in outcomes] == ["completed"]
+        assert outcomes[0].result["n"] == 1 and len(calls) == 1
+        assert trio.current_time() >= 30
+
+
+async def test_desktop_gone_for_good_mid_job_is_told_interrupted(autojump_clock):
+    """The socket drops and the hub stays unreachable: the caller's timeout says the job
+    was delivered and running when the desktop went away (outcome unknown)."""
+    submit, calls = counting_tool(seconds=30)
+    async with sidecar_pair(tools=[submit]) as pair:
+        outcomes = []
+
+        async def caller():
+            outcomes.append(await pair.bridge.dispatch("u1", "submit", {"form": "h"}, timeout_s=20))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.sleep(5)
+            pair.connector.down = True
+            pair.drop()
+        [outcome] = outcomes
+        assert outcome.status == "timeout"
+        assert outcome.detail == {"stage": "interrupted"}
+        assert "went away" in outcome.error["message"]
+        assert len(calls) == 1  # it ran once, on the desktop, unobserved

@@ -1,0 +1,171 @@
+"""Mutation testing of the modules that carry the invariants (issue 15): ``./dev mutate``.
+
+Runs mutmut (3.x) over the modules listed in ``mutation.toml`` with the fast,
+deterministic tests only (MockClock, memory substrate, contract tests on Redis; no
+process-level integration or chaos tests), then prints a mutation score per module.
+
+Why a staging directory: mutmut names a mutant after its module path relative to the
+source root it copies, and only strips a leading ``src.``. The workspace has three
+roots (``common/src``, ``hub/src``, ``sidecar/src``), which would give mutants names like
+``hub.src.deskbridge_hub._relay...`` that never match the running module
+``deskbridge_hub._relay``, so no test would ever be selected. The stage
+(``.mutation/``, git-ignored) holds one ``src/`` with the three packages side by side, plus
+``tests/`` and ``pyproject.toml`` with a ``[tool.mutmut]`` section written from
+``mutation.toml``; mutmut puts ``mutants/src`` first on ``sys.path``, ahead of the
+editable installs.
+
+Equivalent mutants (a mutation that cannot change behaviour) are listed in
+``mutation.toml`` under ``[equivalent]`` with a one-line reason each; they are left out of
+the score and reported separately.
+
+Usage:
+    ./dev mutate                 every target in mutation.toml (about 30 min on 2 cores)
+    ./dev mutate --set ci        only the targets of set "ci" (the CI subset, ~1-2 min)
+    ./dev mutate --survivors     also list surviving mutants by name
+    ./dev mutate --fail-under N  exit 1 if any module's score is below N percent
+
+Exit status: 0 when every module of the run reaches its ``min_score`` (and
+``--fail-under``), 1 otherwise, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE = ROOT / ".mutation"
+PACKAGES = {
+    "deskbridge_common": ROOT / "common" / "src" / "deskbridge_common",
+    "deskbridge_hub": ROOT / "hub" / "src" / "deskbridge_hub",
+    "deskbridge_sidecar": ROOT / "sidecar" / "src" / "deskbridge_sidecar",
+}
+_RESULT = re.compile(r"^\s*(?P<name>[\w.]+__mutmut_\d+): (?P<status>[\w ]+?)\s*$")
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
+
+
+def _stage(targets: list[dict[str, object]], tests: list[str], pytest_args: list[str]) -> None:
+    """Copy the packages, tests and pytest config into the stage; keep mutmut's cache
+    (``mutants/``) so an unchanged function is not tested again."""
+    src = STAGE / "src"
+    if src.exists():
+        shutil.rmtree(src)
+    for name, path in PACKAGES.items():
+        shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    if (STAGE / "tests").exists():
+        shutil.rmtree(STAGE / "tests")
+    shutil.copytree(ROOT / "tests", STAGE / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    for extra in ("docs", "README.md"):  # files tests read beside the code
+        target = STAGE / extra
+        if target.is_dir():
+            shutil.rmtree(target)
+        copy = shutil.copytree if (ROOT / extra).is_dir() else shutil.copy2
+        copy(ROOT / extra, target)
+    only = [f"src/{t['module']}" for t in targets]
+    config = (ROOT / "pyproject.toml").read_text()
+    config += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src/"]\n'
+        f"only_mutate = {_toml_list(only)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
+        f"pytest_add_cli_args = {_toml_list(pytest_args)}\n"
+        'also_copy = ["docs/", "README.md"]\n'
+    )
+    (STAGE / "pyproject.toml").write_text(config)
+
+
+def _results() -> dict[str, str]:
+    """``mutmut results --all true`` -> {mutant name: status}."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=STAGE,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        m = _RESULT.match(line)
+        if m:
+            found[m["name"]] = m["status"]
+    return found
+
+
+def _module_of(mutant: str) -> str:
+    """``deskbridge_hub._relay.x_relay_loop__mutmut_3`` -> ``deskbridge_hub/_relay.py``;
+    methods are named ``xǁClassǁmethod__mutmut_N``."""
+    module = mutant.rsplit(".", 1)[0]
+    return module.replace(".", "/") + ".py"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev mutate", description=__doc__.split("\n")[0])
+    parser.add_argument("--set", default=None, help="only the targets tagged with this set")
+    parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
+    parser.add_argument("--fail-under", type=float, default=None, metavar="PERCENT")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args(argv)
+
+    spec = tomllib.loads((ROOT / "mutation.toml").read_text())
+    targets = [t for t in spec["target"] if args.set is None or args.set in t.get("sets", [])]
+    if not targets:
+        parser.error(f"no target in mutation.toml belongs to set {args.set!r}")
+    equivalent: dict[str, str] = spec.get("equivalent", {})
+    tests = sorted({test for t in targets for test in t["tests"]})
+    _stage(targets, tests, spec["pytest"]["args"])
+
+    run = subprocess.run(
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
+        cwd=STAGE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if run.returncode != 0:
+        print(run.stderr[-4000:], file=sys.stderr)
+        print(f"mutmut run failed with status {run.returncode}", file=sys.stderr)
+        return 1
+
+    results = _results()
+    by_module: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for name, status in results.items():
+        key = "equivalent" if name in equivalent else status
+        by_module[_module_of(name)][key].append(name)
+
+    failed = False
+    print(f"\n{'module':<42} {'killed':>7} {'survived':>9} {'other':>6} {'equiv':>6} {'score':>7}")
+    for target in targets:
+        module = target["module"]
+        counts = by_module.get(module, {})
+        killed = len(counts.get("killed", [])) + len(counts.get("timeout", []))
+        survived = len(counts.get("survived", []))
+        equiv = len(counts.get("equivalent", []))
+        other = sum(
+            len(v)
+            for k, v in counts.items()
+            if k not in ("killed", "timeout", "survived", "equivalent")
+        )
+        total = killed + survived
+        score = 100.0 * killed / total if total else 100.0
+        floor = max(float(target.get("min_score", 0)), args.fail_under or 0.0)
+        mark = "" if score >= floor else f"  < {floor:g}"
+        failed |= score < floor
+        print(f"{module:<42} {killed:>7} {survived:>9} {other:>6} {equiv:>6} {score:>6.1f}%{mark}")
+        if args.survivors:
+            for name in sorted(counts.get("survived", [])):
+                print(f"    survived: {name}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
