@@ -229,14 +229,14 @@ class Watched:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    async def publish_result(self, job_id, payload, *, ttl_s):
+    async def publish_result(self, user_id, job_id, payload, **options):
         # whatever happens to this write, the entry must still be pending now
         assert self._inner.pending_count(USER) == 1, "XACK came before the result write"
         if self._refuse:
             self._refuse -= 1
             self.order.append("refused")
             raise SubstrateUnavailable("result writes refused (test)")
-        await self._inner.publish_result(job_id, payload, ttl_s=ttl_s)
+        await self._inner.publish_result(user_id, job_id, payload, **options)
         self.order.append("publish")
 
     async def ack(self, user_id, entry_id):

@@ -102,6 +102,7 @@ async def test_issue_16_retry_of_a_queued_job_is_never_answered_offline(autojump
     a, b = replicas(state)
     await state.substrate.set_presence("u1", "old-session", 30)  # the holder that dies
     outcomes = []
+    all_answered = trio.Event()
 
     async def call(bridge, delay, timeout_s):
         await trio.sleep(delay)
@@ -110,6 +111,8 @@ async def test_issue_16_retry_of_a_queued_job_is_never_answered_offline(autojump
                 "u1", "click", {"x": 1}, idempotency_key="pay-7", timeout_s=timeout_s
             )
         )
+        if len(outcomes) == 3:
+            all_answered.set()
 
     runs: list[Job] = []
     async with trio.open_nursery() as nursery:
@@ -128,8 +131,7 @@ async def test_issue_16_retry_of_a_queued_job_is_never_answered_offline(autojump
                 await peer.send(JobResult(frame.id, True, {"paid": True}))
 
         nursery.start_soon(sidecar, peer, run)
-        while len(outcomes) < 3:
-            await trio.sleep(1)
+        await all_answered.wait()
         nursery.cancel_scope.cancel()
     first, *retries = outcomes
     # attempt 1's own caller gave up; its job's deadline (5 s) had passed when the desktop
@@ -148,11 +150,14 @@ async def test_a_retry_gets_the_real_outcome_when_the_desktop_returns_in_time(
     a, b = replicas(state)
     await state.substrate.set_presence("u1", "old-session", 30)
     outcomes = {}
+    all_answered = trio.Event()
 
     async def call(name, bridge, timeout_s):
         outcomes[name] = await bridge.dispatch(
             "u1", "click", {"x": 1}, idempotency_key="pay-8", timeout_s=timeout_s
         )
+        if len(outcomes) == 3:
+            all_answered.set()
 
     runs: list[Job] = []
     async with trio.open_nursery() as nursery:
@@ -172,8 +177,7 @@ async def test_a_retry_gets_the_real_outcome_when_the_desktop_returns_in_time(
                 await peer.send(JobResult(frame.id, True, {"paid": True}))
 
         nursery.start_soon(sidecar, peer, run)
-        while len(outcomes) < 3:
-            await trio.sleep(0.5)
+        await all_answered.wait()
         nursery.cancel_scope.cancel()
     assert len(runs) == 1
     assert {o.status for o in outcomes.values()} == {"completed"}
