@@ -184,9 +184,7 @@ async def test_same_key_other_args_or_tool_is_refused(autojump_clock, start_daem
     assert len(calls) == 1
 
 
-async def test_same_key_other_args_while_the_original_runs_is_refused(
-    autojump_clock, start_daemon
-):
+async def test_same_key_other_args_while_the_original_runs_is_refused(autojump_clock, start_daemon):
     submit, calls = counting_tool(seconds=10)
     daemon, s = await start_daemon(tools=[submit])
     original = await s.send_job("submit", {"form": "a"}, key="k-busy")
@@ -204,3 +202,27 @@ async def test_status_is_never_cached(autojump_clock, start_daemon):
     second = await s.call("status", key="k-status")
     assert second.result["time"] - first.result["time"] == 5
     assert daemon.statistics().dedupe_entries == 0
+
+
+async def test_one_delivery_is_checked_once_not_three_times(
+    autojump_clock, start_daemon, monkeypatch
+):
+    """Issue 9: dedupe and preflight ran up to three times per delivery (reader, execute,
+    run). Now the reader's admit() decides once; the run re-checks only the deadline."""
+    from deskbridge_sidecar._runner import ToolRunner
+
+    counts = {"reuse": 0, "refusal": 0, "expired": 0}
+    for name, attr in (("reuse", "_check_reuse"), ("refusal", "_refusal"), ("expired", "_expired")):
+        original = getattr(ToolRunner, attr)
+
+        def counting(self, job, _original=original, _name=name):
+            counts[_name] += 1
+            return _original(self, job)
+
+        monkeypatch.setattr(ToolRunner, attr, counting)
+    submit, calls = counting_tool()
+    daemon, s = await start_daemon(tools=[submit])
+    result = await s.call("submit", {"form": "once"}, key="k-once")
+    assert result.ok and len(calls) == 1
+    # _refusal calls _expired itself: one full preflight, plus the deadline at start.
+    assert counts == {"reuse": 1, "refusal": 1, "expired": 2}

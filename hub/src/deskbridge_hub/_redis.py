@@ -1,29 +1,11 @@
-"""``RedisSubstrate``: the substrate contract on Redis >= 7, through coredis.
+"""``RedisSubstrate``: the substrate contract on Redis >= 7, through coredis: the
+commands and scripts. Connection handling (lifetime per event-loop run, discard on
+cancel, error mapping, and why coredis's own pool is not used) is ``_redis_conn``.
 
-The only module that imports coredis. anyio APIs only, so it runs under trio and asyncio.
-
-Lifecycle (what coredis 6.9 requires, read from its source). A coredis connection is
-driven by reader and writer tasks, so it needs a task group that outlives each command;
-``coredis.Redis`` gets one from ``async with client:`` and must stay entered while used.
-Two problems made us keep coredis' connections but not its pool: (1) a cancelled blocking
-command invalidates its connection but the pool never returns that connection's slot, so
-after ``max_connections`` (64) cancelled reads every later command waits forever (and a
-command cancelled while its connection is being opened leaks a slot the same way); (2) the
-invalidated socket is closed later, by another task, so the next XADD can reach Redis
-first and be handed to the stale server-side waiter. Here:
-
-* ``async with RedisSubstrate.from_url(url) as substrate:`` opens a *session* bound to the
-  current event-loop run (an anyio ``RunVar``): a task group hosting coredis connections
-  and a small pool of idle ones. Entering does no I/O; the first command connects.
-  Leaving closes every connection. A server should hold it open for its lifetime
-  (in the app's ``while_serving``).
-* Used without ``async with`` (scripts, CLIs, a different event-loop run than the one
-  that entered it), each call opens a one-shot session and closes it before returning:
-  correct, at the price of one connection per call.
-* Each command holds its connection exclusively. A command that is cancelled or times
-  out discards its connection and *waits* (shielded, at most 1 s) until the socket is
-  closed before the cancellation propagates, so no server-side waiter outlives it.
-* ``aclose()`` closes the current run's connections; the instance stays usable.
+anyio APIs only, so it runs under trio and asyncio. ``async with substrate:`` keeps
+connections for the block's duration; without it each call uses its own connection
+(see ``_redis_conn``). ``aclose()`` closes the current run's connections; the instance
+stays usable.
 
 Durations: presence and result TTLs are sent in milliseconds (``PX`` / ``PEXPIRE``,
 rounded up, at least 1 ms); BLPOP takes seconds with millisecond precision.
@@ -38,33 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
-import anyio
-import anyio.lowlevel
-import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from coredis.connection import BaseConnection
 from coredis.exceptions import (
-    AuthenticationError,
-    AuthorizationError,
-    ReadOnlyError,
     ResponseError,
     StreamConsumerGroupError,
     StreamDuplicateConsumerGroupError,
     UnblockedError,
 )
-from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.pool import ConnectionPool
 
-from . import _metrics
-from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
 from ._redis_caller import CallerCommands, Script
+from ._redis_conn import RedisConnections, _Session
 from ._substrate import (
     GROUP,
     Claimed,
@@ -108,7 +78,7 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end
 return id
 """
 #: mark_delivered: decide on the server's clock (TIME) whether a job read from the stream
-#: may be forwarded; only then record it as delivered. KEYS: state, cancel (one {job} slot).
+#: may be forwarded; only then record it as delivered. KEYS: state, cancel (the user's slot).
 _MARK_DELIVERED = Script(
     """
 local t = redis.call('TIME')
@@ -119,19 +89,6 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'delivered', now}
 """
 )
-#: Server error codes that mean "cannot serve now", not "bad command".
-_UNAVAILABLE_CODES = ("OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
-_UNAVAILABLE_ERRORS = (
-    RedisConnectionError,
-    OSError,  # includes TimeoutError
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    AuthenticationError,
-    AuthorizationError,
-    ReadOnlyError,
-)
-#: Seconds a discarded connection may take to close before we stop waiting.
-_CLOSE_WAIT_S = 1.0
 
 
 def _ms(duration_s: float) -> int:
@@ -153,159 +110,6 @@ def _entries(raw: Any) -> list[Entry]:
         fields = None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
         out.append(Entry(entry_id, fields))
     return out
-
-
-def _close_buffers(conn: BaseConnection) -> None:
-    """coredis opens memory streams in ``BaseConnection.__init__`` and closes them only
-    if ``run()`` gets as far as connecting; close them so a failed or cancelled connect
-    leaves nothing open (ResourceWarning). Closing twice is harmless."""
-    for value in vars(conn).values():
-        if isinstance(value, MemoryObjectSendStream | MemoryObjectReceiveStream):
-            value.close()
-
-
-@attrs.define(eq=False)
-class _Conn:
-    """One coredis connection, created and run by a task of the session's task group."""
-
-    conn: BaseConnection | None = None
-    scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
-    ready: anyio.Event = attrs.Factory(anyio.Event)
-    closed: anyio.Event = attrs.Factory(anyio.Event)
-    error: Exception | None = None
-
-    @property
-    def usable(self) -> bool:
-        return self.conn is not None and self.conn.usable
-
-    def started(self, value: object = None) -> None:  # anyio TaskStatus, for conn.run()
-        self.ready.set()
-
-    def gone(self) -> None:
-        self.closed.set()
-        self.ready.set()
-
-
-class _Session:
-    """Connections of one event-loop run. Enter and exit in the same task."""
-
-    def __init__(
-        self, url: str, *, connect_timeout_s: float, max_idle: int, client_name: str | None
-    ) -> None:
-        # Built inside the run: coredis creates anyio primitives bound to it. The pool
-        # object only parses the URL (TLS, auth, db); it is never entered.
-        pool = ConnectionPool.from_url(
-            url, decode_responses=True, connect_timeout=connect_timeout_s, client_name=client_name
-        )
-        self._connection_class = pool.connection_class
-        self._location = pool.location
-        self._connection_kwargs = pool.connection_kwargs
-        self._connect_timeout_s = connect_timeout_s
-        self._max_idle = max_idle
-        self._tg = anyio.create_task_group()
-        self._idle: list[_Conn] = []
-        self._live: set[_Conn] = set()
-        self.groups: set[str] = set()  # users whose consumer group we created or saw
-        self.closed = False
-
-    async def open(self) -> None:
-        await self._tg.__aenter__()
-
-    async def close(self) -> None:
-        self.closed = True
-        self._idle.clear()
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
-        for c in self._live:  # hosts that never got to run (asyncio cancels before start)
-            c.gone()
-        self._live.clear()
-
-    def drop_connections(self) -> None:
-        """Close every connection (in-flight commands fail); new ones open on demand."""
-        self._idle.clear()
-        for c in list(self._live):
-            c.scope.cancel()
-
-    async def _host(self, c: _Conn) -> None:
-        try:
-            with c.scope:
-                c.conn = self._connection_class(self._location, **self._connection_kwargs)
-                await c.conn.run(task_status=c)  # type: ignore[arg-type]
-        except Exception as exc:  # never crash the session's task group
-            c.error = exc
-        finally:
-            if c.conn is not None:
-                _close_buffers(c.conn)
-            self._live.discard(c)
-            c.gone()
-
-    async def _discard(self, c: _Conn) -> None:
-        c.scope.cancel()
-        with anyio.move_on_after(_CLOSE_WAIT_S, shield=True):
-            await c.closed.wait()
-
-    async def _acquire(self, *, idle_ok: bool) -> tuple[_Conn, bool]:
-        """A connection for one exchange, and whether it was reused from the idle list."""
-        while idle_ok and self._idle:
-            c = self._idle.pop()
-            if c.usable:
-                return c, True
-            c.scope.cancel()
-        if self.closed:
-            raise RedisConnectionError("the substrate session is closed")
-        c = _Conn()
-        self._live.add(c)
-        self._tg.start_soon(self._host, c)
-        try:
-            with anyio.fail_after(self._connect_timeout_s):
-                await c.ready.wait()
-        except BaseException:
-            await self._discard(c)
-            raise
-        if c.error is not None or not c.usable:
-            await self._discard(c)
-            raise c.error or RedisConnectionError("connection closed during the handshake")
-        return c, False
-
-    async def _exchange(
-        self, c: _Conn, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
-    ) -> list[Any]:
-        assert c.conn is not None
-        done = False
-        try:
-            requests = [
-                c.conn.create_request(
-                    cmd[0],
-                    *cmd[1:],
-                    raise_exceptions=False,
-                    timeout=timeout_s,
-                    disconnect_on_cancellation=True,
-                )
-                for cmd in commands
-            ]
-            replies = [await request for request in requests]
-            done = True
-            return replies
-        finally:
-            # A timeout or transport failure has made the connection unusable.
-            if done and not self.closed and c.usable and len(self._idle) < self._max_idle:
-                self._idle.append(c)
-            else:
-                await self._discard(c)
-
-    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
-        """Send ``commands`` in one write on one connection and return their replies; an
-        error (a server error reply, a transport failure, a ``timeout_s`` timeout; None:
-        no timeout) is returned as its exception instance. Cancellation, a timeout or a
-        transport failure closes the connection, and waits for the close. If an idle
-        connection turns out to have died meanwhile (Redis restarted, idle connections
-        killed), the commands are sent once more on a new connection."""
-        c, reused = await self._acquire(idle_ok=True)
-        replies = await self._exchange(c, commands, timeout_s)
-        if reused and not c.usable and any(isinstance(r, RedisConnectionError) for r in replies):
-            c, _ = await self._acquire(idle_ok=False)
-            replies = await self._exchange(c, commands, timeout_s)
-        return replies
 
 
 class RedisSubstrate(CallerCommands):
@@ -336,19 +140,15 @@ class RedisSubstrate(CallerCommands):
         max_idle_connections: int = 32,
         client_name: str | None = None,
     ) -> None:
-        self._url = url
-        self._client_name = client_name
-        self._connect_timeout_s = connect_timeout_s
-        self._command_timeout_s = command_timeout_s
-        self._max_idle = max_idle_connections
-        self._session_var: anyio.lowlevel.RunVar[_Session | None] = anyio.lowlevel.RunVar(
-            f"deskbridge-redis-session-{id(self)}", default=None
+        self._connections = RedisConnections(
+            url,
+            connect_timeout_s=connect_timeout_s,
+            command_timeout_s=command_timeout_s,
+            max_idle_connections=max_idle_connections,
+            client_name=client_name,
         )
-        parts = urlsplit(url)
-        if parts.scheme == "unix":
-            self.address = parts.path
-        else:
-            self.address = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        self._command_timeout_s = command_timeout_s
+        self.address = self._connections.address
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisSubstrate:
@@ -364,11 +164,7 @@ class RedisSubstrate(CallerCommands):
         Raises:
             RuntimeError: a session is already open in this run.
         """
-        if self._session_var.get() is not None:
-            raise RuntimeError(f"{self!r} is already open in this event loop")
-        session = self._new_session()
-        await session.open()
-        self._session_var.set(session)
+        await self._connections.enter(self)
         return self
 
     async def __aexit__(
@@ -378,69 +174,25 @@ class RedisSubstrate(CallerCommands):
         tb: TracebackType | None,
     ) -> None:
         """Close the session's connections; waits for them (cancellation cannot stop it)."""
-        session = self._session_var.get()
-        self._session_var.set(None)
-        if session is not None:
-            await session.close()
+        await self._connections.exit()
 
     async def aclose(self) -> None:
         """Close the connections this event-loop run holds; later calls open new ones.
         Idempotent; never raises."""
-        session = self._session_var.get()
-        if session is not None:
-            session.drop_connections()
-        await anyio.lowlevel.checkpoint()
+        await self._connections.aclose()
 
-    # -- plumbing ----------------------------------------------------------------------
+    # -- plumbing (the interface every command uses) -----------------------------------
 
-    def _new_session(self) -> _Session:
-        return _Session(
-            self._url,
-            connect_timeout_s=self._connect_timeout_s,
-            max_idle=self._max_idle,
-            client_name=self._client_name,
-        )
-
-    @contextlib.asynccontextmanager
-    async def _session(self, what: str) -> AsyncIterator[_Session]:
-        """The open session of this run, or a one-shot one; maps I/O faults at the edge."""
-        with self._mapped(what):
-            session = self._session_var.get()
-            if session is not None and not session.closed:
-                yield session
-                return
-            session = self._new_session()
-            await session.open()
-            try:
-                yield session
-            finally:
-                await session.close()
-
-    @contextlib.contextmanager
-    def _mapped(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except _UNAVAILABLE_ERRORS as exc:
-            _metrics.substrate_error(what)
-            raise SubstrateUnavailable(
-                f"Redis at {self.address} unavailable ({what}): {exc}"
-            ) from exc
-        except ResponseError as exc:
-            if str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
-                _metrics.substrate_error(what)
-                raise SubstrateUnavailable(
-                    f"Redis at {self.address} refused {what}: {exc}"
-                ) from exc
-            raise
+    def _session(self, what: str) -> contextlib.AbstractAsyncContextManager[_Session]:
+        """``async with self._session("WHAT") as s:`` the open session of this run, or a
+        one-shot one; I/O faults inside map to SubstrateUnavailable naming ``what``.
+        ``s.execute(*commands, timeout_s=...)`` pipelines commands on one connection."""
+        return self._connections.session(what)
 
     async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
         """One command; server errors raise. ``block_s``: its own blocking time (None:
         forever), to which the command timeout is added."""
-        timeout_s = None if block_s is None else block_s + self._command_timeout_s
-        (reply,) = await session.execute(command, timeout_s=timeout_s)
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+        return await self._connections.call(session, *command, block_s=block_s)
 
     async def _heal_group(self, session: _Session, user_id: str) -> None:
         """XGROUP CREATE key GROUP 0 MKSTREAM (from 0: nothing enqueued since is skipped)."""

@@ -37,7 +37,7 @@ from ._substrate import (
 )
 
 if TYPE_CHECKING:
-    from ._redis import _Session
+    from ._redis_conn import _Session
 
 
 def _ms(duration_s: float) -> int:

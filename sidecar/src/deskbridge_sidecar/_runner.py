@@ -115,23 +115,28 @@ class ToolRunner:
         """The recent outcome for ``key`` held in memory, or None."""
         return self.cache.get(key)
 
-    def lookup(self, key: str, job: Job | None = None) -> Outcome | None:
-        """The answer for a delivery that needs no run, from memory, or None.
+    def admit(self, job: Job) -> Outcome | None:
+        """Decide, once per delivery and from memory only, whether ``job`` is answered
+        now or queued for :meth:`execute`.
 
-        With ``job``: a key recorded (or running) for another tool or other arguments
-        returns the ``idempotency_key_reused`` refusal; a matching recent outcome is
-        returned and counted in ``dedupe_hits``. Without ``job`` nothing can be
-        verified, so None (the delivery goes to :meth:`execute`, which checks).
+        Returns:
+            The answer now: the ``idempotency_key_reused`` refusal (a key recorded or
+            running for another tool or other arguments), a recent outcome (counted in
+            ``dedupe_hits``), or a refusal (``expired``, ``unknown_tool``, ``bad_args``);
+            or None: queue it (a new run, a run in flight to join, or a key the ledger
+            holds, whose record :meth:`execute` reads).
         """
-        if job is None:
-            return None
         refused = self._check_reuse(job)
         if refused is not None:
             return refused
+        key = job.idempotency_key
         outcome = self.cache.get(key)
         if outcome is not None:
             self.dedupe_hits += 1
-        return outcome
+            return outcome
+        if key in self._runs or key in self._known:
+            return None  # joined or answered by its record; never refused afresh
+        return self._refusal(job)
 
     def _check_reuse(self, job: Job) -> Outcome | None:
         key = job.idempotency_key
@@ -147,23 +152,19 @@ class ToolRunner:
         """True while a run for ``key`` is queued for the lock or executing."""
         return key in self._runs
 
-    def preflight(self, job: Job) -> Outcome | None:
-        """Why ``job`` must not start (``idempotency_key_reused``, ``expired``,
-        ``unknown_tool``, ``bad_args``), or None. A key the ledger holds is not refused
-        (its record answers it, even after its deadline)."""
-        refused = self._check_reuse(job)
-        if refused is not None:
-            return refused
-        if job.idempotency_key in self._known:
-            return None
-        return self._refusal(job)
-
-    def _refusal(self, job: Job) -> Outcome | None:
+    def _expired(self, job: Job) -> Outcome | None:
         now = self.wall_clock()
         if now >= job.deadline:
             return Outcome.failure(
                 EXPIRED, f"deadline passed {now - job.deadline:.3f} s ago; not started"
             )
+        return None
+
+    def _refusal(self, job: Job) -> Outcome | None:
+        """Why ``job`` must not start: expired, unknown tool, bad arguments; or None."""
+        expired = self._expired(job)
+        if expired is not None:
+            return expired
         tool = self.registry.get(job.name)
         if tool is None:
             return Outcome.failure(
@@ -176,14 +177,17 @@ class ToolRunner:
         return None
 
     async def execute(self, job: Job) -> Outcome:
-        """Run ``job`` at most once per idempotency key and return the outcome.
+        """Run a delivery that :meth:`admit` queued, at most once per idempotency key,
+        and return the outcome.
 
-        A key used for another tool or other arguments is refused
-        (``idempotency_key_reused``); a key whose run is in flight awaits that run (no
-        second start); a key the ledger holds returns its record (``in_doubt`` if its
-        process died mid-run); otherwise a new run starts in the daemon's nursery,
-        waits for the daemon-wide lock, checks the deadline again, is recorded as
-        started, executes, and its outcome is recorded before it is returned.
+        No check :meth:`admit` made is repeated (key reuse, tool, arguments). What can
+        have changed while the delivery waited in its queue is decided here, once: a key
+        whose run is in flight awaits that run (no second start); a key with a recent
+        outcome (a twin delivery ran meanwhile) or a ledger record returns it
+        (``in_doubt`` if its process died mid-run); otherwise a new run starts in the
+        daemon's nursery, waits for the daemon-wide lock, checks the deadline again (it
+        may pass while queued), is recorded as started, executes, and its outcome is
+        recorded before it is returned.
 
         Returns:
             The outcome (never raises for tool failures; a ledger that cannot be read
@@ -194,14 +198,11 @@ class ToolRunner:
                 itself carries on in the daemon's nursery and records its outcome.
         """
         key = job.idempotency_key
-        refused = self._check_reuse(job)
-        if refused is not None:
-            return refused
-        cached = self.cache.get(key)
+        run = self._runs.get(key)
+        cached = None if run is not None else self.cache.get(key)
         if cached is not None:
             self.dedupe_hits += 1
             return cached
-        run = self._runs.get(key)
         if run is None and key in self._known:
             try:
                 entry = await self.ledger.get(key)
@@ -213,11 +214,8 @@ class ToolRunner:
                 return entry.outcome
             run = self._runs.get(key)  # another delivery may have started one meanwhile
         if run is None:
-            refused = self._refusal(job)
-            if refused is not None:
-                return refused
             tool = self.registry.get(job.name)
-            assert tool is not None
+            assert tool is not None, "execute() of a delivery admit() did not queue"
             run = self._runs[key] = _Run(key=key, tool=tool, digest=args_digest(job.args))
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
@@ -279,7 +277,7 @@ class ToolRunner:
         try:
             with run.cancel_scope:
                 async with self._lock:
-                    refused = self._refusal(job)  # the deadline may pass while queued
+                    refused = self._expired(job)  # the deadline may pass while queued
                     if refused is not None:
                         outcome = refused
                     else:

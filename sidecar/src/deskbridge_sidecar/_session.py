@@ -311,18 +311,13 @@ class Session:
             self._deliveries[job.id] = job
             self._status_queue.send_nowait(job)
             return
-        key = job.idempotency_key
-        cached = self.runner.lookup(key, job)
-        if cached is not None:
-            log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
-            await self._post(cached.reply(job.id))
+        answer = self.runner.admit(job)  # dedupe and preflight, once per delivery
+        if answer is not None:
+            log.info(
+                "job %s (%s): answered at once (%s)", job.job_id, job.name, answer.code or "ok"
+            )
+            await self._post(answer.reply(job.id))
             return
-        if not self.runner.in_flight(key):
-            refused = self.runner.preflight(job)
-            if refused is not None:
-                log.info("job %s (%s): %s", job.job_id, job.name, refused.code)
-                await self._post(refused.reply(job.id))
-                return
         self._deliveries[job.id] = job
         self._tool_queue.send_nowait(job)
 
