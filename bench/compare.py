@@ -28,7 +28,7 @@ scripts (``[lua]``); a pipeline's commands count one each.
 
 Usage:
   ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
-      [--redis-port 6408] [--json out.json]
+      [--redis-port 6408] [--json out.json] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -175,7 +175,19 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path, port: int) -> d
             "DESKBRIDGE_TEST_REDIS_URL": redis.url,
         }
         budget = 120 + args.calls * 0.05 * 2 + args.load_s * len(SHAPES) * 3
-        done = subprocess.run(argv, env=env, timeout=budget, capture_output=True, text=True)
+        profiler = None
+        if args.profile:
+            from bench.lib.measure import group_pids
+            from bench.lib.profile import Profiler
+
+            target = max(group_pids(hub.pid))  # the serving process (the only one with -w 1)
+            profiler = Profiler(target, Path(args.profile) / f"{system}-hub.pyspy.txt")
+            profiler.start()
+        try:
+            done = subprocess.run(argv, env=env, timeout=budget, capture_output=True, text=True)
+        finally:
+            if profiler is not None:
+                profiler.stop()
         if done.returncode != 0:
             raise RuntimeError(f"{system} callers failed:\n{done.stdout}\n{done.stderr[-4000:]}")
         result = json.loads(out.read_text())
@@ -282,6 +294,12 @@ def main() -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--redis-port", type=int, default=6408, help="first of 3 ports")
     p.add_argument("--json", default="", help="also write every figure to this file")
+    p.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="py-spy each hub during its run; raw stacks to DIR, summary printed",
+    )
     args = p.parse_known_args()[0]
     raise_nofile()
     results = {}
@@ -298,6 +316,17 @@ def main() -> int:
         f"{os.cpu_count()} CPUs; {time.time() - started:.0f} s in all"
     )
     report(results, args)
+    if args.profile:
+        from bench.lib.profile import summarise
+
+        for system in results:
+            path = Path(args.profile) / f"{system}-hub.pyspy.txt"
+            if path.exists():
+                print()
+                print(
+                    f"{system} hub CPU profile (py-spy, whole caller run: warm-up and every phase)"
+                )
+                print(summarise(path))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

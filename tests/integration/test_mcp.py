@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -29,10 +31,12 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ToolsListChanged
 
 from tests.procs import API_KEY, Hub, Ledger, Sidecar, issue, running, wait_until
+from tests.sites import serve_site
 
 pytestmark = pytest.mark.integration
 
 MODES = ["legacy", "auto"]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @asynccontextmanager
@@ -224,3 +228,63 @@ def _stop_late_sidecars():
     yield
     while _LATE:
         _LATE.pop().stop()
+
+
+def test_an_agent_fills_a_form_in_headless_chromium_through_mcp(hub, tmp_path):
+    """The done-when path: the SDK's client lists a real sidecar's tools (its browser and
+    files toolsets on), calls ``echo`` and browser tools against a loopback page in
+    headless Chromium; then ``examples/mcp_agent.py`` does the same as a user would run it."""
+    user = "mcp-b-" + secrets.token_hex(4)
+    files = tmp_path / "files"
+    files.mkdir()
+    with serve_site() as site:
+        sidecar = Sidecar(
+            tmp_path,
+            hub.ws,
+            issue(user),
+            extra_args=[
+                "--browser-origin", site, "--browser-headless",
+                "--browser-profile", str(tmp_path / "profile"),
+                "--files-root", str(files),
+            ],
+        )  # fmt: skip
+        with running(sidecar):
+            wait_online(hub, user)
+            run(_browse, hub, user, site)
+            agent = subprocess.run(
+                [
+                    sys.executable, str(EXAMPLES / "mcp_agent.py"),
+                    "--hub", hub.http, "--user", user, "--api-key", API_KEY,
+                    "--url", f"{site}/form", "--name", "Grace",
+                ],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert agent.returncode == 0, agent.stdout + agent.stderr
+            assert "the page at" in agent.stdout and "'Hello Grace'" in agent.stdout
+            assert "browser_fill" in agent.stdout and "changes things" in agent.stdout
+            assert sidecar.stop() == 0  # SIGTERM: the daemon stops, then the browser closes
+        log = sidecar.log_path.read_text()
+        assert "Traceback" not in log and "browser started" in log
+
+
+async def _browse(hub: Hub, user: str, site: str) -> None:
+    with anyio.fail_after(90):
+        async with mcp_client(hub, user, mode="auto") as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            assert {"browser_open", "browser_fill", "files_write", "echo"} <= set(listed)
+            assert listed["browser_fill"].annotations.destructive_hint is True
+            assert listed["browser_text"].annotations.read_only_hint is True
+            assert listed["files_write"].annotations.read_only_hint is False
+            echoed = await client.call_tool("echo", {"hi": 1})
+            assert echoed.structured_content == {"hi": 1}
+            opened = await client.call_tool("browser_open", {"url": f"{site}/form"})
+            assert not opened.is_error, opened.content[0].text
+            assert opened.structured_content["title"] == "Form"
+            await client.call_tool("browser_fill", {"selector": "#name", "value": "Ada"})
+            clicked = await client.call_tool("browser_click", {"selector": "#send"})
+            assert clicked.structured_content["url"] == f"{site}/submitted?name=Ada"
+            text = await client.call_tool("browser_text", {"selector": "#r"})
+            assert text.structured_content["text"] == "Hello Ada"
+            denied = await client.call_tool("browser_open", {"url": "https://example.com/"})
+            assert denied.is_error
+            assert denied.structured_content["error"]["code"] == "origin_not_allowed"

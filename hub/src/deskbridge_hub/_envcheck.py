@@ -42,6 +42,11 @@ KNOWN: frozenset[str] = frozenset(
         "DESKBRIDGE_DATA_DIR",
         "DESKBRIDGE_CONFIG",
         "DESKBRIDGE_VENV",
+        "DESKBRIDGE_FILES_ROOTS",
+        "DESKBRIDGE_BROWSER_ORIGINS",
+        "DESKBRIDGE_BROWSER_PROFILE",
+        "DESKBRIDGE_BROWSER_EXECUTABLE",
+        "DESKBRIDGE_BROWSER_HEADLESS",
     }
 ) | frozenset("DESKBRIDGE_" + f.name.upper() for f in attrs.fields(Timings))
 

@@ -16,7 +16,7 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -29,6 +29,7 @@ from ._logformat import make_formatter
 from ._tools import ToolRegistry
 from ._transport import sidecar_url
 from ._version import __version__
+from .toolsets import _options as toolset_options
 
 log = logging.getLogger("deskbridge.sidecar.cli")
 
@@ -124,6 +125,7 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         type=str.upper,
         help="log level (default INFO; -v means DEBUG)",
     )
+    toolset_options.add_arguments(run)
     return parser, run
 
 
@@ -207,6 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return trio.run(_serve, daemon)
     except KeyboardInterrupt:
         return 130
+    finally:
+        for close in _CLOSERS:
+            close()
+
+
+#: Toolset clean-ups to run once the daemon has stopped (the browser).
+_CLOSERS: list[Callable[[], None]] = []
 
 
 def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namespace) -> Daemon:
@@ -238,6 +247,10 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         run_parser.error(f"--tools: cannot import: {exc}")
     except ValueError as exc:
         run_parser.error(f"--tools: {exc}")
+    try:
+        _CLOSERS.extend(toolset_options.add_toolsets(args, registry))
+    except ValueError as exc:
+        run_parser.error(str(exc))
     _configure_logging(args.verbose, args.log_level)
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])

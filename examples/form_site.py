@@ -1,0 +1,51 @@
+"""A one-form web site on loopback, for trying the example agent.
+
+    python examples/form_site.py --port 8123
+
+``/form`` has a name field (``#name``) and a Send button (``#send``); ``/submitted``
+answers ``<p id="r">Hello NAME</p>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+FORM = """<html><head><title>Form</title></head><body>
+<form action="/submitted" method="get">
+  <label>Name <input id="name" name="name"></label>
+  <button id="send" type="submit">Send</button>
+</form></body></html>"""
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        parts = urlsplit(self.path)
+        if parts.path == "/form":
+            body = FORM
+        elif parts.path == "/submitted":
+            name = html.escape(parse_qs(parts.query).get("name", [""])[0])
+            body = f"<html><head><title>Thanks</title></head><body><p id='r'>Hello {name}</p>"
+        else:
+            self.send_error(404)
+            return
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8123)
+    port = parser.parse_args().port
+    print(f"form at http://127.0.0.1:{port}/form", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

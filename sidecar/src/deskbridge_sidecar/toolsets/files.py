@@ -1,0 +1,240 @@
+"""The *files* toolset: list a folder, read a text file, write a file — confined to
+configured roots.
+
+Opt-in: nothing is offered unless the user names at least one root
+(``deskbridge-sidecar run --files-root ~/Documents/invoices``). Every path is resolved
+(``os.path.realpath``: ``..`` and every symlink followed) before it is used, and must land
+inside a root (also resolved), so ``../../etc/passwd`` and a symlink inside a root that
+points out of it are refused alike (``outside_roots``). A file is opened with
+``O_NOFOLLOW`` on its resolved path, so a symlink swapped in after the check is refused
+too. Reads and writes are bounded (``too_large``); writes are atomic (a temporary file in
+the same folder, then ``os.replace``) and never replace a symlink.
+
+Paths given to the tools may be absolute, or relative to the first root.
+
+Error codes (``ToolError.code``): ``outside_roots``, ``not_found``, ``not_a_directory``,
+``is_a_directory``, ``too_large``, ``not_text``, ``exists``, ``io_error``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import attrs
+import pydantic
+
+from .._tools import Tool, ToolError
+
+#: Largest file ``files_read`` returns, bytes (1 MiB: it must fit in a result frame).
+MAX_READ_BYTES = 1024 * 1024
+#: Largest content ``files_write`` writes, bytes.
+MAX_WRITE_BYTES = 1024 * 1024
+#: Most entries ``files_list`` returns.
+MAX_LIST_ENTRIES = 1000
+
+
+@attrs.define(eq=False)
+class FilesToolset:
+    """The files tools, bound to their roots.
+
+    Args:
+        roots: folders the tools may touch (resolved once, at construction).
+        max_read_bytes: largest file returned by ``files_read``.
+        max_write_bytes: largest content accepted by ``files_write``.
+
+    Raises:
+        ValueError: no roots, or a root that is not an existing folder.
+    """
+
+    roots: Sequence[str | os.PathLike[str]] = attrs.field(converter=tuple)
+    max_read_bytes: int = MAX_READ_BYTES
+    max_write_bytes: int = MAX_WRITE_BYTES
+    _resolved: tuple[Path, ...] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.roots:
+            raise ValueError("the files toolset needs at least one root folder")
+        resolved = []
+        for root in self.roots:
+            path = Path(os.path.realpath(os.path.expanduser(root)))
+            if not path.is_dir():
+                raise ValueError(f"files root {str(root)!r} is not an existing folder")
+            resolved.append(path)
+        self._resolved = tuple(resolved)
+
+    def tools(self) -> list[Tool]:
+        """The toolset's tools, for :meth:`ToolRegistry.add`."""
+        return [
+            Tool.from_function(self.files_list, name="files_list"),
+            Tool.from_function(self.files_read, name="files_read"),
+            Tool.from_function(self.files_write, name="files_write", side_effects=True),
+        ]
+
+    # -- confinement -------------------------------------------------------------------
+
+    def resolve(self, path: str) -> Path:
+        """The real path of ``path`` (absolute, or relative to the first root).
+
+        Raises:
+            ToolError: ``outside_roots`` if it resolves outside every root.
+        """
+        given = Path(os.path.expanduser(path))
+        candidate = given if given.is_absolute() else self._resolved[0] / given
+        real = Path(os.path.realpath(candidate))
+        if not any(real == root or real.is_relative_to(root) for root in self._resolved):
+            raise ToolError(
+                f"{path!r} resolves to {str(real)!r}, outside the allowed roots "
+                f"{[str(r) for r in self._resolved]}",
+                code="outside_roots",
+            )
+        return real
+
+    # -- tools -------------------------------------------------------------------------
+
+    def files_list(self, path: str | None = None) -> dict[str, Any]:
+        """List a folder inside the allowed roots (or the roots themselves).
+
+        Args:
+            path: the folder, absolute or relative to the first root; omit it to list the
+                roots.
+        """
+        if path is None:
+            return {"path": None, "entries": [_entry(r, str(r)) for r in self._resolved]}
+        folder = self.resolve(path)
+        if not folder.exists():
+            raise ToolError(f"{path!r} does not exist", code="not_found")
+        if not folder.is_dir():
+            raise ToolError(f"{path!r} is not a folder", code="not_a_directory")
+        entries = []
+        truncated = False
+        try:
+            with os.scandir(folder) as found:
+                for item in sorted(found, key=lambda e: e.name):
+                    if len(entries) >= MAX_LIST_ENTRIES:
+                        truncated = True
+                        break
+                    entries.append(_entry(Path(item.path), item.name))
+        except OSError as exc:
+            raise ToolError(f"cannot list {path!r}: {exc.strerror}", code="io_error") from None
+        return {"path": str(folder), "entries": entries, "truncated": truncated}
+
+    def files_read(self, path: str) -> dict[str, Any]:
+        """Read a UTF-8 text file inside the allowed roots.
+
+        Args:
+            path: the file, absolute or relative to the first root.
+        """
+        real = self.resolve(path)
+        try:
+            fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise ToolError(f"{path!r} does not exist", code="not_found") from None
+        except IsADirectoryError:
+            raise ToolError(f"{path!r} is a folder", code="is_a_directory") from None
+        except OSError as exc:
+            raise ToolError(f"cannot open {path!r}: {exc.strerror}", code="io_error") from None
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            os.close(fd)
+            raise ToolError(f"{path!r} is a folder", code="is_a_directory")
+        with os.fdopen(fd, "rb") as handle:
+            if info.st_size > self.max_read_bytes:
+                raise ToolError(
+                    f"{path!r} is {info.st_size} bytes; files_read returns at most "
+                    f"{self.max_read_bytes}",
+                    code="too_large",
+                )
+            data = handle.read(self.max_read_bytes + 1)
+        if len(data) > self.max_read_bytes:  # grew since fstat
+            raise ToolError(
+                f"{path!r} is larger than {self.max_read_bytes} bytes", code="too_large"
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ToolError(
+                f"{path!r} is not UTF-8 text (byte {exc.start})", code="not_text"
+            ) from None
+        return {"path": str(real), "text": text, "bytes": len(data)}
+
+    def files_write(
+        self,
+        path: str,
+        content: str,
+        overwrite: Annotated[
+            bool, pydantic.Field(description="replace an existing file (default: refuse)")
+        ] = False,
+        create_folders: Annotated[
+            bool, pydantic.Field(description="create missing parent folders inside the root")
+        ] = False,
+    ) -> dict[str, Any]:
+        """Write a UTF-8 text file inside the allowed roots (atomically).
+
+        Args:
+            path: the file, absolute or relative to the first root.
+            content: the text to write.
+        """
+        data = content.encode("utf-8")
+        if len(data) > self.max_write_bytes:
+            raise ToolError(
+                f"content is {len(data)} bytes; files_write accepts at most {self.max_write_bytes}",
+                code="too_large",
+            )
+        given = Path(os.path.expanduser(path))
+        target = given if given.is_absolute() else self._resolved[0] / given
+        parent = self.resolve(str(target.parent))
+        final = parent / target.name
+        if target.name in ("", ".", ".."):
+            raise ToolError(f"{path!r} does not name a file", code="is_a_directory")
+        self.resolve(str(final))  # a symlink at the final component pointing out
+        if final.is_symlink():
+            raise ToolError(f"{path!r} is a symlink; not replaced", code="outside_roots")
+        if final.is_dir():
+            raise ToolError(f"{path!r} is a folder", code="is_a_directory")
+        if final.exists() and not overwrite:
+            raise ToolError(f"{path!r} exists (pass overwrite: true to replace it)", code="exists")
+        if not parent.exists():
+            if not create_folders:
+                raise ToolError(
+                    f"folder {str(parent)!r} does not exist (pass create_folders: true)",
+                    code="not_found",
+                )
+            parent.mkdir(parents=True, exist_ok=True)
+            self.resolve(str(parent))  # still inside after creation
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".deskbridge-", dir=parent)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                os.replace(tmp, final)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise ToolError(f"cannot write {path!r}: {exc.strerror}", code="io_error") from None
+        return {"path": str(final), "bytes": len(data)}
+
+
+def _entry(path: Path, name: str) -> dict[str, Any]:
+    try:
+        info = path.lstat()
+    except OSError:
+        return {"name": name, "type": "unknown"}
+    kind = (
+        "symlink"
+        if stat.S_ISLNK(info.st_mode)
+        else "folder"
+        if stat.S_ISDIR(info.st_mode)
+        else "file"
+        if stat.S_ISREG(info.st_mode)
+        else "other"
+    )
+    return {"name": name, "type": kind, "bytes": info.st_size, "modified": info.st_mtime}
+
+
+__all__ = ["FilesToolset"]

@@ -1,0 +1,153 @@
+"""The browser toolset, headless, against Debian's Chromium and pages served by the test
+on loopback: a form, a slow page, pages that navigate away mid-click, a link to an origin
+that is not allowed. One browser for the module (launching takes seconds)."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import time
+
+import pytest
+import trio
+from deskbridge_sidecar import ToolRegistry, invoke
+from deskbridge_sidecar.toolsets import BrowserToolset
+from deskbridge_sidecar.toolsets.browser import OriginPolicy, origin_of
+
+from tests.sites import serve_site
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def site():
+    with serve_site() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(site, tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
+    toolset = BrowserToolset(
+        [site],
+        profile_dir=str(tmp_path_factory.mktemp("profile")),
+        executable_path=CHROMIUM,
+        headless=True,
+    )
+    yield toolset
+    toolset.close()
+
+
+@pytest.fixture
+def tools(browser):
+    return ToolRegistry(browser.tools(), builtins=False)
+
+
+async def call(tools, name, **args):
+    with trio.fail_after(60):
+        return await invoke(tools.get(name), args)
+
+
+async def test_fill_and_submit_a_form(tools, site):
+    opened = await call(tools, "browser_open", url=f"{site}/form")
+    assert opened.ok, opened.error
+    assert opened.result["title"] == "Form" and opened.result["status"] == 200
+    filled = await call(tools, "browser_fill", selector="#name", value="Ada")
+    assert filled.ok, filled.error
+    clicked = await call(tools, "browser_click", selector="#send")
+    assert clicked.ok and clicked.result["url"] == f"{site}/submitted?name=Ada"
+    text = await call(tools, "browser_text", selector="#r")
+    assert text.result["text"] == "Hello Ada"
+    page = await call(tools, "browser_text", max_chars=5)
+    assert page.result["text"] == "Hello" and page.result["truncated"]
+
+
+async def test_screenshot_is_a_base64_png_with_its_size(tools, site):
+    assert (await call(tools, "browser_open", url=f"{site}/landing")).ok
+    shot = await call(tools, "browser_screenshot")
+    assert shot.ok, shot.error
+    png = base64.b64decode(shot.result["png_base64"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) == shot.result["bytes"]
+    assert shot.result["width"] > 100 and shot.result["height"] > 100
+    element = await call(tools, "browser_screenshot", selector="h1")
+    assert element.ok and element.result["width"] < shot.result["width"]
+
+
+async def test_a_slow_page_times_out_cleanly_and_cancellation_reaches_the_browser(tools, site):
+    timed_out = await call(tools, "browser_open", url=f"{site}/slow", timeout_s=0.5)
+    assert timed_out.code == "timeout"
+    assert (await call(tools, "browser_open", url=f"{site}/landing", new_tab=True)).ok
+    # A call cancelled from trio (the hub's cancel) cancels the Playwright operation.
+    outcome = None
+    with trio.move_on_after(0.5) as scope:
+        outcome = await invoke(tools.get("browser_open"), {"url": f"{site}/slow", "timeout_s": 30})
+    assert scope.cancelled_caught, outcome
+    t0 = time.monotonic()
+    after = await call(tools, "browser_open", url=f"{site}/landing")
+    assert after.ok and after.result["title"] == "Landing"
+    assert time.monotonic() - t0 < 2.5  # not queued behind the abandoned 3 s load
+
+
+async def test_pages_that_navigate_away_mid_click(tools, site):
+    assert (await call(tools, "browser_open", url=f"{site}/away")).ok
+    went = await call(tools, "browser_click", selector="#go")
+    assert went.ok and went.result["url"] == f"{site}/landing"
+    assert went.result["title"] == "Landing"
+    # The page leaves on mousedown, before the click completes: the tool answers
+    # (success or a clean browser error), never hangs, and the browser stays usable.
+    assert (await call(tools, "browser_open", url=f"{site}/away")).ok
+    early = await call(tools, "browser_click", selector="#early", timeout_s=5)
+    assert early.ok or early.code in ("browser_error", "timeout"), early
+    where = await call(tools, "browser_text")
+    assert where.ok and where.result["url"] == f"{site}/landing"
+
+
+async def test_wait_for_tabs_and_close(tools, site):
+    assert (await call(tools, "browser_open", url=f"{site}/late")).ok
+    waited = await call(tools, "browser_wait_for", selector="#late")
+    assert waited.ok and waited.result["state"] == "visible"
+    missing = await call(tools, "browser_wait_for", selector="#never", timeout_s=0.3)
+    assert missing.code == "timeout"
+    second = await call(tools, "browser_open", url=f"{site}/landing", new_tab=True)
+    listed = (await call(tools, "browser_tabs")).result["tabs"]
+    assert listed[-1]["tab"] == second.result["tab"] and listed[-1]["current"]
+    assert len(listed) >= 2
+    closed = await call(tools, "browser_close_tab", tab=second.result["tab"])
+    assert closed.ok
+    left = (await call(tools, "browser_tabs")).result["tabs"]
+    assert second.result["tab"] not in [t["tab"] for t in left]
+    gone = await call(tools, "browser_text", tab=second.result["tab"])
+    assert gone.code == "no_tab"
+    assert (await call(tools, "browser_click", selector="#nothing-here", timeout_s=0.3)).code == (
+        "timeout"
+    )
+
+
+async def test_origins_outside_the_list_are_denied(tools, site):
+    port = site.rsplit(":", 1)[1]
+    refused = await call(tools, "browser_open", url=f"http://127.0.0.2:{port}/landing")
+    assert refused.code == "origin_not_allowed"
+    assert (await call(tools, "browser_open", url="file:///etc/passwd")).code == (
+        "origin_not_allowed"
+    )
+    assert (await call(tools, "browser_open", url=f"{site}/outlink")).ok
+    clicked = await call(tools, "browser_click", selector="#out")
+    assert clicked.ok and clicked.result["blocked"] == [f"http://127.0.0.2:{port}/landing"]
+    assert clicked.result["url"] == f"{site}/outlink"  # still there
+
+
+def test_origin_policy():
+    policy = OriginPolicy(["https://portal.example.com", "https://*.corp.example", "http://h:81"])
+    assert policy.allows("https://portal.example.com/a?b")
+    assert policy.allows("https://portal.example.com:443/")
+    assert not policy.allows("http://portal.example.com/")
+    assert not policy.allows("https://portal.example.com.evil.test/")
+    assert policy.allows("https://a.corp.example/x") and not policy.allows("https://corp.example/")
+    assert policy.allows("http://h:81/") and not policy.allows("http://h/")
+    assert policy.allows("about:blank") and not policy.allows("file:///etc/passwd")
+    assert origin_of("HTTPS://Portal.Example.com/x") == "https://portal.example.com"
+    with pytest.raises(ValueError, match="without a path"):
+        BrowserToolset(["https://portal.example.com/login"], executable_path="/bin/true")
+    with pytest.raises(ValueError, match="at least one"):
+        BrowserToolset([], executable_path="/bin/true")

@@ -1,0 +1,112 @@
+"""The files toolset: confined to its roots (traversal, symlinks out, oversize refused)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from deskbridge_sidecar import ToolRegistry, invoke
+from deskbridge_sidecar.toolsets import FilesToolset
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "a.txt").write_text("hello\n")
+    (root / "bin.dat").write_bytes(b"\xff\xfe\x00")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    (root / "link_out").symlink_to(outside / "secret.txt")
+    (root / "dir_out").symlink_to(outside)
+    (root / "link_in").symlink_to(root / "docs" / "a.txt")
+    return root, outside
+
+
+def registry(root, **kwargs) -> ToolRegistry:
+    return ToolRegistry(FilesToolset([root], **kwargs).tools(), builtins=False)
+
+
+async def call(reg: ToolRegistry, name: str, **args):
+    return await invoke(reg.get(name), args)
+
+
+async def test_list_read_write_inside_the_root(tree):
+    root, _ = tree
+    reg = registry(root)
+    assert reg.get("files_write").side_effects and not reg.get("files_read").side_effects
+    listed = (await call(reg, "files_list", path="docs")).result
+    assert [e["name"] for e in listed["entries"]] == ["a.txt"]
+    assert listed["entries"][0]["type"] == "file" and listed["entries"][0]["bytes"] == 6
+    roots = (await call(reg, "files_list")).result
+    assert roots["entries"][0]["name"] == str(root.resolve())
+    top = {
+        e["name"]: e["type"]
+        for e in (await call(reg, "files_list", path=str(root))).result["entries"]
+    }
+    assert top["link_out"] == "symlink" and top["docs"] == "folder"
+
+    read = (await call(reg, "files_read", path=str(root / "docs" / "a.txt"))).result
+    assert read["text"] == "hello\n" and read["bytes"] == 6
+    assert (await call(reg, "files_read", path="link_in")).result["text"] == "hello\n"
+
+    wrote = await call(reg, "files_write", path="docs/new.txt", content="é\n")
+    assert wrote.ok and wrote.result["bytes"] == 3
+    assert (root / "docs" / "new.txt").read_text() == "é\n"
+    again = await call(reg, "files_write", path="docs/new.txt", content="x")
+    assert again.code == "exists"
+    assert (await call(reg, "files_write", path="docs/new.txt", content="x", overwrite=True)).ok
+    assert (root / "docs" / "new.txt").read_text() == "x"
+    nested = await call(reg, "files_write", path="deep/er/f.txt", content="1")
+    assert nested.code == "not_found"
+    assert (
+        await call(reg, "files_write", path="deep/er/f.txt", content="1", create_folders=True)
+    ).ok
+    assert not [p for p in (root / "docs").iterdir() if p.name.startswith(".deskbridge-")]
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("files_read", {"path": "../outside/secret.txt"}),
+        ("files_read", {"path": "docs/../../outside/secret.txt"}),
+        ("files_read", {"path": "link_out"}),
+        ("files_read", {"path": "dir_out/secret.txt"}),
+        ("files_list", {"path": "dir_out"}),
+        ("files_list", {"path": "/"}),
+        ("files_write", {"path": "../outside/new.txt", "content": "x"}),
+        ("files_write", {"path": "dir_out/new.txt", "content": "x"}),
+        ("files_write", {"path": "link_out", "content": "x", "overwrite": True}),
+    ],
+)
+async def test_paths_out_of_the_root_are_refused(tree, tool, args):
+    root, outside = tree
+    before = sorted(os.listdir(outside))
+    outcome = await call(registry(root), tool, **args)
+    assert outcome.code == "outside_roots", outcome
+    assert "outside the allowed roots" in outcome.error.message
+    assert sorted(os.listdir(outside)) == before
+    assert (outside / "secret.txt").read_text() == "secret"
+
+
+async def test_oversize_binary_missing_and_wrong_kind(tree):
+    root, _ = tree
+    reg = registry(root, max_read_bytes=4, max_write_bytes=4)
+    big = await call(reg, "files_read", path="docs/a.txt")
+    assert big.code == "too_large" and "6 bytes" in big.error.message
+    assert (await call(reg, "files_write", path="x.txt", content="12345")).code == "too_large"
+    assert not (root / "x.txt").exists()
+    assert (await call(reg, "files_read", path="bin.dat")).code == "not_text"
+    assert (await call(reg, "files_read", path="nope.txt")).code == "not_found"
+    assert (await call(reg, "files_read", path="docs")).code == "is_a_directory"
+    assert (await call(reg, "files_list", path="docs/a.txt")).code == "not_a_directory"
+    assert (await call(reg, "files_write", path="docs", content="x")).code == "is_a_directory"
+    assert (await call(reg, "files_read", path=5)).code == "bad_args"
+
+
+def test_roots_must_exist(tmp_path):
+    with pytest.raises(ValueError, match="at least one root"):
+        FilesToolset([])
+    with pytest.raises(ValueError, match="not an existing folder"):
+        FilesToolset([tmp_path / "missing"])
