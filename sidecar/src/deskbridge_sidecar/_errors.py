@@ -3,6 +3,13 @@ into these at the transport boundary, so nothing above ``_transport`` imports th
 
 from __future__ import annotations
 
+import re
+
+from deskbridge_common import TOOL_ERROR
+
+#: A tool's error code: 1-64 non-space characters (what the codec accepts).
+_CODE_RE = re.compile(r"[^\s]{1,64}\Z")
+
 
 class TransportClosed(Exception):
     """The WebSocket is closed (by the peer, by us, or by the network).
@@ -53,4 +60,43 @@ class TokenRefused(Exception):
         )
 
 
-__all__ = ["ConnectFailed", "HandshakeRejected", "TokenRefused", "TransportClosed"]
+class ToolError(Exception):
+    """Raise from a tool to report a failure the caller should see.
+
+    The job is answered ``ok: false`` with ``error.code`` = ``code`` and ``error.message``
+    = ``message``. Failures are cached by idempotency key like successes (the tool ran).
+
+    Args:
+        message: human-readable explanation (truncated to 2000 characters on the wire).
+        code: machine-readable code, 1-64 non-space characters; default ``"tool_error"``.
+            An invalid code is replaced by ``"tool_error"``.
+    """
+
+    def __init__(self, message: str, *, code: str = TOOL_ERROR):
+        super().__init__(message)
+        self.message = str(message)
+        self.code = code if isinstance(code, str) and _CODE_RE.match(code) else TOOL_ERROR
+
+
+class ArgsInvalid(ValueError):
+    """A job's ``args`` do not match the tool's parameters; the message names each field."""
+
+
+class LedgerError(Exception):
+    """The ledger could not be read or written (disk full, I/O error)."""
+
+
+class LedgerLocked(LedgerError):
+    """Another sidecar process holds this ledger (one daemon per data directory)."""
+
+
+__all__ = [
+    "ArgsInvalid",
+    "ConnectFailed",
+    "HandshakeRejected",
+    "LedgerError",
+    "LedgerLocked",
+    "TokenRefused",
+    "ToolError",
+    "TransportClosed",
+]

@@ -58,6 +58,7 @@ import attrs
 import trio
 from deskbridge_common import JobError
 
+from ._errors import LedgerError, LedgerLocked
 from ._outcome import IN_DOUBT, Outcome
 
 log = logging.getLogger("deskbridge.sidecar.ledger")
@@ -82,14 +83,6 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_keep_until ON jobs (keep_until);
 CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs (finished_at);
 """
-
-
-class LedgerError(Exception):
-    """The ledger could not be read or written (disk full, I/O error)."""
-
-
-class LedgerLocked(LedgerError):
-    """Another sidecar process holds this ledger (one daemon per data directory)."""
 
 
 def args_digest(args: dict[str, Any]) -> str:

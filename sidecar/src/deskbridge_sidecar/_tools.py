@@ -35,15 +35,15 @@ import pydantic
 import trio
 from deskbridge_common import ToolSpec
 
-from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, TOOL_ERROR, Outcome, truncate
-from ._typed import ArgsInvalid, Arguments, to_json_value
+from ._errors import ArgsInvalid, ToolError
+from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, Outcome, truncate
+from ._typed import Arguments, to_json_value
 
 log = logging.getLogger("deskbridge.sidecar.tools")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
-_CODE_RE = re.compile(r"[^\s]{1,64}\Z")
 _MARK = "__deskbridge_tool__"
 
 #: The name the session answers itself (live state, never cached, never queued).
@@ -58,24 +58,6 @@ STATUS_SPEC = ToolSpec(
     args_schema={"type": "object"},
     side_effects=False,
 )
-
-
-class ToolError(Exception):
-    """Raise from a tool to report a failure the caller should see.
-
-    The job is answered ``ok: false`` with ``error.code`` = ``code`` and ``error.message``
-    = ``message``. Failures are cached by idempotency key like successes (the tool ran).
-
-    Args:
-        message: human-readable explanation (truncated to 2000 characters on the wire).
-        code: machine-readable code, 1-64 non-space characters; default ``"tool_error"``.
-            An invalid code is replaced by ``"tool_error"``.
-    """
-
-    def __init__(self, message: str, *, code: str = TOOL_ERROR):
-        super().__init__(message)
-        self.message = str(message)
-        self.code = code if isinstance(code, str) and _CODE_RE.match(code) else TOOL_ERROR
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

@@ -38,6 +38,8 @@ import pydantic
 import pydantic_core
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
+from ._errors import ArgsInvalid
+
 #: Keywords dropped from published schemas (the hub will not evaluate them; pydantic
 #: enforces them at the sidecar).
 DROPPED_KEYWORDS = frozenset({"pattern", "patternProperties", "title"})
@@ -60,10 +62,6 @@ _SCHEMA_ONE = frozenset(
 _SCHEMA_LISTS = frozenset({"anyOf", "allOf", "oneOf", "prefixItems"})
 #: Most validation errors listed in one ``bad_args`` message.
 MAX_ERRORS_REPORTED = 3
-
-
-class ArgsInvalid(ValueError):
-    """A job's ``args`` do not match the tool's parameters; the message names each field."""
 
 
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
