@@ -8,9 +8,10 @@ runs under trio and asyncio alike.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -31,15 +32,19 @@ from ._errors import (
     JobInDoubt,
     JobLost,
     JobTimeout,
+    SubstrateUnavailable,
     UnknownJob,
 )
 from ._idempotency import IndexRecord, args_digest
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
+from ._progress import ProgressReport, parse_progress
 from ._substrate import JobOwner, Submission, Substrate
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
-from ._waiting import ResultWaiters
+from ._waiting import ResultWaiters, Waiter
+
+log = logging.getLogger("deskbridge.hub.bridge")
 
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
@@ -151,6 +156,7 @@ class Bridge:
         timeout_s: float | None = None,
         deadline: float | None = None,
         job_id: str | None = None,
+        on_progress: Callable[[ProgressReport], Awaitable[None]] | None = None,
     ) -> Outcome:
         """Run tool ``name`` on the user's desktop and wait for its terminal answer.
 
@@ -168,6 +174,9 @@ class Bridge:
                 other machines' clocks never decide it (docs/operations.md, "Clocks").
             job_id: the job's id, if the caller wants to choose it (to cancel it from
                 elsewhere while this call waits); default a fresh UUID.
+            on_progress: awaited with each :class:`ProgressReport` the tool sends while
+                this call waits (rate-limited at the sidecar, latest value only, best
+                effort: a Redis hiccup stops the reports, never the call).
 
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
@@ -288,7 +297,10 @@ class Bridge:
                 raise BadRequest(  # the catalogue kept changing under us
                     "the desktop's tool catalogue is changing; try again", field="name"
                 )
-            payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
+            if on_progress is None:
+                payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
+            else:
+                payload = await self._wait_reporting(waiter, timeout_s, attached, on_progress)
         finally:
             self.waiters.unregister(waiter)
         elapsed = anyio.current_time() - started
@@ -310,6 +322,46 @@ class Bridge:
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _wait_reporting(
+        self,
+        waiter: Waiter,
+        timeout_s: float,
+        attached: bool,
+        on_progress: Callable[[ProgressReport], Awaitable[None]],
+    ) -> str | None:
+        """Wait for the result while a second task follows the job's progress stream."""
+        job_id = waiter.job_id
+
+        async def follow() -> None:
+            after = "0"
+            try:
+                while True:
+                    entries = await self.substrate.read_progress(job_id, after, block_ms=1000)
+                    for entry_id, payload in entries:
+                        after = entry_id
+                        report = parse_progress(payload)
+                        if report is not None:
+                            await on_progress(report)
+            except SubstrateUnavailable as exc:
+                log.info("progress of %s not followed further: %s", job_id, exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
+            tg.cancel_scope.cancel()
+        return payload
+
+    async def job_state(self, job_id: str) -> JobState | None:
+        """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
+        its state expired).
+
+        Raises:
+            MalformedState: the stored state is not one. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        found = await self._find(job_id)
+        return None if found is None else found[1]
 
     async def _find(self, job_id: str) -> tuple[str, JobState] | None:
         """The user and state of ``job_id``: the user from the id itself (hub-minted ids

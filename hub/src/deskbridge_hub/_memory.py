@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
@@ -100,6 +101,17 @@ class _Stream:
 
 
 @attrs.define(eq=False)
+@attrs.define(eq=False)
+class _ProgressLog:
+    """One job's progress stream: (sequence, payload) pairs, newest last."""
+
+    entries: deque[tuple[int, str]]
+    expires_at: float
+    next_seq: int = 1
+    changed: anyio.Event = attrs.field(factory=anyio.Event)
+
+
+@attrs.define(eq=False)
 class MemorySubstrate(MemoryCallerCommands):
     """The substrate contract in one process, on ``anyio.current_time()``.
 
@@ -118,6 +130,7 @@ class MemorySubstrate(MemoryCallerCommands):
     _streams: dict[str, _Stream] = attrs.field(factory=dict, init=False)
     _results: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _result_waiters: dict[str, _Waiters] = attrs.field(factory=dict, init=False)
+    _progress: dict[str, _ProgressLog] = attrs.field(factory=dict, init=False)
     _unavailable: bool = attrs.field(default=False, init=False)
     _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
@@ -473,6 +486,58 @@ class MemorySubstrate(MemoryCallerCommands):
         return len(gone)
 
     # -- results -----------------------------------------------------------------------
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """Append ``payload`` to the job's progress log (keeping the newest ``maxlen``)
+        and (re)set its TTL; wakes readers.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        log = self._progress.get(job_id)
+        if log is None or log.expires_at <= now:
+            log = self._progress[job_id] = _ProgressLog(deque(maxlen=max(1, maxlen)), now + ttl_s)
+        log.entries.append((log.next_seq, payload))
+        log.next_seq += 1
+        log.expires_at = now + ttl_s
+        log.changed.set()
+        log.changed = anyio.Event()
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """Entries after entry ID ``after`` ("0": all), waiting up to ``block_ms`` for a
+        first one (0 = forever, as in Redis).
+
+        Raises:
+            ValueError: negative ``block_ms`` or a malformed ``after``.
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        seen = int(after.split("-", 1)[0])
+        with anyio.move_on_after(block_ms / 1000 if block_ms else math.inf):
+            while True:
+                self._check()
+                log = self._progress.get(job_id)
+                if log is not None and log.expires_at <= anyio.current_time():
+                    del self._progress[job_id]
+                    log = None
+                if log is not None:
+                    found = [(f"{n}-0", p) for n, p in log.entries if n > seen]
+                    if found:
+                        return found
+                    await log.changed.wait()
+                else:
+                    await anyio.sleep(0.01)
+        return []
 
     # -- bookkeeping -------------------------------------------------------------------
 

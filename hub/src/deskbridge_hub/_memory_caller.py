@@ -18,6 +18,7 @@ from ._substrate import (
     Submission,
     Submitted,
     idem_key,
+    outcome_event,
     owner_key,
     presence_key,
     result_key,
@@ -71,6 +72,7 @@ class MemoryCallerCommands:
     _results: dict[str, _ResultList]
     _result_waiters: dict[str, _Waiters]
     _mailboxes: dict[str, _Mailbox]
+    _progress: dict[str, Any]
     _kv: dict[str, tuple[str, float]]
     _enter: Callable[[], Any]
     _check: Callable[[], None]
@@ -141,8 +143,9 @@ class MemoryCallerCommands:
         idempotency_key: str | None = None,
     ) -> None:
         """Append ``payload``; the list and its job's idempotency record expire at the
-        later of now + ``ttl_s`` and the record's own expiry; then notify the mailbox.
-        Wakes ``wait_result`` waiters.
+        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
+        with the outcome (if it has one); then notify the mailbox. Wakes
+        ``wait_result`` waiters.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -163,6 +166,12 @@ class MemoryCallerCommands:
             lst = self._results[key] = _ResultList(deque(), expires_at)
         lst.items.append(payload)
         lst.expires_at = expires_at
+        progress = self._progress.get(job_id)
+        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
+            progress.entries.append((progress.next_seq, outcome_event(payload)))
+            progress.next_seq += 1
+            progress.changed.set()
+            progress.changed = anyio.Event()
         waiters = self._result_waiters.pop(key, None)
         if waiters is not None:
             waiters.event.set()

@@ -44,6 +44,7 @@ from ._substrate import (
     index_key,
     jobs_key,
     presence_key,
+    progress_key,
     result_key,
     state_key,
     tools_key,
@@ -461,6 +462,67 @@ class RedisSubstrate(CallerCommands):
                 s, b"BLPOP", result_key(user_id, job_id), seconds, block_s=timeout_s or None
             )
         return None if reply is None else reply[1]
+
+    # -- progress ----------------------------------------------------------------------
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """MULTI, XADD ``bridge:progress:{job_id}`` MAXLEN ~ maxlen * p payload, PEXPIRE,
+        EXEC (one round trip).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        key = progress_key(job_id)
+        async with self._session("XADD progress") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", b"p", payload),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """XREAD COUNT 100 BLOCK block_ms STREAMS ``bridge:progress:{job_id}`` after.
+
+        Returns:
+            ``[(entry_id, payload)]`` in order; ``[]`` on timeout.
+
+        Raises:
+            ValueError: negative ``block_ms``.
+            SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: as :meth:`read_new` (the blocked connection is discarded).
+        """
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        key = progress_key(job_id)
+        async with self._session("XREAD progress") as s:
+            reply = await self._call(
+                s,
+                b"XREAD",
+                b"COUNT",
+                100,
+                b"BLOCK",
+                block_ms,
+                b"STREAMS",
+                key,
+                after,
+                block_s=block_ms / 1000 if block_ms else None,
+            )
+        if not reply:
+            return []
+        entries = reply.get(key) if isinstance(reply, dict) else reply[0][1]
+        return [(e.entry_id, e.fields.get("p", "")) for e in _entries(entries) if e.fields]
 
     # -- bookkeeping -------------------------------------------------------------------
 

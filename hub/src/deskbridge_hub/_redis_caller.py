@@ -29,8 +29,10 @@ from ._substrate import (
     index_key,
     jobs_key,
     mailbox_key,
+    outcome_event,
     owner_key,
     presence_key,
+    progress_key,
     result_key,
     state_key,
     tools_key,
@@ -266,8 +268,10 @@ class CallerCommands:
         idempotency_key: str | None = None,
     ) -> None:
         """EVALSHA ``PUBLISH`` (RPUSH + PEXPIRE of the result list, the idempotency record
-        kept as long), then RPUSH ``<job_id> <payload>`` + PEXPIRE to the mailbox
-        ``notify``: one write, one round trip.
+        kept as long), then XADD NOMKSTREAM the outcome to the job's progress stream and
+        RPUSH ``<job_id> <payload>`` + PEXPIRE to the mailbox ``notify``: one write, one
+        round trip (the script's writes are atomic; the progress and mailbox writes, in
+        other hash slots, follow it).
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -276,10 +280,24 @@ class CallerCommands:
         """
         keys = (result_key(user_id, job_id), idem_key(user_id, idempotency_key or job_id))
         args = (payload, _ms(ttl_s), job_id, "" if idempotency_key is None else "1")
-        after: tuple[tuple[Any, ...], ...] = ()
+        # The outcome also ends the job's progress stream, only if someone made one
+        # (NOMKSTREAM: no stream, no write); its key is in the job's own slot.
+        after: tuple[tuple[Any, ...], ...] = (
+            (
+                b"XADD",
+                progress_key(job_id),
+                b"NOMKSTREAM",
+                b"MAXLEN",
+                b"~",
+                64,
+                b"*",
+                b"p",
+                outcome_event(payload),
+            ),
+        )
         if notify:
             box = mailbox_key(notify)
-            after = (
+            after += (
                 (b"RPUSH", box, f"{job_id} {payload}"),
                 (b"PEXPIRE", box, _ms(MAILBOX_TTL_S)),
             )

@@ -79,6 +79,15 @@ def mailbox_key(mailbox: str) -> str:
     return f"bridge:notify:{{{mailbox}}}"
 
 
+def progress_key(job_id: str) -> str:
+    return f"bridge:progress:{{{job_id}}}"
+
+
+def outcome_event(payload: str) -> str:
+    """The progress-stream entry that ends a job's stream: its result payload."""
+    return '{"outcome":' + payload + "}"
+
+
 def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
 
@@ -297,7 +306,8 @@ class ResultSubstrate(Protocol):
         """RPUSH the result list + PEXPIRE ttl_s, atomically; if ``idempotency_key``'s index
         entry names this job, it now expires with the result (a retry attaches as long as
         the answer is kept). Then, in the same round trip, RPUSH ``<job_id> <payload>`` to
-        the mailbox ``notify`` (its caller's process) with a TTL of ``MAILBOX_TTL_S``."""
+        the mailbox ``notify`` (its caller's process) with a TTL of ``MAILBOX_TTL_S``, and
+        end the job's progress stream with :func:`outcome_event`, if that stream exists."""
 
     async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
@@ -314,6 +324,19 @@ class ResultSubstrate(Protocol):
         """BLMPOP up to ``count`` notifications from ``mailbox``, waiting up to
         ``block_ms`` (0: forever): ``[(job_id, payload)]``, [] on timeout. Cancellation as
         ``read_new``: a cancelled read pops nothing it does not return."""
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """XADD the job's progress stream (MAXLEN ~ maxlen) + (P)EXPIRE ttl_s, one round
+        trip. Progress is best effort: readers see the latest reports, not every one."""
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """XREAD the job's progress stream after entry ID ``after`` ("0": from the start),
+        blocking up to ``block_ms`` (server-side) for a first one: ``[(entry_id,
+        payload)]``, ``[]`` on timeout or when there is no stream."""
 
 
 class LedgerSubstrate(Protocol):
