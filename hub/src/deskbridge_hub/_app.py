@@ -173,12 +173,16 @@ def create_app(
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
         )
-        app.add_background_task(_run_in, lag_probe, relay.run)
+        # a scope of its own: a CancelScope may be entered once (sharing the lag probe's
+        # made whichever task started second fail, so progress was sometimes never relayed)
+        progress_scope = trio.CancelScope()
+        app.add_background_task(_run_in, progress_scope, relay.run)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
             lag_probe.cancel()
+            progress_scope.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
