@@ -176,8 +176,7 @@ async def _cancel(hub: Hub, user: str, mode: str, ledger: Ledger, key: str) -> t
                 while not ledger.starts(key):  # noqa: ASYNC110 - a file another process writes
                     await anyio.sleep(0.05)
                 scope.cancel()
-            # the same request again (same key, same arguments: another tool or other
-            # arguments under this key would be refused 422 idempotency_key_reused)
+            # the very same request again (a reused key with other args is refused)
             return await client.call_tool("record", {"key": key, "seconds": 30}, meta=meta)
 
 

@@ -39,7 +39,7 @@ from ._idempotency import IndexRecord, args_digest
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._progress import ProgressReport, parse_progress
-from ._substrate import JobOwner, Submission, Substrate
+from ._substrate import JobOwner, Submission, Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 from ._waiting import ResultWaiters, Waiter
@@ -57,6 +57,8 @@ MAX_TIMEOUT_S = 24 * 3600.0
 USER_SEPARATOR = "~"
 #: Times one call re-validates against a catalogue that changed under it before giving up.
 MAX_CATALOGUE_RETRIES = 3
+#: Users whose holder process one Bridge remembers (for the wake-up sent with the enqueue).
+MAX_CACHED_HOLDERS = 10_000
 
 
 @attrs.frozen
@@ -129,6 +131,7 @@ class Bridge:
     wall_clock: Callable[[], float] = time.time
     waiters: ResultWaiters = attrs.field(init=False)
     catalogues: CatalogueCache = attrs.field(init=False, factory=CatalogueCache)
+    _holders: dict[str, str] = attrs.field(init=False, factory=dict)
 
     @waiters.default
     def _waiters(self) -> ResultWaiters:
@@ -256,6 +259,9 @@ class Bridge:
                 index_ttl_s=state_ttl_s,
                 owner=owner,
                 owner_claimed=owner_claimed,
+                # wake the holder in the same write, if we know it from an earlier call
+                wake_holder=self._holders.get(user_id),
+                wake_ttl_s=self.timings.presence_ttl_s,
             )
             submitted = await self.substrate.submit(user_id, submission)
             for _ in range(MAX_CATALOGUE_RETRIES):
@@ -297,6 +303,8 @@ class Bridge:
                 raise BadRequest(  # the catalogue kept changing under us
                     "the desktop's tool catalogue is changing; try again", field="name"
                 )
+            if submitted.verdict == "queued":
+                await self._woken(submission.wake_holder, submitted.presence, user_id)
             if on_progress is None:
                 payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
             else:
@@ -322,6 +330,31 @@ class Bridge:
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _woken(self, woken: str | None, presence: str | None, user_id: str) -> None:
+        """After an enqueue: wake the holder that ``presence`` names unless the enqueue
+        already woke it (``woken``), and remember it for the user's next call."""
+        holder = None if presence is None else holder_of(presence)
+        if holder is None:
+            self._holders.pop(user_id, None)
+            return
+        self._holders[user_id] = holder
+        while len(self._holders) > MAX_CACHED_HOLDERS:
+            self._holders.pop(next(iter(self._holders)))
+        if holder != woken and presence is not None:
+            await self._wake(presence, user_id)
+
+    async def _wake(self, session_id: str, user_id: str) -> None:
+        """Tell the process holding the user's socket to read the stream now (its
+        heartbeat would find the entry within ``heartbeat_s`` anyway, so a failure here
+        is not the caller's)."""
+        holder = holder_of(session_id)
+        if holder is None:
+            return
+        try:
+            await self.substrate.wake(holder, user_id, ttl_s=self.timings.presence_ttl_s)
+        except SubstrateUnavailable:
+            pass
 
     async def _wait_reporting(
         self,
@@ -438,6 +471,9 @@ class Bridge:
         await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
         await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
+        holder = await self.substrate.get_presence(user_id)
+        if holder is not None:
+            await self._wake(holder, user_id)
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
             await self.substrate.publish_result(

@@ -93,7 +93,8 @@ class MemoryCallerCommands:
             record = self._get(ikey, now)
             if record is not None:
                 return Submitted("indexed", index_value=record)
-        if self._get(presence_key(user_id), now) is None:
+        presence = self._get(presence_key(user_id), now)
+        if presence is None:
             return Submitted("offline")
         if sub.catalogue_sha1 is not None:
             catalogue = self._get(tools_key(user_id), now)
@@ -109,7 +110,12 @@ class MemoryCallerCommands:
             self._set(ikey, sub.index_value, now, sub.index_ttl_s)
         if not sub.owner_claimed:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
-        return Submitted("queued", entry_id=entry_id)
+        if sub.wake_holder is not None:
+            self._wake_now(sub.wake_holder, user_id, now, sub.wake_ttl_s)
+        return Submitted("queued", entry_id=entry_id, presence=presence)
+
+    def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     def _enqueue_now(self, user_id: str, sub: Submission) -> str:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate

@@ -36,6 +36,7 @@ from ._substrate import (
     result_key,
     state_key,
     tools_key,
+    wake_key,
 )
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
   if record then return {'indexed', record} end
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'offline'} end
+local presence = redis.call('GET', KEYS[1])
+if not presence then return {'offline'} end
 if ARGV[1] ~= '-' then
   local catalogue = redis.call('GET', KEYS[2])
   local sha = ''
@@ -99,7 +101,7 @@ fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 redis.call('HSET', KEYS[4], id, ARGV[3])
 if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'PX', ARGV[9]) end
-return {'queued', id}
+return {'queued', id, presence}
 """
 )
 
@@ -158,9 +160,10 @@ class CallerCommands:
         return replies
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
-        """The caller's one step: EVALSHA ``SUBMIT`` and (unless already claimed) SET the
-        owner record, in one write; XGROUP CREATE ... MKSTREAM goes first in the same
-        write the first time this session enqueues for ``user_id``.
+        """The caller's one step: EVALSHA ``SUBMIT``, (unless already claimed) SET the
+        owner record, and the speculative wake-up of ``wake_holder``, in one write;
+        XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
+        session enqueues for ``user_id``.
 
         Returns:
             :class:`Submitted` (its ``verdict`` says what happened).
@@ -194,10 +197,18 @@ class CallerCommands:
             _ms(sub.index_ttl_s),
             *flat,
         )
-        after = ()
+        after: tuple[tuple[Any, ...], ...] = ()
         if not sub.owner_claimed:
             owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
             after = (owner,)
+        if sub.wake_holder is not None:
+            wake = wake_key(sub.wake_holder)
+            after += (
+                (b"MULTI",),
+                (b"RPUSH", wake, user_id),
+                (b"PEXPIRE", wake, _ms(sub.wake_ttl_s)),
+                (b"EXEC",),
+            )
         async with self._session("submit") as s:
             create = (
                 ()
@@ -216,7 +227,7 @@ class CallerCommands:
                     raise reply
         verdict, *rest = replies[len(create)]
         if verdict == "queued":
-            return Submitted("queued", entry_id=rest[0])
+            return Submitted("queued", entry_id=rest[0], presence=rest[1])
         if verdict == "catalogue":
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":
