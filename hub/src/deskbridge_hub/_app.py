@@ -69,7 +69,9 @@ def _default_substrate(config: HubConfig) -> Substrate:
     if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
-        return RedisSubstrate.from_url(config.redis_url)
+        return RedisSubstrate.from_url(
+            config.redis_url, max_connections=config.redis_max_connections
+        )
     from ._memory import MemorySubstrate
 
     return MemorySubstrate()
@@ -175,16 +177,14 @@ def create_app(
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
         )
-        # a scope of its own: a CancelScope may be entered once (sharing the lag probe's
-        # made whichever task started second fail, so progress was sometimes never relayed)
-        progress_scope = trio.CancelScope()
-        app.add_background_task(_run_in, progress_scope, relay.run)
+        relaying = trio.CancelScope()  # one scope per task: a scope enters one with-block
+        app.add_background_task(_run_in, relaying, relay.run)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
             lag_probe.cancel()
-            progress_scope.cancel()
+            relaying.cancel()
             reading.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,7 @@ from ._idempotency import IndexRecord, args_digest
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._progress import ProgressReport, parse_progress
+from ._retry import HOLDER_ALIVE_CACHE_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
@@ -46,6 +48,8 @@ from ._waiting import ResultWaiters, Waiter
 
 log = logging.getLogger("deskbridge.hub.bridge")
 
+#: Most holder processes whose liveness a Bridge remembers (then it starts over).
+_ALIVE_CACHE_MAX = 10_000
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
 STATUS_TIMEOUT_S = 5.0
@@ -55,8 +59,9 @@ MAX_TIMEOUT_S = 24 * 3600.0
 #: Separates the random part of a hub-minted job id from its user id (``~`` is never
 #: part of a user id).
 USER_SEPARATOR = "~"
-#: Times one call re-validates against a catalogue that changed under it before giving up.
-MAX_CATALOGUE_RETRIES = 3
+#: Times one call submits again (a catalogue that changed under it, a holder process to
+#: check) before giving up.
+MAX_SUBMIT_RETRIES = 4
 #: Users whose holder process one Bridge remembers (for the wake-up sent with the enqueue).
 MAX_CACHED_HOLDERS = 10_000
 
@@ -137,6 +142,8 @@ class Bridge:
     def _waiters(self) -> ResultWaiters:
         return ResultWaiters(self.substrate)
 
+    _alive: dict[str, float] = attrs.field(factory=dict, init=False)  # holder -> until
+
     async def presence(self, user_id: str) -> Presence:
         """Is the user's desktop connected, as every replica sees it?
 
@@ -145,8 +152,27 @@ class Bridge:
             SubstrateUnavailable: Redis unreachable (never reported as offline).
         """
         _check(validate_user_id, user_id, "user_id")
-        holder = await self.substrate.get_presence(user_id)
+        holder = await self._live_presence(user_id)
         return Presence(user_id=user_id, online=holder is not None, session_id=holder)
+
+    async def _live_presence(self, user_id: str) -> str | None:
+        """The presence value (holder session id) if the process it names is alive
+        (issue 16.2: a killed hub's presences stop counting within its liveness TTL,
+        not the 30 s presence TTL), else None. A session id that names no process
+        (older hubs) counts as long as its presence lives."""
+        session_id = await self.substrate.get_presence(user_id)
+        holder = None if session_id is None else holder_of(session_id)
+        if holder is None:
+            return session_id
+        now = anyio.current_time()
+        if self._alive.get(holder, -math.inf) > now:
+            return session_id
+        if not await self.substrate.holder_alive(holder):
+            return None
+        if len(self._alive) > _ALIVE_CACHE_MAX:
+            self._alive.clear()
+        self._alive[holder] = now + HOLDER_ALIVE_CACHE_S
+        return session_id
 
     @_metrics.timed_dispatch
     async def dispatch(
@@ -258,21 +284,29 @@ class Bridge:
                 index_value=IndexRecord(job_id, name, digest).encode(),
                 index_ttl_s=state_ttl_s,
                 owner=owner,
-                owner_claimed=owner_claimed,
-                # wake the holder in the same write, if we know it from an earlier call
-                wake_holder=self._holders.get(user_id),
+                # the holder process we know alive; the same write wakes it
+                alive_holder=self._known_alive(user_id),
                 wake_ttl_s=self.timings.presence_ttl_s,
             )
             submitted = await self.substrate.submit(user_id, submission)
-            for _ in range(MAX_CATALOGUE_RETRIES):
-                if submitted.verdict != "catalogue":
+            for _ in range(MAX_SUBMIT_RETRIES):
+                if submitted.verdict == "catalogue":
+                    # The desktop's catalogue changed since we cached it: validate again.
+                    known = self.catalogues.put(user_id, submitted.catalogue)
+                    problem = known.problem(name, args)
+                    if problem is not None:
+                        raise problem
+                    submission = attrs.evolve(submission, catalogue_sha1=known.sha1)
+                elif submitted.verdict == "holder":
+                    # Presence names a hub process we have not seen alive lately: check it
+                    # (issue 16.2: a dead process's presences do not count).
+                    holder = holder_of(submitted.presence or "")
+                    if holder is None or not await self._holder_alive(user_id, holder):
+                        submitted = attrs.evolve(submitted, verdict="offline")
+                        break
+                    submission = attrs.evolve(submission, alive_holder=holder)
+                else:
                     break
-                # The desktop's catalogue changed since we cached it: validate again.
-                known = self.catalogues.put(user_id, submitted.catalogue)
-                problem = known.problem(name, args)
-                if problem is not None:
-                    raise problem
-                submission = attrs.evolve(submission, catalogue_sha1=known.sha1)
                 submitted = await self.substrate.submit(user_id, submission)
             attached = False
             if submitted.verdict == "indexed":
@@ -303,8 +337,6 @@ class Bridge:
                 raise BadRequest(  # the catalogue kept changing under us
                     "the desktop's tool catalogue is changing; try again", field="name"
                 )
-            if submitted.verdict == "queued":
-                await self._woken(submission.wake_holder, submitted.presence, user_id)
             if on_progress is None:
                 payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
             else:
@@ -331,18 +363,27 @@ class Bridge:
             elapsed_s=elapsed,
         )
 
-    async def _woken(self, woken: str | None, presence: str | None, user_id: str) -> None:
-        """After an enqueue: wake the holder that ``presence`` names unless the enqueue
-        already woke it (``woken``), and remember it for the user's next call."""
-        holder = None if presence is None else holder_of(presence)
-        if holder is None:
-            self._holders.pop(user_id, None)
-            return
+    def _known_alive(self, user_id: str) -> str | None:
+        """The hub process holding ``user_id``'s socket as of this Bridge's last call,
+        if its liveness was confirmed within ``HOLDER_ALIVE_CACHE_S``."""
+        holder = self._holders.get(user_id)
+        if holder is not None and self._alive.get(holder, -math.inf) > anyio.current_time():
+            return holder
+        return None
+
+    async def _holder_alive(self, user_id: str, holder: str) -> bool:
+        """EXISTS the process's liveness key (cached ``HOLDER_ALIVE_CACHE_S``); remember
+        it as the user's holder."""
+        if self._alive.get(holder, -math.inf) <= anyio.current_time():
+            if not await self.substrate.holder_alive(holder):
+                return False
+            if len(self._alive) > MAX_CACHED_HOLDERS:
+                self._alive.clear()
+            self._alive[holder] = anyio.current_time() + HOLDER_ALIVE_CACHE_S
         self._holders[user_id] = holder
         while len(self._holders) > MAX_CACHED_HOLDERS:
             self._holders.pop(next(iter(self._holders)))
-        if holder != woken and presence is not None:
-            await self._wake(presence, user_id)
+        return True
 
     async def _wake(self, session_id: str, user_id: str) -> None:
         """Tell the process holding the user's socket to read the stream now (its

@@ -30,6 +30,7 @@ def _submission(
         index_value=IndexRecord(job, tool, "d1").encode(),
         index_ttl_s=60.0,
         owner=JobOwner(user, "box"),
+        write_owner=True,
     )
 
 

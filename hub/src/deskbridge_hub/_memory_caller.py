@@ -96,6 +96,9 @@ class MemoryCallerCommands:
         presence = self._get(presence_key(user_id), now)
         if presence is None:
             return Submitted("offline")
+        holder, dot, _ = presence.rpartition(".")
+        if dot and holder and holder != sub.alive_holder:
+            return Submitted("holder", presence=presence)
         if sub.catalogue_sha1 is not None:
             catalogue = self._get(tools_key(user_id), now)
             sha = "" if catalogue is None else _sha1_hex(catalogue)
@@ -108,10 +111,10 @@ class MemoryCallerCommands:
         entry_id = self._enqueue_now(user_id, sub)
         if sub.idempotency_key is not None:
             self._set(ikey, sub.index_value, now, sub.index_ttl_s)
-        if not sub.owner_claimed:
+        if sub.write_owner:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
-        if sub.wake_holder is not None:
-            self._wake_now(sub.wake_holder, user_id, now, sub.wake_ttl_s)
+        if sub.alive_holder is not None:
+            self._wake_now(sub.alive_holder, user_id, now, sub.wake_ttl_s)
         return Submitted("queued", entry_id=entry_id, presence=presence)
 
     def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:

@@ -70,9 +70,10 @@ class Script:
 
 #: The caller's one step. KEYS: presence, tools, jobs, index, state, idem. ARGV: catalogue
 #: SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms, index flag
-#: ('' none), index record, index TTL ms, then the entry's fields. Order matters: the
-#: idempotency index first (a key whose job may still run is never answered "offline"),
-#: then presence, the catalogue version, the job id claim, and only then any write.
+#: ('' none), index record, index TTL ms, the hub process known alive ('' none), then the
+#: entry's fields. Order matters: the idempotency index first (a key whose job may still
+#: run is never answered "offline"), then presence and the process it names, the
+#: catalogue version, the job id claim, and only then any write.
 SUBMIT = Script(
     """
 if ARGV[7] ~= '' then
@@ -81,6 +82,8 @@ if ARGV[7] ~= '' then
 end
 local presence = redis.call('GET', KEYS[1])
 if not presence then return {'offline'} end
+local holder = string.match(presence, '^(.+)%.[^.]*$')
+if holder and holder ~= ARGV[10] then return {'holder', presence} end
 if ARGV[1] ~= '-' then
   local catalogue = redis.call('GET', KEYS[2])
   local sha = ''
@@ -91,7 +94,7 @@ if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
   return {'job_id_in_use'}
 end
 local fields = {}
-for i = 10, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 fields[#fields + 1] = 'deadline'
@@ -161,7 +164,7 @@ class CallerCommands:
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step: EVALSHA ``SUBMIT``, (unless already claimed) SET the
-        owner record, and the speculative wake-up of ``wake_holder``, in one write;
+        owner record, and the wake-up of ``alive_holder``, in one write;
         XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
         session enqueues for ``user_id``.
 
@@ -195,14 +198,15 @@ class CallerCommands:
             "" if sub.idempotency_key is None else "1",
             sub.index_value,
             _ms(sub.index_ttl_s),
+            sub.alive_holder or "",
             *flat,
         )
         after: tuple[tuple[Any, ...], ...] = ()
-        if not sub.owner_claimed:
+        if sub.write_owner:
             owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
             after = (owner,)
-        if sub.wake_holder is not None:
-            wake = wake_key(sub.wake_holder)
+        if sub.alive_holder is not None:
+            wake = wake_key(sub.alive_holder)
             after += (
                 (b"MULTI",),
                 (b"RPUSH", wake, user_id),
@@ -232,6 +236,8 @@ class CallerCommands:
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":
             return Submitted("indexed", index_value=rest[0])
+        if verdict == "holder":
+            return Submitted("holder", presence=rest[0])
         return Submitted(str(verdict))
 
     async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:

@@ -92,6 +92,10 @@ def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
 
 
+def proc_key(holder_id: str) -> str:
+    return f"bridge:proc:{{{holder_id}}}"
+
+
 def wake_key(holder_id: str) -> str:
     return f"bridge:wake:{{{holder_id}}}"
 
@@ -227,11 +231,16 @@ class Submission:
         index_value: the index record (``_idempotency.IndexRecord.encode()``).
         index_ttl_s: how long the index record lives before the job's result is published.
         owner: the owner record (``bridge:job:{job_id}``).
-        owner_claimed: the owner record was already claimed (``claim_job_id``).
-        wake_holder: the holder process believed to hold the user's socket (from an
-            earlier call's presence): its wake list (``bridge:wake:{holder}``) gets the
-            user id in the same write, so the holder reads the stream at once. None: no
-            speculative wake-up (the caller wakes the holder the reply names).
+        write_owner: also SET the owner record in the same write (the Bridge does not
+            need it: a hub-minted job id names its user, a caller-chosen one was claimed
+            with ``claim_job_id`` first).
+        alive_holder: the hub process the caller knows to be alive (its liveness key
+            checked within ``HOLDER_ALIVE_CACHE_S``), expected to hold the user's socket.
+            The script enqueues only while the presence names that process (or names
+            none: older hubs); otherwise it answers ``holder`` and writes nothing, and the
+            caller checks the process the presence names. Its wake list
+            (``bridge:wake:{holder}``) gets the user id in the same write, so the holder
+            reads the stream at once.
         wake_ttl_s: TTL of that wake list after the push.
     """
 
@@ -246,8 +255,8 @@ class Submission:
     index_value: str
     index_ttl_s: float
     owner: JobOwner
-    owner_claimed: bool = False
-    wake_holder: str | None = None
+    write_owner: bool = False
+    alive_holder: str | None = None
     wake_ttl_s: float = 30.0
 
 
@@ -260,11 +269,13 @@ class Submitted:
             ``catalogue`` (the desktop's catalogue is not the one the caller validated
             against: ``catalogue`` holds it, None if there is none; nothing written);
             ``job_id_in_use`` (nothing written); ``indexed`` (the idempotency key already
-            names a job: ``index_value`` is its record; nothing written).
+            names a job: ``index_value`` is its record; nothing written); ``holder`` (the
+            presence names a hub process other than ``alive_holder``: ``presence`` holds
+            it; nothing written).
         catalogue: see ``catalogue``.
         index_value: see ``indexed``.
         entry_id: the stream entry ID when ``queued``.
-        presence: the presence value (holder session id) when ``queued``.
+        presence: the presence value (holder session id) when ``queued`` or ``holder``.
     """
 
     verdict: str
@@ -290,6 +301,16 @@ class PresenceSubstrate(Protocol):
 
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """SET ``bridge:proc:{holder_id}`` PX ttl_s: this hub process is alive (refreshed
+        well within the TTL by the process itself; presence names the process)."""
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """DEL ``bridge:proc:{holder_id}`` (the process is stopping)."""
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """EXISTS ``bridge:proc:{holder_id}``: is the process holding a presence alive?"""
 
 
 class StreamSubstrate(Protocol):
@@ -485,7 +506,8 @@ class LedgerSubstrate(Protocol):
         """The caller's one step (one script, one round trip; see :class:`Submission`):
         idempotency index, presence, catalogue version, job id claim, XADD with the
         deadline from the substrate's clock, entry index; and, in the same write, the
-        ``bridge:job:{job_id}`` owner record (unless ``submission.owner_claimed``)."""
+        ``bridge:job:{job_id}`` owner record (if ``submission.write_owner``) and the
+        wake-up of ``submission.alive_holder``."""
 
     async def set_catalogue(self, user_id: str, catalogue: str) -> None:
         """SET ``bridge:tools:{user_id}`` (JSON array of tool specs), no TTL."""
