@@ -142,6 +142,9 @@ class CallerCommands:
     async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
         raise NotImplementedError  # pragma: no cover - provided by RedisSubstrate
 
+    def _absent_proves_nothing(self, what: str) -> None:
+        raise NotImplementedError  # pragma: no cover - provided by RedisSubstrate
+
     async def _script(
         self,
         s: _Session,
@@ -230,6 +233,9 @@ class CallerCommands:
                 if isinstance(reply, BaseException):
                     raise reply
         verdict, *rest = replies[len(create)]
+        if verdict == "offline":
+            # an absent presence proves nothing while Redis cannot serve the hub
+            self._absent_proves_nothing("presence")
         if verdict == "queued":
             return Submitted("queued", entry_id=rest[0], presence=rest[1])
         if verdict == "catalogue":
