@@ -70,6 +70,13 @@ class JobInDoubt(BridgeError):
     status = "in_doubt"
 
 
+class JobDeclined(BridgeError):
+    """The tool needs the approval of the person at the desktop, who declined; it never
+    ran."""
+
+    status = "declined"
+
+
 class JobCancelled(BridgeError):
     """The job was cancelled (``Bridge.cancel``) before or while it ran."""
 
@@ -84,6 +91,13 @@ class BadRequest(BridgeError):
     def __init__(self, message: str, *, field: str, **details: Any):
         super().__init__(message, **details)
         self.field = field
+
+
+class IdempotencyKeyReused(BridgeError):
+    """The idempotency key already names a job with other arguments or another tool
+    (``details``: ``job_id`` of that job); nothing was enqueued (HTTP 422)."""
+
+    status = "idempotency_key_reused"
 
 
 class UnknownJob(BridgeError):
