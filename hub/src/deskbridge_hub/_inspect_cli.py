@@ -157,7 +157,7 @@ def desktops_table(body: dict[str, Any]) -> str:
                 str(queue.get("pending_count", "-")),
             ]
         )
-    header = ["USER", "STATE", "SINCE (UTC)", "SIDECAR", "TOOLS", "QUEUED", "PENDING"]
+    header = ["USER", "STATE", "SINCE (UTC)", "SIDECAR", "TOOLS", "STREAM", "PENDING"]
     shown = f"{body['offset'] + 1}-{body['offset'] + len(rows)}" if rows else "none"
     footer = f"\n{shown} of {body['total']} desktops"
     if body.get("next_offset") is not None:
@@ -174,7 +174,8 @@ def user_text(body: dict[str, Any]) -> str:
         f"sidecar     {body.get('sidecar_version') or '-'}",
         f"hub         {body.get('hub_consumer') or '-'}",
         f"tools       {', '.join(body.get('tools') or []) or '-'}",
-        f"queue       {body['queue']['length']} entries, {body['queue']['pending_count']} pending",
+        f"stream      {body['queue']['length']} entries (delivered ones stay until trimmed), "
+        f"{body['queue']['pending_count']} pending",
     ]
     if body.get("end"):
         lines.append(f"last end    {body['end'].get('code')} {body['end'].get('reason')}")
