@@ -41,3 +41,14 @@ def test_hub_not_running_is_one_plain_line(capsys, command):
     assert cli.main([*command, "--hub", hub]) == 1
     err = capsys.readouterr().err
     assert err == f"deskbridge-hub {command[0]}: cannot reach hub at {hub}: Connection refused\n"
+
+
+@pytest.mark.parametrize("url", [None, "memory://"])
+def test_two_workers_on_the_in_memory_substrate_ask_for_a_redis_url(monkeypatch, capsys, url):
+    monkeypatch.setenv("DESKBRIDGE_SECRET", "s" * 32)
+    if url is None:
+        monkeypatch.delenv("DESKBRIDGE_REDIS_URL", raising=False)
+    else:
+        monkeypatch.setenv("DESKBRIDGE_REDIS_URL", url)
+    assert cli.main(["serve", "--bind", "127.0.0.1:1", "--workers", "2"]) == 2
+    assert "set DESKBRIDGE_REDIS_URL to a redis:// URL" in capsys.readouterr().err

@@ -230,7 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
     if hub.redis_url in (None, MEMORY_URL) and args.workers > 1:
         print(
             "deskbridge-hub serve: the in-memory substrate serves one process only; "
-            "set DESKBRIDGE_REDIS_URL to run more than one worker",
+            "set DESKBRIDGE_REDIS_URL to a redis:// URL to run more than one worker",
             file=sys.stderr,
         )
         return 2
