@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fnmatch
 import importlib.util
 import logging
 import os
-import shutil
 import struct
 from collections.abc import Sequence
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import attrs
 
 from .._tools import Tool, ToolError
 from ._asyncio_host import AsyncioHost
+from ._origins import EXECUTABLES, OriginPolicy, find_browser, origin_of
 
 log = logging.getLogger("deskbridge.sidecar.browser")
 
@@ -47,57 +45,12 @@ log = logging.getLogger("deskbridge.sidecar.browser")
 MAX_SCREENSHOT_BYTES = 700_000
 #: Longest page text returned by default, characters.
 MAX_TEXT_CHARS = 100_000
-#: Browser executables looked up on ``PATH``, in order.
-EXECUTABLES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 #: Flags always passed (no first-run UI, no background traffic of the browser's own).
 BASE_ARGS = ("--no-first-run", "--disable-background-networking", "--disable-component-update")
 #: Default profile directory.
 DEFAULT_PROFILE = os.path.join("~", ".deskbridge", "browser-profile")
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
-
-
-def origin_of(url: str) -> str | None:
-    """``scheme://host[:port]`` of ``url`` (default ports dropped), or None."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    port = parts.port
-    default = {"http": 80, "https": 443}[parts.scheme]
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
-
-
-@attrs.frozen
-class OriginPolicy:
-    """Which origins the browser may navigate to.
-
-    Args:
-        allowed: origins like ``https://portal.example.com`` or ``http://127.0.0.1:8123``;
-            ``https://*.example.com`` allows every subdomain (not the bare domain).
-    """
-
-    allowed: tuple[str, ...] = attrs.field(converter=tuple)
-
-    def allows(self, url: str) -> bool:
-        if url in ("about:blank", "about:srcdoc") or url.startswith("data:"):
-            return True
-        origin = origin_of(url)
-        if origin is None:
-            return False
-        return any(
-            origin == pattern or ("*" in pattern and fnmatch.fnmatchcase(origin, pattern))
-            for pattern in self.allowed
-        )
-
-
-def find_browser() -> str | None:
-    """The first of :data:`EXECUTABLES` found on ``PATH``, or None."""
-    for name in EXECUTABLES:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
