@@ -12,6 +12,7 @@ import contextlib
 import secrets
 import socket
 import subprocess
+from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -235,3 +236,33 @@ async def test_a_user_keeps_working_while_its_slot_is_resharded(cluster: list[in
             assert await s.ack(user, first) == 1 and await s.ack(user, second) == 1
             assert await s.get_catalogue(user) == '["echo"]'
     await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
+
+
+def test_a_job_runs_through_a_hub_on_the_cluster(
+    cluster: list[int], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A real hub process and a real sidecar process, the hub on ``redis+cluster://``."""
+    from ..procs import Hub, Sidecar, api, issue, running
+
+    tmp = tmp_path_factory.mktemp("cluster-job")
+    user = f"cluster-{secrets.token_hex(4)}"
+    hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": _url(cluster)})
+    with running(hub):
+        hub.wait_healthy()
+        sidecar = Sidecar(tmp, hub.ws, issue(user))
+        with running(sidecar), api() as client:
+
+            def present() -> bool:
+                r = client.get(f"{hub.http}/v1/users/{user}/presence")
+                return r.status_code == 200 and r.json()["online"]
+
+            wait_until(present, timeout_s=20, what="sidecar present")
+            for n in range(5):
+                r = client.post(
+                    f"{hub.http}/v1/users/{user}/jobs",
+                    json={"name": "echo", "args": {"n": n}, "timeout_s": 10},
+                )
+                if r.status_code != 200:
+                    Path("/tmp/redisconn/cluster-hub.log").write_text(hub.output())
+                assert r.status_code == 200, r.text
+                assert r.json()["result"] == {"n": n}

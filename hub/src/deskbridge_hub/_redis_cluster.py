@@ -168,8 +168,6 @@ class ClusterSession:
         try:
             slot = batch_slot(commands)
         except CrossSlot:
-            if any(_name(c) in (b"MULTI", b"EXEC") for c in commands):
-                raise  # a transaction must stay in one slot
             return await self._split(commands, timeout_s)
         if slot is None and commands and _name(commands[0]) == b"SCRIPT":
             return await self._everywhere(commands, timeout_s)
@@ -203,12 +201,21 @@ class ClusterSession:
     async def _split(
         self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
     ) -> list[Any]:
-        """A pipeline (no MULTI) whose commands live in several slots: one sub-batch per
-        slot, sent concurrently, replies put back in order. Each command must be in one
-        slot itself (a script over two users' keys is still refused)."""
+        """A pipeline whose commands live in several slots: one sub-batch per slot, sent
+        concurrently, replies put back in order. Each command, and each MULTI ... EXEC
+        block, must be in one slot itself (a script or transaction over two users' keys
+        is still refused: CrossSlot)."""
         groups: dict[int | None, list[int]] = {}
-        for i, command in enumerate(commands):
-            groups.setdefault(batch_slot((command,)), []).append(i)
+        unit: list[int] = []
+        for i, command in enumerate(commands):  # a MULTI ... EXEC block is one unit
+            unit.append(i)
+            if _name(commands[unit[0]]) == b"MULTI" and _name(command) not in (b"EXEC", b"DISCARD"):
+                continue
+            slot = batch_slot(tuple(commands[j] for j in unit))  # CrossSlot if it spans
+            groups.setdefault(slot, []).extend(unit)
+            unit = []
+        if unit:
+            raise CrossSlot("MULTI without EXEC in a batch")
         replies: list[Any] = [None] * len(commands)
 
         async def run(indexes: list[int]) -> None:
