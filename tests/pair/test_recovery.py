@@ -63,8 +63,10 @@ async def test_socket_dropped_mid_job_is_redelivered_and_answered_from_the_cache
 async def test_hub_restart_close_mid_job_reconnects_at_once_and_joins_the_orphaned_run(
     autojump_clock,
 ):
-    """The hub closes with 1012 mid-job: the sidecar reconnects at once; the redelivery
-    awaits the run still going (no second start) and the caller gets its result at 30 s."""
+    """The hub closes with 1012 mid-job (its grace already spent): the caller is answered
+    ``in_doubt`` at once (issue 11.4: a session ended on purpose never leaves its caller
+    waiting), the sidecar reconnects without backoff, and the redelivery joins the run still
+    going: the tool starts once and runs to its end, never twice."""
     submit, calls = counting_tool(seconds=30)
     async with sidecar_pair(tools=[submit]) as pair:
         outcomes = []
@@ -79,9 +81,11 @@ async def test_hub_restart_close_mid_job_reconnects_at_once_and_joins_the_orphan
             await session.close(CLOSE_SERVICE_RESTART, "hub restarting")
             await pair.wait_session(2)
             assert trio.current_time() < 6  # 1012: reconnected without backoff
-        assert [o.status for o in outcomes] == ["completed"]
-        assert outcomes[0].result["n"] == 1 and len(calls) == 1
-        assert trio.current_time() >= 30
+        assert [o.status for o in outcomes] == ["in_doubt"]
+        assert outcomes[0].detail.get("reason") == "hub restarting"
+        assert outcomes[0].elapsed_s < 6  # answered at the close, not at the caller's timeout
+        await trio.sleep(40)  # past the tool's end, and past any redelivery
+        assert len(calls) == 1  # started once; the redelivery joined the orphaned run
 
 
 async def test_desktop_gone_for_good_mid_job_is_told_interrupted(autojump_clock):
