@@ -219,7 +219,8 @@ class RedisSubstrate:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("GET presence") as s:
-            return await self._call(s, b"GET", presence_key(user_id))
+            holder: str | None = await self._call(s, b"GET", presence_key(user_id))
+            return holder
 
     async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
         """SET presence PX ttl only if absent or held by ``session_id`` (one Lua script).
@@ -287,7 +288,8 @@ class RedisSubstrate:
         xadd = (b"EVAL", _XADD_INDEXED, 2, key, index_key(user_id), maxlen, job_id, within, *flat)
         async with self._session("XADD") as s:
             if user_id in s.groups:
-                return await self._call(s, *xadd)
+                added: str = await self._call(s, *xadd)
+                return added
             create = (b"XGROUP CREATE", key, GROUP, "0", b"MKSTREAM")
             created, entry_id = await s.execute(create, xadd, timeout_s=self._command_timeout_s)
             for reply in (created, entry_id):
@@ -296,6 +298,7 @@ class RedisSubstrate:
                 ):
                     raise reply
             s.groups.add(user_id)
+            assert isinstance(entry_id, str), entry_id
             return entry_id
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
@@ -624,7 +627,8 @@ class RedisSubstrate:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("GET tools") as s:
-            return await self._call(s, b"GET", tools_key(user_id))
+            catalogue: str | None = await self._call(s, b"GET", tools_key(user_id))
+            return catalogue
 
     async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
         """XLEN and XPENDING of the user's stream (read-only; metrics and admin API).

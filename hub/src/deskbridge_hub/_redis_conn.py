@@ -162,8 +162,10 @@ class _Session:
     async def _host(self, c: _Conn) -> None:
         try:
             with c.scope:
-                c.conn = self._connection_class(self._location, **self._connection_kwargs)
-                await c.conn.run(task_status=c)  # type: ignore[arg-type]
+                # The pool's connection class matches its location's kind (TCP or Unix
+                # socket); coredis types the two pairs apart, so mypy cannot see it.
+                c.conn = self._connection_class(self._location, **self._connection_kwargs)  # type: ignore[arg-type]
+                await c.conn.run(task_status=c)
         except Exception as exc:  # never crash the session's task group
             c.error = exc
         finally:

@@ -30,7 +30,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import attrs
 import trio
@@ -133,8 +133,8 @@ class HubSession:
         protocol errors close the socket with their close code."""
         try:
             presence = await self._handshake()
-        except EndSession as end:
-            await self._close(end.code, end.reason)
+        except EndSession as refused:
+            await self._close(refused.code, refused.reason)
             return
         inflight = self.state.inflight.setdefault(self.user_id, set())
         server = EntryServer(
@@ -148,7 +148,7 @@ class HubSession:
         _metrics.session_opened()
         if self.state.drain.active:
             self.stop_reading()
-        end: EndSession | None = None
+        ended: list[EndSession] = []
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -169,9 +169,9 @@ class HubSession:
                     ),
                 )
         except* EndSession as group:
-            end = group.exceptions[0]  # type: ignore[assignment]
+            ended += [e for e in group.exceptions if isinstance(e, EndSession)]
         finally:
-            if end is None:
+            if not ended:
                 log.info(
                     "session %s of %s ends (socket gone)",
                     self.session_id,
@@ -181,7 +181,8 @@ class HubSession:
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             await presence.clear()
-        if end is not None:
+        if ended:
+            end = ended[0]
             log.info(
                 "session %s of %s ends: %s %s",
                 self.session_id,
@@ -216,7 +217,7 @@ class HubSession:
         while self._serving:
             await self._serving_changed.wait()
 
-    async def _guard(self, fn: Callable[[], Awaitable[Any]]) -> None:
+    async def _guard(self, fn: Callable[[], Awaitable[object]]) -> None:
         try:
             await fn()
         except SocketClosed:
