@@ -17,6 +17,7 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -288,3 +289,82 @@ async def _browse(hub: Hub, user: str, site: str) -> None:
             denied = await client.call_tool("browser_open", {"url": "https://example.com/"})
             assert denied.is_error
             assert denied.structured_content["error"]["code"] == "origin_not_allowed"
+
+
+def test_progress_reaches_mcp_sse_and_bridge_callers(hub, tmp_path):
+    """A long tool's progress: MCP ``notifications/progress`` (both wire eras), the SSE
+    stream ``GET /v1/jobs/{job_id}/events`` ending with the outcome."""
+    user = "mcp-p-" + secrets.token_hex(4)
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["progress_tools"])
+    with running(sidecar):
+        wait_online(hub, user)
+        for mode in MODES:
+            reports = anyio.run(_progress_over_mcp, hub, user, mode, backend="asyncio")
+            assert len(reports) >= 3, (mode, reports)
+            assert [r[0] for r in reports] == sorted(r[0] for r in reports)
+            assert all(total == 8 for _, total, _ in reports)
+            assert reports[-1][2].endswith("/8")
+
+        job_id = "sse-" + secrets.token_hex(6)
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        events: list[tuple[str, dict]] = []
+
+        def post() -> None:
+            body = {"name": "count", "args": {"n": 8, "delay_s": 0.25}, "job_id": job_id}
+            r = httpx.post(f"{hub.http}/v1/users/{user}/jobs", json=body, headers=headers,
+                           timeout=30)  # fmt: skip
+            assert r.status_code == 200, r.text
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        url = f"{hub.http}/v1/jobs/{job_id}/events"
+        wait_until(lambda: _job_known(hub, job_id), timeout_s=10, what="job dispatched")
+        with httpx.stream("GET", url, headers=headers, timeout=30) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            kind = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    events.append((kind, json.loads(line[6:])))
+                    if kind == "outcome":
+                        break
+        poster.join(30)
+        kinds = [k for k, _ in events]
+        assert kinds[-1] == "outcome" and kinds.count("outcome") == 1
+        assert events[-1][1]["status"] == "completed"
+        assert events[-1][1]["result"] == {"counted": 8}
+        progress = [d for k, d in events if k == "progress"]
+        assert progress and progress[-1]["total"] == 8
+        missing = httpx.get(f"{hub.http}/v1/jobs/nope-{secrets.token_hex(3)}/events",
+                            headers=headers)  # fmt: skip
+        assert missing.status_code == 404
+
+
+def _job_known(hub: Hub, job_id: str) -> bool:
+    """The events endpoint answers 404 until the job is dispatched."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    try:
+        with httpx.stream(
+            "GET", f"{hub.http}/v1/jobs/{job_id}/events", headers=headers, timeout=2
+        ) as r:
+            return r.status_code == 200
+    except httpx.ReadTimeout:
+        return True
+
+
+async def _progress_over_mcp(hub: Hub, user: str, mode: str) -> list:
+    reports = []
+
+    async def on_progress(progress, total, message) -> None:
+        reports.append((progress, total, message))
+
+    with anyio.fail_after(60):
+        async with mcp_client(hub, user, mode=mode) as client:
+            result = await client.call_tool(
+                "count", {"n": 8, "delay_s": 0.25}, progress_callback=on_progress
+            )
+    assert not result.is_error, result.content[0].text
+    assert result.structured_content == {"counted": 8}
+    return reports

@@ -25,9 +25,11 @@ from . import _metrics, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
+from ._events import add_event_routes
 from ._logging import fields
 from ._mcp_mount import mount_mcp
 from ._process import HubState
+from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S
 from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
@@ -160,7 +162,8 @@ def create_app(
             max_inflight_per_session=config.max_inflight_per_session,
         )
         bridge = Bridge(sub, config.timings)
-        holder.update(state=state, bridge=bridge)
+        relay = ProgressRelay(sub, config.timings.result_ttl_s)
+        holder.update(state=state, bridge=bridge, progress=relay)
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
@@ -168,6 +171,7 @@ def create_app(
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
         )
+        app.add_background_task(_run_in, lag_probe, relay.run)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
@@ -340,9 +344,11 @@ def create_app(
             _QuartSocket(websocket._get_current_object()),  # type: ignore[attr-defined]
             user_id,
             expires_at=expires_at,
+            on_progress=holder["progress"].offer,
         )
         return None
 
+    add_event_routes(app, holder)
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]

@@ -8,9 +8,10 @@ runs under trio and asyncio alike.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -29,14 +30,18 @@ from ._errors import (
     JobInDoubt,
     JobLost,
     JobTimeout,
+    SubstrateUnavailable,
     UnknownJob,
 )
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
+from ._progress import ProgressReport, parse_progress
 from ._schema import validate_args
 from ._substrate import Substrate
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
+
+log = logging.getLogger("deskbridge.hub.bridge")
 
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
@@ -137,6 +142,7 @@ class Bridge:
         timeout_s: float | None = None,
         deadline: float | None = None,
         job_id: str | None = None,
+        on_progress: Callable[[ProgressReport], Awaitable[None]] | None = None,
     ) -> Outcome:
         """Run tool ``name`` on the user's desktop and wait for its terminal answer.
 
@@ -154,6 +160,9 @@ class Bridge:
                 other machines' clocks never decide it (docs/operations.md, "Clocks").
             job_id: the job's id, if the caller wants to choose it (to cancel it from
                 elsewhere while this call waits); default a fresh UUID.
+            on_progress: awaited with each :class:`ProgressReport` the tool sends while
+                this call waits (rate-limited at the sidecar, latest value only, best
+                effort: a Redis hiccup stops the reports, never the call).
 
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
@@ -219,7 +228,10 @@ class Bridge:
         await self.substrate.enqueue(
             user_id, fields, maxlen=self.timings.jobs_maxlen, start_within_s=start_within_s
         )
-        payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+        if on_progress is None:
+            payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+        else:
+            payload = await self._wait_reporting(job_id, timeout_s, on_progress)
         elapsed = anyio.current_time() - started
         if payload is None:
             stage = await self._stage(job_id)
@@ -239,6 +251,33 @@ class Bridge:
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _wait_reporting(
+        self,
+        job_id: str,
+        timeout_s: float,
+        on_progress: Callable[[ProgressReport], Awaitable[None]],
+    ) -> str | None:
+        """``wait_result`` while a second task follows the job's progress stream."""
+
+        async def follow() -> None:
+            after = "0"
+            try:
+                while True:
+                    entries = await self.substrate.read_progress(job_id, after, block_ms=1000)
+                    for entry_id, payload in entries:
+                        after = entry_id
+                        report = parse_progress(payload)
+                        if report is not None:
+                            await on_progress(report)
+            except SubstrateUnavailable as exc:
+                log.info("progress of %s not followed further: %s", job_id, exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+            tg.cancel_scope.cancel()
+        return payload
 
     async def _stage(self, job_id: str) -> str:
         try:

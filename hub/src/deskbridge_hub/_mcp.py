@@ -19,6 +19,9 @@ Outcomes map as follows:
 - anything else the hub refuses before enqueueing (unknown tool, bad ``_meta``) -> the
   JSON-RPC error ``-32602`` naming the field.
 
+Progress: a ``tools/call`` carrying a ``progressToken`` gets ``notifications/progress``
+for the tool's progress reports (``Bridge.dispatch(on_progress=...)``).
+
 Cancellation: when the SDK cancels a ``tools/call`` handler (``notifications/cancelled``
 on the 2025 wire, the client abandoning the request stream on the 2026 wire) the job is
 cancelled through :meth:`Bridge.cancel`, as ``DELETE /v1/jobs/{job_id}`` would.
@@ -56,6 +59,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable
+from ._progress import ProgressReport
 
 log = logging.getLogger("deskbridge.hub.mcp")
 
@@ -215,6 +219,12 @@ class UserEndpoint:
                 types.INVALID_PARAMS, f"_meta.{META_TIMEOUT_S} must be in (0, {MAX_TIMEOUT_S:g}]"
             )
         job_id = uuid.uuid4().hex
+        on_progress = None
+        if meta.get("progressToken") is not None:  # the client asked for progress
+
+            async def on_progress(report: ProgressReport) -> None:
+                await ctx.session.report_progress(report.progress, report.total, report.message)
+
         try:
             outcome = await self.bridge.dispatch(
                 self.user_id,
@@ -223,6 +233,7 @@ class UserEndpoint:
                 idempotency_key=key if isinstance(key, str) else None,
                 timeout_s=timeout_s,
                 job_id=job_id,
+                on_progress=on_progress,
             )
         except BadRequest as exc:
             if exc.field == "args":  # the model can correct its arguments (SEP-1303)

@@ -37,7 +37,16 @@ import attrs
 from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
-from ._substrate import Claimed, Entry, Marked, cancel_key, presence_key, state_key, tools_key
+from ._substrate import (
+    Claimed,
+    Entry,
+    Marked,
+    cancel_key,
+    outcome_event,
+    presence_key,
+    state_key,
+    tools_key,
+)
 
 StreamID = tuple[int, int]
 
@@ -105,6 +114,16 @@ class _Waiters:
 
 
 @attrs.define(eq=False)
+class _ProgressLog:
+    """One job's progress stream: (sequence, payload) pairs, newest last."""
+
+    entries: deque[tuple[int, str]]
+    expires_at: float
+    next_seq: int = 1
+    changed: anyio.Event = attrs.field(factory=anyio.Event)
+
+
+@attrs.define(eq=False)
 class MemorySubstrate:
     """The substrate contract in one process, on ``anyio.current_time()``.
 
@@ -123,6 +142,7 @@ class MemorySubstrate:
     _streams: dict[str, _Stream] = attrs.field(factory=dict, init=False)
     _results: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _result_waiters: dict[str, _Waiters] = attrs.field(factory=dict, init=False)
+    _progress: dict[str, _ProgressLog] = attrs.field(factory=dict, init=False)
     _unavailable: bool = attrs.field(default=False, init=False)
     _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
@@ -474,9 +494,67 @@ class MemorySubstrate:
             lst = self._results[job_id] = _ResultList(deque(), now + ttl_s)
         lst.items.append(payload)
         lst.expires_at = now + ttl_s
+        progress = self._progress.get(job_id)
+        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
+            progress.entries.append((progress.next_seq, outcome_event(payload)))
+            progress.next_seq += 1
+            progress.changed.set()
+            progress.changed = anyio.Event()
         waiters = self._result_waiters.pop(job_id, None)
         if waiters is not None:
             waiters.event.set()
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """Append ``payload`` to the job's progress log (keeping the newest ``maxlen``)
+        and (re)set its TTL; wakes readers.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        log = self._progress.get(job_id)
+        if log is None or log.expires_at <= now:
+            log = self._progress[job_id] = _ProgressLog(deque(maxlen=max(1, maxlen)), now + ttl_s)
+        log.entries.append((log.next_seq, payload))
+        log.next_seq += 1
+        log.expires_at = now + ttl_s
+        log.changed.set()
+        log.changed = anyio.Event()
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """Entries after entry ID ``after`` ("0": all), waiting up to ``block_ms`` for a
+        first one (0 = forever, as in Redis).
+
+        Raises:
+            ValueError: negative ``block_ms`` or a malformed ``after``.
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        seen = int(after.split("-", 1)[0])
+        with anyio.move_on_after(block_ms / 1000 if block_ms else math.inf):
+            while True:
+                self._check()
+                log = self._progress.get(job_id)
+                if log is not None and log.expires_at <= anyio.current_time():
+                    del self._progress[job_id]
+                    log = None
+                if log is not None:
+                    found = [(f"{n}-0", p) for n, p in log.entries if n > seen]
+                    if found:
+                        return found
+                    await log.changed.wait()
+                else:
+                    await anyio.sleep(0.01)
+        return []
 
     async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP: pop the first payload, waiting up to ``timeout_s`` seconds for one

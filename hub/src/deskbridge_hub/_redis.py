@@ -42,7 +42,9 @@ from ._substrate import (
     cancel_key,
     index_key,
     jobs_key,
+    outcome_event,
     presence_key,
+    progress_key,
     result_key,
     state_key,
     tools_key,
@@ -438,7 +440,8 @@ class RedisSubstrate:
 
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
         """MULTI, RPUSH ``bridge:result:{job_id}`` payload, PEXPIRE ceil(ttl_s * 1000),
-        EXEC: one write, one round trip, applied atomically.
+        XADD the outcome to ``bridge:progress:{job_id}`` if that stream exists, EXEC: one
+        write, one round trip, applied atomically.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -452,6 +455,19 @@ class RedisSubstrate:
                 (b"MULTI",),
                 (b"RPUSH", key, payload),
                 (b"PEXPIRE", key, px),
+                # The outcome also ends the job's progress stream, only if someone made
+                # one (NOMKSTREAM: no stream, no write): same slot, same round trip.
+                (
+                    b"XADD",
+                    progress_key(job_id),
+                    b"NOMKSTREAM",
+                    b"MAXLEN",
+                    b"~",
+                    64,
+                    b"*",
+                    b"p",
+                    outcome_event(payload),
+                ),
                 (b"EXEC",),
                 timeout_s=self._command_timeout_s,
             )
@@ -484,6 +500,67 @@ class RedisSubstrate:
                 s, b"BLPOP", result_key(job_id), seconds, block_s=timeout_s or None
             )
         return None if reply is None else reply[1]
+
+    # -- progress ----------------------------------------------------------------------
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """MULTI, XADD ``bridge:progress:{job_id}`` MAXLEN ~ maxlen * p payload, PEXPIRE,
+        EXEC (one round trip).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        key = progress_key(job_id)
+        async with self._session("XADD progress") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", b"p", payload),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """XREAD COUNT 100 BLOCK block_ms STREAMS ``bridge:progress:{job_id}`` after.
+
+        Returns:
+            ``[(entry_id, payload)]`` in order; ``[]`` on timeout.
+
+        Raises:
+            ValueError: negative ``block_ms``.
+            SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: as :meth:`read_new` (the blocked connection is discarded).
+        """
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        key = progress_key(job_id)
+        async with self._session("XREAD progress") as s:
+            reply = await self._call(
+                s,
+                b"XREAD",
+                b"COUNT",
+                100,
+                b"BLOCK",
+                block_ms,
+                b"STREAMS",
+                key,
+                after,
+                block_s=block_ms / 1000 if block_ms else None,
+            )
+        if not reply:
+            return []
+        entries = reply.get(key) if isinstance(reply, dict) else reply[0][1]
+        return [(e.entry_id, e.fields.get("p", "")) for e in _entries(entries) if e.fields]
 
     # -- bookkeeping -------------------------------------------------------------------
 

@@ -61,6 +61,15 @@ def cancel_key(job_id: str) -> str:
     return f"bridge:cancel:{{{job_id}}}"
 
 
+def progress_key(job_id: str) -> str:
+    return f"bridge:progress:{{{job_id}}}"
+
+
+def outcome_event(payload: str) -> str:
+    """The progress-stream entry that ends a job's stream: its result payload."""
+    return '{"outcome":' + payload + "}"
+
+
 def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
 
@@ -189,11 +198,25 @@ class ResultSubstrate(Protocol):
     before the XACK)."""
 
     async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
-        """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC)."""
+        """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC); also ends
+        the job's progress stream with :func:`outcome_event`, if that stream exists."""
 
     async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
         A cancelled wait pops nothing."""
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """XADD the job's progress stream (MAXLEN ~ maxlen) + (P)EXPIRE ttl_s, one round
+        trip. Progress is best effort: readers see the latest reports, not every one."""
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """XREAD the job's progress stream after entry ID ``after`` ("0": from the start),
+        blocking up to ``block_ms`` (server-side) for a first one: ``[(entry_id,
+        payload)]``, ``[]`` on timeout or when there is no stream."""
 
 
 class LedgerSubstrate(Protocol):

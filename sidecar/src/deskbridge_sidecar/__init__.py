@@ -40,6 +40,7 @@ from ._outcome import (
     UNKNOWN_TOOL,
     Outcome,
 )
+from ._progress import PROGRESS_INTERVAL_S, Progress, ProgressUpdate
 from ._runner import ToolRunner
 from ._session import (
     CLOCK_GAP,
@@ -75,6 +76,9 @@ from ._version import __version__
 from ._watchdog import ClockGap, watch_clocks
 
 __all__ = [
+    "PROGRESS_INTERVAL_S",
+    "Progress",
+    "ProgressUpdate",
     "ArgsInvalid",
     "BAD_ARGS",
     "BAD_RESULT",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -43,6 +43,7 @@ from ._outcome import (
     UNKNOWN_TOOL,
     Outcome,
 )
+from ._progress import Progress, ProgressState, ProgressUpdate
 from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
@@ -66,6 +67,7 @@ class _Run:
     done: trio.Event = attrs.field(factory=trio.Event)
     started: bool = False
     outcome: Outcome | None = None
+    progress: ProgressState = attrs.field(factory=ProgressState)
 
 
 @attrs.define(eq=False)
@@ -176,7 +178,9 @@ class ToolRunner:
             return Outcome.failure(BAD_ARGS, problem)
         return None
 
-    async def execute(self, job: Job) -> Outcome:
+    async def execute(
+        self, job: Job, *, on_progress: Callable[[ProgressUpdate], Awaitable[None]] | None = None
+    ) -> Outcome:
         """Run a delivery that :meth:`admit` queued, at most once per idempotency key,
         and return the outcome.
 
@@ -188,6 +192,9 @@ class ToolRunner:
         daemon's nursery, waits for the daemon-wide lock, checks the deadline again (it
         may pass while queued), is recorded as started, executes, and its outcome is
         recorded before it is returned.
+
+        ``on_progress`` is called with the run's progress reports while this delivery
+        waits for it (rate-limited, latest value only; see ``_progress``).
 
         Returns:
             The outcome (never raises for tool failures; a ledger that cannot be read
@@ -220,7 +227,13 @@ class ToolRunner:
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
             self.dedupe_hits += 1
-        await run.done.wait()
+        if on_progress is None:
+            await run.done.wait()
+        else:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run.progress.follow, on_progress)
+                await run.done.wait()
+                nursery.cancel_scope.cancel()
         if run.outcome is None:
             return Outcome.failure(CANCELLED, "the sidecar stopped before the tool finished")
         return run.outcome
@@ -300,7 +313,10 @@ class ToolRunner:
                             self.running = run.tool.name
                             self.executions[run.tool.name] += 1
                             try:
-                                outcome = await invoke(run.tool, job.args)
+                                progress = Progress(
+                                    run.progress, trio.lowlevel.current_trio_token()
+                                )
+                                outcome = await invoke(run.tool, job.args, progress=progress)
                             finally:
                                 self.running = None
             if run.cancel_scope.cancelled_caught:

@@ -30,6 +30,7 @@ run: runs belong to the daemon (see ``_runner``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -59,11 +60,13 @@ from deskbridge_common import (
     Welcome,
     close_reason,
 )
+from deskbridge_common import Progress as ProgressFrame
 from deskbridge_common._connection import Event
 
 from ._errors import TransportClosed
 from ._logformat import fields
 from ._outcome import CANCELLED, Outcome
+from ._progress import ProgressUpdate
 from ._runner import ToolRunner
 from ._tools import STATUS_TOOL
 from ._tracing import tool_span, trace_id
@@ -353,7 +356,9 @@ class Session:
                 continue
             started = trio.current_time()
             with tool_span(job):  # the caller's trace context, current for the tool
-                outcome = await self.runner.execute(job)
+                outcome = await self.runner.execute(
+                    job, on_progress=functools.partial(self._progress, job.id)
+                )
             log.info(
                 "job %s (%s): %s",
                 job.job_id,
@@ -368,6 +373,18 @@ class Session:
                 ),
             )
             await self._answer(job.id, outcome)
+
+    async def _progress(self, delivery_id: str, update: ProgressUpdate) -> None:
+        """A ``progress`` frame for a delivery still waiting on its run (``_post`` drops
+        it once the connection no longer allows it: after the job_result)."""
+        await self._post(
+            ProgressFrame(
+                id=delivery_id,
+                progress=update.progress,
+                total=update.total,
+                message=update.message,
+            )
+        )
 
     async def _status_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:
         async for job in queue:

@@ -37,6 +37,7 @@ from deskbridge_common import ToolSpec
 
 from ._errors import ArgsInvalid, ToolError
 from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, Outcome, truncate
+from ._progress import Progress
 from ._typed import Arguments, to_json_value
 
 log = logging.getLogger("deskbridge.sidecar.tools")
@@ -127,7 +128,7 @@ class Tool:
         if description is None:
             doc = inspect.getdoc(fn) or ""
             description = doc.split("\n\n", 1)[0].strip()
-        arguments = Arguments.from_function(fn, sig)
+        arguments = Arguments.from_function(fn, sig, injected=(Progress,))
         return cls(
             name=tool_name,
             fn=fn,
@@ -325,12 +326,14 @@ class ToolRegistry:
         return f"ToolRegistry({self.names()!r})"
 
 
-async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
+async def invoke(tool: Tool, args: dict[str, Any], *, progress: Progress | None = None) -> Outcome:
     """Run ``tool`` once with ``args`` and capture what happened.
 
     Args:
         tool: the tool.
         args: keyword arguments (the job's ``args`` object).
+        progress: passed to a parameter annotated :class:`Progress`, if the tool has
+            one (default: a callback that records nothing).
 
     Returns:
         ``Outcome.success(value)`` (a model, dataclass, Enum or datetime result is
@@ -347,6 +350,8 @@ async def invoke(tool: Tool, args: dict[str, Any]) -> Outcome:
         kwargs = tool.convert_args(args)
     except ArgsInvalid as exc:
         return Outcome.failure(BAD_ARGS, str(exc))
+    for name in tool.arguments.injected:
+        kwargs[name] = progress if progress is not None else Progress.discard()
     try:
         if tool.is_async:
             value = await tool.fn(**kwargs)

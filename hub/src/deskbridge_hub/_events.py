@@ -1,0 +1,84 @@
+"""``GET /v1/jobs/{job_id}/events``: a job's progress as server-sent events, ending with
+its outcome.
+
+Events (``text/event-stream``)::
+
+    event: progress
+    data: {"progress": 3, "total": 10, "message": "page 3"}
+
+    event: outcome
+    data: {"status": "completed", "result": ...}      (the result payload, as POST /jobs)
+
+Any replica serves it: it reads the job's progress stream (see ``_progress``). A job that
+was answered before the stream opened ends at once with
+``{"stage": "finished" | "cancelled" | ..., "status": null}`` (the answer went to the
+caller that dispatched it). A job id nobody knows (never dispatched, or its state expired)
+is 404.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Response
+
+from ._errors import BadRequest, SubstrateUnavailable
+from ._jobstate import MalformedState
+from ._progress import watch
+from ._validate import validate_key
+
+
+def _event(kind: str, data: Any) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def add_event_routes(app: Any, holder: dict[str, Any]) -> None:
+    """Register ``GET /v1/jobs/<job_id>/events`` on ``app`` (behind the API key, as all
+    of ``/v1/``)."""
+
+    @app.get("/v1/jobs/<job_id>/events")
+    async def job_events(job_id: str):  # type: ignore[no-untyped-def]
+        try:
+            validate_key(job_id)
+        except ValueError as exc:
+            raise BadRequest(str(exc), field="job_id") from None
+        bridge = holder["bridge"]
+        substrate = bridge.substrate
+        if await _stage(substrate, job_id) is None:
+            body = {"error": {"code": "not_found", "message": f"no job {job_id!r}"}}
+            return Response(json.dumps(body), status=404, content_type="application/json")
+
+        async def is_over() -> bool:
+            stage = await _stage(substrate, job_id)
+            return stage is None or stage.terminal
+
+        async def stream() -> AsyncIterator[bytes]:
+            ttl_s = bridge.timings.result_ttl_s
+            try:
+                async for kind, data in watch(substrate, job_id, ttl_s=ttl_s, is_over=is_over):
+                    yield _event(kind, data)
+                    if kind == "outcome":
+                        return
+                stage = await _stage(substrate, job_id)
+                yield _event("outcome", {"status": None, "stage": stage and stage.value})
+            except SubstrateUnavailable as exc:
+                yield _event("error", {"code": "unavailable", "message": str(exc)})
+
+        return Response(
+            stream(),
+            content_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+
+async def _stage(substrate: Any, job_id: str) -> Any:
+    try:
+        state = await substrate.get_job_state(job_id)
+    except MalformedState:
+        return None
+    return None if state is None else state.stage
+
+
+__all__ = ["add_event_routes"]
