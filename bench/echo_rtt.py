@@ -29,8 +29,10 @@ from tests.procs import REDIS_URL, Hub, Sidecar, api, issue, running, wait_until
 def summary(label: str, samples_s: list[float]) -> str:
     ms = sorted(s * 1000 for s in samples_s)
     p90 = ms[int(len(ms) * 0.9) - 1]
-    return (f"{label:<10} n={len(ms):<4} median {statistics.median(ms):7.2f} ms   "
-            f"p90 {p90:7.2f} ms   max {ms[-1]:7.2f} ms")
+    return (
+        f"{label:<10} n={len(ms):<4} median {statistics.median(ms):7.2f} ms   "
+        f"p90 {p90:7.2f} ms   max {ms[-1]:7.2f} ms"
+    )
 
 
 async def bridge_calls(user: str, n: int) -> list[float]:

@@ -111,8 +111,9 @@ def test_redis_rewound_to_an_older_aof_runs_nothing_twice(tmp_path, procs):
         # sidecar works through them one at a time, so the copy catches 300 unacked
         running = pool.submit(_dispatch_all, redis.url, user, keys)
         wait_until(
-            lambda: int(redis.command("XLEN", stream)) == n_jobs
-            and len(ledger.counts()) >= copy_after,
+            lambda: (
+                int(redis.command("XLEN", stream)) == n_jobs and len(ledger.counts()) >= copy_after
+            ),
             timeout_s=120,
             what="all enqueued and 100 ran",
         )

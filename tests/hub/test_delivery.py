@@ -60,6 +60,8 @@ async def setup(**fields_override):
     server = EntryServer(substrate, Timings(), USER, "session-1", wall)
     envelope = JobEnvelope("job-1", "echo", {"x": 1}, "key-1", wall() + 60, wall())
     fields = {**envelope.to_fields(), **fields_override}
+    # as Bridge.dispatch does: the job id is claimed (stage queued) before the XADD
+    await substrate.claim_job("job-1", JobState(Stage.QUEUED, USER, at=wall()), ttl_s=300)
     await substrate.enqueue(USER, fields, maxlen=100)
     (entry,) = await substrate.read_new(USER, "hub-1", count=10, block_ms=1)
     return substrate, server, entry
@@ -214,7 +216,6 @@ def test_state_round_trips_and_bad_text_is_refused():
     for bad in ["", "[]", '{"stage": "nope", "user_id": "u"}', '{"stage": "queued"}']:
         with pytest.raises(MalformedState):
             JobState.decode(bad)
-
 
 
 class Watched:

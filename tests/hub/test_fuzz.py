@@ -309,6 +309,8 @@ def _run(afn: Any, *args: Any) -> Any:
 
 async def _connect(nursery: trio.Nursery, state: HubState, user: str) -> MemoryPeer:
     hub_side, peer = socket_pair()
+    if not state.reader.running:  # the process reader (the app runs it in production)
+        await nursery.start(state.reader.run)
     nursery.start_soon(serve_sidecar, state, hub_side, user)  # a crash fails the test
     await peer.send(Hello(protocol_version=1, sidecar_version="fuzz"))
     assert isinstance(await peer.receive(), Welcome)

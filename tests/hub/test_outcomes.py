@@ -44,6 +44,8 @@ def bridge(state) -> Bridge:
 
 async def connect(nursery, state, tools=(), user="u1"):
     hub_side, peer = socket_pair()
+    if not state.reader.running:  # the process reader (the app runs it in production)
+        await nursery.start(state.reader.run)
     nursery.start_soon(serve_sidecar, state, hub_side, user)
     await peer.send(Hello(protocol_version=1, sidecar_version="test", tools=tuple(tools)))
     assert isinstance(await peer.receive(), Welcome)
@@ -404,6 +406,8 @@ async def test_hello_with_a_schema_the_hub_will_not_evaluate_is_refused(
 
     hub_side, peer = socket_pair()
     async with trio.open_nursery() as nursery:
+        if why is None:  # welcomed: the process reader must run (the app runs it)
+            await nursery.start(state.reader.run)
         nursery.start_soon(serve_sidecar, state, hub_side, "u1")
         await peer.send(Hello(1, "test", (ToolSpec("t", "", schema, False),)))
         frame = await peer.receive() if why is None else None

@@ -45,6 +45,8 @@ def make_state(**timings) -> HubState:
 
 async def connect(nursery, state, user="u1"):
     hub_side, peer = socket_pair()
+    if not state.reader.running:  # the process reader (the app runs it in production)
+        await nursery.start(state.reader.run)
     nursery.start_soon(serve_sidecar, state, hub_side, user)
     await peer.send(Hello(protocol_version=1, sidecar_version="test"))
     welcome = await peer.receive()
@@ -103,6 +105,7 @@ async def test_presence_survives_heartbeats_and_clears_on_disconnect(autojump_cl
         await peer.disconnect()
         await trio.testing.wait_all_tasks_blocked()
         assert not (await bridge.presence("u1")).online
+        nursery.cancel_scope.cancel()  # the process reader runs until cancelled
         nursery.cancel_scope.cancel()
 
 
@@ -126,6 +129,7 @@ async def test_malformed_frame_closes_with_1007_and_clears_presence(autojump_clo
         assert peer.close_code == CLOSE_INVALID_PAYLOAD
         await trio.testing.wait_all_tasks_blocked()
         assert not (await bridge.presence("u1")).online
+        nursery.cancel_scope.cancel()  # the process reader runs until cancelled
 
 
 async def test_first_frame_must_be_hello(autojump_clock):
@@ -206,6 +210,7 @@ async def test_sidecar_that_stops_answering_pings_is_dropped(autojump_clock):
         )
         await trio.testing.wait_all_tasks_blocked()
         assert not (await bridge.presence("u1")).online
+        nursery.cancel_scope.cancel()  # the process reader runs until cancelled
 
 
 async def enqueue(state, user, name="echo", args=None, key="k", deadline_in_s=3600.0, job_id="j1"):
@@ -438,6 +443,7 @@ async def test_session_closes_when_its_token_expires(autojump_clock):
     bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
     hub_side, peer = socket_pair()
     async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
         nursery.start_soon(lambda: serve_sidecar(state, hub_side, "u1", expires_at=wall() + 95.0))
         await peer.send(Hello(protocol_version=1, sidecar_version="test"))
         assert isinstance(await peer.receive(), Welcome)
@@ -448,6 +454,7 @@ async def test_session_closes_when_its_token_expires(autojump_clock):
         assert 95.0 <= trio.current_time() - start <= 95.5
         await trio.testing.wait_all_tasks_blocked()
         assert not (await bridge.presence("u1")).online
+        nursery.cancel_scope.cancel()  # the process reader runs until cancelled
 
 
 async def test_progress_of_a_running_delivery_reaches_the_hook_and_stray_progress_closes_1008(
@@ -460,6 +467,7 @@ async def test_progress_of_a_running_delivery_reaches_the_hook_and_stray_progres
     seen = []
     hub_side, peer = socket_pair()
     async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
         nursery.start_soon(
             lambda: serve_sidecar(
                 state, hub_side, "u1", on_progress=lambda job_id, p: seen.append((job_id, p))

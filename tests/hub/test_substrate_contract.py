@@ -27,6 +27,7 @@ from deskbridge_hub._substrate import (
     result_key,
     state_key,
     tools_key,
+    wake_key,
 )
 from deskbridge_hub.testing import CHECKS, SubstrateHarness, check_substrate
 
@@ -90,7 +91,9 @@ async def redis_harness(
         unavailable_mentions=f"127.0.0.1:{port}",
         unavailable_secret="hunter2",
         raw=raw,
-        on_user=lambda u: keys.extend([presence_key(u), jobs_key(u), index_key(u), tools_key(u)]),
+        on_user=lambda u: keys.extend(
+            [presence_key(u), jobs_key(u), index_key(u), tools_key(u), wake_key(u)]
+        ),
         on_job=lambda j: keys.extend([result_key(j), state_key(j), cancel_key(j)]),
     )
     try:

@@ -5,6 +5,7 @@ sidecar. Real hub (``serve --workers 1``), real sidecar, real Redis."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def test_json_logs_carry_the_job_fields(tmp_path: Path) -> None:
     assert len(hub_job) == 1
     rec = hub_job[0]
     assert rec["user_id"] == user and rec["tool"] == "echo" and rec["outcome"] == "completed"
-    assert len(rec["session_id"]) == 32
+    # a session id names its hub process: "<holder id: 16 hex>.<32 hex>"
+    assert re.fullmatch(r"[0-9a-f]{16}\.[0-9a-f]{32}", rec["session_id"]), rec["session_id"]
     assert isinstance(rec["elapsed_ms"], float) and rec["elapsed_ms"] >= 0
     assert {"time", "level", "logger", "message"} <= set(rec)
     # The offline answer has its INFO line at the caller (no holder ever saw it).

@@ -195,8 +195,16 @@ async def test_a_second_sidecar_on_one_ledger_exits_2_with_one_line(tmp_path):
     try:
         with trio.fail_after(DEADLINE_S):
             result = await trio.run_process(
-                [str(BIN), "run", "--hub", "ws://127.0.0.1:9", "--token", "t",
-                 "--data-dir", str(tmp_path / "data")],  # fmt: skip
+                [
+                    str(BIN),
+                    "run",
+                    "--hub",
+                    "ws://127.0.0.1:9",
+                    "--token",
+                    "t",
+                    "--data-dir",
+                    str(tmp_path / "data"),
+                ],  # fmt: skip
                 capture_stderr=True,
                 check=False,
             )

@@ -167,6 +167,8 @@ def create_app(
         app.extensions["deskbridge"] = holder
         if handle_sigterm:
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+        reading = trio.CancelScope()  # the process reader: one per process (``_reader``)
+        await app.nursery.start(_start_in, reading, state.reader.run)
         lag_probe = trio.CancelScope()
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
@@ -177,6 +179,7 @@ def create_app(
             yield
         finally:
             lag_probe.cancel()
+            reading.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
@@ -358,6 +361,15 @@ def create_app(
 def _needs_key(path: str) -> bool:
     """Routes behind the API key: the dispatch API, metrics and the admin pages."""
     return path.startswith(("/v1/", "/admin")) or path == "/metrics"
+
+
+async def _start_in(
+    scope: trio.CancelScope, fn: Any, *, task_status: trio.TaskStatus[None]
+) -> None:
+    """Run service ``fn(task_status=...)`` under ``scope`` (cancelled when the app stops
+    serving); ready once ``fn`` reports started."""
+    with scope:
+        await fn(task_status=task_status)
 
 
 async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:

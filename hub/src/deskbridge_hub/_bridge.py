@@ -37,7 +37,7 @@ from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._progress import ProgressReport, parse_progress
 from ._schema import validate_args
-from ._substrate import Substrate
+from ._substrate import Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
@@ -228,6 +228,7 @@ class Bridge:
         await self.substrate.enqueue(
             user_id, fields, maxlen=self.timings.jobs_maxlen, start_within_s=start_within_s
         )
+        await self._wake(holder, user_id)
         if on_progress is None:
             payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
         else:
@@ -251,6 +252,18 @@ class Bridge:
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _wake(self, session_id: str, user_id: str) -> None:
+        """Tell the process holding the user's socket to read the stream now (its
+        heartbeat would find the entry within ``heartbeat_s`` anyway, so a failure here
+        is not the caller's)."""
+        holder = holder_of(session_id)
+        if holder is None:
+            return
+        try:
+            await self.substrate.wake(holder, user_id, ttl_s=self.timings.presence_ttl_s)
+        except SubstrateUnavailable:
+            pass
 
     async def _wait_reporting(
         self,
@@ -342,6 +355,9 @@ class Bridge:
         await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
         await self.substrate.enqueue(state.user_id, control, maxlen=self.timings.jobs_maxlen)
+        holder = await self.substrate.get_presence(state.user_id)
+        if holder is not None:
+            await self._wake(holder, state.user_id)
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
             await self.substrate.publish_result(job_id, cancelled_before_start(), ttl_s=ttl_s)

@@ -282,6 +282,18 @@ async def check_trimmed_lists_indexed_entries_older_than_the_stream(h: Substrate
 
 
 @check
+async def check_trimmed_skips_entries_a_consumer_has_read(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    read_job, unread_job = h.job(), h.job()
+    read_id = await s.enqueue(user, {"job_id": read_job}, maxlen=1000)
+    (entry,) = await s.read_new(user, "c1", count=1, block_ms=None)
+    assert entry.entry_id == read_id
+    unread_id = await s.enqueue(user, {"job_id": unread_job}, maxlen=1000)
+    await h.fill(user, 300, maxlen=50)  # both bodies trimmed; the read one is pending
+    assert await s.trimmed(user) == [(unread_id, unread_job)]
+
+
+@check
 async def check_trimmed_lists_everything_when_the_stream_is_gone(h: SubstrateHarness) -> None:
     s, user, job = h.substrate, h.user(), h.job()
     entry_id = await s.enqueue(user, {"job_id": job}, maxlen=100)

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
-from ._substrate import Claimed, Entry
+from ._substrate import Beat, Claimed, Entry, jobs_key
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -274,4 +274,114 @@ async def check_many_cancelled_reads_do_not_exhaust_connections(h: SubstrateHarn
     with trio.fail_after(5):
         entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
         got = await s.read_new(user, "c2", count=10, block_ms=1000)
+    assert [e.entry_id for e in got] == [entry_id]
+
+
+# -- reading at scale: wake-ups and the pipelined heartbeat ---------------------------------
+
+
+@check
+async def check_wakes_are_popped_in_order_and_a_wait_times_out(h: SubstrateHarness) -> None:
+    s, holder = h.substrate, f"holder-{h.user()}"
+    h.on_user(holder)
+    await s.wake(holder, "u1", ttl_s=30)
+    await s.wake(holder, "u2", ttl_s=30)
+    await s.wake(holder, "u1", ttl_s=30)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1, count=2) == ["u1", "u2"]
+        assert await s.wait_wakes(holder, timeout_s=1, count=10) == ["u1"]
+        start = trio.current_time()
+        assert await s.wait_wakes(holder, timeout_s=0.15, count=10) == []
+        assert trio.current_time() - start >= 0.14
+
+
+@check
+async def check_a_wake_wakes_a_blocked_waiter_and_a_cancelled_wait_pops_nothing(
+    h: SubstrateHarness,
+) -> None:
+    s, holder = h.substrate, f"holder-{h.user()}"
+    h.on_user(holder)
+    got: list[list[str]] = []
+
+    async def waiter() -> None:
+        got.append(await s.wait_wakes(holder, timeout_s=10, count=10))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await h.wait_blocked("blmpop")
+            await s.wake(holder, "u1", ttl_s=30)
+        assert got == [["u1"]]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await h.wait_blocked("blmpop")
+            nursery.cancel_scope.cancel()
+        await s.wake(holder, "u2", ttl_s=30)
+        assert await s.wait_wakes(holder, timeout_s=1, count=10) == ["u2"]
+
+
+@check
+async def check_heartbeat_refreshes_presence_only_if_ours_and_keeps_the_catalogue(
+    h: SubstrateHarness,
+) -> None:
+    s, mine, theirs = h.substrate, h.user(), h.user()
+    await s.set_presence(theirs, "other", 30)
+    beats = [Beat(mine, "s1", '["a"]'), Beat(theirs, "s1", '["b"]')]
+    replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+    assert [r.ours for r in replies] == [True, False]
+    assert await s.get_presence(mine) == "s1" and await s.get_presence(theirs) == "other"
+    assert await s.get_catalogue(mine) == '["a"]' and await s.get_catalogue(theirs) is None
+    await s.set_catalogue(mine, '["rival"]')  # a short-lived rival wrote it
+    await s.heartbeat(beats[:1], ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+    assert await s.get_catalogue(mine) == '["a"]'
+    assert await s.heartbeat([], ttl_s=30, consumer="c1", reclaim_idle_ms=1) == []
+
+
+@check
+async def check_heartbeat_finds_backlog_reclaim_and_trimmed_entries(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    beat = [Beat(user, "s1", "null")]
+
+    async def probe(idle_ms: int = 60_000) -> tuple[bool, bool, bool]:
+        (reply,) = await s.heartbeat(beat, ttl_s=30, consumer="c1", reclaim_idle_ms=idle_ms)
+        return reply.backlog, reply.reclaim_due, reply.trimmed_due
+
+    assert await probe() == (False, False, False)  # no stream at all
+    job = h.job()
+    await s.enqueue(user, {"job_id": job}, maxlen=GROUP_MAXLEN)
+    assert await probe() == (True, False, False)  # never delivered: a missed wake
+    await s.read_new(user, "dead", count=10, block_ms=None)
+    assert await probe() == (False, False, False)
+    await trio.sleep(0.15)
+    assert await probe(idle_ms=100) == (False, True, False)  # pending past the idle
+    await h.delete_stream(user)
+    assert await probe() == (False, False, True)  # indexed, stream gone
+
+
+@check
+async def check_heartbeat_prunes_idle_empty_consumers_but_not_this_one(
+    h: SubstrateHarness,
+) -> None:
+    s, user = h.substrate, h.user()
+    for _ in range(3):
+        await s.enqueue(user, {"job_id": h.job()}, maxlen=GROUP_MAXLEN)
+    (first,) = await s.read_new(user, "dead-acked", count=1, block_ms=None)
+    await s.ack(user, first.entry_id)
+    await s.read_new(user, "dead-pending", count=1, block_ms=None)
+    await s.read_new(user, "me", count=1, block_ms=None)
+    await s.heartbeat([Beat(user, "s1", "null")], ttl_s=30, consumer="me", reclaim_idle_ms=0)
+    # dead-acked is gone: nothing left to prune but the one still owning an entry
+    assert await s.prune_consumers(user, idle_ms=0, keep="me") == 0
+    if h.raw is not None:
+        names = {c[1] for c in await h.raw("XINFO", "CONSUMERS", jobs_key(user), "bridge-workers")}
+        assert names == {"dead-pending", "me"}
+
+
+@check
+async def check_read_new_without_block_answers_at_once(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    with trio.fail_after(1):
+        assert await s.read_new(user, "c1", count=10, block_ms=None) == []
+        entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+        got = await s.read_new(user, "c1", count=10, block_ms=None)
     assert [e.entry_id for e in got] == [entry_id]

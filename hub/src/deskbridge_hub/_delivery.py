@@ -52,7 +52,7 @@ from ._jobs import (
     lost_payload,
     result_payload,
 )
-from ._jobstate import STAGE_OF_OUTCOME, JobState, Stage
+from ._jobstate import STAGE_OF_OUTCOME, JobState, MalformedState, Stage
 from ._retry import CLEANUP_TIMEOUT_S, retrying
 from ._substrate import Entry, Substrate
 
@@ -230,29 +230,63 @@ class EntryServer:
         await retrying(lambda: self.substrate.ack(self.user_id, entry_id), what=f"XACK {entry_id}")
 
     async def answer_deleted(self, entry_ids: list[str]) -> None:
-        """After a reclaim pass: answer ``lost`` for pending entries whose body is gone
-        (XAUTOCLAIM's deleted IDs) and for indexed entries trimmed before anyone read
-        them."""
+        """After a reclaim pass: settle pending entries whose body is gone (XAUTOCLAIM's
+        deleted IDs: they were read, maybe delivered and still running elsewhere) and
+        indexed entries trimmed before any consumer read them (see :meth:`answer_lost`)."""
         found = await self.substrate.job_ids(self.user_id, entry_ids) if entry_ids else {}
-        lost = list(found.items()) + await self.substrate.trimmed(self.user_id)
-        for entry_id, job_id in lost:
-            await self.answer_lost(entry_id, job_id)
+        for entry_id, job_id in found.items():
+            await self.answer_lost(entry_id, job_id, owned=False)
+        for entry_id, job_id in await self.substrate.trimmed(self.user_id):
+            await self.answer_lost(entry_id, job_id, owned=False)
 
-    async def answer_lost(self, entry_id: str, job_id: str | None) -> None:
-        """Answer ``lost`` for an entry whose body is gone, then XACK it. Only the call
-        that removes the index record answers, so a caller is told once."""
+    async def answer_lost(self, entry_id: str, job_id: str | None, *, owned: bool = True) -> None:
+        """Settle an entry whose body is gone (issue 11.3: "lost" only for work that never
+        ran). The job state decides, because a job is marked ``delivered`` before any
+        executor can receive it:
+
+        * still ``queued`` (no executor ever received it): answer ``lost``; only the call
+          that removes the index record answers, so a caller is told once;
+        * ``delivered`` / ``interrupted``: not lost. If ``owned`` (our own pending entry,
+          not in flight here: the delivery that carried it ended without an answer) the
+          entry is dropped, since it cannot be redelivered without its body; the caller's
+          wait ends with that stage. Otherwise its holder (maybe another process) answers;
+        * terminal, or no state left (answered, or long over): drop the index record.
+
+        ``owned`` entries are XACKed in every case.
+        """
         if job_id is None:
             job_id = (await self.substrate.job_ids(self.user_id, [entry_id])).get(entry_id)
-        if job_id is not None and await self.substrate.forget(self.user_id, entry_id):
-            log.warning(
-                "user %s: entry %s (job %s) was trimmed or deleted before it ran",
-                self.user_id,
-                entry_id,
-                job_id,
-            )
-            await self.finish(entry_id, job_id, "lost", lost_payload())
-            return
-        await self.ack(entry_id)
+        stage = None if job_id is None else await self._stage(job_id)
+        if job_id is not None and stage is Stage.QUEUED:
+            if await self.substrate.forget(self.user_id, entry_id):
+                log.warning(
+                    "user %s: entry %s (job %s) was trimmed or deleted before it ran",
+                    self.user_id,
+                    entry_id,
+                    job_id,
+                )
+                await self.finish(entry_id, job_id, "lost", lost_payload())
+                return
+        elif job_id is not None and (owned or stage is None or stage.terminal):
+            if owned and stage in (Stage.DELIVERED, Stage.INTERRUPTED):
+                log.warning(
+                    "user %s: entry %s (job %s) was trimmed after it was delivered; its "
+                    "outcome is unknown (the caller's wait ends with stage %s)",
+                    self.user_id,
+                    entry_id,
+                    job_id,
+                    stage,
+                )
+            await self.substrate.forget(self.user_id, entry_id)
+        if owned:
+            await self.ack(entry_id)
+
+    async def _stage(self, job_id: str) -> Stage | None:
+        try:
+            state = await self.substrate.get_job_state(job_id)
+        except MalformedState:
+            return None
+        return None if state is None else state.stage
 
     async def _mark_interrupted(self, job_id: str) -> None:
         state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())

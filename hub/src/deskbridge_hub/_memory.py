@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 import anyio
@@ -38,6 +38,8 @@ from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
 from ._substrate import (
+    Beat,
+    BeatReply,
     Claimed,
     Entry,
     Marked,
@@ -146,6 +148,8 @@ class MemorySubstrate:
     _unavailable: bool = attrs.field(default=False, init=False)
     _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
+    _wakes: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
+    _wake_changed: anyio.Event | None = attrs.field(default=None, init=False)
     _anchor: float | None = attrs.field(default=None, init=False)
 
     def server_time(self) -> float:
@@ -187,6 +191,7 @@ class MemorySubstrate:
             for waiters in self._result_waiters.values():
                 waiters.event.set()
             self._result_waiters.clear()
+            self._notify_wakes()
 
     def pending_count(self, user_id: str) -> int:
         """Number of entries in the group's pending entries list (every consumer)."""
@@ -350,7 +355,7 @@ class MemorySubstrate:
         return out
 
     async def read_new(
-        self, user_id: str, consumer: str, *, count: int, block_ms: int
+        self, user_id: str, consumer: str, *, count: int, block_ms: int | None
     ) -> list[Entry]:
         """Up to ``count`` entries never delivered to the group, each handed to this
         consumer alone and added to its PEL; waits up to ``block_ms`` milliseconds for
@@ -366,7 +371,8 @@ class MemorySubstrate:
         Cancellation: nothing is delivered to a cancelled read.
         """
         await self._enter()
-        deadline = _deadline(block_ms / 1000)
+        # No BLOCK: answer at once (an instant deadline still looks once).
+        deadline = -math.inf if block_ms is None else _deadline(block_ms / 1000)
         with anyio.CancelScope(deadline=deadline):
             stream = self._group(user_id)
             if stream is not None:
@@ -475,6 +481,102 @@ class MemorySubstrate:
         for name in gone:
             del stream.seen[name]
         return len(gone)
+
+    # -- reading at scale: wake-ups and the pipelined heartbeat -------------------------
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """Append ``user_id`` to the holder's wake list (expiring ``ttl_s`` seconds after
+        the last push) and wake its waiter.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        wakes = self._wakes.get(holder_id)
+        if wakes is None or now >= wakes.expires_at:
+            wakes = self._wakes[holder_id] = _ResultList(deque(), now + ttl_s)
+        wakes.items.append(user_id)
+        wakes.expires_at = now + ttl_s
+        self._notify_wakes()
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """Pop up to ``count`` user ids from the holder's wake list, waiting up to
+        ``timeout_s`` seconds (0 = forever) for the first.
+
+        Returns:
+            The user ids, or [] on timeout.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable (also while waiting).
+
+        Cancellation: a cancelled wait pops nothing.
+        """
+        await self._enter()
+        with anyio.CancelScope(deadline=_deadline(timeout_s)):
+            while True:
+                self._check()
+                wakes = self._wakes.get(holder_id)
+                if wakes is not None and anyio.current_time() >= wakes.expires_at:
+                    del self._wakes[holder_id]
+                    wakes = None
+                if wakes is not None and wakes.items:
+                    out = [wakes.items.popleft() for _ in range(min(count, len(wakes.items)))]
+                    if not wakes.items:
+                        del self._wakes[holder_id]
+                    return out
+                if self._wake_changed is None:
+                    self._wake_changed = anyio.Event()
+                await self._wake_changed.wait()
+        return []
+
+    def _notify_wakes(self) -> None:
+        if self._wake_changed is not None:
+            self._wake_changed.set()
+            self._wake_changed = None
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """Per beat: refresh presence (and the catalogue) if absent or ours, probe the
+        user's stream, drop idle empty consumers other than ``consumer``; the same rules
+        as the Redis script.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        replies = []
+        for beat in beats:
+            key = presence_key(beat.user_id)
+            holder = self._get(key, now)
+            ours = holder is None or holder == beat.session_id
+            if ours:
+                self._set(key, beat.session_id, now, ttl_s)
+                if self._get(tools_key(beat.user_id), now) != beat.catalogue:
+                    self._set(tools_key(beat.user_id), beat.catalogue, now, None)
+            stream = self._streams.get(beat.user_id)
+            backlog = reclaim = False
+            if stream is not None:
+                backlog = any(sid > stream.last_delivered for sid in stream.entries)
+                idle_s = reclaim_idle_ms / 1000
+                reclaim = any(now >= n.delivery_time + idle_s for n in stream.pel.values())
+                busy = {n.consumer for n in stream.pel.values()}
+                for name, seen in list(stream.seen.items()) if prune else ():
+                    if name != consumer and name not in busy and now >= seen + idle_s:
+                        del stream.seen[name]
+            index = self._index.get(beat.user_id, {})
+            floor = min(stream.entries) if stream is not None and stream.entries else None
+            trimmed = any(floor is None or sid < floor for sid in index)
+            replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+        return replies
 
     # -- results -----------------------------------------------------------------------
 
@@ -629,10 +731,11 @@ class MemorySubstrate:
         stream = self._streams.get(user_id)
         floor = min(stream.entries) if stream is not None and stream.entries else None
         index = self._index.get(user_id, {})
+        pel = stream.pel if stream is not None else {}
         return [
             (_format_id(sid), job_id)
             for sid, job_id in sorted(index.items())
-            if floor is None or sid < floor
+            if (floor is None or sid < floor) and sid not in pel
         ]
 
     async def forget(self, user_id: str, entry_id: str) -> bool:

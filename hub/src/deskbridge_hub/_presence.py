@@ -1,4 +1,5 @@
-"""Presence of one session: announce, heartbeat, supersede and hand-over, clear.
+"""Presence of one session: announce, supersede and hand-over, clear (the refresh is
+the process reader's pipelined heartbeat, ``_reader``).
 
 Invariant 1 (DESIGN.md): presence is a Redis key with a TTL that every replica reads the
 same way; its value names the holder session. The holder refreshes it every
@@ -20,7 +21,7 @@ from deskbridge_common import CLOSE_SUPERSEDED, Timings
 
 from . import _metrics
 from ._errors import EndSession, SubstrateUnavailable
-from ._retry import CLEANUP_TIMEOUT_S, HEARTBEAT_RETRY_S
+from ._retry import CLEANUP_TIMEOUT_S
 from ._substrate import Substrate
 
 log = logging.getLogger("deskbridge.hub.presence")
@@ -72,9 +73,12 @@ class PresenceKeeper:
     def superseded(self) -> bool:
         return self._superseded.is_set()
 
-    async def heartbeat(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
-        """Refresh presence (atomically, only if still ours) and the catalogue every
-        ``heartbeat_s``, sooner after a failure; hand over when superseded.
+    async def watch(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
+        """Wait until superseded (a newer session in this process, or the process
+        heartbeat found presence held by another session), then hand over.
+
+        The refresh itself is pipelined for every session of the process by
+        ``_reader.ProcessReader`` (one round trip per ``heartbeat_s``).
 
         Args:
             wait_idle: returns once no job is being served on this session.
@@ -83,33 +87,8 @@ class PresenceKeeper:
             EndSession: 4001 after the hand-over (running jobs finished, or the grace
                 passed).
         """
-        t = self.timings
-        interval_s = t.heartbeat_s
-        while True:
-            with trio.move_on_after(interval_s):
-                await self._superseded.wait()
-            interval_s = t.heartbeat_s
-            if self._superseded.is_set():
-                await self._hand_over(wait_idle)
-            try:
-                ours = await self.substrate.refresh_presence(
-                    self.user_id, self.session_id, t.presence_ttl_s
-                )
-            except SubstrateUnavailable as exc:
-                # Retry sooner than a full interval: after Redis comes back (empty), the
-                # desktop must read online again quickly, not a heartbeat later.
-                log.warning("heartbeat for %s failed: %s", self.user_id, exc)
-                _metrics.presence_failed("unavailable")
-                interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
-                continue
-            if not ours:
-                _metrics.presence_failed("not_holder")
-                await self._hand_over(wait_idle)
-            _metrics.presence_written("refresh")
-            try:  # the holder keeps the catalogue true (a short-lived rival, a Redis restart)
-                await self.substrate.set_catalogue(self.user_id, self.catalogue)
-            except SubstrateUnavailable:
-                interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
+        await self._superseded.wait()
+        await self._hand_over(wait_idle)
 
     async def _hand_over(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
         self._superseded.set()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 from deskbridge_common import Timings
 
+from ._reader import ProcessReader
 from ._shutdown import Draining
 from ._substrate import Substrate
 
@@ -29,6 +31,9 @@ class HubState:
         inflight: per user, entry IDs being served in this process right now.
         sessions: the open sessions of this process, by session id.
         drain: graceful shutdown: whether it began, and the requests waiting.
+        holder_id: this process's id in session ids and its wake list
+            (``bridge:wake:{holder_id}``): the enqueuer finds the holder from presence.
+        reader: the process's reader (run it: ``await nursery.start(state.reader.run)``).
     """
 
     substrate: Substrate
@@ -39,3 +44,14 @@ class HubState:
     inflight: dict[str, set[str]] = attrs.field(factory=dict)
     sessions: dict[str, HubSession] = attrs.field(factory=dict)
     drain: Draining = attrs.field(factory=Draining)
+    holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
+    reader: ProcessReader = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.reader = ProcessReader(
+            self.substrate, self.timings, self.consumer, self.holder_id, self.inflight
+        )
+
+    def new_session_id(self) -> str:
+        """A session id naming this process: ``"<holder_id>.<random>"``."""
+        return f"{self.holder_id}.{uuid.uuid4().hex}"

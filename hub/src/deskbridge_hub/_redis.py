@@ -19,12 +19,14 @@ propagate unchanged.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from coredis.exceptions import (
+    NoScriptError,
     ResponseError,
     StreamConsumerGroupError,
     StreamDuplicateConsumerGroupError,
@@ -36,6 +38,8 @@ from ._jobstate import JobState
 from ._redis_conn import RedisConnections, _Session
 from ._substrate import (
     GROUP,
+    Beat,
+    BeatReply,
     Claimed,
     Entry,
     Marked,
@@ -48,6 +52,7 @@ from ._substrate import (
     result_key,
     state_key,
     tools_key,
+    wake_key,
 )
 
 #: Lua: delete the presence key only while it still holds this session (atomic).
@@ -88,6 +93,91 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'delivered', now}
 """
+#: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
+#: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
+#: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
+#: trimmed_due} (see BeatReply). An idle user costs GET+SET presence, GET catalogue,
+#: EXISTS, XINFO GROUPS and HLEN inside the script (XINFO CONSUMERS on pruning beats).
+_HEARTBEAT = """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function older(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function record(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local ours = 0
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then redis.call('SET', KEYS[2], ARGV[3]) end
+  ours = 1
+end
+local backlog, reclaim, trimmed = 0, 0, 0
+local exists = redis.call('EXISTS', KEYS[3]) == 1
+local function last_id()
+  local tail = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  if tail[1] then return tail[1][1] end
+  return nil
+end
+if exists then
+  local group = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
+    local t = record(g)
+    if t['name'] == ARGV[4] then group = t end
+  end
+  if group == nil then
+    if last_id() then backlog = 1 end
+  else
+    local lag = group['lag']
+    if not lag then
+      local tail = last_id()
+      if tail and older(group['last-delivered-id'], tail) then backlog = 1 end
+    elseif lag > 0 then
+      backlog = 1
+    end
+    if group['pending'] > 0 then
+      local idle = redis.call('XPENDING', KEYS[3], ARGV[4], 'IDLE', ARGV[6], '-', '+', 1)
+      if idle[1] then reclaim = 1 end
+    end
+    if ARGV[7] == '1' then
+      for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
+        local t = record(c)
+        if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
+          redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[4], t['name'])
+        end
+      end
+    end
+  end
+end
+if redis.call('HLEN', KEYS[4]) > 0 then
+  local head = {}
+  if exists then head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1) end
+  if head[1] == nil then
+    trimmed = 1
+  else
+    for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do
+      if older(id, head[1][1]) then
+        trimmed = 1
+        break
+      end
+    end
+  end
+end
+return {ours, backlog, reclaim, trimmed}
+"""
+_HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
+#: Most pending entries examined when sweeping for trimmed entries.
+_TRIMMED_SCAN = 10_000
+#: Heartbeats per pipelined write (bounds one write's size; 10,000 sessions -> 10 writes).
+_HEARTBEAT_CHUNK = 1000
 
 
 def _ms(duration_s: float) -> int:
@@ -317,7 +407,7 @@ class RedisSubstrate:
             return await self._read(s, user_id, consumer, count, None, "0")
 
     async def read_new(
-        self, user_id: str, consumer: str, *, count: int, block_ms: int
+        self, user_id: str, consumer: str, *, count: int, block_ms: int | None
     ) -> list[Entry]:
         """XREADGROUP GROUP bridge-workers consumer COUNT count BLOCK block_ms STREAMS
         key > (server-side timeout; 0 blocks forever).
@@ -333,7 +423,7 @@ class RedisSubstrate:
         Cancellation: the connection is closed, and the close awaited, before the
         cancellation propagates, so no stale waiter can take a later entry.
         """
-        if block_ms < 0:
+        if block_ms is not None and block_ms < 0:
             raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
         async with self._session("XREADGROUP >") as s:
             return await self._read(s, user_id, consumer, count, block_ms, ">")
@@ -435,6 +525,106 @@ class RedisSubstrate:
             for name in gone:
                 await self._call(s, b"XGROUP", b"DELCONSUMER", key, GROUP, name)
         return len(gone)
+
+    # -- reading at scale: wake-ups and the pipelined heartbeat -------------------------
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """MULTI, RPUSH ``bridge:wake:{holder_id}`` user_id, PEXPIRE ceil(ttl_s * 1000),
+        EXEC (one round trip).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        key = wake_key(holder_id)
+        async with self._session("RPUSH wake") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"RPUSH", key, user_id),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
+
+        Returns:
+            The user ids popped, or [] on timeout.
+
+        Raises:
+            ValueError: negative ``timeout_s``. SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: as :meth:`read_new`; nothing is popped for a cancelled wait.
+        """
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        seconds = f"{_ms(timeout_s) / 1000:.3f}" if timeout_s else "0"
+        key = wake_key(holder_id)
+        async with self._session("BLMPOP wake") as s:
+            reply = await self._call(
+                s, b"BLMPOP", seconds, 1, key, b"LEFT", b"COUNT", count,
+                block_s=timeout_s or None,
+            )  # fmt: skip
+        if not reply:
+            return []
+        return list(reply[1])
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """One EVALSHA of the heartbeat script per beat, pipelined in writes of up to
+        1,000 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes (then no reply
+                is known; the caller retries every beat).
+        """
+        px = _ms(ttl_s)
+        replies: list[BeatReply] = []
+        async with self._session("heartbeat") as s:
+            for start in range(0, len(beats), _HEARTBEAT_CHUNK):
+                chunk = beats[start : start + _HEARTBEAT_CHUNK]
+                commands = [
+                    (
+                        b"EVALSHA",
+                        _HEARTBEAT_SHA,
+                        4,
+                        presence_key(b.user_id),
+                        tools_key(b.user_id),
+                        jobs_key(b.user_id),
+                        index_key(b.user_id),
+                        b.session_id,
+                        px,
+                        b.catalogue,
+                        GROUP,
+                        consumer,
+                        reclaim_idle_ms,
+                        b"1" if prune else b"0",
+                    )  # fmt: skip
+                    for b in chunk
+                ]
+                raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                if any(isinstance(r, NoScriptError) for r in raw):
+                    await self._call(s, b"SCRIPT", b"LOAD", _HEARTBEAT)
+                    raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                for reply in raw:
+                    if isinstance(reply, BaseException):
+                        raise reply
+                    ours, backlog, reclaim, trimmed = (bool(int(x)) for x in reply)
+                    replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+        return replies
 
     # -- results -----------------------------------------------------------------------
 
@@ -581,7 +771,8 @@ class RedisSubstrate:
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
         """Indexed entries older than the stream's first entry (or all of them when the
-        stream is gone): trimmed by MAXLEN before any consumer read them.
+        stream is gone) and in no consumer's pending entries list: trimmed by MAXLEN
+        before any consumer read them.
 
         Returns:
             ``[(entry_id, job_id)]``, oldest first.
@@ -606,7 +797,20 @@ class RedisSubstrate:
             for entry_id, job_id in index.items()
             if floor is None or _stream_id(entry_id) < floor
         ]
-        return sorted(lost, key=lambda pair: _stream_id(pair[0]))
+        lost.sort(key=lambda pair: _stream_id(pair[0]))
+        if not lost:
+            return []
+        # Entries read by a consumer are its to answer (issue 11.3): drop the ones pending.
+        key = jobs_key(user_id)
+        async with self._session("XPENDING") as s:
+            try:
+                pending = await self._call(
+                    s, b"XPENDING", key, GROUP, lost[0][0], lost[-1][0], _TRIMMED_SCAN
+                )
+            except StreamConsumerGroupError:
+                pending = []
+        read = {p[0] for p in pending}
+        return [pair for pair in lost if pair[0] not in read]
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL ``entry_id`` from the index; True if this call removed it.

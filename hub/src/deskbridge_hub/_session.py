@@ -8,9 +8,10 @@ nursery owned by the session holding
 * the **heartbeat** (``_presence.PresenceKeeper``): presence, supersede, hand-over;
 * the **pinger**: an application-level ping with a deadline;
 * the **token expiry** watch, when the token has an ``exp``;
-* the **relay** (``_relay``), which reads the user's stream and starts one serving task
-  per entry; serving one entry is ``_delivery.EntryServer``, socket-free, with this
-  session as its :class:`~deskbridge_hub._delivery.Executor`.
+* one **serving task** per entry the process reader (``_reader``) hands it; serving one
+  entry is ``_delivery.EntryServer``, socket-free, with this session as its
+  :class:`~deskbridge_hub._delivery.Executor`. The session does not read the stream:
+  it attaches a :class:`~deskbridge_hub._reader.Listener` to the process reader.
 
 The protocol's rules — hello first, the protocol version, which frames a sidecar may
 send, outstanding delivery ids, ping nonces and deadlines, a close code per violation —
@@ -62,7 +63,7 @@ from ._errors import EndSession, SocketClosed, SubstrateUnavailable
 from ._logging import fields
 from ._presence import PresenceKeeper
 from ._process import HubState
-from ._relay import EntrySource, relay_loop
+from ._reader import Listener
 from ._schema import check_tool_schema
 from ._substrate import Entry
 
@@ -101,7 +102,7 @@ class HubSession:
     state: HubState
     socket: SidecarSocket
     user_id: str
-    session_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
+    session_id: str = ""
     expires_at: float | None = None
     hello: Hello | None = None
     deliveries: dict[str, _Delivery] = attrs.field(factory=dict)
@@ -113,11 +114,13 @@ class HubSession:
     _nursery: trio.Nursery | None = None
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _presence: PresenceKeeper | None = None
+    _listener: Listener | None = None
     _reading_stopped: trio.Event = attrs.field(factory=trio.Event)
     _serving: int = 0
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
+        self.session_id = self.session_id or self.state.new_session_id()
         self._conn = Connection(
             Role.HUB,
             now_s=trio.current_time(),
@@ -136,41 +139,39 @@ class HubSession:
         except EndSession as refused:
             await self._close(refused.code, refused.reason)
             return
-        inflight = self.state.inflight.setdefault(self.user_id, set())
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
             self.state.wall_clock,
         )  # fmt: skip
-        source = EntrySource(
-            self.state.substrate, self.user_id, self.state.consumer, self.state.timings
-        )
         self.state.sessions[self.session_id] = self
         _metrics.session_opened()
-        if self.state.drain.active:
-            self.stop_reading()
         ended: list[EndSession] = []
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._guard, self._writer)
                 nursery.start_soon(self._guard, self._reader)
-                nursery.start_soon(self._guard, lambda: presence.heartbeat(self.wait_idle))
+                nursery.start_soon(self._guard, lambda: presence.watch(self.wait_idle))
                 nursery.start_soon(self._guard, self._pinger)
                 if self.expires_at is not None:
                     nursery.start_soon(self._expiry)
-                nursery.start_soon(
-                    self._guard,
-                    lambda: relay_loop(
-                        source,
-                        inflight,
-                        lambda entry: self._dispatch(entry, server.serve),
-                        on_deleted=server.answer_deleted,
-                        stopped=self._reading_stopped,
-                    ),
-                )
+                # Reading this user's stream is the process reader's (``_reader``).
+                self._listener = Listener(
+                    self.user_id, self.session_id, presence.catalogue,
+                    dispatch=lambda entry: self._dispatch(entry, server.serve),
+                    on_deleted=server.answer_deleted,
+                    on_superseded=self.supersede,
+                    capacity=lambda: int(self._limiter.available_tokens),
+                    stopped=self._reading_stopped,
+                )  # fmt: skip
+                if self.state.drain.active:
+                    self.stop_reading()
+                self.state.reader.attach(self._listener)
         except* EndSession as group:
             ended += [e for e in group.exceptions if isinstance(e, EndSession)]
         finally:
+            if self._listener is not None:
+                self.state.reader.detach(self._listener)
             if not ended:
                 log.info(
                     "session %s of %s ends (socket gone)",
@@ -206,9 +207,11 @@ class HubSession:
         self._reading_stopped.set()
 
     def supersede(self) -> None:
-        """A newer session of this user started in this process (newest wins): stop
-        relaying, let the running jobs finish, then close with 4001."""
+        """A newer session of this user holds presence (newest wins): stop reading, let
+        the running jobs finish, then close with 4001."""
         self.stop_reading()
+        if self._listener is not None:
+            self.state.reader.stop_beating(self._listener)
         if self._presence is not None:
             self._presence.supersede()
 
@@ -412,10 +415,13 @@ class HubSession:
         self, entry: Entry, serve: Callable[[Entry, HubSession], Awaitable[None]]
     ) -> None:
         self._serving += 1
+        answered = False
         try:
             await serve(entry, self)
+            answered = True
         finally:
             self.state.inflight.setdefault(self.user_id, set()).discard(entry.entry_id)
+            self.state.reader.served(self.user_id, answered=answered)
             self._limiter.release_on_behalf_of(entry.entry_id)
             self._serving -= 1
             self._serving_changed.set()

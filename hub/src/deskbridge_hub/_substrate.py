@@ -26,7 +26,7 @@ for ``RedisSubstrate`` that keeps its connections open for the block's duration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -72,6 +72,53 @@ def outcome_event(payload: str) -> str:
 
 def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
+
+
+def wake_key(holder_id: str) -> str:
+    return f"bridge:wake:{{{holder_id}}}"
+
+
+def holder_of(session_id: str) -> str | None:
+    """The holder process id a session id names (``"<holder>.<random>"``), or None for a
+    session id without one."""
+    holder, dot, _ = session_id.rpartition(".")
+    return holder if dot and holder else None
+
+
+@attrs.frozen
+class Beat:
+    """One session's heartbeat (see :meth:`ReaderSubstrate.heartbeat`).
+
+    Attributes:
+        user_id: whose presence.
+        session_id: the session that should hold it.
+        catalogue: the session's tool catalogue (JSON text).
+    """
+
+    user_id: str
+    session_id: str
+    catalogue: str
+
+
+@attrs.frozen
+class BeatReply:
+    """What one heartbeat found.
+
+    Attributes:
+        ours: presence was absent or ours and is refreshed (with the catalogue); False: a
+            newer session holds it (hand over).
+        backlog: the user's stream has entries never delivered to the group (a missed
+            wake-up), or its group is missing: read it.
+        reclaim_due: an entry has been pending for at least the reclaim idle: run a
+            reclaim pass for this user.
+        trimmed_due: the entry index names an entry older than the stream's first entry
+            (or the stream is gone): look for entries trimmed before anyone read them.
+    """
+
+    ours: bool
+    backlog: bool = False
+    reclaim_due: bool = False
+    trimmed_due: bool = False
 
 
 @attrs.frozen
@@ -165,9 +212,10 @@ class StreamSubstrate(Protocol):
         Recreates a missing group (NOGROUP) from 0 and returns []."""
 
     async def read_new(
-        self, user_id: str, consumer: str, *, count: int, block_ms: int
+        self, user_id: str, consumer: str, *, count: int, block_ms: int | None
     ) -> list[Entry]:
-        """XREADGROUP ... BLOCK block_ms STREAMS key >: new entries, [] on timeout.
+        """XREADGROUP ... BLOCK block_ms STREAMS key >: new entries, [] on timeout
+        (``block_ms`` None: no BLOCK, answer at once).
         Each new entry goes to exactly one consumer and into its pending entries list.
         Recreates a missing group (NOGROUP) from 0 and returns []; also returns [] when
         the stream is deleted while blocked (Redis 7: UNBLOCKED)."""
@@ -191,6 +239,37 @@ class StreamSubstrate(Protocol):
     async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
         """XLEN + XPENDING of the user's stream, up to ``count`` pending entries
         (read-only: metrics and the admin API)."""
+
+
+class ReaderSubstrate(Protocol):
+    """What a holder process needs to read every connected user's stream with a bounded
+    number of connections: wake-ups from the enqueuer, and one pipelined heartbeat that
+    also tells which users need a read, a reclaim or a lost-entry sweep."""
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """RPUSH ``user_id`` onto ``bridge:wake:{holder_id}`` and PEXPIRE it ``ttl_s``
+        (one round trip): the holder process reads the user's stream now instead of at
+        its next heartbeat."""
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:
+        the user ids pushed (possibly repeated), or [] on timeout. A cancelled wait pops
+        nothing."""
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """For every beat, in one round trip (pipelined, one script per user, each within
+        that user's slot): refresh presence PX ttl_s if absent or ours and then keep the
+        catalogue equal to the beat's; probe the user's stream (see :class:`BeatReply`);
+        with ``prune``, delete consumers other than ``consumer`` with nothing pending and
+        idle for at least ``reclaim_idle_ms``. Replies in the order of ``beats``."""
 
 
 class ResultSubstrate(Protocol):
@@ -227,8 +306,9 @@ class LedgerSubstrate(Protocol):
         """HMGET the index: job id of each entry ID still indexed (enqueued, not acked)."""
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
-        """Indexed entries older than the stream's first entry (trimmed by MAXLEN before
-        any consumer read them, or the stream was deleted): ``[(entry_id, job_id)]``."""
+        """Indexed entries older than the stream's first entry and in no consumer's
+        pending entries list (trimmed by MAXLEN before any consumer read them, or the
+        stream was deleted): ``[(entry_id, job_id)]``."""
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL the entry from the index. True if this call removed it (the caller then
@@ -263,8 +343,10 @@ class LedgerSubstrate(Protocol):
         """GET ``bridge:tools:{user_id}``."""
 
 
-class Substrate(PresenceSubstrate, StreamSubstrate, ResultSubstrate, LedgerSubstrate, Protocol):
-    """Everything the hub needs from its store: the four parts above, plus health and
+class Substrate(
+    PresenceSubstrate, StreamSubstrate, ReaderSubstrate, ResultSubstrate, LedgerSubstrate, Protocol
+):
+    """Everything the hub needs from its store: the five parts above, plus health and
     lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
     contract suite is ``deskbridge_hub.testing.check_substrate``."""
 

@@ -1,0 +1,334 @@
+"""One reader per hub process for every connected user's stream (issue 10).
+
+A hub process holds thousands of idle desktops on a bounded number of Redis connections:
+no per-desktop blocking read, no per-desktop reclaim pass, no per-desktop heartbeat round
+trip. Three loops, all owned by :meth:`ProcessReader.run`'s nursery:
+
+* **wake-ups**: the enqueuer pushes the user id onto this process's wake list
+  (``bridge:wake:{<holder>}``; the holder id is the prefix of the session id that
+  presence holds). One blocking BLMPOP per process pops them; each woken user is read
+  once, without BLOCK, for as long as a read comes back full.
+* **heartbeat**: every ``heartbeat_s`` one pipelined write (one script per session, each in
+  its user's slot) refreshes every session's presence and catalogue and reports, per user,
+  entries never delivered (a missed wake-up: read), entries pending past the reclaim idle
+  (reclaim: XAUTOCLAIM for that user only) and indexed entries older than the stream
+  (lost-entry sweep); idle empty consumers of dead processes are deleted by the same
+  script. So a missed wake-up delays a job by at most one heartbeat, and an idle desktop
+  costs one script per heartbeat (0.1 Redis commands/s at the default 10 s) and its pings.
+* **workers**: a fixed number of tasks serve the due users, one pump per user at a time:
+  drain this consumer's own pending entries (from ``0``, skipping those in flight),
+  reclaim, sweep, read new entries (``>``), as much as the session has capacity for.
+
+Recovery guarantees kept from the per-user relay: a new session drains its own pending
+entries and reclaims at once; an entry whose serving task ended without an answer (the
+socket died) is drained again when the user's next session is attached; a NOGROUP read
+heals the group; a substrate outage is retried with bounded back-off (an entry whose
+wake-up was lost meanwhile is found by the next heartbeat).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+from deskbridge_common import Timings
+
+from . import _metrics
+from ._errors import SubstrateUnavailable
+from ._retry import HEARTBEAT_RETRY_S, READ_ERROR_BACKOFF_S, READ_ERROR_WARN_EVERY
+from ._substrate import Beat, Entry, Substrate
+
+log = logging.getLogger("deskbridge.hub.reader")
+
+#: Entries asked for per read and per XAUTOCLAIM batch.
+READ_BATCH = 32
+#: Most XAUTOCLAIM batches per reclaim pass of one user (bounds one pass's work).
+RECLAIM_MAX_BATCHES = 100
+#: Tasks reading due users concurrently (each holds at most one Redis command at a time,
+#: so this also bounds the reader's share of the connection pool).
+WORKERS = 8
+#: Prune dead consumers on every this many heartbeats (about once a minute at 10 s):
+#: restarted processes leave their names in each group they read.
+PRUNE_EVERY = 6
+#: Most wake-ups popped per BLMPOP.
+WAKE_BATCH = 1000
+
+DRAIN = "drain"  # this consumer's own pending entries, from 0
+NEW = "new"  # entries never delivered (>)
+RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
+TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
+ALL = frozenset({DRAIN, NEW, RECLAIM, TRIMMED})
+
+
+@attrs.define(eq=False)
+class Listener:
+    """One session attached to the process reader.
+
+    Attributes:
+        user_id, session_id: whose stream, which session (presence value).
+        catalogue: the session's tool catalogue (JSON text), kept true by the heartbeat.
+        dispatch: start serving one entry (returns once its task started; the reader has
+            added the entry ID to the in-flight set).
+        on_deleted: answer entries whose body is gone (see ``EntryServer.answer_deleted``).
+        on_superseded: the heartbeat found presence held by another session.
+        capacity: how many more entries the session can take now.
+        stopped: once set, nothing more is read for this session.
+    """
+
+    user_id: str
+    session_id: str
+    catalogue: str
+    dispatch: Callable[[Entry], Awaitable[None]]
+    on_deleted: Callable[[list[str]], Awaitable[None]]
+    on_superseded: Callable[[], None]
+    capacity: Callable[[], int]
+    stopped: trio.Event = attrs.field(factory=trio.Event)
+    wants_more: bool = False
+
+
+@attrs.define(eq=False)
+class ProcessReader:
+    """Reads every attached user's stream for this process (see the module docstring).
+
+    Attributes:
+        substrate: the shared substrate.
+        timings: ``heartbeat_s``, ``presence_ttl_s``, ``reclaim_idle_s``.
+        consumer: this process's consumer name.
+        holder_id: this process's wake-list id (prefix of its session ids).
+        inflight: per user, entry IDs being served in this process (shared with the
+            sessions).
+    """
+
+    substrate: Substrate
+    timings: Timings
+    consumer: str
+    holder_id: str
+    inflight: dict[str, set[str]]
+    _listeners: dict[str, Listener] = attrs.field(factory=dict)
+    _beating: dict[str, Listener] = attrs.field(factory=dict)
+    _due: dict[str, set[str]] = attrs.field(factory=dict)
+    _queue: deque[str] = attrs.field(factory=deque)
+    _busy: set[str] = attrs.field(factory=set)
+    _work: trio.Event = attrs.field(factory=trio.Event)
+    _failures: int = 0
+    _beats: int = 0
+    running: bool = False
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def attach(self, listener: Listener) -> None:
+        """Start reading for ``listener`` (the newest session of its user in this
+        process): drain its own pending entries, reclaim and sweep at once."""
+        if not self.running:
+            raise RuntimeError("the process reader is not running (start ProcessReader.run)")
+        self._listeners[listener.user_id] = listener
+        self._beating[listener.session_id] = listener
+        self.schedule(listener.user_id, *ALL)
+
+    def detach(self, listener: Listener) -> None:
+        """Stop reading and beating for ``listener``."""
+        listener.stopped.set()
+        self._beating.pop(listener.session_id, None)
+        if self._listeners.get(listener.user_id) is listener:
+            del self._listeners[listener.user_id]
+
+    def stop_beating(self, listener: Listener) -> None:
+        """The session hands over: its presence is no longer refreshed."""
+        self._beating.pop(listener.session_id, None)
+
+    def schedule(self, user_id: str, *kinds: str) -> None:
+        """Mark ``user_id`` due for ``kinds`` of reads (see the module constants)."""
+        due = self._due.setdefault(user_id, set())
+        due.update(kinds)
+        if user_id not in self._busy and user_id not in self._queue:
+            self._queue.append(user_id)
+            self._work.set()
+
+    def served(self, user_id: str, *, answered: bool) -> None:
+        """A serving task of ``user_id`` ended: read more if the session was full, and
+        drain again if it ended without an answer (the entry is pending and ours)."""
+        listener = self._listeners.get(user_id)
+        kinds = [] if answered else [DRAIN]
+        if listener is not None and listener.wants_more:
+            listener.wants_more = False
+            kinds.append(NEW)
+        if kinds:
+            self.schedule(user_id, *kinds)
+
+    # -- the loops -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the wake-up, heartbeat and worker loops until cancelled.
+
+        Cancellation: stops reading; entries being served are not affected (their tasks
+        belong to the sessions).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._wake_loop)
+            nursery.start_soon(self._beat_loop)
+            for _ in range(WORKERS):
+                nursery.start_soon(self._worker)
+            self.running = True
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.running = False
+
+    async def _wake_loop(self) -> None:
+        while True:
+            try:
+                users = await self.substrate.wait_wakes(
+                    self.holder_id, timeout_s=self.timings.heartbeat_s, count=WAKE_BATCH
+                )
+            except SubstrateUnavailable as exc:
+                await self._failed("wake-up wait", exc)
+                continue
+            self._recovered()
+            for user_id in dict.fromkeys(users):
+                if user_id in self._listeners:
+                    self.schedule(user_id, NEW)
+
+    async def _beat_loop(self) -> None:
+        t = self.timings
+        interval_s = t.heartbeat_s
+        while True:
+            await trio.sleep(interval_s)
+            interval_s = t.heartbeat_s
+            listeners = list(self._beating.values())
+            beats = [Beat(x.user_id, x.session_id, x.catalogue) for x in listeners]
+            if not beats:
+                continue
+            try:
+                replies = await self.substrate.heartbeat(
+                    beats,
+                    ttl_s=t.presence_ttl_s,
+                    consumer=self.consumer,
+                    reclaim_idle_ms=int(t.reclaim_idle_s * 1000),
+                    prune=self._beats % PRUNE_EVERY == 0,
+                )
+                self._beats += 1
+            except SubstrateUnavailable as exc:
+                # Retry sooner than a full interval: after Redis comes back (empty), the
+                # desktops must read online again quickly, not a heartbeat later.
+                for _ in listeners:
+                    _metrics.presence_failed("unavailable")
+                level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 0 else 20
+                log.log(level, "heartbeat of %d sessions failed: %s", len(beats), exc)
+                self._failures += 1
+                interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
+                continue
+            self._recovered()
+            for listener, reply in zip(listeners, replies, strict=True):
+                if not reply.ours:
+                    _metrics.presence_failed("not_holder")
+                    self.stop_beating(listener)
+                    listener.on_superseded()
+                    continue
+                _metrics.presence_written("refresh")
+                kinds = [NEW] * reply.backlog + [RECLAIM] * reply.reclaim_due
+                kinds += [TRIMMED] * reply.trimmed_due
+                if kinds:
+                    self.schedule(listener.user_id, *kinds)
+
+    async def _worker(self) -> None:
+        while True:
+            while not self._queue:
+                await self._work.wait()
+                self._work = trio.Event()
+            user_id = self._queue.popleft()
+            kinds = self._due.pop(user_id, set())
+            listener = self._listeners.get(user_id)
+            if listener is None or listener.stopped.is_set() or not kinds:
+                continue
+            self._busy.add(user_id)
+            try:
+                await self._pump(listener, kinds)
+            except SubstrateUnavailable as exc:
+                self.schedule(user_id, *kinds)  # once busy is cleared below
+                await self._failed(f"read for {user_id}", exc)
+            except Exception:  # one user's fault must not stop reading for every user
+                log.exception(
+                    "reading for %s failed; its session reads again on reconnect", user_id
+                )
+            finally:
+                self._busy.discard(user_id)
+                if user_id in self._due and user_id not in self._queue:
+                    self._queue.append(user_id)
+                    self._work.set()
+
+    async def _pump(self, listener: Listener, kinds: set[str]) -> None:
+        user_id, consumer = listener.user_id, self.consumer
+        inflight = self.inflight.setdefault(user_id, set())
+        if DRAIN in kinds:
+            # Own pending entries first (a restarted session's, or one whose serving task
+            # ended without an answer); stop as soon as nothing unserved is pending.
+            entries = await self.substrate.read_pending(user_id, consumer, count=READ_BATCH)
+            await self._dispatch(listener, inflight, entries)
+        if RECLAIM in kinds:
+            claimed, deleted = await self._reclaim(user_id)
+            _metrics.entries_reclaimed(len(claimed))
+            await self._dispatch(listener, inflight, claimed)
+            await listener.on_deleted(deleted)
+        elif TRIMMED in kinds:
+            await listener.on_deleted([])
+        if kinds & {NEW, DRAIN}:
+            while not listener.stopped.is_set():
+                room = min(READ_BATCH, listener.capacity())
+                if room <= 0:
+                    listener.wants_more = True  # read again when a serving task ends
+                    break
+                entries = await self.substrate.read_new(
+                    user_id, consumer, count=room, block_ms=None
+                )
+                await self._dispatch(listener, inflight, entries)
+                if len(entries) < room:
+                    break
+
+    async def _reclaim(self, user_id: str) -> tuple[list[Entry], list[str]]:
+        entries: list[Entry] = []
+        deleted: list[str] = []
+        start = "0-0"
+        min_idle_ms = int(self.timings.reclaim_idle_s * 1000)
+        for _ in range(RECLAIM_MAX_BATCHES):
+            claimed = await self.substrate.autoclaim(
+                user_id, self.consumer, min_idle_ms=min_idle_ms, start=start, count=READ_BATCH
+            )
+            entries.extend(claimed.entries)
+            deleted.extend(claimed.deleted_ids)
+            start = claimed.next_start
+            if start in ("0-0", "0"):
+                break
+        return entries, deleted
+
+    async def _dispatch(self, listener: Listener, inflight: set[str], entries: list[Entry]) -> None:
+        for entry in entries:
+            if entry.entry_id in inflight or listener.stopped.is_set():
+                continue
+            inflight.add(entry.entry_id)
+            try:
+                await listener.dispatch(entry)
+            except BaseException:
+                # Never started (cancelled while waiting for an in-flight slot): a stale
+                # in-flight mark would hide the entry from every drain and reclaim here.
+                inflight.discard(entry.entry_id)
+                raise
+
+    async def _failed(self, what: str, exc: SubstrateUnavailable) -> None:
+        delay = READ_ERROR_BACKOFF_S[min(self._failures, len(READ_ERROR_BACKOFF_S) - 1)]
+        self._failures += 1
+        # WARNING for the first failure, then about once a minute; INFO in between.
+        level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 1 else logging.INFO
+        log.log(level, "%s: %s; retrying in %.2f s (failure %d)", what, exc, delay, self._failures)
+        await trio.sleep(delay)
+
+    def _recovered(self) -> None:
+        # Nothing to re-read here: a wake-up pushed during the outage is still on the list
+        # (or Redis lost everything, entries included), and an entry whose wake-up failed
+        # is flagged as backlog by the next heartbeat.
+        if self._failures:
+            log.info("substrate back after %d failures", self._failures)
+            self._failures = 0
