@@ -24,7 +24,10 @@ left out), Redis connections opened (``total_connections_received`` delta) and h
 (by the hub: its established sockets to Redis from ``/proc``; in all: ``connected_clients``).
 Last, ``--monitor-calls`` sequential calls under MONITOR split the commands per call
 into those the caller process sent, those the hub process sent and those run inside
-scripts (``[lua]``); a pipeline's commands count one each.
+scripts (``[lua]``), and count *steps* per sender (a command, a script, or a whole
+MULTI ... EXEC block is one step; a pipeline without MULTI is invisible to MONITOR, so
+steps bound round trips from above). Then the issue-10 targets this run can judge are
+printed as MET / NOT MET.
 
 Usage:
   ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
@@ -208,6 +211,69 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
+def targets(results: dict[str, dict]) -> list[tuple[str, bool | None, str]]:
+    """Issue 10's "done when" lines that this run can judge: (target, met?, figures).
+    None when a figure is missing (a system not run)."""
+    d = results.get("deskbridge")
+    if d is None:
+        return []
+    ps, st = results.get("pubsub"), results.get("streams")
+    out: list[tuple[str, bool | None, str]] = []
+    seq = d["sequential"]["p50_ms"]
+    if st:
+        out.append(
+            (
+                "seq p50 <= plain-asyncio's",
+                seq <= st["sequential"]["p50_ms"],
+                f"{seq:.2f} vs {st['sequential']['p50_ms']:.2f} ms",
+            )
+        )
+    if ps:
+        out.append(
+            (
+                "seq p50 <= 1.5x pub/sub's",
+                seq <= 1.5 * ps["sequential"]["p50_ms"],
+                f"{seq:.2f} vs 1.5 x {ps['sequential']['p50_ms']:.2f} ms",
+            )
+        )
+    cpu = d["sequential"]["hub_cpu_ms_per_call"]
+    out.append(("hub CPU per call <= 0.8 ms", cpu <= 0.8, f"{cpu:.3f} ms"))
+    if "sequential_http" in d:
+        extra = d["sequential_http"]["hub_cpu_ms_per_call"] - cpu
+        out.append(("HTTP adds <= 1 ms of hub CPU", extra <= 1.0, f"+{extra:.3f} ms"))
+    for u, c in SHAPES:
+        k = f"load_{u}x{c}"
+        if st and k in d and k in st:
+            out.append(
+                (
+                    f"{u}x{c} jobs/s >= plain-asyncio's",
+                    d[k]["jobs_per_s"] >= st[k]["jobs_per_s"],
+                    f"{d[k]['jobs_per_s']:.0f} vs {st[k]['jobs_per_s']:.0f}",
+                )
+            )
+    if "load_64x64" in d:
+        j = d["load_64x64"]["jobs_per_s"]
+        out.append(("64x64 >= 2,000 jobs/s", j >= 2000, f"{j:.0f}"))
+    held = max(d[k]["hub_redis_connections_held"] for k in d if k.startswith("load_"))
+    out.append(("hub holds <= 16 Redis connections", held <= 16, f"max {held}"))
+    opened = sum(
+        d[k]["redis_connections_opened"] for k in d if k.startswith("load_") or k == "sequential"
+    )
+    out.append(("steady state opens no Redis connection", opened == 0, f"{opened} opened"))
+    mon = d.get("monitor")
+    if mon and "steps_per_call" in mon:
+        caller, hub = mon["steps_per_call"]["caller"], mon["steps_per_call"]["hub"]
+        reads = mon["per_call"]["hub"].get("xreadgroup", 0)
+        out.append(
+            (
+                "Redis steps per call <= 3 (caller 2 + holder 1 besides the read)",
+                caller <= 2 and hub - reads <= 1,
+                f"caller {caller:g}, hub {hub:g} incl. {reads:g} reads (and any background)",
+            )
+        )
+    return out
+
+
 def report(results: dict[str, dict], args: argparse.Namespace) -> None:
     systems = list(results)
     base = "deskbridge" if "deskbridge" in results else systems[0]
@@ -260,6 +326,12 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
         "ratios: deskbridge's figure / the peer's (latency, CPU, commands: lower is better;"
         " jobs/s: higher is better)"
     )
+    judged = targets(results)
+    if judged:
+        print("\nissue 10 targets (this run):")
+        for label, ok, figures in judged:
+            mark = "-" if ok is None else "MET " if ok else "NOT MET"
+            print(f"  {mark:<8} {label:<64} {figures}")
     for s in systems:
         mon = results[s].get("monitor")
         if mon:
@@ -270,7 +342,9 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
             for role, cmds in mon["per_call"].items():
                 if cmds:
                     detail = ", ".join(f"{k} {v:g}" for k, v in cmds.items())
-                    print(f"  {role:<7} {mon['per_call_total'][role]:5.2f}  ({detail})")
+                    steps = mon.get("steps_per_call", {}).get(role)
+                    step_text = f" in {steps:g} steps" if steps is not None else ""
+                    print(f"  {role:<7} {mon['per_call_total'][role]:5.2f}{step_text}  ({detail})")
     print()
     for s in systems:
         for what, n in results[s].get("failures", {}).items():

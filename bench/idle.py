@@ -272,7 +272,10 @@ def main() -> int:
             }
             out["hub_rss_mib"] = rss_bytes(hub_pids) / 2**20
             out["hub_rss_per_conn_kib"] = (
-                (out["hub_rss_mib"] - out["hub_rss0_mib"]) * 1024 / max(1, args.n)
+                # per socket the hub holds now (all N when every one is connected)
+                (out["hub_rss_mib"] - out["hub_rss0_mib"])
+                * 1024
+                / max(1, out["idle"]["welcomed_now"])
             )
             out["redis_connections_opened_since_start"] = (
                 int(info.info("stats")["total_connections_received"]) - conns_before
@@ -339,6 +342,46 @@ def report(out: dict, args: argparse.Namespace) -> None:
     ]
     for label, value in rows:
         print(f"  {label:<40} {value}")
+    ratio = out["echo_idleN"]["p50_ms"] / out["echo_idle0"]["p50_ms"]
+    judged = [
+        (
+            "all welcomed, and still at the end",
+            out["ramp"]["welcomed"] >= args.n and idle["welcomed_now"] >= args.n,
+            f"{out['ramp']['welcomed']} / {idle['welcomed_now']}",
+        ),
+        (
+            "presence of every one set the whole time (0 flaps)",
+            idle["presence_flaps"] == 0 and idle["present_min"] >= args.n,
+            f"min {idle['present_min']}, {idle['presence_flaps']} flaps",
+        ),
+        (
+            "hub holds <= 16 Redis connections",
+            idle["hub_redis_connections_held_max"] <= 16,
+            f"max {idle['hub_redis_connections_held_max']}",
+        ),
+        (
+            "<= 0.15 Redis commands/s per idle desktop",
+            idle["redis_commands_per_s_per_desktop"] <= 0.15,
+            f"{idle['redis_commands_per_s_per_desktop']:.3f}",
+        ),
+        ("hub CPU <= 25 % of one core", idle["hub_cpu_pct"] <= 25, f"{idle['hub_cpu_pct']:.1f} %"),
+        (
+            "hub RSS <= 64 KiB per connection",
+            out["hub_rss_per_conn_kib"] <= 64,
+            f"{out['hub_rss_per_conn_kib']:.1f} KiB",
+        ),
+        (
+            "extra user's echo p50 within 1.5x of none idle",
+            ratio <= 1.5 and out["echo_idleN"]["errors"] == 0,
+            f"{ratio:.2f}x",
+        ),
+    ]
+    print(
+        f"  issue 10 targets at N={args.n} for {idle['seconds']:.0f} s "
+        "(the target run is N=10,000 for 300 s):"
+    )
+    for label, ok, figures in judged:
+        print(f"    {'MET ' if ok else 'NOT MET':<8} {label:<52} {figures}")
     top = ", ".join(f"{k} {v:g}" for k, v in list(idle["redis_commands_by_name_per_s"].items())[:8])
     print(f"  commands/s by name: {top or 'none'}")
 

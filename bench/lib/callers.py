@@ -101,10 +101,17 @@ async def load(call: Call, users: list[str], callers: int, seconds: float):
     return samples, errors, time.perf_counter() - t0
 
 
-def monitor_split(lines: list[str], caller_ports: set[int], hub_ports: set[int]) -> dict:
+def monitor_split(
+    lines: list[str], caller_ports: set[int], hub_ports: set[int]
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """Classify MONITOR lines: commands sent by the caller process, by the hub process,
-    and run inside scripts (``[0 lua]``)."""
+    and run inside scripts (``[0 lua]``). Also counts *steps* per sender: a command, or
+    a whole MULTI ... EXEC block of one client, is one step (a script is one step; its
+    inner commands are under ``lua``). A pipeline without MULTI cannot be seen in
+    MONITOR, so steps are an upper bound on round trips."""
     out: dict[str, dict[str, int]] = {"caller": {}, "hub": {}, "lua": {}, "other": {}}
+    steps: dict[str, int] = {"caller": 0, "hub": 0, "other": 0}
+    in_multi: set[str] = set()
     for line in lines:
         try:
             _, rest = line.split(" [", 1)
@@ -119,8 +126,15 @@ def monitor_split(lines: list[str], caller_ports: set[int], hub_ports: set[int])
         else:
             port = int(where.rsplit(":", 1)[1])
             role = "caller" if port in caller_ports else "hub" if port in hub_ports else "other"
+            if name == "multi":
+                in_multi.add(where)
+                steps[role] += 1
+            elif name in ("exec", "discard"):
+                in_multi.discard(where)
+            elif where not in in_multi:
+                steps[role] += 1
         out[role][name] = out[role].get(name, 0) + 1
-    return out
+    return out, steps
 
 
 async def run_plan(call: Call, plan: dict, meter: Meter, http_call: Call | None) -> dict:
@@ -183,10 +197,11 @@ async def run_plan(call: Call, plan: dict, meter: Meter, http_call: Call | None)
             lines = mon.lines(mark)
         caller_ports = local_ports_to([os.getpid()], port)
         hub_ports = local_ports_to(hub_pids, port)
-        split = monitor_split(lines, caller_ports, hub_ports)
+        split, steps = monitor_split(lines, caller_ports, hub_ports)
         n = plan["monitor_calls"]
         results["monitor"] = {
             "calls": n,
+            "steps_per_call": {role: round(v / n, 2) for role, v in steps.items()},
             "per_call": {
                 role: {k: round(v / n, 2) for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])}
                 for role, cmds in split.items()
