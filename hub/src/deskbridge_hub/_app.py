@@ -65,7 +65,9 @@ def _default_substrate(config: HubConfig) -> RedisSubstrate | MemorySubstrate:
     if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
-        return RedisSubstrate.from_url(config.redis_url)
+        return RedisSubstrate.from_url(
+            config.redis_url, max_connections=config.redis_max_connections
+        )
     from ._memory import MemorySubstrate
 
     return MemorySubstrate()

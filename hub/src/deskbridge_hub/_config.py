@@ -35,6 +35,9 @@ class HubConfig:
         token_leeway_s: clock skew tolerated on a sidecar token's ``iat`` and ``exp``
             (``DESKBRIDGE_TOKEN_LEEWAY_S``, seconds >= 0, default 300; see
             docs/operations.md, "Clocks").
+        redis_max_connections: most Redis connections the process holds at once
+            (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16, at least 3; see
+            docs/operations.md, "Redis requirements").
     """
 
     redis_url: str | None = None
@@ -44,6 +47,7 @@ class HubConfig:
     max_inflight_per_session: int = 32
     max_args_bytes: int = 256 * 1024
     token_leeway_s: float = TOKEN_LEEWAY_S
+    redis_max_connections: int = 16
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HubConfig:
@@ -66,6 +70,7 @@ class HubConfig:
             max_inflight_per_session=_int(env, "DESKBRIDGE_MAX_INFLIGHT", 32),
             max_args_bytes=_int(env, "DESKBRIDGE_MAX_ARGS_BYTES", 256 * 1024),
             token_leeway_s=_seconds(env, "DESKBRIDGE_TOKEN_LEEWAY_S", TOKEN_LEEWAY_S),
+            redis_max_connections=_redis_max_connections(env),
         )
 
 
@@ -92,4 +97,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number of seconds >= 0")
+    return value
+
+
+def _redis_max_connections(env: Mapping[str, str]) -> int:
+    value = _int(env, "DESKBRIDGE_REDIS_MAX_CONNECTIONS", 16)
+    if value < 3:
+        raise ValueError(
+            "DESKBRIDGE_REDIS_MAX_CONNECTIONS must be >= 3 "
+            "(one shared, one for blocking commands, one pub/sub)"
+        )
     return value

@@ -27,6 +27,7 @@ PREFIX = "DESKBRIDGE_"
 KNOWN: frozenset[str] = frozenset(
     {
         "DESKBRIDGE_REDIS_URL",
+        "DESKBRIDGE_REDIS_MAX_CONNECTIONS",
         "DESKBRIDGE_SECRET",
         "DESKBRIDGE_PREVIOUS_SECRETS",
         "DESKBRIDGE_API_KEY",

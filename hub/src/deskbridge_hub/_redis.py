@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,7 +35,9 @@ from coredis.exceptions import (
 
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
-from ._redis_conn import RedisConnections, _Session
+from ._redis_conn import RedisConnections
+from ._redis_pubsub import DEFAULT_BUFFER, Subscription
+from ._redis_session import DEFAULT_MAX_CONNECTIONS, ConnectionStatistics, _Session
 from ._substrate import (
     GROUP,
     Beat,
@@ -211,7 +213,9 @@ class RedisSubstrate:
             call raises SubstrateUnavailable; short so callers learn "unavailable" fast.
         command_timeout_s: seconds a reply may take beyond a command's own blocking time
             before the connection is presumed dead (SubstrateUnavailable).
-        max_idle_connections: idle connections kept per open session.
+        max_connections: most Redis connections held at once per event-loop run
+            (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16, at least 3): non-blocking
+            commands share a few, blocking ones get dedicated ones, pub/sub one.
         client_name: sent with CLIENT SETNAME on every connection (``CLIENT LIST`` shows
             it), or None.
 
@@ -226,14 +230,14 @@ class RedisSubstrate:
         *,
         connect_timeout_s: float = 2.0,
         command_timeout_s: float = 5.0,
-        max_idle_connections: int = 32,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         client_name: str | None = None,
     ) -> None:
         self._connections = RedisConnections(
             url,
             connect_timeout_s=connect_timeout_s,
             command_timeout_s=command_timeout_s,
-            max_idle_connections=max_idle_connections,
+            max_connections=max_connections,
             client_name=client_name,
         )
         self._command_timeout_s = command_timeout_s
@@ -269,6 +273,51 @@ class RedisSubstrate:
         """Close the connections this event-loop run holds; later calls open new ones.
         Idempotent; never raises."""
         await self._connections.aclose()
+
+    def statistics(self) -> ConnectionStatistics | None:
+        """Connections held by this event-loop run's open session (``async with``), or
+        None when it is not open: see :class:`ConnectionStatistics`."""
+        return self._connections.statistics()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, channel: str, *, pattern: bool = False, buffer: int = DEFAULT_BUFFER
+    ) -> AsyncIterator[Subscription]:
+        """Subscribe to a pub/sub ``channel`` (a glob pattern if ``pattern``) for the
+        block's duration, on the one subscriber connection of this process (per
+        event-loop run); ``async for message in subscription`` yields ``Message``.
+
+        Entering returns once Redis confirmed the subscription: anything published
+        after that is delivered. Pub/sub is at most once: ``Message.data is None`` is a
+        gap (reconnected, or the consumer fell ``buffer`` messages behind); re-read the
+        durable state then. See ``_redis_pubsub``.
+
+        Raises:
+            SubstrateUnavailable: no subscriber connection or no confirmation in time.
+
+        Cancellation: leaving the block unsubscribes (when no other local subscription
+        to ``channel`` remains) without waiting for Redis.
+        """
+        async with (
+            self._connections.session("SUBSCRIBE", map_errors=False) as s,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            with self._connections.mapped("SUBSCRIBE"):
+                subscribing = s.subscriber.subscribe(channel, pattern=pattern, buffer=buffer)
+                subscription = await stack.enter_async_context(subscribing)
+            yield subscription
+
+    async def publish(self, channel: str, message: str) -> int:
+        """PUBLISH ``message`` on ``channel``.
+
+        Returns:
+            How many subscribers (connections) received it.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("PUBLISH") as s:
+            return int(await self._call(s, b"PUBLISH", channel, message))
 
     # -- plumbing (the interface every command uses) -----------------------------------
 

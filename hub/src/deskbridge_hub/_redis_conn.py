@@ -1,6 +1,7 @@
 """Redis connection handling for ``RedisSubstrate``: lifetime, discard on cancel, error
-mapping. The commands and scripts live in ``_redis``; this module and that one are the
-only ones that import coredis.
+mapping. The commands and scripts live in ``_redis``; the connections of one event-loop
+run in ``_redis_session`` (pub/sub in ``_redis_pubsub``). Only these modules import
+coredis.
 
 Lifecycle (what coredis 6.9 requires, read from its source). A coredis connection is
 driven by reader and writer tasks, so it needs a task group that outlives each command;
@@ -13,9 +14,17 @@ group and the connections it hosts.
 * Used without ``async with`` (scripts, CLIs, a different event-loop run than the one that
   entered it), each call opens a one-shot session and closes it before returning: correct,
   at the price of one connection per call.
-* A command that is cancelled or times out discards its connection and *waits* (shielded,
-  at most ``_CLOSE_WAIT_S``) until the socket is closed before the cancellation
-  propagates, so no server-side waiter outlives it.
+* At most ``max_connections`` (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16) are held
+  at once, and they are kept: steady state opens none. Non-blocking commands share a
+  couple of connections, pipelined (coredis lets many requests be in flight on one
+  connection; replies come back in order); blocking commands (BLPOP, XREADGROUP ...
+  BLOCK) get dedicated ones; pub/sub one subscriber. ``_redis_session`` says how the
+  bound is spent and what happens when blocking commands outnumber it.
+* A blocking command that is cancelled or times out discards its connection and *waits*
+  (shielded, at most ``_CLOSE_WAIT_S``) until the socket is closed before the
+  cancellation propagates, so no server-side waiter outlives it. A cancelled
+  non-blocking command leaves its shared connection in place (its reply is read and
+  dropped); a timed-out one closes it (presumed dead).
 
 Why not coredis's own pool (``coredis.ConnectionPool``, 6.9.0 and its main branch as of
 2026-11-30; reproduced by ``tests/hub/test_coredis_pool.py`` against real Redis):
@@ -38,7 +47,8 @@ Why not coredis's own pool (``coredis.ConnectionPool``, 6.9.0 and its main branc
 Neither is fixable by a setting; a wrapper would have to reach into the pool's private
 queue and poll private connection state. So we keep coredis's *connections* (the public
 ``BaseConnection(location, **kwargs)``, ``run(task_status=)``, ``create_request()``,
-``usable``) and host them ourselves, which lets a discard wait for the close.
+``usable``, ``push_messages``) and host them ourselves, which lets a discard wait for
+the close and bounds what the process holds.
 
 Errors: connection failures, timeouts and the server states that refuse work (LOADING,
 READONLY, OOM, MISCONF, BUSY, MASTERDOWN, auth failures) raise ``SubstrateUnavailable``
@@ -55,9 +65,6 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
-import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from coredis.connection import BaseConnection
 from coredis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -65,10 +72,10 @@ from coredis.exceptions import (
     ResponseError,
 )
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.pool import ConnectionPool
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
+from ._redis_session import ConnectionStatistics, _Session, _split
 
 #: Server error codes that mean "cannot serve now", not "bad command".
 _UNAVAILABLE_CODES = ("OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
@@ -81,166 +88,6 @@ _UNAVAILABLE_ERRORS = (
     AuthorizationError,
     ReadOnlyError,
 )
-#: Seconds a discarded connection may take to close before we stop waiting.
-_CLOSE_WAIT_S = 1.0
-
-
-def _close_buffers(conn: BaseConnection) -> None:
-    """coredis opens memory streams in ``BaseConnection.__init__`` and closes them only
-    if ``run()`` gets as far as connecting; close them so a failed or cancelled connect
-    leaves nothing open (ResourceWarning). Closing twice is harmless."""
-    for value in vars(conn).values():
-        if isinstance(value, MemoryObjectSendStream | MemoryObjectReceiveStream):
-            value.close()
-
-
-@attrs.define(eq=False)
-class _Conn:
-    """One coredis connection, created and run by a task of the session's task group."""
-
-    conn: BaseConnection | None = None
-    scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
-    ready: anyio.Event = attrs.Factory(anyio.Event)
-    closed: anyio.Event = attrs.Factory(anyio.Event)
-    error: Exception | None = None
-
-    @property
-    def usable(self) -> bool:
-        return self.conn is not None and self.conn.usable
-
-    def started(self, value: object = None) -> None:  # anyio TaskStatus, for conn.run()
-        self.ready.set()
-
-    def gone(self) -> None:
-        self.closed.set()
-        self.ready.set()
-
-
-class _Session:
-    """Connections of one event-loop run. Enter and exit in the same task.
-
-    ``groups`` is scratch space for the command layer: users whose consumer group this
-    session created or saw (it dies with the session, as the connections do)."""
-
-    def __init__(
-        self, url: str, *, connect_timeout_s: float, max_idle: int, client_name: str | None
-    ) -> None:
-        # Built inside the run: coredis creates anyio primitives bound to it. The pool
-        # object only parses the URL (TLS, auth, db); it is never entered.
-        pool = ConnectionPool.from_url(
-            url, decode_responses=True, connect_timeout=connect_timeout_s, client_name=client_name
-        )
-        self._connection_class = pool.connection_class
-        self._location = pool.location
-        self._connection_kwargs = pool.connection_kwargs
-        self._connect_timeout_s = connect_timeout_s
-        self._max_idle = max_idle
-        self._tg = anyio.create_task_group()
-        self._idle: list[_Conn] = []
-        self._live: set[_Conn] = set()
-        self.groups: set[str] = set()
-        self.closed = False
-
-    async def open(self) -> None:
-        await self._tg.__aenter__()
-
-    async def close(self) -> None:
-        self.closed = True
-        self._idle.clear()
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
-        for c in self._live:  # hosts that never got to run (asyncio cancels before start)
-            c.gone()
-        self._live.clear()
-
-    def drop_connections(self) -> None:
-        """Close every connection (in-flight commands fail); new ones open on demand."""
-        self._idle.clear()
-        for c in list(self._live):
-            c.scope.cancel()
-
-    async def _host(self, c: _Conn) -> None:
-        try:
-            with c.scope:
-                # The pool's connection class matches its location's kind (TCP or Unix
-                # socket); coredis types the two pairs apart, so mypy cannot see it.
-                c.conn = self._connection_class(self._location, **self._connection_kwargs)  # type: ignore[arg-type]
-                await c.conn.run(task_status=c)
-        except Exception as exc:  # never crash the session's task group
-            c.error = exc
-        finally:
-            if c.conn is not None:
-                _close_buffers(c.conn)
-            self._live.discard(c)
-            c.gone()
-
-    async def _discard(self, c: _Conn) -> None:
-        c.scope.cancel()
-        with anyio.move_on_after(_CLOSE_WAIT_S, shield=True):
-            await c.closed.wait()
-
-    async def _acquire(self, *, idle_ok: bool) -> tuple[_Conn, bool]:
-        """A connection for one exchange, and whether it was reused from the idle list."""
-        while idle_ok and self._idle:
-            c = self._idle.pop()
-            if c.usable:
-                return c, True
-            c.scope.cancel()
-        if self.closed:
-            raise RedisConnectionError("the substrate session is closed")
-        c = _Conn()
-        self._live.add(c)
-        self._tg.start_soon(self._host, c)
-        try:
-            with anyio.fail_after(self._connect_timeout_s):
-                await c.ready.wait()
-        except BaseException:
-            await self._discard(c)
-            raise
-        if c.error is not None or not c.usable:
-            await self._discard(c)
-            raise c.error or RedisConnectionError("connection closed during the handshake")
-        return c, False
-
-    async def _exchange(
-        self, c: _Conn, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
-    ) -> list[Any]:
-        assert c.conn is not None
-        done = False
-        try:
-            requests = [
-                c.conn.create_request(
-                    cmd[0],
-                    *cmd[1:],
-                    raise_exceptions=False,
-                    timeout=timeout_s,
-                    disconnect_on_cancellation=True,
-                )
-                for cmd in commands
-            ]
-            replies = [await request for request in requests]
-            done = True
-            return replies
-        finally:
-            # A timeout or transport failure has made the connection unusable.
-            if done and not self.closed and c.usable and len(self._idle) < self._max_idle:
-                self._idle.append(c)
-            else:
-                await self._discard(c)
-
-    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
-        """Send ``commands`` in one write on one connection and return their replies; an
-        error (a server error reply, a transport failure, a ``timeout_s`` timeout; None:
-        no timeout) is returned as its exception instance. Cancellation, a timeout or a
-        transport failure closes the connection, and waits for the close. If an idle
-        connection turns out to have died meanwhile (Redis restarted, idle connections
-        killed), the commands are sent once more on a new connection."""
-        c, reused = await self._acquire(idle_ok=True)
-        replies = await self._exchange(c, commands, timeout_s)
-        if reused and not c.usable and any(isinstance(r, RedisConnectionError) for r in replies):
-            c, _ = await self._acquire(idle_ok=False)
-            replies = await self._exchange(c, commands, timeout_s)
-        return replies
 
 
 class RedisConnections:
@@ -253,7 +100,9 @@ class RedisConnections:
             call raises SubstrateUnavailable; short so callers learn "unavailable" fast.
         command_timeout_s: seconds a reply may take beyond a command's own blocking time
             before the connection is presumed dead (SubstrateUnavailable).
-        max_idle_connections: idle connections kept per open session.
+        max_connections: most connections one session (one event-loop run) holds at
+            once: shared ones for non-blocking commands, dedicated ones for blocking
+            commands, one pub/sub subscriber (>= 3; see the module docstring).
         client_name: sent with CLIENT SETNAME on every connection (``CLIENT LIST`` shows
             it), or None.
     """
@@ -264,14 +113,15 @@ class RedisConnections:
         *,
         connect_timeout_s: float,
         command_timeout_s: float,
-        max_idle_connections: int,
+        max_connections: int,
         client_name: str | None,
     ) -> None:
+        _split(max_connections)  # validate now, not at the first command
         self._url = url
         self._client_name = client_name
         self._connect_timeout_s = connect_timeout_s
         self.command_timeout_s = command_timeout_s
-        self._max_idle = max_idle_connections
+        self._max_connections = max_connections
         self._session_var: anyio.lowlevel.RunVar[_Session | None] = anyio.lowlevel.RunVar(
             f"deskbridge-redis-session-{id(self)}", default=None
         )
@@ -312,15 +162,23 @@ class RedisConnections:
         return _Session(
             self._url,
             connect_timeout_s=self._connect_timeout_s,
-            max_idle=self._max_idle,
+            command_timeout_s=self.command_timeout_s,
+            max_connections=self._max_connections,
             client_name=self._client_name,
         )
 
+    def statistics(self) -> ConnectionStatistics | None:
+        """The connections of this event-loop run's open session, or None when none is
+        open (``async with`` not entered in this run)."""
+        session = self._session_var.get()
+        return None if session is None or session.closed else session.statistics()
+
     @contextlib.asynccontextmanager
-    async def session(self, what: str) -> AsyncIterator[_Session]:
+    async def session(self, what: str, *, map_errors: bool = True) -> AsyncIterator[_Session]:
         """The open session of this run, or a one-shot one; maps I/O faults at the edge
-        (``what`` names the command in the SubstrateUnavailable message)."""
-        with self.mapped(what):
+        (``what`` names the command in the SubstrateUnavailable message) unless
+        ``map_errors`` is False (the block runs someone else's code)."""
+        with self.mapped(what) if map_errors else contextlib.nullcontext():
             session = self._session_var.get()
             if session is not None and not session.closed:
                 yield session
