@@ -47,7 +47,12 @@ class RecordingSubstrate:
         attr = getattr(self.inner, name)
         if name.startswith("_") or not inspect.iscoroutinefunction(attr):
             return attr
-        if name in ("wait_wakes", "heartbeat"):  # the process reader's own loop, not a request's
+        if name in (
+            "wait_wakes",
+            "heartbeat",
+            "set_liveness",
+            "clear_liveness",
+        ):  # the process reader
             return attr
 
         async def recorded(*args: Any, **kwargs: Any) -> Any:
@@ -453,7 +458,8 @@ async def test_bad_token_is_refused_before_the_upgrade_writing_nothing(
         assert got == status
         assert body["error"]["code"] in ("unauthorized", "forbidden")
         assert sub.calls == []  # no presence, no stream, not even a read
-        assert sub.inner._kv == {}  # no presence (nor any other key) stored
+        assert {k: v for k, v in sub.inner._kv.items() if not k.startswith("bridge:proc:")} == {}
+        # no presence (nor any other key) stored; the process's own liveness key aside
 
 
 async def test_hub_without_a_secret_refuses_every_sidecar_with_503(autojump_clock):

@@ -24,6 +24,7 @@ from deskbridge_hub._substrate import (
     index_key,
     jobs_key,
     presence_key,
+    proc_key,
     result_key,
     state_key,
     tools_key,
@@ -92,7 +93,7 @@ async def redis_harness(
         unavailable_secret="hunter2",
         raw=raw,
         on_user=lambda u: keys.extend(
-            [presence_key(u), jobs_key(u), index_key(u), tools_key(u), wake_key(u)]
+            [presence_key(u), jobs_key(u), index_key(u), tools_key(u), wake_key(u), proc_key(u)]
         ),
         on_job=lambda j: keys.extend([result_key(j), state_key(j), cancel_key(j)]),
     )

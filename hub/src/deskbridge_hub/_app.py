@@ -175,12 +175,14 @@ def create_app(
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
         )
-        app.add_background_task(_run_in, lag_probe, relay.run)
+        relaying = trio.CancelScope()  # one scope per task: a scope enters one with-block
+        app.add_background_task(_run_in, relaying, relay.run)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         try:
             yield
         finally:
             lag_probe.cancel()
+            relaying.cancel()
             reading.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()

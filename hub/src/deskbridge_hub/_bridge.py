@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,7 @@ from ._errors import (
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._progress import ProgressReport, parse_progress
+from ._retry import HOLDER_ALIVE_CACHE_S
 from ._schema import validate_args
 from ._substrate import Substrate, holder_of
 from ._tracing import current_traceparent
@@ -43,6 +45,8 @@ from ._validate import validate_key, validate_tool_name, validate_user_id
 
 log = logging.getLogger("deskbridge.hub.bridge")
 
+#: Most holder processes whose liveness a Bridge remembers (then it starts over).
+_ALIVE_CACHE_MAX = 10_000
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
 STATUS_TIMEOUT_S = 5.0
@@ -119,6 +123,7 @@ class Bridge:
     substrate: Substrate
     timings: Timings = attrs.field(factory=Timings)
     wall_clock: Callable[[], float] = time.time
+    _alive: dict[str, float] = attrs.field(factory=dict, init=False)  # holder -> until
 
     async def presence(self, user_id: str) -> Presence:
         """Is the user's desktop connected, as every replica sees it?
@@ -128,8 +133,27 @@ class Bridge:
             SubstrateUnavailable: Redis unreachable (never reported as offline).
         """
         _check(validate_user_id, user_id, "user_id")
-        holder = await self.substrate.get_presence(user_id)
+        holder = await self._live_presence(user_id)
         return Presence(user_id=user_id, online=holder is not None, session_id=holder)
+
+    async def _live_presence(self, user_id: str) -> str | None:
+        """The presence value (holder session id) if the process it names is alive
+        (issue 16.2: a killed hub's presences stop counting within its liveness TTL,
+        not the 30 s presence TTL), else None. A session id that names no process
+        (older hubs) counts as long as its presence lives."""
+        session_id = await self.substrate.get_presence(user_id)
+        holder = None if session_id is None else holder_of(session_id)
+        if holder is None:
+            return session_id
+        now = anyio.current_time()
+        if self._alive.get(holder, -math.inf) > now:
+            return session_id
+        if not await self.substrate.holder_alive(holder):
+            return None
+        if len(self._alive) > _ALIVE_CACHE_MAX:
+            self._alive.clear()
+        self._alive[holder] = now + HOLDER_ALIVE_CACHE_S
+        return session_id
 
     @_metrics.timed_dispatch
     async def dispatch(
@@ -206,7 +230,7 @@ class Bridge:
         if job_id_given is not None:
             _check(validate_key, job_id_given, "job_id")
             job_id = job_id_given
-        holder = await self.substrate.get_presence(user_id)
+        holder = await self._live_presence(user_id)
         if holder is None:
             return Outcome(
                 job_id=None,

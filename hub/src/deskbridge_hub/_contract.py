@@ -148,6 +148,20 @@ async def check_refresh_presence_never_steals_it_from_another_session(h: Substra
     assert await s.get_presence(user) == "s2"
 
 
+@check
+async def check_process_liveness_expires_and_clears(h: SubstrateHarness) -> None:
+    s, holder = h.substrate, f"proc-{h.user()}"
+    h.on_user(holder)
+    assert await s.holder_alive(holder) is False
+    await s.set_liveness(holder, 0.2)
+    assert await s.holder_alive(holder) is True
+    await trio.sleep(0.25)
+    assert await s.holder_alive(holder) is False
+    await s.set_liveness(holder, 30)
+    await s.clear_liveness(holder)
+    assert await s.holder_alive(holder) is False
+
+
 # -- results -------------------------------------------------------------------------------
 
 

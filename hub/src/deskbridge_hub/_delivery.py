@@ -49,6 +49,7 @@ from ._jobs import (
     cancelled_before_start,
     expired_payload,
     failed_payload,
+    interrupted_payload,
     lost_payload,
     result_payload,
 )
@@ -73,6 +74,10 @@ class Executor(Protocol):
 
     async def cancel(self, job_id: str) -> None:
         """Ask the sidecar to cancel its running delivery of ``job_id``, if it has one."""
+
+    def ended_reason(self) -> str | None:
+        """Why the session ended on purpose (token expired, superseded, hub restarting),
+        or None while it runs or when the socket just went away."""
 
 
 def outcome_of(result: JobResult) -> tuple[str, str]:
@@ -185,7 +190,11 @@ class EntryServer:
             await self.finish(entry.entry_id, job_id, "failed", payload, envelope=envelope)
             return
         except BaseException:
-            await self._mark_interrupted(job_id)  # the socket went away with the job
+            reason = getattr(executor, "ended_reason", lambda: None)()
+            if reason is not None:  # ended on purpose: tell the caller now (issue 11.4)
+                await self._answer_interrupted(job_id, reason, envelope)
+            else:
+                await self._mark_interrupted(job_id)  # the socket went away with the job
             raise
         status, payload = outcome_of(result)
         await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope)
@@ -287,6 +296,33 @@ class EntryServer:
         except MalformedState:
             return None
         return None if state is None else state.stage
+
+    async def _answer_interrupted(self, job_id: str, reason: str, envelope: JobEnvelope) -> None:
+        """The session ended on purpose while the job ran on the desktop: publish
+        ``in_doubt`` (it may have acted) at once, shielded and bounded by
+        ``CLEANUP_TIMEOUT_S``. The entry stays pending: a later redelivery is answered
+        from the desktop's ledger (its real outcome), never run twice."""
+        log.warning(
+            "user %s: session ended (%s) while job %s ran; its caller is answered in_doubt",
+            self.user_id,
+            reason,
+            job_id,
+        )
+        published = False
+        ttl_s = self.timings.result_ttl_s
+        with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+            try:
+                await self.substrate.publish_result(
+                    job_id, interrupted_payload(reason), ttl_s=ttl_s
+                )
+                published = True
+                _metrics.job_served(self, "in_doubt", envelope, job_id=job_id)
+                state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
+                await self.substrate.set_job_state(job_id, state, ttl_s=ttl_s)
+            except SubstrateUnavailable:
+                pass
+        if not published:
+            await self._mark_interrupted(job_id)
 
     async def _mark_interrupted(self, job_id: str) -> None:
         state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())

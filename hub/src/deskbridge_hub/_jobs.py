@@ -122,6 +122,20 @@ def cancelled_before_start() -> str:
     )
 
 
+def interrupted_payload(reason: str) -> str:
+    """The payload for a job that was running on the desktop when its session ended on
+    purpose (``reason``: token expired, superseded, hub restarting): it may have acted."""
+    return result_payload(
+        "in_doubt",
+        error={
+            "code": "interrupted",
+            "message": f"the desktop's session ended ({reason}) while the job ran; it may "
+            "have acted. A retry with the same idempotency key gets its recorded outcome",
+        },
+        detail={"stage": "interrupted", "reason": reason},
+    )
+
+
 def lost_payload() -> str:
     """The payload for an entry trimmed or deleted before any executor received it."""
     return result_payload(

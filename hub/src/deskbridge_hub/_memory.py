@@ -46,6 +46,7 @@ from ._substrate import (
     cancel_key,
     outcome_event,
     presence_key,
+    proc_key,
     state_key,
     tools_key,
 )
@@ -273,6 +274,27 @@ class MemorySubstrate:
             return False
         del self._kv[presence_key(user_id)]
         return True
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """Mark the hub process ``holder_id`` alive for ``ttl_s`` seconds.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        self._set(proc_key(holder_id), "1", await self._enter(), ttl_s)
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """Forget the process's liveness. Raises SubstrateUnavailable when marked so."""
+        await self._enter()
+        self._kv.pop(proc_key(holder_id), None)
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """Whether the process's liveness is set and not expired.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        return self._get(proc_key(holder_id), await self._enter()) is not None
 
     # -- the job stream ----------------------------------------------------------------
 

@@ -26,6 +26,15 @@ from ._substrate import Substrate
 
 log = logging.getLogger("deskbridge.hub.presence")
 
+#: The close reason sent with 4001 (CLOSE_SUPERSEDED): the sidecar that receives it backs
+#: off instead of taking presence back (docs/protocol.md).
+SUPERSEDED_REASON = "superseded by a newer sidecar session"
+#: A user's supersedes are logged at WARNING once per this many seconds (INFO between).
+SUPERSEDE_WARN_WINDOW_S = 600.0
+#: Users remembered for that (then the memory starts over).
+SUPERSEDE_WARN_USERS = 10_000
+_supersedes_warned: dict[str, float] = {}
+
 
 @attrs.define(eq=False)
 class PresenceKeeper:
@@ -93,12 +102,28 @@ class PresenceKeeper:
     async def _hand_over(self, wait_idle: Callable[[], Awaitable[None]]) -> NoReturn:
         self._superseded.set()
         self.on_superseded()  # stop reading new entries
-        log.info(
-            "session %s of %s superseded; finishing running jobs", self.session_id, self.user_id
+        # Two sidecars for one user fight (issue 11.5): say it at WARNING once per user
+        # and window, not on every flip; the sidecar told 4001 backs off.
+        now = trio.current_time()
+        warned = _supersedes_warned.get(self.user_id)
+        level = logging.INFO
+        if warned is None or not 0 <= now - warned < SUPERSEDE_WARN_WINDOW_S:
+            _supersedes_warned[self.user_id] = now
+            level = logging.WARNING
+            if len(_supersedes_warned) > SUPERSEDE_WARN_USERS:
+                _supersedes_warned.clear()
+        log.log(
+            level,
+            "session %s of %s superseded by a newer sidecar session of the same user; "
+            "finishing running jobs, then closing %d (if two sidecars keep taking over from "
+            "each other, stop one)",
+            self.session_id,
+            self.user_id,
+            CLOSE_SUPERSEDED,
         )
         with trio.move_on_after(self.timings.grace_s):
             await wait_idle()
-        raise EndSession(CLOSE_SUPERSEDED, "superseded by a newer sidecar session")
+        raise EndSession(CLOSE_SUPERSEDED, SUPERSEDED_REASON)
 
     async def clear(self) -> None:
         """Delete presence if it is still ours (shielded, bounded by

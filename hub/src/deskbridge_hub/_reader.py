@@ -38,7 +38,14 @@ from deskbridge_common import Timings
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
-from ._retry import HEARTBEAT_RETRY_S, READ_ERROR_BACKOFF_S, READ_ERROR_WARN_EVERY
+from ._retry import (
+    CLEANUP_TIMEOUT_S,
+    HEARTBEAT_RETRY_S,
+    PROCESS_LIVENESS_REFRESH_S,
+    PROCESS_LIVENESS_TTL_S,
+    READ_ERROR_BACKOFF_S,
+    READ_ERROR_WARN_EVERY,
+)
 from ._substrate import Beat, Entry, Substrate
 
 log = logging.getLogger("deskbridge.hub.reader")
@@ -166,7 +173,13 @@ class ProcessReader:
         Cancellation: stops reading; entries being served are not affected (their tasks
         belong to the sessions).
         """
+        with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
+            try:  # best effort before the first session: presence must name a live process
+                await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
+            except SubstrateUnavailable:
+                pass
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._liveness_loop)
             nursery.start_soon(self._wake_loop)
             nursery.start_soon(self._beat_loop)
             for _ in range(WORKERS):
@@ -177,6 +190,22 @@ class ProcessReader:
                 await trio.sleep_forever()
             finally:
                 self.running = False
+                with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+                    try:  # stopping: this process's presences stop counting at once
+                        await self.substrate.clear_liveness(self.holder_id)
+                    except SubstrateUnavailable:
+                        pass
+
+    async def _liveness_loop(self) -> None:
+        """Keep ``bridge:proc:{holder_id}`` alive (issue 16.2: presence follows the
+        process): a killed process's presences stop counting within
+        ``PROCESS_LIVENESS_TTL_S``."""
+        while True:
+            try:
+                await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
+            except SubstrateUnavailable as exc:
+                log.info("liveness refresh failed: %s", exc)  # the other loops warn
+            await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
 
     async def _wake_loop(self) -> None:
         while True:

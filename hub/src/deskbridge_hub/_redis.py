@@ -50,6 +50,7 @@ from ._substrate import (
     jobs_key,
     outcome_event,
     presence_key,
+    proc_key,
     progress_key,
     result_key,
     state_key,
@@ -390,6 +391,35 @@ class RedisSubstrate:
         async with self._session("clear presence") as s:
             key = presence_key(user_id)
             return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """SET ``bridge:proc:{holder_id}`` 1 PX ceil(ttl_s * 1000).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("SET liveness") as s:
+            await self._call(s, b"SET", proc_key(holder_id), b"1", b"PX", px)
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """DEL ``bridge:proc:{holder_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        async with self._session("DEL liveness") as s:
+            await self._call(s, b"DEL", proc_key(holder_id))
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """EXISTS ``bridge:proc:{holder_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("EXISTS liveness") as s:
+            return bool(await self._call(s, b"EXISTS", proc_key(holder_id)))
 
     # -- the job stream ----------------------------------------------------------------
 

@@ -36,6 +36,17 @@ READ_ERROR_BACKOFF_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
 #: failures (about once a minute at the last back-off step); INFO in between.
 READ_ERROR_WARN_EVERY = 30
 
+#: A hub process's liveness key (``bridge:proc:{<holder>}``) expires this long after its
+#: last refresh, seconds: presence held by a process that died (kill -9, OOM, a lost
+#: node) stops counting as online within this time, instead of the 30 s presence TTL.
+PROCESS_LIVENESS_TTL_S = 3.0
+#: The process refreshes its liveness key this often, seconds (a third of the TTL, as
+#: presence does, so one late refresh never lets it lapse).
+PROCESS_LIVENESS_REFRESH_S = 1.0
+#: A caller trusts a holder's liveness it checked this recently, seconds (saves a round
+#: trip per call; adds at most this much to the window in which a dead holder counts).
+HOLDER_ALIVE_CACHE_S = 1.0
+
 #: Retry a failed heartbeat this soon (seconds, or the heartbeat if shorter): after Redis
 #: comes back (possibly empty) the desktop must read online again within a second.
 HEARTBEAT_RETRY_S = 1.0

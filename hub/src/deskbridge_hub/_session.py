@@ -115,6 +115,7 @@ class HubSession:
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _presence: PresenceKeeper | None = None
     _listener: Listener | None = None
+    _ending: str | None = None
     _reading_stopped: trio.Event = attrs.field(factory=trio.Event)
     _serving: int = 0
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
@@ -196,7 +197,9 @@ class HubSession:
 
     async def close(self, code: int, reason: str) -> None:
         """End the session from outside (graceful shutdown): send the close frame
-        first, then cancel the session's tasks."""
+        first, then cancel the session's tasks. Jobs still running are answered
+        ``in_doubt`` at once (issue 11.4)."""
+        self._ending = self._ending or reason
         self._conn.close(code, reason)
         await self._close(code, reason)
         if self._nursery is not None:
@@ -206,14 +209,27 @@ class HubSession:
         """Read no new entries (draining, or superseded); running jobs go on."""
         self._reading_stopped.set()
 
-    def supersede(self) -> None:
+    def supersede(self, *, local: bool = False) -> None:
         """A newer session of this user holds presence (newest wins): stop reading, let
-        the running jobs finish, then close with 4001."""
+        the running jobs finish (within the grace), then close with 4001.
+
+        Args:
+            local: the newer session is in this process: jobs still running at the end
+                of the grace stay pending and its drain redelivers them at once (the
+                desktop's ledger answers them); otherwise their callers are answered
+                ``in_doubt`` when this session ends.
+        """
+        if not local:
+            self._ending = self._ending or "superseded by a newer sidecar session"
         self.stop_reading()
         if self._listener is not None:
             self.state.reader.stop_beating(self._listener)
         if self._presence is not None:
             self._presence.supersede()
+
+    def ended_reason(self) -> str | None:
+        """Why the session is ending on purpose, if it is (``_delivery.Executor``)."""
+        return self._ending
 
     async def wait_idle(self) -> None:
         """Return once no entry is being served on this socket (graceful shutdown)."""
@@ -289,7 +305,8 @@ class HubSession:
         self.hello = frame
         for other in list(self.state.sessions.values()):
             if other.user_id == self.user_id:
-                other.supersede()  # same process: at once; other processes: next heartbeat
+                # same process: at once; other processes: their next heartbeat
+                other.supersede(local=True)
         # A hello without tools (the field is optional) means "catalogue unknown": stored
         # as null, so callers are not refused for tools the sidecar never listed.
         catalogue = json.dumps([attrs.asdict(t) for t in frame.tools] or None)
@@ -379,6 +396,7 @@ class HubSession:
         assert self.expires_at is not None
         while (left := self.expires_at - self.state.wall_clock()) > 0:  # noqa: ASYNC110 - wall clock
             await trio.sleep(min(left, self.state.timings.heartbeat_s))
+        self._ending = "token expired"
         raise EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one")
 
     async def _pinger(self) -> NoReturn:

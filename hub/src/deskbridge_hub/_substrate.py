@@ -74,6 +74,10 @@ def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
 
 
+def proc_key(holder_id: str) -> str:
+    return f"bridge:proc:{{{holder_id}}}"
+
+
 def wake_key(holder_id: str) -> str:
     return f"bridge:wake:{{{holder_id}}}"
 
@@ -185,6 +189,16 @@ class PresenceSubstrate(Protocol):
 
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """SET ``bridge:proc:{holder_id}`` PX ttl_s: this hub process is alive (refreshed
+        well within the TTL by the process itself; presence names the process)."""
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """DEL ``bridge:proc:{holder_id}`` (the process is stopping)."""
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """EXISTS ``bridge:proc:{holder_id}``: is the process holding a presence alive?"""
 
 
 class StreamSubstrate(Protocol):
