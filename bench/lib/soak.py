@@ -457,4 +457,31 @@ def format_report(r: dict[str, Any]) -> str:
         + " / ".join(f"{r['attempt_latency_s'][q]:.2f}" for q in ("p50", "p99", "max")),
         f"  faults performed                     {r['faults']}",
     ]
+    ratio = r["worst_fault_bucket_ratio"]
+    judged = [
+        ("0 double executions", not r["double_executions"], f"{len(r['double_executions'])}"),
+        (
+            "0 hung callers",
+            not r["hung_attempts"] and not r["stuck_callers"],
+            f"{r['hung_attempts']} hung attempts, {r['stuck_callers']} stuck",
+        ),
+        (
+            "0 keys finally offline/lost that ran",
+            not r["final_offline_or_lost_but_ran"],
+            f"{len(r['final_offline_or_lost_but_ran'])}",
+        ),
+        (
+            "every faulted bucket >= 70 % of the calm one",
+            ratio == ratio and ratio >= 0.7,
+            f"{ratio:.2f}",
+        ),
+        (
+            "caller p99 <= 5 s (first attempt -> completed)",
+            r["key_latency_s"]["p99"] <= 5.0,
+            f"{r['key_latency_s']['p99']:.2f} s",
+        ),
+    ]
+    lines.append("  issue 16 targets (this run):")
+    for label, ok, figures in judged:
+        lines.append(f"    {'MET ' if ok else 'NOT MET':<8} {label:<48} {figures}")
     return "\n".join(lines)

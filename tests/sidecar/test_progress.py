@@ -84,3 +84,29 @@ def test_bad_reports_raise_in_the_tool():
         pass
     else:
         raise AssertionError("negative total accepted")
+
+
+async def test_progress_never_delays_status_or_pongs(autojump_clock, start_daemon):
+    """A tool reporting progress as fast as it can: status and ping round trips take no
+    longer than with an idle tool (the frames are few and share the writer fairly)."""
+
+    @tool
+    async def flood(progress: Progress) -> str:
+        for i in range(20_000):
+            progress(i)
+            await trio.lowlevel.checkpoint()
+        await trio.sleep(2)
+        return "done"
+
+    daemon, s = await start_daemon(tools=[flood])
+    job = await s.send_job("flood", {})
+    await trio.sleep(0.5)
+    t0 = trio.current_time()
+    status = await s.call("status", {})
+    assert status.ok and status.result["running"] == "flood"
+    nonce = await s.ping()
+    await s.wait_pong(nonce)
+    assert trio.current_time() - t0 < 0.05
+    result = await s.wait_result(job.id)
+    assert result.ok
+    assert len(s.frames(ProgressFrame)) <= 2.5 / PROGRESS_INTERVAL_S + 1
