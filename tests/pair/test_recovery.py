@@ -60,11 +60,12 @@ async def test_socket_dropped_mid_job_is_redelivered_and_answered_from_the_cache
         assert pair.substrate.pending_count("u1") == 0
 
 
-async def test_hub_restart_close_mid_job_reconnects_at_once_and_joins_the_orphaned_run(
+async def test_hub_closing_1012_mid_job_answers_in_doubt_at_once_and_the_run_goes_on(
     autojump_clock,
 ):
-    """The hub closes with 1012 mid-job: the sidecar reconnects at once; the redelivery
-    awaits the run still going (no second start) and the caller gets its result at 30 s."""
+    """The hub ends the session on purpose (1012) with a job running: its caller is told
+    ``in_doubt`` at once (issue 11.4) instead of waiting out its timeout; the sidecar
+    reconnects without backoff; the tool is not started twice and finishes on the desktop."""
     submit, calls = counting_tool(seconds=30)
     async with sidecar_pair(tools=[submit]) as pair:
         outcomes = []
@@ -79,9 +80,12 @@ async def test_hub_restart_close_mid_job_reconnects_at_once_and_joins_the_orphan
             await session.close(CLOSE_SERVICE_RESTART, "hub restarting")
             await pair.wait_session(2)
             assert trio.current_time() < 6  # 1012: reconnected without backoff
-        assert [o.status for o in outcomes] == ["completed"]
-        assert outcomes[0].result["n"] == 1 and len(calls) == 1
-        assert trio.current_time() >= 30
+        [outcome] = outcomes
+        assert outcome.status == "in_doubt" and outcome.elapsed_s < 6
+        assert outcome.detail["reason"] == "hub restarting"
+        await trio.sleep(30)
+        assert pair.daemon.statistics().running is None
+        assert len(calls) == 1 and pair.daemon.statistics().executions["submit"] == 1
 
 
 async def test_desktop_gone_for_good_mid_job_is_told_interrupted(autojump_clock):
