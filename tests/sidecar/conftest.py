@@ -42,6 +42,7 @@ def make_daemon(
     timings: Timings | None = None,
     random: Callable[[], float] = lambda: 0.5,
     token: str = TOKEN,
+    **extra: Any,
 ) -> Daemon:
     return Daemon(
         HUB_URL,
@@ -51,6 +52,7 @@ def make_daemon(
         wall_clock=wall,
         connector=hub,
         random=random,
+        **extra,
     )
 
 

@@ -10,6 +10,7 @@ import trio
 from deskbridge_common import Timings
 from deskbridge_sidecar import TokenRefused
 from deskbridge_sidecar._daemon import HEALTHY_SESSION_S
+from deskbridge_sidecar._errors import Superseded
 
 from .conftest import make_daemon
 
@@ -63,7 +64,7 @@ async def test_restart_close_codes_reconnect_at_once(autojump_clock, start_daemo
     assert daemon.statistics().last_end.code == code
 
 
-@pytest.mark.parametrize("code", [4001, 1000, 1011, 1013, 4002])
+@pytest.mark.parametrize("code", [1000, 1011, 1013, 4002])
 async def test_other_close_codes_back_off(autojump_clock, start_daemon, hub, code):
     daemon, s = await start_daemon(random=lambda: 0.999)
     await trio.sleep(3)
@@ -214,16 +215,66 @@ async def test_clock_jump_drops_the_socket_and_reconnects(
 async def test_connect_disconnect_and_delays_are_logged(autojump_clock, start_daemon, hub, caplog):
     caplog.set_level(logging.INFO, logger="deskbridge")
     daemon, s = await start_daemon(random=lambda: 0.5)
-    await s.close(4001, "superseded by a newer sidecar session")
+    await s.close(4002, "ping timeout")
     await hub.next_session()
     text = caplog.text
     assert "connecting to ws://hub.test:8080/v1/sidecar (attempt 1)" in text
     assert "welcomed by hub: session fake-1" in text
-    assert (
-        "disconnected from hub (closed, code 4001: superseded by a newer sidecar session)" in text
-    )
+    assert "disconnected from hub (closed, code 4002: ping timeout)" in text
     assert "reconnecting in 0.25 s" in text
     assert "welcomed by hub: session fake-2" in text
+
+
+async def test_superseded_stops_with_one_warning(autojump_clock, nursery, hub, wall, caplog):
+    """Issue 11 item 5: two sidecars of one user superseded each other every 5-10 s.
+    The older one (closed 4001 after a welcome) now stops and says why, once."""
+    daemon = make_daemon(hub, wall)
+    raised: list[BaseException] = []
+    stopped = trio.Event()
+
+    async def run() -> None:
+        try:
+            await daemon.run()
+        except Superseded as exc:
+            raised.append(exc)
+        stopped.set()
+
+    nursery.start_soon(run)
+    s = await hub.next_session()
+    await trio.sleep(60)  # a long, healthy session: still no reconnect after 4001
+    await s.close(4001, "superseded by a newer sidecar session")
+    await stopped.wait()
+    assert raised[0].reason == "superseded by a newer sidecar session"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "superseded: a newer sidecar" in warnings[0].getMessage()
+    await trio.sleep(600)
+    assert len(hub.attempts) == 1
+
+
+async def test_a_refusal_that_may_pass_is_retried_and_its_reason_printed(
+    autojump_clock, nursery, hub, wall, caplog
+):
+    """Issue 11 items 2 and 6: a token minted on a clock ahead of the hub's, or a hub
+    without its secret yet, is not final; the sidecar retries (after Retry-After) and
+    prints what the hub said."""
+    hub.reject_status = 403
+    hub.reject_code = "token_not_yet_valid"
+    hub.reject_message = "token not yet valid (iat 12 s ahead)"
+    hub.reject_retry_after_s = 12
+    daemon = make_daemon(hub, wall, random=lambda: 0.5)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(3)
+    assert attempts[1].at - attempts[0].at == pytest.approx(12)  # Retry-After honoured
+    assert (
+        "hub refused the upgrade with HTTP 403 (token_not_yet_valid: token not yet valid "
+        "(iat 12 s ahead))" in caplog.text
+    )
+    hub.reject_status, hub.reject_code, hub.reject_message = 503, "not_configured", "no secret"
+    await hub.wait_attempts(4)
+    assert "HTTP 503 (not_configured: no secret)" in caplog.text
+    hub.reject_status = None
+    s = await hub.next_session()
+    assert (await s.call("echo", {"ok": 1})).ok
 
 
 async def test_stop_before_the_first_welcome(autojump_clock, nursery, hub, wall):

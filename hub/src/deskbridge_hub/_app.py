@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hmac
 import json
 import logging
@@ -21,7 +23,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _metrics, _tracing
+from . import _admin, _connectors, _metrics, _openapi, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
 from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
@@ -190,9 +192,8 @@ def create_app(
     def _authorised() -> bool:
         if not config.api_keys:
             return True
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
+        given = _presented_key(request.headers.get("Authorization", ""))
+        if not given:
             return False
         ok = False
         for key in config.api_keys:  # compare with every key: constant time overall
@@ -202,9 +203,12 @@ def create_app(
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
         if _needs_key(request.path) and not _authorised():
-            return _error(
+            response = _error(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
             )
+            if request.path.startswith("/admin"):  # a browser asks for the key once
+                response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
+            return response
         return None
 
     @app.errorhandler(SubstrateUnavailable)
@@ -355,11 +359,36 @@ def create_app(
         )
         return None
 
+    _admin.register(app, holder, _json)
+    _connectors.register(app)
+
+    @app.get("/openapi.json")
+    async def openapi():  # type: ignore[no-untyped-def]
+        """The OpenAPI document of this API (``_openapi``); no key needed."""
+        from . import __version__
+
+        return _json(_openapi.document(__version__))
+
     add_event_routes(app, holder)
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
+
+
+def _presented_key(header: str) -> str:
+    """The API key in an ``Authorization`` header: a bearer token, or the password of
+    HTTP Basic (any user name; what a browser sends for the connectors page)."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return value
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return ""
+        return decoded.partition(":")[2]
+    return ""
 
 
 def _needs_key(path: str) -> bool:

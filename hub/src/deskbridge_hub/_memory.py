@@ -34,6 +34,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
@@ -127,7 +128,7 @@ class _ProgressLog:
 
 
 @attrs.define(eq=False)
-class MemorySubstrate:
+class MemorySubstrate(MemoryDirectory):
     """The substrate contract in one process, on ``anyio.current_time()``.
 
     Construct it with no arguments; it needs no connection, and ``async with`` is

@@ -33,6 +33,7 @@ from coredis.exceptions import (
     UnblockedError,
 )
 
+from ._directory import RedisDirectory
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
 from ._redis_conn import RedisConnections
@@ -204,7 +205,7 @@ def _entries(raw: Any) -> list[Entry]:
     return out
 
 
-class RedisSubstrate:
+class RedisSubstrate(RedisDirectory):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 
     Args:

@@ -57,7 +57,7 @@ from deskbridge_common import (
 )
 from deskbridge_common._connection import Event
 
-from . import _metrics
+from . import _directory, _metrics
 from ._delivery import EntryServer
 from ._errors import EndSession, SocketClosed, SubstrateUnavailable
 from ._logging import fields
@@ -146,6 +146,7 @@ class HubSession:
         )  # fmt: skip
         self.state.sessions[self.session_id] = self
         _metrics.session_opened()
+        await _directory.connected(self)  # the admin API's index (best effort)
         ended: list[EndSession] = []
         try:
             async with trio.open_nursery() as nursery:
@@ -183,6 +184,8 @@ class HubSession:
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             await presence.clear()
+            end_of = (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
+            await _directory.disconnected(self, *end_of)
         if ended:
             end = ended[0]
             log.info(

@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from . import _inspect_cli
 from ._config import MEMORY_URL
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 
@@ -101,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--idempotency-key", default=None)
     c.add_argument("--timeout-s", type=float, default=None, help="seconds to wait (default 90)")
+    _inspect_cli.add_parser(sub)
     return p
 
 
@@ -121,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _token(args)
     if args.command == "call":
         return _call(args)
+    if args.command == "inspect":
+        return _inspect_cli.run(args)
     return _serve(args)
 
 

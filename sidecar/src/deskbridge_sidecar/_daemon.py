@@ -55,6 +55,7 @@ from deskbridge_common import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
+    CLOSE_SUPERSEDED,
     PROTOCOL_VERSION,
     Hello,
     LocalProtocolError,
@@ -65,7 +66,7 @@ from deskbridge_common import (
 
 from ._backoff import Backoff
 from ._dedupe import DedupeCache
-from ._errors import ConnectFailed, HandshakeRejected, TokenRefused
+from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
 from ._runner import ToolRunner
 from ._session import CLOSED, INTERNAL_ERROR, Session, SessionEnd
@@ -82,6 +83,14 @@ REJECTED = "rejected"
 
 #: Close codes after which the daemon reconnects without delay.
 IMMEDIATE_RECONNECT_CODES = frozenset({CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+
+#: After giving up on a running tool at shutdown, how long its in_doubt answer may take
+#: to reach the hub before the socket closes, seconds.
+ANSWER_FLUSH_S = 1.0
+#: Hub error codes of a 401/403 refusal that may pass by themselves: never final.
+TRANSIENT_REFUSAL_CODES = frozenset({"token_not_yet_valid", "draining", "not_configured"})
+#: Longest ``Retry-After`` honoured, seconds (a hub cannot park a desktop for hours).
+MAX_RETRY_AFTER_S = 60.0
 
 #: After a restart close (1012/1001), this many failed attempts in a row are retried
 #: quickly: a draining hub refuses with 503, an exiting one refuses or resets.
@@ -158,6 +167,8 @@ class Daemon:
             ledger in memory (gone with the process: embedders and tests). The CLI
             passes the platform data dir (``--data-dir``, ``DESKBRIDGE_DATA_DIR``).
         ledger_max_entries: the ledger's row cap (:data:`~._ledger.MAX_ENTRIES`).
+        ledger: a ledger the caller opened and owns (tests, embedders): used instead of
+            ``data_dir`` and not closed by the daemon.
 
     Raises:
         ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
@@ -175,6 +186,7 @@ class Daemon:
     random: Callable[[], float] = attrs.field(default=_random.random, kw_only=True)
     data_dir: Path | None = attrs.field(default=None, kw_only=True)
     ledger_max_entries: int = attrs.field(default=MAX_ENTRIES, kw_only=True)
+    ledger: Ledger | None = attrs.field(default=None, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _ran: bool = attrs.field(default=False, init=False)
@@ -223,9 +235,11 @@ class Daemon:
         if self._ran:
             raise RuntimeError("Daemon.run() was already called; create a new Daemon")
         self._ran = True
-        refused: TokenRefused | None = None
+        refused: TokenRefused | Superseded | None = None
         t = self.timings
-        if self.data_dir is None:
+        if self.ledger is not None:
+            ledger = self.ledger
+        elif self.data_dir is None:
             ledger = Ledger.memory(max_entries=self.ledger_max_entries, wall_clock=self.wall_clock)
         else:
             ledger = await trio.to_thread.run_sync(
@@ -254,17 +268,64 @@ class Daemon:
                     work.start_soon(self._prune_loop, self._runner)
                     try:
                         await self._connect_loop(task_status)
-                    except TokenRefused as exc:
+                    except (TokenRefused, Superseded) as exc:
                         refused = exc
                     work.cancel_scope.cancel()
         finally:
-            ledger.close()
+            if ledger is not self.ledger:
+                ledger.close()
         if refused is not None:
             raise refused
 
     def stop(self) -> None:
         """Stop the daemon: :meth:`run` returns soon after. Safe to call at any time."""
         self._cancel_scope.cancel()
+
+    async def shutdown(self, grace_s: float, *, why: str, now: trio.Event | None = None) -> None:
+        """Stop on purpose (SIGTERM, Ctrl-C): let a running tool finish, then stop.
+
+        A tool still running after ``grace_s`` (or once ``now`` is set: a second Ctrl-C)
+        is given up: the hub is answered ``in_doubt`` for it at once (it may have acted;
+        its caller is answered within a second instead of at its timeout) and the ledger
+        records it so, then the socket is closed (1001). Jobs still queued are left to
+        the hub, which redelivers them when a sidecar of this user is back.
+
+        Args:
+            grace_s: seconds a running tool may take to finish (``Timings.grace_s``).
+            why: what stopped the sidecar, for the ``in_doubt`` message.
+            now: an event that ends the grace early.
+
+        Returns:
+            None, after :meth:`stop` was called (``run`` returns soon after).
+        """
+        runner = self._runner
+        if runner is not None:
+            runner.close()
+        if runner is not None and runner.busy:
+            keys = runner.started_keys()
+            with trio.move_on_after(grace_s):
+                async with trio.open_nursery() as nursery:
+
+                    async def early() -> None:
+                        if now is not None:
+                            await now.wait()
+                            nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(early)
+                    await runner.wait_idle()
+                    nursery.cancel_scope.cancel()
+            if runner.busy:
+                given_up = runner.interrupt(why)
+                log.warning(
+                    "gave up on %s: answered in_doubt",
+                    ", ".join(name for _, name in given_up),
+                )
+            with trio.move_on_after(ANSWER_FLUSH_S):
+                await runner.wait_idle()  # outcomes (real or in_doubt) are recorded
+                session = self._session
+                if session is not None:  # and their answers are on the socket
+                    await session.wait_flushed(keys)
+        self.stop()
 
     @property
     def session_id(self) -> str | None:
@@ -324,6 +385,7 @@ class Daemon:
         quick_left = 0  # quick retries left after a restart close
         while True:
             rejected_status: int | None = None
+            retry_after_s: float | None = None
             self._connect_attempts += 1
             log.info("connecting to %s (attempt %d)", self.url, self._connect_attempts)
             started_at = trio.current_time()
@@ -354,16 +416,18 @@ class Daemon:
                     finally:
                         self._session = None
             except HandshakeRejected as exc:
-                if exc.status_code in (401, 403):
+                if _final_refusal(exc):
                     log.error(
                         "token refused by hub (%d): issue a new one with "
-                        "`deskbridge-hub token USER_ID`",
+                        "`deskbridge-hub token USER_ID`%s",
                         exc.status_code,
+                        f" (hub says: {exc.message})" if exc.message else "",
                     )
                     raise TokenRefused(exc.status_code) from None
                 rejected_status = exc.status_code
+                retry_after_s = exc.retry_after_s
                 end = self._failed(
-                    REJECTED, f"hub refused the upgrade with HTTP {exc.status_code}", started_at
+                    REJECTED, f"hub refused the upgrade with {exc.describe()}", started_at
                 )
             except ConnectFailed as exc:
                 end = self._failed(CONNECT_FAILED, str(exc), started_at)
@@ -371,6 +435,14 @@ class Daemon:
                 log.exception("connection to %s failed with an internal error", self.url)
                 end = self._failed(INTERNAL_ERROR, "internal error", started_at)
             self._last_end = end
+            if end.cause == CLOSED and end.welcomed and end.code == CLOSE_SUPERSEDED:
+                log.warning(
+                    "superseded: a newer sidecar for this user connected (hub: %s); stopping "
+                    "this one so the two do not take the user from each other. One sidecar "
+                    "per user: stop the other one first to use this one",
+                    end.reason or "4001",
+                )
+                raise Superseded(end.reason)
             if end.cause in (CONNECT_FAILED, REJECTED):
                 log.warning("could not connect to %s: %s", self.url, end.reason)
             else:
@@ -399,6 +471,8 @@ class Daemon:
             else:
                 quick_left = 0
                 delay = backoff.next_delay()
+                if retry_after_s is not None:  # the hub said when (e.g. a token not yet valid)
+                    delay = max(delay, min(retry_after_s, MAX_RETRY_AFTER_S))
                 log.info("reconnecting in %.2f s", delay)
             self._reconnects += 1
             await trio.sleep(delay)
@@ -413,6 +487,17 @@ class Daemon:
             session_id=None,
             duration_s=trio.current_time() - started_at,
         )
+
+
+def _final_refusal(exc: HandshakeRejected) -> bool:
+    """True if a refused upgrade means the token will never be accepted: 401/403, unless
+    the hub's code or reason says it may pass (a token not yet valid on a skewed clock,
+    a hub without its secret yet, a draining hub)."""
+    if exc.status_code not in (401, 403):
+        return False
+    if exc.code in TRANSIENT_REFUSAL_CODES:
+        return False
+    return "not yet valid" not in exc.message.lower()
 
 
 def _restart_in_progress(end: SessionEnd, rejected_status: int | None) -> bool:

@@ -37,12 +37,33 @@ class HandshakeRejected(Exception):
     """The hub answered the WebSocket upgrade with an HTTP error status.
 
     Attributes:
-        status_code: the HTTP status (401 and 403 mean the token was refused).
+        status_code: the HTTP status (401 and 403 mean the token was refused, unless
+            ``code`` says the refusal is transient).
+        code: the hub's error code from its JSON body (``{"error": {"code",
+            "message"}}``), e.g. ``not_configured``, ``draining``,
+            ``token_not_yet_valid``; "" when the body had none.
+        message: the hub's reason (its JSON ``message``, or the body's text, cut to 300
+            characters); "" when there was no body.
+        retry_after_s: the ``Retry-After`` header in seconds, or None.
     """
 
-    def __init__(self, status_code: int):
+    def __init__(
+        self,
+        status_code: int,
+        code: str = "",
+        message: str = "",
+        retry_after_s: float | None = None,
+    ):
         self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
         super().__init__(f"hub refused the WebSocket handshake with HTTP {status_code}")
+
+    def describe(self) -> str:
+        """``HTTP 503 (not_configured: hub has no DESKBRIDGE_SECRET ...)``."""
+        said = ": ".join(part for part in (self.code, self.message) if part)
+        return f"HTTP {self.status_code}" + (f" ({said})" if said else "")
 
 
 class TokenRefused(Exception):
@@ -57,6 +78,24 @@ class TokenRefused(Exception):
         super().__init__(
             f"token refused by hub ({status_code}): issue a new one with "
             "`deskbridge-hub token USER_ID`"
+        )
+
+
+class Superseded(Exception):
+    """A newer sidecar of the same user connected and the hub closed this one with 4001.
+
+    The daemon stops instead of reconnecting: reconnecting would supersede the newer one
+    in turn, and two sidecars would take the user from each other for ever (issue 11).
+
+    Attributes:
+        reason: the hub's close reason.
+    """
+
+    def __init__(self, reason: str = ""):
+        self.reason = reason
+        super().__init__(
+            "superseded: a newer sidecar for this user connected"
+            + (f" (hub: {reason})" if reason else "")
         )
 
 
@@ -96,6 +135,7 @@ __all__ = [
     "HandshakeRejected",
     "LedgerError",
     "LedgerLocked",
+    "Superseded",
     "TokenRefused",
     "ToolError",
     "TransportClosed",

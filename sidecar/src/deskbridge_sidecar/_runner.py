@@ -39,6 +39,7 @@ from ._outcome import (
     CANCELLED,
     EXPIRED,
     IDEMPOTENCY_KEY_REUSED,
+    IN_DOUBT,
     LEDGER_ERROR,
     UNKNOWN_TOOL,
     Outcome,
@@ -67,6 +68,8 @@ class _Run:
     done: trio.Event = attrs.field(factory=trio.Event)
     started: bool = False
     outcome: Outcome | None = None
+    #: set by ToolRunner.interrupt: the answer to give instead of waiting for the tool
+    interrupted: Outcome | None = None
     progress: ProgressState = attrs.field(factory=ProgressState)
 
 
@@ -104,6 +107,7 @@ class ToolRunner:
     #: every key the ledger holds -> (tool, args digest): lets the reader refuse a
     #: reused key and skip preflight for a known one without a disk read.
     _known: dict[str, tuple[str, str]] = attrs.field(factory=dict)
+    _closing: bool = False
 
     async def load(self) -> None:
         """Read the ledger's keys into memory (call once before serving).
@@ -221,6 +225,8 @@ class ToolRunner:
                 return entry.outcome
             run = self._runs.get(key)  # another delivery may have started one meanwhile
         if run is None:
+            if self._closing:
+                await trio.sleep_forever()  # left to the hub: redelivered after a restart
             tool = self.registry.get(job.name)
             assert tool is not None, "execute() of a delivery admit() did not queue"
             run = self._runs[key] = _Run(key=key, tool=tool, digest=args_digest(job.args))
@@ -234,9 +240,59 @@ class ToolRunner:
                 nursery.start_soon(run.progress.follow, on_progress)
                 await run.done.wait()
                 nursery.cancel_scope.cancel()
+        if run.outcome is None and self._closing:
+            await trio.sleep_forever()  # never started: left to the hub
         if run.outcome is None:
             return Outcome.failure(CANCELLED, "the sidecar stopped before the tool finished")
         return run.outcome
+
+    @property
+    def busy(self) -> bool:
+        """True while a tool has started and not finished."""
+        return any(run.started and not run.done.is_set() for run in self._runs.values())
+
+    def started_keys(self) -> set[str]:
+        """Idempotency keys of the tools started and not finished."""
+        return {r.key for r in self._runs.values() if r.started and not r.done.is_set()}
+
+    async def wait_idle(self) -> None:
+        """Return once no started tool is still running (queued runs do not count)."""
+        while True:
+            started = [r for r in self._runs.values() if r.started and not r.done.is_set()]
+            if not started:
+                return
+            await started[0].done.wait()
+
+    def close(self) -> None:
+        """Start no new tool from now on (the daemon is stopping): a delivery that would
+        start one waits until the daemon's scope ends, unanswered, so the hub keeps it
+        pending and redelivers it to the next sidecar session of this user."""
+        self._closing = True
+
+    def interrupt(self, why: str) -> list[tuple[str, str]]:
+        """Give up on every started run now: each is answered ``in_doubt`` (it may have
+        acted) and recorded so in the ledger, its task is cancelled (an async tool at
+        its next checkpoint; a sync tool's thread is abandoned and dies with the
+        process). Queued runs are left alone.
+
+        Args:
+            why: what stopped them, for the answer's message (e.g. "the sidecar was
+                stopped (SIGTERM)").
+
+        Returns:
+            ``(idempotency key, tool name)`` of each run interrupted.
+        """
+        names = []
+        for run in self._runs.values():
+            if run.started and not run.done.is_set() and run.interrupted is None:
+                run.interrupted = Outcome.failure(
+                    IN_DOUBT,
+                    f"{run.tool.name} was running when {why}; it may have acted. Not run "
+                    "again under this idempotency key: check, then retry with a new key",
+                )
+                run.cancel_scope.cancel()
+                names.append((run.key, run.tool.name))
+        return names
 
     def cancel(self, key: str) -> bool:
         """Cancel the in-flight run for ``key`` if it can be cancelled.
@@ -291,7 +347,9 @@ class ToolRunner:
             with run.cancel_scope:
                 async with self._lock:
                     refused = self._expired(job)  # the deadline may pass while queued
-                    if refused is not None:
+                    if self._closing:
+                        pass  # stopping: never start it (outcome None: not recorded)
+                    elif refused is not None:
                         outcome = refused
                     else:
                         keep_until = max(job.deadline, self.wall_clock()) + self.result_ttl_s
@@ -319,12 +377,15 @@ class ToolRunner:
                                 outcome = await invoke(run.tool, job.args, progress=progress)
                             finally:
                                 self.running = None
-            if run.cancel_scope.cancelled_caught:
+            if run.interrupted is not None:
+                outcome = run.interrupted
+            elif run.cancel_scope.cancelled_caught:
                 outcome = Outcome.failure(
                     CANCELLED,
                     "cancelled by the hub" + ("" if run.started else " before it started"),
                 )
-            assert outcome is not None
+            if outcome is None:
+                return  # the daemon is stopping and it never started: nothing to record
             if run.started or outcome.code == CANCELLED:
                 self.cache.put(run.key, outcome)
                 self._known[run.key] = (run.tool.name, run.digest)

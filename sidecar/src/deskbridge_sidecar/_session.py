@@ -34,7 +34,7 @@ import functools
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import attrs
 import trio
@@ -161,6 +161,7 @@ class Session:
     _status_queue: trio.MemorySendChannel[Job] | None = attrs.field(default=None, init=False)
     _deliveries: dict[str, Job] = attrs.field(factory=dict, init=False)
     _pong: tuple[str, trio.Event] | None = attrs.field(default=None, init=False)
+    _unsent: int = attrs.field(default=0, init=False)  # queued for the writer, not yet sent
 
     @property
     def tools(self) -> list[str]:
@@ -423,7 +424,20 @@ class Session:
                 return
             failed = Outcome.failure(CRASHED, f"result could not be encoded: {exc}")
             text = self._conn.send(failed.reply(frame.id))
+        self._unsent += 1
         await self._outbox.send(text)
+
+    async def wait_flushed(self, keys: Collection[str]) -> None:
+        """Return once no delivery of ``keys`` waits for its answer here and every
+        answer queued so far has been handed to the socket (the daemon's shutdown, after
+        giving up on running tools). Polls every 10 ms; the caller bounds it."""
+        assert self._outbox is not None
+        def pending() -> bool:
+            waiting = any(job.idempotency_key in keys for job in self._deliveries.values())
+            return waiting or self._unsent > 0
+
+        while pending():  # noqa: ASYNC110 - state of two tasks; the caller bounds it
+            await trio.sleep(0.01)
 
     async def _writer(self, outbox: trio.MemoryReceiveChannel[str]) -> None:
         async for text in outbox:
@@ -432,6 +446,8 @@ class Session:
             except TransportClosed as exc:
                 self._finish(CLOSED, exc.code, exc.reason, by_hub=True)
                 return
+            finally:
+                self._unsent -= 1
 
     async def _pinger(self, interval_s: float) -> None:
         """A ping every ``interval_s``; the connection holds its deadline (the welcome's
@@ -450,6 +466,7 @@ class Session:
                 text = self._conn.send(Ping(nonce=nonce), now_s=trio.current_time())
                 deadline_s = self._conn.deadline_s
                 with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
+                    self._unsent += 1
                     await self._outbox.send(text)
                     await answered.wait()
                 self._conn.check_deadlines(trio.current_time())

@@ -10,6 +10,7 @@ imports trio-websocket. Its exceptions are mapped here into the sidecar's own
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import urllib.parse
@@ -235,7 +236,7 @@ class WebSocketConnector:
                 raise
             exc = group.exceptions[0]
             if not entered and isinstance(exc, trio_websocket.ConnectionRejected):
-                raise HandshakeRejected(exc.status_code) from None
+                raise _rejected(exc) from None
             _reraise(exc)
         finally:
             await trio.aclose_forcefully(stream)
@@ -333,6 +334,26 @@ def _reraise(exc: BaseException) -> NoReturn:
     finally:
         exc.__context__ = context
         del exc, context
+
+
+def _rejected(exc: trio_websocket.ConnectionRejected) -> HandshakeRejected:
+    """Map a refused upgrade, keeping the hub's reason: its JSON body
+    ``{"error": {"code", "message"}}`` (or the body's text) and ``Retry-After``."""
+    code = message = ""
+    body = (exc.body or b"")[:4096].decode("utf-8", "replace")
+    try:
+        error = json.loads(body).get("error") or {}
+        code, message = str(error.get("code", "")), str(error.get("message", ""))
+    except (ValueError, AttributeError):
+        message = " ".join(body.split())[:300]
+    retry_after_s = None
+    for name, value in exc.headers or ():
+        if name.lower() == b"retry-after":
+            try:
+                retry_after_s = max(0.0, float(value.decode("latin-1").strip()))
+            except ValueError:
+                pass
+    return HandshakeRejected(exc.status_code, code, message[:300], retry_after_s)
 
 
 __all__ = [

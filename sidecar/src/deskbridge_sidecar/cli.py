@@ -2,7 +2,8 @@
 
     deskbridge-sidecar run --hub ws://HOST:PORT --token TOKEN [--tools MODULE]...
 
-Exit status: 0 after SIGTERM, 130 after Ctrl-C, 2 for a usage error, when the hub
+Exit status: 0 after SIGTERM, 130 after Ctrl-C, 3 when superseded by a newer sidecar of
+the same user (4001), 2 for a usage error, when the hub
 refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``), or
 when the ledger cannot be used (another sidecar holds it, or its directory is not
 writable).
@@ -11,6 +12,7 @@ writable).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -23,7 +25,7 @@ import trio
 from deskbridge_common import Timings
 
 from ._daemon import Daemon
-from ._errors import TokenRefused
+from ._errors import Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, LedgerError
 from ._logformat import make_formatter
 from ._tools import ToolRegistry
@@ -43,10 +45,13 @@ environment:
                        DESKBRIDGE_WEDGE_GAP_S=5 (any field of deskbridge_common.Timings)
 
 exit status:
-  0    stopped by SIGTERM
+  0    stopped by SIGTERM (a running tool gets DESKBRIDGE_GRACE_S, 20 s, to finish;
+       past it, or on a second signal, the hub is told in_doubt for it)
   2    usage error, the hub refused the token (HTTP 401/403), or the ledger
        cannot be used (another sidecar holds it; directory not writable)
-  130  interrupted (Ctrl-C)
+  3    superseded: a newer sidecar for this user connected (the hub closed this one
+       with 4001); not restarted, so the two do not take the user from each other
+  130  interrupted (Ctrl-C; same grace as SIGTERM, Ctrl-C again stops at once)
 """
 
 _RUN_DESCRIPTION = """\
@@ -171,27 +176,60 @@ def _configure_logging(verbose: int, level_name: str | None) -> None:
     logging.getLogger("trio-websocket").setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
 
 
+#: Exit status after the hub closed this sidecar with 4001 (a newer one connected).
+EXIT_SUPERSEDED = 3
+#: Exit status after Ctrl-C (SIGINT), as shells report a process ended by it.
+EXIT_INTERRUPTED = 130
+
+
 async def _serve(daemon: Daemon) -> int:
     status = 0
+    stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_sigterm, daemon)
+        nursery.start_soon(_stop_on_signals, daemon, stopped_by)
         try:
             await daemon.run()
         except TokenRefused:
             status = 2
+        except Superseded:
+            status = EXIT_SUPERSEDED
         except LedgerError as exc:
             log.error("%s", exc)
             status = 2
         nursery.cancel_scope.cancel()
+    if stopped_by:
+        return EXIT_INTERRUPTED if stopped_by[0] == signal.SIGINT else 0
     return status
 
 
-async def _stop_on_sigterm(daemon: Daemon) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
-        async for _ in signals:
-            log.info("SIGTERM: stopping")
-            daemon.stop()
-            return
+async def _stop_on_signals(daemon: Daemon, stopped_by: list[int]) -> None:
+    """SIGTERM or Ctrl-C: one line, then a graceful stop (a running tool may finish
+    within ``grace_s``; past it, or on a second signal, it is answered in_doubt)."""
+    grace_s = daemon.timings.grace_s
+    now = trio.Event()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async for signum in signals:
+                name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+                if stopped_by:
+                    log.warning("%s again: stopping now", name)
+                    now.set()
+                    continue
+                stopped_by.append(signum)
+                running = daemon.statistics().running
+                if running:
+                    log.warning(
+                        "%s: stopping; waiting up to %g s for %s to finish (%s again to stop "
+                        "now: it is then reported in_doubt)",
+                        name,
+                        grace_s,
+                        running,
+                        name,
+                    )
+                else:
+                    log.info("%s: stopping", name)
+                why = f"the sidecar was stopped ({name})"
+                nursery.start_soon(functools.partial(daemon.shutdown, grace_s, why=why, now=now))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,8 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         return trio.run(_serve, daemon)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C before the signal receiver was installed
+        return EXIT_INTERRUPTED
     finally:
         for close in _CLOSERS:
             close()

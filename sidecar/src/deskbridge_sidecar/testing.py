@@ -318,6 +318,8 @@ class FakeHub:
     Attributes:
         down: connect attempts fail with ``ConnectFailed`` while True.
         reject_status: refuse every upgrade with this HTTP status while set.
+        reject_code, reject_message, reject_retry_after_s: the refusal's JSON error
+            code and message and its ``Retry-After`` (as a hub sends them).
         attempts: every connect attempt, in order.
         sessions: every accepted session, in order.
     """
@@ -332,6 +334,9 @@ class FakeHub:
     buffer: int = 16
     down: bool = False
     reject_status: int | None = None
+    reject_code: str = ""
+    reject_message: str = ""
+    reject_retry_after_s: float | None = None
     attempts: list[ConnectAttempt] = attrs.field(factory=list)
     sessions: list[FakeHubSession] = attrs.field(factory=list)
     _nursery: trio.Nursery | None = None
@@ -378,7 +383,11 @@ class FakeHub:
         if self.down:
             raise ConnectFailed("connection refused (fake hub is down)")
         if status is not None:
-            raise HandshakeRejected(status)
+            if self.reject_status is None:  # a wrong token
+                raise HandshakeRejected(status, "unauthorized", "bad token")
+            raise HandshakeRejected(
+                status, self.reject_code, self.reject_message, self.reject_retry_after_s
+            )
         client, server = memory_transport_pair(self.buffer)
         session = FakeHubSession(
             hub=self,

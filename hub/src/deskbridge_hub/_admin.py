@@ -1,0 +1,172 @@
+"""The admin API (API key required, as every ``/v1/`` route): what an operator looks at.
+
+* ``GET /v1/admin/desktops?offset=0&limit=100`` - desktops from the directory
+  (``_directory``), newest activity first, each with presence (online or not, since
+  when), sidecar version, tools and, for online ones, queue depth and pending entries.
+* ``GET /v1/admin/users/{user_id}`` - one desktop: presence, its session record, tool
+  catalogue, queue length, pending entries with consumer, idle time, delivery count and
+  job id (the jobs in flight).
+* ``GET /v1/jobs/{job_id}`` - one job's state (``_jobstate``).
+
+The first two are also served under ``/admin/api/`` (``desktops``, ``users/{user_id}``) for
+the connectors page.
+
+Every answer is built from the shared substrate, so any replica gives the same one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import request
+
+from ._errors import BadRequest
+from ._validate import validate_key, validate_user_id
+
+#: Most rows per desktops page, and the default.
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 100
+#: Most pending entries listed for one user.
+MAX_PENDING_LISTED = 100
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer", field=name) from None
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be in [{low}, {high}]", field=name)
+    return value
+
+
+def _check(validator: Any, value: str, field: str) -> None:
+    try:
+        validator(value)
+    except ValueError as exc:
+        raise BadRequest(str(exc), field=field) from None
+
+
+def _loads(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def desktop_row(
+    user_id: str, changed_at: float | None, holder: str | None, record: Any, catalogue: Any
+) -> dict[str, Any]:
+    """One desktop as the admin API shows it (no I/O)."""
+    record = record if isinstance(record, dict) else {}
+    online = holder is not None
+    same_session = online and record.get("session_id") == holder
+    if online:
+        since = record.get("connected_at") if same_session else None
+    else:
+        since = record.get("ended_at")
+    tools = (
+        [t.get("name") for t in catalogue if isinstance(t, dict)]
+        if isinstance(catalogue, list)
+        else record.get("tools")
+    )
+    return {
+        "user_id": user_id,
+        "online": online,
+        "since": since,
+        "session_id": holder,
+        "sidecar_version": record.get("sidecar_version") if same_session or not online else None,
+        "tools": tools,
+        "connected_at": record.get("connected_at"),
+        "ended_at": record.get("ended_at"),
+        "end": record.get("end"),
+        "hub_consumer": record.get("consumer"),
+        "changed_at": changed_at,
+    }
+
+
+def register(app: Any, holder: dict[str, Any], json_response: Any) -> None:
+    """Add the admin routes to ``app``; ``holder["state"]`` is the running HubState."""
+
+    # Also under /admin/api/: a browser that authenticated for /admin/ sends its Basic
+    # credentials again only below that path (the connectors page's fetches).
+    @app.get("/v1/admin/desktops")
+    @app.get("/admin/api/desktops")
+    async def admin_desktops():  # type: ignore[no-untyped-def]
+        offset = _int_arg("offset", 0, 0, 10**9)
+        limit = _int_arg("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        substrate = holder["state"].substrate
+        page = await substrate.list_desktops(offset=offset, limit=limit)
+        users = [user for user, _ in page.rows]
+        infos = await substrate.desktops_info(users)
+        rows = []
+        for (user, changed_at), (present, record, catalogue) in zip(page.rows, infos, strict=True):
+            row = desktop_row(user, changed_at, present, _loads(record), _loads(catalogue))
+            if row["online"]:
+                queue = await substrate.queue_info(user, count=0)
+                row["queue"] = {"length": queue.length, "pending_count": queue.pending_count}
+            rows.append(row)
+        following = offset + len(rows)
+        return json_response(
+            {
+                "total": page.total,
+                "offset": offset,
+                "limit": limit,
+                "next_offset": following if following < page.total and rows else None,
+                "desktops": rows,
+            }
+        )
+
+    @app.get("/v1/admin/users/<user_id>")
+    @app.get("/admin/api/users/<user_id>")
+    async def admin_user(user_id: str):  # type: ignore[no-untyped-def]
+        _check(validate_user_id, user_id, "user_id")
+        substrate = holder["state"].substrate
+        ((present, record, catalogue),) = await substrate.desktops_info([user_id])
+        row = desktop_row(user_id, None, present, _loads(record), _loads(catalogue))
+        queue = await substrate.queue_info(user_id, count=MAX_PENDING_LISTED)
+        ids = [p.entry_id for p in queue.pending]
+        job_ids = await substrate.job_ids(user_id, ids) if ids else {}
+        pending = [
+            {
+                "entry_id": p.entry_id,
+                "job_id": job_ids.get(p.entry_id),
+                "consumer": p.consumer,
+                "idle_ms": p.idle_ms,
+                "deliveries": p.deliveries,
+            }
+            for p in queue.pending
+        ]
+        row.pop("changed_at")
+        row["catalogue"] = _loads(catalogue)
+        row["queue"] = {
+            "length": queue.length,
+            "pending_count": queue.pending_count,
+            "pending": pending,
+        }
+        row["in_flight"] = [p["job_id"] for p in pending if p["job_id"]]
+        return json_response(row)
+
+    @app.get("/v1/jobs/<job_id>")
+    async def job_state(job_id: str):  # type: ignore[no-untyped-def]
+        _check(validate_key, job_id, "job_id")
+        state = await holder["state"].substrate.get_job_state(job_id)
+        if state is None:
+            return json_response(
+                {
+                    "error": {
+                        "code": "not_found",
+                        "message": f"no job {job_id!r} (unknown, or its state expired)",
+                    }
+                },
+                404,
+            )
+        body = {"job_id": job_id, **json.loads(state.encode())}
+        body["terminal"] = state.stage.terminal
+        return json_response(body)

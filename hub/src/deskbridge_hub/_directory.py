@@ -1,0 +1,213 @@
+"""The desktop directory: which desktops connected recently, for the admin API.
+
+Presence stays the only truth for "online" (invariant 1): the directory is an index of
+users to look presence up for, so an admin listing never scans keys. Two records per
+user, written only when a session starts and ends (never per heartbeat):
+
+* ``bridge:desktops`` - a sorted set, member = user id, score = the Unix time in ms of the
+  user's last session start or end. Listing pages through it newest first (ZRANGE ...
+  REV LIMIT), then reads the page's presence keys; 10,000 desktops cost one ZRANGE and
+  one GET per listed row. Entries older than :data:`RETENTION_S` are removed at each
+  session start (ZREMRANGEBYSCORE).
+* ``bridge:desktop:{<user_id>}`` - JSON text: ``session_id``, ``sidecar_version``,
+  ``consumer`` (the hub process), ``tools`` (names), ``connected_at``, and after the
+  session ends ``ended_at`` and ``end`` (close code and reason); expires after
+  :data:`RETENTION_S`.
+
+A hub that dies without ending its sessions leaves ``ended_at`` unset; presence then
+reads offline within ``presence_ttl_s`` and the listing says offline since "unknown"
+(not later than the connection time). The writes are best effort: a failure is logged
+and never ends a session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from ._errors import SubstrateUnavailable
+from ._substrate import presence_key
+
+log = logging.getLogger("deskbridge.hub.directory")
+
+#: How long a desktop stays listed after its last session, seconds (one week).
+RETENTION_S = 7 * 24 * 3600.0
+#: Bound on each directory write at a session start or end, seconds.
+WRITE_TIMEOUT_S = 2.0
+INDEX_KEY = "bridge:desktops"
+
+
+def desktop_key(user_id: str) -> str:
+    return f"bridge:desktop:{{{user_id}}}"
+
+
+@attrs.frozen
+class DirectoryPage:
+    """One page of the directory.
+
+    Attributes:
+        total: users listed in the directory (online or not).
+        rows: ``(user_id, last change, Unix seconds)``, newest first.
+    """
+
+    total: int
+    rows: tuple[tuple[str, float], ...]
+
+
+# -- substrate mixins (the directory's commands on each substrate) --------------------
+
+
+class RedisDirectory:
+    """Directory commands for ``RedisSubstrate`` (uses its session and call plumbing)."""
+
+    async def record_desktop(self, user_id: str, info: str, *, at_s: float) -> None:
+        """SET the desktop record (EX retention), ZADD the index, drop entries older
+        than the retention; pipelined in one round trip. Raises SubstrateUnavailable."""
+        at_ms = int(at_s * 1000)
+        async with self._session("record desktop") as s:  # type: ignore[attr-defined]
+            replies = await s.execute(
+                (b"SET", desktop_key(user_id), info, b"EX", int(RETENTION_S)),
+                (b"ZADD", INDEX_KEY, at_ms, user_id),
+                (b"ZREMRANGEBYSCORE", INDEX_KEY, b"-inf", at_ms - int(RETENTION_S * 1000)),
+                timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
+            )
+            _raise_any(replies)  # inside the session: mapped to SubstrateUnavailable
+
+    async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
+        """ZCARD and ZRANGE REV WITHSCORES LIMIT offset limit of the index.
+        Raises SubstrateUnavailable."""
+        async with self._session("list desktops") as s:  # type: ignore[attr-defined]
+            total, raw = await s.execute(
+                (b"ZCARD", INDEX_KEY),
+                (b"ZRANGE", INDEX_KEY, b"+inf", b"-inf", b"BYSCORE", b"REV", b"LIMIT",
+                 offset, limit, b"WITHSCORES"),
+                timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
+            )  # fmt: skip
+            _raise_any((total, raw))
+        return DirectoryPage(int(total), tuple(_pairs(raw)))
+
+    async def desktops_info(
+        self, user_ids: Sequence[str]
+    ) -> list[tuple[str | None, str | None, str | None]]:
+        """For each user: (presence holder, desktop record, catalogue), pipelined GETs.
+        Raises SubstrateUnavailable."""
+        if not user_ids:
+            return []
+        from ._substrate import tools_key
+
+        commands = []
+        for user_id in user_ids:
+            commands += [
+                (b"GET", presence_key(user_id)),
+                (b"GET", desktop_key(user_id)),
+                (b"GET", tools_key(user_id)),
+            ]
+        async with self._session("desktops info") as s:  # type: ignore[attr-defined]
+            replies = await s.execute(
+                *commands,
+                timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
+            )
+            _raise_any(replies)
+        rows = [tuple(_text(r) for r in replies[i : i + 3]) for i in range(0, len(replies), 3)]
+        return rows  # type: ignore[return-value]
+
+
+class MemoryDirectory:
+    """Directory commands for ``MemorySubstrate`` (same contract, in process)."""
+
+    async def record_desktop(self, user_id: str, info: str, *, at_s: float) -> None:
+        now = await self._enter()  # type: ignore[attr-defined]
+        index = _memory_index(self)
+        index[user_id] = at_s
+        for user, when in list(index.items()):
+            if when < at_s - RETENTION_S:
+                del index[user]
+        self._set(desktop_key(user_id), info, now, RETENTION_S)  # type: ignore[attr-defined]
+
+    async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
+        await self._enter()  # type: ignore[attr-defined]
+        index = _memory_index(self)
+        rows = sorted(index.items(), key=lambda kv: (-kv[1], kv[0]))
+        return DirectoryPage(len(rows), tuple(rows[offset : offset + limit]))
+
+    async def desktops_info(
+        self, user_ids: Sequence[str]
+    ) -> list[tuple[str | None, str | None, str | None]]:
+        from ._substrate import tools_key
+
+        now = await self._enter()  # type: ignore[attr-defined]
+        get = self._get  # type: ignore[attr-defined]
+        return [
+            (get(presence_key(u), now), get(desktop_key(u), now), get(tools_key(u), now))
+            for u in user_ids
+        ]
+
+
+def _memory_index(substrate: Any) -> dict[str, float]:
+    index = substrate.__dict__.get("_directory_index")
+    if index is None:
+        index = substrate.__dict__["_directory_index"] = {}
+    return index
+
+
+def _raise_any(replies: Sequence[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(raw: Any) -> list[tuple[str, float]]:
+    if raw and isinstance(raw[0], list | tuple):  # RESP3: [[member, score], ...]
+        return [(_text(m) or "", float(sc) / 1000) for m, sc in raw]
+    return [(_text(raw[i]) or "", float(raw[i + 1]) / 1000) for i in range(0, len(raw), 2)]
+
+
+# -- session hooks -----------------------------------------------------------------------
+
+#: The record of each session of this process that is open, by session id.
+_open: dict[str, dict[str, Any]] = {}
+
+
+async def connected(session: Any) -> None:
+    """Record a session start (best effort, bounded by :data:`WRITE_TIMEOUT_S`)."""
+    hello = session.hello
+    info = {
+        "session_id": session.session_id,
+        "sidecar_version": getattr(hello, "sidecar_version", None),
+        "tools": [t.name for t in getattr(hello, "tools", ()) or ()],
+        "consumer": session.state.consumer,
+        "connected_at": session.state.wall_clock(),
+    }
+    _open[session.session_id] = info
+    await _write(session, info)
+
+
+async def disconnected(session: Any, code: int | None, reason: str | None) -> None:
+    """Record a session end with its close code and reason (best effort, shielded)."""
+    info = _open.pop(session.session_id, None)
+    if info is None:
+        return
+    info.update(ended_at=session.state.wall_clock(), end={"code": code, "reason": reason})
+    with trio.CancelScope(shield=True):
+        await _write(session, info)
+
+
+async def _write(session: Any, info: dict[str, Any]) -> None:
+    substrate = session.state.substrate
+    if not hasattr(substrate, "record_desktop"):
+        return  # a test's substrate without the directory
+    with trio.move_on_after(WRITE_TIMEOUT_S):
+        try:
+            at_s = info.get("ended_at") or info["connected_at"]
+            await substrate.record_desktop(session.user_id, json.dumps(info), at_s=at_s)
+        except SubstrateUnavailable as exc:
+            log.info("directory not updated for %s: %s", session.user_id, exc)

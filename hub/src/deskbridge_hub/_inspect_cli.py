@@ -1,0 +1,170 @@
+"""``deskbridge-hub inspect``: the admin API as tables (or ``--json`` for scripts).
+
+    deskbridge-hub inspect desktops [--offset N] [--limit N]
+    deskbridge-hub inspect user USER_ID
+    deskbridge-hub inspect job JOB_ID
+
+Talks to a running hub over HTTP (``--hub``, default ``$DESKBRIDGE_HUB_HTTP`` or
+http://127.0.0.1:8080) with ``$DESKBRIDGE_API_KEY``. Exit status: 0 answered, 1 the hub
+answered an error or cannot be reached (one line on stderr), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``inspect`` sub-command to ``sub`` (argparse sub-parsers)."""
+    p = sub.add_parser(
+        "inspect",
+        help="show connected desktops, one user's desktop and queue, or one job",
+        description="Show what a running hub knows (GET /v1/admin/... and /v1/jobs/...).",
+    )
+    p.add_argument("what", choices=["desktops", "user", "job"])
+    p.add_argument("id", nargs="?", metavar="ID", help="USER_ID for user, JOB_ID for job")
+    p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    p.add_argument("--offset", type=int, default=0, help="desktops: rows to skip")
+    p.add_argument("--limit", type=int, default=100, help="desktops: rows to show (<= 500)")
+    p.add_argument(
+        "--hub",
+        default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
+        help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``inspect``; returns the exit status."""
+    if args.what != "desktops" and not args.id:
+        print(f"deskbridge-hub inspect {args.what}: an ID is required", file=sys.stderr)
+        return 2
+    quote = urllib.parse.quote
+    if args.what == "desktops":
+        path = f"/v1/admin/desktops?offset={args.offset}&limit={args.limit}"
+    elif args.what == "user":
+        path = f"/v1/admin/users/{quote(args.id, safe='')}"
+    else:
+        path = f"/v1/jobs/{quote(args.id, safe='')}"
+    status, body = _get(args.hub, path)
+    if status is None:
+        print(f"deskbridge-hub inspect: cannot reach hub at {args.hub}: {body}", file=sys.stderr)
+        return 1
+    if status != 200:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        print(
+            f"deskbridge-hub inspect: {status} {error.get('code', '')}: "
+            f"{error.get('message', body)}",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif args.what == "desktops":
+        print(desktops_table(body))
+    elif args.what == "user":
+        print(user_text(body))
+    else:
+        print(table([[k, _cell(v)] for k, v in body.items()], ["field", "value"]))
+    return 0
+
+
+def _get(hub: str, path: str) -> tuple[int | None, Any]:
+    req = urllib.request.Request(hub.rstrip("/") + path)
+    key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            return exc.code, {"error": {"message": exc.reason}}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return None, exc
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    """Plain-text columns, left-aligned, two spaces apart."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    lines = [header, *rows]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip()
+        for line in lines
+    )
+
+
+def desktops_table(body: dict[str, Any]) -> str:
+    rows = []
+    for d in body["desktops"]:
+        queue = d.get("queue") or {}
+        rows.append(
+            [
+                d["user_id"],
+                "online" if d["online"] else "offline",
+                _when(d.get("since")),
+                d.get("sidecar_version") or "-",
+                ",".join(d.get("tools") or []) or "-",
+                str(queue.get("length", "-")),
+                str(queue.get("pending_count", "-")),
+            ]
+        )
+    header = ["USER", "STATE", "SINCE (UTC)", "SIDECAR", "TOOLS", "QUEUED", "PENDING"]
+    shown = f"{body['offset'] + 1}-{body['offset'] + len(rows)}" if rows else "none"
+    footer = f"\n{shown} of {body['total']} desktops"
+    if body.get("next_offset") is not None:
+        footer += f" (next: --offset {body['next_offset']})"
+    return table(rows, header) + footer
+
+
+def user_text(body: dict[str, Any]) -> str:
+    state = "online" if body["online"] else "offline"
+    lines = [
+        f"user        {body['user_id']}",
+        f"state       {state} since {_when(body.get('since'))} UTC",
+        f"session     {body.get('session_id') or '-'}",
+        f"sidecar     {body.get('sidecar_version') or '-'}",
+        f"hub         {body.get('hub_consumer') or '-'}",
+        f"tools       {', '.join(body.get('tools') or []) or '-'}",
+        f"queue       {body['queue']['length']} entries, {body['queue']['pending_count']} pending",
+    ]
+    if body.get("end"):
+        lines.append(f"last end    {body['end'].get('code')} {body['end'].get('reason')}")
+    pending = body["queue"]["pending"]
+    if pending:
+        lines.append("")
+        lines.append(
+            table(
+                [
+                    [p["entry_id"], p.get("job_id") or "-", p["consumer"],
+                     f"{p['idle_ms'] / 1000:.1f}", str(p["deliveries"])]
+                    for p in pending
+                ],
+                ["ENTRY ID", "JOB ID", "CONSUMER", "IDLE S", "DELIVERIES"],
+            )
+        )  # fmt: skip
+    return "\n".join(lines)

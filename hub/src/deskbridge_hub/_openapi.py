@@ -1,0 +1,326 @@
+"""The OpenAPI 3.1 document of the hub's HTTP API, served at ``GET /openapi.json``.
+
+Written once, here, from the route and body definitions in ``_app``, ``_admin``,
+``_events`` and ``_connectors`` (quart-schema would generate it, but it validates through
+pydantic on asyncio-first hooks and the API's bodies are parsed strictly by hand already);
+``tests/hub/test_openapi.py`` fails when a route exists that the document does not
+describe, or the document names a route or method the app does not serve.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._admin import DEFAULT_LIMIT, MAX_LIMIT
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _json(schema: Any, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _err(description: str) -> dict[str, Any]:
+    return _json(_ERROR, description)
+
+
+_USER = {"name": "user_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_JOB = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_OUTCOME = {"$ref": "#/components/schemas/Outcome"}
+_OUTCOME_CODES = {
+    "200": _json(_OUTCOME, "completed"),
+    "400": _err("bad request: `error.field` names the field"),
+    "401": _err("missing or wrong API key"),
+    "409": _json(_OUTCOME, "cancelled, or `job_id_in_use`"),
+    "410": _json(_OUTCOME, "expired or lost"),
+    "422": _json(_OUTCOME, "failed (the tool's error)"),
+    "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
+    "504": _json(_OUTCOME, "timeout; `detail.stage` says what is known"),
+}
+_AUTH = [{"bearer": []}]
+
+
+def document(version: str) -> dict[str, Any]:
+    """The OpenAPI document for hub ``version``."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "deskbridge hub",
+            "version": version,
+            "description": "Relays jobs from any backend replica to a user's desktop sidecar. "
+            "Outcomes and their codes: docs/outcomes.md.",
+        },
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "DESKBRIDGE_API_KEY"},
+                "basic": {
+                    "type": "http",
+                    "scheme": "basic",
+                    "description": "any user name, DESKBRIDGE_API_KEY as the password "
+                    "(browsers, /admin/)",
+                },
+            },
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "field": {"type": "string"},
+                            },
+                        }
+                    },
+                },
+                "JobRequest": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string", "description": "tool name"},
+                        "args": {"type": "object", "default": {}},
+                        "idempotency_key": {"type": "string"},
+                        "job_id": {"type": "string", "description": "choose the job id"},
+                        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                    },
+                },
+                "Outcome": {
+                    "type": "object",
+                    "required": ["status"],
+                    "properties": {
+                        "job_id": {"type": ["string", "null"]},
+                        "status": {
+                            "enum": [
+                                "completed",
+                                "failed",
+                                "expired",
+                                "lost",
+                                "cancelled",
+                                "timeout",
+                                "offline",
+                                "unavailable",
+                            ],
+                        },  # fmt: skip
+                        "result": {},
+                        "error": {"type": "object"},
+                        "detail": {"type": "object"},
+                        "elapsed_ms": {"type": "number"},
+                    },
+                },
+                "Desktop": {
+                    "type": "object",
+                    "properties": {
+                        "user_id": {"type": "string"},
+                        "online": {"type": "boolean"},
+                        "since": {"type": ["number", "null"], "description": "Unix seconds"},
+                        "session_id": {"type": ["string", "null"]},
+                        "sidecar_version": {"type": ["string", "null"]},
+                        "tools": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "connected_at": {"type": ["number", "null"]},
+                        "ended_at": {"type": ["number", "null"]},
+                        "end": {"type": ["object", "null"]},
+                        "hub_consumer": {"type": ["string", "null"]},
+                        "queue": {"type": "object"},
+                    },
+                },
+            },
+        },
+        "paths": {
+            "/livez": {"get": _probe("Liveness: the process serves HTTP (no Redis round trip).")},
+            "/healthz": {"get": _probe("Readiness: Redis is usable (503 with the cause if not).")},
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics of this process (docs/operations.md)",
+                    "security": _AUTH,
+                    "responses": {
+                        "200": {
+                            "description": "text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        "401": _err("missing or wrong API key"),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                }
+            },
+            "/v1/users/{user_id}/presence": {
+                "get": {
+                    "summary": "Is the user's desktop connected (as every replica sees it)?",
+                    "security": _AUTH,
+                    "parameters": [_USER],
+                    "responses": {
+                        "200": _json({"type": "object"}, "`{user_id, online, session_id}`"),
+                        "401": _err("missing or wrong API key"),
+                        "503": _err("Redis unavailable"),
+                    },
+                }
+            },
+            "/v1/users/{user_id}/jobs": {
+                "post": {
+                    "summary": "Run a tool on the user's desktop and wait for its outcome",
+                    "security": _AUTH,
+                    "parameters": [
+                        _USER,
+                        {
+                            "name": "traceparent",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "W3C trace context, carried to the tool",
+                        },
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/JobRequest"}
+                            }
+                        },
+                    },
+                    "responses": _OUTCOME_CODES,
+                }
+            },
+            "/v1/users/{user_id}/tools": {
+                "get": {
+                    "summary": "The tool catalogue the desktop announced",
+                    "security": _AUTH,
+                    "parameters": [_USER],
+                    "responses": {
+                        "200": _json({"type": "object"}, "`{user_id, online, tools}`"),
+                        "401": _err("missing or wrong API key"),
+                    },
+                }
+            },
+            "/v1/users/{user_id}/status": {
+                "post": {
+                    "summary": "Round trip through the desktop's status worker",
+                    "security": _AUTH,
+                    "parameters": [_USER],
+                    "responses": _OUTCOME_CODES,
+                }
+            },
+            "/v1/jobs/{job_id}": {
+                "get": {
+                    "summary": "One job's state",
+                    "security": _AUTH,
+                    "parameters": [_JOB],
+                    "responses": {
+                        "200": _json(
+                            {"type": "object"}, "`{job_id, stage, user_id, at, terminal}`"
+                        ),
+                        "404": _err("unknown, or its state expired"),
+                    },
+                },
+                "delete": {
+                    "summary": "Cancel a job",
+                    "security": _AUTH,
+                    "parameters": [_JOB],
+                    "responses": {
+                        "202": _json({"type": "object"}, "cancel requested; `stage`"),
+                        "404": _err("no such job"),
+                        "409": _json({"type": "object"}, "already finished"),
+                    },
+                },
+            },
+            "/v1/jobs/{job_id}/events": {
+                "get": {
+                    "summary": "Server-sent events: the job's progress, then its outcome",
+                    "security": _AUTH,
+                    "parameters": [_JOB],
+                    "responses": {
+                        "200": {
+                            "description": "event stream",
+                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        },
+                        "404": _err("no such job"),
+                    },
+                }
+            },
+            "/v1/admin/desktops": {
+                "get": {
+                    "summary": "Desktops, newest activity first (docs/operations.md)",
+                    "security": _AUTH,
+                    "parameters": [
+                        {
+                            "name": "offset",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 0},
+                        },
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_LIMIT,
+                                "default": DEFAULT_LIMIT,
+                            },
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "total": {"type": "integer"},
+                                    "offset": {"type": "integer"},
+                                    "limit": {"type": "integer"},
+                                    "next_offset": {"type": ["integer", "null"]},
+                                    "desktops": {
+                                        "type": "array",
+                                        "items": {"$ref": "#/components/schemas/Desktop"},
+                                    },
+                                },
+                            },
+                            "one page",
+                        ),
+                        "400": _err("bad offset or limit"),
+                    },
+                }
+            },
+            "/v1/admin/users/{user_id}": {
+                "get": {
+                    "summary": "One desktop: presence, session, catalogue, queue, in-flight jobs",
+                    "security": _AUTH,
+                    "parameters": [_USER],
+                    "responses": {"200": _json({"$ref": "#/components/schemas/Desktop"}, "")},
+                }
+            },
+            "/admin/api/desktops": {"get": _page("Same as /v1/admin/desktops (for the page)")},
+            "/admin/api/users/{user_id}": {
+                "get": {
+                    **_page("Same as /v1/admin/users/{user_id} (for the page)"),
+                    "parameters": [_USER],
+                },
+            },  # fmt: skip
+            "/admin": {"get": _page("Redirects to /admin/")},
+            "/admin/": {"get": _page("The connectors page (HTML)")},
+            "/admin/connectors.js": {"get": _page("The connectors page's script")},
+        },
+    }
+
+
+def _probe(summary: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "responses": {
+            "200": _json({"type": "object"}, "ok"),
+            "503": _json({"type": "object"}, "not ok (draining, or Redis unusable)"),
+        },
+    }
+
+
+def _page(summary: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "security": [{"basic": []}, {"bearer": []}],
+        "responses": {"200": {"description": summary}, "401": _err("credentials required")},
+    }

@@ -1,0 +1,77 @@
+"""The desktop directory (admin API index), one contract on both substrates: written at
+session start and end, paged newest first, old entries dropped, info read in one go.
+Real Redis uses its own database (15) so the suite's other hubs do not share the index."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from deskbridge_hub import SubstrateUnavailable
+from deskbridge_hub._directory import INDEX_KEY, RETENTION_S
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._redis import RedisSubstrate
+
+from tests.conftest import REDIS_URL, RawRedis
+
+DB15 = urlunsplit(urlsplit(REDIS_URL)._replace(path="/15"))
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def substrate(request) -> AsyncIterator[object]:
+    if request.param == "memory":
+        yield MemorySubstrate()
+        return
+    await RawRedis(DB15)("DEL", INDEX_KEY)
+    sub = RedisSubstrate(DB15)
+    async with sub:
+        yield sub
+
+
+async def test_record_list_and_info(substrate) -> None:
+    tag = secrets.token_hex(3)
+    users = [f"dir-{tag}-{i}" for i in range(5)]
+    for i, user in enumerate(users):
+        await substrate.record_desktop(user, json.dumps({"n": i}), at_s=1_800_000_000.0 + i)
+    page = await substrate.list_desktops(offset=0, limit=2)
+    assert page.total == 5
+    assert page.rows == ((users[4], 1_800_000_004.0), (users[3], 1_800_000_003.0))
+    page = await substrate.list_desktops(offset=4, limit=2)
+    assert page.rows == ((users[0], 1_800_000_000.0),)
+    # A newer session start moves a user to the front; one row per user.
+    await substrate.record_desktop(users[0], json.dumps({"n": "again"}), at_s=1_800_000_010.5)
+    page = await substrate.list_desktops(offset=0, limit=10)
+    assert [u for u, _ in page.rows] == [users[0], users[4], users[3], users[2], users[1]]
+    assert page.rows[0][1] == 1_800_000_010.5
+    await substrate.set_presence(users[1], "sess-1", 30.0)
+    await substrate.set_catalogue(users[1], '[{"name": "echo"}]')
+    info = await substrate.desktops_info([users[1], users[0], "nobody-" + tag])
+    assert info == [
+        ("sess-1", json.dumps({"n": 1}), '[{"name": "echo"}]'),
+        (None, json.dumps({"n": "again"}), None),
+        (None, None, None),
+    ]
+    assert await substrate.desktops_info([]) == []
+
+
+async def test_entries_older_than_the_retention_are_dropped(substrate) -> None:
+    tag = secrets.token_hex(3)
+    await substrate.record_desktop(f"old-{tag}", "{}", at_s=1_000.0)
+    await substrate.record_desktop(f"new-{tag}", "{}", at_s=1_000.0 + RETENTION_S + 1)
+    page = await substrate.list_desktops(offset=0, limit=10)
+    assert [u for u, _ in page.rows] == [f"new-{tag}"]
+
+
+async def test_unavailable_is_mapped() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sub = RedisSubstrate(f"redis://127.0.0.1:{port}/0", connect_timeout_s=1.0)
+    with pytest.raises(SubstrateUnavailable):
+        await sub.list_desktops(offset=0, limit=1)
+    with pytest.raises(SubstrateUnavailable):
+        await sub.record_desktop("u", "{}", at_s=1.0)
