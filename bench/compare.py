@@ -50,13 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.lib.desktop import raise_nofile  # noqa: E402
+from bench.lib.measure import start_private_redis  # noqa: E402
 from tests.procs import (  # noqa: E402
     API_KEY,
     BIN,
     SECRET,
     Hub,
     Proc,
-    RedisServer,
     free_port,
     wait_until,
 )
@@ -134,10 +134,9 @@ def start_desktops(tmp: Path, ws: str, prefix: str, count: int) -> tuple[Proc, P
 
 
 def run_system(system: str, args: argparse.Namespace, tmp: Path, port: int) -> dict:
-    redis = RedisServer(tmp, port=port, name=f"redis-{system}")
+    redis = start_private_redis(tmp, port, f"redis-{system}")
     procs: list[Proc] = [redis]
     try:
-        redis.wait_ready()
         hub, ws, http = start_hub(system, tmp, redis.url)
         procs.append(hub)
         prefix = f"b{secrets.token_hex(2)}-"
@@ -376,12 +375,18 @@ def main() -> int:
     )
     args = p.parse_known_args()[0]
     raise_nofile()
-    results = {}
+    results: dict[str, dict] = {}
+    failed: dict[str, str] = {}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
         for i, system in enumerate(args.systems.split(",")):
             t0 = time.time()
-            results[system] = run_system(system, args, Path(tmp), args.redis_port + i)
+            try:
+                results[system] = run_system(system, args, Path(tmp), args.redis_port + i)
+            except Exception as exc:  # noqa: BLE001 - report it, measure the others
+                failed[system] = f"{type(exc).__name__}: {exc}"[-3000:]
+                print(f"# {system}: FAILED after {time.time() - t0:.0f} s", file=sys.stderr)
+                continue
             print(f"# {system}: measured in {time.time() - t0:.0f} s", file=sys.stderr)
     load = os.getloadavg()
     print(
@@ -389,6 +394,10 @@ def main() -> int:
         f"{args.users} desktops connected; load average {load[0]:.2f} {load[1]:.2f}, "
         f"{os.cpu_count()} CPUs; {time.time() - started:.0f} s in all"
     )
+    for system, why in failed.items():
+        print(f"{system}: NOT MEASURED — {why}")
+    if not results:
+        return 1
     report(results, args)
     if args.profile:
         from bench.lib.profile import summarise
@@ -402,8 +411,8 @@ def main() -> int:
                 )
                 print(summarise(path))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
-    return 0
+        Path(args.json).write_text(json.dumps({**results, "not_measured": failed}, indent=1))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -47,13 +47,13 @@ from bench.lib.measure import (  # noqa: E402
     cpu_s,
     group_pids,
     rss_bytes,
+    start_private_redis,
 )
 from tests.procs import (  # noqa: E402
     BIN,
     SECRET,
     Hub,
     Proc,
-    RedisServer,
     presence_key,
     wait_until,
 )
@@ -170,10 +170,9 @@ def main() -> int:
     out: dict = {"n": args.n, "nofile": nofile}
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp_name:
         tmp = Path(tmp_name)
-        redis = RedisServer(tmp, port=args.redis_port, name="redis-idle")
+        redis = start_private_redis(tmp, args.redis_port, "redis-idle")
         procs: list[Proc] = [redis]
         try:
-            redis.wait_ready()
             hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis.url})
             procs.append(hub)
             hub.wait_healthy()

@@ -115,6 +115,26 @@ def local_ports_to(pids: list[int], port: int) -> set[int]:
     return {table[i][0] for i in _socket_inodes(pids) if i in table and table[i][1] == port}
 
 
+def start_private_redis(tmp: Path, port: int, name: str):
+    """A private ``redis-server`` (``tests.procs.RedisServer``) on ``port``, refusing a
+    port that already answers: a bench must never measure someone else's Redis (its
+    counters, its CPU). Raises RuntimeError naming the port."""
+    from tests.procs import RedisServer
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            pass
+    except OSError:
+        pass
+    else:
+        raise RuntimeError(f"port {port} is already in use (another Redis?); pick another port")
+    redis = RedisServer(tmp, port=port, name=name)
+    redis.wait_ready()
+    if redis.popen.poll() is not None:
+        raise RuntimeError(f"redis-server on {port} exited: {redis.output()[-500:]}")
+    return redis
+
+
 class RedisInfo:
     """One persistent raw-RESP connection to Redis for INFO snapshots (no client library,
     so the instrument shares nothing with the systems measured)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import socket
 import statistics
 import threading
 import time
@@ -167,7 +168,13 @@ class Soak:
 
     def start(self) -> None:
         cfg = self.cfg
-        self.redis = AofRedis(self.tmp, cfg.redis_port or free_port(), cfg.appendfsync)
+        port = cfg.redis_port or free_port()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                raise RuntimeError(f"port {port} is already in use (another Redis?)")
+        except OSError:
+            pass
+        self.redis = AofRedis(self.tmp, port, cfg.appendfsync)
         self.procs.append(self.redis)
         self.redis.wait_ready()
         self.hub_ports = [free_port() for _ in range(cfg.hubs)]

@@ -67,7 +67,9 @@ def _default_substrate(config: HubConfig) -> RedisSubstrate | MemorySubstrate:
         from ._redis import RedisSubstrate
 
         return RedisSubstrate.from_url(
-            config.redis_url, max_connections=config.redis_max_connections
+            config.redis_url,
+            max_connections=config.redis_max_connections,
+            health_interval_s=config.timings.heartbeat_s,
         )
     from ._memory import MemorySubstrate
 

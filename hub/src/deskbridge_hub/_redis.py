@@ -37,6 +37,7 @@ from ._directory import RedisDirectory
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
 from ._redis_conn import RedisConnections
+from ._redis_health import Health
 from ._redis_pubsub import DEFAULT_BUFFER, Subscription
 from ._redis_session import DEFAULT_MAX_CONNECTIONS, ConnectionStatistics, _Session
 from ._substrate import (
@@ -215,6 +216,9 @@ class RedisSubstrate(RedisDirectory):
             call raises SubstrateUnavailable; short so callers learn "unavailable" fast.
         command_timeout_s: seconds a reply may take beyond a command's own blocking time
             before the connection is presumed dead (SubstrateUnavailable).
+        health_interval_s: seconds between health probes while entered (role,
+            eviction policy, a scripted write; see ``_redis_health``), the first at
+            entry; None (default): none in the background.
         max_connections: most Redis connections held at once per event-loop run
             (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16, at least 3): non-blocking
             commands share a few, blocking ones get dedicated ones, pub/sub one.
@@ -234,6 +238,7 @@ class RedisSubstrate(RedisDirectory):
         command_timeout_s: float = 5.0,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         client_name: str | None = None,
+        health_interval_s: float | None = None,
     ) -> None:
         self._connections = RedisConnections(
             url,
@@ -241,6 +246,7 @@ class RedisSubstrate(RedisDirectory):
             command_timeout_s=command_timeout_s,
             max_connections=max_connections,
             client_name=client_name,
+            health_interval_s=health_interval_s,
         )
         self._command_timeout_s = command_timeout_s
         self.address = self._connections.address
@@ -359,11 +365,15 @@ class RedisSubstrate(RedisDirectory):
         """GET the presence key: the holder session id, or None.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub (evicting policy,
+                replica, writes refused: absence proves nothing).
         """
         async with self._session("GET presence") as s:
             holder: str | None = await self._call(s, b"GET", presence_key(user_id))
-            return holder
+        if holder is None:
+            self._absent_proves_nothing("presence")
+        return holder
 
     async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
         """SET presence PX ttl only if absent or held by ``session_id`` (one Lua script).
@@ -930,11 +940,15 @@ class RedisSubstrate(RedisDirectory):
 
         Raises:
             MalformedState: the stored value is not a job state.
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub.
         """
         async with self._session("GET state") as s:
             raw = await self._call(s, b"GET", state_key(job_id))
-        return None if raw is None else JobState.decode(raw)
+        if raw is None:
+            self._absent_proves_nothing("job state")
+            return None
+        return JobState.decode(raw)
 
     async def mark_delivered(
         self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
@@ -985,11 +999,14 @@ class RedisSubstrate(RedisDirectory):
         """GET ``bridge:tools:{user_id}``.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub.
         """
         async with self._session("GET tools") as s:
             catalogue: str | None = await self._call(s, b"GET", tools_key(user_id))
-            return catalogue
+        if catalogue is None:
+            self._absent_proves_nothing("catalogue")
+        return catalogue
 
     async def queue_info(self, user_id: str, *, count: int = 0) -> QueueInfo:
         """XLEN and XPENDING of the user's stream (read-only; metrics and admin API).
@@ -1021,13 +1038,38 @@ class RedisSubstrate(RedisDirectory):
         return QueueInfo(length, int(summary[0]) if summary else 0, pending)
 
     async def ping(self) -> None:
-        """PING.
+        """PING, and the verdict of the last health probe (readiness).
 
         Raises:
-            SubstrateUnavailable: Redis unreachable or still loading its data set.
+            SubstrateUnavailable: Redis unreachable or still loading its data set, or the
+                last probe found it unable to serve the hub (evicting policy, replica,
+                writes or scripts refused, missing ACL permission): the message names
+                the cause. Probes run only when ``health_interval_s`` is set and the
+                substrate is entered (``_redis_health``).
         """
         async with self._session("PING") as s:
             await self._call(s, b"PING")
+        refused = self._connections.unusable("the hub")
+        if refused is not None:
+            raise refused
+
+    def _absent_proves_nothing(self, what: str) -> None:
+        """Raise SubstrateUnavailable while the last probe found Redis unable to serve
+        the hub: a missing ``what`` then does not mean "never written" or "expired" (it
+        may have been evicted, or its holder's writes refused), so "offline" or "unknown"
+        would be a guess (issue 11 item 1)."""
+        refused = self._connections.unusable(f"a {what} read")
+        if refused is not None:
+            raise refused
+
+    async def health_check(self) -> Health | None:
+        """Probe now (``_redis_health``): role, eviction policy, AOF, a scripted write.
+
+        Returns:
+            The Health found (``health.causes`` empty when usable), or None when Redis
+            could not be reached. Logs a line when the verdict changes.
+        """
+        return await self._connections.monitor.check()
 
 
 def _str(value: Any) -> str:

@@ -59,6 +59,8 @@ propagate unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -68,6 +70,7 @@ import anyio.lowlevel
 from coredis.exceptions import (
     AuthenticationError,
     AuthorizationError,
+    NoScriptError,
     ReadOnlyError,
     ResponseError,
 )
@@ -75,10 +78,20 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
+from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
 from ._redis_session import ConnectionStatistics, _Session, _split
 
 #: Server error codes that mean "cannot serve now", not "bad command".
-_UNAVAILABLE_CODES = ("OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
+_UNAVAILABLE_CODES = (
+    "OOM",
+    "MISCONF",
+    "BUSY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "LOADING",
+    "NOSCRIPT",
+    "NOPERM",
+)
 _UNAVAILABLE_ERRORS = (
     RedisConnectionError,
     OSError,  # includes TimeoutError
@@ -87,7 +100,31 @@ _UNAVAILABLE_ERRORS = (
     AuthenticationError,
     AuthorizationError,
     ReadOnlyError,
+    NoScriptError,
 )
+
+
+#: Failures of the connection itself (as opposed to an error reply).
+_TRANSPORT_ERRORS = (
+    RedisConnectionError,
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+)
+
+
+#: Error replies coredis turns into classes, dropping the code from the message.
+_CODES = ((AuthorizationError, "NOPERM"), (ReadOnlyError, "READONLY"), (NoScriptError, "NOSCRIPT"))
+
+
+def coded(exc: BaseException) -> Exception:
+    """``exc`` with its Redis error code in front of the message (coredis keeps the code
+    only in the class for NOPERM / READONLY / NOSCRIPT), for messages and the probe."""
+    text = str(exc)
+    for cls, code in _CODES:
+        if isinstance(exc, cls) and not text.startswith(code):
+            return ResponseError(f"{code} {text}")
+    return exc if isinstance(exc, Exception) else Exception(text)
 
 
 class RedisConnections:
@@ -105,6 +142,9 @@ class RedisConnections:
             commands, one pub/sub subscriber (>= 3; see the module docstring).
         client_name: sent with CLIENT SETNAME on every connection (``CLIENT LIST`` shows
             it), or None.
+        health_interval_s: when entered (``async with``), probe whether this Redis can
+            serve the hub at once and then this often (``_redis_health``); None: never
+            in the background.
     """
 
     def __init__(
@@ -115,6 +155,7 @@ class RedisConnections:
         command_timeout_s: float,
         max_connections: int,
         client_name: str | None,
+        health_interval_s: float | None = None,
     ) -> None:
         _split(max_connections)  # validate now, not at the first command
         self._url = url
@@ -130,6 +171,9 @@ class RedisConnections:
             self.address = parts.path
         else:
             self.address = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        self._health_interval_s = health_interval_s
+        self._probe_key = f"bridge:health:{{{secrets.token_hex(8)}}}"
+        self.monitor = HealthMonitor(self.address, self.probe)
 
     async def enter(self, owner: object) -> None:
         """Open a session for this event-loop run (no I/O yet).
@@ -142,6 +186,8 @@ class RedisConnections:
         session = self._new_session()
         await session.open()
         self._session_var.set(session)
+        if self._health_interval_s is not None:
+            session.start_soon(functools.partial(self.monitor.run, self._health_interval_s))
 
     async def exit(self) -> None:
         """Close the session's connections; waits for them (cancellation cannot stop it)."""
@@ -197,12 +243,14 @@ class RedisConnections:
             yield
         except _UNAVAILABLE_ERRORS as exc:
             _metrics.substrate_error(what)
+            self.monitor.poke()
             raise SubstrateUnavailable(
-                f"Redis at {self.address} unavailable ({what}): {exc}"
+                f"Redis at {self.address} unavailable ({what}): {coded(exc)}"
             ) from exc
         except ResponseError as exc:
             if str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
                 _metrics.substrate_error(what)
+                self.monitor.poke()
                 raise SubstrateUnavailable(
                     f"Redis at {self.address} refused {what}: {exc}"
                 ) from exc
@@ -216,3 +264,34 @@ class RedisConnections:
         if isinstance(reply, BaseException):
             raise reply
         return reply
+
+    async def probe(self) -> Health:
+        """One health probe (``_redis_health``): INFO and a scripted write + read of this
+        instance's probe key, pipelined.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable (transport failure or timeout).
+        """
+        value = secrets.token_hex(4)
+        async with self.session("health probe") as s:
+            info, probe = await s.execute(
+                (b"INFO", b"replication", b"memory", b"persistence"),
+                (b"EVAL", PROBE_SCRIPT, 1, self._probe_key, value),
+                timeout_s=self.command_timeout_s,
+            )
+            for reply in (info, probe):
+                if isinstance(reply, _TRANSPORT_ERRORS):
+                    raise reply
+        return interpret(
+            coded(info) if isinstance(info, BaseException) else info,
+            coded(probe) if isinstance(probe, BaseException) else probe,
+            probe_value=value,
+        )
+
+    def unusable(self, what: str) -> SubstrateUnavailable | None:
+        """The error to raise for ``what`` when the last probe found this Redis unable
+        to serve the hub, else None."""
+        cause = self.monitor.degraded
+        if cause is None:
+            return None
+        return SubstrateUnavailable(f"Redis at {self.address} cannot serve {what}: {cause}")

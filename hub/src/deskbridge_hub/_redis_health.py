@@ -1,0 +1,223 @@
+"""Is this Redis one the hub can work with? (issue 11 item 1)
+
+A Redis can accept connections and still be unable to do what the hub needs: it evicts
+keys (``maxmemory`` with any policy but ``noeviction``: a missing presence key then
+means nothing), it refuses writes (out of memory under ``noeviction``: OOM; a failed
+snapshot: MISCONF; a replica: READONLY), it refuses scripts or keys to this user (ACL:
+NOPERM). Each of those makes "desktop offline" a lie, so the hub must answer
+``unavailable`` with the cause instead.
+
+One *probe* finds out, in one round trip on a shared connection:
+
+* ``INFO replication memory persistence``: role, ``maxmemory`` and
+  ``maxmemory_policy``, AOF on or off;
+* ``EVAL`` of a script that writes and reads one key of its own
+  (``bridge:health:{<probe id>}``, 10 s TTL): scripting, writes and the ACL key pattern.
+
+:func:`interpret` turns the replies into a :class:`Health` (pure, tested without I/O).
+:class:`HealthMonitor` probes when the substrate is entered, then every ``interval_s``
+and at once (at most once a second) after a command failed for a reason the probe can
+see; it logs one line when the state changes (the first probe says in one line what is
+wrong, or that all is well) and never one per call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import attrs
+
+log = logging.getLogger("deskbridge.hub.redis")
+
+#: The probe's script: a write and a read of its own key (scripting, writes, ACL keys).
+PROBE_SCRIPT = "redis.call('SET', KEYS[1], ARGV[1], 'PX', 10000) return redis.call('GET', KEYS[1])"
+#: Fewest seconds between two probes triggered by failing commands.
+_POKE_MIN_INTERVAL_S = 1.0
+
+
+@attrs.frozen
+class Health:
+    """What the last probe found.
+
+    Attributes:
+        causes: why the hub cannot rely on this Redis, one sentence each; empty when it
+            can. Any cause makes readiness fail and calls answer ``unavailable``.
+        evicting: keys may be evicted, so an absent key proves nothing.
+        notes: worth saying at start but not a reason to refuse work (AOF off; INFO
+            not permitted, so role and eviction policy could not be checked).
+        summary: the facts, for the start-up line (role, policy, AOF).
+    """
+
+    causes: tuple[str, ...] = ()
+    evicting: bool = False
+    notes: tuple[str, ...] = ()
+    summary: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.causes
+
+    @property
+    def cause(self) -> str:
+        return "; ".join(self.causes)
+
+
+def _info_fields(text: str) -> dict[str, str]:
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not key.startswith("#"):
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def _error_code(exc: BaseException) -> str:
+    return str(exc).split(" ", 1)[0]
+
+
+def interpret(info: Any, probe: Any, *, probe_value: str) -> Health:
+    """Replies of the probe (each a value or an exception instance) -> Health."""
+    causes: list[str] = []
+    notes: list[str] = []
+    evicting = False
+    replica = False
+    summary = []
+    if isinstance(info, BaseException):
+        notes.append(f"cannot read INFO ({info}): role and eviction policy not checked")
+    else:
+        fields = _info_fields(info if isinstance(info, str) else str(info))
+        role = fields.get("role", "master")  # absent: a proxy that hides it
+        policy = fields.get("maxmemory_policy", "?")
+        maxmemory = int(fields.get("maxmemory", "0") or 0)
+        summary.append(f"role {role}")
+        summary.append(f"maxmemory-policy {policy}" + ("" if maxmemory else " (no maxmemory)"))
+        if role != "master":
+            replica = True
+            where = fields.get("master_host")
+            of = f" of {where}:{fields.get('master_port')}" if where else ""
+            causes.append(
+                f"it is a replica{of} (role {role}), which refuses writes: "
+                "point DESKBRIDGE_REDIS_URL at the primary"
+            )
+        if maxmemory and policy != "noeviction":
+            evicting = True
+            causes.append(
+                f"maxmemory-policy is {policy} with maxmemory {maxmemory}: Redis may evict "
+                "presence, queued jobs and results, so a missing key proves nothing; "
+                "set maxmemory-policy noeviction"
+            )
+        if fields.get("aof_enabled") == "0":
+            notes.append("AOF is off: queued jobs and results do not survive a Redis restart")
+        summary.append(f"aof {'on' if fields.get('aof_enabled') == '1' else 'off'}")
+    if isinstance(probe, BaseException):
+        code = _error_code(probe)
+        meaning = {
+            "OOM": "it is out of memory (maxmemory reached under noeviction): writes refused",
+            "MISCONF": "it cannot persist (MISCONF: a failed snapshot): writes refused",
+            "READONLY": "it is read-only (a replica): writes refused",
+            "NOPERM": "the Redis user lacks a permission the hub needs (ACL)",
+            "NOSCRIPT": "scripts are refused",
+            "BUSY": "a script is running too long (BUSY)",
+            "LOADING": "it is loading its data set",
+            "MASTERDOWN": "it is a replica whose primary is down",
+        }.get(code, "a scripted write was refused")
+        if not (code == "READONLY" and replica):  # already said: it is a replica
+            causes.append(f"{meaning}: {probe}")
+    elif probe != probe_value:
+        causes.append(f"a scripted write did not read back (got {probe!r})")
+    return Health(tuple(causes), evicting, tuple(notes), ", ".join(summary))
+
+
+class HealthMonitor:
+    """Keeps the last :class:`Health` of one Redis and logs its changes.
+
+    Args:
+        address: ``host:port`` for messages.
+        probe: runs one probe and returns its Health; raises for transport failures
+            (SubstrateUnavailable), which count as "unreachable".
+    """
+
+    def __init__(self, address: str, probe: Callable[[], Awaitable[Health]]) -> None:
+        self.address = address
+        self._probe = probe
+        self.health: Health | None = None  # None: not probed yet
+        self.unreachable: str | None = None
+        self._poked = anyio.Event()
+        self._last_probe = -float("inf")
+
+    @property
+    def degraded(self) -> str | None:
+        """The cause when Redis is reachable but cannot serve the hub, else None."""
+        if self.health is not None and not self.health.ok:
+            return self.health.cause
+        return None
+
+    @property
+    def evicting(self) -> bool:
+        return self.health is not None and self.health.evicting
+
+    def poke(self) -> None:
+        """Probe again soon (a command failed in a way the probe may explain)."""
+        self._poked.set()
+
+    async def check(self) -> Health | None:
+        """Probe now, record the result and log a change. Returns the Health, or None
+        when Redis could not be reached (``unreachable`` says why)."""
+        from ._errors import SubstrateUnavailable
+
+        self._last_probe = anyio.current_time()
+        try:
+            health = await self._probe()
+        except SubstrateUnavailable as exc:
+            if self.unreachable is None:
+                starting = " (hub starting)" if self.health is None else ""
+                log.warning(
+                    "Redis at %s unreachable%s: %s; /healthz fails until it answers",
+                    self.address,
+                    starting,
+                    exc,
+                )
+            self.unreachable = str(exc)
+            return None
+        was_unreachable, self.unreachable = self.unreachable, None
+        before, self.health = self.health, health
+        if before is None:
+            self._log_start(health)
+        elif before.causes != health.causes:
+            self._log_change(before, health)
+        elif was_unreachable is not None:
+            log.info("Redis at %s reachable again", self.address)
+        return health
+
+    def _log_start(self, health: Health) -> None:
+        notes = "".join(f"; note: {n}" for n in health.notes)
+        if health.ok:
+            log.info("Redis at %s usable: %s%s", self.address, health.summary, notes)
+        else:
+            log.error(
+                "Redis at %s cannot serve the hub: %s (%s)%s",
+                self.address,
+                health.cause,
+                health.summary,
+                notes,
+            )
+
+    def _log_change(self, before: Health, after: Health) -> None:
+        if after.ok:
+            log.warning("Redis at %s usable again (was: %s)", self.address, before.cause)
+        else:
+            log.error("Redis at %s cannot serve the hub: %s", self.address, after.cause)
+
+    async def run(self, interval_s: float) -> None:
+        """Probe at once, then every ``interval_s`` and soon after each :meth:`poke`."""
+        while True:
+            await self.check()
+            with anyio.move_on_after(interval_s):
+                await self._poked.wait()
+            self._poked = anyio.Event()
+            wait_s = self._last_probe + _POKE_MIN_INTERVAL_S - anyio.current_time()
+            if wait_s > 0:
+                await anyio.sleep(wait_s)

@@ -1,0 +1,199 @@
+"""A Redis that accepts connections but cannot serve the hub is "unavailable" with its
+cause, never "offline" (issue 11 item 1): the probe's verdicts (pure), then real
+redis-servers started here in each bad state (evicting policy under memory pressure, a
+replica, OOM under noeviction, an ACL user without script permission)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from deskbridge_hub._errors import SubstrateUnavailable
+from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._redis_health import interpret
+from deskbridge_hub._substrate import presence_key
+
+from ..procs import RedisServer, wait_until
+
+PRIMARY = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n# Memory\r\nmaxmemory:0\r\n"
+PRIMARY += "maxmemory_policy:noeviction\r\n# Persistence\r\naof_enabled:1\r\n"
+
+
+class Refused(Exception):
+    pass
+
+
+def test_a_primary_with_noeviction_is_usable() -> None:
+    health = interpret(PRIMARY, "v", probe_value="v")
+    assert health.ok and not health.evicting and health.notes == ()
+    assert health.summary == "role master, maxmemory-policy noeviction (no maxmemory), aof on"
+
+
+@pytest.mark.parametrize(
+    ("info", "probe", "words", "evicting"),
+    [
+        (PRIMARY.replace("maxmemory:0", "maxmemory:1048576").replace("noeviction", "allkeys-lru"),
+         "v", "maxmemory-policy is allkeys-lru", True),
+        (PRIMARY.replace("maxmemory:0", "maxmemory:1").replace("noeviction", "volatile-ttl"),
+         "v", "maxmemory-policy is volatile-ttl", True),
+        (PRIMARY.replace("role:master", "role:slave\r\nmaster_host:10.0.0.1\r\nmaster_port:6379"),
+         Refused("READONLY You can't write against a read only replica."),
+         "replica of 10.0.0.1:6379", False),
+        (PRIMARY, Refused("OOM command not allowed when used memory > 'maxmemory'."),
+         "out of memory", False),
+        (PRIMARY, Refused("MISCONF Redis is configured to save RDB snapshots"), "persist", False),
+        (PRIMARY, Refused("NOPERM this user has no permissions to run the 'eval' command"),
+         "permission", False),
+        (PRIMARY, "something else", "did not read back", False),
+    ],
+)  # fmt: skip
+def test_each_bad_state_is_a_cause(info: str, probe: object, words: str, evicting: bool) -> None:
+    health = interpret(info, probe, probe_value="v")
+    assert not health.ok
+    assert words in health.cause
+    assert health.evicting is evicting
+
+
+def test_a_replica_is_named_once_not_twice() -> None:
+    info = PRIMARY.replace("role:master", "role:slave")
+    health = interpret(info, Refused("READONLY You can't write"), probe_value="v")
+    assert len(health.causes) == 1
+
+
+def test_unreadable_info_and_aof_off_are_notes_not_causes() -> None:
+    health = interpret(Refused("NOPERM info"), "v", probe_value="v")
+    assert health.ok and "cannot read INFO" in health.notes[0]
+    health = interpret(PRIMARY.replace("aof_enabled:1", "aof_enabled:0"), "v", probe_value="v")
+    assert health.ok and "AOF is off" in health.notes[0]
+
+
+# -- real redis-servers ---------------------------------------------------------------
+
+
+def _port_in_range(low: int = 7100, high: int = 7200) -> int:
+    for port in range(low + secrets.randbelow(high - low), high):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 7100-7199")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path, port=_port_in_range(), name="health")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+async def _probe_until(s: RedisSubstrate, pred, timeout_s: float = 10):  # type: ignore[no-untyped-def]
+    with trio.fail_after(timeout_s):
+        while True:
+            health = await s.health_check()
+            if pred(health):
+                return health
+            await trio.sleep(0.1)
+
+
+async def test_evicting_policy_under_pressure_is_unavailable_not_offline(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_server.command("CONFIG", "SET", "maxmemory", str(4 * 1024 * 1024))
+    redis_server.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    s = RedisSubstrate.from_url(redis_server.url, health_interval_s=0.2)
+    caplog.set_level(logging.INFO, "deskbridge.hub.redis")
+    with trio.fail_after(30):
+        async with s:
+            await s.set_presence("alice", "session-1", 30)
+            # another client fills memory until Redis evicts alice's presence
+            for i in range(200):
+                if redis_server.command("EXISTS", presence_key("alice")) == 0:
+                    break
+                redis_server.command("SET", f"filler:{i}", "x" * 65536)
+            assert redis_server.command("EXISTS", presence_key("alice")) == 0
+            assert int(redis_server.command("INFO", "stats").split("evicted_keys:")[1].split()[0])
+            await _probe_until(s, lambda h: h is not None and not h.ok)
+            with pytest.raises(SubstrateUnavailable, match="allkeys-lru"):
+                await s.get_presence("alice")  # absent, but that proves nothing
+            with pytest.raises(SubstrateUnavailable, match="maxmemory-policy"):
+                await s.ping()  # readiness fails with the cause
+            # the operator fixes it: usable again, one line each way
+            redis_server.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+            redis_server.command("CONFIG", "SET", "maxmemory", "0")
+            await _probe_until(s, lambda h: h is not None and h.ok)
+            assert await s.get_presence("alice") is None
+            await s.ping()
+    lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.redis"]
+    assert sum("cannot serve the hub" in line for line in lines) == 1, lines
+    assert sum("usable again" in line for line in lines) == 1, lines
+
+
+async def test_a_replica_is_unavailable_until_promoted(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    replica = RedisServer(tmp_path, port=_port_in_range(), name="replica")
+    try:
+        replica.wait_ready()
+        replica.command("REPLICAOF", "127.0.0.1", str(redis_server.port))
+        wait_until(
+            lambda: "master_link_status:up" in replica.command("INFO", "replication"),
+            timeout_s=10,
+            what="replica linked",
+        )
+        s = RedisSubstrate.from_url(replica.url)
+        with trio.fail_after(20):
+            health = await s.health_check()
+            assert health is not None and "replica" in health.cause
+            with pytest.raises(SubstrateUnavailable, match="READONLY|replica"):
+                await s.set_presence("bob", "session-1", 30)
+            replica.command("REPLICAOF", "NO", "ONE")
+            await _probe_until(s, lambda h: h is not None and h.ok)
+            await s.set_presence("bob", "session-1", 30)
+    finally:
+        replica.stop()
+
+
+async def test_out_of_memory_under_noeviction_refuses_writes_with_the_cause(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.command("CONFIG", "SET", "maxmemory", "1")
+    s = RedisSubstrate.from_url(redis_server.url)
+    with trio.fail_after(10):
+        health = await s.health_check()
+        assert health is not None and "out of memory" in health.cause
+        with pytest.raises(SubstrateUnavailable, match="OOM"):
+            await s.set_presence("carol", "session-1", 30)
+
+
+async def test_a_user_without_script_permission_is_named(redis_server: RedisServer) -> None:
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", "~*", "&*", "+@all", "-@scripting")
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    with trio.fail_after(10):
+        health = await s.health_check()
+        assert health is not None and "permission" in health.cause
+        with pytest.raises(SubstrateUnavailable, match="NOPERM"):
+            await s.refresh_presence("dave", "session-1", 30)
+
+
+async def test_a_password_with_reserved_characters_is_percent_decoded(
+    redis_server: RedisServer,
+) -> None:
+    password = "s3cr/t+k3y=@#x"
+    redis_server.command("CONFIG", "SET", "requirepass", password)
+    from urllib.parse import quote
+
+    url = f"redis://:{quote(password, safe='')}@127.0.0.1:{redis_server.port}/0"
+    s = RedisSubstrate.from_url(url)
+    with trio.fail_after(10):
+        await s.ping()
+        assert password not in repr(s)
