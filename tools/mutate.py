@@ -14,9 +14,14 @@ roots (``common/src``, ``hub/src``, ``sidecar/src``), which would give mutants n
 ``mutation.toml``; mutmut puts ``mutants/src`` first on ``sys.path``, ahead of the
 editable installs.
 
-Equivalent mutants (a mutation that cannot change behaviour) are listed in
-``mutation.toml`` under ``[equivalent]`` with a one-line reason each; they are left out of
-the score and reported separately.
+Equivalent mutants (a mutation that cannot change behaviour) are declared in
+``mutation.toml`` with a one-line reason each, in two ways: ``[[equivalent_lines]]``
+(a regular expression over source lines; mutmut generates no mutant on a matching line,
+e.g. a log message's text) and ``[equivalent]`` (one mutant by name). Named ones are left
+out of the score and counted in the ``equiv`` column.
+
+A target may list ``functions`` (globs over mutmut's function names, e.g.
+``xǁEntryServerǁfinish``): only their mutants are run and scored (the CI subset uses this).
 
 Usage:
     ./dev mutate                 every target in mutation.toml (about 30 min on 2 cores)
@@ -31,6 +36,8 @@ Exit status: 0 when every module of the run reaches its ``min_score`` (and
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import hashlib
 import os
 import re
 import shutil
@@ -51,12 +58,39 @@ _RESULT = re.compile(r"^\s*(?P<name>[\w.]+__mutmut_\d+): (?P<status>[\w ]+?)\s*$
 
 
 def _toml_list(values: list[str]) -> str:
-    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
+    return "[" + ", ".join("'" + v.replace("'", "") + "'" for v in values) + "]"
 
 
-def _stage(targets: list[dict[str, object]], tests: list[str], pytest_args: list[str]) -> None:
+def _module_name(target: dict[str, object]) -> str:
+    return str(target["module"]).removesuffix(".py").replace("/", ".")
+
+
+def _selection(targets: list[dict[str, object]]) -> list[str]:
+    """mutmut mutant-name globs for the targets (all of a module, or its ``functions``)."""
+    names = []
+    for t in targets:
+        for function in t.get("functions", ["*"]):  # type: ignore[union-attr]
+            names.append(f"{_module_name(t)}.{function}__mutmut_*" if function != "*"
+                         else f"{_module_name(t)}.*")
+    return names
+
+
+def _stage(
+    targets: list[dict[str, object]],
+    tests: list[str],
+    pytest_args: list[str],
+    line_patterns: list[str],
+) -> None:
     """Copy the packages, tests and pytest config into the stage; keep mutmut's cache
     (``mutants/``) so an unchanged function is not tested again."""
+    # mutmut keeps its generated mutants across runs; a new line pattern or target list
+    # must regenerate them, so the cache is dropped whenever mutation.toml changes.
+    stamp = STAGE / "mutation.toml.sha256"
+    digest = hashlib.sha256((ROOT / "mutation.toml").read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != digest:
+        shutil.rmtree(STAGE / "mutants", ignore_errors=True)
+    STAGE.mkdir(exist_ok=True)
+    stamp.write_text(digest)
     src = STAGE / "src"
     if src.exists():
         shutil.rmtree(src)
@@ -80,6 +114,7 @@ def _stage(targets: list[dict[str, object]], tests: list[str], pytest_args: list
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
         f"pytest_add_cli_args = {_toml_list(pytest_args)}\n"
         'also_copy = ["docs/", "README.md"]\n'
+        f"do_not_mutate_patterns = {_toml_list(line_patterns)}\n"
     )
     (STAGE / "pyproject.toml").write_text(config)
 
@@ -108,6 +143,27 @@ def _module_of(mutant: str) -> str:
     return module.replace(".", "/") + ".py"
 
 
+def _case_only(name: str, rules: list[dict[str, str]]) -> bool:
+    """True if mutant ``name`` only changes the letter case of one line that an
+    ``[[equivalent_case]]`` rule declares case-insensitive (e.g. SQL text)."""
+    rules = [r for r in rules if fnmatch.fnmatchcase(_module_of(name), r["module"])]
+    if not rules:
+        return False
+    diff = subprocess.run(
+        [sys.executable, "-m", "mutmut", "show", name],
+        cwd=STAGE,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    removed = [line[1:] for line in diff if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in diff if line.startswith("+") and not line.startswith("+++")]
+    if len(removed) != 1 or len(added) != 1 or removed[0] == added[0]:
+        return False
+    if removed[0].lower() != added[0].lower():
+        return False
+    return any(re.search(r["pattern"], removed[0]) for r in rules)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev mutate", description=__doc__.split("\n")[0])
     parser.add_argument("--set", default=None, help="only the targets tagged with this set")
@@ -117,15 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     spec = tomllib.loads((ROOT / "mutation.toml").read_text())
-    targets = [t for t in spec["target"] if args.set is None or args.set in t.get("sets", [])]
+    wanted = args.set or "full"
+    targets = [t for t in spec["target"] if wanted in t.get("sets", [])]
     if not targets:
         parser.error(f"no target in mutation.toml belongs to set {args.set!r}")
     equivalent: dict[str, str] = spec.get("equivalent", {})
     tests = sorted({test for t in targets for test in t["tests"]})
-    _stage(targets, tests, spec["pytest"]["args"])
+    line_patterns = [e["pattern"] for e in spec.get("equivalent_lines", [])]
+    _stage(targets, tests, spec["pytest"]["args"], line_patterns)
+    selection = _selection(targets)
 
     run = subprocess.run(
-        [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children),
+         *selection],
         cwd=STAGE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -136,7 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutmut run failed with status {run.returncode}", file=sys.stderr)
         return 1
 
-    results = _results()
+    results = {
+        name: status
+        for name, status in _results().items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in selection)
+    }
+    case_rules = spec.get("equivalent_case", [])
+    for name, status in results.items():
+        if status == "survived" and _case_only(name, case_rules):
+            equivalent[name] = "case-only change of a case-insensitive literal"
     by_module: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for name, status in results.items():
         key = "equivalent" if name in equivalent else status

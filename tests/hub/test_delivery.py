@@ -283,3 +283,47 @@ async def test_invariant_3_holds_for_every_answer_the_hub_publishes(autojump_clo
     status = {"malformed": "failed"}.get(kind, kind)
     assert (await answer(substrate))["status"] == status
     assert substrate.pending_count(USER) == 0
+
+
+async def test_the_terminal_state_names_user_and_time_and_lives_as_long_as_the_result(
+    autojump_clock,
+):
+    """After the answer, the job's state says ``finished`` for this user, stamped when it
+    finished, and is kept exactly as long as the result (``result_ttl_s``): a late cancel
+    is answered "finished" while the caller may still read the result, not forever."""
+    substrate, server, entry = await setup()
+    await server.serve(entry, FakeExecutor())  # the fake tool takes 1 s
+    finished_at = wall()
+    state = await substrate.get_job_state("job-1")
+    assert (state.stage, state.user_id, state.at) == (Stage.FINISHED, USER, finished_at)
+    await trio.sleep(Timings().result_ttl_s - 0.01)
+    assert (await substrate.get_job_state("job-1")) is not None
+    await trio.sleep(0.02)
+    assert (await substrate.get_job_state("job-1")) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "tool", "outcome"),
+    [("completed", "echo", "completed"), ("malformed", "echo", "failed"),
+     ("lost", "unknown", "lost")],
+)
+async def test_every_answer_is_counted_once_by_tool_and_outcome_and_logged_with_its_job(
+    autojump_clock, caplog, kind, tool, outcome
+):
+    """The served-jobs counter and the one INFO line per job name the real tool, outcome
+    and job id, also for entries whose body is malformed (tool from the raw fields) or gone
+    (job id from the index)."""
+    import logging
+
+    from deskbridge_hub import _metrics
+
+    substrate, server, entry = await setup(**({"args": "[1"} if kind == "malformed" else {}))
+    if kind == "lost":
+        entry = type(entry)(entry.entry_id, None)
+    counter = _metrics.SERVED.labels(tool, outcome)
+    before = counter._value.get()
+    with caplog.at_level(logging.INFO, logger="deskbridge.hub.jobs"):
+        await server.serve(entry, FakeExecutor())
+    assert counter._value.get() == before + 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.jobs"]
+    assert lines == [f"job job-1 finished: {outcome} ({tool})"]

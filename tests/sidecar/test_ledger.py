@@ -135,3 +135,47 @@ async def test_writes_run_off_the_event_loop(path):
         assert raw.execute("SELECT COUNT(*) FROM jobs").fetchone() == (20,)
     finally:
         raw.close()
+
+
+def test_one_key_is_one_request_same_tool_and_same_args_only():
+    """A key matches only the same tool with the same arguments: another tool, or the same
+    tool with other arguments, is a reused key (refused), never the stored outcome."""
+    from deskbridge_sidecar._ledger import LedgerEntry
+
+    entry = LedgerEntry("k", "click", args_digest({"x": 1}), 1.0, None, None, 2.0)
+    assert entry.matches("click", args_digest({"x": 1}))
+    assert not entry.matches("click", args_digest({"x": 2}))
+    assert not entry.matches("type", args_digest({"x": 1}))
+
+
+async def test_a_finished_row_is_kept_at_least_min_keep_s_after_it_finished(path):
+    """Finishing never shortens a row's life: even a key begun with a keep_until in the
+    past (its deadline already gone) stays min_keep_s after its outcome was recorded."""
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock, min_keep_s=300)
+    await ledger.begin("k", "t", "d", keep_until=clock.now - 10)
+    clock.now += 100
+    await ledger.finish("k", Outcome.success(1))
+    clock.now += 299
+    assert await ledger.prune() == 0
+    row = await ledger.get("k")
+    assert row is not None and row.finished_at == clock.now - 299
+    clock.now += 2
+    assert await ledger.prune() == 1 and await ledger.get("k") is None
+    ledger.close()
+
+
+async def test_an_outcome_for_a_key_never_begun_gets_a_row_of_its_own(path):
+    """A delivery answered before it started (cancelled, refused) is still recorded, with
+    its tool and digest, and kept min_keep_s, so a redelivery gets the same answer."""
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock, min_keep_s=300)
+    await ledger.finish("k", Outcome.success("early"), "t", "d")
+    row = await ledger.get("k")
+    assert row is not None
+    assert (row.tool, row.args_digest, row.started_at, row.finished_at) == (
+        "t", "d", clock.now, clock.now
+    )
+    assert row.outcome is not None and row.outcome.result == "early"
+    assert row.keep_until == clock.now + 300
+    ledger.close()

@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fnmatch
 import importlib.util
 import logging
 import os
-import shutil
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import attrs
 
 from .._tools import Tool, ToolError
 from ._asyncio_host import AsyncioHost
+from ._origins import EXECUTABLES, OriginPolicy, find_browser, origin_of
 
 log = logging.getLogger("deskbridge.sidecar.browser")
 
@@ -47,62 +45,12 @@ log = logging.getLogger("deskbridge.sidecar.browser")
 MAX_SCREENSHOT_BYTES = 700_000
 #: Longest page text returned by default, characters.
 MAX_TEXT_CHARS = 100_000
-#: Browser executables looked up on ``PATH``, in order.
-EXECUTABLES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 #: Flags always passed (no first-run UI, no background traffic of the browser's own).
 BASE_ARGS = ("--no-first-run", "--disable-background-networking", "--disable-component-update")
 #: Default profile directory.
 DEFAULT_PROFILE = os.path.join("~", ".deskbridge", "browser-profile")
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
-
-
-def origin_of(url: str) -> str | None:
-    """``scheme://host[:port]`` of ``url`` (default ports dropped), or None."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    port = parts.port
-    default = {"http": 80, "https": 443}[parts.scheme]
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
-
-
-def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
-    """attrs converter: a tuple of the strings (typed, unlike ``tuple`` itself)."""
-    return tuple(values)
-
-
-@attrs.frozen
-class OriginPolicy:
-    """Which origins the browser may navigate to.
-
-    Args:
-        allowed: origins like ``https://portal.example.com`` or ``http://127.0.0.1:8123``;
-            ``https://*.example.com`` allows every subdomain (not the bare domain).
-    """
-
-    allowed: tuple[str, ...] = attrs.field(converter=_str_tuple)
-
-    def allows(self, url: str) -> bool:
-        if url in ("about:blank", "about:srcdoc") or url.startswith("data:"):
-            return True
-        origin = origin_of(url)
-        if origin is None:
-            return False
-        return any(
-            origin == pattern or ("*" in pattern and fnmatch.fnmatchcase(origin, pattern))
-            for pattern in self.allowed
-        )
-
-
-def find_browser() -> str | None:
-    """The first of :data:`EXECUTABLES` found on ``PATH``, or None."""
-    for name in EXECUTABLES:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -127,7 +75,7 @@ class BrowserToolset:
         ValueError: no origins, no browser found, or the ``playwright`` package missing.
     """
 
-    allowed_origins: Sequence[str] = attrs.field(converter=_str_tuple)
+    allowed_origins: Sequence[str] = attrs.field(converter=tuple)
     profile_dir: str = DEFAULT_PROFILE
     executable_path: str | None = None
     headless: bool = False
@@ -300,7 +248,7 @@ class BrowserToolset:
         await self._ensure()
         self._blocked.clear()
         try:
-            result: dict[str, Any] = await fn(*args)
+            result = await fn(*args)
         except PlaywrightTimeout as exc:
             raise ToolError(_first_line(exc), code="timeout") from None
         except PlaywrightError as exc:
@@ -396,9 +344,7 @@ class BrowserToolset:
             title = await page.title()
         return {"tab": tab, "url": page.url, "title": title}
 
-    async def _open(
-        self, url: str, new_tab: bool, wait_until: str, timeout_s: float
-    ) -> dict[str, Any]:
+    async def _open(self, url: str, new_tab: bool, wait_until: str, timeout_s: float) -> dict:
         if new_tab or self._current is None or self._current not in self._tabs:
             page = await self._context.new_page()
             self._adopt(page)
@@ -406,7 +352,7 @@ class BrowserToolset:
         response = await page.goto(url, wait_until=wait_until, timeout=timeout_s * 1000)
         return {**await self._describe(tab, page), "status": response.status if response else None}
 
-    async def _text(self, selector: str | None, tab: int | None, max_chars: int) -> dict[str, Any]:
+    async def _text(self, selector: str | None, tab: int | None, max_chars: int) -> dict:
         tab_id, page = self._page(tab)
         text = await page.inner_text(selector or "body", timeout=10_000)
         return {
@@ -415,7 +361,7 @@ class BrowserToolset:
             "truncated": len(text) > max_chars,
         }
 
-    async def _click(self, selector: str, tab: int | None, timeout_s: float) -> dict[str, Any]:
+    async def _click(self, selector: str, tab: int | None, timeout_s: float) -> dict:
         tab_id, page = self._page(tab)
         await page.click(selector, timeout=timeout_s * 1000)
         await self._settle(page, timeout_s)
@@ -430,23 +376,17 @@ class BrowserToolset:
         except Exception as exc:  # noqa: BLE001 - the action itself succeeded
             log.debug("page did not settle after the action: %r", exc)
 
-    async def _fill(
-        self, selector: str, value: str, tab: int | None, timeout_s: float
-    ) -> dict[str, Any]:
+    async def _fill(self, selector: str, value: str, tab: int | None, timeout_s: float) -> dict:
         tab_id, page = self._page(tab)
         await page.fill(selector, value, timeout=timeout_s * 1000)
         return {**await self._describe(tab_id, page), "selector": selector}
 
-    async def _wait_for(
-        self, selector: str, state: str, tab: int | None, timeout_s: float
-    ) -> dict[str, Any]:
+    async def _wait_for(self, selector: str, state: str, tab: int | None, timeout_s: float) -> dict:
         tab_id, page = self._page(tab)
         await page.wait_for_selector(selector, state=state, timeout=timeout_s * 1000)
         return {**await self._describe(tab_id, page), "selector": selector, "state": state}
 
-    async def _screenshot(
-        self, selector: str | None, full_page: bool, tab: int | None
-    ) -> dict[str, Any]:
+    async def _screenshot(self, selector: str | None, full_page: bool, tab: int | None) -> dict:
         tab_id, page = self._page(tab)
         if selector:
             data = await page.locator(selector).first.screenshot(type="png", timeout=10_000)
@@ -467,13 +407,13 @@ class BrowserToolset:
             "bytes": len(data),
         }
 
-    async def _list_tabs(self) -> dict[str, Any]:
+    async def _list_tabs(self) -> dict:
         tabs = []
         for tab, page in sorted(self._tabs.items()):
             tabs.append({**await self._describe(tab, page), "current": tab == self._current})
         return {"tabs": tabs}
 
-    async def _close_tab(self, tab: int) -> dict[str, Any]:
+    async def _close_tab(self, tab: int) -> dict:
         tab_id, page = self._page(tab)
         await page.close()
         self._forget(tab_id)
