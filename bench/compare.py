@@ -344,6 +344,12 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
                     steps = mon.get("steps_per_call", {}).get(role)
                     step_text = f" in {steps:g} steps" if steps is not None else ""
                     print(f"  {role:<7} {mon['per_call_total'][role]:5.2f}{step_text}  ({detail})")
+    for s in systems:
+        mon = results[s].get("monitor") or {}
+        if mon.get("last_call"):
+            print(f"\n{s}: the last MONITORed call, ms from its first command (sender, command)")
+            for ms, role, cmd in mon["last_call"][:40]:
+                print(f"  {ms:9.3f}  {role:<7} {cmd}")
     print()
     for s in systems:
         for what, n in results[s].get("failures", {}).items():

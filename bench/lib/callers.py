@@ -137,6 +137,41 @@ def monitor_split(
     return out, steps
 
 
+def last_call_timeline(lines: list[str], caller_ports: set[int], hub_ports: set[int]) -> list:
+    """The MONITOR lines of the last call, from the caller's first command after its
+    previous wait (BLPOP...) to the end, as (ms since that command, sender, command and
+    first argument). MONITOR logs a blocking command when it is issued, not when it
+    returns."""
+    rows = []
+    for line in lines:
+        try:
+            stamp, rest = line.split(" [", 1)
+            where, rest = rest.split("] ", 1)
+        except ValueError:
+            continue
+        if where.endswith("lua"):
+            role = "lua"
+        else:
+            port = int(where.rsplit(":", 1)[1])
+            role = "caller" if port in caller_ports else "hub" if port in hub_ports else "other"
+        words = rest.split(" ")
+        rows.append((float(stamp), role, " ".join(w.strip('"') for w in words[:2])))
+    # the last call starts after the second-to-last caller command that waits for a result
+    waits = [
+        i
+        for i, r in enumerate(rows)
+        if r[1] == "caller"
+        and r[2].split(" ")[0].lower() in ("blpop", "blmpop", "brpop", "subscribe")
+    ]
+    start = waits[-2] + 1 if len(waits) >= 2 else 0
+    start = next((i for i in range(start, len(rows)) if rows[i][1] == "caller"), start)
+    rows = rows[start:]
+    if not rows:
+        return []
+    t0 = rows[0][0]
+    return [(round((t - t0) * 1000, 3), role, cmd) for t, role, cmd in rows]
+
+
 async def run_plan(call: Call, plan: dict, meter: Meter, http_call: Call | None) -> dict:
     from bench.lib.measure import group_pids
 
@@ -202,6 +237,7 @@ async def run_plan(call: Call, plan: dict, meter: Meter, http_call: Call | None)
         results["monitor"] = {
             "calls": n,
             "steps_per_call": {role: round(v / n, 2) for role, v in steps.items()},
+            "last_call": last_call_timeline(lines, caller_ports, hub_ports),
             "per_call": {
                 role: {k: round(v / n, 2) for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])}
                 for role, cmds in split.items()

@@ -30,6 +30,7 @@ from ._daemon import (
 )
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, TokenRefused, TransportClosed
+from ._isolate import isolated
 from ._outcome import (
     BAD_ARGS,
     BAD_RESULT,
@@ -122,6 +123,7 @@ __all__ = [
     "WebSocketSettings",
     "__version__",
     "invoke",
+    "isolated",
     "run_daemon",
     "sidecar_url",
     "tool",

@@ -169,6 +169,8 @@ class Daemon:
         ledger_max_entries: the ledger's row cap (:data:`~._ledger.MAX_ENTRIES`).
         ledger: a ledger the caller opened and owns (tests, embedders): used instead of
             ``data_dir`` and not closed by the daemon.
+        isolate_sync_tools: run every sync tool in a separate process (see
+            ``_isolate``; a tool marked ``@isolated`` always does).
 
     Raises:
         ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
@@ -187,6 +189,7 @@ class Daemon:
     data_dir: Path | None = attrs.field(default=None, kw_only=True)
     ledger_max_entries: int = attrs.field(default=MAX_ENTRIES, kw_only=True)
     ledger: Ledger | None = attrs.field(default=None, kw_only=True)
+    isolate_sync_tools: bool = attrs.field(default=False, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _ran: bool = attrs.field(default=False, init=False)
@@ -263,6 +266,7 @@ class Daemon:
                         wall_clock=self.wall_clock,
                         ledger=ledger,
                         result_ttl_s=t.result_ttl_s,
+                        isolate_sync=self.isolate_sync_tools,
                     )
                     await self._runner.load()
                     work.start_soon(self._prune_loop, self._runner)

@@ -33,6 +33,7 @@ import trio
 from deskbridge_common import Job
 
 from ._dedupe import DedupeCache
+from ._isolate import invoke_in_process, is_isolated
 from ._ledger import Ledger, LedgerError, args_digest
 from ._outcome import (
     BAD_ARGS,
@@ -108,6 +109,13 @@ class ToolRunner:
     #: reused key and skip preflight for a known one without a disk read.
     _known: dict[str, tuple[str, str]] = attrs.field(factory=dict)
     _closing: bool = False
+    #: run every sync tool in a separate process (``--isolate-sync-tools``)
+    isolate_sync: bool = False
+
+    def isolates(self, tool: Tool) -> bool:
+        """True if ``tool`` runs in a separate process (marked, or sync under
+        ``isolate_sync``)."""
+        return is_isolated(tool) or (self.isolate_sync and not tool.is_async)
 
     async def load(self) -> None:
         """Read the ledger's keys into memory (call once before serving).
@@ -309,7 +317,7 @@ class ToolRunner:
         run = self._runs.get(key)
         if run is None:
             return False
-        if run.started and not run.tool.is_async:
+        if run.started and not run.tool.is_async and not self.isolates(run.tool):
             log.warning(
                 "cannot cancel %s: a sync tool running in a worker thread cannot be "
                 "interrupted; it will finish and its outcome will be reported",
@@ -371,10 +379,13 @@ class ToolRunner:
                             self.running = run.tool.name
                             self.executions[run.tool.name] += 1
                             try:
-                                progress = Progress(
-                                    run.progress, trio.lowlevel.current_trio_token()
-                                )
-                                outcome = await invoke(run.tool, job.args, progress=progress)
+                                if self.isolates(run.tool):
+                                    outcome = await invoke_in_process(run.tool, job.args)
+                                else:
+                                    progress = Progress(
+                                        run.progress, trio.lowlevel.current_trio_token()
+                                    )
+                                    outcome = await invoke(run.tool, job.args, progress=progress)
                             finally:
                                 self.running = None
             if run.interrupted is not None:

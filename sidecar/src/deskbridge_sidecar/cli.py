@@ -107,6 +107,12 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="import MODULE and offer its @tool functions (repeatable)",
     )
     run.add_argument(
+        "--isolate-sync-tools",
+        action="store_true",
+        help="run every sync tool in a separate process, so a long C call holding the "
+        "GIL cannot stall the connection (a tool marked @isolated always does)",
+    )
+    run.add_argument(
         "--data-dir",
         metavar="DIR",
         help="where the job ledger lives (default $DESKBRIDGE_DATA_DIR, else the "
@@ -300,6 +306,7 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         timings=timings,
         ssl_context=ssl_context,
         data_dir=Path(data_dir),
+        isolate_sync_tools=args.isolate_sync_tools,
     )
 
 
