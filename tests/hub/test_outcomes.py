@@ -369,6 +369,7 @@ async def test_outcome_table_in_docs_lists_every_status():
                 "lost",
                 "cancelled",
                 "in_doubt",
+                "declined",
             ]
         )
     )

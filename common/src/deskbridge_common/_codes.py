@@ -57,6 +57,8 @@ IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
 IN_DOUBT = "in_doubt"
 #: the sidecar could not read or write its ledger; the tool did not start
 LEDGER_ERROR = "ledger_error"
+#: the person at the desktop declined a tool that needs approval; it never ran
+DECLINED = "declined"
 # Written by the hub:
 LOST = "lost"  #: the queued entry was trimmed or deleted before it ran
 MALFORMED = "malformed"  #: the stream entry does not decode into a job
@@ -64,12 +66,13 @@ BAD_JOB = "bad_job"  #: the entry decodes but no sidecar could accept it as a fr
 OFFLINE = "offline"  #: no sidecar of the user is connected
 UNAVAILABLE = "unavailable"  #: the substrate (Redis) cannot be used right now
 #: Error codes that are also the job's outcome (every other error code means "failed").
-OUTCOME_ERROR_CODES = frozenset({EXPIRED, CANCELLED, IN_DOUBT})
+OUTCOME_ERROR_CODES = frozenset({EXPIRED, CANCELLED, IN_DOUBT, DECLINED})
 
 __all__ = [
     "BAD_ARGS",
     "BAD_JOB",
     "BAD_RESULT",
+    "DECLINED",
     "IDEMPOTENCY_KEY_REUSED",
     "IN_DOUBT",
     "LEDGER_ERROR",

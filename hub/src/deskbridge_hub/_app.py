@@ -51,6 +51,7 @@ HTTP_STATUS = {
     "lost": 410,
     "cancelled": 409,
     "in_doubt": 409,
+    "declined": 409,
     "timeout": 504,
     "offline": 503,
     "unavailable": 503,

@@ -25,6 +25,7 @@ from ._errors import (
     BridgeError,
     DesktopOffline,
     JobCancelled,
+    JobDeclined,
     JobExpired,
     JobFailed,
     JobIdInUse,
@@ -70,8 +71,8 @@ class Outcome:
 
     Attributes:
         job_id: the job's id (None if it was never enqueued: offline, bad request).
-        status: completed | failed | expired | lost | cancelled | in_doubt | timeout |
-            offline | unavailable.
+        status: completed | failed | expired | lost | cancelled | in_doubt | declined |
+            timeout | offline | unavailable.
         result: the tool's return value when completed.
         error: ``{"code", "message"}`` for every other status.
         detail: extra facts (``stage`` for timeouts).
@@ -103,6 +104,7 @@ _ERRORS: dict[str, type[BridgeError]] = {
     "lost": JobLost,
     "cancelled": JobCancelled,
     "in_doubt": JobInDoubt,
+    "declined": JobDeclined,
     "timeout": JobTimeout,
     "offline": DesktopOffline,
 }

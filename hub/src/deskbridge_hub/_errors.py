@@ -70,6 +70,13 @@ class JobInDoubt(BridgeError):
     status = "in_doubt"
 
 
+class JobDeclined(BridgeError):
+    """The tool needs the approval of the person at the desktop, who declined; it never
+    ran."""
+
+    status = "declined"
+
+
 class JobCancelled(BridgeError):
     """The job was cancelled (``Bridge.cancel``) before or while it ran."""
 

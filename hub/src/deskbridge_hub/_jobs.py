@@ -20,7 +20,9 @@ import attrs
 from deskbridge_common import CANCELLED, EXPIRED, LOST
 
 #: Terminal outcomes a result payload can carry (docs/outcomes.md).
-OUTCOMES = frozenset({"completed", "failed", "expired", "lost", "cancelled", "in_doubt"})
+OUTCOMES = frozenset(
+    {"completed", "failed", "expired", "lost", "cancelled", "in_doubt", "declined"}
+)
 
 
 class MalformedEntry(ValueError):

@@ -63,6 +63,7 @@ STAGE_OF_OUTCOME: dict[str, Stage] = {
     "completed": Stage.FINISHED,
     "failed": Stage.FINISHED,
     "in_doubt": Stage.FINISHED,  # the desktop's answer: it started once, never again
+    "declined": Stage.CANCELLED,  # refused at the desktop before it started
     "cancelled": Stage.CANCELLED,
     "expired": Stage.EXPIRED,
     "lost": Stage.LOST,

@@ -20,6 +20,7 @@ Fakes for tests live in :mod:`deskbridge_sidecar.testing`.
 """
 
 from ._backoff import Backoff
+from ._consent import needs_approval
 from ._daemon import (
     CONNECT_FAILED,
     IMMEDIATE_RECONNECT_CODES,
@@ -124,6 +125,7 @@ __all__ = [
     "__version__",
     "invoke",
     "isolated",
+    "needs_approval",
     "run_daemon",
     "sidecar_url",
     "tool",

@@ -65,6 +65,7 @@ from deskbridge_common import (
 )
 
 from ._backoff import Backoff
+from ._consent import approvals_dir
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
@@ -267,6 +268,9 @@ class Daemon:
                         ledger=ledger,
                         result_ttl_s=t.result_ttl_s,
                         isolate_sync=self.isolate_sync_tools,
+                        approvals=(
+                            None if self.data_dir is None else approvals_dir(Path(self.data_dir))
+                        ),
                     )
                     await self._runner.load()
                     work.start_soon(self._prune_loop, self._runner)

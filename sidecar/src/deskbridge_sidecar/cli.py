@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import os
 import signal
@@ -137,7 +138,34 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="log level (default INFO; -v means DEBUG)",
     )
     toolset_options.add_arguments(run)
+    for verb, what in (("approve", "let it run"), ("decline", "refuse it: answered declined")):
+        decide_parser = commands.add_parser(
+            verb, help=f"{what}: a job waiting for your approval (tools marked needs_approval)"
+        )
+        decide_parser.add_argument("job_id", metavar="JOB_ID")
+        decide_parser.add_argument("--data-dir", metavar="DIR", help="as given to run")
+    listing = commands.add_parser("pending", help="list the jobs waiting for your approval")
+    listing.add_argument("--data-dir", metavar="DIR", help="as given to run")
     return parser, run
+
+
+def _consent_command(args: argparse.Namespace) -> int:
+    from ._consent import decide, pending
+
+    data_dir = Path(
+        args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
+    )
+    if args.command == "pending":
+        for request in pending(data_dir):
+            print(f"{request['job_id']}  {request['tool']}  {json.dumps(request['args'])}")
+        return 0
+    try:
+        decide(data_dir, args.job_id, approve=args.command == "approve")
+    except (LookupError, ValueError) as exc:
+        print(f"deskbridge-sidecar {args.command}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.job_id}: {args.command}d")
+    return 0
 
 
 def _default_data_dir() -> str:
@@ -243,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, run_parser = _build_parsers()
     try:
         args = parser.parse_args(argv)
+        if args.command in ("approve", "decline", "pending"):
+            return _consent_command(args)
         if args.command != "run":
             parser.print_help(sys.stderr)
             return 2
