@@ -53,7 +53,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def fake_sidecar(url: str, token: str, welcomed: list[str], stop: trio.Event) -> None:
+async def fake_sidecar(
+    url: str, token: str, welcomed: list[str], failed: list[str], stop: trio.Event
+) -> None:
+    try:
+        await _fake_sidecar(url, token, welcomed, stop)
+    except (ConnectionClosed, OSError, trio.TooSlowError) as exc:
+        failed.append(repr(exc)[:120])
+
+
+async def _fake_sidecar(url: str, token: str, welcomed: list[str], stop: trio.Event) -> None:
     headers = [("Authorization", f"Bearer {token}")]
     async with open_websocket_url(url, extra_headers=headers) as ws:
         hello = {"type": "hello", "protocol_version": 1, "sidecar_version": "bench", "tools": []}
@@ -74,6 +83,7 @@ async def main() -> None:
     ap.add_argument("--redis", required=True)
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--window-s", type=float, default=60.0)
+    ap.add_argument("--ramp-ms", type=float, default=5.0, help="pause between connects")
     args = ap.parse_args()
     port = free_port()
     secret = os.urandom(32).hex()
@@ -91,30 +101,32 @@ async def main() -> None:
 
         await trio.sleep(2.0)
         welcomed: list[str] = []
+        failed: list[str] = []
         stop = trio.Event()
         users = [f"idle-{port}-{i}" for i in range(args.n)]
         async with trio.open_nursery() as nursery:
             for user in users:
                 token = issue_token(secret, user)
                 nursery.start_soon(
-                    fake_sidecar, f"ws://127.0.0.1:{port}/v1/sidecar", token, welcomed, stop
+                    fake_sidecar, f"ws://127.0.0.1:{port}/v1/sidecar", token, welcomed, failed, stop
                 )
-                await trio.sleep(0.002)
+                await trio.sleep(args.ramp_ms / 1000)
             with trio.fail_after(120):
-                while len(welcomed) < args.n:  # noqa: ASYNC110 - bounded poll of a counter
+                while len(welcomed) + len(failed) < args.n:  # noqa: ASYNC110 - bounded poll
                     await trio.sleep(0.1)
             await trio.sleep(12)  # settle: the first heartbeat after the connects
-            before = commandstats(args.redis)
+            before = await trio.to_thread.run_sync(commandstats, args.redis)
             t0 = time.monotonic()
             await trio.sleep(args.window_s)
-            after = commandstats(args.redis)
+            after = await trio.to_thread.run_sync(commandstats, args.redis)
             elapsed = time.monotonic() - t0
-            present = sum(
-                1
-                for u in users
-                if redis_cli(args.redis, "EXISTS", f"bridge:presence:{{{u}}}").strip() == "1"
+            keys = await trio.to_thread.run_sync(
+                redis_cli, args.redis, "--scan", "--pattern", f"bridge:presence:{{idle-{port}-*}}"
             )
-            clients = redis_cli(args.redis, "CLIENT", "LIST").splitlines()
+            present = len(keys.split())
+            clients = (
+                await trio.to_thread.run_sync(redis_cli, args.redis, "CLIENT", "LIST")
+            ).splitlines()
             stop.set()
             nursery.cancel_scope.cancel()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
@@ -122,7 +134,10 @@ async def main() -> None:
             k: v for k, v in delta.items() if v > 0 and k not in ("info", "client|list", "exists")
         }
         total = sum(delta.values())
-        print(f"desktops welcomed {len(welcomed)}/{args.n}, present {present}")
+        print(
+            f"desktops welcomed {len(welcomed)}/{args.n}, present {present} at the end, "
+            f"failed {len(failed)} {failed[:2]}"
+        )
         print(
             f"window {elapsed:.1f} s: {total} Redis commands = {total / elapsed:.2f}/s, "
             f"{total / elapsed / args.n:.4f}/s per idle desktop"

@@ -122,6 +122,7 @@ class ProcessReader:
     _work: trio.Event = attrs.field(factory=trio.Event)
     _failures: int = 0
     _beats: int = 0
+    _beat_now: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
 
     # -- sessions ------------------------------------------------------------------------
@@ -225,7 +226,9 @@ class ProcessReader:
         t = self.timings
         interval_s = t.heartbeat_s
         while True:
-            await trio.sleep(interval_s)
+            with trio.move_on_after(interval_s):
+                await self._beat_now.wait()
+            self._beat_now = trio.Event()
             interval_s = t.heartbeat_s
             listeners = list(self._beating.values())
             beats = [Beat(x.user_id, x.session_id, x.catalogue) for x in listeners]
@@ -361,3 +364,5 @@ class ProcessReader:
         if self._failures:
             log.info("substrate back after %d failures", self._failures)
             self._failures = 0
+            # Redis may have come back empty: rewrite every presence now, not a beat later.
+            self._beat_now.set()

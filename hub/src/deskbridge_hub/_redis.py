@@ -181,8 +181,8 @@ return {ours, backlog, reclaim, trimmed}
 _HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
 #: Most pending entries examined when sweeping for trimmed entries.
 _TRIMMED_SCAN = 10_000
-#: Heartbeats per pipelined write (bounds one write's size; 10,000 sessions -> 10 writes).
-_HEARTBEAT_CHUNK = 1000
+#: Heartbeats per pipelined write (bounds one write and its reply; 10,000 sessions -> 40).
+_HEARTBEAT_CHUNK = 250
 
 
 def _ms(duration_s: float) -> int:
@@ -674,7 +674,7 @@ class RedisSubstrate(RedisDirectory):
         prune: bool = True,
     ) -> list[BeatReply]:
         """One EVALSHA of the heartbeat script per beat, pipelined in writes of up to
-        1,000 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
+        250 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
 
         Raises:
             ValueError: ``ttl_s`` not positive.

@@ -152,6 +152,7 @@ class ToolRunner:
         outcome = self.cache.get(key)
         if outcome is not None:
             self.dedupe_hits += 1
+            log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
             return outcome
         if key in self._runs or key in self._known:
             return None  # joined or answered by its record; never refused afresh
@@ -235,6 +236,12 @@ class ToolRunner:
                 return Outcome.failure(LEDGER_ERROR, f"the sidecar cannot read its ledger: {exc}")
             if entry is not None and entry.outcome is not None:
                 self.dedupe_hits += 1
+                log.info(
+                    "job %s (%s): answered from the ledger (%s)",
+                    job.job_id,
+                    job.name,
+                    entry.outcome.code or "ok",
+                )
                 return entry.outcome
             run = self._runs.get(key)  # another delivery may have started one meanwhile
         if run is None:
