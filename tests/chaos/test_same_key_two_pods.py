@@ -1,10 +1,10 @@
 """Issue 3, item 6, case d: one idempotency key dispatched twice at once, through two
 different pods (two concurrent HTTP POSTs, one to each pod directly).
 
-Both requests enqueue a job (two job ids, one key) on the user's stream; the pod holding
-the socket delivers both; the sidecar runs the first and answers the second by joining
-the run (or from the cache). Asserts: executed exactly once, both callers get
-``completed`` with the same result.
+One job per key (issue 16 item 3): the idempotency-key index in Redis lets only the first
+request enqueue; the second, on the other pod, attaches to that job and gets its answer.
+Asserts: one job id for both, executed exactly once, both callers get ``completed`` with
+the same result.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_same_key_through_two_pods_at_once_runs_once(tmp_path, procs):
         for a in answers:
             assert a.http_status == 200, a.body
             assert a.status == "completed", a.body
-        assert answers[0].body["job_id"] != answers[1].body["job_id"]  # two jobs, one key
+        assert answers[0].body["job_id"] == answers[1].body["job_id"]  # one key, one job
         assert answers[0].body["result"] == answers[1].body["result"]  # the same run
         assert answers[0].body["result"]["key"] == key
     assert ledger.counts() == {f"d{n}-{user}": 1 for n in range(rounds)}, ledger.events()

@@ -25,9 +25,14 @@ def test_bridge_dispatches_from_asyncio(redis_url):
                 while True:
                     entries = await substrate.read_new(user, "aio-hub", count=1, block_ms=100)
                     if entries:
-                        job_id = entries[0].fields["job_id"]
+                        fields = entries[0].fields
+                        job_id = fields["job_id"]
                         await substrate.publish_result(
-                            job_id, result_payload("completed", result={"ok": 1}), ttl_s=30
+                            user,
+                            job_id,
+                            result_payload("completed", result={"ok": 1}),
+                            ttl_s=30,
+                            notify=fields["reply_to"],  # the caller process's mailbox
                         )
                         await substrate.ack(user, entries[0].entry_id)
                         return job_id

@@ -77,13 +77,13 @@ def test_substrate_cancelled_waits_leak_nothing_and_take_nothing(backend: str) -
             async with s:
                 for _ in range(tries):
                     job = f"job-{secrets.token_hex(4)}"
-                    await gather(s.wait_result("test-warm", timeout_s=0.01), s.ping())
+                    await gather(s.wait_result("pool-user", "test-warm", timeout_s=0.01), s.ping())
                     with anyio.move_on_after(0.05):
-                        await s.wait_result(job, timeout_s=10)
-                    await s.publish_result(job, "v", ttl_s=30)
+                        await s.wait_result("pool-user", job, timeout_s=10)
+                    await s.publish_result("pool-user", job, "v", ttl_s=30)
                     await anyio.sleep(0.05)
-                    assert await raw("LLEN", result_key(job)) == 1
-                    await raw("DEL", result_key(job))
+                    assert await raw("LLEN", result_key("pool-user", job)) == 1
+                    await raw("DEL", result_key("pool-user", job))
                 await s.ping()  # no slot was lost to the cancelled waits
 
     anyio.run(main, backend=backend)

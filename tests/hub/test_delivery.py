@@ -61,14 +61,14 @@ async def setup(**fields_override):
     envelope = JobEnvelope("job-1", "echo", {"x": 1}, "key-1", wall() + 60, wall())
     fields = {**envelope.to_fields(), **fields_override}
     # as Bridge.dispatch does: the job id is claimed (stage queued) before the XADD
-    await substrate.claim_job("job-1", JobState(Stage.QUEUED, USER, at=wall()), ttl_s=300)
+    await substrate.claim_job(USER, "job-1", JobState(Stage.QUEUED, USER, at=wall()), ttl_s=300)
     await substrate.enqueue(USER, fields, maxlen=100)
     (entry,) = await substrate.read_new(USER, "hub-1", count=10, block_ms=1)
     return substrate, server, entry
 
 
 async def answer(substrate, job_id="job-1"):
-    payload = await substrate.wait_result(job_id, timeout_s=0.001)
+    payload = await substrate.wait_result(USER, job_id, timeout_s=0.001)
     return None if payload is None else json.loads(payload)
 
 
@@ -79,7 +79,7 @@ async def test_a_job_is_forwarded_once_published_then_acked(autojump_clock):
     assert [j.idempotency_key for j in executor.jobs] == ["key-1"]
     assert (await answer(substrate)) == {"status": "completed", "result": {"x": 1}}
     assert substrate.pending_count(USER) == 0
-    assert (await substrate.get_job_state("job-1")).stage is Stage.FINISHED
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.FINISHED
 
 
 async def test_each_delivery_gets_a_fresh_id(autojump_clock):
@@ -103,13 +103,13 @@ async def test_past_its_deadline_is_expired_and_never_forwarded(autojump_clock):
     await server.serve(entry, executor)
     assert executor.jobs == []
     assert (await answer(substrate))["status"] == "expired"
-    assert (await substrate.get_job_state("job-1")).stage is Stage.EXPIRED
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.EXPIRED
     assert substrate.pending_count(USER) == 0
 
 
 async def test_cancel_flag_refuses_the_job_before_it_starts(autojump_clock):
     substrate, server, entry = await setup()
-    await substrate.request_cancel("job-1", ttl_s=60)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
     executor = FakeExecutor()
     await server.serve(entry, executor)
     assert executor.jobs == []
@@ -138,7 +138,7 @@ async def test_executor_gone_records_interrupted_and_leaves_the_entry_pending(au
     substrate, server, entry = await setup()
     with trio.move_on_after(5):
         await server.serve(entry, FakeExecutor(hang=True))
-    assert (await substrate.get_job_state("job-1")).stage is Stage.INTERRUPTED
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
     assert substrate.pending_count(USER) == 1
     assert await answer(substrate) is None
 
@@ -149,7 +149,7 @@ async def test_an_entry_whose_body_is_gone_is_answered_lost_once(autojump_clock)
     await server.answer_lost(entry.entry_id, "job-1")  # a second sweep: nothing more
     assert (await answer(substrate))["status"] == "lost"
     assert await answer(substrate) is None
-    assert (await substrate.get_job_state("job-1")).stage is Stage.LOST
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.LOST
 
 
 async def test_cancel_control_entry_reaches_the_executor_and_is_acked(autojump_clock):
@@ -230,14 +230,14 @@ class Watched:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    async def publish_result(self, job_id, payload, *, ttl_s):
+    async def publish_result(self, user_id, job_id, payload, **options):
         # whatever happens to this write, the entry must still be pending now
         assert self._inner.pending_count(USER) == 1, "XACK came before the result write"
         if self._refuse:
             self._refuse -= 1
             self.order.append("refused")
             raise SubstrateUnavailable("result writes refused (test)")
-        await self._inner.publish_result(job_id, payload, ttl_s=ttl_s)
+        await self._inner.publish_result(user_id, job_id, payload, **options)
         self.order.append("publish")
 
     async def ack(self, user_id, entry_id):
@@ -294,12 +294,12 @@ async def test_the_terminal_state_names_user_and_time_and_lives_as_long_as_the_r
     substrate, server, entry = await setup()
     await server.serve(entry, FakeExecutor())  # the fake tool takes 1 s
     finished_at = wall()
-    state = await substrate.get_job_state("job-1")
+    state = await substrate.get_job_state(USER, "job-1")
     assert (state.stage, state.user_id, state.at) == (Stage.FINISHED, USER, finished_at)
     await trio.sleep(Timings().result_ttl_s - 0.01)
-    assert (await substrate.get_job_state("job-1")) is not None
+    assert (await substrate.get_job_state(USER, "job-1")) is not None
     await trio.sleep(0.02)
-    assert (await substrate.get_job_state("job-1")) is None
+    assert (await substrate.get_job_state(USER, "job-1")) is None
 
 
 @pytest.mark.parametrize(

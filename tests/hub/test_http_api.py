@@ -67,7 +67,17 @@ class RecordingSubstrate:
         return 0 if stream is None else len(stream.entries)
 
     def writes(self) -> list[str]:
-        reads = {"get_presence", "ping", "aclose", "wait_result"}
+        reads = {
+            "get_presence",
+            "ping",
+            "aclose",
+            "wait_result",
+            "get_result",
+            "get_catalogue",
+            "get_job_state",
+            "job_owner",
+            "read_notifications",
+        }
         return [c for c in self.calls if c not in reads]
 
 
@@ -363,7 +373,9 @@ async def test_job_for_an_offline_user_is_503_offline_at_once(autojump_clock):
         assert body["status"] == "offline" and body["job_id"] is None
         assert body["error"]["code"] == "offline"
         assert sub.entries(ONLINE) == 0
-        assert sub.writes() == []
+        # one enqueue step, which found no presence and wrote nothing
+        assert sub.writes() == ["submit"]
+        assert not [k for k in sub.inner._kv if k.startswith(("bridge:state:", "bridge:idem:"))]
 
 
 async def test_substrate_unavailable_is_503_unavailable_never_offline(autojump_clock):

@@ -88,12 +88,12 @@ async def test_a_trimmed_entry_whose_job_was_delivered_is_not_lost(autojump_cloc
     server = EntryServer(sub, state.timings, "u1", "s1", wall)
     entry_ids = []
     for job_id, stage in [("j-queued", Stage.QUEUED), ("j-delivered", Stage.DELIVERED)]:
-        await sub.claim_job(job_id, JobState(stage, "u1"), ttl_s=60)
+        await sub.claim_job("u1", job_id, JobState(stage, "u1"), ttl_s=60)
         env = JobEnvelope(job_id, "echo", {}, job_id, wall() + 60, wall())
         entry_ids.append(await sub.enqueue("u1", env.to_fields(), maxlen=100))
     for i in range(5):
         await sub.enqueue("u1", {"filler": str(i)}, maxlen=2)  # trims both bodies
     await server.answer_deleted([])
-    lost = await sub.wait_result("j-queued", timeout_s=1)
+    lost = await sub.wait_result("u1", "j-queued", timeout_s=1)
     assert lost is not None and '"lost"' in lost
-    assert await sub.wait_result("j-delivered", timeout_s=1) is None
+    assert await sub.wait_result("u1", "j-delivered", timeout_s=1) is None

@@ -106,12 +106,12 @@ async def test_enqueue_trims_exactly_to_maxlen_oldest_first(
 async def test_result_is_gone_after_its_ttl(autojump_clock: trio.testing.MockClock) -> None:
     s = MemorySubstrate()
     published_at = trio.current_time()
-    await s.publish_result("j1", "kept", ttl_s=RESULT_TTL_S)
-    await s.publish_result("j2", "lost", ttl_s=RESULT_TTL_S)
+    await s.publish_result("u", "j1", "kept", ttl_s=RESULT_TTL_S)
+    await s.publish_result("u", "j2", "lost", ttl_s=RESULT_TTL_S)
     await trio.sleep_until(published_at + RESULT_TTL_S - TICK_S)
-    assert await s.wait_result("j1", timeout_s=TICK_S / 10) == "kept"
+    assert await s.wait_result("u", "j1", timeout_s=TICK_S / 10) == "kept"
     await trio.sleep_until(published_at + RESULT_TTL_S)
-    assert await s.wait_result("j2", timeout_s=1) is None
+    assert await s.wait_result("u", "j2", timeout_s=1) is None
 
 
 async def test_blocking_reads_time_out_exactly(autojump_clock: trio.testing.MockClock) -> None:
@@ -121,7 +121,7 @@ async def test_blocking_reads_time_out_exactly(autojump_clock: trio.testing.Mock
     assert trio.current_time() == start
     assert await s.read_new("u", "c1", count=10, block_ms=2000) == []
     assert trio.current_time() == start + 2.0
-    assert await s.wait_result("j", timeout_s=90) is None
+    assert await s.wait_result("u", "j", timeout_s=90) is None
     assert trio.current_time() == start + 92.0
 
 
@@ -150,13 +150,13 @@ async def test_one_publish_wakes_one_of_two_waiters(
     got: list[str | None] = []
 
     async def waiter() -> None:
-        got.append(await s.wait_result("j", timeout_s=10))
+        got.append(await s.wait_result("u", "j", timeout_s=10))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
-        await s.publish_result("j", "only", ttl_s=30)
+        await s.publish_result("u", "j", "only", ttl_s=30)
     assert sorted(got, key=str) == [None, "only"]
 
 
@@ -176,7 +176,9 @@ async def test_set_unavailable_fails_every_call_and_wakes_blocked_ones(
         nursery.start_soon(
             expect_failure, "read_new", lambda: s.read_new("u", "c1", count=1, block_ms=0)
         )
-        nursery.start_soon(expect_failure, "wait_result", lambda: s.wait_result("j", timeout_s=0))
+        nursery.start_soon(
+            expect_failure, "wait_result", lambda: s.wait_result("u", "j", timeout_s=0)
+        )
         await trio.testing.wait_all_tasks_blocked()
         s.set_unavailable(True)
     assert sorted(failures) == ["read_new", "wait_result"]
@@ -189,7 +191,7 @@ async def test_set_unavailable_fails_every_call_and_wakes_blocked_ones(
         lambda: s.read_pending("u", "c1", count=1),
         lambda: s.ack("u", "1-1"),
         lambda: s.autoclaim("u", "c1", min_idle_ms=0, start="0-0", count=1),
-        lambda: s.publish_result("j", "p", ttl_s=1),
+        lambda: s.publish_result("u", "j", "p", ttl_s=1),
     ):
         with pytest.raises(SubstrateUnavailable):
             await call()
@@ -218,7 +220,7 @@ async def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError):
         await s.ack("u", "not-an-id")
     with pytest.raises(ValueError):
-        await s.wait_result("j", timeout_s=-1)
+        await s.wait_result("u", "j", timeout_s=-1)
 
 
 async def test_usable_as_an_async_context_manager() -> None:

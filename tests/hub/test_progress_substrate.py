@@ -29,7 +29,7 @@ async def test_progress_stream_and_outcome(substrate):
     job = "p-" + secrets.token_hex(4)
     assert await substrate.read_progress(job, "0", block_ms=1) == []
     # no stream: the result does not create one
-    await substrate.publish_result(job, '{"status": "completed"}', ttl_s=5)
+    await substrate.publish_result("u1", job, '{"status": "completed"}', ttl_s=5)
     assert await substrate.read_progress(job, "0", block_ms=1) == []
 
     job = "p-" + secrets.token_hex(4)
@@ -41,14 +41,14 @@ async def test_progress_stream_and_outcome(substrate):
 
     async def later() -> None:
         await trio.sleep(0.05)
-        await substrate.publish_result(job, '{"status": "completed", "result": 7}', ttl_s=5)
+        await substrate.publish_result("u1", job, '{"status": "completed", "result": 7}', ttl_s=5)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(later)
         with trio.fail_after(5):
             (entry,) = await substrate.read_progress(job, first[-1][0], block_ms=3000)
     assert json.loads(entry[1]) == {"outcome": {"status": "completed", "result": 7}}
-    assert await substrate.wait_result(job, timeout_s=0.01) is not None  # result intact
+    assert await substrate.wait_result("u1", job, timeout_s=0.01) is not None  # result intact
 
 
 async def test_relay_coalesces_and_bridge_reports(autojump_clock):

@@ -30,12 +30,12 @@ async def _round_trip(s: RedisSubstrate, user: str, job: str) -> None:
     got = await s.read_new(user, "c1", count=10, block_ms=1000)
     assert [e.entry_id for e in got] == [entry_id]
     assert await s.ack(user, entry_id) == 1
-    await s.publish_result(job, "payload", ttl_s=30)
-    assert await s.wait_result(job, timeout_s=1) == "payload"
+    await s.publish_result(user, job, "payload", ttl_s=30)
+    assert await s.wait_result(user, job, timeout_s=1) == "payload"
 
 
 async def _cleanup(raw: RawRedis, user: str, job: str) -> None:
-    await raw("DEL", presence_key(user), jobs_key(user), result_key(job))
+    await raw("DEL", presence_key(user), jobs_key(user), result_key(user, job))
 
 
 def test_one_instance_serves_successive_trio_runs() -> None:

@@ -236,7 +236,7 @@ async def test_startup_drain_delivers_own_pending_once_without_spinning(autojump
         await trio.sleep(60)
         assert [j.idempotency_key for j in executed] == ["k-drain"]
         assert state.substrate.pending_count("u1") == 0
-        payload = await state.substrate.wait_result("j1", timeout_s=1)
+        payload = await state.substrate.wait_result("u1", "j1", timeout_s=1)
         assert payload is not None and '"completed"' in payload
         nursery.cancel_scope.cancel()
 
@@ -275,7 +275,7 @@ async def test_job_past_its_deadline_is_never_forwarded(autojump_clock):
         peer, _ = await connect(nursery, state)
         executed = []
         nursery.start_soon(answer_jobs, peer, executed)
-        payload = await state.substrate.wait_result("j-old", timeout_s=10)
+        payload = await state.substrate.wait_result("u1", "j-old", timeout_s=10)
         assert payload is not None and '"expired"' in payload
         await trio.sleep(5)
         assert executed == []
@@ -296,7 +296,7 @@ async def test_ack_waits_until_the_result_is_published(autojump_clock):
         await trio.sleep(3)
         state.substrate.set_unavailable(False)
         assert state.substrate.pending_count("u1") == 1  # not acked while unpublished
-        payload = await state.substrate.wait_result("j-ack", timeout_s=30)
+        payload = await state.substrate.wait_result("u1", "j-ack", timeout_s=30)
         assert payload is not None and '"done"' in payload
         await trio.testing.wait_all_tasks_blocked()
         assert state.substrate.pending_count("u1") == 0

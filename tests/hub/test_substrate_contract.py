@@ -19,17 +19,7 @@ import trio
 import trio.testing
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._redis import RedisSubstrate
-from deskbridge_hub._substrate import (
-    cancel_key,
-    index_key,
-    jobs_key,
-    presence_key,
-    proc_key,
-    result_key,
-    state_key,
-    tools_key,
-    wake_key,
-)
+from deskbridge_hub._substrate import jobs_key, mailbox_key, owner_key
 from deskbridge_hub.testing import CHECKS, SubstrateHarness, check_substrate
 
 from ..conftest import RawRedis
@@ -65,6 +55,7 @@ async def redis_harness(
     name = f"deskbridge-test-{secrets.token_hex(4)}"
     substrate = RedisSubstrate.from_url(url, client_name=name)
     keys: list[str] = []
+    users: list[str] = []
     port = _closed_port()
 
     async def blocked(command: str) -> bool:
@@ -92,10 +83,9 @@ async def redis_harness(
         unavailable_mentions=f"127.0.0.1:{port}",
         unavailable_secret="hunter2",
         raw=raw,
-        on_user=lambda u: keys.extend(
-            [presence_key(u), jobs_key(u), index_key(u), tools_key(u), wake_key(u), proc_key(u)]
-        ),
-        on_job=lambda j: keys.extend([result_key(j), state_key(j), cancel_key(j)]),
+        on_user=users.append,
+        on_job=lambda j: keys.append(owner_key(j)),
+        on_mailbox=lambda m: keys.append(mailbox_key(m)),
     )
     try:
         if entered:
@@ -105,6 +95,13 @@ async def redis_harness(
             yield harness
             await substrate.aclose()
     finally:
+        for user in users:  # every key of a user and its jobs carries the user's tag
+            cursor = "0"
+            while True:
+                cursor, found = await raw("SCAN", cursor, "MATCH", f"bridge:*{{{user}}}*")
+                keys.extend(found)
+                if cursor == "0":
+                    break
         if keys:
             await raw("DEL", *keys)
 

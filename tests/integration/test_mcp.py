@@ -153,8 +153,8 @@ def test_cancelling_a_call_cancels_the_job_on_the_desktop(hub, tmp_path, mode):
     with running(sidecar):
         wait_online(hub, user)
         again = anyio.run(_cancel, hub, user, mode, ledger, key, backend="asyncio")
-        # The same idempotency key again: the desktop answers from its record of the
-        # first run, which was cancelled mid-way (started, never ended).
+        # The same request again: it attaches to the first job (the idempotency-key
+        # index), which was cancelled mid-way (started, never ended).
         assert again.is_error and again.structured_content["error"]["code"] == "cancelled"
         assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []
     assert "cancelled (delivered)" in hub.output()

@@ -25,7 +25,14 @@ from werkzeug.exceptions import HTTPException
 from . import _admin, _connectors, _metrics, _openapi, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
 from ._config import MEMORY_URL, HubConfig
-from ._errors import BadRequest, JobIdInUse, SocketClosed, SubstrateUnavailable, UnknownJob
+from ._errors import (
+    BadRequest,
+    IdempotencyKeyReused,
+    JobIdInUse,
+    SocketClosed,
+    SubstrateUnavailable,
+    UnknownJob,
+)
 from ._events import add_event_routes
 from ._logging import fields
 from ._mcp_mount import mount_mcp
@@ -217,6 +224,12 @@ def create_app(
     async def _unavailable(exc: SubstrateUnavailable):  # type: ignore[no-untyped-def]
         return _json(
             {"status": "unavailable", "error": {"code": "unavailable", "message": str(exc)}}, 503
+        )
+
+    @app.errorhandler(IdempotencyKeyReused)
+    async def _key_reused(exc: IdempotencyKeyReused):  # type: ignore[no-untyped-def]
+        return _error(
+            422, "idempotency_key_reused", str(exc), field="idempotency_key", job_id=exc.job_id
         )
 
     @app.errorhandler(JobIdInUse)

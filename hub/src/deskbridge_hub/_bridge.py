@@ -20,10 +20,12 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
+from ._catalogue import CatalogueCache
 from ._errors import (
     BadRequest,
     BridgeError,
     DesktopOffline,
+    IdempotencyKeyReused,
     JobCancelled,
     JobDeclined,
     JobExpired,
@@ -35,14 +37,15 @@ from ._errors import (
     SubstrateUnavailable,
     UnknownJob,
 )
+from ._idempotency import IndexRecord, args_digest
 from ._jobs import cancelled_before_start, job_fields, parse_result
 from ._jobstate import JobState, MalformedState, Stage
 from ._progress import ProgressReport, parse_progress
 from ._retry import HOLDER_ALIVE_CACHE_S
-from ._schema import validate_args
-from ._substrate import Substrate, holder_of
+from ._substrate import JobOwner, Submission, Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_key, validate_tool_name, validate_user_id
+from ._waiting import ResultWaiters, Waiter
 
 log = logging.getLogger("deskbridge.hub.bridge")
 
@@ -54,6 +57,14 @@ STATUS_TIMEOUT_S = 5.0
 #: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
 #: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
 MAX_TIMEOUT_S = 24 * 3600.0
+#: Separates the random part of a hub-minted job id from its user id (``~`` is never
+#: part of a user id).
+USER_SEPARATOR = "~"
+#: Times one call submits again (a catalogue that changed under it, a holder process to
+#: check) before giving up.
+MAX_SUBMIT_RETRIES = 4
+#: Users whose holder process one Bridge remembers (for the wake-up sent with the enqueue).
+MAX_CACHED_HOLDERS = 10_000
 
 
 @attrs.frozen
@@ -125,6 +136,14 @@ class Bridge:
     substrate: Substrate
     timings: Timings = attrs.field(factory=Timings)
     wall_clock: Callable[[], float] = time.time
+    waiters: ResultWaiters = attrs.field(init=False)
+    catalogues: CatalogueCache = attrs.field(init=False, factory=CatalogueCache)
+    _holders: dict[str, str] = attrs.field(init=False, factory=dict)
+
+    @waiters.default
+    def _waiters(self) -> ResultWaiters:
+        return ResultWaiters(self.substrate)
+
     _alive: dict[str, float] = attrs.field(factory=dict, init=False)  # holder -> until
 
     async def presence(self, user_id: str) -> Presence:
@@ -224,44 +243,111 @@ class Bridge:
                 f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
                 field="timeout_s",
             )
-        job_id = uuid.uuid4().hex
+        if job_id is None:
+            # A hub-minted id names its user, so a cancel by id needs no lookup record.
+            job_id = f"{uuid.uuid4().hex}{USER_SEPARATOR}{user_id}"
+        else:
+            _check(validate_key, job_id, "job_id")
+        indexed_key = idempotency_key
         if idempotency_key is None:
             idempotency_key = job_id
         _check(validate_key, idempotency_key, "idempotency_key")
-
-        if job_id_given is not None:
-            _check(validate_key, job_id_given, "job_id")
-            job_id = job_id_given
-        holder = await self._live_presence(user_id)
-        if holder is None:
-            return Outcome(
-                job_id=None,
-                status="offline",
-                error={"code": "offline", "message": f"desktop of {user_id} is offline"},
-                elapsed_s=anyio.current_time() - started,
-            )
-        await self._check_catalogue(user_id, name, args)
         # The deadline is set and compared on one clock, the substrate's (Redis TIME):
         # this process sends only a duration (docs/operations.md, "Clocks").
         now = self.wall_clock()
         start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
-        # the caller's trace context goes on to the tool
-        fields = job_fields(job_id, name, args, idempotency_key, current_traceparent())
-        queued = JobState(Stage.QUEUED, user_id, at=now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
-        if not await self.substrate.claim_job(job_id, queued, ttl_s=state_ttl_s):
+        digest = args_digest(args)
+        owner = JobOwner(user_id, self.waiters.mailbox)
+        owner_claimed = job_id_given is not None
+        if owner_claimed and not await self.substrate.claim_job_id(
+            job_id, owner, ttl_s=state_ttl_s
+        ):
             raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
-        await self.substrate.enqueue(
-            user_id, fields, maxlen=self.timings.jobs_maxlen, start_within_s=start_within_s
-        )
-        await self._wake(holder, user_id)
-        if on_progress is None:
-            payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
-        else:
-            payload = await self._wait_reporting(job_id, timeout_s, on_progress)
+        waiter = self.waiters.register(user_id, job_id)
+        try:
+            submission = Submission(
+                job_id=job_id,
+                # the caller's trace context goes on to the tool
+                fields=job_fields(
+                    job_id,
+                    name,
+                    args,
+                    idempotency_key,
+                    current_traceparent(),
+                    reply_to=self.waiters.mailbox,
+                ),
+                start_within_s=start_within_s,
+                state=JobState(Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox),
+                state_ttl_s=state_ttl_s,
+                maxlen=self.timings.jobs_maxlen,
+                catalogue_sha1=await self._validated(user_id, name, args),
+                idempotency_key=indexed_key,
+                index_value=IndexRecord(job_id, name, digest).encode(),
+                index_ttl_s=state_ttl_s,
+                owner=owner,
+                # the holder process we know alive; the same write wakes it
+                alive_holder=self._known_alive(user_id),
+                wake_ttl_s=self.timings.presence_ttl_s,
+            )
+            submitted = await self.substrate.submit(user_id, submission)
+            for _ in range(MAX_SUBMIT_RETRIES):
+                if submitted.verdict == "catalogue":
+                    # The desktop's catalogue changed since we cached it: validate again.
+                    known = self.catalogues.put(user_id, submitted.catalogue)
+                    problem = known.problem(name, args)
+                    if problem is not None:
+                        raise problem
+                    submission = attrs.evolve(submission, catalogue_sha1=known.sha1)
+                elif submitted.verdict == "holder":
+                    # Presence names a hub process we have not seen alive lately: check it
+                    # (issue 16.2: a dead process's presences do not count).
+                    holder = holder_of(submitted.presence or "")
+                    if holder is None or not await self._holder_alive(user_id, holder):
+                        submitted = attrs.evolve(submitted, verdict="offline")
+                        break
+                    submission = attrs.evolve(submission, alive_holder=holder)
+                else:
+                    break
+                submitted = await self.substrate.submit(user_id, submission)
+            attached = False
+            if submitted.verdict == "indexed":
+                record = IndexRecord.decode(submitted.index_value or "")
+                if not record.same_request(name, digest):
+                    raise IdempotencyKeyReused(
+                        f"idempotency_key {idempotency_key!r} was used for another request "
+                        f"(job {record.job_id}, tool {record.tool!r}) with other arguments or "
+                        "another tool; use a new key for a new request",
+                        job_id=record.job_id,
+                    )
+                # A retry: attach to the job the key started, wherever it was enqueued.
+                self.waiters.unregister(waiter)
+                job_id, attached = record.job_id, True
+                waiter = self.waiters.register(user_id, job_id)
+            elif submitted.verdict != "queued":
+                if owner_claimed:
+                    await self.substrate.forget_job_id(job_id)
+                if submitted.verdict == "offline":
+                    return Outcome(
+                        job_id=None,
+                        status="offline",
+                        error={"code": "offline", "message": f"desktop of {user_id} is offline"},
+                        elapsed_s=anyio.current_time() - started,
+                    )
+                if submitted.verdict == "job_id_in_use":
+                    raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
+                raise BadRequest(  # the catalogue kept changing under us
+                    "the desktop's tool catalogue is changing; try again", field="name"
+                )
+            if on_progress is None:
+                payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
+            else:
+                payload = await self._wait_reporting(waiter, timeout_s, attached, on_progress)
+        finally:
+            self.waiters.unregister(waiter)
         elapsed = anyio.current_time() - started
         if payload is None:
-            stage = await self._stage(job_id)
+            stage = await self._stage(user_id, job_id)
             return Outcome(
                 job_id=job_id,
                 status="timeout",
@@ -279,6 +365,28 @@ class Bridge:
             elapsed_s=elapsed,
         )
 
+    def _known_alive(self, user_id: str) -> str | None:
+        """The hub process holding ``user_id``'s socket as of this Bridge's last call,
+        if its liveness was confirmed within ``HOLDER_ALIVE_CACHE_S``."""
+        holder = self._holders.get(user_id)
+        if holder is not None and self._alive.get(holder, -math.inf) > anyio.current_time():
+            return holder
+        return None
+
+    async def _holder_alive(self, user_id: str, holder: str) -> bool:
+        """EXISTS the process's liveness key (cached ``HOLDER_ALIVE_CACHE_S``); remember
+        it as the user's holder."""
+        if self._alive.get(holder, -math.inf) <= anyio.current_time():
+            if not await self.substrate.holder_alive(holder):
+                return False
+            if len(self._alive) > MAX_CACHED_HOLDERS:
+                self._alive.clear()
+            self._alive[holder] = anyio.current_time() + HOLDER_ALIVE_CACHE_S
+        self._holders[user_id] = holder
+        while len(self._holders) > MAX_CACHED_HOLDERS:
+            self._holders.pop(next(iter(self._holders)))
+        return True
+
     async def _wake(self, session_id: str, user_id: str) -> None:
         """Tell the process holding the user's socket to read the stream now (its
         heartbeat would find the entry within ``heartbeat_s`` anyway, so a failure here
@@ -293,11 +401,13 @@ class Bridge:
 
     async def _wait_reporting(
         self,
-        job_id: str,
+        waiter: Waiter,
         timeout_s: float,
+        attached: bool,
         on_progress: Callable[[ProgressReport], Awaitable[None]],
     ) -> str | None:
-        """``wait_result`` while a second task follows the job's progress stream."""
+        """Wait for the result while a second task follows the job's progress stream."""
+        job_id = waiter.job_id
 
         async def follow() -> None:
             after = "0"
@@ -314,36 +424,58 @@ class Bridge:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow)
-            payload = await self.substrate.wait_result(job_id, timeout_s=timeout_s)
+            payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
             tg.cancel_scope.cancel()
         return payload
 
-    async def _stage(self, job_id: str) -> str:
+    async def job_state(self, job_id: str) -> JobState | None:
+        """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
+        its state expired).
+
+        Raises:
+            MalformedState: the stored state is not one. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        found = await self._find(job_id)
+        return None if found is None else found[1]
+
+    async def _find(self, job_id: str) -> tuple[str, JobState] | None:
+        """The user and state of ``job_id``: the user from the id itself (hub-minted ids
+        end in ``~<user_id>``), else from its owner record (caller-chosen ids)."""
+        _, sep, user_id = job_id.rpartition(USER_SEPARATOR)
+        if sep and _valid_user(user_id):
+            state = await self.substrate.get_job_state(user_id, job_id)
+            if state is not None:
+                return user_id, state
+        owner = await self.substrate.job_owner(job_id)
+        if owner is None:
+            return None
+        state = await self.substrate.get_job_state(owner.user_id, job_id)
+        return None if state is None else (owner.user_id, state)
+
+    async def _stage(self, user_id: str, job_id: str) -> str:
         try:
-            state = await self.substrate.get_job_state(job_id)
+            state = await self.substrate.get_job_state(user_id, job_id)
         except MalformedState:
             state = None
         stage = "unknown" if state is None else state.stage.value
         return stage if stage in _TIMEOUT_MESSAGES else "unknown"
 
-    async def _check_catalogue(self, user_id: str, name: str, args: dict[str, Any]) -> None:
+    async def _validated(self, user_id: str, name: str, args: dict[str, Any]) -> str | None:
         """Refuse, before enqueueing, a tool the desktop did not announce or args that fail
-        its JSON Schema. Without a known catalogue (an old sidecar) nothing is checked."""
+        its JSON Schema, by the cached catalogue (fetched if not cached, or if it refuses:
+        it may be stale). Returns the SHA-1 of the catalogue validated against, for the
+        enqueue script to compare (None for ``status``: always offered). Without a
+        catalogue (an old sidecar) nothing is checked."""
         if name == "status":
-            return
-        raw = await self.substrate.get_catalogue(user_id)
-        catalogue = json.loads(raw) if raw else None
-        if not catalogue:
-            return
-        tools = {t["name"]: t for t in catalogue}
-        if name not in tools:
-            raise BadRequest(
-                f"the desktop offers no tool {name!r} (it offers: {', '.join(sorted(tools))})",
-                field="name",
-            )
-        message = validate_args(tools[name].get("args_schema") or {}, args)
-        if message is not None:
-            raise BadRequest(f"args do not match the schema of {name!r}: {message}", field="args")
+            return None
+        known = self.catalogues.get(user_id)
+        if known is None or known.problem(name, args) is not None:
+            known = self.catalogues.put(user_id, await self.substrate.get_catalogue(user_id))
+            problem = known.problem(name, args)
+            if problem is not None:
+                raise problem
+        return known.sha1
 
     async def tools(self, user_id: str) -> list[dict[str, Any]] | None:
         """The tool catalogue the user's sidecar announced in its last hello: a list of
@@ -372,23 +504,26 @@ class Bridge:
             SubstrateUnavailable: Redis unreachable.
         """
         _check(validate_key, job_id, "job_id")
-        state = await self.substrate.get_job_state(job_id)
-        if state is None:
+        found = await self._find(job_id)
+        if found is None:
             raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
+        user_id, state = found
         if state.stage.terminal:
             return "finished"
         ttl_s = self.timings.result_ttl_s
-        await self.substrate.request_cancel(job_id, ttl_s=ttl_s)
+        await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
         control = {"control": "cancel", "job_id": job_id}
-        await self.substrate.enqueue(state.user_id, control, maxlen=self.timings.jobs_maxlen)
-        holder = await self.substrate.get_presence(state.user_id)
+        await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
+        holder = await self.substrate.get_presence(user_id)
         if holder is not None:
-            await self._wake(holder, state.user_id)
+            await self._wake(holder, user_id)
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
-            await self.substrate.publish_result(job_id, cancelled_before_start(), ttl_s=ttl_s)
+            await self.substrate.publish_result(
+                user_id, job_id, cancelled_before_start(), ttl_s=ttl_s, notify=state.reply_to
+            )
             cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
-            await self.substrate.set_job_state(job_id, cancelled, ttl_s=ttl_s)
+            await self.substrate.set_job_state(user_id, job_id, cancelled, ttl_s=ttl_s)
         return state.stage.value
 
     async def call(
@@ -443,6 +578,14 @@ _TIMEOUT_MESSAGES = {
     "desktop went away; outcome unknown",
     "unknown": "no answer within {:g} s; outcome unknown",
 }
+
+
+def _valid_user(user_id: str) -> bool:
+    try:
+        validate_user_id(user_id)
+    except ValueError:
+        return False
+    return True
 
 
 def _check(validator: Callable[..., Any], value: Any, field: str) -> None:

@@ -45,7 +45,8 @@ class SubstrateHarness:
         unavailable_secret: text it must never contain (the password).
         raw: run one command on the backing store (Redis), or None: the checks that
             read the store's own view (TTLs, consumer names) then skip that part.
-        on_user, on_job: called with each user / job id a check creates (cleanup).
+        on_user, on_job, on_mailbox: called with each user / job id / notification
+            mailbox a check creates (cleanup).
     """
 
     substrate: Substrate
@@ -58,6 +59,7 @@ class SubstrateHarness:
     raw: Callable[..., Awaitable[Any]] | None = None
     on_user: Callable[[str], None] = lambda user_id: None
     on_job: Callable[[str], None] = lambda job_id: None
+    on_mailbox: Callable[[str], None] = lambda mailbox: None
 
     def user(self) -> str:
         user_id = f"test-{secrets.token_hex(6)}"
@@ -99,7 +101,7 @@ async def check_substrate(
         AssertionError: the substrate broke the contract (the message says where).
         KeyError: an unknown check name.
     """
-    from . import _contract_streams  # noqa: F401 - registers the stream checks
+    from . import _contract_caller, _contract_streams  # noqa: F401 - register their checks
 
     names = list(CHECKS) if only is None else list(only)
     for name in names:
@@ -167,12 +169,12 @@ async def check_process_liveness_expires_and_clears(h: SubstrateHarness) -> None
 
 @check
 async def check_cancelled_wait_result_takes_nothing(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
+    s, user, job = h.substrate, h.user(), h.job()
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
 
             async def waiter() -> None:
-                await s.wait_result(job, timeout_s=30)
+                await s.wait_result(user, job, timeout_s=30)
                 raise AssertionError("the wait was not cancelled")
 
             nursery.start_soon(waiter)
@@ -180,56 +182,56 @@ async def check_cancelled_wait_result_takes_nothing(h: SubstrateHarness) -> None
             nursery.cancel_scope.cancel()
         if h.is_blocked is not None:
             assert not await h.is_blocked("blpop")
-        await s.publish_result(job, "payload", ttl_s=30)
-        assert await s.wait_result(job, timeout_s=1) == "payload"
+        await s.publish_result(user, job, "payload", ttl_s=30)
+        assert await s.wait_result(user, job, timeout_s=1) == "payload"
 
 
 @check
 async def check_publish_then_wait_result_round_trip(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
-    await s.publish_result(job, '{"ok": true}', ttl_s=300)
+    s, user, job = h.substrate, h.user(), h.job()
+    await s.publish_result(user, job, '{"ok": true}', ttl_s=300)
     if h.raw is not None:
-        ttl_ms = await h.raw("PTTL", result_key(job))
+        ttl_ms = await h.raw("PTTL", result_key(user, job))
         assert 299_000 < ttl_ms <= 300_000
-    await s.publish_result(job, "second", ttl_s=300)
+    await s.publish_result(user, job, "second", ttl_s=300)
     with trio.fail_after(3):
-        assert await s.wait_result(job, timeout_s=1) == '{"ok": true}'
-        assert await s.wait_result(job, timeout_s=1) == "second"
+        assert await s.wait_result(user, job, timeout_s=1) == '{"ok": true}'
+        assert await s.wait_result(user, job, timeout_s=1) == "second"
     if h.raw is not None:
-        assert await h.raw("EXISTS", result_key(job)) == 0
+        assert await h.raw("EXISTS", result_key(user, job)) == 0
 
 
 @check
 async def check_wait_result_wakes_when_published(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
+    s, user, job = h.substrate, h.user(), h.job()
     got: list[str | None] = []
 
     async def waiter() -> None:
-        got.append(await s.wait_result(job, timeout_s=10))
+        got.append(await s.wait_result(user, job, timeout_s=10))
 
     with trio.fail_after(3):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiter)
             await h.wait_blocked("blpop")
-            await s.publish_result(job, "done", ttl_s=30)
+            await s.publish_result(user, job, "done", ttl_s=30)
     assert got == ["done"]
 
 
 @check
 async def check_wait_result_times_out_with_none(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
+    s, user, job = h.substrate, h.user(), h.job()
     with trio.fail_after(3):
         start = trio.current_time()
-        assert await s.wait_result(job, timeout_s=0.15) is None
+        assert await s.wait_result(user, job, timeout_s=0.15) is None
         assert trio.current_time() - start >= 0.14
 
 
 @check
 async def check_result_expires_after_ttl(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
-    await s.publish_result(job, "late", ttl_s=0.1)
+    s, user, job = h.substrate, h.user(), h.job()
+    await s.publish_result(user, job, "late", ttl_s=0.1)
     await trio.sleep(0.15)
-    assert await s.wait_result(job, timeout_s=0.01) is None
+    assert await s.wait_result(user, job, timeout_s=0.01) is None
 
 
 # -- health --------------------------------------------------------------------------------
@@ -247,7 +249,7 @@ async def check_unavailable_is_reported_quickly_without_the_password(h: Substrat
     calls: list[Callable[[], Awaitable[Any]]] = [
         lambda: down.get_presence(user),
         lambda: down.enqueue(user, {"a": "1"}, maxlen=10),
-        lambda: down.wait_result(job, timeout_s=5),
+        lambda: down.wait_result(user, job, timeout_s=5),
         lambda: down.read_new(user, "c1", count=1, block_ms=5000),
         lambda: down.ping(),
     ]
@@ -317,18 +319,18 @@ async def check_trimmed_lists_everything_when_the_stream_is_gone(h: SubstrateHar
 
 @check
 async def check_job_state_and_cancel_flag(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
+    s, user, job = h.substrate, h.user(), h.job()
     queued = JobState(Stage.QUEUED, "u1", at=1.5)
     delivered = queued.advance(Stage.DELIVERED, at=2.5, session_id="s1")
-    assert await s.get_job_state(job) is None
-    await s.set_job_state(job, queued, ttl_s=60)
-    assert await s.get_job_state(job) == queued
-    assert (await s.mark_delivered(job, delivered, ttl_s=60)).verdict == "delivered"
-    assert await s.get_job_state(job) == delivered
-    await s.set_job_state(job, queued, ttl_s=60)
-    await s.request_cancel(job, ttl_s=60)
-    assert (await s.mark_delivered(job, delivered, ttl_s=60)).verdict == "cancelled"
-    assert await s.get_job_state(job) == queued  # not forwarded: untouched
+    assert await s.get_job_state(user, job) is None
+    await s.set_job_state(user, job, queued, ttl_s=60)
+    assert await s.get_job_state(user, job) == queued
+    assert (await s.mark_delivered(user, job, delivered, ttl_s=60)).verdict == "delivered"
+    assert await s.get_job_state(user, job) == delivered
+    await s.set_job_state(user, job, queued, ttl_s=60)
+    await s.request_cancel(user, job, ttl_s=60)
+    assert (await s.mark_delivered(user, job, delivered, ttl_s=60)).verdict == "cancelled"
+    assert await s.get_job_state(user, job) == queued  # not forwarded: untouched
 
 
 @check
@@ -343,32 +345,32 @@ async def check_deadline_is_set_and_judged_on_the_substrate_clock(h: SubstrateHa
     assert entry.fields is not None
     deadline, enqueued_at = float(entry.fields["deadline"]), float(entry.fields["enqueued_at"])
     assert abs(deadline - enqueued_at - 30.0) < 0.002
-    marked = await s.mark_delivered(job, delivered, ttl_s=60, deadline=deadline)
+    marked = await s.mark_delivered(user, job, delivered, ttl_s=60, deadline=deadline)
     assert marked.verdict == "delivered"
     assert enqueued_at - 0.002 <= marked.server_time < enqueued_at + 5.0
-    assert await s.get_job_state(job) == delivered
+    assert await s.get_job_state(user, job) == delivered
     # a deadline already passed on the substrate's clock: expired, state untouched
-    await s.set_job_state(other, queued, ttl_s=60)
-    marked = await s.mark_delivered(other, delivered, ttl_s=60, deadline=enqueued_at - 1.0)
+    await s.set_job_state(user, other, queued, ttl_s=60)
+    marked = await s.mark_delivered(user, other, delivered, ttl_s=60, deadline=enqueued_at - 1.0)
     assert marked.verdict == "expired"
-    assert await s.get_job_state(other) == queued
+    assert await s.get_job_state(user, other) == queued
     # start_within_s=0: expired as soon as it is read
     await s.enqueue(user, {"job_id": other}, maxlen=100, start_within_s=0.0)
     (late,) = await s.read_new(user, "c1", count=1, block_ms=1)
     assert late.fields is not None
     marked = await s.mark_delivered(
-        other, delivered, ttl_s=60, deadline=float(late.fields["deadline"])
+        user, other, delivered, ttl_s=60, deadline=float(late.fields["deadline"])
     )
     assert marked.verdict == "expired"
 
 
 @check
 async def check_claim_job_only_once(h: SubstrateHarness) -> None:
-    s, job = h.substrate, h.job()
+    s, user, job = h.substrate, h.user(), h.job()
     queued = JobState(Stage.QUEUED, "u1", at=1.0)
-    assert await s.claim_job(job, queued, ttl_s=60) is True
-    assert await s.claim_job(job, JobState(Stage.QUEUED, "u2"), ttl_s=60) is False
-    assert await s.get_job_state(job) == queued
+    assert await s.claim_job(user, job, queued, ttl_s=60) is True
+    assert await s.claim_job(user, job, JobState(Stage.QUEUED, "u2"), ttl_s=60) is False
+    assert await s.get_job_state(user, job) == queued
 
 
 @check

@@ -152,7 +152,11 @@ class EntryServer:
         # the step that records the delivery: no hub's own clock decides it.
         marked = await retrying(
             lambda: self.substrate.mark_delivered(
-                job_id, delivered, ttl_s=self.timings.result_ttl_s, deadline=envelope.deadline
+                self.user_id,
+                job_id,
+                delivered,
+                ttl_s=self.timings.result_ttl_s,
+                deadline=envelope.deadline,
             ),
             what=f"mark {job_id} delivered",
         )
@@ -222,14 +226,21 @@ class EntryServer:
         _metrics.job_served(self, status, envelope, job_id=job_id, tool=tool)
         ttl_s = self.timings.result_ttl_s
         await retrying(
-            lambda: self.substrate.publish_result(job_id, payload, ttl_s=ttl_s),
+            lambda: self.substrate.publish_result(
+                self.user_id,
+                job_id,
+                payload,
+                ttl_s=ttl_s,
+                notify=envelope.reply_to if envelope is not None else None,
+                idempotency_key=envelope.idempotency_key if envelope is not None else None,
+            ),
             what=f"publish result of {job_id}",
         )
         # Off the caller's path (its BLPOP woke at the RPUSH): remember the job is over,
         # so a late cancel is answered "finished". Best effort: the answer is durable.
         terminal = JobState(STAGE_OF_OUTCOME[status], self.user_id, at=self.wall_clock())
         try:
-            await self.substrate.set_job_state(job_id, terminal, ttl_s=ttl_s)
+            await self.substrate.set_job_state(self.user_id, job_id, terminal, ttl_s=ttl_s)
         except SubstrateUnavailable:
             pass
         await self.ack(entry_id)
@@ -292,7 +303,7 @@ class EntryServer:
 
     async def _stage(self, job_id: str) -> Stage | None:
         try:
-            state = await self.substrate.get_job_state(job_id)
+            state = await self.substrate.get_job_state(self.user_id, job_id)
         except MalformedState:
             return None
         return None if state is None else state.stage
@@ -313,12 +324,17 @@ class EntryServer:
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
                 await self.substrate.publish_result(
-                    job_id, interrupted_payload(reason), ttl_s=ttl_s
+                    self.user_id,
+                    job_id,
+                    interrupted_payload(reason),
+                    ttl_s=ttl_s,
+                    notify=envelope.reply_to,
+                    idempotency_key=envelope.idempotency_key,
                 )
                 published = True
                 _metrics.job_served(self, "in_doubt", envelope, job_id=job_id)
                 state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
-                await self.substrate.set_job_state(job_id, state, ttl_s=ttl_s)
+                await self.substrate.set_job_state(self.user_id, job_id, state, ttl_s=ttl_s)
             except SubstrateUnavailable:
                 pass
         if not published:
@@ -328,6 +344,8 @@ class EntryServer:
         state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
-                await self.substrate.set_job_state(job_id, state, ttl_s=self.timings.result_ttl_s)
+                await self.substrate.set_job_state(
+                    self.user_id, job_id, state, ttl_s=self.timings.result_ttl_s
+                )
             except SubstrateUnavailable:
                 pass

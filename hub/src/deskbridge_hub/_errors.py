@@ -93,6 +93,13 @@ class BadRequest(BridgeError):
         self.field = field
 
 
+class IdempotencyKeyReused(BridgeError):
+    """The idempotency key already names a job with other arguments or another tool
+    (``details``: ``job_id`` of that job); nothing was enqueued (HTTP 422)."""
+
+    status = "idempotency_key_reused"
+
+
 class UnknownJob(BridgeError):
     """No such job: never dispatched, or its state expired (``result_ttl_s``)."""
 

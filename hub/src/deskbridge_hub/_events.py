@@ -47,12 +47,12 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
             raise BadRequest(str(exc), field="job_id") from None
         bridge = holder["bridge"]
         substrate = bridge.substrate
-        if await _stage(substrate, job_id) is None:
+        if await _stage(bridge, job_id) is None:
             body = {"error": {"code": "not_found", "message": f"no job {job_id!r}"}}
             return Response(json.dumps(body), status=404, content_type="application/json")
 
         async def is_over() -> bool:
-            stage = await _stage(substrate, job_id)
+            stage = await _stage(bridge, job_id)
             return stage is None or stage.terminal
 
         async def stream() -> AsyncIterator[bytes]:
@@ -62,7 +62,7 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
                     yield _event(kind, data)
                     if kind == "outcome":
                         return
-                stage = await _stage(substrate, job_id)
+                stage = await _stage(bridge, job_id)
                 yield _event("outcome", {"status": None, "stage": stage and stage.value})
             except SubstrateUnavailable as exc:
                 yield _event("error", {"code": "unavailable", "message": str(exc)})
@@ -74,9 +74,9 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
         )
 
 
-async def _stage(substrate: Any, job_id: str) -> Any:
+async def _stage(bridge: Any, job_id: str) -> Any:
     try:
-        state = await substrate.get_job_state(job_id)
+        state = await bridge.job_state(job_id)
     except MalformedState:
         return None
     return None if state is None else state.stage

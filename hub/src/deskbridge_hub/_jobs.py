@@ -40,6 +40,9 @@ class JobEnvelope:
         idempotency_key: stable across redeliveries; the sidecar dedupes on it.
         deadline: absolute deadline, Unix seconds on the substrate's clock (Redis TIME).
         enqueued_at: when it was enqueued, Unix seconds on the same clock.
+        traceparent: the caller's W3C trace context, if any.
+        reply_to: the caller's notification mailbox (its hub process), if any: the
+            holder notifies it when it publishes the result.
     """
 
     job_id: str
@@ -49,6 +52,7 @@ class JobEnvelope:
     deadline: float
     enqueued_at: float
     traceparent: str | None = None
+    reply_to: str | None = None
 
     def to_fields(self) -> dict[str, str]:
         return {
@@ -58,7 +62,10 @@ class JobEnvelope:
             "idempotency_key": self.idempotency_key,
             "deadline": repr(float(self.deadline)),
             "enqueued_at": repr(float(self.enqueued_at)),
-        } | ({"traceparent": self.traceparent} if self.traceparent else {})
+        } | (
+            ({"traceparent": self.traceparent} if self.traceparent else {})
+            | ({"reply_to": self.reply_to} if self.reply_to else {})
+        )
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> JobEnvelope:
@@ -79,6 +86,7 @@ class JobEnvelope:
                 deadline=float(fields["deadline"]),
                 enqueued_at=float(fields["enqueued_at"]),
                 traceparent=fields.get("traceparent") or None,
+                reply_to=fields.get("reply_to") or None,
             )
         except KeyError as exc:
             raise MalformedEntry(f"{exc.args[0]}: missing") from None
@@ -92,6 +100,7 @@ def job_fields(
     args: dict[str, Any],
     idempotency_key: str,
     traceparent: str | None = None,
+    reply_to: str | None = None,
 ) -> dict[str, str]:
     """The stream fields of a job without ``deadline`` and ``enqueued_at``, which the
     substrate adds from its own clock (``enqueue(..., start_within_s=...)``)."""
@@ -103,6 +112,8 @@ def job_fields(
     }
     if traceparent:
         fields["traceparent"] = traceparent
+    if reply_to:
+        fields["reply_to"] = reply_to
     return fields
 
 

@@ -93,12 +93,15 @@ class JobState:
         user_id: whose desktop the job is for (a cancel finds the stream from it).
         at: when the stage was entered, Unix seconds (wall clock of the writer), if known.
         session_id: the hub session a ``delivered`` job was forwarded on.
+        reply_to: the caller's notification mailbox (a ``queued`` job: a cancel answers
+            the waiting caller through it).
     """
 
     stage: Stage = attrs.field(converter=Stage)
     user_id: str
     at: float | None = None
     session_id: str | None = None
+    reply_to: str | None = None
 
     def advance(
         self, stage: Stage, *, at: float | None = None, session_id: str | None = None
@@ -118,6 +121,8 @@ class JobState:
             body["at"] = self.at
         if self.session_id is not None:
             body["session_id"] = self.session_id
+        if self.reply_to is not None:
+            body["reply_to"] = self.reply_to
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -134,6 +139,7 @@ class JobState:
                 user_id=str(body["user_id"]),
                 at=None if body.get("at") is None else float(body["at"]),
                 session_id=body.get("session_id"),
+                reply_to=body.get("reply_to"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MalformedState(f"not a job state: {str(text)[:80]!r} ({exc})") from None

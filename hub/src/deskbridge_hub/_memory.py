@@ -38,14 +38,15 @@ from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
+from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters
 from ._substrate import (
     Beat,
     BeatReply,
     Claimed,
     Entry,
     Marked,
+    Submission,
     cancel_key,
-    outcome_event,
     presence_key,
     proc_key,
     state_key,
@@ -104,19 +105,6 @@ class _Stream:
 
 
 @attrs.define(eq=False)
-class _ResultList:
-    items: deque[str]
-    expires_at: float
-
-
-@attrs.define(eq=False)
-class _Waiters:
-    """Tasks waiting on one result list; the event fires on the next publish."""
-
-    event: anyio.Event
-    count: int = 0
-
-
 @attrs.define(eq=False)
 class _ProgressLog:
     """One job's progress stream: (sequence, payload) pairs, newest last."""
@@ -128,7 +116,7 @@ class _ProgressLog:
 
 
 @attrs.define(eq=False)
-class MemorySubstrate(MemoryDirectory):
+class MemorySubstrate(MemoryCallerCommands, MemoryDirectory):
     """The substrate contract in one process, on ``anyio.current_time()``.
 
     Construct it with no arguments; it needs no connection, and ``async with`` is
@@ -150,6 +138,7 @@ class MemorySubstrate(MemoryDirectory):
     _unavailable: bool = attrs.field(default=False, init=False)
     _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
+    _mailboxes: dict[str, _Mailbox] = attrs.field(factory=dict, init=False)
     _wakes: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _wake_changed: anyio.Event | None = attrs.field(default=None, init=False)
     _anchor: float | None = attrs.field(default=None, init=False)
@@ -193,6 +182,8 @@ class MemorySubstrate(MemoryDirectory):
             for waiters in self._result_waiters.values():
                 waiters.event.set()
             self._result_waiters.clear()
+            for box in self._mailboxes.values():
+                box.notify()
             self._notify_wakes()
 
     def pending_count(self, user_id: str) -> int:
@@ -220,10 +211,10 @@ class MemorySubstrate(MemoryDirectory):
             self._streams[user_id] = _Stream(changed=anyio.Event())
         return stream
 
-    def _result_list(self, job_id: str, now: float) -> _ResultList | None:
-        lst = self._results.get(job_id)
+    def _result_list(self, key: str, now: float) -> _ResultList | None:
+        lst = self._results.get(key)
         if lst is not None and now >= lst.expires_at:
-            del self._results[job_id]
+            del self._results[key]
             return None
         return lst
 
@@ -321,6 +312,24 @@ class MemorySubstrate(MemoryDirectory):
         now = await self._enter()
         if maxlen < 1 or not fields:
             raise ValueError("enqueue needs maxlen >= 1 and at least one field")
+        return self._xadd(user_id, fields, now, maxlen=maxlen, start_within_s=start_within_s)
+
+    def _enqueue_now(self, user_id: str, sub: Submission) -> str:
+        """``submit``'s XADD (no checkpoint: part of its atomic step)."""
+        now = anyio.current_time()
+        return self._xadd(
+            user_id, sub.fields, now, maxlen=sub.maxlen, start_within_s=sub.start_within_s
+        )
+
+    def _xadd(
+        self,
+        user_id: str,
+        fields: Mapping[str, str],
+        now: float,
+        *,
+        maxlen: int,
+        start_within_s: float | None,
+    ) -> str:
         fields = {str(k): str(v) for k, v in fields.items()}
         if start_within_s is not None:
             if not start_within_s >= 0:
@@ -339,9 +348,9 @@ class MemorySubstrate(MemoryDirectory):
         if sid == (0, 0):
             sid = (0, 1)
         stream.last_id = sid
-        stream.entries[sid] = {str(k): str(v) for k, v in fields.items()}
+        stream.entries[sid] = fields
         if fields.get("job_id"):
-            self._index.setdefault(user_id, {})[sid] = str(fields["job_id"])
+            self._index.setdefault(user_id, {})[sid] = fields["job_id"]
         while len(stream.entries) > maxlen:
             del stream.entries[next(iter(stream.entries))]
         stream.notify()
@@ -517,6 +526,9 @@ class MemorySubstrate(MemoryDirectory):
         now = await self._enter()
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._wake_now(holder_id, user_id, now, ttl_s)
+
+    def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:
         wakes = self._wakes.get(holder_id)
         if wakes is None or now >= wakes.expires_at:
             wakes = self._wakes[holder_id] = _ResultList(deque(), now + ttl_s)
@@ -603,32 +615,6 @@ class MemorySubstrate(MemoryDirectory):
 
     # -- results -----------------------------------------------------------------------
 
-    async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
-        """RPUSH ``payload`` and (re)set the list's TTL to ``ttl_s`` seconds (> 0); wakes
-        one waiter.
-
-        Raises:
-            ValueError: ``ttl_s`` is not positive.
-            SubstrateUnavailable: marked unavailable.
-        """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        lst = self._result_list(job_id, now)
-        if lst is None:
-            lst = self._results[job_id] = _ResultList(deque(), now + ttl_s)
-        lst.items.append(payload)
-        lst.expires_at = now + ttl_s
-        progress = self._progress.get(job_id)
-        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
-            progress.entries.append((progress.next_seq, outcome_event(payload)))
-            progress.next_seq += 1
-            progress.changed.set()
-            progress.changed = anyio.Event()
-        waiters = self._result_waiters.pop(job_id, None)
-        if waiters is not None:
-            waiters.event.set()
-
     async def publish_progress(
         self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
     ) -> None:
@@ -680,41 +666,6 @@ class MemorySubstrate(MemoryDirectory):
                 else:
                     await anyio.sleep(0.01)
         return []
-
-    async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
-        """BLPOP: pop the first payload, waiting up to ``timeout_s`` seconds for one
-        (0 = forever, as in Redis). An expired list is gone.
-
-        Returns:
-            The payload, or None on timeout.
-
-        Raises:
-            ValueError: negative ``timeout_s``.
-            SubstrateUnavailable: marked unavailable (also while waiting).
-
-        Cancellation: a cancelled wait takes nothing from the list.
-        """
-        await self._enter()
-        with anyio.CancelScope(deadline=_deadline(timeout_s)):
-            while True:
-                self._check()
-                lst = self._result_list(job_id, anyio.current_time())
-                if lst is not None:
-                    payload = lst.items.popleft()
-                    if not lst.items:
-                        del self._results[job_id]
-                    return payload
-                waiters = self._result_waiters.get(job_id)
-                if waiters is None:
-                    waiters = self._result_waiters[job_id] = _Waiters(anyio.Event())
-                waiters.count += 1
-                try:
-                    await waiters.event.wait()
-                finally:
-                    waiters.count -= 1
-                    if not waiters.count and self._result_waiters.get(job_id) is waiters:
-                        del self._result_waiters[job_id]
-        return None
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -770,38 +721,46 @@ class MemorySubstrate(MemoryDirectory):
         await self._enter()
         return self._index.get(user_id, {}).pop(_parse_id(entry_id), None) is not None
 
-    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
+    async def set_job_state(
+        self, user_id: str, job_id: str, state: JobState, *, ttl_s: float
+    ) -> None:
         """Store what is known about ``job_id`` for ``ttl_s`` seconds.
 
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
-        self._set(state_key(job_id), state.encode(), await self._enter(), ttl_s)
+        self._set(state_key(user_id, job_id), state.encode(), await self._enter(), ttl_s)
 
-    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
+    async def claim_job(self, user_id: str, job_id: str, state: JobState, *, ttl_s: float) -> bool:
         """Store the state only if no live state exists for ``job_id``; True if stored.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter()
-        if self._get(state_key(job_id), now) is not None:
+        if self._get(state_key(user_id, job_id), now) is not None:
             return False
-        self._set(state_key(job_id), state.encode(), now, ttl_s)
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         return True
 
-    async def get_job_state(self, job_id: str) -> JobState | None:
+    async def get_job_state(self, user_id: str, job_id: str) -> JobState | None:
         """The stored state, or None.
 
         Raises:
             MalformedState: the stored value is not a job state.
             SubstrateUnavailable: marked unavailable.
         """
-        raw = self._get(state_key(job_id), await self._enter())
+        raw = self._get(state_key(user_id, job_id), await self._enter())
         return None if raw is None else JobState.decode(raw)
 
     async def mark_delivered(
-        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
+        self,
+        user_id: str,
+        job_id: str,
+        state: JobState,
+        *,
+        ttl_s: float,
+        deadline: float | None = None,
     ) -> Marked:
         """Expired (``deadline`` passed on :meth:`server_time`), else cancelled (flag
         set), else set the state and answer delivered.
@@ -813,18 +772,18 @@ class MemorySubstrate(MemoryDirectory):
         at = self.server_time()
         if deadline is not None and at >= deadline:
             return Marked("expired", at)
-        if self._get(cancel_key(job_id), now) is not None:
+        if self._get(cancel_key(user_id, job_id), now) is not None:
             return Marked("cancelled", at)
-        self._set(state_key(job_id), state.encode(), now, ttl_s)
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         return Marked("delivered", at)
 
-    async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
-        self._set(cancel_key(job_id), "1", await self._enter(), ttl_s)
+        self._set(cancel_key(user_id, job_id), "1", await self._enter(), ttl_s)
 
     async def set_catalogue(self, user_id: str, catalogue: str) -> None:
         """Store the user's tool catalogue (no TTL). Raises SubstrateUnavailable."""

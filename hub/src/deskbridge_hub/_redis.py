@@ -36,6 +36,7 @@ from coredis.exceptions import (
 from ._directory import RedisDirectory
 from ._inspection import PendingEntry, QueueInfo
 from ._jobstate import JobState
+from ._redis_caller import CallerCommands, Script
 from ._redis_conn import RedisConnections
 from ._redis_health import Health
 from ._redis_pubsub import DEFAULT_BUFFER, Subscription
@@ -50,7 +51,6 @@ from ._substrate import (
     cancel_key,
     index_key,
     jobs_key,
-    outcome_event,
     presence_key,
     proc_key,
     progress_key,
@@ -89,8 +89,9 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end
 return id
 """
 #: mark_delivered: decide on the server's clock (TIME) whether a job read from the stream
-#: may be forwarded; only then record it as delivered. KEYS: state, cancel (one {job} slot).
-_MARK_DELIVERED = """
+#: may be forwarded; only then record it as delivered. KEYS: state, cancel (the user's slot).
+_MARK_DELIVERED = Script(
+    """
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then return {'expired', now} end
@@ -98,6 +99,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'delivered', now}
 """
+)
 #: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
 #: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
 #: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
@@ -206,7 +208,7 @@ def _entries(raw: Any) -> list[Entry]:
     return out
 
 
-class RedisSubstrate(RedisDirectory):
+class RedisSubstrate(CallerCommands, RedisDirectory):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 
     Args:
@@ -718,45 +720,8 @@ class RedisSubstrate(RedisDirectory):
 
     # -- results -----------------------------------------------------------------------
 
-    async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
-        """MULTI, RPUSH ``bridge:result:{job_id}`` payload, PEXPIRE ceil(ttl_s * 1000),
-        XADD the outcome to ``bridge:progress:{job_id}`` if that stream exists, EXEC: one
-        write, one round trip, applied atomically.
-
-        Raises:
-            ValueError: ``ttl_s`` is not positive.
-            SubstrateUnavailable: Redis unreachable or refusing writes; the payload may
-                or may not have been stored.
-        """
-        px = _ms(ttl_s)
-        key = result_key(job_id)
-        async with self._session("RPUSH result") as s:
-            replies = await s.execute(
-                (b"MULTI",),
-                (b"RPUSH", key, payload),
-                (b"PEXPIRE", key, px),
-                # The outcome also ends the job's progress stream, only if someone made
-                # one (NOMKSTREAM: no stream, no write): same slot, same round trip.
-                (
-                    b"XADD",
-                    progress_key(job_id),
-                    b"NOMKSTREAM",
-                    b"MAXLEN",
-                    b"~",
-                    64,
-                    b"*",
-                    b"p",
-                    outcome_event(payload),
-                ),
-                (b"EXEC",),
-                timeout_s=self._command_timeout_s,
-            )
-            for reply in replies:
-                if isinstance(reply, BaseException):
-                    raise reply
-
-    async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
-        """BLPOP ``bridge:result:{job_id}`` timeout_s (server-side; 0 waits forever).
+    async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
+        """BLPOP ``bridge:result:{user_id}:job_id`` timeout_s (server-side; 0 waits forever).
 
         Args:
             timeout_s: seconds, millisecond precision (a positive value below 1 ms
@@ -777,7 +742,7 @@ class RedisSubstrate(RedisDirectory):
         seconds = f"{_ms(timeout_s) / 1000:.3f}" if timeout_s else "0"
         async with self._session("BLPOP result") as s:
             reply = await self._call(
-                s, b"BLPOP", result_key(job_id), seconds, block_s=timeout_s or None
+                s, b"BLPOP", result_key(user_id, job_id), seconds, block_s=timeout_s or None
             )
         return None if reply is None else reply[1]
 
@@ -911,17 +876,21 @@ class RedisSubstrate(RedisDirectory):
         async with self._session("HDEL index") as s:
             return bool(await self._call(s, b"HDEL", index_key(user_id), entry_id))
 
-    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
-        """SET ``bridge:state:{job_id}`` state.encode() PX ceil(ttl_s * 1000).
+    async def set_job_state(
+        self, user_id: str, job_id: str, state: JobState, *, ttl_s: float
+    ) -> None:
+        """SET ``bridge:state:{user_id}:job_id`` state.encode() PX ceil(ttl_s * 1000).
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("SET state") as s:
-            await self._call(s, b"SET", state_key(job_id), state.encode(), b"PX", _ms(ttl_s))
+            await self._call(
+                s, b"SET", state_key(user_id, job_id), state.encode(), b"PX", _ms(ttl_s)
+            )
 
-    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
-        """SET ``bridge:state:{job_id}`` state.encode() NX PX ceil(ttl_s * 1000).
+    async def claim_job(self, user_id: str, job_id: str, state: JobState, *, ttl_s: float) -> bool:
+        """SET ``bridge:state:{user_id}:job_id`` state.encode() NX PX ceil(ttl_s * 1000).
 
         Returns:
             True if the job id was free and is now claimed.
@@ -931,12 +900,12 @@ class RedisSubstrate(RedisDirectory):
         """
         async with self._session("SET NX state") as s:
             reply = await self._call(
-                s, b"SET", state_key(job_id), state.encode(), b"NX", b"PX", _ms(ttl_s)
+                s, b"SET", state_key(user_id, job_id), state.encode(), b"NX", b"PX", _ms(ttl_s)
             )
         return reply is not None
 
-    async def get_job_state(self, job_id: str) -> JobState | None:
-        """GET ``bridge:state:{job_id}``, decoded.
+    async def get_job_state(self, user_id: str, job_id: str) -> JobState | None:
+        """GET ``bridge:state:{user_id}:job_id``, decoded.
 
         Raises:
             MalformedState: the stored value is not a job state.
@@ -944,14 +913,20 @@ class RedisSubstrate(RedisDirectory):
                 health probe found Redis unable to serve the hub.
         """
         async with self._session("GET state") as s:
-            raw = await self._call(s, b"GET", state_key(job_id))
+            raw = await self._call(s, b"GET", state_key(user_id, job_id))
         if raw is None:
             self._absent_proves_nothing("job state")
             return None
         return JobState.decode(raw)
 
     async def mark_delivered(
-        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
+        self,
+        user_id: str,
+        job_id: str,
+        state: JobState,
+        *,
+        ttl_s: float,
+        deadline: float | None = None,
     ) -> Marked:
         """One script, one round trip: compare ``deadline`` with the server's ``TIME``,
         check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000).
@@ -963,28 +938,23 @@ class RedisSubstrate(RedisDirectory):
             SubstrateUnavailable: Redis unreachable.
         """
         limit = "" if deadline is None else repr(float(deadline))
+        keys = (state_key(user_id, job_id), cancel_key(user_id, job_id))
+        args = (state.encode(), _ms(ttl_s), limit)
         async with self._session("mark delivered") as s:
-            verdict, now = await self._call(
-                s,
-                b"EVAL",
-                _MARK_DELIVERED,
-                2,
-                state_key(job_id),
-                cancel_key(job_id),
-                state.encode(),
-                _ms(ttl_s),
-                limit,
-            )
+            (reply,) = await self._script(s, _MARK_DELIVERED, keys, args)
+        if isinstance(reply, BaseException):
+            raise reply
+        verdict, now = reply
         return Marked(verdict=str(verdict), server_time=float(now))
 
-    async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
-        """SET ``bridge:cancel:{job_id}`` 1 PX ceil(ttl_s * 1000).
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
+        """SET ``bridge:cancel:{user_id}:job_id`` 1 PX ceil(ttl_s * 1000).
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("SET cancel") as s:
-            await self._call(s, b"SET", cancel_key(job_id), "1", b"PX", _ms(ttl_s))
+            await self._call(s, b"SET", cancel_key(user_id, job_id), "1", b"PX", _ms(ttl_s))
 
     async def set_catalogue(self, user_id: str, catalogue: str) -> None:
         """SET ``bridge:tools:{user_id}`` catalogue (no TTL: the last known catalogue).

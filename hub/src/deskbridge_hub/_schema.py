@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -81,3 +82,27 @@ def validate_args(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
     return f"{where or '(root)'}: {error.message}"[:300]
+
+
+def args_checker(schema: dict[str, Any]) -> Callable[[dict[str, Any]], str | None]:
+    """Compile ``schema`` once and return a function with :func:`validate_args`'s answer
+    (the caller's cached catalogue keeps one per tool: no schema work per call when the
+    args are valid)."""
+    try:
+        validator = _validator(json.dumps(schema, sort_keys=True))
+    except Exception:  # noqa: BLE001 - as validate_args: an unusable schema is not enforced
+        return lambda args: None
+
+    def check(args: dict[str, Any]) -> str | None:
+        try:
+            if validator.is_valid(args):
+                return None
+            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        except Exception:  # noqa: BLE001 - never crash a dispatch
+            return None
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        return f"{where or '(root)'}: {error.message}"[:300]
+
+    return check

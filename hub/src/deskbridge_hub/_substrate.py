@@ -5,14 +5,20 @@ Two implementations honour it, proven by one contract suite (tests/hub/test_subs
 ``RedisSubstrate`` (the only module importing the Redis client) and ``MemorySubstrate``
 (in-process, on the running clock; the embedded default and the deterministic tests' one).
 
-Key names (DESIGN.md; literal braces make them Redis Cluster hash tags):
+Key names (DESIGN.md; literal braces make them Redis Cluster hash tags). Every key of a
+user and of that user's jobs carries the user's tag, so one script can touch them all:
 ``bridge:presence:{<user_id>}``, ``bridge:jobs:{<user_id>}`` (consumer group
-``bridge-workers``), ``bridge:result:{<job_id>}``. Bookkeeping beside them:
+``bridge-workers``), ``bridge:result:{<user_id>}:<job_id>``. Bookkeeping beside them:
 ``bridge:index:{<user_id>}`` (hash entry ID -> job id, written with the XADD and removed
 with the XACK, so a trimmed or deleted entry's caller can be answered "lost"),
-``bridge:state:{<job_id>}`` (what is known about a job: queued, delivered, interrupted),
-``bridge:cancel:{<job_id>}`` (a cancel was requested), ``bridge:tools:{<user_id>}`` (the
-sidecar's tool catalogue from its last hello).
+``bridge:state:{<user_id>}:<job_id>`` (what is known about a job: queued, delivered, ...),
+``bridge:cancel:{<user_id>}:<job_id>`` (a cancel was requested), ``bridge:tools:{<user_id>}``
+(the sidecar's tool catalogue), ``bridge:idem:{<user_id>}:<idempotency_key>`` (the
+idempotency-key index: that key's job, its tool and arguments digest). Outside the user's
+slot: ``bridge:job:{<job_id>}`` (which user a job id belongs to, and its caller's mailbox:
+cancel by job id) and ``bridge:notify:{<mailbox>}`` (one list per hub process: the holder
+pushes ``<job_id> <payload>`` there after publishing, the process's one reader wakes its
+waiting callers; docs/architecture.md).
 
 Every method raises :class:`~deskbridge_hub.SubstrateUnavailable` when the backing store
 cannot be reached; no other exception escapes for an I/O fault. Methods are cancellable;
@@ -45,20 +51,32 @@ def jobs_key(user_id: str) -> str:
     return f"bridge:jobs:{{{user_id}}}"
 
 
-def result_key(job_id: str) -> str:
-    return f"bridge:result:{{{job_id}}}"
+def result_key(user_id: str, job_id: str) -> str:
+    return f"bridge:result:{{{user_id}}}:{job_id}"
 
 
 def index_key(user_id: str) -> str:
     return f"bridge:index:{{{user_id}}}"
 
 
-def state_key(job_id: str) -> str:
-    return f"bridge:state:{{{job_id}}}"
+def state_key(user_id: str, job_id: str) -> str:
+    return f"bridge:state:{{{user_id}}}:{job_id}"
 
 
-def cancel_key(job_id: str) -> str:
-    return f"bridge:cancel:{{{job_id}}}"
+def cancel_key(user_id: str, job_id: str) -> str:
+    return f"bridge:cancel:{{{user_id}}}:{job_id}"
+
+
+def idem_key(user_id: str, idempotency_key: str) -> str:
+    return f"bridge:idem:{{{user_id}}}:{idempotency_key}"
+
+
+def owner_key(job_id: str) -> str:
+    return f"bridge:job:{{{job_id}}}"
+
+
+def mailbox_key(mailbox: str) -> str:
+    return f"bridge:notify:{{{mailbox}}}"
 
 
 def progress_key(job_id: str) -> str:
@@ -171,6 +189,100 @@ class Marked:
 
     verdict: str
     server_time: float
+
+
+#: How long a process's notification mailbox outlives its last notification, seconds: a
+#: mailbox whose process died is gone after this (its callers' results stay in their lists).
+MAILBOX_TTL_S = 120.0
+
+
+@attrs.frozen
+class JobOwner:
+    """The value of ``bridge:job:{<job_id>}``: whose job, and where its caller waits."""
+
+    user_id: str
+    reply_to: str | None = None
+
+    def encode(self) -> str:
+        return self.user_id if self.reply_to is None else f"{self.user_id} {self.reply_to}"
+
+    @classmethod
+    def decode(cls, text: str) -> JobOwner:
+        user_id, _, reply_to = text.partition(" ")
+        return cls(user_id, reply_to or None)
+
+
+@attrs.frozen(kw_only=True)
+class Submission:
+    """What :meth:`LedgerSubstrate.submit` needs to enqueue one job.
+
+    Attributes:
+        job_id: the job's id.
+        fields: the stream entry's fields (``_jobs.job_fields``), without ``deadline`` /
+            ``enqueued_at``, which the substrate adds from its clock.
+        start_within_s: the job must start within this many seconds (>= 0).
+        state: the ``queued`` job state, claimed NX for ``state_ttl_s``.
+        state_ttl_s: how long the state (and the owner record) lives.
+        maxlen: the stream's ``MAXLEN ~``.
+        catalogue_sha1: SHA-1 (hex) of the catalogue the caller validated against ("" for
+            none cached), or None to skip the catalogue check (``status``).
+        idempotency_key: the caller's key to index (None: the key is the job id itself,
+            nothing to index).
+        index_value: the index record (``_idempotency.IndexRecord.encode()``).
+        index_ttl_s: how long the index record lives before the job's result is published.
+        owner: the owner record (``bridge:job:{job_id}``).
+        write_owner: also SET the owner record in the same write (the Bridge does not
+            need it: a hub-minted job id names its user, a caller-chosen one was claimed
+            with ``claim_job_id`` first).
+        alive_holder: the hub process the caller knows to be alive (its liveness key
+            checked within ``HOLDER_ALIVE_CACHE_S``), expected to hold the user's socket.
+            The script enqueues only while the presence names that process (or names
+            none: older hubs); otherwise it answers ``holder`` and writes nothing, and the
+            caller checks the process the presence names. Its wake list
+            (``bridge:wake:{holder}``) gets the user id in the same write, so the holder
+            reads the stream at once.
+        wake_ttl_s: TTL of that wake list after the push.
+    """
+
+    job_id: str
+    fields: Mapping[str, str]
+    start_within_s: float
+    state: JobState
+    state_ttl_s: float
+    maxlen: int
+    catalogue_sha1: str | None
+    idempotency_key: str | None
+    index_value: str
+    index_ttl_s: float
+    owner: JobOwner
+    write_owner: bool = False
+    alive_holder: str | None = None
+    wake_ttl_s: float = 30.0
+
+
+@attrs.frozen
+class Submitted:
+    """Reply of :meth:`LedgerSubstrate.submit`.
+
+    Attributes:
+        verdict: ``queued`` (enqueued); ``offline`` (no presence; nothing written);
+            ``catalogue`` (the desktop's catalogue is not the one the caller validated
+            against: ``catalogue`` holds it, None if there is none; nothing written);
+            ``job_id_in_use`` (nothing written); ``indexed`` (the idempotency key already
+            names a job: ``index_value`` is its record; nothing written); ``holder`` (the
+            presence names a hub process other than ``alive_holder``: ``presence`` holds
+            it; nothing written).
+        catalogue: see ``catalogue``.
+        index_value: see ``indexed``.
+        entry_id: the stream entry ID when ``queued``.
+        presence: the presence value (holder session id) when ``queued`` or ``holder``.
+    """
+
+    verdict: str
+    catalogue: str | None = None
+    index_value: str | None = None
+    entry_id: str | None = None
+    presence: str | None = None
 
 
 class PresenceSubstrate(Protocol):
@@ -290,13 +402,37 @@ class ResultSubstrate(Protocol):
     """Result lists: the holder publishes, the caller waits (invariant 3: durable
     before the XACK)."""
 
-    async def publish_result(self, job_id: str, payload: str, *, ttl_s: float) -> None:
-        """RPUSH result list + (P)EXPIRE ttl_s in one round trip (MULTI/EXEC); also ends
-        the job's progress stream with :func:`outcome_event`, if that stream exists."""
+    async def publish_result(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str,
+        *,
+        ttl_s: float,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        """RPUSH the result list + PEXPIRE ttl_s, atomically; if ``idempotency_key``'s index
+        entry names this job, it now expires with the result (a retry attaches as long as
+        the answer is kept). Then, in the same round trip, RPUSH ``<job_id> <payload>`` to
+        the mailbox ``notify`` (its caller's process) with a TTL of ``MAILBOX_TTL_S``, and
+        end the job's progress stream with :func:`outcome_event`, if that stream exists."""
 
-    async def wait_result(self, job_id: str, *, timeout_s: float) -> str | None:
+    async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
-        A cancelled wait pops nothing."""
+        A cancelled wait pops nothing. (Tests and tools; ``Bridge`` reads results without
+        popping them: :meth:`get_result` and the mailbox.)"""
+
+    async def get_result(self, user_id: str, job_id: str) -> str | None:
+        """LINDEX 0 of the result list: the first payload published for the job, left in
+        place for other waiters (retries attach to it), or None."""
+
+    async def read_notifications(
+        self, mailbox: str, *, count: int, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """BLMPOP up to ``count`` notifications from ``mailbox``, waiting up to
+        ``block_ms`` (0: forever): ``[(job_id, payload)]``, [] on timeout. Cancellation as
+        ``read_new``: a cancelled read pops nothing it does not return."""
 
     async def publish_progress(
         self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
@@ -328,27 +464,50 @@ class LedgerSubstrate(Protocol):
         """HDEL the entry from the index. True if this call removed it (the caller then
         owns answering its requester)."""
 
-    async def set_job_state(self, job_id: str, state: JobState, *, ttl_s: float) -> None:
-        """SET ``bridge:state:{job_id}`` = state.encode() PX ttl."""
+    async def set_job_state(
+        self, user_id: str, job_id: str, state: JobState, *, ttl_s: float
+    ) -> None:
+        """SET ``bridge:state:{user_id}:job_id`` = state.encode() PX ttl."""
 
-    async def claim_job(self, job_id: str, state: JobState, *, ttl_s: float) -> bool:
-        """SET ``bridge:state:{job_id}`` state.encode() NX PX ttl: True if the id was free (a job id
-        names one job only, so no caller can receive another call's result)."""
+    async def claim_job(self, user_id: str, job_id: str, state: JobState, *, ttl_s: float) -> bool:
+        """SET the state NX PX ttl: True if the id was free for this user."""
 
-    async def get_job_state(self, job_id: str) -> JobState | None:
-        """GET ``bridge:state:{job_id}``, decoded; raises ``MalformedState`` if it is not
-        a job state."""
+    async def get_job_state(self, user_id: str, job_id: str) -> JobState | None:
+        """GET the state, decoded; raises ``MalformedState`` if it is not a job state."""
 
     async def mark_delivered(
-        self, job_id: str, state: JobState, *, ttl_s: float, deadline: float | None = None
+        self,
+        user_id: str,
+        job_id: str,
+        state: JobState,
+        *,
+        ttl_s: float,
+        deadline: float | None = None,
     ) -> Marked:
         """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
         that clock) has passed answer ``expired``; else if a cancel was requested answer
         ``cancelled``; else SET the job state PX ttl and answer ``delivered``. Only
         ``delivered`` may be forwarded."""
 
-    async def request_cancel(self, job_id: str, *, ttl_s: float) -> None:
-        """SET ``bridge:cancel:{job_id}`` PX ttl."""
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
+        """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""
+
+    async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
+        """SET ``bridge:job:{job_id}`` NX PX ttl: True if no job (of any user) has this id.
+        Used before :meth:`submit` when the caller chose the job id."""
+
+    async def job_owner(self, job_id: str) -> JobOwner | None:
+        """GET ``bridge:job:{job_id}``: whose job it is and its caller's mailbox, or None."""
+
+    async def forget_job_id(self, job_id: str) -> None:
+        """DEL ``bridge:job:{job_id}`` (a claimed id whose job was never enqueued)."""
+
+    async def submit(self, user_id: str, submission: Submission) -> Submitted:
+        """The caller's one step (one script, one round trip; see :class:`Submission`):
+        idempotency index, presence, catalogue version, job id claim, XADD with the
+        deadline from the substrate's clock, entry index; and, in the same write, the
+        ``bridge:job:{job_id}`` owner record (if ``submission.write_owner``) and the
+        wake-up of ``submission.alive_holder``."""
 
     async def set_catalogue(self, user_id: str, catalogue: str) -> None:
         """SET ``bridge:tools:{user_id}`` (JSON array of tool specs), no TTL."""

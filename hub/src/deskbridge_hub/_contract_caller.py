@@ -1,0 +1,170 @@
+"""Contract checks of the caller's path: the one enqueue step (``submit``), results read
+without popping, notification mailboxes, job owner records (see ``_contract``)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import attrs
+import trio
+
+from ._contract import SubstrateHarness, check
+from ._idempotency import IndexRecord
+from ._jobstate import JobState, Stage
+from ._substrate import JobOwner, Submission, idem_key, result_key
+
+
+def _submission(
+    user: str, job: str, *, key: str | None = None, sha1: str | None = "", tool: str = "echo"
+) -> Submission:
+    return Submission(
+        job_id=job,
+        fields={"job_id": job, "name": tool, "args": "{}", "idempotency_key": key or job},
+        start_within_s=30.0,
+        state=JobState(Stage.QUEUED, user, at=1.0, reply_to="box"),
+        state_ttl_s=60.0,
+        maxlen=100,
+        catalogue_sha1=sha1,
+        idempotency_key=key,
+        index_value=IndexRecord(job, tool, "d1").encode(),
+        index_ttl_s=60.0,
+        owner=JobOwner(user, "box"),
+        write_owner=True,
+    )
+
+
+@check
+async def check_submit_offline_writes_nothing(h: SubstrateHarness) -> None:
+    s, user, job = h.substrate, h.user(), h.job()
+    got = await s.submit(user, _submission(user, job, key="k1"))
+    assert got.verdict == "offline"
+    assert await s.get_job_state(user, job) is None
+    assert (await s.queue_info(user)).length == 0
+    await s.set_presence(user, "s1", 30)
+    # the key was not indexed by the offline attempt: a retry enqueues
+    assert (await s.submit(user, _submission(user, job, key="k1"))).verdict == "queued"
+
+
+@check
+async def check_submit_enqueues_with_state_index_owner_and_server_deadline(
+    h: SubstrateHarness,
+) -> None:
+    s, user, job = h.substrate, h.user(), h.job()
+    await s.set_presence(user, "s1", 30)
+    got = await s.submit(user, _submission(user, job))
+    assert got.verdict == "queued" and got.entry_id
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
+    assert entry.entry_id == got.entry_id and entry.fields is not None
+    assert entry.fields["job_id"] == job and entry.fields["name"] == "echo"
+    deadline, enqueued_at = float(entry.fields["deadline"]), float(entry.fields["enqueued_at"])
+    assert abs(deadline - enqueued_at - 30.0) < 0.002
+    assert await s.job_ids(user, [entry.entry_id]) == {entry.entry_id: job}
+    state = await s.get_job_state(user, job)
+    assert state is not None and state.stage is Stage.QUEUED and state.reply_to == "box"
+    assert await s.job_owner(job) == JobOwner(user, "box")
+    # the same job id again (a racing caller): refused, nothing enqueued
+    assert (await s.submit(user, _submission(user, job))).verdict == "job_id_in_use"
+    assert await s.read_new(user, "c1", count=10, block_ms=1) == []
+
+
+@check
+async def check_submit_compares_the_catalogue_version(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    await s.set_presence(user, "s1", 30)
+    text = '[{"name": "echo"}]'
+    await s.set_catalogue(user, text)
+    stale = await s.submit(user, _submission(user, h.job(), sha1=""))
+    assert stale.verdict == "catalogue" and stale.catalogue == text
+    sha1 = hashlib.sha1(text.encode()).hexdigest()
+    assert (await s.submit(user, _submission(user, h.job(), sha1=sha1))).verdict == "queued"
+    # None: no catalogue check at all (the status tool)
+    assert (await s.submit(user, _submission(user, h.job(), sha1=None))).verdict == "queued"
+    other = await s.submit(user, _submission(user, h.job(), sha1="0" * 40))
+    assert other.verdict == "catalogue" and other.catalogue == text
+    assert (await s.queue_info(user)).length == 2
+
+
+@check
+async def check_submit_with_an_indexed_key_returns_its_record_and_enqueues_nothing(
+    h: SubstrateHarness,
+) -> None:
+    s, user, first, second = h.substrate, h.user(), h.job(), h.job()
+    key = f"key-{secrets.token_hex(4)}"
+    await s.set_presence(user, "s1", 30)
+    assert (await s.submit(user, _submission(user, first, key=key))).verdict == "queued"
+    await s.clear_presence(user, "s1")  # the desktop went away: a retry must still attach
+    again = await s.submit(user, _submission(user, second, key=key, tool="click"))
+    assert again.verdict == "indexed"
+    assert again.index_value == IndexRecord(first, "echo", "d1").encode()
+    assert await s.get_job_state(user, second) is None
+    assert (await s.queue_info(user)).length == 1
+
+
+@check
+async def check_published_result_is_read_without_popping_and_notified(h: SubstrateHarness) -> None:
+    s, user, job = h.substrate, h.user(), h.job()
+    box = f"box-{secrets.token_hex(4)}"
+    h.on_mailbox(box)
+    assert await s.get_result(user, job) is None
+    await s.publish_result(user, job, '{"status": "completed"}', ttl_s=300, notify=box)
+    await s.publish_result(user, job, "second", ttl_s=300)
+    for _ in range(2):  # any number of waiters read the first payload
+        assert await s.get_result(user, job) == '{"status": "completed"}'
+    with trio.fail_after(3):
+        got = await s.read_notifications(box, count=10, block_ms=1000)
+    assert got == [(job, '{"status": "completed"}')]
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=50) == []
+
+
+@check
+async def check_read_notifications_wakes_on_a_publish(h: SubstrateHarness) -> None:
+    s, user, job = h.substrate, h.user(), h.job()
+    box = f"box-{secrets.token_hex(4)}"
+    h.on_mailbox(box)
+    got: list[list[tuple[str, str]]] = []
+
+    async def reader() -> None:
+        got.append(await s.read_notifications(box, count=10, block_ms=5000))
+
+    with trio.fail_after(4):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await h.wait_blocked("blmpop")
+            await s.publish_result(user, job, "done", ttl_s=30, notify=box)
+    assert got == [[(job, "done")]]
+
+
+@check
+async def check_published_result_lives_as_long_as_its_idempotency_record(
+    h: SubstrateHarness,
+) -> None:
+    s, user, job = h.substrate, h.user(), h.job()
+    key = f"key-{secrets.token_hex(4)}"
+    await s.set_presence(user, "s1", 30)
+    submission = _submission(user, job, key=key)
+    long_lived = attrs.evolve(submission, index_ttl_s=600.0)
+    assert (await s.submit(user, long_lived)).verdict == "queued"
+    await s.publish_result(user, job, "done", ttl_s=30, idempotency_key=key)
+    if h.raw is not None:
+        result_ms = await h.raw("PTTL", result_key(user, job))
+        index_ms = await h.raw("PTTL", idem_key(user, key))
+        assert 590_000 < result_ms <= 600_000 and abs(result_ms - index_ms) < 2_000
+    # a record naming another job is left alone
+    await s.publish_result(user, h.job(), "other", ttl_s=30, idempotency_key=key)
+    if h.raw is not None:
+        assert await h.raw("PTTL", idem_key(user, key)) > 500_000
+
+
+@check
+async def check_job_id_claims_are_global(h: SubstrateHarness) -> None:
+    s, job = h.substrate, h.job()
+    assert await s.job_owner(job) is None
+    assert await s.claim_job_id(job, JobOwner("u1", "box"), ttl_s=60) is True
+    assert await s.claim_job_id(job, JobOwner("u2"), ttl_s=60) is False
+    assert await s.job_owner(job) == JobOwner("u1", "box")
+    await s.forget_job_id(job)
+    assert await s.job_owner(job) is None
+    assert await s.claim_job_id(job, JobOwner("u2"), ttl_s=60) is True
+    assert await s.job_owner(job) == JobOwner("u2")

@@ -1,0 +1,63 @@
+"""The idempotency-key index: one record per (user, key) naming the job that key started.
+
+No I/O. The record lives at ``bridge:idem:{<user_id>}:<idempotency_key>`` (the user's
+slot, so the caller's one enqueue script reads and writes it with the job's other keys),
+from the enqueue until the job's deadline plus the result TTL, and at least as long as
+the job's published answer (the holder's publish step extends it; docs/outcomes.md).
+
+A call with a key whose record exists never enqueues: with the same tool and arguments
+it attaches to that job (its answer, or a wait for it); with other arguments or another
+tool it is refused before anything is written (``idempotency_key_reused``, HTTP 422, as
+Stripe answers a reused key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import attrs
+
+
+def args_digest(args: dict[str, Any]) -> str:
+    """SHA-256 (hex, first 32 digits) of the canonical JSON of ``args`` (sorted keys, no
+    whitespace): equal arguments give equal digests whatever their key order."""
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@attrs.frozen
+class IndexRecord:
+    """What an idempotency key names.
+
+    Attributes:
+        job_id: the job the key started (job ids and tool names contain no spaces).
+        tool: its tool name.
+        digest: :func:`args_digest` of its arguments.
+    """
+
+    job_id: str
+    tool: str
+    digest: str
+
+    def encode(self) -> str:
+        """``"<job_id> <tool> <digest>"``; the job id first (the publish script matches
+        on that prefix)."""
+        return f"{self.job_id} {self.tool} {self.digest}"
+
+    @classmethod
+    def decode(cls, text: str) -> IndexRecord:
+        """Parse a stored record.
+
+        Raises:
+            ValueError: not three space-separated parts.
+        """
+        parts = text.split(" ")
+        if len(parts) != 3:
+            raise ValueError(f"not an idempotency index record: {text[:80]!r}")
+        return cls(*parts)
+
+    def same_request(self, tool: str, digest: str) -> bool:
+        """True if a call with ``tool`` and arguments digest ``digest`` repeats this one."""
+        return self.tool == tool and self.digest == digest

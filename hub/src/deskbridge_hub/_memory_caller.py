@@ -1,0 +1,267 @@
+"""The caller's path of ``MemorySubstrate`` (mixed in): the enqueue step, results,
+notification mailboxes and job owner records, with the semantics of ``_redis_caller``'s
+scripts (checked by the same contract suite)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import attrs
+
+from ._substrate import (
+    MAILBOX_TTL_S,
+    JobOwner,
+    Submission,
+    Submitted,
+    idem_key,
+    outcome_event,
+    owner_key,
+    presence_key,
+    result_key,
+    state_key,
+    tools_key,
+)
+
+
+@attrs.define(eq=False)
+class _ResultList:
+    items: deque[str]
+    expires_at: float
+
+
+@attrs.define(eq=False)
+class _Waiters:
+    """Tasks waiting on one result list; the event fires on the next publish."""
+
+    event: anyio.Event
+    count: int = 0
+
+
+@attrs.define(eq=False)
+class _Mailbox:
+    """A process's notification list (``bridge:notify:{...}``) and its wake-up event."""
+
+    items: deque[str] = attrs.Factory(deque)
+    expires_at: float = math.inf
+    changed: anyio.Event = attrs.Factory(anyio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+def _timeout_deadline(timeout_s: float) -> float:
+    if timeout_s < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout_s!r}")
+    return math.inf if timeout_s == 0 else anyio.current_time() + timeout_s
+
+
+def _sha1_hex(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+class MemoryCallerCommands:
+    """Caller-path methods of ``MemorySubstrate`` (see the module docstring)."""
+
+    _results: dict[str, _ResultList]
+    _result_waiters: dict[str, _Waiters]
+    _mailboxes: dict[str, _Mailbox]
+    _progress: dict[str, Any]
+    _kv: dict[str, tuple[str, float]]
+    _enter: Callable[[], Any]
+    _check: Callable[[], None]
+    _get: Callable[[str, float], str | None]
+    _set: Callable[[str, str, float, float | None], None]
+    _result_list: Callable[[str, float], _ResultList | None]
+    enqueue: Any
+
+    async def submit(self, user_id: str, submission: Submission) -> Submitted:
+        """The caller's one step, atomically (no checkpoint between the checks and the
+        writes). Raises ValueError / SubstrateUnavailable as ``RedisSubstrate.submit``."""
+        now = await self._enter()
+        sub = submission
+        if not sub.start_within_s >= 0 or sub.maxlen < 1:
+            raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
+        ikey = idem_key(user_id, sub.idempotency_key or sub.job_id)
+        if sub.idempotency_key is not None:
+            record = self._get(ikey, now)
+            if record is not None:
+                return Submitted("indexed", index_value=record)
+        presence = self._get(presence_key(user_id), now)
+        if presence is None:
+            return Submitted("offline")
+        holder, dot, _ = presence.rpartition(".")
+        if dot and holder and holder != sub.alive_holder:
+            return Submitted("holder", presence=presence)
+        if sub.catalogue_sha1 is not None:
+            catalogue = self._get(tools_key(user_id), now)
+            sha = "" if catalogue is None else _sha1_hex(catalogue)
+            if sha != sub.catalogue_sha1:
+                return Submitted("catalogue", catalogue=catalogue)
+        skey = state_key(user_id, sub.job_id)
+        if self._get(skey, now) is not None:
+            return Submitted("job_id_in_use")
+        self._set(skey, sub.state.encode(), now, sub.state_ttl_s)
+        entry_id = self._enqueue_now(user_id, sub)
+        if sub.idempotency_key is not None:
+            self._set(ikey, sub.index_value, now, sub.index_ttl_s)
+        if sub.write_owner:
+            self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
+        if sub.alive_holder is not None:
+            self._wake_now(sub.alive_holder, user_id, now, sub.wake_ttl_s)
+        return Submitted("queued", entry_id=entry_id, presence=presence)
+
+    def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    def _enqueue_now(self, user_id: str, sub: Submission) -> str:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
+        """Store the owner record unless one is live; True if stored."""
+        now = await self._enter()
+        if self._get(owner_key(job_id), now) is not None:
+            return False
+        self._set(owner_key(job_id), owner.encode(), now, ttl_s)
+        return True
+
+    async def job_owner(self, job_id: str) -> JobOwner | None:
+        """The owner record, or None."""
+        raw = self._get(owner_key(job_id), await self._enter())
+        return None if raw is None else JobOwner.decode(raw)
+
+    async def forget_job_id(self, job_id: str) -> None:
+        """Drop the owner record."""
+        await self._enter()
+        self._kv.pop(owner_key(job_id), None)
+
+    async def publish_result(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str,
+        *,
+        ttl_s: float,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        """Append ``payload``; the list and its job's idempotency record expire at the
+        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
+        with the outcome (if it has one); then notify the mailbox. Wakes
+        ``wait_result`` waiters.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        expires_at = now + ttl_s
+        ikey = idem_key(user_id, idempotency_key or job_id)
+        record = self._get(ikey, now) if idempotency_key is not None else None
+        if record is not None and record.startswith(job_id + " "):
+            expires_at = max(expires_at, self._kv[ikey][1])
+            self._kv[ikey] = (record, expires_at)
+        key = result_key(user_id, job_id)
+        lst = self._result_list(key, now)
+        if lst is None:
+            lst = self._results[key] = _ResultList(deque(), expires_at)
+        lst.items.append(payload)
+        lst.expires_at = expires_at
+        progress = self._progress.get(job_id)
+        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
+            progress.entries.append((progress.next_seq, outcome_event(payload)))
+            progress.next_seq += 1
+            progress.changed.set()
+            progress.changed = anyio.Event()
+        waiters = self._result_waiters.pop(key, None)
+        if waiters is not None:
+            waiters.event.set()
+        if notify:
+            box = self._mailbox(notify, now)
+            box.items.append(f"{job_id} {payload}")
+            box.expires_at = now + MAILBOX_TTL_S
+            box.notify()
+
+    def _mailbox(self, mailbox: str, now: float) -> _Mailbox:
+        box = self._mailboxes.get(mailbox)
+        if box is None or (now >= box.expires_at and not box.items):
+            box = self._mailboxes[mailbox] = _Mailbox()
+        elif now >= box.expires_at:
+            box.items.clear()
+        return box
+
+    async def get_result(self, user_id: str, job_id: str) -> str | None:
+        """The first payload of the job's result list (not popped), or None."""
+        lst = self._result_list(result_key(user_id, job_id), await self._enter())
+        return None if lst is None else lst.items[0]
+
+    async def read_notifications(
+        self, mailbox: str, *, count: int, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """Pop up to ``count`` notifications, waiting up to ``block_ms`` (0: forever).
+
+        Raises:
+            ValueError: ``block_ms`` < 0 or ``count`` < 1.
+            SubstrateUnavailable: marked unavailable (also while waiting).
+
+        Cancellation: nothing is popped for a cancelled read.
+        """
+        if block_ms < 0 or count < 1:
+            raise ValueError("read_notifications needs block_ms >= 0 and count >= 1")
+        await self._enter()
+        with anyio.CancelScope(deadline=_timeout_deadline(block_ms / 1000)):
+            while True:
+                self._check()
+                box = self._mailbox(mailbox, anyio.current_time())
+                if box.items:
+                    out = []
+                    while box.items and len(out) < count:
+                        job_id, _, payload = box.items.popleft().partition(" ")
+                        out.append((job_id, payload))
+                    return out
+                await box.changed.wait()
+        return []
+
+    async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
+        """BLPOP: pop the first payload, waiting up to ``timeout_s`` seconds for one
+        (0 = forever, as in Redis). An expired list is gone.
+
+        Returns:
+            The payload, or None on timeout.
+
+        Raises:
+            ValueError: negative ``timeout_s``.
+            SubstrateUnavailable: marked unavailable (also while waiting).
+
+        Cancellation: a cancelled wait takes nothing from the list.
+        """
+        await self._enter()
+        key = result_key(user_id, job_id)
+        with anyio.CancelScope(deadline=_timeout_deadline(timeout_s)):
+            while True:
+                self._check()
+                lst = self._result_list(key, anyio.current_time())
+                if lst is not None:
+                    payload = lst.items.popleft()
+                    if not lst.items:
+                        del self._results[key]
+                    return payload
+                waiters = self._result_waiters.get(key)
+                if waiters is None:
+                    waiters = self._result_waiters[key] = _Waiters(anyio.Event())
+                waiters.count += 1
+                try:
+                    await waiters.event.wait()
+                finally:
+                    waiters.count -= 1
+                    if not waiters.count and self._result_waiters.get(key) is waiters:
+                        del self._result_waiters[key]
+        return None

@@ -1,0 +1,378 @@
+"""The caller's path on Redis: one scripted enqueue step, results read without popping,
+per-process notification mailboxes, job owner records. Mixed into ``RedisSubstrate``.
+
+Round trips on a call's critical path (issue 10 item 3): the caller sends one write (the
+``submit`` script, plus the ``bridge:job:{<job_id>}`` owner record pipelined behind it)
+and then waits on its process's mailbox, which one reader per process drains with
+``BLMPOP``; the holder's publish pushes the result into the job's result list and, in the
+same write, into that mailbox. Scripts are sent by SHA (``EVALSHA``) and loaded on
+``NOSCRIPT``. Every script touches only keys of one user's hash slot (Redis Cluster).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from coredis.exceptions import NoScriptError, StreamDuplicateConsumerGroupError
+
+from ._substrate import (
+    GROUP,
+    MAILBOX_TTL_S,
+    JobOwner,
+    Submission,
+    Submitted,
+    idem_key,
+    index_key,
+    jobs_key,
+    mailbox_key,
+    outcome_event,
+    owner_key,
+    presence_key,
+    progress_key,
+    result_key,
+    state_key,
+    tools_key,
+    wake_key,
+)
+
+if TYPE_CHECKING:
+    from ._redis_conn import _Session
+
+
+def _ms(duration_s: float) -> int:
+    """Seconds -> whole milliseconds, rounded up, at least 1."""
+    if not duration_s > 0:
+        raise ValueError(f"duration must be > 0 s, got {duration_s!r}")
+    return max(1, math.ceil(round(duration_s * 1000, 6)))
+
+
+@attrs.frozen
+class Script:
+    """A Lua script sent by SHA-1 (``EVALSHA``), with its text for ``NOSCRIPT``."""
+
+    text: str
+    sha: str = attrs.field(init=False)
+
+    @sha.default
+    def _sha(self) -> str:
+        return hashlib.sha1(self.text.encode("utf-8")).hexdigest()
+
+    def evalsha(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        return (b"EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def eval(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        return (b"EVAL", self.text, len(keys), *keys, *args)
+
+
+#: The caller's one step. KEYS: presence, tools, jobs, index, state, idem. ARGV: catalogue
+#: SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms, index flag
+#: ('' none), index record, index TTL ms, the hub process known alive ('' none), then the
+#: entry's fields. Order matters: the idempotency index first (a key whose job may still
+#: run is never answered "offline"), then presence and the process it names, the
+#: catalogue version, the job id claim, and only then any write.
+SUBMIT = Script(
+    """
+if ARGV[7] ~= '' then
+  local record = redis.call('GET', KEYS[6])
+  if record then return {'indexed', record} end
+end
+local presence = redis.call('GET', KEYS[1])
+if not presence then return {'offline'} end
+local holder = string.match(presence, '^(.+)%.[^.]*$')
+if holder and holder ~= ARGV[10] then return {'holder', presence} end
+if ARGV[1] ~= '-' then
+  local catalogue = redis.call('GET', KEYS[2])
+  local sha = ''
+  if catalogue then sha = redis.sha1hex(catalogue) end
+  if sha ~= ARGV[1] then return {'catalogue', catalogue} end
+end
+if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
+  return {'job_id_in_use'}
+end
+local fields = {}
+for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+fields[#fields + 1] = 'deadline'
+fields[#fields + 1] = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
+fields[#fields + 1] = 'enqueued_at'
+fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
+local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
+redis.call('HSET', KEYS[4], id, ARGV[3])
+if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'PX', ARGV[9]) end
+return {'queued', id, presence}
+"""
+)
+
+#: The holder's publish. KEYS: result, idem. ARGV: payload, TTL ms, job id, index flag.
+#: The result and the idempotency record of its job then expire together, at the later
+#: of "now + result TTL" and the record's own expiry (the job's deadline + result TTL).
+PUBLISH = Script(
+    """
+local ttl = tonumber(ARGV[2])
+local indexed = false
+if ARGV[4] ~= '' then
+  local record = redis.call('GET', KEYS[2])
+  if record and string.sub(record, 1, string.len(ARGV[3]) + 1) == ARGV[3] .. ' ' then
+    indexed = true
+    local left = redis.call('PTTL', KEYS[2])
+    if left > ttl then ttl = left end
+  end
+end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+if indexed then redis.call('PEXPIRE', KEYS[2], ttl) end
+return ttl
+"""
+)
+
+
+class CallerCommands:
+    """The caller-path commands of ``RedisSubstrate`` (see the module docstring)."""
+
+    _command_timeout_s: float
+
+    def _session(self, what: str) -> Any:  # pragma: no cover - provided by RedisSubstrate
+        raise NotImplementedError
+
+    async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
+        raise NotImplementedError  # pragma: no cover - provided by RedisSubstrate
+
+    def _absent_proves_nothing(self, what: str) -> None:
+        raise NotImplementedError  # pragma: no cover - provided by RedisSubstrate
+
+    async def _script(
+        self,
+        s: _Session,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        before: Sequence[tuple[Any, ...]] = (),
+        after: Sequence[tuple[Any, ...]] = (),
+    ) -> list[Any]:
+        """Run ``script`` by SHA with ``before``/``after`` commands in the same write;
+        on NOSCRIPT send the whole write again with the script's text. Returns the
+        replies (exceptions as values) in order."""
+        commands = (*before, script.evalsha(keys, args), *after)
+        replies = await s.execute(*commands, timeout_s=self._command_timeout_s)
+        if isinstance(replies[len(before)], NoScriptError):
+            commands = (*before, script.eval(keys, args), *after)
+            replies = await s.execute(*commands, timeout_s=self._command_timeout_s)
+        return replies
+
+    async def submit(self, user_id: str, submission: Submission) -> Submitted:
+        """The caller's one step: EVALSHA ``SUBMIT``, (unless already claimed) SET the
+        owner record, and the wake-up of ``alive_holder``, in one write;
+        XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
+        session enqueues for ``user_id``.
+
+        Returns:
+            :class:`Submitted` (its ``verdict`` says what happened).
+
+        Raises:
+            ValueError: ``start_within_s`` < 0 or ``maxlen`` < 1.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the job may or may
+                not have been enqueued.
+        """
+        sub = submission
+        if not sub.start_within_s >= 0 or sub.maxlen < 1:
+            raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
+        keys = (
+            presence_key(user_id),
+            tools_key(user_id),
+            jobs_key(user_id),
+            index_key(user_id),
+            state_key(user_id, sub.job_id),
+            idem_key(user_id, sub.idempotency_key or sub.job_id),
+        )
+        flat = [item for pair in sub.fields.items() for item in pair]
+        args = (
+            "-" if sub.catalogue_sha1 is None else sub.catalogue_sha1,
+            sub.maxlen,
+            sub.job_id,
+            math.ceil(sub.start_within_s * 1000),
+            sub.state.encode(),
+            _ms(sub.state_ttl_s),
+            "" if sub.idempotency_key is None else "1",
+            sub.index_value,
+            _ms(sub.index_ttl_s),
+            sub.alive_holder or "",
+            *flat,
+        )
+        after: tuple[tuple[Any, ...], ...] = ()
+        if sub.write_owner:
+            owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
+            after = (owner,)
+        if sub.alive_holder is not None:
+            wake = wake_key(sub.alive_holder)
+            after += (
+                (b"MULTI",),
+                (b"RPUSH", wake, user_id),
+                (b"PEXPIRE", wake, _ms(sub.wake_ttl_s)),
+                (b"EXEC",),
+            )
+        async with self._session("submit") as s:
+            create = (
+                ()
+                if user_id in s.groups
+                else ((b"XGROUP CREATE", jobs_key(user_id), GROUP, "0", b"MKSTREAM"),)
+            )
+            replies = await self._script(s, SUBMIT, keys, args, before=create, after=after)
+            if create:
+                if isinstance(replies[0], BaseException) and not isinstance(
+                    replies[0], StreamDuplicateConsumerGroupError
+                ):
+                    raise replies[0]
+                s.groups.add(user_id)
+            for reply in replies[len(create) :]:
+                if isinstance(reply, BaseException):
+                    raise reply
+        verdict, *rest = replies[len(create)]
+        if verdict == "offline":
+            # an absent presence proves nothing while Redis cannot serve the hub
+            self._absent_proves_nothing("presence")
+        if verdict == "queued":
+            return Submitted("queued", entry_id=rest[0], presence=rest[1])
+        if verdict == "catalogue":
+            return Submitted("catalogue", catalogue=rest[0] if rest else None)
+        if verdict == "indexed":
+            return Submitted("indexed", index_value=rest[0])
+        if verdict == "holder":
+            return Submitted("holder", presence=rest[0])
+        return Submitted(str(verdict))
+
+    async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
+        """SET ``bridge:job:{job_id}`` NX PX ceil(ttl_s * 1000).
+
+        Returns:
+            True if the id was free (of every user's jobs) and is now claimed.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("SET NX job owner") as s:
+            reply = await self._call(
+                s, b"SET", owner_key(job_id), owner.encode(), b"NX", b"PX", _ms(ttl_s)
+            )
+        return reply is not None
+
+    async def job_owner(self, job_id: str) -> JobOwner | None:
+        """GET ``bridge:job:{job_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("GET job owner") as s:
+            raw = await self._call(s, b"GET", owner_key(job_id))
+        return None if raw is None else JobOwner.decode(raw)
+
+    async def forget_job_id(self, job_id: str) -> None:
+        """DEL ``bridge:job:{job_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("DEL job owner") as s:
+            await self._call(s, b"DEL", owner_key(job_id))
+
+    async def publish_result(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str,
+        *,
+        ttl_s: float,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        """EVALSHA ``PUBLISH`` (RPUSH + PEXPIRE of the result list, the idempotency record
+        kept as long), then XADD NOMKSTREAM the outcome to the job's progress stream and
+        RPUSH ``<job_id> <payload>`` + PEXPIRE to the mailbox ``notify``: one write, one
+        round trip (the script's writes are atomic; the progress and mailbox writes, in
+        other hash slots, follow it).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the payload may
+                or may not have been stored.
+        """
+        keys = (result_key(user_id, job_id), idem_key(user_id, idempotency_key or job_id))
+        args = (payload, _ms(ttl_s), job_id, "" if idempotency_key is None else "1")
+        # The outcome also ends the job's progress stream, only if someone made one
+        # (NOMKSTREAM: no stream, no write); its key is in the job's own slot.
+        after: tuple[tuple[Any, ...], ...] = (
+            (
+                b"XADD",
+                progress_key(job_id),
+                b"NOMKSTREAM",
+                b"MAXLEN",
+                b"~",
+                64,
+                b"*",
+                b"p",
+                outcome_event(payload),
+            ),
+        )
+        if notify:
+            box = mailbox_key(notify)
+            after += (
+                (b"RPUSH", box, f"{job_id} {payload}"),
+                (b"PEXPIRE", box, _ms(MAILBOX_TTL_S)),
+            )
+        async with self._session("publish result") as s:
+            replies = await self._script(s, PUBLISH, keys, args, after=after)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+
+    async def get_result(self, user_id: str, job_id: str) -> str | None:
+        """LINDEX ``bridge:result:{user_id}:job_id`` 0 (nothing is popped).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("LINDEX result") as s:
+            return await self._call(s, b"LINDEX", result_key(user_id, job_id), 0)
+
+    async def read_notifications(
+        self, mailbox: str, *, count: int, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """BLMPOP block_ms/1000 1 ``bridge:notify:{mailbox}`` LEFT COUNT count.
+
+        Returns:
+            ``[(job_id, payload)]`` in push order; [] on timeout.
+
+        Raises:
+            ValueError: ``block_ms`` < 0 or ``count`` < 1.
+            SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: the connection is closed, and the close awaited, before the
+        cancellation propagates (no server-side waiter is left to pop later pushes).
+        """
+        if block_ms < 0 or count < 1:
+            raise ValueError("read_notifications needs block_ms >= 0 and count >= 1")
+        seconds = f"{block_ms / 1000:.3f}"
+        async with self._session("BLMPOP notify") as s:
+            reply = await self._call(
+                s,
+                b"BLMPOP",
+                seconds,
+                1,
+                mailbox_key(mailbox),
+                b"LEFT",
+                b"COUNT",
+                count,
+                block_s=block_ms / 1000 if block_ms else None,
+            )
+        if not reply:
+            return []
+        out = []
+        for item in reply[1]:
+            job_id, _, payload = item.partition(" ")
+            out.append((job_id, payload))
+        return out

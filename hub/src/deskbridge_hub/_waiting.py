@@ -1,0 +1,181 @@
+"""Callers waiting for results without a Redis connection each (issue 10 item 3).
+
+One hub process has one notification mailbox (``bridge:notify:{<mailbox>}``, a Redis
+list): the holder that publishes a job's result pushes ``<job_id> <payload>`` onto the
+mailbox its caller named (``reply_to``), in the same write as the result itself. In the
+process, exactly one waiting caller at a time reads the mailbox (``BLMPOP``, up to
+``READ_BLOCK_S``) and hands each payload to whoever waits for that job; when the reader's
+own answer arrives, or it stops waiting, it hands the reading over to another waiter.
+So N concurrent callers in a process hold one blocking read between them, not N, and
+nothing needs a background task (the public ``Bridge`` stays a plain object that works
+under trio and asyncio).
+
+The mailbox is a notification, the result list is the truth: a notification lost (the
+reader cancelled mid-read, a process restarted) costs latency, never an answer. Every
+waiter also reads its job's result list itself (``LINDEX``, nothing popped) on a growing
+interval (``CHECK_FIRST_S`` doubling to ``CHECK_MAX_S``) and once more when its time is
+up; a waiter that attached to another caller's job (an idempotency-key retry, maybe on
+another replica, whose holder notifies the original caller's mailbox) checks on a
+shorter schedule (``ATTACHED_CHECK_FIRST_S`` growing to ``ATTACHED_CHECK_MAX_S``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+
+import anyio
+import attrs
+
+from ._substrate import Substrate
+
+log = logging.getLogger("deskbridge.hub.waiting")
+
+#: Longest single mailbox read, seconds: bounds how long a reader that has stopped
+#: waiting can keep others from reading (it hands over on return).
+READ_BLOCK_S = 1.0
+#: Most notifications taken per read.
+READ_COUNT = 256
+#: A waiter's own check of its result list: first after this many seconds, then doubling
+#: up to ``CHECK_MAX_S`` (only matters when a notification was lost).
+CHECK_FIRST_S = 2.0
+CHECK_MAX_S = 10.0
+#: The same for a waiter attached to another caller's job (nobody notifies it).
+ATTACHED_CHECK_FIRST_S = 0.05
+ATTACHED_CHECK_MAX_S = 1.0
+
+
+@attrs.define(eq=False)
+class Waiter:
+    """One caller waiting for one job's first result payload."""
+
+    user_id: str
+    job_id: str
+    payload: str | None = None
+    wake: anyio.Event = attrs.Factory(anyio.Event)
+
+
+@attrs.define(eq=False)
+class ResultWaiters:
+    """The waiting callers of one process, and its mailbox.
+
+    Attributes:
+        substrate: where results and the mailbox live.
+        mailbox: this process's mailbox name (a fresh UUID per object).
+    """
+
+    substrate: Substrate
+    mailbox: str = attrs.Factory(lambda: uuid.uuid4().hex)
+    _waiting: dict[str, list[Waiter]] = attrs.Factory(dict)
+    _reader: Waiter | None = None
+
+    def register(self, user_id: str, job_id: str) -> Waiter:
+        """Start listening for ``job_id`` (before it is enqueued, so no answer can be
+        missed); pair with :meth:`unregister`."""
+        waiter = Waiter(user_id, job_id)
+        self._waiting.setdefault(job_id, []).append(waiter)
+        return waiter
+
+    def unregister(self, waiter: Waiter) -> None:
+        """Stop listening; if this waiter was reading, another one takes over."""
+        waiters = self._waiting.get(waiter.job_id)
+        if waiters is not None:
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters:
+                del self._waiting[waiter.job_id]
+        if self._reader is waiter:
+            self._reader = None
+            self._hand_over()
+
+    def statistics(self) -> dict[str, int]:
+        """``{"waiting": <callers>, "jobs": <distinct jobs>}``."""
+        return {"waiting": sum(map(len, self._waiting.values())), "jobs": len(self._waiting)}
+
+    async def wait(self, waiter: Waiter, *, timeout_s: float, attached: bool = False) -> str | None:
+        """Wait up to ``timeout_s`` seconds for the job's first result payload.
+
+        Args:
+            waiter: from :meth:`register`.
+            timeout_s: seconds (> 0).
+            attached: the job belongs to another call (an idempotency-key retry): its
+                result list is read first and then on the short schedule.
+
+        Returns:
+            The payload, or None if there was none when the time was up.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable (while reading the mailbox or the
+                result list).
+
+        Cancellation: stops waiting; a read of the mailbox in progress is abandoned
+        (its connection closed) and another waiter takes the reading over.
+        """
+        first, most = (
+            (ATTACHED_CHECK_FIRST_S, ATTACHED_CHECK_MAX_S)
+            if attached
+            else (CHECK_FIRST_S, CHECK_MAX_S)
+        )
+        deadline = anyio.current_time() + timeout_s
+        interval = first
+        next_check = anyio.current_time() + (0.0 if attached else first)
+        try:
+            with anyio.move_on_after(timeout_s):
+                while waiter.payload is None:
+                    now = anyio.current_time()
+                    if now >= next_check:
+                        payload = await self.substrate.get_result(waiter.user_id, waiter.job_id)
+                        if payload is not None:
+                            return payload
+                        interval = min(interval * 2, most)
+                        next_check = anyio.current_time() + interval
+                        continue
+                    if self._reader is None:
+                        await self._read_once(waiter, until=min(next_check, deadline))
+                        continue
+                    with anyio.move_on_after(next_check - now):
+                        await waiter.wake.wait()
+                    if waiter.wake.is_set():
+                        waiter.wake = anyio.Event()
+                return waiter.payload
+            # Time is up: the result list is the truth, a notification may have been lost.
+            if waiter.payload is not None:
+                return waiter.payload
+            return await self.substrate.get_result(waiter.user_id, waiter.job_id)
+        finally:
+            if self._reader is waiter:
+                self._reader = None
+                self._hand_over()
+
+    async def _read_once(self, waiter: Waiter, *, until: float) -> None:
+        """Read the mailbox once as this process's reader, for at most ``READ_BLOCK_S``
+        (and not past ``until``), and deliver what came."""
+        self._reader = waiter
+        try:
+            block_s = min(READ_BLOCK_S, max(until - anyio.current_time(), 0.001))
+            items = await self.substrate.read_notifications(
+                self.mailbox, count=READ_COUNT, block_ms=max(1, math.ceil(block_s * 1000))
+            )
+        finally:
+            self._reader = None
+        self._deliver(items)
+        if waiter.payload is not None:
+            self._hand_over()
+
+    def _deliver(self, items: list[tuple[str, str]]) -> None:
+        for job_id, payload in items:
+            for w in self._waiting.get(job_id, ()):
+                if w.payload is None:
+                    w.payload = payload
+                    w.wake.set()
+
+    def _hand_over(self) -> None:
+        """Wake one waiter still without its answer so it becomes the reader."""
+        if self._reader is not None:
+            return
+        for waiters in self._waiting.values():
+            for w in waiters:
+                if w.payload is None:
+                    w.wake.set()
+                    return
