@@ -155,6 +155,23 @@ class PresenceSampler(threading.Thread):
         self.info.close()
 
 
+def log_summary(text: str, top: int = 8) -> list[tuple[int, str]]:
+    """The hub log's WARNING/ERROR lines, with times, ids and numbers blanked, counted."""
+    import re
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if " WARNING " not in line and " ERROR " not in line:
+            continue
+        line = line[24:] if line[:4].isdigit() else line
+        line = re.sub(r"[0-9a-f]{16}\.[0-9a-f]{32}|[0-9a-f]{32}", "<id>", line)
+        line = re.sub(r"\b[ix][0-9a-f]{4}-\d{5}\b", "<user>", line)
+        line = re.sub(r"\d+(\.\d+)?", "N", line)
+        counts[line[:160]] += 1
+    return counts.most_common(top)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1000)
@@ -211,6 +228,7 @@ def main() -> int:
                 "seconds": time.monotonic() - t0,
                 "welcomed": st.get("welcomed", 0),
                 "failures": st.get("failures", 0),
+                "failure_kinds": st.get("failure_kinds", {}),
                 "closes": st.get("closes", 0),
             }
             print(
@@ -282,6 +300,7 @@ def main() -> int:
             p50, p99, errs = trio.run(echo_p50, redis.url, extra_user, args.echo_calls)
             out["echo_idleN"] = {"p50_ms": p50, "p99_ms": p99, "errors": errs}
             out["swarm_cpu_s_total"] = swarm_status(status).get("cpu_s", 0)
+            out["hub_log_warnings"] = log_summary(hub.output())
             info.close()
         finally:
             for proc in reversed(procs):
@@ -305,6 +324,7 @@ def report(out: dict, args: argparse.Namespace) -> None:
             f"{out['ramp']['welcomed']} in {out['ramp']['seconds']:.1f} s, "
             f"{out['ramp']['failures']} failed attempts",
         ),
+        ("failed attempts by kind (ramp)", f"{out['ramp']['failure_kinds'] or 'none'}"),
         ("welcomed at the end", f"{idle['welcomed_now']}"),
         ("present (presence keys) end / min", f"{idle['present_now']} / {idle['present_min']}"),
         ("presence flaps (users)", f"{idle['presence_flaps']} ({idle['users_flapped']})"),
@@ -342,6 +362,9 @@ def report(out: dict, args: argparse.Namespace) -> None:
     for label, value in rows:
         print(f"  {label:<40} {value}")
     ratio = out["echo_idleN"]["p50_ms"] / out["echo_idle0"]["p50_ms"]
+    # per-desktop costs mean something only when every desktop is connected and present
+    whole = idle["welcomed_now"] >= args.n and idle["present_min"] >= args.n
+    partial = " (not all N connected and present: not judged)"
     judged = [
         (
             "all welcomed, and still at the end",
@@ -360,10 +383,14 @@ def report(out: dict, args: argparse.Namespace) -> None:
         ),
         (
             "<= 0.15 Redis commands/s per idle desktop",
-            idle["redis_commands_per_s_per_desktop"] <= 0.15,
-            f"{idle['redis_commands_per_s_per_desktop']:.3f}",
+            whole and idle["redis_commands_per_s_per_desktop"] <= 0.15,
+            f"{idle['redis_commands_per_s_per_desktop']:.3f}" + ("" if whole else partial),
         ),
-        ("hub CPU <= 25 % of one core", idle["hub_cpu_pct"] <= 25, f"{idle['hub_cpu_pct']:.1f} %"),
+        (
+            "hub CPU <= 25 % of one core",
+            whole and idle["hub_cpu_pct"] <= 25,
+            f"{idle['hub_cpu_pct']:.1f} %" + ("" if whole else partial),
+        ),
         (
             "hub RSS <= 64 KiB per connection",
             out["hub_rss_per_conn_kib"] <= 64,
@@ -381,6 +408,10 @@ def report(out: dict, args: argparse.Namespace) -> None:
     )
     for label, ok, figures in judged:
         print(f"    {'MET ' if ok else 'NOT MET':<8} {label:<52} {figures}")
+    if out.get("hub_log_warnings"):
+        print("  hub log WARNING/ERROR lines (count, normalised):")
+        for n, line in out["hub_log_warnings"]:
+            print(f"    {n:6d}  {line}")
     top = ", ".join(f"{k} {v:g}" for k, v in list(idle["redis_commands_by_name_per_s"].items())[:8])
     print(f"  commands/s by name: {top or 'none'}")
 

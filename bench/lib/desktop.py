@@ -10,7 +10,8 @@ hub must treat as a connected desktop. The same process serves every system comp
 Runs until killed; every second it rewrites ``--status-file`` with counters (JSON):
 ``connected`` (sockets open now), ``welcomed`` (sockets past welcome now),
 ``welcomes`` (total), ``closes`` (total sockets that ended), ``jobs``, ``pings``,
-``failures`` (connect attempts that failed), ``cpu_s`` (this process).
+``failures`` (connect attempts that failed), ``failure_kinds`` (why: exception name
+plus HTTP status or close code), ``cpu_s`` (this process).
 
 Usage (started by compare.py / idle.py):
   python bench/lib/desktop.py --url ws://127.0.0.1:PORT --prefix u --count N \
@@ -48,6 +49,8 @@ HELLO = json.dumps(
     }
 )
 
+#: Why connection attempts failed before welcome: exception name + HTTP status / close code.
+FAILURE_KINDS: dict[str, int] = {}
 COUNTERS = dict.fromkeys(
     ("connected", "welcomed", "welcomes", "closes", "jobs", "pings", "failures"), 0
 )
@@ -109,9 +112,14 @@ async def desktop(url: str, token: str, reconnect_s: float, gate: asyncio.Semaph
                     COUNTERS["welcomed"] -= 1
                 COUNTERS["closes"] += 1
                 await ws.close()
-        except (TimeoutError, OSError, WebSocketException, ConnectionError, ValueError):
+        except (TimeoutError, OSError, WebSocketException, ConnectionError, ValueError) as exc:
             if not welcomed:
                 COUNTERS["failures"] += 1
+                kind = type(exc).__name__
+                status = getattr(getattr(exc, "response", None), "status_code", None)
+                code = getattr(getattr(exc, "rcvd", None), "code", None)
+                kind += f" {status}" if status else f" {code}" if code else ""
+                FAILURE_KINDS[kind] = FAILURE_KINDS.get(kind, 0) + 1
         # full jitter, so a hub restart does not meet a stampede
         await asyncio.sleep(random.uniform(0, reconnect_s))
 
@@ -119,7 +127,12 @@ async def desktop(url: str, token: str, reconnect_s: float, gate: asyncio.Semaph
 async def report(path: str) -> None:
     while True:
         t = os.times()
-        data = {**COUNTERS, "cpu_s": t.user + t.system, "t": time.time()}
+        data = {
+            **COUNTERS,
+            "failure_kinds": FAILURE_KINDS,
+            "cpu_s": t.user + t.system,
+            "t": time.time(),
+        }
         tmp = path + ".tmp"
         Path(tmp).write_text(json.dumps(data))  # noqa: ASYNC240 - a tiny local file
         os.replace(tmp, path)
