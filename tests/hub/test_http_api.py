@@ -538,3 +538,18 @@ async def test_valid_token_with_substrate_down_closes_1013(autojump_clock):
             with pytest.raises(WebsocketDisconnectError) as info:
                 await ws.receive()
         assert info.value.args[0] == 1013
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"name": "echo", "args": []}', "args must be a JSON object"),
+        (b'{"name": 7}', "name must be a string"),
+        (b'{"name": "echo", "timeout_s": "5"}', "timeout_s must be a number"),
+    ],
+)
+async def test_a_field_of_the_wrong_type_says_which_type_it_must_be(autojump_clock, body, needle):
+    async with running_hub() as (client, _sub):
+        r = await post_job(client, body)
+        assert r.status_code == 400
+        assert needle in (await r.get_json())["error"]["message"]

@@ -369,3 +369,27 @@ async def _progress_over_mcp(hub: Hub, user: str, mode: str) -> list:
     assert not result.is_error, result.content[0].text
     assert result.structured_content == {"counted": 8}
     return reports
+
+
+def test_initialize_advertises_tools_list_changed(hub):
+    """The hub sends notifications/tools/list_changed (below), so the 2025-era handshake must
+    advertise ``capabilities.tools.listChanged: true`` (it said false)."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "curl", "version": "1"},
+        },
+    }
+    headers = {
+        "Authorization": f"Bearer {API_KEY}",
+        "Accept": "application/json, text/event-stream",
+    }
+    r = httpx.post(f"{hub.http}/v1/users/someone/mcp", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    data = [line[5:] for line in r.text.splitlines() if line.startswith("data:")]
+    result = json.loads(data[0])["result"]
+    assert result["capabilities"]["tools"]["listChanged"] is True

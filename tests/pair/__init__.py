@@ -134,7 +134,7 @@ async def sidecar_pair(
     substrate = MemorySubstrate(clock=wall)
     state = HubState(substrate=substrate, timings=timings, consumer="hub-1", wall_clock=wall)
     async with trio.open_nursery() as nursery:
-        await nursery.start(state.reader.run)  # the process reader (the app runs it)
+        await nursery.start(state.reader.run)  # the process reader (the app runs it too)
         connector = PairConnector(state, nursery, user)
         daemon = Daemon(
             "ws://hub.pair:8080",

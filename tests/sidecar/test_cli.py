@@ -219,3 +219,22 @@ def test_help_names_the_data_dir(capsys):
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--data-dir DIR" in out and "DESKBRIDGE_DATA_DIR" in out
+
+
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("def broken(:\n", "SyntaxError: invalid syntax"),
+        ("x = 1\nundefined_name\n", "NameError: name 'undefined_name' is not defined"),
+    ],
+)
+def test_a_tools_module_that_fails_to_import_is_one_line_not_a_traceback(
+    capsys, tmp_path, monkeypatch, source, needle
+):
+    (tmp_path / "newcomer_tools.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--hub", "ws://h:1", "--token", "t", "--tools", "newcomer_tools"]) == 2
+    err = capsys.readouterr().err
+    assert "--tools: cannot import: " + needle in err
+    assert "newcomer_tools.py" in err and "line " in err
+    assert "Traceback" not in err

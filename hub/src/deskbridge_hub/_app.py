@@ -514,6 +514,13 @@ async def _json_body() -> dict[str, Any]:
     return body
 
 
+_KIND_NAMES: dict[Any, str] = {
+    dict: "a JSON object",
+    str: "a string",
+    (int, float): "a number",
+}
+
+
 def _field(
     body: dict[str, Any], name: str, kind: Any, *, required: bool, default: Any = None
 ) -> Any:
@@ -523,7 +530,7 @@ def _field(
         return default
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise BadRequest(f"{name} has the wrong type", field=name)
+        raise BadRequest(f"{name} must be {_KIND_NAMES.get(kind, 'of another type')}", field=name)
     return value
 
 

@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     if args.what != "desktops" and not args.id:
         print(f"deskbridge-hub inspect {args.what}: an ID is required", file=sys.stderr)
         return 2
+    problem = hub_url_problem(args.hub)
+    if problem:
+        print(f"deskbridge-hub inspect: {problem}", file=sys.stderr)
+        return 2
     quote = urllib.parse.quote
     if args.what == "desktops":
         path = f"/v1/admin/desktops?offset={args.offset}&limit={args.limit}"
@@ -56,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
         path = f"/v1/jobs/{quote(args.id, safe='')}"
     status, body = _get(args.hub, path)
     if status is None:
-        print(f"deskbridge-hub inspect: cannot reach hub at {args.hub}: {body}", file=sys.stderr)
+        print(
+            f"deskbridge-hub inspect: cannot reach hub at {args.hub}: {unreachable_reason(body)}",
+            file=sys.stderr,
+        )
         return 1
     if status != 200:
         error = body.get("error", {}) if isinstance(body, dict) else {}
@@ -75,6 +82,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table([[k, _cell(v)] for k, v in body.items()], ["field", "value"]))
     return 0
+
+
+def hub_url_problem(hub: str) -> str | None:
+    """Why ``hub`` (a ``--hub`` value) is not an http(s) base URL, or None when it is.
+
+    Without this, urllib answers ``127.0.0.1:8080`` with "unknown url type"."""
+    parts = urllib.parse.urlsplit(hub)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"--hub {hub!r}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8080"
+    return None
+
+
+def unreachable_reason(exc: object) -> str:
+    """One short cause for a failed request (``Connection refused``, ``timed out``), without
+    urllib's ``<urlopen error [Errno 111] ...>`` wrapping."""
+    reason = getattr(exc, "reason", exc)
+    return getattr(reason, "strerror", None) or str(reason)
 
 
 def _get(hub: str, path: str) -> tuple[int | None, Any]:
@@ -133,7 +157,7 @@ def desktops_table(body: dict[str, Any]) -> str:
                 str(queue.get("pending_count", "-")),
             ]
         )
-    header = ["USER", "STATE", "SINCE (UTC)", "SIDECAR", "TOOLS", "QUEUED", "PENDING"]
+    header = ["USER", "STATE", "SINCE (UTC)", "SIDECAR", "TOOLS", "STREAM", "PENDING"]
     shown = f"{body['offset'] + 1}-{body['offset'] + len(rows)}" if rows else "none"
     footer = f"\n{shown} of {body['total']} desktops"
     if body.get("next_offset") is not None:
@@ -150,7 +174,8 @@ def user_text(body: dict[str, Any]) -> str:
         f"sidecar     {body.get('sidecar_version') or '-'}",
         f"hub         {body.get('hub_consumer') or '-'}",
         f"tools       {', '.join(body.get('tools') or []) or '-'}",
-        f"queue       {body['queue']['length']} entries, {body['queue']['pending_count']} pending",
+        f"stream      {body['queue']['length']} entries (delivered ones stay until trimmed), "
+        f"{body['queue']['pending_count']} pending",
     ]
     if body.get("end"):
         lines.append(f"last end    {body['end'].get('code')} {body['end'].get('reason')}")

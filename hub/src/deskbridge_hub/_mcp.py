@@ -39,6 +39,7 @@ use and live until the app stops.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -49,7 +50,7 @@ from typing import Any
 import anyio
 import attrs
 import mcp_types as types
-from mcp.server import Server
+from mcp.server import NotificationOptions, Server
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -164,6 +165,12 @@ class UserEndpoint:
             on_subscriptions_listen=ListenHandler(self.bus),
         )
         self.server.middleware.append(self._remember_session)
+        # The session manager builds the InitializeResult without NotificationOptions, which
+        # would advertise tools.listChanged false although _watch_catalogue sends
+        # notifications/tools/list_changed: say so, so clients know to listen.
+        self.server.create_initialization_options = functools.partial(  # type: ignore[method-assign]
+            self.server.create_initialization_options, NotificationOptions(tools_changed=True)
+        )
         self.manager = StreamableHTTPSessionManager(
             app=self.server, session_idle_timeout=SESSION_IDLE_TIMEOUT_S
         )

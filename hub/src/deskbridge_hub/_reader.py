@@ -205,7 +205,8 @@ class ProcessReader:
             try:
                 await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
             except SubstrateUnavailable as exc:
-                log.info("liveness refresh failed: %s", exc)  # the other loops warn
+                # DEBUG: it fails every second of an outage, and the other loops warn
+                log.debug("liveness refresh failed: %s", exc)
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
 
     async def _wake_loop(self) -> None:
@@ -248,7 +249,8 @@ class ProcessReader:
                 # desktops must read online again quickly, not a heartbeat later.
                 for _ in listeners:
                     _metrics.presence_failed("unavailable")
-                level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 0 else 20
+                # WARNING now and then; DEBUG in between (it retries every second)
+                level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 0 else 10
                 log.log(level, "heartbeat of %d sessions failed: %s", len(beats), exc)
                 self._failures += 1
                 interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)

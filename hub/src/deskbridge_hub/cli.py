@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "call",
         help="call a tool on a user's desktop through a running hub's HTTP API",
-        description="POST /v1/users/USER_ID/jobs on a running hub and print the JSON answer. "
+        description="POST /v1/users/USER_ID/jobs on a running hub and print the JSON answer, "
+        "authenticated with the first key of $DESKBRIDGE_API_KEY. "
         "Exit 0 when completed, 1 for any other outcome, 2 for usage errors.",
     )
     c.add_argument("user_id", metavar="USER_ID")
@@ -147,6 +148,13 @@ def _call(args: argparse.Namespace) -> int:
     except ValueError:
         print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
         return 2
+    if not isinstance(tool_args, dict):
+        print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
+        return 2
+    problem = _inspect_cli.hub_url_problem(args.hub)
+    if problem:
+        print(f"deskbridge-hub call: {problem}", file=sys.stderr)
+        return 2
     body: dict[str, object] = {"name": args.tool, "args": tool_args}
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
@@ -167,7 +175,8 @@ def _call(args: argparse.Namespace) -> int:
         print(exc.read().decode())
         return 1
     except (urllib.error.URLError, OSError) as exc:
-        print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {exc}", file=sys.stderr)
+        reason = _inspect_cli.unreachable_reason(exc)
+        print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return 1
 
 

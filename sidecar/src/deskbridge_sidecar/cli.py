@@ -19,6 +19,7 @@ import os
 import signal
 import ssl
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -189,6 +190,16 @@ def load_registry(modules: Sequence[str]) -> ToolRegistry:
     return registry
 
 
+def _import_failure(exc: BaseException) -> str:
+    """``SyntaxError: invalid syntax (tools.py, line 3)`` or ``NameError: ... (path, line 7)``:
+    the error and where it happened in the user's module, for a one-line usage error."""
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
 def make_ssl_context(ca_file: str | None) -> ssl.SSLContext:
     """Client TLS context verifying the hub: ``ca_file`` if given, else the system store.
 
@@ -321,6 +332,8 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         run_parser.error(f"--tools: cannot import: {exc}")
     except ValueError as exc:
         run_parser.error(f"--tools: {exc}")
+    except Exception as exc:  # the tool module's own bug at import: one line, not a traceback
+        run_parser.error(f"--tools: cannot import: {_import_failure(exc)}")
     try:
         _CLOSERS.extend(toolset_options.add_toolsets(args, registry))
     except ValueError as exc:
