@@ -20,6 +20,7 @@ and prints hub RSS per connection ((RSS with N - RSS before) / N) and the swarm
 process's own CPU (so you can tell whether the swarm, not the hub, was the limit).
 
 Usage: ./dev bench idle [--n 1000] [--duration-s 60] [--ramp-s 300] [--echo-calls 200]
+       [--profile FILE]   (py-spy on the hub during the idle window)
 """
 
 from __future__ import annotations
@@ -182,6 +183,12 @@ def main() -> int:
     p.add_argument("--connect-concurrency", type=int, default=64)
     p.add_argument("--redis-port", type=int, default=6411)
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--profile",
+        default="",
+        metavar="FILE",
+        help="py-spy the hub during the idle window; raw stacks to FILE, summary printed",
+    )
     args = p.parse_known_args()[0]
     nofile = raise_nofile()
     out: dict = {"n": args.n, "nofile": nofile}
@@ -247,12 +254,20 @@ def main() -> int:
             redis_cpu0 = cpu_s([redis.pid])
             w0 = time.monotonic()
             sampler.start()
+            profiler = None
+            if args.profile:
+                from bench.lib.profile import Profiler
+
+                profiler = Profiler(max(hub_pids), Path(args.profile))
+                profiler.start()
             held_max = 0
             end = w0 + args.duration_s
             while time.monotonic() < end:
                 held_max = max(held_max, connections_to(hub_pids, redis.port))
                 time.sleep(min(2.0, max(0.0, end - time.monotonic())))
             elapsed = time.monotonic() - w0
+            if profiler is not None:
+                profiler.stop()
             sampler.stop()
             cpu1 = cpu_s(hub_pids)
             snap1 = info.snapshot()
@@ -306,6 +321,11 @@ def main() -> int:
             for proc in reversed(procs):
                 proc.stop(timeout_s=10)
     report(out, args)
+    if args.profile and Path(args.profile).exists():
+        from bench.lib.profile import summarise
+
+        print("\nhub CPU profile during the idle window (py-spy):")
+        print(summarise(Path(args.profile)))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -64,19 +64,17 @@ def _unacked(redis: AofRedis, user: str) -> int:
     return int(fields["pending"]) + len(unread or [])
 
 
-class _EnqueueOnly:
-    """The substrate, except that nobody waits for a result: ``Bridge.dispatch`` returns
-    (``timeout``) right after its enqueue. 400 callers each holding a Redis connection
-    for a blocking wait would test the machine, not the ledger."""
+def _enqueue_only_waiters():
+    """Result waiters that never wait: ``Bridge.dispatch`` returns (``timeout``) right
+    after its enqueue. 400 callers waiting for their results would test the machine, not
+    the ledger."""
+    from deskbridge_hub._waiting import ResultWaiters
 
-    def __init__(self, inner) -> None:
-        self._inner = inner
+    class EnqueueOnly(ResultWaiters):
+        async def wait(self, waiter, *, timeout_s, attached=False):
+            return None
 
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-    async def wait_result(self, job_id: str, timeout_s: float):
-        return None
+    return EnqueueOnly
 
 
 def _enqueue_all(
@@ -92,7 +90,8 @@ def _enqueue_all(
         limiter = trio.CapacityLimiter(limit)
         substrate = RedisSubstrate.from_url(redis_url)
         async with substrate:
-            bridge = Bridge(_EnqueueOnly(substrate))
+            bridge = Bridge(substrate)
+            bridge.waiters = _enqueue_only_waiters()(substrate)
 
             async def one(i: int, key: str) -> None:
                 async with limiter:

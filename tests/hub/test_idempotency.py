@@ -3,7 +3,7 @@
 MemorySubstrate shared by two ``Bridge`` objects (two replicas' dispatch APIs, each with
 its own notification mailbox), memory sockets, MockClock (autojump). The real-process
 versions are tests/chaos/test_same_key_two_pods.py and
-tests/integration/test_idempotency_processes.py.
+tests/chaos/test_retry_attaches.py (the issue 16 example: holder pod killed).
 """
 
 from __future__ import annotations
