@@ -156,7 +156,7 @@ class PresenceSampler(threading.Thread):
         self.info.close()
 
 
-def log_summary(text: str, top: int = 8) -> list[tuple[int, str]]:
+def log_summary(text: str, top: int = 8) -> list[tuple[str, int]]:
     """The hub log's WARNING/ERROR lines, with times, ids and numbers blanked, counted."""
     import re
     from collections import Counter
@@ -320,14 +320,14 @@ def main() -> int:
         finally:
             for proc in reversed(procs):
                 proc.stop(timeout_s=10)
+    if args.json:  # first, so a failing report still leaves the figures
+        Path(args.json).write_text(json.dumps(out, indent=1))
     report(out, args)
     if args.profile and Path(args.profile).exists():
         from bench.lib.profile import summarise
 
         print("\nhub CPU profile during the idle window (py-spy):")
         print(summarise(Path(args.profile)))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
 
@@ -430,7 +430,7 @@ def report(out: dict, args: argparse.Namespace) -> None:
         print(f"    {'MET ' if ok else 'NOT MET':<8} {label:<52} {figures}")
     if out.get("hub_log_warnings"):
         print("  hub log WARNING/ERROR lines (count, normalised):")
-        for n, line in out["hub_log_warnings"]:
+        for line, n in out["hub_log_warnings"]:
             print(f"    {n:6d}  {line}")
     top = ", ".join(f"{k} {v:g}" for k, v in list(idle["redis_commands_by_name_per_s"].items())[:8])
     print(f"  commands/s by name: {top or 'none'}")

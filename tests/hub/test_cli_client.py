@@ -41,3 +41,48 @@ def test_hub_not_running_is_one_plain_line(capsys, command):
     assert cli.main([*command, "--hub", hub]) == 1
     err = capsys.readouterr().err
     assert err == f"deskbridge-hub {command[0]}: cannot reach hub at {hub}: Connection refused\n"
+
+
+@pytest.mark.parametrize("url", [None, "memory://"])
+def test_two_workers_on_the_in_memory_substrate_ask_for_a_redis_url(monkeypatch, capsys, url):
+    monkeypatch.setenv("DESKBRIDGE_SECRET", "s" * 32)
+    if url is None:
+        monkeypatch.delenv("DESKBRIDGE_REDIS_URL", raising=False)
+    else:
+        monkeypatch.setenv("DESKBRIDGE_REDIS_URL", url)
+    assert cli.main(["serve", "--bind", "127.0.0.1:1", "--workers", "2"]) == 2
+    assert "set DESKBRIDGE_REDIS_URL to a redis:// URL" in capsys.readouterr().err
+
+
+def test_call_sends_a_zero_timeout_instead_of_dropping_it(capsys):
+    """``--timeout-s 0`` used to be dropped (falsy), so the call silently waited 90 s; the hub
+    must see it and refuse it like any other bad timeout."""
+    import http.server
+    import json
+    import threading
+
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = b'{"error": {"code": "bad_request", "field": "timeout_s"}}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        hub = f"http://127.0.0.1:{server.server_address[1]}"
+        assert cli.main(["call", "alice", "echo", "--timeout-s", "0", "--hub", hub]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert seen == [{"name": "echo", "args": {}, "timeout_s": 0.0}]

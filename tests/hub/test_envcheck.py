@@ -53,3 +53,14 @@ def test_every_name_in_the_source_tree_is_known() -> None:
     assert seen, "the scan found nothing: wrong root?"
     missing = sorted(seen - known_names())
     assert not missing, f"add to deskbridge_hub._envcheck.KNOWN: {missing}"
+
+
+def test_the_process_environment_is_checked_once_per_process(monkeypatch, caplog):
+    """``serve --workers 1`` checks, then imports ``asgi`` which checks again: one line."""
+    from deskbridge_hub import _envcheck
+
+    monkeypatch.setattr(_envcheck, "_checked_process_env", False)
+    monkeypatch.setenv("DESKBRIDGE_REDIS_ULR", "redis://x")
+    assert len(warn_unknown_variables()) == 1
+    assert warn_unknown_variables() == []
+    assert sum("DESKBRIDGE_REDIS_ULR" in r.getMessage() for r in caplog.records) == 1

@@ -1,12 +1,12 @@
 """The hub's ASGI app: the sidecar WebSocket and the dispatch HTTP API (Quart-Trio).
 
 ``create_app(config, substrate=None)`` builds it; the substrate is opened in
-``while_serving`` so its lifetime is the app's.
+``while_serving`` so its lifetime is the app's. Response/body helpers live in ``_http``,
+the ASGI middleware (access log, request tracking) in ``_middleware``.
 """
 
 from __future__ import annotations
 
-import base64
 import hmac
 import json
 import logging
@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import _admin, _connectors, _metrics, _openapi, _tracing
-from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
+from ._bridge import MAX_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
 from ._errors import (
     BadRequest,
@@ -34,8 +34,19 @@ from ._errors import (
     UnknownJob,
 )
 from ._events import add_event_routes
-from ._logging import fields
+from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
+from ._http import (
+    _draining,
+    _error,
+    _field,
+    _json,
+    _json_body,
+    _needs_key,
+    _outcome_response,
+    _presented_key,
+)
 from ._mcp_mount import mount_mcp
+from ._middleware import _access_log, _tracking_http
 from ._process import HubState
 from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S
@@ -49,20 +60,6 @@ if TYPE_CHECKING:  # the substrates load lazily (importing the package must not 
     from ._redis import RedisSubstrate
 
 log = logging.getLogger("deskbridge.hub")
-
-#: HTTP status for each outcome (DESIGN.md, public interface).
-HTTP_STATUS = {
-    "completed": 200,
-    "failed": 422,
-    "expired": 410,
-    "lost": 410,
-    "cancelled": 409,
-    "in_doubt": 409,
-    "declined": 409,
-    "timeout": 504,
-    "offline": 503,
-    "unavailable": 503,
-}
 
 
 def make_consumer_name() -> str:
@@ -87,26 +84,6 @@ def _default_substrate(config: HubConfig) -> RedisSubstrate | MemorySubstrate:
 def _exit_now() -> None:
     logging.shutdown()
     os._exit(0)  # Hypercorn's supervisor replaces a worker that exits 0
-
-
-def _draining() -> Response:
-    """A replica that is shutting down refuses new work before enqueueing anything, so
-    the caller can retry on another replica at once."""
-    return _json(
-        {
-            "status": "unavailable",
-            "error": {"code": "draining", "message": "this hub replica is restarting; retry"},
-        },
-        503,
-    )
-
-
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
-
-
-def _error(status: int, code: str, message: str, **extra: Any) -> Response:
-    return _json({"error": {"code": code, "message": message, **extra}}, status)
 
 
 class _QuartSocket:
@@ -391,26 +368,6 @@ def create_app(
     return app
 
 
-def _presented_key(header: str) -> str:
-    """The API key in an ``Authorization`` header: a bearer token, or the password of
-    HTTP Basic (any user name; what a browser sends for the connectors page)."""
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer":
-        return value
-    if scheme.lower() == "basic":
-        try:
-            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-        except (ValueError, UnicodeDecodeError):
-            return ""
-        return decoded.partition(":")[2]
-    return ""
-
-
-def _needs_key(path: str) -> bool:
-    """Routes behind the API key: the dispatch API, metrics and the admin pages."""
-    return path.startswith(("/v1/", "/admin")) or path == "/metrics"
-
-
 async def _start_in(
     scope: trio.CancelScope, fn: Any, *, task_status: trio.TaskStatus[None]
 ) -> None:
@@ -424,123 +381,3 @@ async def _run_in(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
     """Run ``fn(*args)`` under ``scope`` (cancelled when the app stops serving)."""
     with scope:
         await fn(*args)
-
-
-#: Paths probed by load balancers and Prometheus: their access lines are DEBUG.
-_QUIET_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
-access_log = logging.getLogger("deskbridge.hub.access")
-
-
-def _access_log(asgi_app: Any) -> Any:
-    """ASGI middleware: one INFO line per HTTP request once its response has started
-    (method, path, status, elapsed_ms, client), as ``extra`` fields for JSON logs."""
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await asgi_app(scope, receive, send)
-            return
-        started = time.monotonic()
-        status: list[int] = []
-
-        async def sending(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-            await send(message)
-
-        try:
-            await asgi_app(scope, receive, sending)
-        finally:
-            path = scope.get("path", "")
-            client = scope.get("client") or ("-", 0)
-            elapsed_s = time.monotonic() - started
-            code = status[0] if status else 0
-            access_log.log(
-                logging.DEBUG if path in _QUIET_PATHS and code < 500 else logging.INFO,
-                '%s - "%s %s" %s %.1f ms',
-                client[0],
-                scope.get("method", "-"),
-                path,
-                code or "-",
-                elapsed_s * 1000,
-                extra=fields(
-                    method=scope.get("method"),
-                    path=path,
-                    status=code or None,
-                    client=client[0],
-                    elapsed_s=elapsed_s,
-                ),
-            )
-
-    return app
-
-
-def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
-    """ASGI middleware: count each HTTP request until its response has been sent, so a
-    graceful shutdown lets waiting callers get their answer before the process exits."""
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        state: HubState | None = holder.get("state")
-        if scope["type"] != "http" or state is None:
-            await asgi_app(scope, receive, send)
-            return
-        with state.drain.tracking_request():
-            await asgi_app(scope, receive, send)
-
-    return app
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as inf
-        raise ValueError(f"number {text[:32]} is out of range")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-async def _json_body() -> dict[str, Any]:
-    """The request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
-    number that overflows a float), so everything accepted can be re-encoded for the
-    stream and the job frame (which refuse non-finite numbers)."""
-    raw = await request.get_data(as_text=False)
-    try:
-        body = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object", field="$")
-    return body
-
-
-_KIND_NAMES: dict[Any, str] = {
-    dict: "a JSON object",
-    str: "a string",
-    (int, float): "a number",
-}
-
-
-def _field(
-    body: dict[str, Any], name: str, kind: Any, *, required: bool, default: Any = None
-) -> Any:
-    if name not in body or body[name] is None:
-        if required:
-            raise BadRequest(f"{name} is required", field=name)
-        return default
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise BadRequest(f"{name} must be {_KIND_NAMES.get(kind, 'of another type')}", field=name)
-    return value
-
-
-def _outcome_response(outcome: Outcome) -> Response:
-    body: dict[str, Any] = {"job_id": outcome.job_id, "status": outcome.status}
-    if outcome.status == "completed":
-        body["result"] = outcome.result
-    else:
-        body["error"] = outcome.error
-    if outcome.detail:
-        body["detail"] = outcome.detail
-    body["elapsed_ms"] = round(outcome.elapsed_s * 1000, 3)
-    return _json(body, HTTP_STATUS.get(outcome.status, 500))

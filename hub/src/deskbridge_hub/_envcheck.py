@@ -18,6 +18,7 @@ import attrs
 from deskbridge_common import Timings
 
 log = logging.getLogger("deskbridge.hub.config")
+_checked_process_env = False
 
 PREFIX = "DESKBRIDGE_"
 
@@ -88,9 +89,18 @@ def warn_unknown_variables(
 ) -> list[str]:
     """Log one WARNING per unknown ``DESKBRIDGE_*`` variable.
 
+    For the process environment (``environ`` None) this logs once per process: ``serve
+    --workers 1`` checks before it starts and then imports ``asgi``, which checks again.
+
     Returns:
-        The warning lines logged (empty when every variable is known).
+        The warning lines logged (empty when every variable is known, or when the process
+        environment was already checked).
     """
+    global _checked_process_env
+    if environ is None:
+        if _checked_process_env:
+            return []
+        _checked_process_env = True
     lines = []
     for name, nearest in unknown_variables(environ):
         hint = f"; did you mean {nearest}?" if nearest else ""

@@ -48,7 +48,9 @@ def document(version: str) -> dict[str, Any]:
             "title": "deskbridge hub",
             "version": version,
             "description": "Relays jobs from any backend replica to a user's desktop sidecar. "
-            "Outcomes and their codes: docs/outcomes.md.",
+            "Outcomes and their codes: docs/outcomes.md. Not described here: the MCP "
+            "endpoint POST/GET/DELETE /v1/users/{user_id}/mcp (Streamable HTTP, served by the "
+            "MCP SDK; docs/mcp.md) and the sidecar WebSocket /v1/sidecar (docs/protocol.md).",
         },
         "components": {
             "securitySchemes": {

@@ -26,7 +26,6 @@ cleared (if still ours).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import uuid
@@ -37,9 +36,7 @@ import attrs
 import trio
 from deskbridge_common import (
     CLOSE_NORMAL,
-    CLOSE_POLICY_VIOLATION,
     CLOSE_TOKEN_EXPIRED,
-    CLOSE_TRY_AGAIN_LATER,
     Cancel,
     Connection,
     Error,
@@ -53,18 +50,17 @@ from deskbridge_common import (
     Progress,
     RemoteProtocolError,
     Role,
-    Welcome,
 )
 from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
 from ._delivery import EntryServer
-from ._errors import EndSession, SocketClosed, SubstrateUnavailable
+from ._errors import EndSession, SocketClosed
+from ._handshake import handshake
 from ._logging import fields
 from ._presence import PresenceKeeper
 from ._process import HubState
 from ._reader import Listener
-from ._schema import check_tool_schema
 from ._substrate import Entry
 
 log = logging.getLogger("deskbridge.hub.session")
@@ -284,60 +280,8 @@ class HubSession:
         return self._conn.send(frame, now_s=trio.current_time())
 
     async def _handshake(self) -> PresenceKeeper:
-        t = self.state.timings
-        deadline_s = self._conn.deadline_s
-        frame: Hello | None = None
-        with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
-            try:
-                events = await self._receive()
-            except SocketClosed:
-                raise EndSession(CLOSE_NORMAL, "closed before hello") from None
-            # Before the welcome the Connection lets a sidecar send only hello.
-            assert len(events) == 1 and isinstance(events[0], Hello), events
-            frame = events[0]
-        if frame is None:
-            try:
-                self._conn.check_deadlines(trio.current_time())
-            except RemoteProtocolError as exc:
-                raise EndSession(exc.close_code, exc.reason) from None
-            raise AssertionError("handshake deadline passed but the Connection disagrees")
-        for i, spec in enumerate(frame.tools):
-            problem = check_tool_schema(spec.args_schema)
-            if problem:
-                raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
-        self.hello = frame
-        for other in list(self.state.sessions.values()):
-            if other.user_id == self.user_id:
-                # same process: at once; other processes: their next heartbeat
-                other.supersede(local=True)
-        # A hello without tools (the field is optional) means "catalogue unknown": stored
-        # as null, so callers are not refused for tools the sidecar never listed.
-        catalogue = json.dumps([attrs.asdict(t) for t in frame.tools] or None)
-        presence = self._presence = PresenceKeeper(
-            self.state.substrate, t, self.user_id, self.session_id, catalogue,
-            on_superseded=self.stop_reading,
-        )  # fmt: skip
-        try:
-            await presence.announce()
-        except SubstrateUnavailable:
-            raise EndSession(
-                CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
-            ) from None
-        welcome = Welcome(
-            session_id=self.session_id,
-            heartbeat_s=t.heartbeat_s,
-            ping_interval_s=t.ping_interval_s,
-            ping_timeout_s=t.ping_timeout_s,
-        )
-        await self.socket.send(self._encode(welcome))
-        log.info(
-            "session %s: %s online (sidecar %s)",
-            self.session_id,
-            self.user_id,
-            frame.sidecar_version,
-            extra=fields(user_id=self.user_id, session_id=self.session_id),
-        )
-        return presence
+        """hello -> checks -> presence announced -> welcome (``_handshake.handshake``)."""
+        return await handshake(self)
 
     # -- tasks -------------------------------------------------------------------------
 

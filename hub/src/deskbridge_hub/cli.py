@@ -158,7 +158,7 @@ def _call(args: argparse.Namespace) -> int:
     body: dict[str, object] = {"name": args.tool, "args": tool_args}
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
-    if args.timeout_s:
+    if args.timeout_s is not None:  # 0 goes to the hub, which refuses it (400)
         body["timeout_s"] = args.timeout_s
     url = f"{args.hub.rstrip('/')}/v1/users/{args.user_id}/jobs"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
@@ -230,7 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
     if hub.redis_url in (None, MEMORY_URL) and args.workers > 1:
         print(
             "deskbridge-hub serve: the in-memory substrate serves one process only; "
-            "set DESKBRIDGE_REDIS_URL to run more than one worker",
+            "set DESKBRIDGE_REDIS_URL to a redis:// URL to run more than one worker",
             file=sys.stderr,
         )
         return 2

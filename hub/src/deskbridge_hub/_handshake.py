@@ -1,0 +1,101 @@
+"""The hub side of the handshake of one sidecar socket: wait for ``hello`` within the
+Connection's handshake deadline, check the tool schemas it lists, supersede this user's
+older sessions in this process, announce presence (with the catalogue), send
+``welcome``. Used by :meth:`deskbridge_hub._session.HubSession.run` only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+from deskbridge_common import (
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_TRY_AGAIN_LATER,
+    Hello,
+    RemoteProtocolError,
+    Welcome,
+)
+
+from ._errors import EndSession, SocketClosed, SubstrateUnavailable
+from ._logging import fields
+from ._presence import PresenceKeeper
+from ._schema import check_tool_schema
+
+if TYPE_CHECKING:
+    from ._session import HubSession
+
+log = logging.getLogger("deskbridge.hub.session")
+
+
+async def handshake(session: HubSession) -> PresenceKeeper:
+    """Run the handshake on ``session``'s socket; sets ``session.hello`` and its
+    presence keeper.
+
+    Returns:
+        The session's ``PresenceKeeper``, presence announced.
+
+    Raises:
+        EndSession: the socket closed before ``hello`` (1000), the handshake deadline
+            passed or the sidecar broke the protocol (the Connection's close code), a
+            tool schema is refused (1008), or the substrate is unavailable (1013).
+        SocketClosed: the socket broke while sending ``welcome``.
+
+    Cancellation: nothing is undone here; the caller's cleanup clears presence.
+    """
+    t = session.state.timings
+    deadline_s = session._conn.deadline_s
+    frame: Hello | None = None
+    with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
+        try:
+            events = await session._receive()
+        except SocketClosed:
+            raise EndSession(CLOSE_NORMAL, "closed before hello") from None
+        # Before the welcome the Connection lets a sidecar send only hello.
+        assert len(events) == 1 and isinstance(events[0], Hello), events
+        frame = events[0]
+    if frame is None:
+        try:
+            session._conn.check_deadlines(trio.current_time())
+        except RemoteProtocolError as exc:
+            raise EndSession(exc.close_code, exc.reason) from None
+        raise AssertionError("handshake deadline passed but the Connection disagrees")
+    for i, spec in enumerate(frame.tools):
+        problem = check_tool_schema(spec.args_schema)
+        if problem:
+            raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
+    session.hello = frame
+    for other in list(session.state.sessions.values()):
+        if other.user_id == session.user_id:
+            # same process: at once; other processes: their next heartbeat
+            other.supersede(local=True)
+    # A hello without tools (the field is optional) means "catalogue unknown": stored
+    # as null, so callers are not refused for tools the sidecar never listed.
+    catalogue = json.dumps([attrs.asdict(t) for t in frame.tools] or None)
+    presence = session._presence = PresenceKeeper(
+        session.state.substrate, t, session.user_id, session.session_id, catalogue,
+        on_superseded=session.stop_reading,
+    )  # fmt: skip
+    try:
+        await presence.announce()
+    except SubstrateUnavailable:
+        raise EndSession(CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later") from None
+    welcome = Welcome(
+        session_id=session.session_id,
+        heartbeat_s=t.heartbeat_s,
+        ping_interval_s=t.ping_interval_s,
+        ping_timeout_s=t.ping_timeout_s,
+    )
+    await session.socket.send(session._encode(welcome))
+    log.info(
+        "session %s: %s online (sidecar %s)",
+        session.session_id,
+        session.user_id,
+        frame.sidecar_version,
+        extra=fields(user_id=session.user_id, session_id=session.session_id),
+    )
+    return presence

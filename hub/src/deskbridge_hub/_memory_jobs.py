@@ -1,0 +1,158 @@
+"""Job records of ``MemorySubstrate`` (mixed in): the progress log
+(``publish_progress`` / ``read_progress``) and the job state (``set_job_state``,
+``claim_job``, ``get_job_state``, ``mark_delivered``, ``request_cancel``), with the
+semantics of the Redis substrate (checked by the same contract suite)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import attrs
+
+from ._jobstate import JobState
+from ._substrate import Marked, cancel_key, state_key
+
+
+@attrs.define(eq=False)
+class _ProgressLog:
+    """One job's progress stream: (sequence, payload) pairs, newest last."""
+
+    entries: deque[tuple[int, str]]
+    expires_at: float
+    next_seq: int = 1
+    changed: anyio.Event = attrs.field(factory=anyio.Event)
+
+
+class MemoryJobCommands:
+    """Progress and job-state methods of ``MemorySubstrate``."""
+
+    _progress: dict[str, _ProgressLog]
+    _enter: Callable[[], Any]
+    _check: Callable[[], None]
+    _get: Callable[[str, float], str | None]
+    _set: Callable[[str, str, float, float | None], None]
+    server_time: Callable[[], float]
+
+    # -- results -----------------------------------------------------------------------
+
+    async def publish_progress(
+        self, job_id: str, payload: str, *, ttl_s: float, maxlen: int = 64
+    ) -> None:
+        """Append ``payload`` to the job's progress log (keeping the newest ``maxlen``)
+        and (re)set its TTL; wakes readers.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        log = self._progress.get(job_id)
+        if log is None or log.expires_at <= now:
+            log = self._progress[job_id] = _ProgressLog(deque(maxlen=max(1, maxlen)), now + ttl_s)
+        log.entries.append((log.next_seq, payload))
+        log.next_seq += 1
+        log.expires_at = now + ttl_s
+        log.changed.set()
+        log.changed = anyio.Event()
+
+    async def read_progress(
+        self, job_id: str, after: str, *, block_ms: int
+    ) -> list[tuple[str, str]]:
+        """Entries after entry ID ``after`` ("0": all), waiting up to ``block_ms`` for a
+        first one (0 = forever, as in Redis).
+
+        Raises:
+            ValueError: negative ``block_ms`` or a malformed ``after``.
+            SubstrateUnavailable: marked unavailable.
+        """
+        await self._enter()
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms!r}")
+        seen = int(after.split("-", 1)[0])
+        with anyio.move_on_after(block_ms / 1000 if block_ms else math.inf):
+            while True:
+                self._check()
+                log = self._progress.get(job_id)
+                if log is not None and log.expires_at <= anyio.current_time():
+                    del self._progress[job_id]
+                    log = None
+                if log is not None:
+                    found = [(f"{n}-0", p) for n, p in log.entries if n > seen]
+                    if found:
+                        return found
+                    await log.changed.wait()
+                else:
+                    await anyio.sleep(0.01)
+        return []
+
+    # -- job state ----------------------------------------------------------------------
+
+    async def set_job_state(
+        self, user_id: str, job_id: str, state: JobState, *, ttl_s: float
+    ) -> None:
+        """Store what is known about ``job_id`` for ``ttl_s`` seconds.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        self._set(state_key(user_id, job_id), state.encode(), await self._enter(), ttl_s)
+
+    async def claim_job(self, user_id: str, job_id: str, state: JobState, *, ttl_s: float) -> bool:
+        """Store the state only if no live state exists for ``job_id``; True if stored.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if self._get(state_key(user_id, job_id), now) is not None:
+            return False
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        return True
+
+    async def get_job_state(self, user_id: str, job_id: str) -> JobState | None:
+        """The stored state, or None.
+
+        Raises:
+            MalformedState: the stored value is not a job state.
+            SubstrateUnavailable: marked unavailable.
+        """
+        raw = self._get(state_key(user_id, job_id), await self._enter())
+        return None if raw is None else JobState.decode(raw)
+
+    async def mark_delivered(
+        self,
+        user_id: str,
+        job_id: str,
+        state: JobState,
+        *,
+        ttl_s: float,
+        deadline: float | None = None,
+    ) -> Marked:
+        """Expired (``deadline`` passed on :meth:`server_time`), else cancelled (flag
+        set), else set the state and answer delivered.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        at = self.server_time()
+        if deadline is not None and at >= deadline:
+            return Marked("expired", at)
+        if self._get(cancel_key(user_id, job_id), now) is not None:
+            return Marked("cancelled", at)
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        return Marked("delivered", at)
+
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
+        """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        self._set(cancel_key(user_id, job_id), "1", await self._enter(), ttl_s)

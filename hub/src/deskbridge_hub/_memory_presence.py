@@ -1,0 +1,206 @@
+"""Presence, process liveness, the tool catalogue, wake-ups and the pipelined heartbeat
+of ``MemorySubstrate`` (mixed in), with the semantics of the Redis substrate's
+commands and scripts (checked by the same contract suite)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from ._memory_caller import _ResultList
+from ._memory_streams import StreamID, _deadline, _Stream
+from ._substrate import Beat, BeatReply, presence_key, proc_key, tools_key
+
+
+class MemoryPresenceCommands:
+    """Presence, liveness, catalogue and wake-up methods of ``MemorySubstrate``."""
+
+    _kv: dict[str, tuple[str, float]]
+    _streams: dict[str, _Stream]
+    _index: dict[str, dict[StreamID, str]]
+    _wakes: dict[str, _ResultList]
+    _wake_changed: anyio.Event | None
+    _enter: Callable[[], Any]
+    _check: Callable[[], None]
+    _get: Callable[[str, float], str | None]
+    _set: Callable[[str, str, float, float | None], None]
+
+    # -- presence ----------------------------------------------------------------------
+
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+        """SET presence = session_id with a TTL of ``ttl_s`` seconds (> 0).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        self._set(presence_key(user_id), session_id, await self._enter(), ttl_s)
+
+    async def get_presence(self, user_id: str) -> str | None:
+        """The holder session id, or None when absent or expired.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        return self._get(presence_key(user_id), await self._enter())
+
+    async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
+        """Set presence only if absent (or expired) or held by ``session_id``.
+
+        Returns:
+            True if refreshed; False if another session holds it.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        holder = await self.get_presence(user_id)
+        if holder is not None and holder != session_id:
+            return False
+        await self.set_presence(user_id, session_id, ttl_s)
+        return True
+
+    async def clear_presence(self, user_id: str, session_id: str) -> bool:
+        """Delete presence only if it is live and its value is ``session_id``.
+
+        Returns:
+            True if deleted.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        if await self.get_presence(user_id) != session_id:
+            return False
+        del self._kv[presence_key(user_id)]
+        return True
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """Mark the hub process ``holder_id`` alive for ``ttl_s`` seconds.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        self._set(proc_key(holder_id), "1", await self._enter(), ttl_s)
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """Forget the process's liveness. Raises SubstrateUnavailable when marked so."""
+        await self._enter()
+        self._kv.pop(proc_key(holder_id), None)
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """Whether the process's liveness is set and not expired.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        return self._get(proc_key(holder_id), await self._enter()) is not None
+
+    async def set_catalogue(self, user_id: str, catalogue: str) -> None:
+        """Store the user's tool catalogue (no TTL). Raises SubstrateUnavailable."""
+        self._set(tools_key(user_id), catalogue, await self._enter(), None)
+
+    async def get_catalogue(self, user_id: str) -> str | None:
+        """The user's last tool catalogue, or None. Raises SubstrateUnavailable."""
+        return self._get(tools_key(user_id), await self._enter())
+
+    # -- reading at scale: wake-ups and the pipelined heartbeat -------------------------
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """Append ``user_id`` to the holder's wake list (expiring ``ttl_s`` seconds after
+        the last push) and wake its waiter.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._wake_now(holder_id, user_id, now, ttl_s)
+
+    def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:
+        wakes = self._wakes.get(holder_id)
+        if wakes is None or now >= wakes.expires_at:
+            wakes = self._wakes[holder_id] = _ResultList(deque(), now + ttl_s)
+        wakes.items.append(user_id)
+        wakes.expires_at = now + ttl_s
+        self._notify_wakes()
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """Pop up to ``count`` user ids from the holder's wake list, waiting up to
+        ``timeout_s`` seconds (0 = forever) for the first.
+
+        Returns:
+            The user ids, or [] on timeout.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable (also while waiting).
+
+        Cancellation: a cancelled wait pops nothing.
+        """
+        await self._enter()
+        with anyio.CancelScope(deadline=_deadline(timeout_s)):
+            while True:
+                self._check()
+                wakes = self._wakes.get(holder_id)
+                if wakes is not None and anyio.current_time() >= wakes.expires_at:
+                    del self._wakes[holder_id]
+                    wakes = None
+                if wakes is not None and wakes.items:
+                    out = [wakes.items.popleft() for _ in range(min(count, len(wakes.items)))]
+                    if not wakes.items:
+                        del self._wakes[holder_id]
+                    return out
+                if self._wake_changed is None:
+                    self._wake_changed = anyio.Event()
+                await self._wake_changed.wait()
+        return []
+
+    def _notify_wakes(self) -> None:
+        if self._wake_changed is not None:
+            self._wake_changed.set()
+            self._wake_changed = None
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """Per beat: refresh presence (and the catalogue) if absent or ours, probe the
+        user's stream, drop idle empty consumers other than ``consumer``; the same rules
+        as the Redis script.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        replies = []
+        for beat in beats:
+            key = presence_key(beat.user_id)
+            holder = self._get(key, now)
+            ours = holder is None or holder == beat.session_id
+            if ours:
+                self._set(key, beat.session_id, now, ttl_s)
+                if self._get(tools_key(beat.user_id), now) != beat.catalogue:
+                    self._set(tools_key(beat.user_id), beat.catalogue, now, None)
+            stream = self._streams.get(beat.user_id)
+            backlog = reclaim = False
+            if stream is not None:
+                backlog = any(sid > stream.last_delivered for sid in stream.entries)
+                idle_s = reclaim_idle_ms / 1000
+                reclaim = any(now >= n.delivery_time + idle_s for n in stream.pel.values())
+                busy = {n.consumer for n in stream.pel.values()}
+                for name, seen in list(stream.seen.items()) if prune else ():
+                    if name != consumer and name not in busy and now >= seen + idle_s:
+                        del stream.seen[name]
+            index = self._index.get(beat.user_id, {})
+            floor = min(stream.entries) if stream is not None and stream.entries else None
+            trimmed = any(floor is None or sid < floor for sid in index)
+            replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+        return replies

@@ -1,0 +1,73 @@
+"""ASGI middleware around the hub app: the access log (one line per HTTP request) and
+the tracking of HTTP requests in flight that a graceful shutdown waits for."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ._logging import fields
+from ._process import HubState
+
+#: Paths probed by load balancers and Prometheus: their access lines are DEBUG.
+_QUIET_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
+access_log = logging.getLogger("deskbridge.hub.access")
+
+
+def _access_log(asgi_app: Any) -> Any:
+    """ASGI middleware: one INFO line per HTTP request once its response has started
+    (method, path, status, elapsed_ms, client), as ``extra`` fields for JSON logs."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await asgi_app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[int] = []
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await asgi_app(scope, receive, sending)
+        finally:
+            path = scope.get("path", "")
+            client = scope.get("client") or ("-", 0)
+            elapsed_s = time.monotonic() - started
+            code = status[0] if status else 0
+            access_log.log(
+                logging.DEBUG if path in _QUIET_PATHS and code < 500 else logging.INFO,
+                '%s - "%s %s" %s %.1f ms',
+                client[0],
+                scope.get("method", "-"),
+                path,
+                code or "-",
+                elapsed_s * 1000,
+                extra=fields(
+                    method=scope.get("method"),
+                    path=path,
+                    status=code or None,
+                    client=client[0],
+                    elapsed_s=elapsed_s,
+                ),
+            )
+
+    return app
+
+
+def _tracking_http(asgi_app: Any, holder: dict[str, Any]) -> Any:
+    """ASGI middleware: count each HTTP request until its response has been sent, so a
+    graceful shutdown lets waiting callers get their answer before the process exits."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        state: HubState | None = holder.get("state")
+        if scope["type"] != "http" or state is None:
+            await asgi_app(scope, receive, send)
+            return
+        with state.drain.tracking_request():
+            await asgi_app(scope, receive, send)
+
+    return app
