@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
 import attrs
@@ -95,13 +95,31 @@ async def drain(state: HubState, grace_s: float) -> None:
 async def drain_on_sigterm(
     state: HubState, grace_s: float, exit_process: Callable[[], None]
 ) -> None:
-    """Wait for SIGTERM, then :func:`drain` and call ``exit_process``.
+    """Wait for SIGTERM or SIGINT (Ctrl-C), then :func:`drain` and call ``exit_process``.
 
+    Ctrl-C drains like SIGTERM (sockets closed with 1012, so sidecars reconnect at once,
+    not after a back-off); a second signal during the drain exits at once.
     Must run in the main thread's trio run (Hypercorn worker processes do).
     """
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
-        async for _ in signals:
-            log.info("SIGTERM: draining (grace %.1f s)", grace_s)
-            await drain(state, grace_s)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            again = "; Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
+            log.info("%s: draining (grace %.1f s)%s", name, grace_s, again)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_exit_on_next_signal, signals, exit_process)
+                await drain(state, grace_s)
+                nursery.cancel_scope.cancel()
             exit_process()
             return
+
+
+async def _exit_on_next_signal(
+    signals: AsyncIterator[int], exit_process: Callable[[], None]
+) -> None:
+    async for signum in signals:
+        log.warning(
+            "%s again: stopping without waiting for running jobs", signal.Signals(signum).name
+        )
+        exit_process()
+        return
