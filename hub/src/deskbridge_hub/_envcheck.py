@@ -43,6 +43,7 @@ KNOWN: frozenset[str] = frozenset(
         "DESKBRIDGE_TOKEN",
         "DESKBRIDGE_DATA_DIR",
         "DESKBRIDGE_CONFIG",
+        "DESKBRIDGE_NO_KEYRING",
         "DESKBRIDGE_VENV",
         "DESKBRIDGE_FILES_ROOTS",
         "DESKBRIDGE_BROWSER_ORIGINS",

@@ -26,6 +26,7 @@ from pathlib import Path
 import trio
 from deskbridge_common import Timings
 
+from . import _config, _service_cli
 from ._daemon import Daemon
 from ._errors import Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, LedgerError
@@ -138,6 +139,18 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         type=str.upper,
         help="log level (default INFO; -v means DEBUG)",
     )
+    run.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"TOML config file (default $DESKBRIDGE_CONFIG, else {_config.default_config_path()}"
+        " if it exists): hub, tools, ca_file, log_file, data_dir",
+    )
+    run.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="also log to PATH, rotated at 5 MiB, 3 old files kept (default: log_file in the "
+        "config file)",
+    )
     toolset_options.add_arguments(run)
     for verb, what in (("approve", "let it run"), ("decline", "refuse it: answered declined")):
         decide_parser = commands.add_parser(
@@ -147,6 +160,7 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         decide_parser.add_argument("--data-dir", metavar="DIR", help="as given to run")
     listing = commands.add_parser("pending", help="list the jobs waiting for your approval")
     listing.add_argument("--data-dir", metavar="DIR", help="as given to run")
+    _service_cli.add_commands(commands)
     return parser, run
 
 
@@ -232,6 +246,7 @@ async def _serve(daemon: Daemon) -> int:
     stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signals, daemon, stopped_by)
+        nursery.start_soon(_service_cli.write_status, daemon)  # for `deskbridge-sidecar status`
         try:
             await daemon.run()
         except TokenRefused:
@@ -284,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command in ("approve", "decline", "pending"):
             return _consent_command(args)
+        if args.command in _service_cli.COMMANDS:
+            return _service_cli.run(args)
         if args.command != "run":
             parser.print_help(sys.stderr)
             return 2
@@ -304,12 +321,25 @@ _CLOSERS: list[Callable[[], None]] = []
 
 
 def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namespace) -> Daemon:
-    hub = args.hub or os.environ.get("DESKBRIDGE_HUB_URL")
-    token = args.token or os.environ.get("DESKBRIDGE_TOKEN")
+    try:  # the config file and the stored token fill in what flags and variables do not
+        cfg = _config.load_config(
+            Path(args.config) if args.config else None, required=bool(args.config)
+        )
+        stored_token = _config.load_token()
+    except _config.ConfigError as exc:
+        run_parser.error(str(exc))
+    hub = args.hub or os.environ.get("DESKBRIDGE_HUB_URL") or cfg.hub
+    token = args.token or os.environ.get("DESKBRIDGE_TOKEN") or stored_token
+    args.tools = [*cfg.tools, *args.tools]
+    args.ca_file = args.ca_file or cfg.ca_file
+    args.log_file = args.log_file or cfg.log_file
+    args.data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or cfg.data_dir
     if not hub:
         run_parser.error("the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL")
     if not token:
-        run_parser.error("a token is required: --token TOKEN or DESKBRIDGE_TOKEN")
+        run_parser.error(
+            "a token is required: --token TOKEN, DESKBRIDGE_TOKEN or `deskbridge-sidecar set-token`"
+        )
     try:
         url = sidecar_url(hub)
     except ValueError as exc:
@@ -339,6 +369,8 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     except ValueError as exc:
         run_parser.error(str(exc))
     _configure_logging(args.verbose, args.log_level)
+    if args.log_file:
+        _service_cli.log_to_file(args.log_file)
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
     log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))

@@ -1,0 +1,159 @@
+"""The sidecar's configuration file, token store and file locations (a desktop service).
+
+Config: TOML (read with ``tomllib``) at ``--config PATH``, ``$DESKBRIDGE_CONFIG``, or
+``sidecar.toml`` in the platform's user config directory (``platformdirs``: e.g.
+``~/.config/deskbridge/`` on Linux, ``~/Library/Application Support/deskbridge/`` on
+macOS). Keys, all optional; command-line flags and environment variables win::
+
+    hub = "wss://hub.example"          # --hub / DESKBRIDGE_HUB_URL
+    tools = ["my_tools"]               # --tools (added to the command line's)
+    ca_file = "/etc/ssl/my-ca.pem"     # --ca-file
+    log_file = "~/deskbridge.log"      # rotating log file (default: the platform's log dir)
+    data_dir = "~/deskbridge-data"     # --data-dir / DESKBRIDGE_DATA_DIR
+
+The token is never in the config file: ``deskbridge-sidecar set-token`` stores it in the OS
+keyring (``keyring``: Secret Service, macOS Keychain, Windows Credential Locker) or, when no
+keyring backend is usable, in ``token`` beside the config file with permissions 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import platformdirs
+
+APP = "deskbridge"
+KEYRING_SERVICE = "deskbridge-sidecar"
+KEYRING_USER = "token"
+KEYS = {"hub": str, "tools": list, "ca_file": str, "log_file": str, "data_dir": str}
+
+
+class ConfigError(ValueError):
+    """The config file cannot be read or has a wrong key or type (the message says which)."""
+
+
+def config_dir() -> Path:
+    return Path(platformdirs.user_config_dir(APP, appauthor=False))
+
+
+def default_config_path() -> Path:
+    env = os.environ.get("DESKBRIDGE_CONFIG")
+    return Path(env).expanduser() if env else config_dir() / "sidecar.toml"
+
+
+def default_log_file() -> Path:
+    return Path(platformdirs.user_log_dir(APP, appauthor=False)) / "sidecar.log"
+
+
+@attrs.frozen
+class SidecarConfig:
+    """The config file's settings (None: not set)."""
+
+    path: Path | None = None
+    hub: str | None = None
+    tools: tuple[str, ...] = ()
+    ca_file: str | None = None
+    log_file: str | None = None
+    data_dir: str | None = None
+
+
+def load_config(path: Path | None = None, *, required: bool = False) -> SidecarConfig:
+    """Read the config file (``path`` or :func:`default_config_path`).
+
+    Args:
+        required: a missing file is an error (it was named explicitly).
+
+    Raises:
+        ConfigError: unreadable, not TOML, an unknown key or a wrong type.
+    """
+    path = path or default_config_path()
+    try:
+        with open(path, "rb") as f:
+            data: dict[str, Any] = tomllib.load(f)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path}: no such file") from None
+        return SidecarConfig()
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    for key, value in data.items():
+        if key not in KEYS:
+            raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(KEYS)})")
+        if not isinstance(value, KEYS[key]):
+            raise ConfigError(f"{path}: {key} must be a {KEYS[key].__name__}")
+    tools = data.get("tools", [])
+    if not all(isinstance(t, str) for t in tools):
+        raise ConfigError(f"{path}: tools must be a list of module names")
+
+    def expanded(key: str) -> str | None:
+        value = data.get(key)
+        return str(Path(value).expanduser()) if value else None
+
+    return SidecarConfig(
+        path=path,
+        hub=data.get("hub"),
+        tools=tuple(tools),
+        ca_file=expanded("ca_file"),
+        log_file=expanded("log_file"),
+        data_dir=expanded("data_dir"),
+    )
+
+
+# -- token storage ---------------------------------------------------------------------
+
+
+def token_file() -> Path:
+    return config_dir() / "token"
+
+
+def _keyring() -> Any | None:
+    """The keyring module, or None when it is disabled or not installed. A backend that
+    cannot store anything (no Secret Service on a headless Linux) raises on use, and the
+    callers fall back to the file."""
+    if os.environ.get("DESKBRIDGE_NO_KEYRING"):
+        return None
+    try:
+        import keyring
+    except ImportError:
+        return None
+    return keyring
+
+
+def store_token(token: str) -> str:
+    """Store ``token``; returns where ("the OS keyring" or the file path)."""
+    kr = _keyring()
+    if kr is not None:
+        try:
+            kr.set_password(KEYRING_SERVICE, KEYRING_USER, token)
+            return "the OS keyring"
+        except Exception:  # noqa: BLE001 - locked or refusing keyring: fall back to the file
+            pass
+    path = token_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)  # also when the file existed with wider permissions
+    return str(path)
+
+
+def load_token() -> str | None:
+    """The stored token (keyring first, then the 0600 file), or None."""
+    kr = _keyring()
+    if kr is not None:
+        with contextlib.suppress(Exception):
+            token = kr.get_password(KEYRING_SERVICE, KEYRING_USER)
+            if token:
+                return token
+    try:
+        path = token_file()
+        if path.stat().st_mode & 0o077:
+            raise ConfigError(f"{path} is readable by others: chmod 600 {path}")
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,127 @@
+"""Issue 14 item 5: the sidecar as a desktop service: TOML config, token storage outside
+it (keyring, else a 0600 file), the systemd unit / launchd agent it installs (checked with
+``systemd-analyze verify`` where present), and ``status`` from the local status file."""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from deskbridge_sidecar import _config, _service, _status
+
+
+def UNIT_NAME_IN(output: str) -> list[str]:  # noqa: N802 - reads as a constant check
+    return [line for line in output.splitlines() if "deskbridge-sidecar.service" in line]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every platformdirs location and $HOME under tmp_path; no keyring."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    monkeypatch.delenv("DESKBRIDGE_CONFIG", raising=False)
+    monkeypatch.setenv("DESKBRIDGE_NO_KEYRING", "1")
+    return tmp_path
+
+
+def test_config_file_is_read_with_types_checked(home: Path) -> None:
+    assert _config.load_config() == _config.SidecarConfig()  # no file: defaults
+    path = _config.default_config_path()
+    assert path == home / "xdg_config_home" / "deskbridge" / "sidecar.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text('hub = "wss://hub.example"\ntools = ["a", "b"]\nlog_file = "~/x.log"\n')
+    cfg = _config.load_config()
+    assert cfg.hub == "wss://hub.example" and cfg.tools == ("a", "b")
+    assert cfg.log_file == str(home / "x.log")
+    for bad, message in [
+        ("hub = 3\n", "hub must be a str"),
+        ('hbu = "x"\n', "unknown key 'hbu'"),
+        ("tools = [1]\n", "tools must be a list of module names"),
+        ("hub = \n", "sidecar.toml"),
+    ]:
+        path.write_text(bad)
+        with pytest.raises(_config.ConfigError, match=message):
+            _config.load_config()
+    with pytest.raises(_config.ConfigError, match="no such file"):
+        _config.load_config(home / "missing.toml", required=True)
+
+
+def test_token_falls_back_to_a_0600_file(home: Path) -> None:
+    assert _config.load_token() is None
+    where = _config.store_token("tok-1")
+    path = Path(where)
+    assert path == _config.token_file()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert _config.load_token() == "tok-1"
+    os.chmod(path, 0o644)
+    with pytest.raises(_config.ConfigError, match="chmod 600"):
+        _config.load_token()
+    _config.store_token("tok-2")  # rewriting fixes the mode
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and _config.load_token() == "tok-2"
+
+
+def test_systemd_unit_is_written_and_verified(home: Path) -> None:
+    config = home / "sidecar.toml"
+    config.write_text('hub = "ws://127.0.0.1:1"\n')
+    path, text, commands = _service.install(config, home / "log", platform="linux")
+    assert path == home / "xdg_config_home" / "systemd" / "user" / "deskbridge-sidecar.service"
+    assert path.read_text() == text
+    assert (
+        f"run --config {config} --log-file {home / 'log'}" in text
+        and "RestartPreventExitStatus=2 3" in text
+    )
+    assert commands[-1] == ["systemctl", "--user", "enable", "--now", "deskbridge-sidecar"]
+    exec_start = next(x for x in text.splitlines() if x.startswith("ExecStart="))
+    assert Path(exec_start.split("=", 1)[1].split()[0]).is_file()
+    if shutil.which("systemd-analyze"):
+        runtime = home / "run"
+        runtime.mkdir(mode=0o700)
+        done = subprocess.run(
+            ["systemd-analyze", "verify", "--user", str(path)],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+        )  # fmt: skip
+        # verify exits 0 on unknown keys too, but names the file in a warning line.
+        output = done.stdout + done.stderr
+        assert done.returncode == 0 and UNIT_NAME_IN(output) == [], output
+    removed, existed, _ = _service.uninstall(platform="linux")
+    assert removed == path and existed and not path.exists()
+    assert _service.uninstall(platform="linux")[1] is False
+
+
+def test_launchd_agent_is_a_valid_plist(home: Path) -> None:
+    path, text, commands = _service.install(home / "c.toml", home / "s.log", platform="darwin")
+    assert path == home / "Library" / "LaunchAgents" / "dev.deskbridge.sidecar.plist"
+    agent = plistlib.loads(path.read_bytes())
+    assert agent["Label"] == "dev.deskbridge.sidecar"
+    assert agent["ProgramArguments"][1:] == [
+        "run", "--config", str(home / "c.toml"), "--log-file", str(home / "s.log")
+    ]  # fmt: skip
+    assert agent["KeepAlive"] == {"SuccessfulExit": False}
+    assert commands[0][:2] == ["launchctl", "bootstrap"]
+
+
+def test_status_report(home: Path) -> None:
+    path = home / "data" / "status.json"
+    code, text = _status.report(path)
+    assert code == 3 and "not running" in text
+    body = {
+        "pid": os.getpid(), "version": "0.1.0", "hub": "ws://h", "connected": True,
+        "session_id": "s1", "since": time.time() - 5, "last_error": None, "tools": ["echo"],
+        "running": None, "updated_at": time.time(),
+    }  # fmt: skip
+    _status.write(path, body)
+    code, text = _status.report(path)
+    assert code == 0 and "connected to ws://h since" in text and "tools: echo" in text
+    _status.write(path, {**body, "connected": False, "last_error": "closed: 4003 expired"})
+    code, text = _status.report(path)
+    assert code == 1 and "NOT connected" in text and "4003 expired" in text
+    _status.write(path, {**body, "pid": 2**22 + 12345})  # no such process
+    assert _status.report(path)[0] == 3
