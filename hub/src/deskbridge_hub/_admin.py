@@ -157,7 +157,7 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
     @app.get("/v1/jobs/<job_id>")
     async def job_state(job_id: str):  # type: ignore[no-untyped-def]
         _check(validate_key, job_id, "job_id")
-        state = await holder["state"].substrate.get_job_state(job_id)
+        state = await holder["bridge"].job_state(job_id)  # finds the user from the id
         if state is None:
             return json_response(
                 {

@@ -1,36 +1,7 @@
 """The daemon: connect, run one session, reconnect — for as long as it runs.
 
-Reconnect policy, by how the last session ended:
-
-* the hub closed a welcomed session with 1012 (restarting) or 1001 (going away):
-  reconnect at once, no delay. The next few attempts are likely to meet the restarting
-  process itself (HTTP 503 while it drains, a refused or reset connection as it exits),
-  so up to ``QUICK_RETRIES`` (3) of those failures are retried after a small jitter
-  (0-``QUICK_RETRY_JITTER_S``, 100 ms) before falling back to full-jitter backoff: the
-  reconnect lands on a live replica in well under a second;
-* HTTP 401/403 on the upgrade: the token is refused; stop (:class:`TokenRefused`);
-  retrying cannot help;
-* anything else — refused or failed connects, other HTTP statuses, 1006, ping
-  timeout, clock gap, a malformed frame — full-jitter exponential backoff: first retry
-  within ``backoff_initial_s`` (0.5 s), the window doubling up to ``backoff_max_s``
-  (30 s) while attempts keep failing.
-
-When the backoff starts again. A session the hub *welcomed* and that stayed open at
-least ``HEALTHY_SESSION_S`` (2 s) was healthy: the backoff resets, so the first
-reconnect after it comes within ``backoff_initial_s`` (uniform over [0, 0.5 s): back
-within 1 s at p99 with the connect included). Why this rule and not "answered pings" or
-"scale by how long it lasted": the welcome already proves what a ping would (the token
-is good, the hub app and its Redis work: the hub writes presence before it welcomes),
-and with the default 10 s ping interval a session cut after 8 s has never seen a ping
-although it served jobs fine (issue 16's soak: median session 12-13 s under faults,
-which the old "lasted at least ``backoff_max_s``" rule never counted as healthy, so
-reconnects waited up to 30 s). Scaling by duration would punish exactly those sessions.
-The 2 s floor keeps a hub that welcomes and then at once closes (a loop) from being
-hammered: such sessions count as failed attempts and the window keeps doubling.
-A drop of many healthy sessions at once (a pod died) spreads their reconnects
-uniformly over ``backoff_initial_s``: N desktops arrive at about N / 0.5 s per second
-on the survivors, none in lockstep (``tests/sidecar/test_reconnect.py`` checks the
-spread of 200 daemons on MockClock; ``bench/reconnect_gaps.py`` measures the gap).
+The reconnect policy (when to retry, how soon, when to stop) and its constants live in
+``_reconnect``; this module runs it.
 
 The daemon owns the ledger (``_ledger``: SQLite in ``data_dir``, or in memory when none
 is given), the tool runner for its whole life, and a nursery in which every tool run
@@ -52,10 +23,7 @@ import attrs
 import trio
 from deskbridge_common import (
     CLOSE_ABNORMAL,
-    CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
-    CLOSE_SERVICE_RESTART,
-    CLOSE_SUPERSEDED,
     PROTOCOL_VERSION,
     Hello,
     LocalProtocolError,
@@ -69,44 +37,30 @@ from ._consent import approvals_dir
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
+from ._reconnect import (
+    CONNECT_FAILED,
+    HEALTHY_SESSION_S,
+    IMMEDIATE_RECONNECT_CODES,
+    QUICK_RETRIES,
+    QUICK_RETRY_JITTER_S,
+    QUICK_RETRY_STATUSES,
+    REJECTED,
+    ReconnectPolicy,
+    _final_refusal,
+)
+from ._reconnect import MAX_RETRY_AFTER_S as MAX_RETRY_AFTER_S  # re-exported
+from ._reconnect import TRANSIENT_REFUSAL_CODES as TRANSIENT_REFUSAL_CODES  # re-exported
 from ._runner import ToolRunner
-from ._session import CLOSED, INTERNAL_ERROR, Session, SessionEnd
+from ._session import INTERNAL_ERROR, Session, SessionEnd
 from ._tools import STATUS_SPEC, ToolRegistry
 from ._transport import Connector, WebSocketConnector, WebSocketSettings, sidecar_url
 from ._version import __version__
 
 log = logging.getLogger("deskbridge.sidecar")
 
-#: SessionEnd.cause when the connection could not be opened.
-CONNECT_FAILED = "connect_failed"
-#: SessionEnd.cause when the hub refused the upgrade with an HTTP status other than 401/403.
-REJECTED = "rejected"
-
-#: Close codes after which the daemon reconnects without delay.
-IMMEDIATE_RECONNECT_CODES = frozenset({CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
-
 #: After giving up on a running tool at shutdown, how long its in_doubt answer may take
 #: to reach the hub before the socket closes, seconds.
 ANSWER_FLUSH_S = 1.0
-#: Hub error codes of a 401/403 refusal that may pass by themselves: never final.
-TRANSIENT_REFUSAL_CODES = frozenset({"token_not_yet_valid", "draining", "not_configured"})
-#: Longest ``Retry-After`` honoured, seconds (a hub cannot park a desktop for hours).
-MAX_RETRY_AFTER_S = 60.0
-
-#: After a restart close (1012/1001), this many failed attempts in a row are retried
-#: quickly: a draining hub refuses with 503, an exiting one refuses or resets.
-QUICK_RETRIES = 3
-#: Upper bound of the (uniform) delay before a quick retry, seconds.
-QUICK_RETRY_JITTER_S = 0.1
-#: HTTP statuses of a refused upgrade that are retried quickly after a restart close
-#: (a draining hub says 503; a load balancer without a live backend 502/503/504).
-QUICK_RETRY_STATUSES = frozenset({502, 503, 504})
-#: Close codes of a socket that closed before the welcome, retried quickly after a
-#: restart close (the restarting process accepted it and then went away).
-_QUICK_RETRY_CLOSE_CODES = frozenset({CLOSE_ABNORMAL, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
-#: A welcomed session open at least this long (seconds) was healthy: the reconnect
-#: backoff starts again from ``backoff_initial_s`` (see the module docstring for why).
-HEALTHY_SESSION_S = 2.0
 
 
 @attrs.frozen
@@ -387,10 +341,10 @@ class Daemon:
         t = self.timings
         assert self.connector is not None and self._runner is not None
         backoff = Backoff(initial_s=t.backoff_initial_s, max_s=t.backoff_max_s, random=self.random)
+        policy = ReconnectPolicy(backoff, self.random, self.url)
         headers = [("Authorization", f"Bearer {self.token}")]
         hello = self._hello()
         on_welcome = functools.partial(self._on_welcome, task_status)
-        quick_left = 0  # quick retries left after a restart close
         while True:
             rejected_status: int | None = None
             retry_after_s: float | None = None
@@ -443,45 +397,7 @@ class Daemon:
                 log.exception("connection to %s failed with an internal error", self.url)
                 end = self._failed(INTERNAL_ERROR, "internal error", started_at)
             self._last_end = end
-            if end.cause == CLOSED and end.welcomed and end.code == CLOSE_SUPERSEDED:
-                log.warning(
-                    "superseded: a newer sidecar for this user connected (hub: %s); stopping "
-                    "this one so the two do not take the user from each other. One sidecar "
-                    "per user: stop the other one first to use this one",
-                    end.reason or "4001",
-                )
-                raise Superseded(end.reason)
-            if end.cause in (CONNECT_FAILED, REJECTED):
-                log.warning("could not connect to %s: %s", self.url, end.reason)
-            else:
-                log.info(
-                    "disconnected from hub (%s, code %s%s) after %.1f s",
-                    end.cause,
-                    end.code,
-                    f": {end.reason}" if end.reason else "",
-                    end.duration_s,
-                )
-            if end.welcomed and end.duration_s >= HEALTHY_SESSION_S:
-                backoff.reset()
-            if end.cause == CLOSED and end.welcomed and end.code in IMMEDIATE_RECONNECT_CODES:
-                delay = 0.0
-                quick_left = QUICK_RETRIES
-                log.info("hub closed with %d; reconnecting now", end.code)
-            elif quick_left > 0 and _restart_in_progress(end, rejected_status):
-                quick_left -= 1
-                delay = min(max(float(self.random()), 0.0), 1.0) * QUICK_RETRY_JITTER_S
-                log.info(
-                    "hub is restarting; retrying in %.3f s (quick retry %d of %d)",
-                    delay,
-                    QUICK_RETRIES - quick_left,
-                    QUICK_RETRIES,
-                )
-            else:
-                quick_left = 0
-                delay = backoff.next_delay()
-                if retry_after_s is not None:  # the hub said when (e.g. a token not yet valid)
-                    delay = max(delay, min(retry_after_s, MAX_RETRY_AFTER_S))
-                log.info("reconnecting in %.2f s", delay)
+            delay = policy.after(end, rejected_status=rejected_status, retry_after_s=retry_after_s)
             self._reconnects += 1
             await trio.sleep(delay)
 
@@ -495,28 +411,6 @@ class Daemon:
             session_id=None,
             duration_s=trio.current_time() - started_at,
         )
-
-
-def _final_refusal(exc: HandshakeRejected) -> bool:
-    """True if a refused upgrade means the token will never be accepted: 401/403, unless
-    the hub's code or reason says it may pass (a token not yet valid on a skewed clock,
-    a hub without its secret yet, a draining hub)."""
-    if exc.status_code not in (401, 403):
-        return False
-    if exc.code in TRANSIENT_REFUSAL_CODES:
-        return False
-    return "not yet valid" not in exc.message.lower()
-
-
-def _restart_in_progress(end: SessionEnd, rejected_status: int | None) -> bool:
-    """True if a failed attempt looks like the restarting hub process itself: the
-    connection was refused or broke, the upgrade was refused with 502/503/504, or the
-    socket closed (1006/1012/1001) before any welcome."""
-    if end.cause == CONNECT_FAILED:
-        return True
-    if end.cause == REJECTED:
-        return rejected_status in QUICK_RETRY_STATUSES
-    return end.cause == CLOSED and not end.welcomed and end.code in _QUICK_RETRY_CLOSE_CODES
 
 
 async def run_daemon(

@@ -3,7 +3,9 @@
 The protocol's rules (handshake order, which frames the hub may send, outstanding
 delivery ids, ping nonces and their deadlines, the close code for each violation) are
 the sans-I/O :class:`deskbridge_common.Connection`'s; this module only does the I/O
-around it and the sidecar's own work (routing jobs, dedupe, answering).
+around it and the sidecar's own work (routing jobs, dedupe, answering). What happens to
+a ``job`` or ``cancel`` frame once routed (admission, the tool and status workers,
+answering) is ``_session_jobs.SessionJobs``, mixed into :class:`Session`.
 
 The session nursery owns every task of the socket:
 
@@ -30,7 +32,6 @@ run: runs belong to the daemon (see ``_runner``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import secrets
@@ -42,7 +43,6 @@ from deskbridge_common import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CRASHED,
-    EXPIRED,
     Cancel,
     Connection,
     Error,
@@ -60,16 +60,12 @@ from deskbridge_common import (
     Welcome,
     close_reason,
 )
-from deskbridge_common import Progress as ProgressFrame
 from deskbridge_common._connection import Event
 
 from ._errors import TransportClosed
-from ._logformat import fields
-from ._outcome import CANCELLED, Outcome
-from ._progress import ProgressUpdate
+from ._outcome import Outcome
 from ._runner import ToolRunner
-from ._tools import STATUS_TOOL
-from ._tracing import tool_span, trace_id
+from ._session_jobs import SessionJobs
 from ._transport import Transport
 from ._version import __version__
 from ._watchdog import watch_clocks
@@ -134,7 +130,7 @@ class _Ending:
 
 
 @attrs.define(eq=False)
-class Session:
+class Session(SessionJobs):
     """Serve one open transport until it ends. Create one per connection.
 
     Args:
@@ -305,97 +301,7 @@ class Session:
         elif isinstance(event, Ignored):
             log.info("%s from hub ignored: %s", event.frame.type, event.reason)
 
-    async def _on_job(self, job: Job) -> None:
-        assert self._tool_queue is not None and self._status_queue is not None
-        if job.timeout_s is not None:
-            # The hub's clock and ours differ: the time left is a duration, and from here
-            # on the deadline is on our own clock (docs/operations.md, "Clocks").
-            job = attrs.evolve(job, deadline=self.wall_clock() + job.timeout_s)
-        if job.name == STATUS_TOOL:
-            self._deliveries[job.id] = job
-            self._status_queue.send_nowait(job)
-            return
-        answer = self.runner.admit(job)  # dedupe and preflight, once per delivery
-        if answer is not None:
-            log.info(
-                "job %s (%s): answered at once (%s)", job.job_id, job.name, answer.code or "ok"
-            )
-            await self._post(answer.reply(job.id))
-            return
-        self._deliveries[job.id] = job
-        self._tool_queue.send_nowait(job)
-
-    async def _on_cancel(self, cancel: Cancel) -> None:
-        job = self._deliveries.get(cancel.id)
-        if job is None:
-            return  # its answer is queued already (crossed the cancel)
-        if job.name == STATUS_TOOL:
-            return
-        key = job.idempotency_key
-        if self.runner.in_flight(key):
-            # The tool worker answers with the run's outcome: "cancelled" if it could be
-            # cancelled, the real outcome if it is a sync tool that cannot.
-            self.runner.cancel(key)
-            return
-        # Still queued in this session: never start it, and remember that.
-        outcome = self.runner.cached(key)
-        if outcome is None:
-            outcome = Outcome.failure(CANCELLED, "cancelled by the hub before it started")
-            self.runner.record(key, outcome, job)
-        await self._answer(job.id, outcome)
-
-    # -- workers -----------------------------------------------------------------------
-
-    async def _answer(self, delivery_id: str, outcome: Outcome) -> None:
-        if self._deliveries.pop(delivery_id, None) is None:
-            return  # answered already (cancelled while queued)
-        await self._post(outcome.reply(delivery_id))
-
-    async def _tool_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:
-        async for job in queue:
-            if job.id not in self._deliveries:
-                continue
-            started = trio.current_time()
-            with tool_span(job):  # the caller's trace context, current for the tool
-                outcome = await self.runner.execute(
-                    job, on_progress=functools.partial(self._progress, job.id)
-                )
-            log.info(
-                "job %s (%s): %s",
-                job.job_id,
-                job.name,
-                "ok" if outcome.ok else outcome.code,
-                extra=fields(
-                    job_id=job.job_id,
-                    tool=job.name,
-                    outcome="completed" if outcome.ok else outcome.code,
-                    elapsed_s=trio.current_time() - started,
-                    trace_id=trace_id(job.traceparent),
-                ),
-            )
-            await self._answer(job.id, outcome)
-
-    async def _progress(self, delivery_id: str, update: ProgressUpdate) -> None:
-        """A ``progress`` frame for a delivery still waiting on its run (``_post`` drops
-        it once the connection no longer allows it: after the job_result)."""
-        await self._post(
-            ProgressFrame(
-                id=delivery_id,
-                progress=update.progress,
-                total=update.total,
-                message=update.message,
-            )
-        )
-
-    async def _status_worker(self, queue: trio.MemoryReceiveChannel[Job]) -> None:
-        async for job in queue:
-            now = self.wall_clock()
-            if now >= job.deadline:
-                outcome = Outcome.failure(EXPIRED, "deadline passed before status ran")
-            else:
-                self.runner.executions[STATUS_TOOL] += 1
-                outcome = Outcome.success(self.status())
-            await self._answer(job.id, outcome)
+    # -- the status tool; sending -------------------------------------------------------
 
     def status(self) -> dict[str, object]:
         """The ``status`` tool's result: live state, never cached."""
@@ -432,6 +338,7 @@ class Session:
         answer queued so far has been handed to the socket (the daemon's shutdown, after
         giving up on running tools). Polls every 10 ms; the caller bounds it."""
         assert self._outbox is not None
+
         def pending() -> bool:
             waiting = any(job.idempotency_key in keys for job in self._deliveries.values())
             return waiting or self._unsent > 0
