@@ -49,6 +49,8 @@ from tests.procs import (
 RETRY = frozenset({"offline", "unavailable", "lost", "timeout", "http-5xx", "conn-error", "hung"})
 #: Final answers after which the key must not have run.
 NOT_RUN = frozenset({"offline", "lost"})
+#: Final answers that say the job did not run (docs/outcomes.md); ``expired`` included.
+SAID_NOT_RUN = frozenset({"offline", "lost", "expired"})
 #: Seconds an HTTP attempt may take beyond the job's timeout_s before it counts as hung.
 HUNG_SLACK_S = 10.0
 
@@ -376,6 +378,17 @@ class Soak:
         ran_but_told_not = [
             (k.key, k.final) for k in finished if k.final in NOT_RUN and counts.get(k.key, 0) >= 1
         ]
+        # docs/outcomes.md: offline, lost and expired all say "it did not run"
+        said_not_run = [
+            {
+                "key": k.key,
+                "final": k.final,
+                "executions": counts.get(k.key, 0),
+                "attempts": [a[0] for a in k.attempts],
+            }
+            for k in finished
+            if k.final in SAID_NOT_RUN and counts.get(k.key, 0) >= 1
+        ]
         completed_not_run = [
             k.key for k in finished if k.final == "completed" and counts.get(k.key, 0) == 0
         ]
@@ -413,6 +426,7 @@ class Soak:
             "double_executions": doubles,
             "final_offline_or_lost_but_ran": ran_but_told_not,
             "completed_but_not_run": completed_not_run,
+            "final_said_not_run_but_ran": said_not_run,
             "throughput_per_bucket": per_bucket,
             "calm_buckets": calm_buckets,
             "calm_reference": calm_ref,
@@ -455,6 +469,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"  final offline/lost but ran           {len(r['final_offline_or_lost_but_ran'])} "
         f"{r['final_offline_or_lost_but_ran'][:5]}",
         f"  completed but not run                {len(r['completed_but_not_run'])}",
+        f"  final offline/lost/expired but ran   {len(r.get('final_said_not_run_but_ran', []))} "
+        f"{r.get('final_said_not_run_but_ran', [])[:3]}",
         f"  completed per {cfg['bucket_s']:g} s (first {r['calm_buckets']} calm) "
         f"{r['throughput_per_bucket']}",
         f"  worst faulted bucket / calm          {r['worst_fault_bucket_ratio']:.2f}",

@@ -292,3 +292,21 @@ async def test_an_idle_connection_found_dead_on_use_is_replaced_once() -> None:
                 await s.ping()  # reuses the idle connection, which dies: sent again once
         assert accepted == 2
         nursery.cancel_scope.cancel()
+
+
+async def test_a_flushed_script_cache_never_applies_a_write_twice(raw_redis: RawRedis) -> None:
+    """Redis forgets its scripts (restart, failover, SCRIPT FLUSH): the caller's and the
+    holder's scripted steps must still apply every command of their write exactly once (a
+    NOSCRIPT answer followed by a resend of the whole write used to push the mailbox
+    notification twice)."""
+    user, job = _ids()
+    box = f"box-{secrets.token_hex(4)}"
+    s = RedisSubstrate.from_url(REDIS_URL)
+    with trio.fail_after(10):
+        async with s:
+            await raw_redis("SCRIPT", "FLUSH")
+            await s.publish_result(user, job, '{"status": "completed"}', ttl_s=30, notify=box)
+            got = await s.read_notifications(box, count=10, block_ms=500)
+            assert got == [(job, '{"status": "completed"}')]
+            assert await s.read_notifications(box, count=10, block_ms=50) == []
+    await raw_redis("DEL", box)

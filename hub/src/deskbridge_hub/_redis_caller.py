@@ -5,8 +5,8 @@ Round trips on a call's critical path (issue 10 item 3): the caller sends one wr
 ``submit`` script, plus the ``bridge:job:{<job_id>}`` owner record pipelined behind it)
 and then waits on its process's mailbox, which one reader per process drains with
 ``BLMPOP``; the holder's publish pushes the result into the job's result list and, in the
-same write, into that mailbox. Scripts are sent by SHA (``EVALSHA``) and loaded on
-``NOSCRIPT``. Every script touches only keys of one user's hash slot (Redis Cluster).
+same write, into that mailbox. Scripts are sent as text (``EVAL``; see ``_script``
+for why not ``EVALSHA``). Every script touches only keys of one user's hash slot (Redis Cluster).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from coredis.exceptions import NoScriptError, StreamDuplicateConsumerGroupError
+from coredis.exceptions import StreamDuplicateConsumerGroupError
 
 from ._substrate import (
     GROUP,
@@ -52,7 +52,7 @@ def _ms(duration_s: float) -> int:
 
 @attrs.frozen
 class Script:
-    """A Lua script sent by SHA-1 (``EVALSHA``), with its text for ``NOSCRIPT``."""
+    """A Lua script: its text (sent with ``EVAL``) and SHA-1."""
 
     text: str
     sha: str = attrs.field(init=False)
@@ -155,18 +155,20 @@ class CallerCommands:
         before: Sequence[tuple[Any, ...]] = (),
         after: Sequence[tuple[Any, ...]] = (),
     ) -> list[Any]:
-        """Run ``script`` by SHA with ``before``/``after`` commands in the same write;
-        on NOSCRIPT send the whole write again with the script's text. Returns the
-        replies (exceptions as values) in order."""
-        commands = (*before, script.evalsha(keys, args), *after)
-        replies = await s.execute(*commands, timeout_s=self._command_timeout_s)
-        if isinstance(replies[len(before)], NoScriptError):
-            commands = (*before, script.eval(keys, args), *after)
-            replies = await s.execute(*commands, timeout_s=self._command_timeout_s)
-        return replies
+        """Run ``script`` (EVAL with its text) with ``before``/``after`` commands in the
+        same write. Returns the replies (exceptions as values) in order.
+
+        Why EVAL and not EVALSHA: ``before``/``after`` run in the same write, so a
+        NOSCRIPT reply (a restarted Redis, a failover, a cluster node that never saw the
+        script) comes back after they already ran, and resending the write would apply
+        them twice (a second notification, wake-up or progress outcome). Redis caches the
+        compiled script under its SHA-1 either way; the text costs a few KiB of loopback
+        bandwidth per call and no extra round trip."""
+        commands = (*before, script.eval(keys, args), *after)
+        return await s.execute(*commands, timeout_s=self._command_timeout_s)
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
-        """The caller's one step: EVALSHA ``SUBMIT``, (unless already claimed) SET the
+        """The caller's one step: EVAL ``SUBMIT``, (unless already claimed) SET the
         owner record, and the wake-up of ``alive_holder``, in one write;
         XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
         session enqueues for ``user_id``.
@@ -290,7 +292,7 @@ class CallerCommands:
         notify: str | None = None,
         idempotency_key: str | None = None,
     ) -> None:
-        """EVALSHA ``PUBLISH`` (RPUSH + PEXPIRE of the result list, the idempotency record
+        """EVAL ``PUBLISH`` (RPUSH + PEXPIRE of the result list, the idempotency record
         kept as long), then XADD NOMKSTREAM the outcome to the job's progress stream and
         RPUSH ``<job_id> <payload>`` + PEXPIRE to the mailbox ``notify``: one write, one
         round trip (the script's writes are atomic; the progress and mailbox writes, in
