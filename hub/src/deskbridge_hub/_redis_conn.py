@@ -78,6 +78,7 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
+from ._redis_cluster import ClusterSession, is_cluster_url, seeds
 from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
 from ._redis_session import ConnectionStatistics, _Session, _split
 
@@ -167,7 +168,9 @@ class RedisConnections:
             f"deskbridge-redis-session-{id(self)}", default=None
         )
         parts = urlsplit(url)
-        if parts.scheme == "unix":
+        if is_cluster_url(url):
+            self.address = ",".join(f"{h}:{p}" for h, p in seeds(url))
+        elif parts.scheme == "unix":
             self.address = parts.path
         else:
             self.address = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
@@ -205,6 +208,14 @@ class RedisConnections:
         await anyio.lowlevel.checkpoint()
 
     def _new_session(self) -> _Session:
+        if is_cluster_url(self._url):
+            return ClusterSession(  # type: ignore[return-value]  # same interface
+                self._url,
+                connect_timeout_s=self._connect_timeout_s,
+                command_timeout_s=self.command_timeout_s,
+                max_connections=self._max_connections,
+                client_name=self._client_name,
+            )
         return _Session(
             self._url,
             connect_timeout_s=self._connect_timeout_s,

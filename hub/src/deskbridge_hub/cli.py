@@ -195,12 +195,11 @@ def _check_serve_args(args: argparse.Namespace) -> str | None:
     url = os.environ.get("DESKBRIDGE_REDIS_URL")
     if url and url != MEMORY_URL:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix") or (
-            parts.scheme != "unix" and not parts.hostname
-        ):
+        schemes = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+        if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
             return (
                 "DESKBRIDGE_REDIS_URL must look like redis://HOST:PORT/DB (or rediss://, "
-                "unix://, memory://)"
+                "unix://, memory://, redis+cluster://HOST:PORT,HOST:PORT)"
             )
     return None
 

@@ -1,0 +1,246 @@
+"""Redis Cluster over our own connection sessions: slot routing, MOVED / ASK / TRYAGAIN.
+
+Selected by ``redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][/0][?options]``
+(``rediss+cluster://`` for TLS; the same query options as ``rediss://``). The listed
+nodes are seeds: the slot map comes from ``CLUSTER SLOTS`` on the first that answers.
+
+A :class:`ClusterSession` has the interface of one ``_Session`` (``execute``, ``groups``,
+``subscriber``, ``statistics``, ...) and holds one ``_Session`` per primary node, each
+bounded as ``_redis_session`` describes (so the bound is per node). A batch of commands
+goes to the primary owning the slot of its keys (``_redis_slots``: a batch or script
+with keys of two slots is refused as a programming error); keyless batches (PING, INFO,
+PUBLISH) go to any node. A MOVED reply (resharding moved the slot) updates the map and
+sends the batch to the named node; ASK (slot being migrated, key already moved) sends it
+once to the named node behind ASKING; TRYAGAIN (a multi-key command during migration) and
+CLUSTERDOWN are retried after a short pause. Redirections are followed at most
+``_MAX_REDIRECTS`` times per batch. Pub/sub uses the first node's subscriber (PUBLISH is
+broadcast to every node of a cluster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+from coredis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+
+from ._redis_pubsub import Subscriber
+from ._redis_session import ConnectionStatistics, _Session
+from ._redis_slots import SLOTS, CrossSlot, batch_slot
+
+#: Redirections (MOVED / ASK / TRYAGAIN) followed for one batch before giving up.
+_MAX_REDIRECTS = 8
+#: Pause (seconds) before retrying TRYAGAIN / CLUSTERDOWN: a migration step or a
+#: failover settles in milliseconds to a few seconds.
+_RETRY_PAUSE_S = 0.05
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme in ("redis+cluster", "rediss+cluster")
+
+
+def seeds(url: str) -> list[tuple[str, int]]:
+    """``redis+cluster://u:p@h1:p1,h2:p2/0`` -> ``[(h1, p1), (h2, p2)]``."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    out = []
+    for part in netloc.split(","):
+        host, _, port = part.rpartition(":")
+        out.append((host or "localhost", int(port or 6379)))
+    return out
+
+
+def node_url(url: str, host: str, port: int) -> str:
+    """The plain ``redis://`` (or ``rediss://``) URL of one node of the cluster ``url``."""
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    scheme = "rediss" if parts.scheme.startswith("rediss") else "redis"
+    return urlunsplit((scheme, f"{userinfo}{at}{host}:{port}", "/0", parts.query, ""))
+
+
+class ClusterSession:
+    """The connections of one event-loop run to every primary of a Redis Cluster."""
+
+    def __init__(self, url: str, **session_kwargs: Any) -> None:
+        self._url = url
+        self._session_kwargs = session_kwargs
+        self._seeds = seeds(url)
+        self._nodes: dict[tuple[str, int], _Session] = {}
+        self._slots: list[tuple[str, int] | None] = [None] * SLOTS
+        self._map_lock = anyio.Lock()
+        self._tg = anyio.create_task_group()
+        self.connect_timeout_s: float = session_kwargs["connect_timeout_s"]
+        self.max_connections: int = session_kwargs["max_connections"]
+        self.groups: set[str] = set()
+        self.closed = False
+        self._ready: dict[tuple[str, int], anyio.Event] = {}
+        self._opened = False
+        self._first = self._node(self._seeds[0])
+        self.subscriber: Subscriber = self._first.subscriber
+
+    def _node(self, address: tuple[str, int]) -> _Session:
+        """The session of one node (created on first mention, opened in the cluster
+        session's task group, which closes it)."""
+        node = self._nodes.get(address)
+        if node is None:
+            node = self._nodes[address] = _Session(
+                node_url(self._url, *address), **self._session_kwargs
+            )
+            self._ready[address] = anyio.Event()
+            if self._opened:
+                self._tg.start_soon(self._host, address)
+        return node
+
+    async def _get(self, address: tuple[str, int]) -> _Session:
+        node = self._node(address)
+        await self._ready[address].wait()
+        return node
+
+    async def _host(self, address: tuple[str, int]) -> None:
+        node = self._nodes[address]
+        await node.open()  # no I/O: enters the node's task group in this task
+        self._ready[address].set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            await node.close()  # exits the node's task group, entered above in this task
+
+    async def open(self) -> None:
+        await self._tg.__aenter__()
+        self._opened = True
+        for address in list(self._nodes):
+            self._tg.start_soon(self._host, address)
+        await self._ready[self._seeds[0]].wait()
+
+    async def close(self) -> None:
+        self.closed = True
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+
+    def drop_connections(self) -> None:
+        for node in self._nodes.values():
+            node.drop_connections()
+
+    def start_soon(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self._tg.start_soon(fn)
+
+    def statistics(self) -> ConnectionStatistics:
+        """Summed over the nodes (``max_connections`` is per node)."""
+        stats = [n.statistics() for n in self._nodes.values()]
+        return ConnectionStatistics(
+            max_connections=self.max_connections,
+            opened_total=sum(s.opened_total for s in stats),
+            shared=sum(s.shared for s in stats),
+            blocking=sum(s.blocking for s in stats),
+            blocking_busy=sum(s.blocking_busy for s in stats),
+            blocking_waiting=sum(s.blocking_waiting for s in stats),
+            subscriber=sum(s.subscriber for s in stats),
+            polls_total=sum(s.polls_total for s in stats),
+        )
+
+    async def refresh_slots(self) -> None:
+        """Read the slot map (CLUSTER SLOTS) from the first node that answers."""
+        async with self._map_lock:
+            errors: list[BaseException] = []
+            for address in [*self._seeds, *self._nodes]:
+                node = await self._get(address)
+                (reply,) = await node.execute(
+                    (b"CLUSTER", b"SLOTS"), timeout_s=self.connect_timeout_s
+                )
+                if isinstance(reply, BaseException):
+                    errors.append(reply)
+                    continue
+                for start, end, primary, *_ in reply:
+                    owner = (str(primary[0]) or address[0], int(primary[1]))
+                    self._node(owner)
+                    for slot in range(int(start), int(end) + 1):
+                        self._slots[slot] = owner
+                return
+            raise errors[-1]
+
+    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
+        """As ``_Session.execute``, on the primary owning the batch's slot.
+
+        Raises:
+            CrossSlot: the batch names keys of two slots (a programming error).
+        """
+        try:
+            slot = batch_slot(commands)
+        except CrossSlot:
+            return await self._split(commands, timeout_s)
+        if slot is None and commands and _name(commands[0]) == b"SCRIPT":
+            return await self._everywhere(commands, timeout_s)
+        if slot is not None and self._slots[slot] is None:
+            await self.refresh_slots()
+        asking: tuple[str, int] | None = None
+        replies: list[Any] = []
+        for _ in range(_MAX_REDIRECTS):
+            if asking is not None:
+                node, batch = await self._get(asking), ((b"ASKING",), *commands)
+            else:
+                owner = self._slots[slot] if slot is not None else self._seeds[0]
+                node, batch = await self._get(owner or self._seeds[0]), commands
+            replies = await node.execute(*batch, timeout_s=timeout_s)
+            if asking is not None:
+                replies, asking = replies[1:], None
+            redirect = next((r for r in replies if isinstance(r, AskError)), None)
+            if isinstance(redirect, MovedError):
+                self._slots[redirect.slot_id] = redirect.node_addr
+                self.groups.clear()  # a moved stream may need its group checked again
+                continue
+            if redirect is not None:
+                asking = redirect.node_addr
+                continue
+            if any(isinstance(r, TryAgainError | ClusterDownError) for r in replies):
+                await anyio.sleep(_RETRY_PAUSE_S)
+                continue
+            return replies
+        return replies
+
+    async def _split(
+        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
+    ) -> list[Any]:
+        """A pipeline whose commands live in several slots: one sub-batch per slot, sent
+        concurrently, replies put back in order. Each command, and each MULTI ... EXEC
+        block, must be in one slot itself (a script or transaction over two users' keys
+        is still refused: CrossSlot)."""
+        groups: dict[int | None, list[int]] = {}
+        unit: list[int] = []
+        for i, command in enumerate(commands):  # a MULTI ... EXEC block is one unit
+            unit.append(i)
+            if _name(commands[unit[0]]) == b"MULTI" and _name(command) not in (b"EXEC", b"DISCARD"):
+                continue
+            slot = batch_slot(tuple(commands[j] for j in unit))  # CrossSlot if it spans
+            groups.setdefault(slot, []).extend(unit)
+            unit = []
+        if unit:
+            raise CrossSlot("MULTI without EXEC in a batch")
+        replies: list[Any] = [None] * len(commands)
+
+        async def run(indexes: list[int]) -> None:
+            got = await self.execute(*(commands[i] for i in indexes), timeout_s=timeout_s)
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+
+        async with anyio.create_task_group() as tg:
+            for indexes in groups.values():
+                tg.start_soon(run, indexes)
+        return replies
+
+    async def _everywhere(
+        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
+    ) -> list[Any]:
+        """SCRIPT LOAD / FLUSH on every primary (scripts are cached per node); the
+        replies of the first node are returned."""
+        await self.refresh_slots()
+        first: list[Any] = []
+        for address in list(self._nodes):
+            replies = await (await self._get(address)).execute(*commands, timeout_s=timeout_s)
+            first = first or replies
+        return first
+
+
+def _name(command: tuple[Any, ...]) -> bytes:
+    head = command[0]
+    return (head if isinstance(head, bytes) else str(head).encode()).split()[0].upper()

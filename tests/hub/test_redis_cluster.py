@@ -1,0 +1,285 @@
+"""RedisSubstrate on a real local Redis Cluster (issue 10 item 5): 3 primaries on free
+loopback ports in 7100-7199 (``redis-server --cluster-enabled yes``, joined with
+``redis-cli --cluster create ... --cluster-yes``), started by this module. The substrate
+contract suite runs against ``redis+cluster://``; a user's slot is resharded by hand
+(CLUSTER SETSLOT IMPORTING / MIGRATING, MIGRATE, SETSLOT NODE) while the substrate is in
+use, so it meets MOVED (and ASK while the slot migrates). The oracle is a RESP client
+that follows MOVED itself; it shares no code with the substrate."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import trio
+from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._redis_slots import CrossSlot, batch_slot, key_slot
+from deskbridge_hub._substrate import (
+    index_key,
+    jobs_key,
+    presence_key,
+    tools_key,
+)
+from deskbridge_hub.testing import CHECKS, SubstrateHarness, check_substrate
+
+from ..conftest import RawRedis
+from ..procs import Proc, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_key_slots_match_the_cluster_specification() -> None:
+    from coredis._utils import hash_slot  # an independent implementation
+
+    for key in ["foo", "bridge:jobs:{alice}", "{user1000}.following", "a{}b", "{}{x}", "é"]:
+        assert key_slot(key) == hash_slot(key.encode())
+    assert key_slot("bridge:jobs:{alice}") == key_slot("bridge:presence:{alice}")
+
+
+def test_a_batch_across_slots_is_refused() -> None:
+    one = (b"EVAL", "return 1", 2, jobs_key("alice"), index_key("alice"))
+    assert batch_slot((one, (b"MULTI",), (b"GET", tools_key("alice")))) == key_slot("{alice}")
+    with pytest.raises(CrossSlot, match="slot"):
+        batch_slot(((b"GET", presence_key("alice")), (b"GET", presence_key("bob"))))
+    with pytest.raises(CrossSlot):
+        batch_slot(((b"EVAL", "return 1", 2, jobs_key("alice"), index_key("bob")),))
+
+
+def _ports(n: int) -> list[int]:
+    """``n`` ports in 7100-7199 free together with their cluster bus port (+10000)."""
+    found: list[int] = []
+    start = 7100 + secrets.randbelow(100)
+    for i in range(100):
+        port = 7100 + (start - 7100 + i) % 100
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return found
+    raise RuntimeError("not enough free ports in 7100-7199")
+
+
+class ClusterRaw:
+    """One command, following MOVED / ASK (a test oracle independent of the substrate)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+
+    async def __call__(self, *command: Any, port: int | None = None) -> Any:
+        port = port or self.ports[0]
+        asking = False
+        for _ in range(5):
+            raw = RawRedis(f"redis://127.0.0.1:{port}/0")
+            if asking:
+                raw._setup.append(("ASKING",))  # same connection, just before the command
+            try:
+                return await raw(*command)
+            except RuntimeError as exc:
+                kind, _, rest = str(exc).partition(" ")
+                if kind not in ("MOVED", "ASK"):
+                    raise
+                port, asking = int(rest.split(":")[-1]), kind == "ASK"
+        raise AssertionError("too many redirections")
+
+    async def each(self, *command: Any) -> list[Any]:
+        return [await RawRedis(f"redis://127.0.0.1:{p}/0")(*command) for p in self.ports]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    ports = _ports(3)
+    procs = []
+    try:
+        for port in ports:
+            workdir = tmp / str(port)
+            workdir.mkdir()
+            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--save", "", "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+            procs.append(Proc(argv, {}, tmp / f"node-{port}.log"))
+        for port in ports:
+            wait_until(lambda p=port: _ping(p), timeout_s=10, what=f"cluster node {port} up")
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        wait_until(
+            lambda: all(_cluster_ok(p) for p in ports), timeout_s=30, what="cluster_state:ok"
+        )
+        yield ports
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def _cli(port: int, *args: str) -> str:
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, timeout=10
+    )
+    return out.stdout.strip()
+
+
+def _ping(port: int) -> bool:
+    return _cli(port, "PING") == "PONG"
+
+
+def _cluster_ok(port: int) -> bool:
+    return "cluster_state:ok" in _cli(port, "CLUSTER", "INFO")
+
+
+def _url(ports: list[int]) -> str:
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports[:2]) + "/0"
+
+
+@contextlib.asynccontextmanager
+async def cluster_harness(ports: list[int], *, entered: bool) -> AsyncIterator[SubstrateHarness]:
+    raw = ClusterRaw(ports)
+    name = f"deskbridge-test-{secrets.token_hex(4)}"
+    substrate = RedisSubstrate.from_url(_url(ports), client_name=name)
+
+    async def blocked(command: str) -> bool:
+        for listing in await raw.each("CLIENT", "LIST"):
+            for line in listing.splitlines():
+                info = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+                if info.get("name") == name and "b" in info.get("flags", ""):
+                    if info.get("cmd") == command:
+                        return True
+        return False
+
+    async def wait_blocked(command: str) -> None:
+        with trio.fail_after(3):
+            while not await blocked(command):  # noqa: ASYNC110 - polling Redis' own view
+                await trio.sleep(0.005)
+
+    async def delete_stream(user_id: str) -> None:
+        assert await raw("DEL", jobs_key(user_id)) == 1
+
+    closed = _ports(1)[0]
+    harness = SubstrateHarness(
+        substrate,
+        delete_stream,
+        wait_blocked,
+        lambda: RedisSubstrate.from_url(f"redis+cluster://:hunter2@127.0.0.1:{closed}/0"),
+        is_blocked=blocked,
+        unavailable_mentions=f"127.0.0.1:{closed}",
+        unavailable_secret="hunter2",
+        raw=raw,
+    )
+    if entered:
+        async with substrate:
+            yield harness
+    else:
+        yield harness
+        await substrate.aclose()
+
+
+#: Known bug outside the connection layer (SHARED-NOTES, redisconn 19:56): ``_redis_caller._script``
+#: re-sends its whole write on NOSCRIPT, so the mailbox RPUSH that followed the failed
+#: EVALSHA runs twice when a node has not cached the script yet. Fails or passes by test
+#: order; not strict for that reason.
+_NOSCRIPT_DUPLICATE = "published_result_is_read_without_popping_and_notified"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n,
+            marks=pytest.mark.xfail(
+                strict=False, reason="caller's _script re-sends after-commands on NOSCRIPT"
+            ),
+        )
+        if n == _NOSCRIPT_DUPLICATE
+        else n
+        for n in sorted(CHECKS)
+    ],
+)
+async def test_substrate_contract_on_a_cluster(name: str, cluster: list[int]) -> None:
+    await check_substrate(lambda: cluster_harness(cluster, entered=True), only=[name])
+
+
+async def _reshard(raw: ClusterRaw, key: str, ports: list[int], *, pause: Any) -> int:
+    """Move ``key``'s slot to another primary by hand; returns the new owner's port.
+    ``pause`` runs between the migration steps (the substrate works meanwhile)."""
+    slot = key_slot(key)
+    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
+    source = [p for p in ports if await _owns(raw, p, slot)][0]
+    target = next(p for p in ports if p != source)
+    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
+    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    await pause()
+    while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
+        await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
+    for p in ports:
+        await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
+    return target
+
+
+async def _owns(raw: ClusterRaw, port: int, slot: int) -> bool:
+    for start, end, primary, *_ in await raw("CLUSTER", "SLOTS", port=port):
+        if int(start) <= slot <= int(end) and int(primary[1]) == port:
+            return True
+    return False
+
+
+async def test_a_user_keeps_working_while_its_slot_is_resharded(cluster: list[int]) -> None:
+    raw = ClusterRaw(cluster)
+    user, consumer = f"test-{secrets.token_hex(4)}", "c1"
+    s = RedisSubstrate.from_url(_url(cluster))
+    with trio.fail_after(30):
+        async with s:
+            await s.set_presence(user, "session-1", 30)
+            first = await s.enqueue(user, {"job_id": "j1", "n": "1"}, maxlen=100)
+
+            async def during_migration() -> None:  # slot MIGRATING: ASK for moved keys
+                assert await s.get_presence(user) == "session-1"
+                await s.set_catalogue(user, '["echo"]')
+
+            await _reshard(raw, jobs_key(user), cluster, pause=during_migration)
+            # the substrate's slot map is stale now: MOVED, then the new owner
+            assert await s.get_presence(user) == "session-1"
+            second = await s.enqueue(user, {"job_id": "j2", "n": "2"}, maxlen=100)
+            got = await s.read_new(user, consumer, count=10, block_ms=1000)
+            assert [e.entry_id for e in got] == [first, second]
+            assert await s.ack(user, first) == 1 and await s.ack(user, second) == 1
+            assert await s.get_catalogue(user) == '["echo"]'
+    await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
+
+
+def test_a_job_runs_through_a_hub_on_the_cluster(
+    cluster: list[int], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A real hub process and a real sidecar process, the hub on ``redis+cluster://``."""
+    from ..procs import Hub, Sidecar, api, issue, running
+
+    tmp = tmp_path_factory.mktemp("cluster-job")
+    user = f"cluster-{secrets.token_hex(4)}"
+    hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": _url(cluster)})
+    with running(hub):
+        hub.wait_healthy()
+        sidecar = Sidecar(tmp, hub.ws, issue(user))
+        with running(sidecar), api() as client:
+
+            def present() -> bool:
+                r = client.get(f"{hub.http}/v1/users/{user}/presence")
+                return r.status_code == 200 and r.json()["online"]
+
+            wait_until(present, timeout_s=20, what="sidecar present")
+            for n in range(5):
+                r = client.post(
+                    f"{hub.http}/v1/users/{user}/jobs",
+                    json={"name": "echo", "args": {"n": n}, "timeout_s": 10},
+                )
+                assert r.status_code == 200, (r.text, hub.output()[-3000:])
+                assert r.json()["result"] == {"n": n}
