@@ -63,7 +63,8 @@ def _str(limit: int = MAX_ID_CHARS, *, nonempty: bool = True) -> _Check:
 
 
 def _text(field: str, value: Any) -> str:
-    return _str(MAX_FRAME_BYTES, nonempty=False)(field, value)
+    text: str = _str(MAX_FRAME_BYTES, nonempty=False)(field, value)
+    return text
 
 
 def _bool(field: str, value: Any) -> bool:
@@ -266,7 +267,8 @@ def decode_frame(data: str | bytes) -> Frame:
     fields = _fields(body, spec)
     if cls is JobResult:
         _check_result_shape(fields)
-    return cls(**fields)
+    frame: Frame = cls(**fields)
+    return frame
 
 
 def _check_result_shape(fields: dict[str, Any]) -> None:

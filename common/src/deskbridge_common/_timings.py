@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TypeVar
 
 import attrs
 
+_Number = TypeVar("_Number", int, float)
 
-def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
+
+def _positive(instance: object, attribute: attrs.Attribute[_Number], value: _Number) -> None:
     if not value > 0:
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
 
@@ -72,7 +75,8 @@ class Timings:
                 except ValueError:
                     raise ValueError(f"{var}={raw!r} is not a number") from None
         try:
-            return cls(**values)
+            # Each value was parsed by its field's own type (int or float) just above.
+            return cls(**values)  # type: ignore[arg-type]
         except ValueError as exc:
             raise ValueError(f"DESKBRIDGE_{str(exc).upper().split(' ', 1)[0]}: {exc}") from None
 

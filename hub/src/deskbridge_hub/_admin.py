@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from quart import request
+from quart_trio import QuartTrio
 
 from ._errors import BadRequest
 from ._validate import validate_key, validate_user_id
@@ -91,7 +92,7 @@ def desktop_row(
     }
 
 
-def register(app: Any, holder: dict[str, Any], json_response: Any) -> None:
+def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None:
     """Add the admin routes to ``app``; ``holder["state"]`` is the running HubState."""
 
     # Also under /admin/api/: a browser that authenticated for /admin/ sends its Basic

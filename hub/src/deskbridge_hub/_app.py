@@ -7,7 +7,6 @@ the ASGI middleware (access log, request tracking) in ``_middleware``.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import logging
@@ -16,7 +15,7 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import Response, request, websocket
@@ -56,6 +55,10 @@ from ._shutdown import drain_on_sigterm
 from ._substrate import Substrate
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
 
+if TYPE_CHECKING:  # the substrates load lazily (importing the package must not import coredis)
+    from ._memory import MemorySubstrate
+    from ._redis import RedisSubstrate
+
 log = logging.getLogger("deskbridge.hub")
 
 
@@ -64,7 +67,7 @@ def make_consumer_name() -> str:
     return f"{socket.gethostname()[:32]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _default_substrate(config: HubConfig) -> Substrate:
+def _default_substrate(config: HubConfig) -> RedisSubstrate | MemorySubstrate:
     if config.redis_url and config.redis_url != MEMORY_URL:
         from ._redis import RedisSubstrate
 
@@ -91,7 +94,8 @@ class _QuartSocket:
         self._closed = False
 
     async def receive(self) -> str | bytes:
-        return await self._ws.receive()
+        message: str | bytes = await self._ws.receive()
+        return message
 
     async def send(self, data: str) -> None:
         if self._closed:
@@ -130,12 +134,13 @@ def create_app(
 
     @app.while_serving
     async def _lifetime():  # type: ignore[no-untyped-def]
-        owned = substrate is None
-        sub = _default_substrate(config) if owned else substrate
-        async with contextlib.AsyncExitStack() as stack:
-            if owned:  # hold pooled connections for the app's lifetime
-                await stack.enter_async_context(sub)
-            async for _ in _serve_with(sub):
+        if substrate is not None:
+            async for _ in _serve_with(substrate):
+                yield
+            return
+        owned = _default_substrate(config)
+        async with owned:  # hold pooled connections for the app's lifetime
+            async for _ in _serve_with(owned):
                 yield
 
     async def _serve_with(sub: Substrate):  # type: ignore[no-untyped-def]
@@ -277,7 +282,9 @@ def create_app(
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
-        with _tracing.extracted(request.headers):  # a W3C traceparent header, if any
+        # werkzeug's Headers is mapping-like (case-insensitive get) but not a Mapping.
+        headers = request.headers
+        with _tracing.extracted(headers):  # type: ignore[arg-type]  # W3C traceparent, if any
             outcome = await holder["bridge"].dispatch(
                 user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
             )
@@ -336,7 +343,8 @@ def create_app(
         await websocket.accept()
         await serve_sidecar(
             holder["state"],
-            _QuartSocket(websocket._get_current_object()),
+            # Quart's ``websocket`` is a context-local proxy; the session keeps the object.
+            _QuartSocket(websocket._get_current_object()),  # type: ignore[attr-defined]
             user_id,
             expires_at=expires_at,
             on_progress=holder["progress"].offer,

@@ -152,7 +152,8 @@ def _memory_index(substrate: Any) -> dict[str, float]:
     index = substrate.__dict__.get("_directory_index")
     if index is None:
         index = substrate.__dict__["_directory_index"] = {}
-    return index
+    typed: dict[str, float] = index
+    return typed
 
 
 def _raise_any(replies: Sequence[Any]) -> None:

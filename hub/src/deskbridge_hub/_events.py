@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from quart import Response
+from quart_trio import QuartTrio
 
 from ._errors import BadRequest, SubstrateUnavailable
 from ._jobstate import MalformedState
@@ -34,7 +35,7 @@ def _event(kind: str, data: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def add_event_routes(app: Any, holder: dict[str, Any]) -> None:
+def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
     """Register ``GET /v1/jobs/<job_id>/events`` on ``app`` (behind the API key, as all
     of ``/v1/``)."""
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any
 
 import attrs
 
@@ -104,18 +103,20 @@ class JobState:
     session_id: str | None = None
     reply_to: str | None = None
 
-    def advance(self, stage: Stage, *, at: float | None = None, **changes: Any) -> JobState:
+    def advance(
+        self, stage: Stage, *, at: float | None = None, session_id: str | None = None
+    ) -> JobState:
         """The state after moving to ``stage``.
 
         Raises:
             InvalidTransition: the table does not allow it.
         """
         check_transition(self.stage, stage)
-        return attrs.evolve(self, stage=stage, at=at, **changes)
+        return attrs.evolve(self, stage=stage, at=at, session_id=session_id or self.session_id)
 
     def encode(self) -> str:
         """The stored JSON text (fields that are None are left out)."""
-        body: dict[str, Any] = {"stage": self.stage.value, "user_id": self.user_id}
+        body: dict[str, str | float] = {"stage": self.stage.value, "user_id": self.user_id}
         if self.at is not None:
             body["at"] = self.at
         if self.session_id is not None:

@@ -222,7 +222,7 @@ class MemoryCallerCommands:
                 self._check()
                 box = self._mailbox(mailbox, anyio.current_time())
                 if box.items:
-                    out = []
+                    out: list[tuple[str, str]] = []
                     while box.items and len(out) < count:
                         job_id, _, payload = box.items.popleft().partition(" ")
                         out.append((job_id, payload))

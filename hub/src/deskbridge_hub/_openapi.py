@@ -37,7 +37,7 @@ _OUTCOME_CODES = {
     "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
     "504": _json(_OUTCOME, "timeout; `detail.stage` says what is known"),
 }
-_AUTH = [{"bearer": []}]
+_AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 def document(version: str) -> dict[str, Any]:

@@ -143,7 +143,7 @@ def parse_progress(payload: str) -> ProgressReport | None:
         message = event.get("message")
         return ProgressReport(
             float(event["progress"]),
-            float(total) if _finite(total) else None,
+            float(total) if total is not None and _finite(total) else None,
             message if isinstance(message, str) else None,
         )
     except ValueError:

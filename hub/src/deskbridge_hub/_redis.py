@@ -372,7 +372,7 @@ class RedisSubstrate(CallerCommands, RedisDirectory):
                 replica, writes refused: absence proves nothing).
         """
         async with self._session("GET presence") as s:
-            holder = await self._call(s, b"GET", presence_key(user_id))
+            holder: str | None = await self._call(s, b"GET", presence_key(user_id))
         if holder is None:
             self._absent_proves_nothing("presence")
         return holder
@@ -472,7 +472,8 @@ class RedisSubstrate(CallerCommands, RedisDirectory):
         xadd = (b"EVAL", _XADD_INDEXED, 2, key, index_key(user_id), maxlen, job_id, within, *flat)
         async with self._session("XADD") as s:
             if user_id in s.groups:
-                return await self._call(s, *xadd)
+                added: str = await self._call(s, *xadd)
+                return added
             create = (b"XGROUP CREATE", key, GROUP, "0", b"MKSTREAM")
             created, entry_id = await s.execute(create, xadd, timeout_s=self._command_timeout_s)
             for reply in (created, entry_id):
@@ -481,6 +482,7 @@ class RedisSubstrate(CallerCommands, RedisDirectory):
                 ):
                     raise reply
             s.groups.add(user_id)
+            assert isinstance(entry_id, str), entry_id
             return entry_id
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
@@ -971,7 +973,7 @@ class RedisSubstrate(CallerCommands, RedisDirectory):
                 health probe found Redis unable to serve the hub.
         """
         async with self._session("GET tools") as s:
-            catalogue = await self._call(s, b"GET", tools_key(user_id))
+            catalogue: str | None = await self._call(s, b"GET", tools_key(user_id))
         if catalogue is None:
             self._absent_proves_nothing("catalogue")
         return catalogue

@@ -40,7 +40,7 @@ from ._substrate import (
 )
 
 if TYPE_CHECKING:
-    from ._redis_conn import _Session
+    from ._redis_session import _Session
 
 
 def _ms(duration_s: float) -> int:
@@ -339,7 +339,8 @@ class CallerCommands:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("LINDEX result") as s:
-            return await self._call(s, b"LINDEX", result_key(user_id, job_id), 0)
+            first: str | None = await self._call(s, b"LINDEX", result_key(user_id, job_id), 0)
+            return first
 
     async def read_notifications(
         self, mailbox: str, *, count: int, block_ms: int

@@ -19,7 +19,7 @@ broadcast to every node of a cluster).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -122,7 +122,7 @@ class ClusterSession:
         for node in self._nodes.values():
             node.drop_connections()
 
-    def start_soon(self, fn: Callable[[], Awaitable[None]]) -> None:
+    def start_soon(self, fn: Callable[[], Coroutine[object, object, None]]) -> None:
         self._tg.start_soon(fn)
 
     def statistics(self) -> ConnectionStatistics:

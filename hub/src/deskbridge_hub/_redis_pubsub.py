@@ -31,7 +31,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
 if TYPE_CHECKING:
-    from ._redis_conn import _Conn, _Session
+    from ._redis_session import _Conn, _Session
 
 #: Default messages a subscription buffers before it drops (and later reports a gap).
 DEFAULT_BUFFER = 1024

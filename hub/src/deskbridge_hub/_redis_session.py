@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -184,7 +184,7 @@ class _Session:
             polls_total=self._polls_total,
         )
 
-    def start_soon(self, fn: Callable[[], Awaitable[None]]) -> None:
+    def start_soon(self, fn: Callable[[], Coroutine[object, object, None]]) -> None:
         """Run ``fn`` in the session's task group (cancelled when the session closes)."""
         self._tg.start_soon(fn)
 
@@ -193,8 +193,10 @@ class _Session:
     async def _host(self, c: _Conn) -> None:
         try:
             with c.scope:
-                c.conn = self._connection_class(self._location, **self._connection_kwargs)
-                await c.conn.run(task_status=c)  # type: ignore[arg-type]
+                # The pool's connection class matches its location's kind (TCP or Unix
+                # socket); coredis types the two pairs apart, so mypy cannot see it.
+                c.conn = self._connection_class(self._location, **self._connection_kwargs)  # type: ignore[arg-type]
+                await c.conn.run(task_status=c)
         except Exception as exc:  # never crash the session's task group
             c.error = exc
         finally:

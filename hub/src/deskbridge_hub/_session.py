@@ -30,7 +30,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import attrs
 import trio
@@ -133,8 +133,8 @@ class HubSession:
         protocol errors close the socket with their close code."""
         try:
             presence = await self._handshake()
-        except EndSession as end:
-            await self._close(end.code, end.reason)
+        except EndSession as refused:
+            await self._close(refused.code, refused.reason)
             return
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
@@ -143,7 +143,7 @@ class HubSession:
         self.state.sessions[self.session_id] = self
         _metrics.session_opened()
         await _directory.connected(self)  # the admin API's index (best effort)
-        end: EndSession | None = None
+        ended: list[EndSession] = []
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -166,11 +166,11 @@ class HubSession:
                     self.stop_reading()
                 self.state.reader.attach(self._listener)
         except* EndSession as group:
-            end = group.exceptions[0]  # type: ignore[assignment]
+            ended += [e for e in group.exceptions if isinstance(e, EndSession)]
         finally:
             if self._listener is not None:
                 self.state.reader.detach(self._listener)
-            if end is None:
+            if not ended:
                 log.info(
                     "session %s of %s ends (socket gone)",
                     self.session_id,
@@ -180,9 +180,10 @@ class HubSession:
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
             await presence.clear()
-            end_of = (end.code, end.reason) if end else (None, "socket gone")
+            end_of = (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
             await _directory.disconnected(self, *end_of)
-        if end is not None:
+        if ended:
+            end = ended[0]
             log.info(
                 "session %s of %s ends: %s %s",
                 self.session_id,
@@ -234,7 +235,7 @@ class HubSession:
         while self._serving:
             await self._serving_changed.wait()
 
-    async def _guard(self, fn: Callable[[], Awaitable[Any]]) -> None:
+    async def _guard(self, fn: Callable[[], Awaitable[object]]) -> None:
         try:
             await fn()
         except SocketClosed:

@@ -149,7 +149,7 @@ def load_token() -> str | None:
         with contextlib.suppress(Exception):
             token = kr.get_password(KEYRING_SERVICE, KEYRING_USER)
             if token:
-                return token
+                return str(token)
     try:
         path = token_file()
         if path.stat().st_mode & 0o077:

@@ -27,6 +27,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,12 @@ def pending(data_dir: Path) -> list[dict[str, Any]]:
 
 
 async def wait_for_decision(
-    folder: Path, job_id: str, tool: str, args: dict[str, Any], deadline: float, wall_clock
+    folder: Path,
+    job_id: str,
+    tool: str,
+    args: dict[str, Any],
+    deadline: float,
+    wall_clock: Callable[[], float],
 ) -> str | None:
     """Ask, then wait until the person decides or the deadline (Unix seconds) passes.
 

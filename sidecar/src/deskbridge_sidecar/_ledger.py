@@ -50,9 +50,9 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, TypeVarTuple, Unpack
 
 import attrs
 import trio
@@ -62,6 +62,9 @@ from ._errors import LedgerError, LedgerLocked
 from ._outcome import IN_DOUBT, Outcome
 
 log = logging.getLogger("deskbridge.sidecar.ledger")
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 #: File name of the ledger inside the data directory.
 LEDGER_FILE = "ledger.sqlite3"
@@ -85,7 +88,7 @@ CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs (finished_at);
 """
 
 
-def args_digest(args: dict[str, Any]) -> str:
+def args_digest(args: Mapping[str, object]) -> str:
     """SHA-256 of the canonical JSON of ``args`` (sorted keys, no spaces), hex."""
     text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -234,11 +237,13 @@ class Ledger:
 
     async def get(self, key: str) -> LedgerEntry | None:
         """The row of ``key``, or None. Raises :class:`LedgerError`."""
-        return await self._call(self._get, key)
+        entry: LedgerEntry | None = await self._call(self._get, key)
+        return entry
 
     async def keys(self) -> dict[str, tuple[str, str]]:
         """Every key with its ``(tool, args_digest)``. Raises :class:`LedgerError`."""
-        return await self._call(self._keys)
+        keys: dict[str, tuple[str, str]] = await self._call(self._keys)
+        return keys
 
     async def begin(self, key: str, tool: str, digest: str, keep_until: float) -> None:
         """Record ``key`` as started now (durable when this returns).
@@ -260,9 +265,10 @@ class Ledger:
 
     async def prune(self) -> int:
         """Delete expired rows, then enforce the cap; returns rows deleted."""
-        return await self._call(self._prune, self.wall_clock())
+        deleted: int = await self._call(self._prune, self.wall_clock())
+        return deleted
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(self, fn: Callable[[Unpack[_Ts]], _T], *args: *_Ts) -> _T:
         if self.path is None:  # in memory: no disk to wait for, and MockClock stays exact
             await trio.lowlevel.checkpoint()
             return fn(*args)

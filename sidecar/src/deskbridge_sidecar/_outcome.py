@@ -7,7 +7,6 @@ Outcomes are what the dedupe cache stores; :meth:`Outcome.reply` turns one into 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import attrs
 from deskbridge_common import (
@@ -65,13 +64,13 @@ class Outcome:
     error: JobError | None = None
 
     @property
-    def result(self) -> Any:
+    def result(self) -> object:
         """The tool's JSON value, parsed from ``result_json`` (None when not ``ok``).
         Parses on every access: for inspection, not for the reply path."""
         return None if self.result_json is None else json.loads(self.result_json)
 
     @classmethod
-    def success(cls, result: Any) -> Outcome:
+    def success(cls, result: object) -> Outcome:
         """Wrap a tool's return value, normalised to plain JSON.
 
         Serialises ``result`` once (compact, ASCII). A value that is not

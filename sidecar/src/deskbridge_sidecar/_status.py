@@ -80,7 +80,8 @@ async def write_loop(daemon: Any, path: Path, hub: str, tools: list[str]) -> Non
 
 def read(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
     except (FileNotFoundError, ValueError):
         return None
 
@@ -102,7 +103,7 @@ def report(path: Path, *, as_json: bool = False) -> tuple[int, str]:
     but not connected (or stale), 3 not running (the LSB convention for "not running")."""
     body = read(path)
     running = body is not None and pid_alive(body.get("pid"))
-    stale = running and time.time() - body.get("updated_at", 0) > STALE_AFTER_S
+    stale = running and body is not None and time.time() - body.get("updated_at", 0) > STALE_AFTER_S
     if as_json:
         out = dict(body or {}, running=running, stale=stale, status_file=str(path))
         code = 3 if not running else (0 if out.get("connected") and not stale else 1)

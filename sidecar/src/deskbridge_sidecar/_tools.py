@@ -269,9 +269,10 @@ class ToolRegistry:
         Raises:
             ValueError: another tool already has this name (or see :meth:`Tool.from_function`).
         """
-        found = item if isinstance(item, Tool) else tool_of(item)
-        if found is None:
-            found = Tool.from_function(item)
+        if isinstance(item, Tool):
+            found = item
+        else:
+            found = tool_of(item) or Tool.from_function(item)
         existing = self._tools.get(found.name)
         if existing is not None:
             if existing is found or existing.fn is found.fn:

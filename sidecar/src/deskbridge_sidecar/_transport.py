@@ -224,6 +224,7 @@ class WebSocketConnector:
                     yield _WebSocketTransport(ws)
                 finally:
                     if entered:
+                        assert ws is not None  # entered means the upgrade gave us one
                         with trio.move_on_after(s.disconnect_timeout_s, shield=True):
                             await ws.aclose()  # a no-op if the session closed it already
                     # Closing the stream and the shield ends the reader on every path,

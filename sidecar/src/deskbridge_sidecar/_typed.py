@@ -111,7 +111,8 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
                 out[key] = value  # data (default, enum, const, examples) or a scalar keyword
         return out
 
-    return walk(schema, ())
+    inlined: dict[str, Any] = walk(schema, ())
+    return inlined
 
 
 _GOOGLE_HEADERS = re.compile(r"^(Args|Arguments|Parameters|Keyword Args|Keyword Arguments):\s*$")
@@ -262,7 +263,7 @@ class Arguments:
                 f"{getattr(fn, '__name__', 'tool')}_args", __config__=config, **fields
             )
             if open_ended and extra_type is not Any:
-                extra = pydantic.TypeAdapter(dict[str, extra_type])  # type: ignore[valid-type]
+                extra = pydantic.TypeAdapter(dict[str, extra_type])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", PydanticJsonSchemaWarning)  # default not JSON
                 raw = model.model_json_schema(by_alias=True)

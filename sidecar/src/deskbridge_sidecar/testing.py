@@ -245,7 +245,7 @@ class FakeHubSession:
 
     async def wait_result(self, delivery_id: str) -> JobResult:
         """Wait for the (first) job_result answering ``delivery_id``."""
-        found = await self.wait_for(lambda: self.results.get(delivery_id))
+        found: list[JobResult] = await self.wait_for(lambda: self.results.get(delivery_id))
         return found[0]
 
     async def wait_pong(self, nonce: str) -> float:
@@ -255,7 +255,8 @@ class FakeHubSession:
 
     async def wait_closed(self) -> CloseInfo:
         """Wait until the socket is closed; return how."""
-        return await self.wait_for(lambda: self.closed)
+        closed: CloseInfo = await self.wait_for(lambda: self.closed)
+        return closed
 
     def frames(self, kind: type) -> list[Any]:
         """The received frames of one class, e.g. ``session.frames(Error)``."""

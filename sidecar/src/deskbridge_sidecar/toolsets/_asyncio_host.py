@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import trio
@@ -60,7 +60,7 @@ class AsyncioHost:
                 self._loop = loop
             return self._loop
 
-    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         """Run ``fn(*args)`` (a coroutine function) on the asyncio loop; return its value.
 
         Raises:
@@ -92,7 +92,9 @@ class AsyncioHost:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout_s)
 
-    def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout_s: float = 30.0) -> T:
+    def run_sync(
+        self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, timeout_s: float = 30.0
+    ) -> T:
         """Run ``fn(*args)`` on the loop from a thread that is not trio's (shutdown paths)."""
         loop = self._ensure_started()
         return asyncio.run_coroutine_threadsafe(fn(*args), loop).result(timeout_s)

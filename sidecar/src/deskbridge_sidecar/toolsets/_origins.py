@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import shutil
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import attrs
@@ -24,6 +25,11 @@ def origin_of(url: str) -> str | None:
     return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
 
 
+def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    """attrs converter: a tuple of the strings (typed, unlike ``tuple`` itself)."""
+    return tuple(values)
+
+
 @attrs.frozen
 class OriginPolicy:
     """Which origins the browser may navigate to.
@@ -33,7 +39,7 @@ class OriginPolicy:
             ``https://*.example.com`` allows every subdomain (not the bare domain).
     """
 
-    allowed: tuple[str, ...] = attrs.field(converter=tuple)
+    allowed: tuple[str, ...] = attrs.field(converter=_str_tuple)
 
     def allows(self, url: str) -> bool:
         if url in ("about:blank", "about:srcdoc") or url.startswith("data:"):

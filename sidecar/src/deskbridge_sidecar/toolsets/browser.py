@@ -248,7 +248,7 @@ class BrowserToolset:
         await self._ensure()
         self._blocked.clear()
         try:
-            result = await fn(*args)
+            result: dict[str, Any] = await fn(*args)
         except PlaywrightTimeout as exc:
             raise ToolError(_first_line(exc), code="timeout") from None
         except PlaywrightError as exc:
@@ -344,7 +344,9 @@ class BrowserToolset:
             title = await page.title()
         return {"tab": tab, "url": page.url, "title": title}
 
-    async def _open(self, url: str, new_tab: bool, wait_until: str, timeout_s: float) -> dict:
+    async def _open(
+        self, url: str, new_tab: bool, wait_until: str, timeout_s: float
+    ) -> dict[str, Any]:
         if new_tab or self._current is None or self._current not in self._tabs:
             page = await self._context.new_page()
             self._adopt(page)
@@ -352,7 +354,7 @@ class BrowserToolset:
         response = await page.goto(url, wait_until=wait_until, timeout=timeout_s * 1000)
         return {**await self._describe(tab, page), "status": response.status if response else None}
 
-    async def _text(self, selector: str | None, tab: int | None, max_chars: int) -> dict:
+    async def _text(self, selector: str | None, tab: int | None, max_chars: int) -> dict[str, Any]:
         tab_id, page = self._page(tab)
         text = await page.inner_text(selector or "body", timeout=10_000)
         return {
@@ -361,7 +363,7 @@ class BrowserToolset:
             "truncated": len(text) > max_chars,
         }
 
-    async def _click(self, selector: str, tab: int | None, timeout_s: float) -> dict:
+    async def _click(self, selector: str, tab: int | None, timeout_s: float) -> dict[str, Any]:
         tab_id, page = self._page(tab)
         await page.click(selector, timeout=timeout_s * 1000)
         await self._settle(page, timeout_s)
@@ -376,17 +378,23 @@ class BrowserToolset:
         except Exception as exc:  # noqa: BLE001 - the action itself succeeded
             log.debug("page did not settle after the action: %r", exc)
 
-    async def _fill(self, selector: str, value: str, tab: int | None, timeout_s: float) -> dict:
+    async def _fill(
+        self, selector: str, value: str, tab: int | None, timeout_s: float
+    ) -> dict[str, Any]:
         tab_id, page = self._page(tab)
         await page.fill(selector, value, timeout=timeout_s * 1000)
         return {**await self._describe(tab_id, page), "selector": selector}
 
-    async def _wait_for(self, selector: str, state: str, tab: int | None, timeout_s: float) -> dict:
+    async def _wait_for(
+        self, selector: str, state: str, tab: int | None, timeout_s: float
+    ) -> dict[str, Any]:
         tab_id, page = self._page(tab)
         await page.wait_for_selector(selector, state=state, timeout=timeout_s * 1000)
         return {**await self._describe(tab_id, page), "selector": selector, "state": state}
 
-    async def _screenshot(self, selector: str | None, full_page: bool, tab: int | None) -> dict:
+    async def _screenshot(
+        self, selector: str | None, full_page: bool, tab: int | None
+    ) -> dict[str, Any]:
         tab_id, page = self._page(tab)
         if selector:
             data = await page.locator(selector).first.screenshot(type="png", timeout=10_000)
@@ -407,13 +415,13 @@ class BrowserToolset:
             "bytes": len(data),
         }
 
-    async def _list_tabs(self) -> dict:
+    async def _list_tabs(self) -> dict[str, Any]:
         tabs = []
         for tab, page in sorted(self._tabs.items()):
             tabs.append({**await self._describe(tab, page), "current": tab == self._current})
         return {"tabs": tabs}
 
-    async def _close_tab(self, tab: int) -> dict:
+    async def _close_tab(self, tab: int) -> dict[str, Any]:
         tab_id, page = self._page(tab)
         await page.close()
         self._forget(tab_id)

@@ -110,7 +110,7 @@ class FilesToolset:
             raise ToolError(f"{path!r} does not exist", code="not_found")
         if not folder.is_dir():
             raise ToolError(f"{path!r} is not a folder", code="not_a_directory")
-        entries = []
+        entries: list[dict[str, Any]] = []
         truncated = False
         try:
             with os.scandir(folder) as found:
