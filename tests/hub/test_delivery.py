@@ -327,3 +327,21 @@ async def test_every_answer_is_counted_once_by_tool_and_outcome_and_logged_with_
     assert counter._value.get() == before + 1
     lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.jobs"]
     assert lines == [f"job job-1 finished: {outcome} ({tool})"]
+
+
+async def test_the_answer_notifies_the_callers_mailbox_and_lives_as_long_as_its_key(
+    autojump_clock,
+):
+    """The publish step wakes the caller through its process's mailbox (``reply_to``)
+    and keeps the result as long as the idempotency record that points at it, so a retry
+    with the same key, up to the job's deadline + result TTL, still finds the answer."""
+    from deskbridge_hub._substrate import idem_key
+
+    substrate, server, entry = await setup(reply_to="box-1")
+    record_until_s = Timings().result_ttl_s + 600  # e.g. a 600 s deadline, then the TTL
+    substrate._set(idem_key(USER, "key-1"), "job-1 echo digest", wall(), record_until_s)
+    await server.serve(entry, FakeExecutor())
+    got = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert [job for job, _ in got] == ["job-1"]
+    await trio.sleep(record_until_s - 2)  # past the result TTL, inside the record's life
+    assert (await answer(substrate)) == {"status": "completed", "result": {"x": 1}}
