@@ -11,14 +11,12 @@ for why not ``EVALSHA``). Every script touches only keys of one user's hash slot
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
 from coredis.exceptions import StreamDuplicateConsumerGroupError
 
+from ._redis_base import RedisCommandBase, Script, _ms
 from ._substrate import (
     GROUP,
     MAILBOX_TTL_S,
@@ -40,32 +38,7 @@ from ._substrate import (
 )
 
 if TYPE_CHECKING:
-    from ._redis_session import _Session
-
-
-def _ms(duration_s: float) -> int:
-    """Seconds -> whole milliseconds, rounded up, at least 1."""
-    if not duration_s > 0:
-        raise ValueError(f"duration must be > 0 s, got {duration_s!r}")
-    return max(1, math.ceil(round(duration_s * 1000, 6)))
-
-
-@attrs.frozen
-class Script:
-    """A Lua script: its text (sent with ``EVAL``) and SHA-1."""
-
-    text: str
-    sha: str = attrs.field(init=False)
-
-    @sha.default
-    def _sha(self) -> str:
-        return hashlib.sha1(self.text.encode("utf-8")).hexdigest()
-
-    def evalsha(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
-        return (b"EVALSHA", self.sha, len(keys), *keys, *args)
-
-    def eval(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
-        return (b"EVAL", self.text, len(keys), *keys, *args)
+    pass
 
 
 #: The caller's one step. KEYS: presence, tools, jobs, index, state, idem. ARGV: catalogue
@@ -131,41 +104,8 @@ return ttl
 )
 
 
-class CallerCommands:
+class CallerCommands(RedisCommandBase):
     """The caller-path commands of ``RedisSubstrate`` (see the module docstring)."""
-
-    _command_timeout_s: float
-
-    def _session(self, what: str) -> Any:  # pragma: no cover - provided by RedisSubstrate
-        raise NotImplementedError
-
-    async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
-        raise NotImplementedError  # pragma: no cover - provided by RedisSubstrate
-
-    def _absent_proves_nothing(self, what: str) -> None:
-        raise NotImplementedError  # pragma: no cover - provided by RedisSubstrate
-
-    async def _script(
-        self,
-        s: _Session,
-        script: Script,
-        keys: Sequence[str],
-        args: Sequence[Any],
-        *,
-        before: Sequence[tuple[Any, ...]] = (),
-        after: Sequence[tuple[Any, ...]] = (),
-    ) -> list[Any]:
-        """Run ``script`` (EVAL with its text) with ``before``/``after`` commands in the
-        same write. Returns the replies (exceptions as values) in order.
-
-        Why EVAL and not EVALSHA: ``before``/``after`` run in the same write, so a
-        NOSCRIPT reply (a restarted Redis, a failover, a cluster node that never saw the
-        script) comes back after they already ran, and resending the write would apply
-        them twice (a second notification, wake-up or progress outcome). Redis caches the
-        compiled script under its SHA-1 either way; the text costs a few KiB of loopback
-        bandwidth per call and no extra round trip."""
-        commands = (*before, script.eval(keys, args), *after)
-        return await s.execute(*commands, timeout_s=self._command_timeout_s)
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step: EVAL ``SUBMIT``, (unless already claimed) SET the

@@ -1,0 +1,113 @@
+"""What every command mixin of ``RedisSubstrate`` shares: the plumbing it calls (declared
+here, provided by ``RedisSubstrate`` in ``_redis``), the ``Script`` type and the reply
+helpers. The mixins are split by the substrate contract's concerns (``_substrate``):
+``_redis_presence`` (presence, liveness, wake-ups, heartbeats), ``_redis_streams`` (the
+job stream), ``_redis_jobs`` (results, progress, job state, catalogue) and
+``_redis_caller`` (the caller's scripted path)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._substrate import Entry
+
+if TYPE_CHECKING:
+    from ._redis_session import _Session
+
+
+def _ms(duration_s: float) -> int:
+    """Seconds -> whole milliseconds, rounded up, at least 1.
+
+    Raises:
+        ValueError: ``duration_s`` is not positive.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration must be > 0 s, got {duration_s!r}")
+    return max(1, math.ceil(round(duration_s * 1000, 6)))
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """``"<ms>-<seq>"`` -> ``(ms, seq)`` for ordering entry IDs."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _entries(raw: Any) -> list[Entry]:
+    """``[[id, [f, v, ...] | nil], ...]`` -> entries (nil body: trimmed or deleted)."""
+    out = []
+    for entry_id, flat in raw or ():
+        fields = None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
+        out.append(Entry(entry_id, fields))
+    return out
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@attrs.frozen
+class Script:
+    """A Lua script: its text (sent with ``EVAL``) and SHA-1."""
+
+    text: str
+    sha: str = attrs.field(init=False)
+
+    @sha.default
+    def _sha(self) -> str:
+        return hashlib.sha1(self.text.encode("utf-8")).hexdigest()
+
+    def evalsha(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        return (b"EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def eval(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        return (b"EVAL", self.text, len(keys), *keys, *args)
+
+
+class RedisCommandBase:
+    """The plumbing a command mixin calls; ``RedisSubstrate`` provides each of these."""
+
+    _command_timeout_s: float
+
+    def _session(
+        self, what: str
+    ) -> contextlib.AbstractAsyncContextManager[_Session]:  # pragma: no cover
+        raise NotImplementedError
+
+    async def _call(
+        self, session: _Session, *command: Any, block_s: float | None = 0.0
+    ) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    async def _heal_group(self, session: _Session, user_id: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _absent_proves_nothing(self, what: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    async def _script(
+        self,
+        s: _Session,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        before: Sequence[tuple[Any, ...]] = (),
+        after: Sequence[tuple[Any, ...]] = (),
+    ) -> list[Any]:
+        """Run ``script`` (EVAL with its text) with ``before``/``after`` commands in the
+        same write. Returns the replies (exceptions as values) in order.
+
+        Why EVAL and not EVALSHA: ``before``/``after`` run in the same write, so a
+        NOSCRIPT reply (a restarted Redis, a failover, a cluster node that never saw the
+        script) comes back after they already ran, and resending the write would apply
+        them twice (a second notification, wake-up or progress outcome). Redis caches the
+        compiled script under its SHA-1 either way; the text costs a few KiB of loopback
+        bandwidth per call and no extra round trip."""
+        commands = (*before, script.eval(keys, args), *after)
+        return await s.execute(*commands, timeout_s=self._command_timeout_s)

@@ -1,0 +1,304 @@
+"""Presence, process liveness, wake-ups and the pipelined heartbeat on Redis: the
+``PresenceCommands`` part of ``RedisSubstrate`` (contract: ``_substrate.PresenceSubstrate``
+and ``ReaderSubstrate``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from coredis.exceptions import (
+    NoScriptError,
+)
+
+from ._redis_base import RedisCommandBase, _ms
+from ._substrate import (
+    GROUP,
+    Beat,
+    BeatReply,
+    index_key,
+    jobs_key,
+    presence_key,
+    proc_key,
+    tools_key,
+    wake_key,
+)
+
+#: Lua: delete the presence key only while it still holds this session (atomic).
+_CLEAR_IF_HOLDER = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+#: Refresh presence only while it is absent or ours (a heartbeat never steals it back).
+_REFRESH_IF_HOLDER = (
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v == false or v == ARGV[1] then "
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0"
+)
+#: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
+#: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
+#: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
+#: trimmed_due} (see BeatReply). An idle user costs GET+SET presence, GET catalogue,
+#: EXISTS, XINFO GROUPS and HLEN inside the script (XINFO CONSUMERS on pruning beats).
+_HEARTBEAT = """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function older(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function record(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local ours = 0
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then redis.call('SET', KEYS[2], ARGV[3]) end
+  ours = 1
+end
+local backlog, reclaim, trimmed = 0, 0, 0
+local exists = redis.call('EXISTS', KEYS[3]) == 1
+local function last_id()
+  local tail = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  if tail[1] then return tail[1][1] end
+  return nil
+end
+if exists then
+  local group = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
+    local t = record(g)
+    if t['name'] == ARGV[4] then group = t end
+  end
+  if group == nil then
+    if last_id() then backlog = 1 end
+  else
+    local lag = group['lag']
+    if not lag then
+      local tail = last_id()
+      if tail and older(group['last-delivered-id'], tail) then backlog = 1 end
+    elseif lag > 0 then
+      backlog = 1
+    end
+    if group['pending'] > 0 then
+      local idle = redis.call('XPENDING', KEYS[3], ARGV[4], 'IDLE', ARGV[6], '-', '+', 1)
+      if idle[1] then reclaim = 1 end
+    end
+    if ARGV[7] == '1' then
+      for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
+        local t = record(c)
+        if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
+          redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[4], t['name'])
+        end
+      end
+    end
+  end
+end
+if redis.call('HLEN', KEYS[4]) > 0 then
+  local head = {}
+  if exists then head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1) end
+  if head[1] == nil then
+    trimmed = 1
+  else
+    for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do
+      if older(id, head[1][1]) then
+        trimmed = 1
+        break
+      end
+    end
+  end
+end
+return {ours, backlog, reclaim, trimmed}
+"""
+_HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
+#: Heartbeats per pipelined write (bounds one write and its reply; 10,000 sessions -> 40).
+_HEARTBEAT_CHUNK = 250
+
+
+class PresenceCommands(RedisCommandBase):
+    """Presence, liveness, wake-ups and heartbeats of ``RedisSubstrate``."""
+
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+        """SET ``bridge:presence:{user_id}`` = session_id PX ceil(ttl_s * 1000).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("SET presence") as s:
+            await self._call(s, b"SET", presence_key(user_id), session_id, b"PX", px)
+
+    async def get_presence(self, user_id: str) -> str | None:
+        """GET the presence key: the holder session id, or None.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable, or the key is absent while the last
+                health probe found Redis unable to serve the hub (evicting policy,
+                replica, writes refused: absence proves nothing).
+        """
+        async with self._session("GET presence") as s:
+            holder: str | None = await self._call(s, b"GET", presence_key(user_id))
+        if holder is None:
+            self._absent_proves_nothing("presence")
+        return holder
+
+    async def refresh_presence(self, user_id: str, session_id: str, ttl_s: float) -> bool:
+        """SET presence PX ttl only if absent or held by ``session_id`` (one Lua script).
+
+        Returns:
+            True if refreshed; False if another session holds it.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("refresh presence") as s:
+            key = presence_key(user_id)
+            return bool(await self._call(s, b"EVAL", _REFRESH_IF_HOLDER, 1, key, session_id, px))
+
+    async def clear_presence(self, user_id: str, session_id: str) -> bool:
+        """Delete presence only while it holds ``session_id`` (one Lua script, atomic).
+
+        Returns:
+            True if deleted.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        async with self._session("clear presence") as s:
+            key = presence_key(user_id)
+            return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
+
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+        """SET ``bridge:proc:{holder_id}`` 1 PX ceil(ttl_s * 1000).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        async with self._session("SET liveness") as s:
+            await self._call(s, b"SET", proc_key(holder_id), b"1", b"PX", px)
+
+    async def clear_liveness(self, holder_id: str) -> None:
+        """DEL ``bridge:proc:{holder_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        async with self._session("DEL liveness") as s:
+            await self._call(s, b"DEL", proc_key(holder_id))
+
+    async def holder_alive(self, holder_id: str) -> bool:
+        """EXISTS ``bridge:proc:{holder_id}``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("EXISTS liveness") as s:
+            return bool(await self._call(s, b"EXISTS", proc_key(holder_id)))
+
+    async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
+        """MULTI, RPUSH ``bridge:wake:{holder_id}`` user_id, PEXPIRE ceil(ttl_s * 1000),
+        EXEC (one round trip).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        px = _ms(ttl_s)
+        key = wake_key(holder_id)
+        async with self._session("RPUSH wake") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"RPUSH", key, user_id),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+        """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
+
+        Returns:
+            The user ids popped, or [] on timeout.
+
+        Raises:
+            ValueError: negative ``timeout_s``. SubstrateUnavailable: Redis unreachable.
+
+        Cancellation: as :meth:`read_new`; nothing is popped for a cancelled wait.
+        """
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        seconds = f"{_ms(timeout_s) / 1000:.3f}" if timeout_s else "0"
+        key = wake_key(holder_id)
+        async with self._session("BLMPOP wake") as s:
+            reply = await self._call(
+                s, b"BLMPOP", seconds, 1, key, b"LEFT", b"COUNT", count,
+                block_s=timeout_s or None,
+            )  # fmt: skip
+        if not reply:
+            return []
+        return list(reply[1])
+
+    async def heartbeat(
+        self,
+        beats: Sequence[Beat],
+        *,
+        ttl_s: float,
+        consumer: str,
+        reclaim_idle_ms: int,
+        prune: bool = True,
+    ) -> list[BeatReply]:
+        """One EVALSHA of the heartbeat script per beat, pipelined in writes of up to
+        250 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
+
+        Raises:
+            ValueError: ``ttl_s`` not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes (then no reply
+                is known; the caller retries every beat).
+        """
+        px = _ms(ttl_s)
+        replies: list[BeatReply] = []
+        async with self._session("heartbeat") as s:
+            for start in range(0, len(beats), _HEARTBEAT_CHUNK):
+                chunk = beats[start : start + _HEARTBEAT_CHUNK]
+                commands = [
+                    (
+                        b"EVALSHA",
+                        _HEARTBEAT_SHA,
+                        4,
+                        presence_key(b.user_id),
+                        tools_key(b.user_id),
+                        jobs_key(b.user_id),
+                        index_key(b.user_id),
+                        b.session_id,
+                        px,
+                        b.catalogue,
+                        GROUP,
+                        consumer,
+                        reclaim_idle_ms,
+                        b"1" if prune else b"0",
+                    )  # fmt: skip
+                    for b in chunk
+                ]
+                raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                if any(isinstance(r, NoScriptError) for r in raw):
+                    await self._call(s, b"SCRIPT", b"LOAD", _HEARTBEAT)
+                    raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                for reply in raw:
+                    if isinstance(reply, BaseException):
+                        raise reply
+                    ours, backlog, reclaim, trimmed = (bool(int(x)) for x in reply)
+                    replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+        return replies
