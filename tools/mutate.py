@@ -17,8 +17,10 @@ editable installs.
 Equivalent mutants (a mutation that cannot change behaviour) are declared in
 ``mutation.toml`` with a one-line reason each, in two ways: ``[[equivalent_lines]]``
 (a regular expression over source lines; mutmut generates no mutant on a matching line,
-e.g. a log message's text) and ``[equivalent]`` (one mutant by name). Named ones are left
-out of the score and counted in the ``equiv`` column.
+e.g. a log message's text), ``[[equivalent_change]]`` (a surviving mutant whose one changed
+line matches ``removed`` before and ``added`` after, in ``module``), ``[[equivalent_case]]``
+(a case-only change of a case-insensitive literal) and ``[equivalent]`` (one mutant by
+name). All but line rules are left out of the score and counted in the ``equiv`` column.
 
 A target may list ``functions`` (globs over mutmut's function names, e.g.
 ``xǁEntryServerǁfinish``): only their mutants are run and scored (the CI subset uses this).
@@ -26,7 +28,9 @@ A target may list ``functions`` (globs over mutmut's function names, e.g.
 Usage:
     ./dev mutate                 every target in mutation.toml (about 30 min on 2 cores)
     ./dev mutate --set ci        only the targets of set "ci" (the CI subset, ~1-2 min)
+    ./dev mutate --module _codec only the targets whose module path contains ``_codec``
     ./dev mutate --survivors     also list surviving mutants by name
+    ./dev mutate --max-children N  mutmut worker processes (default 1)
     ./dev mutate --fail-under N  exit 1 if any module's score is below N percent
 
 Exit status: 0 when every module of the run reaches its ``min_score`` (and
@@ -38,7 +42,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -84,9 +87,14 @@ def _stage(
     """Copy the packages, tests and pytest config into the stage; keep mutmut's cache
     (``mutants/``) so an unchanged function is not tested again."""
     # mutmut keeps its generated mutants across runs; a new line pattern or target list
-    # must regenerate them, so the cache is dropped whenever mutation.toml changes.
+    # must regenerate them (a module copied unmutated last time is newer than its source,
+    # so mutmut would not mutate it now), so the cache is dropped whenever mutation.toml
+    # or the modules of the run change.
+    only = [f"src/{t['module']}" for t in targets]
     stamp = STAGE / "mutation.toml.sha256"
-    digest = hashlib.sha256((ROOT / "mutation.toml").read_bytes()).hexdigest()
+    digest = hashlib.sha256(
+        (ROOT / "mutation.toml").read_bytes() + "\n".join(sorted(only)).encode()
+    ).hexdigest()
     if not stamp.exists() or stamp.read_text() != digest:
         shutil.rmtree(STAGE / "mutants", ignore_errors=True)
     STAGE.mkdir(exist_ok=True)
@@ -105,7 +113,6 @@ def _stage(
             shutil.rmtree(target)
         copy = shutil.copytree if (ROOT / extra).is_dir() else shutil.copy2
         copy(ROOT / extra, target)
-    only = [f"src/{t['module']}" for t in targets]
     config = (ROOT / "pyproject.toml").read_text()
     config += (
         "\n[tool.mutmut]\n"
@@ -143,12 +150,8 @@ def _module_of(mutant: str) -> str:
     return module.replace(".", "/") + ".py"
 
 
-def _case_only(name: str, rules: list[dict[str, str]]) -> bool:
-    """True if mutant ``name`` only changes the letter case of one line that an
-    ``[[equivalent_case]]`` rule declares case-insensitive (e.g. SQL text)."""
-    rules = [r for r in rules if fnmatch.fnmatchcase(_module_of(name), r["module"])]
-    if not rules:
-        return False
+def _diff(name: str) -> tuple[list[str], list[str]]:
+    """The lines mutant ``name`` removes and adds (``mutmut show``)."""
     diff = subprocess.run(
         [sys.executable, "-m", "mutmut", "show", name],
         cwd=STAGE,
@@ -157,11 +160,37 @@ def _case_only(name: str, rules: list[dict[str, str]]) -> bool:
     ).stdout.splitlines()
     removed = [line[1:] for line in diff if line.startswith("-") and not line.startswith("---")]
     added = [line[1:] for line in diff if line.startswith("+") and not line.startswith("+++")]
-    if len(removed) != 1 or len(added) != 1 or removed[0] == added[0]:
+    return removed, added
+
+
+def _case_only(name: str, diff: tuple[list[str], list[str]], rules: list[dict[str, str]]) -> bool:
+    """True if mutant ``name`` only changes the letter case of one line that an
+    ``[[equivalent_case]]`` rule declares case-insensitive (e.g. SQL text)."""
+    rules = [r for r in rules if fnmatch.fnmatchcase(_module_of(name), r["module"])]
+    removed, added = diff
+    if not rules or len(removed) != 1 or len(added) != 1 or removed[0] == added[0]:
         return False
     if removed[0].lower() != added[0].lower():
         return False
     return any(re.search(r["pattern"], removed[0]) for r in rules)
+
+
+def _change_rule(
+    name: str, diff: tuple[list[str], list[str]], rules: list[dict[str, str]]
+) -> str | None:
+    """The reason of the first ``[[equivalent_change]]`` rule that mutant ``name``'s diff
+    matches: one line changed, the old line matching ``removed``, the new ``added``."""
+    removed, added = diff
+    if len(removed) != 1 or len(added) != 1:
+        return None
+    for rule in rules:
+        if (
+            fnmatch.fnmatchcase(_module_of(name), rule.get("module", "*"))
+            and re.search(rule["removed"], removed[0])
+            and re.search(rule["added"], added[0])
+        ):
+            return rule["reason"]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", default=None, help="only the targets tagged with this set")
     parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
     parser.add_argument("--fail-under", type=float, default=None, metavar="PERCENT")
-    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--module", default=None, metavar="NAME",
+                        help="only the targets whose module path contains NAME (e.g. _codec)")
+    parser.add_argument("--max-children", type=int, default=1,
+                        help="mutmut worker processes (default 1: the machine is shared)")
     args = parser.parse_args(argv)
 
     spec = tomllib.loads((ROOT / "mutation.toml").read_text())
     wanted = args.set or "full"
     targets = [t for t in spec["target"] if wanted in t.get("sets", [])]
+    if args.module:
+        targets = [t for t in targets if args.module in str(t["module"])]
     if not targets:
-        parser.error(f"no target in mutation.toml belongs to set {args.set!r}")
+        parser.error(f"no target in mutation.toml matches set {wanted!r}, module {args.module!r}")
     equivalent: dict[str, str] = spec.get("equivalent", {})
     tests = sorted({test for t in targets for test in t["tests"]})
     line_patterns = [e["pattern"] for e in spec.get("equivalent_lines", [])]
@@ -202,9 +236,15 @@ def main(argv: list[str] | None = None) -> int:
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in selection)
     }
     case_rules = spec.get("equivalent_case", [])
+    change_rules = spec.get("equivalent_change", [])
     for name, status in results.items():
-        if status == "survived" and _case_only(name, case_rules):
+        if status != "survived" or name in equivalent:
+            continue
+        diff = _diff(name)
+        if _case_only(name, diff, case_rules):
             equivalent[name] = "case-only change of a case-insensitive literal"
+        elif reason := _change_rule(name, diff, change_rules):
+            equivalent[name] = reason
     by_module: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for name, status in results.items():
         key = "equivalent" if name in equivalent else status
