@@ -51,6 +51,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The stage of a whole set; ``--module NAME`` runs get their own (``.mutation-NAME``), so
+#: each keeps its cache and its survivors stay inspectable while another module runs.
 STAGE = ROOT / ".mutation"
 PACKAGES = {
     "deskbridge_common": ROOT / "common" / "src" / "deskbridge_common",
@@ -203,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=1,
                         help="mutmut worker processes (default 1: the machine is shared)")
     args = parser.parse_args(argv)
+    if args.module:
+        global STAGE
+        STAGE = ROOT / f".mutation-{re.sub(r'[^A-Za-z0-9_]', '_', args.module)}"
 
     spec = tomllib.loads((ROOT / "mutation.toml").read_text())
     wanted = args.set or "full"
