@@ -7,7 +7,7 @@ Public API: :class:`Bridge` (dispatch), :func:`create_app` (the ASGI app),
 from typing import Any
 
 from ._app import create_app
-from ._bridge import Bridge, Outcome, Presence
+from ._bridge import Bridge
 from ._config import HubConfig
 from ._errors import (
     BadRequest,
@@ -25,6 +25,7 @@ from ._errors import (
     SubstrateUnavailable,
     UnknownJob,
 )
+from ._outcome import Outcome, Presence
 from ._substrate import Claimed, Entry, Substrate
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, issue_token, verify_token
 

@@ -20,26 +20,18 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
+from ._bridge_jobs import USER_SEPARATOR, JobControl, _check
 from ._catalogue import CatalogueCache
 from ._errors import (
     BadRequest,
-    BridgeError,
-    DesktopOffline,
     IdempotencyKeyReused,
-    JobCancelled,
-    JobDeclined,
-    JobExpired,
-    JobFailed,
     JobIdInUse,
-    JobInDoubt,
-    JobLost,
-    JobTimeout,
     SubstrateUnavailable,
-    UnknownJob,
 )
 from ._idempotency import IndexRecord, args_digest
-from ._jobs import cancelled_before_start, job_fields, parse_result
-from ._jobstate import JobState, MalformedState, Stage
+from ._jobs import job_fields, parse_result
+from ._jobstate import JobState, Stage
+from ._outcome import _TIMEOUT_MESSAGES, Outcome, Presence
 from ._progress import ProgressReport, parse_progress
 from ._retry import HOLDER_ALIVE_CACHE_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
@@ -57,9 +49,6 @@ STATUS_TIMEOUT_S = 5.0
 #: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
 #: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
 MAX_TIMEOUT_S = 24 * 3600.0
-#: Separates the random part of a hub-minted job id from its user id (``~`` is never
-#: part of a user id).
-USER_SEPARATOR = "~"
 #: Times one call submits again (a catalogue that changed under it, a holder process to
 #: check) before giving up.
 MAX_SUBMIT_RETRIES = 4
@@ -67,62 +56,8 @@ MAX_SUBMIT_RETRIES = 4
 MAX_CACHED_HOLDERS = 10_000
 
 
-@attrs.frozen
-class Presence:
-    """Answer of ``Bridge.presence``: ``online`` iff a live presence key exists."""
-
-    user_id: str
-    online: bool
-    session_id: str | None = None
-
-
-@attrs.frozen
-class Outcome:
-    """A terminal answer for one dispatched job (see docs/outcomes.md).
-
-    Attributes:
-        job_id: the job's id (None if it was never enqueued: offline, bad request).
-        status: completed | failed | expired | lost | cancelled | in_doubt | declined |
-            timeout | offline | unavailable.
-        result: the tool's return value when completed.
-        error: ``{"code", "message"}`` for every other status.
-        detail: extra facts (``stage`` for timeouts).
-        elapsed_s: seconds from dispatch to this answer (monotonic clock).
-    """
-
-    job_id: str | None
-    status: str
-    result: Any = None
-    error: dict[str, str] | None = None
-    detail: dict[str, Any] = attrs.field(factory=dict)
-    elapsed_s: float = 0.0
-
-    def raise_for_status(self) -> Any:
-        """Return ``result`` if completed, else raise the matching ``BridgeError``."""
-        if self.status == "completed":
-            return self.result
-        err = self.error or {"code": self.status, "message": self.status}
-        message = err.get("message", self.status)
-        exc_type = _ERRORS.get(self.status, BridgeError)
-        if exc_type is JobFailed:
-            raise JobFailed(message, code=err.get("code", "failed"), job_id=self.job_id)
-        raise exc_type(message, job_id=self.job_id, **self.detail)
-
-
-_ERRORS: dict[str, type[BridgeError]] = {
-    "failed": JobFailed,
-    "expired": JobExpired,
-    "lost": JobLost,
-    "cancelled": JobCancelled,
-    "in_doubt": JobInDoubt,
-    "declined": JobDeclined,
-    "timeout": JobTimeout,
-    "offline": DesktopOffline,
-}
-
-
 @attrs.define(eq=False)
-class Bridge:
+class Bridge(JobControl):
     """Dispatch jobs to users' desktops through a substrate.
 
     Args:
@@ -428,39 +363,6 @@ class Bridge:
             tg.cancel_scope.cancel()
         return payload
 
-    async def job_state(self, job_id: str) -> JobState | None:
-        """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
-        its state expired).
-
-        Raises:
-            MalformedState: the stored state is not one. SubstrateUnavailable: Redis
-                unreachable.
-        """
-        found = await self._find(job_id)
-        return None if found is None else found[1]
-
-    async def _find(self, job_id: str) -> tuple[str, JobState] | None:
-        """The user and state of ``job_id``: the user from the id itself (hub-minted ids
-        end in ``~<user_id>``), else from its owner record (caller-chosen ids)."""
-        _, sep, user_id = job_id.rpartition(USER_SEPARATOR)
-        if sep and _valid_user(user_id):
-            state = await self.substrate.get_job_state(user_id, job_id)
-            if state is not None:
-                return user_id, state
-        owner = await self.substrate.job_owner(job_id)
-        if owner is None:
-            return None
-        state = await self.substrate.get_job_state(owner.user_id, job_id)
-        return None if state is None else (owner.user_id, state)
-
-    async def _stage(self, user_id: str, job_id: str) -> str:
-        try:
-            state = await self.substrate.get_job_state(user_id, job_id)
-        except MalformedState:
-            state = None
-        stage = "unknown" if state is None else state.stage.value
-        return stage if stage in _TIMEOUT_MESSAGES else "unknown"
-
     async def _validated(self, user_id: str, name: str, args: dict[str, Any]) -> str | None:
         """Refuse, before enqueueing, a tool the desktop did not announce or args that fail
         its JSON Schema, by the cached catalogue (fetched if not cached, or if it refuses:
@@ -487,44 +389,6 @@ class Bridge:
         _check(validate_user_id, user_id, "user_id")
         raw = await self.substrate.get_catalogue(user_id)
         return json.loads(raw) if raw else None
-
-    async def cancel(self, job_id: str) -> str:
-        """Cancel a job: a queued job is never started; a running one gets a ``cancel``
-        frame at once (its async tool task is cancelled; a sync tool cannot be
-        interrupted and finishes). Its caller is answered "cancelled".
-
-        Returns:
-            The stage the job was in: ``queued``, ``delivered`` or ``interrupted``; or
-            ``finished`` when it already has its answer (nothing is cancelled then).
-
-        Raises:
-            BadRequest: malformed job id.
-            UnknownJob: no such job (never dispatched, or its state expired after
-                ``result_ttl_s``).
-            SubstrateUnavailable: Redis unreachable.
-        """
-        _check(validate_key, job_id, "job_id")
-        found = await self._find(job_id)
-        if found is None:
-            raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
-        user_id, state = found
-        if state.stage.terminal:
-            return "finished"
-        ttl_s = self.timings.result_ttl_s
-        await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
-        control = {"control": "cancel", "job_id": job_id}
-        await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
-        holder = await self.substrate.get_presence(user_id)
-        if holder is not None:
-            await self._wake(holder, user_id)
-        if state.stage is Stage.QUEUED:
-            # The relay will drop the entry when it reads it; answer the caller now.
-            await self.substrate.publish_result(
-                user_id, job_id, cancelled_before_start(), ttl_s=ttl_s, notify=state.reply_to
-            )
-            cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
-            await self.substrate.set_job_state(user_id, job_id, cancelled, ttl_s=ttl_s)
-        return state.stage.value
 
     async def call(
         self,
@@ -568,28 +432,3 @@ class Bridge:
             BadRequest, SubstrateUnavailable: as :meth:`dispatch`.
         """
         return await self.dispatch(user_id, "status", {}, timeout_s=timeout_s)
-
-
-_TIMEOUT_MESSAGES = {
-    "queued": "no answer within {:g} s; the job was still queued (the desktop never took it)",
-    "delivered": "no answer within {:g} s; the job was delivered and may be running; "
-    "outcome unknown",
-    "interrupted": "no answer within {:g} s; the job was delivered and running when the "
-    "desktop went away; outcome unknown",
-    "unknown": "no answer within {:g} s; outcome unknown",
-}
-
-
-def _valid_user(user_id: str) -> bool:
-    try:
-        validate_user_id(user_id)
-    except ValueError:
-        return False
-    return True
-
-
-def _check(validator: Callable[..., Any], value: Any, field: str) -> None:
-    try:
-        validator(value)
-    except ValueError as exc:
-        raise BadRequest(str(exc), field=field) from None

@@ -12,8 +12,8 @@ from typing import Any
 
 from quart import Response, request
 
-from ._bridge import Outcome
 from ._errors import BadRequest
+from ._outcome import Outcome
 
 #: HTTP status for each outcome (DESIGN.md, public interface).
 HTTP_STATUS = {

@@ -58,8 +58,9 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ._bridge import MAX_TIMEOUT_S, Bridge, Outcome
+from ._bridge import MAX_TIMEOUT_S, Bridge
 from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable
+from ._outcome import Outcome
 from ._progress import ProgressReport
 
 log = logging.getLogger("deskbridge.hub.mcp")

@@ -35,254 +35,83 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import attrs
-
 from ._inspection import QueueInfo
 from ._jobstate import JobState
-
-GROUP = "bridge-workers"
-
-
-def presence_key(user_id: str) -> str:
-    return f"bridge:presence:{{{user_id}}}"
-
-
-def jobs_key(user_id: str) -> str:
-    return f"bridge:jobs:{{{user_id}}}"
-
-
-def result_key(user_id: str, job_id: str) -> str:
-    return f"bridge:result:{{{user_id}}}:{job_id}"
-
-
-def index_key(user_id: str) -> str:
-    return f"bridge:index:{{{user_id}}}"
-
-
-def state_key(user_id: str, job_id: str) -> str:
-    return f"bridge:state:{{{user_id}}}:{job_id}"
-
-
-def cancel_key(user_id: str, job_id: str) -> str:
-    return f"bridge:cancel:{{{user_id}}}:{job_id}"
-
-
-def idem_key(user_id: str, idempotency_key: str) -> str:
-    return f"bridge:idem:{{{user_id}}}:{idempotency_key}"
-
-
-def owner_key(job_id: str) -> str:
-    return f"bridge:job:{{{job_id}}}"
-
-
-def mailbox_key(mailbox: str) -> str:
-    return f"bridge:notify:{{{mailbox}}}"
-
-
-def progress_key(job_id: str) -> str:
-    return f"bridge:progress:{{{job_id}}}"
-
-
-def outcome_event(payload: str) -> str:
-    """The progress-stream entry that ends a job's stream: its result payload."""
-    return '{"outcome":' + payload + "}"
-
-
-def tools_key(user_id: str) -> str:
-    return f"bridge:tools:{{{user_id}}}"
-
-
-def proc_key(holder_id: str) -> str:
-    return f"bridge:proc:{{{holder_id}}}"
-
-
-def wake_key(holder_id: str) -> str:
-    return f"bridge:wake:{{{holder_id}}}"
-
-
-def holder_of(session_id: str) -> str | None:
-    """The holder process id a session id names (``"<holder>.<random>"``), or None for a
-    session id without one."""
-    holder, dot, _ = session_id.rpartition(".")
-    return holder if dot and holder else None
-
-
-@attrs.frozen
-class Beat:
-    """One session's heartbeat (see :meth:`ReaderSubstrate.heartbeat`).
-
-    Attributes:
-        user_id: whose presence.
-        session_id: the session that should hold it.
-        catalogue: the session's tool catalogue (JSON text).
-    """
-
-    user_id: str
-    session_id: str
-    catalogue: str
-
-
-@attrs.frozen
-class BeatReply:
-    """What one heartbeat found.
-
-    Attributes:
-        ours: presence was absent or ours and is refreshed (with the catalogue); False: a
-            newer session holds it (hand over).
-        backlog: the user's stream has entries never delivered to the group (a missed
-            wake-up), or its group is missing: read it.
-        reclaim_due: an entry has been pending for at least the reclaim idle: run a
-            reclaim pass for this user.
-        trimmed_due: the entry index names an entry older than the stream's first entry
-            (or the stream is gone): look for entries trimmed before anyone read them.
-    """
-
-    ours: bool
-    backlog: bool = False
-    reclaim_due: bool = False
-    trimmed_due: bool = False
-
-
-@attrs.frozen
-class Entry:
-    """One stream entry as read by a consumer.
-
-    Attributes:
-        entry_id: the Redis stream entry ID (``"<ms>-<seq>"``).
-        fields: the entry's field/value pairs, or ``None`` when the entry is still in the
-            pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
-    """
-
-    entry_id: str
-    fields: Mapping[str, str] | None
-
-
-@attrs.frozen
-class Claimed:
-    """Reply of :meth:`Substrate.autoclaim` (XAUTOCLAIM).
-
-    Attributes:
-        next_start: cursor for the next call; ``"0-0"`` when the scan is complete.
-        entries: entries now owned by the claiming consumer (bodies present).
-        deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
-            from the pending entries list (Redis >= 7), the caller must answer their
-            callers "lost".
-    """
-
-    next_start: str
-    entries: tuple[Entry, ...]
-    deleted_ids: tuple[str, ...]
-
-
-@attrs.frozen
-class Marked:
-    """Reply of :meth:`LedgerSubstrate.mark_delivered`.
-
-    Attributes:
-        verdict: ``"delivered"`` (state written: forward the job), ``"expired"`` (its
-            deadline has passed on the substrate's clock; state untouched) or
-            ``"cancelled"`` (a cancel was requested; state untouched).
-        server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
-            ``deadline - server_time`` is the time the job has left, measured on the one
-            clock that set the deadline (docs/operations.md, "Clocks").
-    """
-
-    verdict: str
-    server_time: float
-
-
-#: How long a process's notification mailbox outlives its last notification, seconds: a
-#: mailbox whose process died is gone after this (its callers' results stay in their lists).
-MAILBOX_TTL_S = 120.0
-
-
-@attrs.frozen
-class JobOwner:
-    """The value of ``bridge:job:{<job_id>}``: whose job, and where its caller waits."""
-
-    user_id: str
-    reply_to: str | None = None
-
-    def encode(self) -> str:
-        return self.user_id if self.reply_to is None else f"{self.user_id} {self.reply_to}"
-
-    @classmethod
-    def decode(cls, text: str) -> JobOwner:
-        user_id, _, reply_to = text.partition(" ")
-        return cls(user_id, reply_to or None)
-
-
-@attrs.frozen(kw_only=True)
-class Submission:
-    """What :meth:`LedgerSubstrate.submit` needs to enqueue one job.
-
-    Attributes:
-        job_id: the job's id.
-        fields: the stream entry's fields (``_jobs.job_fields``), without ``deadline`` /
-            ``enqueued_at``, which the substrate adds from its clock.
-        start_within_s: the job must start within this many seconds (>= 0).
-        state: the ``queued`` job state, claimed NX for ``state_ttl_s``.
-        state_ttl_s: how long the state (and the owner record) lives.
-        maxlen: the stream's ``MAXLEN ~``.
-        catalogue_sha1: SHA-1 (hex) of the catalogue the caller validated against ("" for
-            none cached), or None to skip the catalogue check (``status``).
-        idempotency_key: the caller's key to index (None: the key is the job id itself,
-            nothing to index).
-        index_value: the index record (``_idempotency.IndexRecord.encode()``).
-        index_ttl_s: how long the index record lives before the job's result is published.
-        owner: the owner record (``bridge:job:{job_id}``).
-        write_owner: also SET the owner record in the same write (the Bridge does not
-            need it: a hub-minted job id names its user, a caller-chosen one was claimed
-            with ``claim_job_id`` first).
-        alive_holder: the hub process the caller knows to be alive (its liveness key
-            checked within ``HOLDER_ALIVE_CACHE_S``), expected to hold the user's socket.
-            The script enqueues only while the presence names that process (or names
-            none: older hubs); otherwise it answers ``holder`` and writes nothing, and the
-            caller checks the process the presence names. Its wake list
-            (``bridge:wake:{holder}``) gets the user id in the same write, so the holder
-            reads the stream at once.
-        wake_ttl_s: TTL of that wake list after the push.
-    """
-
-    job_id: str
-    fields: Mapping[str, str]
-    start_within_s: float
-    state: JobState
-    state_ttl_s: float
-    maxlen: int
-    catalogue_sha1: str | None
-    idempotency_key: str | None
-    index_value: str
-    index_ttl_s: float
-    owner: JobOwner
-    write_owner: bool = False
-    alive_holder: str | None = None
-    wake_ttl_s: float = 30.0
-
-
-@attrs.frozen
-class Submitted:
-    """Reply of :meth:`LedgerSubstrate.submit`.
-
-    Attributes:
-        verdict: ``queued`` (enqueued); ``offline`` (no presence; nothing written);
-            ``catalogue`` (the desktop's catalogue is not the one the caller validated
-            against: ``catalogue`` holds it, None if there is none; nothing written);
-            ``job_id_in_use`` (nothing written); ``indexed`` (the idempotency key already
-            names a job: ``index_value`` is its record; nothing written); ``holder`` (the
-            presence names a hub process other than ``alive_holder``: ``presence`` holds
-            it; nothing written).
-        catalogue: see ``catalogue``.
-        index_value: see ``indexed``.
-        entry_id: the stream entry ID when ``queued``.
-        presence: the presence value (holder session id) when ``queued`` or ``holder``.
-    """
-
-    verdict: str
-    catalogue: str | None = None
-    index_value: str | None = None
-    entry_id: str | None = None
-    presence: str | None = None
+from ._keys import (
+    GROUP as GROUP,
+)
+from ._keys import (
+    cancel_key as cancel_key,
+)
+from ._keys import (
+    holder_of as holder_of,
+)
+from ._keys import (
+    idem_key as idem_key,
+)
+from ._keys import (
+    index_key as index_key,
+)
+from ._keys import (
+    jobs_key as jobs_key,
+)
+from ._keys import (
+    mailbox_key as mailbox_key,
+)
+from ._keys import (
+    outcome_event as outcome_event,
+)
+from ._keys import (
+    owner_key as owner_key,
+)
+from ._keys import (
+    presence_key as presence_key,
+)
+from ._keys import (
+    proc_key as proc_key,
+)
+from ._keys import (
+    progress_key as progress_key,
+)
+from ._keys import (
+    result_key as result_key,
+)
+from ._keys import (
+    state_key as state_key,
+)
+from ._keys import (
+    tools_key as tools_key,
+)
+from ._keys import (
+    wake_key as wake_key,
+)
+from ._substrate_values import (
+    MAILBOX_TTL_S as MAILBOX_TTL_S,
+)
+from ._substrate_values import (
+    Beat as Beat,
+)
+from ._substrate_values import (
+    BeatReply as BeatReply,
+)
+from ._substrate_values import (
+    Claimed as Claimed,
+)
+from ._substrate_values import (
+    Entry as Entry,
+)
+from ._substrate_values import (
+    JobOwner as JobOwner,
+)
+from ._substrate_values import (
+    Marked as Marked,
+)
+from ._substrate_values import (
+    Submission as Submission,
+)
+from ._substrate_values import (
+    Submitted as Submitted,
+)
 
 
 class PresenceSubstrate(Protocol):

@@ -1,0 +1,121 @@
+"""The dispatch API's job look-ups and control: ``Bridge.job_state`` and ``Bridge.cancel``
+(a mixin of ``Bridge``), and how a job id leads to its user (hub-minted ids end in
+``~<user_id>``; caller-chosen ids have an owner record)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from deskbridge_common import Timings
+
+from ._errors import (
+    BadRequest,
+    UnknownJob,
+)
+from ._jobs import cancelled_before_start
+from ._jobstate import JobState, MalformedState, Stage
+from ._outcome import _TIMEOUT_MESSAGES
+from ._substrate import Substrate
+from ._validate import validate_key, validate_user_id
+
+#: Separates the random part of a hub-minted job id from its user id (``~`` is never
+#: part of a user id).
+USER_SEPARATOR = "~"
+
+
+class JobControl:
+    """``Bridge.job_state`` and ``Bridge.cancel`` (uses the Bridge's substrate and timings)."""
+
+    substrate: Substrate
+    timings: Timings
+    wall_clock: Callable[[], float]
+
+    async def _wake(self, session_id: str, user_id: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    async def job_state(self, job_id: str) -> JobState | None:
+        """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
+        its state expired).
+
+        Raises:
+            MalformedState: the stored state is not one. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        found = await self._find(job_id)
+        return None if found is None else found[1]
+
+    async def _find(self, job_id: str) -> tuple[str, JobState] | None:
+        """The user and state of ``job_id``: the user from the id itself (hub-minted ids
+        end in ``~<user_id>``), else from its owner record (caller-chosen ids)."""
+        _, sep, user_id = job_id.rpartition(USER_SEPARATOR)
+        if sep and _valid_user(user_id):
+            state = await self.substrate.get_job_state(user_id, job_id)
+            if state is not None:
+                return user_id, state
+        owner = await self.substrate.job_owner(job_id)
+        if owner is None:
+            return None
+        state = await self.substrate.get_job_state(owner.user_id, job_id)
+        return None if state is None else (owner.user_id, state)
+
+    async def _stage(self, user_id: str, job_id: str) -> str:
+        try:
+            state = await self.substrate.get_job_state(user_id, job_id)
+        except MalformedState:
+            state = None
+        stage = "unknown" if state is None else state.stage.value
+        return stage if stage in _TIMEOUT_MESSAGES else "unknown"
+
+    async def cancel(self, job_id: str) -> str:
+        """Cancel a job: a queued job is never started; a running one gets a ``cancel``
+        frame at once (its async tool task is cancelled; a sync tool cannot be
+        interrupted and finishes). Its caller is answered "cancelled".
+
+        Returns:
+            The stage the job was in: ``queued``, ``delivered`` or ``interrupted``; or
+            ``finished`` when it already has its answer (nothing is cancelled then).
+
+        Raises:
+            BadRequest: malformed job id.
+            UnknownJob: no such job (never dispatched, or its state expired after
+                ``result_ttl_s``).
+            SubstrateUnavailable: Redis unreachable.
+        """
+        _check(validate_key, job_id, "job_id")
+        found = await self._find(job_id)
+        if found is None:
+            raise UnknownJob(f"no job {job_id!r} (unknown, or finished long ago)", job_id=job_id)
+        user_id, state = found
+        if state.stage.terminal:
+            return "finished"
+        ttl_s = self.timings.result_ttl_s
+        await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
+        control = {"control": "cancel", "job_id": job_id}
+        await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
+        holder = await self.substrate.get_presence(user_id)
+        if holder is not None:
+            await self._wake(holder, user_id)
+        if state.stage is Stage.QUEUED:
+            # The relay will drop the entry when it reads it; answer the caller now.
+            await self.substrate.publish_result(
+                user_id, job_id, cancelled_before_start(), ttl_s=ttl_s, notify=state.reply_to
+            )
+            cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
+            await self.substrate.set_job_state(user_id, job_id, cancelled, ttl_s=ttl_s)
+        return state.stage.value
+
+
+def _valid_user(user_id: str) -> bool:
+    try:
+        validate_user_id(user_id)
+    except ValueError:
+        return False
+    return True
+
+
+def _check(validator: Callable[..., Any], value: Any, field: str) -> None:
+    try:
+        validator(value)
+    except ValueError as exc:
+        raise BadRequest(str(exc), field=field) from None

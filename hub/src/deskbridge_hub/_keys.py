@@ -1,0 +1,71 @@
+"""Key names of the substrate (see ``_substrate``'s docstring for what each holds). Every
+key of a user and of that user's jobs carries the user's ``{<user_id>}`` hash tag
+(Redis Cluster), so one script can touch them all."""
+
+from __future__ import annotations
+
+GROUP = "bridge-workers"
+
+
+def presence_key(user_id: str) -> str:
+    return f"bridge:presence:{{{user_id}}}"
+
+
+def jobs_key(user_id: str) -> str:
+    return f"bridge:jobs:{{{user_id}}}"
+
+
+def result_key(user_id: str, job_id: str) -> str:
+    return f"bridge:result:{{{user_id}}}:{job_id}"
+
+
+def index_key(user_id: str) -> str:
+    return f"bridge:index:{{{user_id}}}"
+
+
+def state_key(user_id: str, job_id: str) -> str:
+    return f"bridge:state:{{{user_id}}}:{job_id}"
+
+
+def cancel_key(user_id: str, job_id: str) -> str:
+    return f"bridge:cancel:{{{user_id}}}:{job_id}"
+
+
+def idem_key(user_id: str, idempotency_key: str) -> str:
+    return f"bridge:idem:{{{user_id}}}:{idempotency_key}"
+
+
+def owner_key(job_id: str) -> str:
+    return f"bridge:job:{{{job_id}}}"
+
+
+def mailbox_key(mailbox: str) -> str:
+    return f"bridge:notify:{{{mailbox}}}"
+
+
+def progress_key(job_id: str) -> str:
+    return f"bridge:progress:{{{job_id}}}"
+
+
+def outcome_event(payload: str) -> str:
+    """The progress-stream entry that ends a job's stream: its result payload."""
+    return '{"outcome":' + payload + "}"
+
+
+def tools_key(user_id: str) -> str:
+    return f"bridge:tools:{{{user_id}}}"
+
+
+def proc_key(holder_id: str) -> str:
+    return f"bridge:proc:{{{holder_id}}}"
+
+
+def wake_key(holder_id: str) -> str:
+    return f"bridge:wake:{{{holder_id}}}"
+
+
+def holder_of(session_id: str) -> str | None:
+    """The holder process id a session id names (``"<holder>.<random>"``), or None for a
+    session id without one."""
+    holder, dot, _ = session_id.rpartition(".")
+    return holder if dot and holder else None
