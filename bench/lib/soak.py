@@ -494,6 +494,11 @@ def format_report(r: dict[str, Any]) -> str:
             f"{len(r['final_offline_or_lost_but_ran'])}",
         ),
         (
+            "0 keys finally offline/lost/expired that ran",
+            not r.get("final_said_not_run_but_ran"),
+            f"{len(r.get('final_said_not_run_but_ran', []))}",
+        ),
+        (
             "every faulted bucket >= 70 % of the calm one",
             ratio == ratio and ratio >= 0.7,
             f"{ratio:.2f}",
