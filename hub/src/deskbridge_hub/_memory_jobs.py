@@ -14,7 +14,7 @@ import anyio
 import attrs
 
 from ._jobstate import JobState
-from ._substrate import Marked, cancel_key, state_key
+from ._substrate import Marked, cancel_key, fence_key, state_key
 
 
 @attrs.define(eq=False)
@@ -135,7 +135,8 @@ class MemoryJobCommands:
         deadline: float | None = None,
     ) -> Marked:
         """Expired (``deadline`` passed on :meth:`server_time`), else cancelled (flag
-        set), else set the state and answer delivered.
+        set), else set the state, raise the job's claim epoch (kept until the deadline
+        + ``ttl_s``) and answer delivered with it.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
@@ -147,7 +148,11 @@ class MemoryJobCommands:
         if self._get(cancel_key(user_id, job_id), now) is not None:
             return Marked("cancelled", at)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
-        return Marked("delivered", at)
+        fence = fence_key(user_id, job_id)
+        epoch = int(self._get(fence, now) or 0) + 1
+        keep_s = ttl_s + (max(deadline - at, 0.0) if deadline is not None else 0.0)
+        self._set(fence, str(epoch), now, keep_s)
+        return Marked("delivered", at, epoch)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.
