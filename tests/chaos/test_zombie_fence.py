@@ -43,7 +43,9 @@ def test_a_zombies_late_answer_is_refused_and_the_newest_delivery_answers(tmp_pa
     )
     (x_start,) = wait_until(lambda: ledger.starts(key), timeout_s=10, what="X started the job")
     procs.add(
-        Sidecar(tmp_path, pod_b.ws, issue(user), tools=["counting_tools"], env=sidecar_env, name="y")
+        Sidecar(
+            tmp_path, pod_b.ws, issue(user), tools=["counting_tools"], env=sidecar_env, name="y"
+        )
     )
     wait_until(
         lambda: wait_online(pod_b.http, user) != first_sid, timeout_s=15, what="Y holds presence"
