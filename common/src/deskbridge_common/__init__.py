@@ -61,6 +61,7 @@ from ._frames import (
     Pong,
     Progress,
     RawJSON,
+    Sleeping,
     ToolSpec,
     Welcome,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "RawJSON",
     "RemoteProtocolError",
     "Role",
+    "Sleeping",
     "Timings",
     "ToolSpec",
     "Welcome",

@@ -101,7 +101,7 @@ async def check_substrate(
         AssertionError: the substrate broke the contract (the message says where).
         KeyError: an unknown check name.
     """
-    from . import _contract_caller, _contract_streams  # noqa: F401 - register their checks
+    from . import _contract_caller, _contract_desktop, _contract_streams  # noqa: F401
 
     names = list(CHECKS) if only is None else list(only)
     for name in names:

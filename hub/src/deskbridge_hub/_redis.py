@@ -30,6 +30,7 @@ from coredis.exceptions import (
 from ._directory import RedisDirectory
 from ._redis_caller import CallerCommands
 from ._redis_conn import RedisConnections
+from ._redis_desktop import DesktopCommands
 from ._redis_health import Health
 from ._redis_jobs import JobCommands
 from ._redis_presence import PresenceCommands
@@ -42,7 +43,9 @@ from ._substrate import (
 )
 
 
-class RedisSubstrate(PresenceCommands, StreamCommands, JobCommands, CallerCommands, RedisDirectory):
+class RedisSubstrate(
+    PresenceCommands, StreamCommands, JobCommands, CallerCommands, DesktopCommands, RedisDirectory
+):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 
     Args:

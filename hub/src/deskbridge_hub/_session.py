@@ -161,6 +161,7 @@ class HubSession:
                     on_superseded=self.supersede,
                     capacity=lambda: int(self._limiter.available_tokens),
                     stopped=self._reading_stopped,
+                    daemon_id=self.hello.daemon_id if self.hello else None,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
