@@ -103,9 +103,7 @@ async def _scenario(*, kill_pod1: bool, same_daemon: bool) -> dict[str, Any]:
         bridge = Bridge(substrate, TIMINGS, wall_clock=wall)  # a caller on pod-2's side
 
         async def caller() -> None:
-            outcomes.append(
-                await bridge.dispatch(USER, "submit", {"form": "f"}, timeout_s=600)
-            )
+            outcomes.append(await bridge.dispatch(USER, "submit", {"form": "f"}, timeout_s=600))
 
         root.start_soon(caller)
         await trio.sleep(5)

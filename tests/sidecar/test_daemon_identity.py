@@ -102,7 +102,9 @@ async def test_going_to_sleep_says_sleeping_closes_then_waits_for_the_wake_up(
     assert back.hello is not None and back.hello.slept_s == pytest.approx(3600.0, abs=2)
 
 
-async def test_a_sleep_that_never_comes_reconnects_after_the_pause(autojump_clock, start_daemon, hub):
+async def test_a_sleep_that_never_comes_reconnects_after_the_pause(
+    autojump_clock, start_daemon, hub
+):
     daemon, s = await start_daemon()
     daemon.going_to_sleep()
     await s.wait_closed()
