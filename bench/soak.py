@@ -16,7 +16,7 @@ Prints jobs issued and answered, hung attempts and stuck callers, the answer his
 its ledger file), keys whose final answer was offline/lost although they ran, completed
 jobs per bucket next to the calm bucket(s), caller latency p50/p99/max, faults
 performed. Exit status 1 if any key ran twice, any caller hung or any key that ran was
-finally answered offline/lost.
+finally answered offline/lost/expired.
 
 Usage: ./dev bench soak [--calm-s 60] [--faults-s 540] [--hubs 3] [--sidecars 20]
        [--callers 16] [--redis-port 6413] [--json FILE]
@@ -98,6 +98,7 @@ def main() -> int:
         or report["hung_attempts"]
         or report["stuck_callers"]
         or report["final_offline_or_lost_but_ran"]
+        or report["final_said_not_run_but_ran"]
     )
     return 1 if bad else 0
 

@@ -45,6 +45,11 @@ class Stage(enum.StrEnum):
 
 TERMINAL = frozenset({Stage.FINISHED, Stage.CANCELLED, Stage.EXPIRED, Stage.LOST})
 
+#: A job forwarded to a desktop and not answered yet: it may have run, so only the
+#: desktop's ledger can say whether it did (a redelivery past its deadline goes to the
+#: desktop, never "expired" by the hub; issue 16).
+FORWARDED = frozenset({Stage.DELIVERED, Stage.INTERRUPTED})
+
 #: Which stage may follow which (the only table; a stage may repeat: a redelivery
 #: marks an already-delivered job delivered again).
 TRANSITIONS: dict[Stage, frozenset[Stage]] = {

@@ -17,11 +17,22 @@ from ._substrate import (
 
 #: mark_delivered: decide on the server's clock (TIME) whether a job read from the stream
 #: may be forwarded; only then record it as delivered. KEYS: state, cancel (the user's slot).
+#: A deadline that passed expires only a job never forwarded: one whose state says it was
+#: delivered (or interrupted) may have run, so it goes to the desktop again, whose ledger
+#: answers (issue 16: a redelivery after a pod kill was answered "expired" for a job that ran).
 _MARK_DELIVERED = Script(
     """
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
-if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then return {'expired', now} end
+if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then
+  local stage = nil
+  local state = redis.call('GET', KEYS[1])
+  if state then
+    local ok, body = pcall(cjson.decode, state)
+    if ok and type(body) == 'table' then stage = body['stage'] end
+  end
+  if stage ~= 'delivered' and stage ~= 'interrupted' then return {'expired', now} end
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'delivered', now}
@@ -171,7 +182,8 @@ class JobCommands(RedisCommandBase):
         ttl_s: float,
         deadline: float | None = None,
     ) -> Marked:
-        """One script, one round trip: compare ``deadline`` with the server's ``TIME``,
+        """One script, one round trip: compare ``deadline`` with the server's ``TIME``
+        (unless the stored state says the job was already delivered or interrupted),
         check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000).
 
         Returns:

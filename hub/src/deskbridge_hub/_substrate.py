@@ -323,9 +323,10 @@ class LedgerSubstrate(Protocol):
         deadline: float | None = None,
     ) -> Marked:
         """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
-        that clock) has passed answer ``expired``; else if a cancel was requested answer
-        ``cancelled``; else SET the job state PX ttl and answer ``delivered``. Only
-        ``delivered`` may be forwarded."""
+        that clock) has passed and the stored state is not ``delivered``/``interrupted``
+        (``FORWARDED``: it may have run, the desktop's ledger answers) answer
+        ``expired``; else if a cancel was requested answer ``cancelled``; else SET the
+        job state PX ttl and answer ``delivered``. Only ``delivered`` may be forwarded."""
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""

@@ -97,7 +97,9 @@ class Marked:
 
     Attributes:
         verdict: ``"delivered"`` (state written: forward the job), ``"expired"`` (its
-            deadline has passed on the substrate's clock; state untouched) or
+            deadline has passed on the substrate's clock and it was never forwarded;
+            state untouched; a job forwarded before is ``"delivered"`` again: the
+            desktop's ledger answers a redelivery) or
             ``"cancelled"`` (a cancel was requested; state untouched).
         server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
             ``deadline - server_time`` is the time the job has left, measured on the one
