@@ -37,7 +37,7 @@ async def _status(bridge: Bridge) -> str:
 
 async def _wait_status(bridge: Bridge, status: str, *, within_s: float = 60) -> None:
     with trio.fail_after(within_s):
-        while await _status(bridge) != status:
+        while await _status(bridge) != status:  # noqa: ASYNC110 - polling what callers see
             await trio.sleep(0.1)
 
 
