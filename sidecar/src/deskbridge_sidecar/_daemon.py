@@ -33,7 +33,8 @@ from deskbridge_common import (
 )
 
 from ._backoff import Backoff
-from ._consent import approvals_dir
+from ._consent import ApprovalDesk, FileDesk, approvals_dir
+from ._daemon_stats import DaemonStatistics
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
 from ._graceful import ANSWER_FLUSH_S as ANSWER_FLUSH_S  # re-exported
@@ -60,33 +61,6 @@ from ._transport import Connector, WebSocketConnector, WebSocketSettings, sideca
 from ._version import __version__
 
 log = logging.getLogger("deskbridge.sidecar")
-
-
-@attrs.frozen
-class DaemonStatistics:
-    """A snapshot of the daemon's counters.
-
-    Attributes:
-        connect_attempts: connections tried (successful or not).
-        sessions_started: sessions the hub welcomed.
-        reconnects: times the daemon went round again after a session or attempt ended.
-        executions: per tool name, times the tool actually started (``status`` included).
-        dedupe_hits: deliveries answered from the cache or by awaiting a running original.
-        dedupe_entries: outcomes held in the dedupe cache now.
-        running: the tool running now, or None.
-        session_id: the current session's id, or None between sessions.
-        last_end: how the previous session or attempt ended, or None.
-    """
-
-    connect_attempts: int
-    sessions_started: int
-    reconnects: int
-    executions: dict[str, int]
-    dedupe_hits: int
-    dedupe_entries: int
-    running: str | None
-    session_id: str | None
-    last_end: SessionEnd | None
 
 
 def _default_registry(value: ToolRegistry | None) -> ToolRegistry:
@@ -127,6 +101,10 @@ class Daemon:
             ``_isolate``; a tool marked ``@isolated`` always does).
         sleep_notifications: call :meth:`going_to_sleep` when the OS says it is about
             to sleep (``_sleep``: Linux logind through ``gdbus``, best effort).
+        approvals: where the person approves tools marked ``@needs_approval``
+            (``_consent``; default: files in ``<data_dir>/approvals``, decided by
+            ``deskbridge-sidecar approve|decline``; with neither, such tools are
+            answered ``declined``).
 
     Raises:
         ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
@@ -147,6 +125,7 @@ class Daemon:
     ledger: Ledger | None = attrs.field(default=None, kw_only=True)
     isolate_sync_tools: bool = attrs.field(default=False, kw_only=True)
     sleep_notifications: bool = attrs.field(default=False, kw_only=True)
+    approvals: ApprovalDesk | None = attrs.field(default=None, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _ran: bool = attrs.field(default=False, init=False)
@@ -225,9 +204,7 @@ class Daemon:
                         ledger=ledger,
                         result_ttl_s=t.result_ttl_s,
                         isolate_sync=self.isolate_sync_tools,
-                        approvals=(
-                            None if self.data_dir is None else approvals_dir(Path(self.data_dir))
-                        ),
+                        approvals=self._approval_desk(),
                     )
                     await self._runner.load()
                     self._daemon_id = ledger.instance_id
@@ -253,6 +230,11 @@ class Daemon:
         session = self._session
         if session is not None and session.going_to_sleep():
             log.info("the machine is going to sleep: told the hub, socket closed")
+
+    def _approval_desk(self) -> ApprovalDesk | None:
+        if self.approvals is not None or self.data_dir is None:
+            return self.approvals
+        return FileDesk(approvals_dir(Path(self.data_dir)))
 
     def stop(self) -> None:
         """Stop the daemon: :meth:`run` returns soon after. Safe to call at any time."""
