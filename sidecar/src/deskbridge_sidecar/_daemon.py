@@ -33,7 +33,7 @@ from deskbridge_common import (
 )
 
 from ._backoff import Backoff
-from ._consent import ApprovalDesk, FileDesk, approvals_dir
+from ._consent import ApprovalDesk, file_desk
 from ._daemon_stats import DaemonStatistics
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
@@ -204,7 +204,9 @@ class Daemon:
                         ledger=ledger,
                         result_ttl_s=t.result_ttl_s,
                         isolate_sync=self.isolate_sync_tools,
-                        approvals=self._approval_desk(),
+                        approvals=file_desk(self.data_dir)
+                        if self.approvals is None
+                        else self.approvals,
                     )
                     await self._runner.load()
                     self._daemon_id = ledger.instance_id
@@ -230,11 +232,6 @@ class Daemon:
         session = self._session
         if session is not None and session.going_to_sleep():
             log.info("the machine is going to sleep: told the hub, socket closed")
-
-    def _approval_desk(self) -> ApprovalDesk | None:
-        if self.approvals is not None or self.data_dir is None:
-            return self.approvals
-        return FileDesk(approvals_dir(Path(self.data_dir)))
 
     def stop(self) -> None:
         """Stop the daemon: :meth:`run` returns soon after. Safe to call at any time."""
