@@ -53,7 +53,7 @@ from ._jobs import (
     lost_payload,
     result_payload,
 )
-from ._jobstate import STAGE_OF_OUTCOME, JobState, MalformedState, Stage
+from ._jobstate import ON_DESKTOP, STAGE_OF_OUTCOME, JobState, MalformedState, Stage
 from ._retry import CLEANUP_TIMEOUT_S, retrying
 from ._substrate import Entry, Substrate
 
@@ -183,6 +183,7 @@ class EntryServer:
                 deadline=self.wall_clock() + left_s,
                 timeout_s=left_s,
                 traceparent=envelope.traceparent,
+                waited_s=max(0.0, marked.server_time - envelope.enqueued_at),
             )
             _metrics.job_dispatched(envelope.name, marked.server_time - envelope.enqueued_at)
             result = await executor.execute(job)
@@ -288,7 +289,7 @@ class EntryServer:
                 await self.finish(entry_id, job_id, "lost", lost_payload())
                 return
         elif job_id is not None and (owned or stage is None or stage.terminal):
-            if owned and stage in (Stage.DELIVERED, Stage.INTERRUPTED):
+            if owned and stage in ON_DESKTOP:
                 log.warning(
                     "user %s: entry %s (job %s) was trimmed after it was delivered; its "
                     "outcome is unknown (the caller's wait ends with stage %s)",

@@ -81,6 +81,8 @@ _TIMEOUT_MESSAGES = {
     "queued": "no answer within {:g} s; the job was still queued (the desktop never took it)",
     "delivered": "no answer within {:g} s; the job was delivered and may be running; "
     "outcome unknown",
+    "awaiting_approval": "no answer within {:g} s; the job was on the desktop waiting for "
+    "the person's approval; it had not started (it never starts after its deadline)",
     "interrupted": "no answer within {:g} s; the job was delivered and running when the "
     "desktop went away; outcome unknown",
     "unknown": "no answer within {:g} s; outcome unknown",
