@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
 import trio
 import trio.testing
 from deskbridge_common import JobResult, Timings
@@ -16,6 +19,7 @@ from deskbridge_hub._jobstate import (
     STAGE_OF_DESK,
     TERMINAL,
     TRANSITIONS,
+    InvalidTransition,
     JobState,
     Stage,
 )
@@ -41,20 +45,19 @@ def test_awaiting_approval_sits_between_delivered_and_the_end():
 
 
 async def test_each_stage_change_is_recorded_in_order_then_the_result_returned(autojump_clock):
-    recorded: list[JobState] = []
+    recorded: list[Stage] = []
 
-    async def record(state: JobState) -> None:
+    async def record(stage: Stage) -> None:
         await trio.sleep(1)  # a slow write: reports meanwhile are coalesced, not lost
-        recorded.append(state)
+        recorded.append(stage)
 
     delivery = Outstanding(job_id="j1")
-    delivered = JobState(Stage.DELIVERED, USER, at=1.0, session_id="s1")
     result = JobResult("d1", True, {"ok": 1})
     async with trio.open_nursery() as nursery:
         got: list[JobResult] = []
 
         async def waiter() -> None:
-            got.append(await delivery.wait(delivered, record))
+            got.append(await delivery.wait(record))
 
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
@@ -70,17 +73,26 @@ async def test_each_stage_change_is_recorded_in_order_then_the_result_returned(a
         delivery.report("awaiting_approval")
         delivery.answer(result)  # the result overtakes that last report
     assert got == [result]
-    assert [(s.stage, s.session_id) for s in recorded] == [
-        (Stage.AWAITING_APPROVAL, "s1"), (Stage.DELIVERED, "s1")]
+    assert recorded == [Stage.AWAITING_APPROVAL, Stage.DELIVERED]
 
 
-async def test_the_recorder_stamps_the_state_and_never_raises(autojump_clock):
+def _hub(substrate):
+    return types.SimpleNamespace(substrate=substrate, timings=Timings(), wall_clock=wall)
+
+
+async def test_the_recorder_writes_each_stage_stamped_and_never_raises(autojump_clock):
     substrate = MemorySubstrate(clock=wall)
-    record = stage_recorder(substrate, USER, "j1", ttl_s=60, wall_clock=wall)
+    record = stage_recorder(_hub(substrate), USER, "j1", "s1")
     await trio.sleep(7)
-    await record(JobState(Stage.AWAITING_APPROVAL, USER, session_id="s1"))
+    await record(Stage.AWAITING_APPROVAL)
     state = await substrate.get_job_state(USER, "j1")
     assert state == JobState(Stage.AWAITING_APPROVAL, USER, at=EPOCH + 7, session_id="s1")
+    await trio.sleep(1)
+    await record(Stage.DELIVERED)
+    state = await substrate.get_job_state(USER, "j1")
+    assert state == JobState(Stage.DELIVERED, USER, at=EPOCH + 8, session_id="s1")
+    with pytest.raises(InvalidTransition):  # the table is checked: a bug, never data
+        await record(Stage.QUEUED)
 
     class Down:
         async def set_job_state(self, *args, **kwargs):
@@ -92,7 +104,7 @@ async def test_the_recorder_stamps_the_state_and_never_raises(autojump_clock):
 
     for broken in (Down(), Hanging()):
         started = trio.current_time()
-        await stage_recorder(broken, USER, "j1", ttl_s=60, wall_clock=wall)(state)  # type: ignore[arg-type]
+        await stage_recorder(_hub(broken), USER, "j1", "s1")(Stage.AWAITING_APPROVAL)
         assert trio.current_time() - started <= 2.0  # CLEANUP_TIMEOUT_S bounds it
 
 
@@ -122,3 +134,20 @@ async def test_each_delivery_says_how_long_the_job_waited_since_it_was_enqueued(
     await server.serve(entry, executor)
     (job,) = executor.jobs
     assert abs(job.waited_s - 42.0) < 1e-6 and abs(job.timeout_s - 258.0) < 1e-6
+
+
+def test_mcp_lists_a_tool_that_asks_with_a_note_and_its_meta():
+    from deskbridge_hub._mcp import tool_entry
+
+    def listed(spec):
+        return tool_entry(spec).model_dump(by_alias=True, exclude_none=True)
+
+    always = listed({"name": "pay", "description": "Pay it.", "approval_after_wait_s": 0})
+    assert always["description"] == (
+        "Pay it. Needs the approval of the person at the desktop before it runs.")
+    assert always["_meta"] == {"deskbridge/approval_after_wait_s": 0}
+    stale = listed({"name": "f", "approval_after_wait_s": 60.0})
+    assert stale["description"] == ("Needs the approval of the person at the desktop before "
+                                     "it runs when the call waited 60 s or more.")  # fmt: skip
+    plain = listed({"name": "e", "description": "x"})
+    assert plain["description"] == "x" and "_meta" not in plain

@@ -13,12 +13,10 @@ import anyio
 import attrs
 
 from ._substrate import (
-    MAILBOX_TTL_S,
     JobOwner,
     Submission,
     Submitted,
     idem_key,
-    outcome_event,
     owner_key,
     presence_key,
     result_key,
@@ -145,55 +143,6 @@ class MemoryCallerCommands:
         """Drop the owner record."""
         await self._enter()
         self._kv.pop(owner_key(job_id), None)
-
-    async def publish_result(
-        self,
-        user_id: str,
-        job_id: str,
-        payload: str,
-        *,
-        ttl_s: float,
-        notify: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> None:
-        """Append ``payload``; the list and its job's idempotency record expire at the
-        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
-        with the outcome (if it has one); then notify the mailbox. Wakes
-        ``wait_result`` waiters.
-
-        Raises:
-            ValueError: ``ttl_s`` is not positive.
-            SubstrateUnavailable: marked unavailable.
-        """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        expires_at = now + ttl_s
-        ikey = idem_key(user_id, idempotency_key or job_id)
-        record = self._get(ikey, now) if idempotency_key is not None else None
-        if record is not None and record.startswith(job_id + " "):
-            expires_at = max(expires_at, self._kv[ikey][1])
-            self._kv[ikey] = (record, expires_at)
-        key = result_key(user_id, job_id)
-        lst = self._result_list(key, now)
-        if lst is None:
-            lst = self._results[key] = _ResultList(deque(), expires_at)
-        lst.items.append(payload)
-        lst.expires_at = expires_at
-        progress = self._progress.get(job_id)
-        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
-            progress.entries.append((progress.next_seq, outcome_event(payload)))
-            progress.next_seq += 1
-            progress.changed.set()
-            progress.changed = anyio.Event()
-        waiters = self._result_waiters.pop(key, None)
-        if waiters is not None:
-            waiters.event.set()
-        if notify:
-            box = self._mailbox(notify, now)
-            box.items.append(f"{job_id} {payload}")
-            box.expires_at = now + MAILBOX_TTL_S
-            box.notify()
 
     def _mailbox(self, mailbox: str, now: float) -> _Mailbox:
         box = self._mailboxes.get(mailbox)

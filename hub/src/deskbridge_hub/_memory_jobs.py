@@ -14,7 +14,7 @@ import anyio
 import attrs
 
 from ._jobstate import FORWARDED, JobState, MalformedState
-from ._substrate import Marked, cancel_key, state_key
+from ._substrate import Marked, cancel_key, fence_key, state_key
 
 
 @attrs.define(eq=False)
@@ -136,7 +136,8 @@ class MemoryJobCommands:
     ) -> Marked:
         """Expired (``deadline`` passed on :meth:`server_time`, and the stored state
         does not say the job was forwarded before), else cancelled (flag set), else set
-        the state and answer delivered.
+        the state, raise the job's claim epoch (kept until the deadline + ``ttl_s``, at
+        least ``ttl_s``) and answer delivered with it.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
@@ -148,7 +149,11 @@ class MemoryJobCommands:
         if self._get(cancel_key(user_id, job_id), now) is not None:
             return Marked("cancelled", at)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
-        return Marked("delivered", at)
+        fence = fence_key(user_id, job_id)
+        epoch = int(self._get(fence, now) or 0) + 1
+        keep_s = ttl_s + (max(deadline - at, 0.0) if deadline is not None else 0.0)
+        self._set(fence, str(epoch), now, keep_s)
+        return Marked("delivered", at, epoch)
 
     def _forwarded(self, user_id: str, job_id: str, now: float) -> bool:
         raw = self._get(state_key(user_id, job_id), now)

@@ -8,7 +8,8 @@ relay publishes the latest report of each job to the job's progress stream
 reports that arrive faster than Redis takes them. Watchers read that stream (XREAD BLOCK):
 :meth:`Bridge.dispatch` with ``on_progress``, ``GET /v1/jobs/{job_id}/events`` (server-sent
 events) and MCP progress notifications. The stream ends with the job's outcome, appended
-by ``publish_result`` in the same round trip as the result (only when the stream exists).
+by the holder's finishing step (``Substrate.finish``) in the same round trip as the
+result (only when the stream exists).
 
 Progress is best effort (a report may be coalesced or, while Redis is away, dropped); the
 outcome never depends on it.

@@ -58,7 +58,6 @@ from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
 from ._handshake import handshake
-from ._jobstate import JobState, Stage
 from ._logging import fields
 from ._presence import PresenceKeeper
 from ._process import HubState
@@ -393,15 +392,10 @@ class HubSession:
         recording the desktop's stage reports meanwhile (``_desk_stage``)."""
         frame = self._encode(job)  # LocalProtocolError: no sidecar could accept it
         delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id)
-        st = self.state
-        delivered = JobState(Stage.DELIVERED, self.user_id, session_id=self.session_id)
-        record = stage_recorder(
-            st.substrate, self.user_id, job.job_id, ttl_s=st.timings.result_ttl_s,
-            wall_clock=st.wall_clock,
-        )  # fmt: skip
+        record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id)
         try:
             await self._send.send(frame)
-            return await delivery.wait(delivered, record)
+            return await delivery.wait(record)
         finally:
             self.deliveries.pop(job.id, None)
 

@@ -90,10 +90,32 @@ class Marked:
         server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
             ``deadline - server_time`` is the time the job has left, measured on the one
             clock that set the deadline (docs/operations.md, "Clocks").
+        epoch: for ``delivered``, this delivery's claim epoch (fencing token): the job's
+            counter, raised by every delivery, so a later delivery (after a reclaim or a
+            takeover) always holds a larger one; None for the other verdicts.
     """
 
     verdict: str
     server_time: float
+    epoch: int | None = None
+
+
+@attrs.frozen
+class Finished:
+    """Reply of :meth:`ResultSubstrate.finish`.
+
+    Attributes:
+        verdict: ``"done"`` (everything written) or ``"stale"`` (a newer delivery of the
+            job holds the fence: nothing written).
+        newest: with ``"stale"``, the newest delivery's epoch.
+        acked: with ``"done"``, whether the XACK removed the entry from the pending
+            entries list (False when it was not pending: acknowledged already, or the
+            stream or group is gone).
+    """
+
+    verdict: str
+    newest: int | None = None
+    acked: bool = False
 
 
 #: How long a process's notification mailbox outlives its last notification, seconds: a

@@ -33,7 +33,7 @@ from deskbridge_common import (
 )
 
 from ._backoff import Backoff
-from ._consent import ApprovalDesk, FileDesk, approvals_dir
+from ._consent import ApprovalDesk, file_desk
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
@@ -227,7 +227,9 @@ class Daemon:
                         ledger=ledger,
                         result_ttl_s=t.result_ttl_s,
                         isolate_sync=self.isolate_sync_tools,
-                        approvals=self._approval_desk(),
+                        approvals=file_desk(self.data_dir)
+                        if self.approvals is None
+                        else self.approvals,
                     )
                     await self._runner.load()
                     work.start_soon(self._prune_loop, self._runner)
@@ -241,11 +243,6 @@ class Daemon:
                 ledger.close()
         if refused is not None:
             raise refused
-
-    def _approval_desk(self) -> ApprovalDesk | None:
-        if self.approvals is not None or self.data_dir is None:
-            return self.approvals
-        return FileDesk(approvals_dir(Path(self.data_dir)))
 
     def stop(self) -> None:
         """Stop the daemon: :meth:`run` returns soon after. Safe to call at any time."""
