@@ -96,7 +96,15 @@ async def check_submit_with_an_indexed_key_returns_its_record_and_enqueues_nothi
     await s.clear_presence(user, "s1")  # the desktop went away: a retry must still attach
     again = await s.submit(user, _submission(user, second, key=key, tool="click"))
     assert again.verdict == "indexed"
-    assert again.index_value == IndexRecord(first, "echo", "d1").encode()
+    # the record, with the job's deadline (the entry's, from the substrate's clock)
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
+    assert entry.fields is not None
+    record = IndexRecord.decode(again.index_value or "")
+    assert record == IndexRecord(first, "echo", "d1", float(entry.fields["deadline"]))
+    assert again.index_value == record.encode()
+    # ... and the substrate's clock now: the job may start for about 30 s more
+    assert again.server_time is not None and record.deadline is not None
+    assert 29.0 < record.deadline - again.server_time <= 30.0 + 0.002
     assert await s.get_job_state(user, second) is None
     assert (await s.queue_info(user)).length == 1
 
