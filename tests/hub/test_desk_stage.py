@@ -15,7 +15,7 @@ from deskbridge_hub._desk_stage import Outstanding, stage_recorder
 from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._jobs import JobEnvelope
 from deskbridge_hub._jobstate import (
-    ON_DESKTOP,
+    FORWARDED,
     STAGE_OF_DESK,
     TERMINAL,
     TRANSITIONS,
@@ -39,7 +39,7 @@ def test_awaiting_approval_sits_between_delivered_and_the_end():
     assert TRANSITIONS[D] == {D, A, I} | TERMINAL
     assert TRANSITIONS[A] == {A, D, I} | TERMINAL
     assert A not in TRANSITIONS[Stage.QUEUED] and A not in TRANSITIONS[I]
-    assert not A.terminal and ON_DESKTOP == {D, A, I}
+    assert not A.terminal and FORWARDED == {D, A, I}  # past its deadline: still forwarded
     assert STAGE_OF_DESK == {"awaiting_approval": A, "running": D}
     assert "approval" in _TIMEOUT_MESSAGES["awaiting_approval"]
 
@@ -95,11 +95,11 @@ async def test_the_recorder_writes_each_stage_stamped_and_never_raises(autojump_
         await record(Stage.QUEUED)
 
     class Down:
-        async def set_job_state(self, *args, **kwargs):
+        async def finish(self, *args, **kwargs):
             raise SubstrateUnavailable("redis down")
 
     class Hanging:
-        async def set_job_state(self, *args, **kwargs):
+        async def finish(self, *args, **kwargs):
             await trio.sleep_forever()
 
     for broken in (Down(), Hanging()):
@@ -108,11 +108,29 @@ async def test_the_recorder_writes_each_stage_stamped_and_never_raises(autojump_
         assert trio.current_time() - started <= 2.0  # CLEANUP_TIMEOUT_S bounds it
 
 
+async def test_a_zombie_deliverys_stage_is_refused_by_the_fence(autojump_clock):
+    """The entry was delivered again (a reclaim: a larger claim epoch); the old
+    delivery's late stage report must not overwrite the new delivery's state."""
+    substrate = MemorySubstrate(clock=wall)
+    old = await substrate.mark_delivered(USER, "j1", JobState(Stage.DELIVERED, USER,
+                                         session_id="s1"), ttl_s=60)  # fmt: skip
+    new_state = JobState(Stage.DELIVERED, USER, session_id="s2")
+    new = await substrate.mark_delivered(USER, "j1", new_state, ttl_s=60)
+    assert new.epoch > old.epoch
+    zombie = stage_recorder(_hub(substrate), USER, "j1", "s1", old.epoch)
+    await zombie(Stage.AWAITING_APPROVAL)
+    assert await substrate.get_job_state(USER, "j1") == new_state  # refused
+    current = stage_recorder(_hub(substrate), USER, "j1", "s2", new.epoch)
+    await current(Stage.AWAITING_APPROVAL)
+    stored = await substrate.get_job_state(USER, "j1")
+    assert (stored.stage, stored.session_id) == (Stage.AWAITING_APPROVAL, "s2")
+
+
 class _Executor:
     def __init__(self) -> None:
         self.jobs = []
 
-    async def execute(self, job):
+    async def execute(self, job, epoch=None):
         self.jobs.append(job)
         return JobResult(job.id, True, None)
 
