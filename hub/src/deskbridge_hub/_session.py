@@ -156,6 +156,7 @@ class HubSession:
                     on_superseded=self.supersede,
                     capacity=lambda: int(self._limiter.available_tokens),
                     stopped=self._reading_stopped,
+                    delivered_state=server.delivered_state,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
