@@ -19,7 +19,7 @@ performed. Exit status 1 if any key ran twice, any caller hung or any key that r
 finally answered offline/lost/expired.
 
 Usage: ./dev bench soak [--calm-s 60] [--faults-s 540] [--hubs 3] [--sidecars 20]
-       [--callers 16] [--redis-port 6413] [--json FILE]
+       [--callers 16] [--redis-port 6413] [--json FILE] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def main() -> int:
         help="extra hub environment (repeatable); RECLAIM_IDLE_S=5 is set",
     )
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--workdir", default="", help="keep the processes' logs here (default: a temp dir)"
+    )
     args = p.parse_known_args()[0]
     hub_env = dict(d.hub_env)
     for item in args.hub_env:
@@ -88,8 +91,12 @@ def main() -> int:
         redis_port=args.redis_port,
         hub_env=hub_env,
     )
-    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
-        report = Soak(Path(tmp), cfg, log=lambda m: print(m, file=sys.stderr)).run()
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        report = Soak(Path(args.workdir), cfg, log=lambda m: print(m, file=sys.stderr)).run()
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+            report = Soak(Path(tmp), cfg, log=lambda m: print(m, file=sys.stderr)).run()
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -197,7 +197,7 @@ class Soak:
 
     # -- callers ------------------------------------------------------------------------
 
-    def _attempt(self, client: httpx.Client, user: str, key: str) -> str:
+    def _attempt(self, client: httpx.Client, user: str, key: str, rec: KeyRecord) -> str:
         body = {
             "name": "record",
             "args": {"key": key, "seconds": self.cfg.job_s},
@@ -211,8 +211,11 @@ class Soak:
         except httpx.TransportError:
             return "conn-error"
         try:
-            status = r.json().get("status")
-        except ValueError:
+            body = r.json()
+            status = body.get("status")
+            if body.get("job_id") and body["job_id"] not in rec.job_ids:
+                rec.job_ids.append(body["job_id"])
+        except (ValueError, AttributeError):
             status = None
         if not status:
             return "http-5xx" if r.status_code >= 500 else f"http-{r.status_code}"
@@ -234,7 +237,7 @@ class Soak:
                     self.keys.append(rec)
                 while True:
                     a0 = time.time()
-                    status = self._attempt(client, user, key)
+                    status = self._attempt(client, user, key, rec)
                     rec.attempts.append((status, a0, time.time()))
                     if status not in RETRY:
                         break

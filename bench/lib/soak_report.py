@@ -24,6 +24,8 @@ SAID_NOT_RUN = frozenset({"offline", "lost", "expired"})
 #: A key whose tool started (or whose answer came) later than this after the call (after
 #: the tool's end) counts as a slow start (slow answer), seconds.
 SLOW_S = 1.0
+#: Slow keys listed (with their attempts and job ids) in the JSON report.
+SLOW_KEYS_KEPT = 100
 
 
 @attrs.define
@@ -35,6 +37,7 @@ class KeyRecord:
     attempts: list[tuple[str, float, float]] = attrs.field(factory=list)  # (status, t0, t1)
     final: str = ""
     gave_up: bool = False
+    job_ids: list[str] = attrs.field(factory=list)  # as the answers named them
 
 
 def build_report(
@@ -136,7 +139,8 @@ def where_time_went(keys: list[KeyRecord], events: list[dict[str, Any]]) -> dict
 
     Returns:
         ``{"keys", "total_s", "before_start_s", "running_s", "after_end_s", "never_ran_s",
-        "slow_start", "slow_answer", "attempt_s": {answer: seconds}, "pauses_s"}``: a key
+        "slow_start", "slow_answer", "attempt_s": {answer: seconds}, "pauses_s",
+        "slow_keys": [...]}``: a key
         that ran is split at its tool's first start and last end (the counting tool's
         ledger); ``slow_start`` / ``slow_answer`` count keys over ``SLOW_S``.
     """
@@ -158,6 +162,7 @@ def where_time_went(keys: list[KeyRecord], events: list[dict[str, Any]]) -> dict
         "slow_answer": 0,
         "pauses_s": 0.0,
     }
+    slow: list[dict[str, Any]] = []
     attempt_s: Counter[str] = Counter()
     for k in keys:
         if not k.final:
@@ -178,8 +183,28 @@ def where_time_went(keys: list[KeyRecord], events: list[dict[str, Any]]) -> dict
         out["after_end_s"] += wait_answer
         out["slow_start"] += wait_start > SLOW_S
         out["slow_answer"] += wait_answer > SLOW_S
+        if wait_start > SLOW_S or wait_answer > SLOW_S:
+            slow.append(
+                {
+                    "key": k.key,
+                    "user": k.user,
+                    "at": round(k.started, 3),
+                    "start_wait_s": round(wait_start, 2),
+                    "answer_wait_s": round(wait_answer, 2),
+                    "attempts": [
+                        (a[0], round(a[1] - k.started, 2), round(a[2] - a[1], 2))
+                        for a in k.attempts
+                    ],
+                    "job_ids": k.job_ids,
+                }
+            )
     out["attempt_s"] = {s: round(v, 1) for s, v in attempt_s.most_common()}
-    return {n: round(v, 1) if isinstance(v, float) else v for n, v in out.items()}
+    rounded = {n: round(v, 1) if isinstance(v, float) else v for n, v in out.items()}
+    # the slowest, for the JSON report (the printed one leaves them out)
+    rounded["slow_keys"] = sorted(slow, key=lambda d: -(d["start_wait_s"] + d["answer_wait_s"]))[
+        :SLOW_KEYS_KEPT
+    ]
+    return rounded
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -95,7 +95,7 @@ async def test_nothing_is_approved_by_default_the_deadline_ends_the_wait(autojum
     async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
         started = trio.current_time()
         outcome = await pair.bridge.dispatch("u1", "pay", {"invoice": "c"}, job_id="job-c",
-                                             timeout_s=30)  # fmt: skip
+                                             idempotency_key="key-c", timeout_s=30)  # fmt: skip
         waited = trio.current_time() - started
         # the caller's wait and the desktop's both end at the deadline: the caller is
         # answered timeout with the stage it was in (docs/outcomes.md) ...
@@ -105,6 +105,32 @@ async def test_nothing_is_approved_by_default_the_deadline_ends_the_wait(autojum
         # ... and the desktop answers expired, unstarted, at its deadline
         await _stage_becomes(pair, "job-c", Stage.EXPIRED)
         assert calls == [] and desk.requests == {}
+        retry = await pair.bridge.dispatch("u1", "pay", {"invoice": "c"},
+                                           idempotency_key="key-c", timeout_s=30)  # fmt: skip
+        assert (retry.job_id, retry.status) == ("job-c", "expired") and desk.asked == 1
+
+
+async def test_a_redelivery_while_the_person_decides_joins_the_same_request(autojump_clock):
+    calls: list[str] = []
+    desk = MemoryDesk()
+    async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
+        outcomes, reports = [], []
+        async with trio.open_nursery() as nursery:
+            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-r", timeout_s=120)
+            with trio.fail_after(5):
+                await desk.wait_requested("job-r")
+            await _stage_becomes(pair, "job-r", Stage.AWAITING_APPROVAL)
+            first = (await pair.bridge.job_state("job-r")).session_id
+            pair.drop()  # the network dies while the request is open
+            second = await pair.wait_session(2)  # reconnected; the hub redelivers the entry
+            assert second != first
+            with trio.fail_after(5):  # the new delivery is told the stage again
+                while (await pair.bridge.job_state("job-r")).session_id != second:  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+            await _stage_becomes(pair, "job-r", Stage.AWAITING_APPROVAL)
+            assert desk.asked == 1 and "job-r" in desk.requests  # the same request
+            desk.approve("job-r")
+        assert [o.status for o in outcomes] == ["completed"] and calls == ["job-r"]
 
 
 async def test_a_stale_job_asks_a_fresh_one_does_not(autojump_clock):
@@ -133,3 +159,19 @@ async def test_a_stale_job_asks_a_fresh_one_does_not(autojump_clock):
                     desk.approve("stale")
             assert [o.status for o in outcomes] == ["completed"]
         assert calls == ["fresh", "stale"] and desk.asked == 1
+
+
+async def test_a_caller_can_cancel_a_job_awaiting_approval(autojump_clock):
+    calls: list[str] = []
+    desk = MemoryDesk()
+    async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
+        outcomes, reports = [], []
+        async with trio.open_nursery() as nursery:
+            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-x", timeout_s=60)
+            with trio.fail_after(5):
+                await desk.wait_requested("job-x")
+            await _stage_becomes(pair, "job-x", Stage.AWAITING_APPROVAL)
+            assert await pair.bridge.cancel("job-x") == "awaiting_approval"
+        assert [o.status for o in outcomes] == ["cancelled"]
+        assert calls == [] and desk.requests == {}  # withdrawn, never ran
+        assert (await pair.bridge.job_state("job-x")).stage is Stage.CANCELLED

@@ -31,7 +31,7 @@ from ._errors import (
 from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
-from ._outcome import _TIMEOUT_MESSAGES, Outcome, Presence
+from ._outcome import Outcome, Presence, offline_outcome, timeout_outcome
 from ._progress import ProgressReport, parse_progress
 from ._retry import HOLDER_ALIVE_CACHE_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
@@ -90,7 +90,11 @@ class Bridge(JobControl):
         """
         _check(validate_user_id, user_id, "user_id")
         holder = await self._live_presence(user_id)
-        return Presence(user_id=user_id, online=holder is not None, session_id=holder)
+        if holder is not None:
+            return Presence(user_id=user_id, online=True, session_id=holder)
+        asleep = await self.substrate.get_asleep(user_id)
+        since = None if asleep is None else asleep.since
+        return Presence(user_id=user_id, online=False, asleep_since=since)
 
     async def _live_presence(self, user_id: str) -> str | None:
         """The presence value (holder session id) if the process it names is alive
@@ -245,7 +249,7 @@ class Bridge(JobControl):
                 else:
                     break
                 submitted = await self.substrate.submit(user_id, submission)
-            attached = False
+            attached, start_until = False, None
             if submitted.verdict == "indexed":
                 record = IndexRecord.decode(submitted.index_value or "")
                 if not record.same_request(name, digest):
@@ -259,16 +263,14 @@ class Bridge(JobControl):
                 self.waiters.unregister(waiter)
                 job_id, attached = record.job_id, True
                 waiter = self.waiters.register(user_id, job_id)
+                if record.deadline is not None and submitted.server_time is not None:
+                    # that job's own deadline: the time left on the substrate's clock
+                    start_until = anyio.current_time() + record.deadline - submitted.server_time
             elif submitted.verdict != "queued":
                 if owner_claimed:
                     await self.substrate.forget_job_id(job_id)
                 if submitted.verdict == "offline":
-                    return Outcome(
-                        job_id=None,
-                        status="offline",
-                        error={"code": "offline", "message": f"desktop of {user_id} is offline"},
-                        elapsed_s=anyio.current_time() - started,
-                    )
+                    return await offline_outcome(self.substrate, user_id, started)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
                 raise BadRequest(  # the catalogue kept changing under us
@@ -282,13 +284,14 @@ class Bridge(JobControl):
             self.waiters.unregister(waiter)
         elapsed = anyio.current_time() - started
         if payload is None:
-            stage = await self._stage(user_id, job_id)
-            return Outcome(
-                job_id=job_id,
-                status="timeout",
-                error={"code": "timeout", "message": _TIMEOUT_MESSAGES[stage].format(timeout_s)},
-                detail={"stage": stage},
+            left_s = None if start_until is None else start_until - anyio.current_time()
+            return timeout_outcome(
+                job_id,
+                await self._stage(user_id, job_id),
+                timeout_s=timeout_s,
                 elapsed_s=elapsed,
+                attached=attached,
+                may_start_within_s=left_s,
             )
         body = parse_result(payload)
         return Outcome(

@@ -96,7 +96,15 @@ async def check_submit_with_an_indexed_key_returns_its_record_and_enqueues_nothi
     await s.clear_presence(user, "s1")  # the desktop went away: a retry must still attach
     again = await s.submit(user, _submission(user, second, key=key, tool="click"))
     assert again.verdict == "indexed"
-    assert again.index_value == IndexRecord(first, "echo", "d1").encode()
+    # the record, with the job's deadline (the entry's, from the substrate's clock)
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
+    assert entry.fields is not None
+    record = IndexRecord.decode(again.index_value or "")
+    assert record == IndexRecord(first, "echo", "d1", float(entry.fields["deadline"]))
+    assert again.index_value == record.encode()
+    # ... and the substrate's clock now: the job may start for about 30 s more
+    assert again.server_time is not None and record.deadline is not None
+    assert 29.0 < record.deadline - again.server_time <= 30.0 + 0.002
     assert await s.get_job_state(user, second) is None
     assert (await s.queue_info(user)).length == 1
 
@@ -174,14 +182,16 @@ async def check_job_id_claims_are_global(h: SubstrateHarness) -> None:
 async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
     h: SubstrateHarness,
 ) -> None:
-    """Issue 16: a job whose state says it was forwarded (delivered, or interrupted when
-    its socket went away) may have run; past its deadline its redelivery is still
+    """Issue 16: a job whose state says it was forwarded (delivered, awaiting approval, or
+    interrupted when its socket went away) may have run; past its deadline its redelivery is still
     ``delivered`` (the desktop's ledger answers it), never ``expired``. A job never
     forwarded (queued, or no state) past its deadline is ``expired``, state untouched."""
     s, user = h.substrate, h.user()
     again = JobState(Stage.DELIVERED, user, at=3.0, session_id="s2")
     now = (await s.mark_delivered(user, h.job(), again, ttl_s=60)).server_time
-    for before in (Stage.DELIVERED, Stage.INTERRUPTED):
+    # awaiting_approval too (issue 12 item 5): approved, it may have run before its
+    # ``running`` report was recorded
+    for before in (Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL):
         job = h.job()
         await s.set_job_state(user, job, JobState(before, user, at=2.0), ttl_s=60)
         marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)

@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 from deskbridge_common import JobResult
 
 from ._errors import SubstrateUnavailable
-from ._jobstate import STAGE_OF_DESK, JobState
+from ._jobstate import STAGE_OF_DESK, JobState, Stage
 from ._retry import CLEANUP_TIMEOUT_S
-from ._substrate import Substrate
+
+if TYPE_CHECKING:
+    from ._process import HubState
 
 log = logging.getLogger("deskbridge.hub.session")
 
-#: Writes a job state (the substrate's ``set_job_state`` for one job, bound).
-RecordStage = Callable[[JobState], Awaitable[None]]
+#: Records that a delivered job entered a stage (``delivered`` / ``awaiting_approval``).
+RecordStage = Callable[[Stage], Awaitable[None]]
 
 
 @attrs.define(eq=False)
@@ -61,57 +64,68 @@ class Outstanding:
             self.stage = stage
             self._wake.set()
 
-    async def wait(self, state: JobState, record: RecordStage) -> JobResult:
+    async def wait(self, record: RecordStage) -> JobResult:
         """Wait for the result, recording each stage change reported meanwhile.
 
         Args:
-            state: the job state written when it was delivered (``delivered``).
-            record: writes a job state; called with each new stage, in order.
+            record: called with each new stage, in order (the job starts ``delivered``).
 
         Returns:
-            The ``job_result``. A stage reported after it (impossible on one socket: the
-            Connection refuses progress after the result) is not recorded.
+            The ``job_result``. A stage still unrecorded when it came is dropped: the
+            terminal state follows at once.
 
         Cancellation: propagates (the socket went away); nothing more is recorded.
         """
+        recorded = Stage.DELIVERED
         while not self.done.is_set():
             await self._wake.wait()
             self._wake = trio.Event()
             if self.done.is_set() or self.stage is None:
                 continue
             stage = STAGE_OF_DESK[self.stage]
-            if stage is state.stage:
-                continue
-            state = state.advance(stage, at=state.at)  # the table allows both ways
-            await record(state)
+            if stage is not recorded:
+                recorded = stage
+                await record(stage)
         assert self.result is not None
         return self.result
 
 
 def stage_recorder(
-    substrate: Substrate,
-    user_id: str,
-    job_id: str,
-    *,
-    ttl_s: float,
-    wall_clock: Callable[[], float],
+    hub: HubState, user_id: str, job_id: str, session_id: str, epoch: int | None = None
 ) -> RecordStage:
-    """A :data:`RecordStage` for one job: SET its state (stamped now), bounded by
-    ``CLEANUP_TIMEOUT_S``; a substrate error or the bound is logged and passed over."""
+    """A :data:`RecordStage` for one delivery of ``job_id`` on ``session_id``: each stage
+    goes through the transition table from ``delivered`` and is written as the job state
+    (stamped now, ``result_ttl_s``) by the substrate's fenced step (``finish`` without a
+    payload or an XACK): with the delivery's ``epoch``, a newer delivery's state stays
+    (a zombie's report is refused, and it records nothing more). Bounded by
+    ``CLEANUP_TIMEOUT_S``; a substrate error or the bound is logged and passed over
+    (never raised)."""
+    state = JobState(Stage.DELIVERED, user_id, session_id=session_id)
+    fenced_out = False
 
-    async def record(state: JobState) -> None:
-        state = attrs.evolve(state, at=wall_clock())
-        with trio.move_on_after(CLEANUP_TIMEOUT_S) as bound:
+    async def record(stage: Stage) -> None:
+        nonlocal state, fenced_out
+        if fenced_out:
+            return
+        state = state.advance(stage, at=hub.wall_clock())  # InvalidTransition: a bug here
+        finished = None
+        with trio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
-                await substrate.set_job_state(user_id, job_id, state, ttl_s=ttl_s)
+                finished = await hub.substrate.finish(
+                    user_id, job_id, None, state, ttl_s=hub.timings.result_ttl_s, epoch=epoch
+                )
             except SubstrateUnavailable as exc:
-                log.info("job %s: stage %s not recorded: %s", job_id, state.stage, exc)
+                log.info("job %s: stage %s not recorded: %s", job_id, stage, exc)
                 return
-        if bound.cancelled_caught:
-            log.info("job %s: stage %s not recorded within %g s", job_id, state.stage,
+        if finished is None:
+            log.info("job %s: stage %s not recorded within %g s", job_id, stage,
                      CLEANUP_TIMEOUT_S)  # fmt: skip
+        elif finished.verdict == "stale":
+            fenced_out = True
+            log.warning("job %s: stage %s of a stale delivery (epoch %s, newest %s) refused",
+                        job_id, stage, epoch, finished.newest)  # fmt: skip
         else:
-            log.info("job %s: %s on the desktop", job_id, state.stage)
+            log.info("job %s: %s on the desktop", job_id, stage)
 
     return record
 

@@ -77,6 +77,7 @@ class MemoryCallerCommands:
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
     _result_list: Callable[[str, float], _ResultList | None]
+    server_time: Callable[[], float]
     enqueue: Any
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
@@ -90,7 +91,7 @@ class MemoryCallerCommands:
         if sub.idempotency_key is not None:
             record = self._get(ikey, now)
             if record is not None:
-                return Submitted("indexed", index_value=record)
+                return Submitted("indexed", index_value=record, server_time=self.server_time())
         presence = self._get(presence_key(user_id), now)
         if presence is None:
             return Submitted("offline")
@@ -108,7 +109,11 @@ class MemoryCallerCommands:
         self._set(skey, sub.state.encode(), now, sub.state_ttl_s)
         entry_id = self._enqueue_now(user_id, sub)
         if sub.idempotency_key is not None:
-            self._set(ikey, sub.index_value, now, sub.index_ttl_s)
+            # the entry's deadline (as _xadd stamps it, same clock reading), appended
+            # as the Redis script does
+            at_ms = math.floor(self.server_time() * 1000)
+            deadline = (at_ms + math.ceil(sub.start_within_s * 1000)) / 1000
+            self._set(ikey, f"{sub.index_value} {deadline:.3f}", now, sub.index_ttl_s)
         if sub.write_owner:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
         if sub.alive_holder is not None:

@@ -31,11 +31,15 @@ _OUTCOME_CODES = {
     "200": _json(_OUTCOME, "completed"),
     "400": _err("bad request: `error.field` names the field"),
     "401": _err("missing or wrong API key"),
-    "409": _json(_OUTCOME, "cancelled, or `job_id_in_use`"),
+    "409": _json(_OUTCOME, "cancelled, declined (at the desktop), in_doubt, or `job_id_in_use`"),
     "410": _json(_OUTCOME, "expired or lost"),
-    "422": _json(_OUTCOME, "failed (the tool's error)"),
+    "422": _json(_OUTCOME, "failed (the tool's error), or `idempotency_key_reused`"),
     "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
-    "504": _json(_OUTCOME, "timeout; `detail.stage` says what is known"),
+    "504": _json(
+        _OUTCOME,
+        "timeout; `detail.stage` says what is known (`detail.may_start_within_s`: an attached "
+        "retry's job may still start)",
+    ),
 }
 _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 
@@ -159,7 +163,11 @@ def document(version: str) -> dict[str, Any]:
                     "security": _AUTH,
                     "parameters": [_USER],
                     "responses": {
-                        "200": _json({"type": "object"}, "`{user_id, online, session_id}`"),
+                        "200": _json(
+                            {"type": "object"},
+                            "`{user_id, online, session_id, status, since?}`: status online, "
+                            "offline or asleep (with since, Unix seconds)",
+                        ),
                         "401": _err("missing or wrong API key"),
                         "503": _err("Redis unavailable"),
                     },

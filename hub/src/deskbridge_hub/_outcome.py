@@ -5,8 +5,10 @@ See docs/outcomes.md."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import attrs
 
 from ._errors import (
@@ -19,18 +21,38 @@ from ._errors import (
     JobInDoubt,
     JobLost,
     JobTimeout,
+    SubstrateUnavailable,
 )
+
+if TYPE_CHECKING:
+    from ._substrate import DesktopSubstrate
 
 log = logging.getLogger("deskbridge.hub.bridge")
 
 
 @attrs.frozen
 class Presence:
-    """Answer of ``Bridge.presence``: ``online`` iff a live presence key exists."""
+    """Answer of ``Bridge.presence``: ``online`` iff a live presence key exists.
+
+    Attributes:
+        user_id: whose desktop.
+        online: a live presence key exists.
+        session_id: the holder session, when online.
+        asleep_since: when offline and the desktop went to sleep (issue 12.6,
+            ``_asleep``): since when, Unix seconds by the hub's wall clock; else None.
+    """
 
     user_id: str
     online: bool
     session_id: str | None = None
+    asleep_since: float | None = None
+
+    @property
+    def status(self) -> str:
+        """``online``, ``asleep`` or ``offline``."""
+        if self.online:
+            return "online"
+        return "offline" if self.asleep_since is None else "asleep"
 
 
 @attrs.frozen
@@ -66,6 +88,37 @@ class Outcome:
         raise exc_type(message, job_id=self.job_id, **self.detail)
 
 
+async def offline_outcome(substrate: DesktopSubstrate, user_id: str, started: float) -> Outcome:
+    """The ``offline`` answer (nothing was enqueued). When the desktop went to sleep
+    (issue 12.6, ``_asleep``) it says so: ``detail`` = ``{"reason": "asleep", "since":
+    <Unix seconds>}``; the status stays ``offline`` (503), as the public interface has it.
+
+    Args:
+        substrate: where the asleep record is read (one GET, only on this path).
+        user_id: whose desktop.
+        started: ``anyio.current_time()`` when the dispatch began (``elapsed_s``).
+
+    Returns:
+        The outcome. An unreadable asleep record gives the plain ``offline`` answer.
+    """
+    try:
+        asleep = await substrate.get_asleep(user_id)
+    except SubstrateUnavailable:
+        asleep = None
+    message, detail = f"desktop of {user_id} is offline", {}
+    if asleep is not None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(asleep.since))
+        message = f"desktop of {user_id} is asleep (since {stamp})"
+        detail = {"reason": "asleep", "since": asleep.since}
+    return Outcome(
+        job_id=None,
+        status="offline",
+        error={"code": "offline", "message": message},
+        detail=detail,
+        elapsed_s=anyio.current_time() - started,
+    )
+
+
 _ERRORS: dict[str, type[BridgeError]] = {
     "failed": JobFailed,
     "expired": JobExpired,
@@ -87,3 +140,54 @@ _TIMEOUT_MESSAGES = {
     "desktop went away; outcome unknown",
     "unknown": "no answer within {:g} s; outcome unknown",
 }
+
+#: The ``queued`` text for a retry attached (by its idempotency key) to the job of an
+#: earlier call, whose own deadline may outlast this caller's wait.
+_ATTACHED_QUEUED_MESSAGE = (
+    "no answer within {:g} s; the job this idempotency key started (an earlier call) is "
+    "still queued and may still start before its own deadline{}; retry with the same key "
+    "for its outcome"
+)
+
+
+def timeout_outcome(
+    job_id: str,
+    stage: str,
+    *,
+    timeout_s: float,
+    elapsed_s: float,
+    attached: bool = False,
+    may_start_within_s: float | None = None,
+) -> Outcome:
+    """The ``timeout`` answer for a wait that ended without a result.
+
+    Args:
+        job_id: the job waited for.
+        stage: its stage when the wait ended (a key of ``_TIMEOUT_MESSAGES``).
+        timeout_s: the caller's wait, seconds.
+        elapsed_s: the call's duration, seconds.
+        attached: the job was enqueued by an earlier call with the same idempotency key.
+        may_start_within_s: for ``attached``: seconds left before that job's deadline
+            (its own, on the substrate's clock), or None if unknown (a record written
+            by an older hub).
+
+    Returns:
+        An Outcome with ``detail.stage``. A ``queued`` job still inside its deadline
+        (``attached`` only: a caller's own job has its deadline at the end of its wait)
+        says so: the message, and ``detail.may_start_within_s`` when known. "queued"
+        alone means it will not start later (docs/outcomes.md).
+    """
+    detail: dict[str, Any] = {"stage": stage}
+    message = _TIMEOUT_MESSAGES[stage].format(timeout_s)
+    if attached and stage == "queued" and (may_start_within_s is None or may_start_within_s > 0):
+        within = "" if may_start_within_s is None else f" (within {may_start_within_s:.3g} s)"
+        message = _ATTACHED_QUEUED_MESSAGE.format(timeout_s, within)
+        if may_start_within_s is not None:
+            detail["may_start_within_s"] = round(may_start_within_s, 3)
+    return Outcome(
+        job_id=job_id,
+        status="timeout",
+        error={"code": "timeout", "message": message},
+        detail=detail,
+        elapsed_s=elapsed_s,
+    )

@@ -44,14 +44,18 @@ if TYPE_CHECKING:
 #: the same write instead). ARGV: catalogue SHA-1 ('-': no check), maxlen, job id,
 #: start-within ms, state, state TTL ms, index flag ('' none), index record, index TTL ms,
 #: the hub process known alive ('' none), wake TTL ms, user id, then the entry's fields.
-#: Order matters: the idempotency index first (a key whose job may still run is never
-#: answered "offline"), then presence and the process it names, the catalogue version,
-#: the job id claim, and only then any write.
+#: The index record is stored with the job's deadline appended; an indexed key is
+#: answered with the record and TIME. Order matters: the idempotency index first (a key
+#: whose job may still run is never answered "offline"), then presence and the process it
+#: names, the catalogue version, the job id claim, and only then any write.
 SUBMIT = Script(
     """
 if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
-  if record then return {'indexed', record} end
+  if record then
+    local t = redis.call('TIME')
+    return {'indexed', record, string.format('%.3f', tonumber(t[1]) + tonumber(t[2]) / 1000000)}
+  end
 end
 local presence = redis.call('GET', KEYS[1])
 if not presence then return {'offline'} end
@@ -70,13 +74,14 @@ local fields = {}
 for i = 13, #ARGV do fields[#fields + 1] = ARGV[i] end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
 fields[#fields + 1] = 'deadline'
-fields[#fields + 1] = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
+fields[#fields + 1] = deadline
 fields[#fields + 1] = 'enqueued_at'
 fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 redis.call('HSET', KEYS[4], id, ARGV[3])
-if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'PX', ARGV[9]) end
+if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX', ARGV[9]) end
 if KEYS[7] then
   redis.call('RPUSH', KEYS[7], ARGV[12])
   redis.call('PEXPIRE', KEYS[7], ARGV[11])
@@ -174,7 +179,7 @@ class CallerCommands(RedisCommandBase):
         if verdict == "catalogue":
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":
-            return Submitted("indexed", index_value=rest[0])
+            return Submitted("indexed", index_value=rest[0], server_time=float(rest[1]))
         if verdict == "holder":
             return Submitted("holder", presence=rest[0])
         return Submitted(str(verdict))

@@ -26,8 +26,9 @@ from ._substrate import (
 #: fencing token ``finish`` checks), kept until the deadline + the state's TTL (at least
 #: that TTL). KEYS: state, cancel, fence (the user's slot). ARGV: state, TTL ms, deadline.
 #: A deadline that passed expires only a job never forwarded: one whose state says it was
-#: delivered (or interrupted) may have run, so it goes to the desktop again, whose ledger
-#: answers (issue 16: a redelivery after a pod kill was answered "expired" for a job that ran).
+#: delivered (awaiting approval, or interrupted) may have run, so it goes to the desktop
+#: again, whose ledger answers (issue 16: a redelivery after a pod kill was answered
+#: "expired" for a job that ran).
 _MARK = """
 local function mark(skey, ckey, fkey, state, ttl, deadline, now)
   if deadline ~= '' and tonumber(now) >= tonumber(deadline) then
@@ -37,7 +38,9 @@ local function mark(skey, ckey, fkey, state, ttl, deadline, now)
       local ok, body = pcall(cjson.decode, current)
       if ok and type(body) == 'table' then stage = body['stage'] end
     end
-    if stage ~= 'delivered' and stage ~= 'interrupted' then return {'expired', now} end
+    if stage ~= 'delivered' and stage ~= 'interrupted' and stage ~= 'awaiting_approval' then
+      return {'expired', now}
+    end
   end
   if redis.call('EXISTS', ckey) == 1 then return {'cancelled', now} end
   redis.call('SET', skey, state, 'PX', ttl)

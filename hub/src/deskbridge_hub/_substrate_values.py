@@ -47,6 +47,20 @@ class BeatReply:
 
 
 @attrs.frozen
+class Asleep:
+    """The desktop is (probably) asleep (issue 12.6; see :meth:`DesktopSubstrate.get_asleep`).
+
+    Attributes:
+        since: Unix seconds (the hub's wall clock) since when.
+        source: ``"announced"`` (the sidecar said ``sleeping``) or ``"detected"`` (its
+            socket went missing soon after it reported a sleep in ``hello.slept_s``).
+    """
+
+    since: float
+    source: str
+
+
+@attrs.frozen
 class Marked:
     """Reply of :meth:`LedgerSubstrate.mark_delivered`.
 
@@ -158,7 +172,8 @@ class Submission:
             none cached), or None to skip the catalogue check (``status``).
         idempotency_key: the caller's key to index (None: the key is the job id itself,
             nothing to index).
-        index_value: the index record (``_idempotency.IndexRecord.encode()``).
+        index_value: the index record (``_idempotency.IndexRecord.encode()``); the
+            substrate stores it with `` <deadline>`` appended (the job's, from its clock).
         index_ttl_s: how long the index record lives before the job's result is published.
         owner: the owner record (``bridge:job:{job_id}``).
         write_owner: also SET the owner record in the same write (the Bridge does not
@@ -206,6 +221,9 @@ class Submitted:
         index_value: see ``indexed``.
         entry_id: the stream entry ID when ``queued``.
         presence: the presence value (holder session id) when ``queued`` or ``holder``.
+        server_time: the substrate's clock (Redis ``TIME``, Unix seconds) when it
+            answered ``indexed``: with the record's deadline, how long the job it names
+            may still start.
     """
 
     verdict: str
@@ -213,3 +231,4 @@ class Submitted:
     index_value: str | None = None
     entry_id: str | None = None
     presence: str | None = None
+    server_time: float | None = None

@@ -313,6 +313,11 @@ class FileDesk:
         return await wait_for_decision(self.folder, request, wall_clock)
 
 
+def file_desk(data_dir: Path | None) -> FileDesk | None:
+    """The :class:`FileDesk` of ``data_dir`` (``<data dir>/approvals``), or None without one."""
+    return None if data_dir is None else FileDesk(approvals_dir(Path(data_dir)))
+
+
 async def wait_for_decision(
     folder: Path, request: ApprovalRequest, wall_clock: Callable[[], float]
 ) -> str | None:
@@ -386,6 +391,7 @@ __all__ = [
     "approval_after_wait_s",
     "approvals_dir",
     "decide",
+    "file_desk",
     "gate",
     "needs_approval",
     "pending",
