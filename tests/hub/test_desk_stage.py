@@ -169,3 +169,35 @@ def test_mcp_lists_a_tool_that_asks_with_a_note_and_its_meta():
                                      "it runs when the call waited 60 s or more.")  # fmt: skip
     plain = listed({"name": "e", "description": "x"})
     assert plain["description"] == "x" and "_meta" not in plain
+
+
+async def test_the_session_records_a_stage_with_its_deliverys_epoch(autojump_clock):
+    """Through the real session: a stage report is recorded; once the entry was delivered
+    again elsewhere (a newer epoch), the old delivery's report is refused."""
+    from deskbridge_common import Hello, Job, Progress, Welcome
+    from deskbridge_hub import Bridge
+    from deskbridge_hub._session import HubState, serve_sidecar
+    from deskbridge_hub.testing import socket_pair
+
+    state = HubState(substrate=MemorySubstrate(clock=wall), timings=Timings(),
+                     consumer="hub-1", wall_clock=wall)  # fmt: skip
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
+        nursery.start_soon(serve_sidecar, state, hub_side, USER)
+        await peer.send(Hello(protocol_version=1, sidecar_version="test"))
+        assert isinstance(await peer.receive(), Welcome)
+        nursery.start_soon(lambda: bridge.dispatch(USER, "echo", {}, job_id="j1", timeout_s=60))
+        job = await peer.receive()
+        assert isinstance(job, Job)
+        await peer.send(Progress(job.id, 0, stage="awaiting_approval"))
+        await trio.testing.wait_all_tasks_blocked()
+        mine = await state.substrate.get_job_state(USER, "j1")
+        assert mine.stage is Stage.AWAITING_APPROVAL
+        elsewhere = JobState(Stage.DELIVERED, USER, session_id="another")
+        await state.substrate.mark_delivered(USER, "j1", elsewhere, ttl_s=60)  # a reclaim
+        await peer.send(Progress(job.id, 0, stage="running"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert await state.substrate.get_job_state(USER, "j1") == elsewhere  # fenced out
+        nursery.cancel_scope.cancel()
