@@ -38,6 +38,7 @@ from deskbridge_common import Timings
 
 from . import _metrics
 from ._errors import SubstrateUnavailable
+from ._jobstate import JobState
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
@@ -91,6 +92,8 @@ class Listener:
         on_superseded: the heartbeat found presence held by another session.
         capacity: how many more entries the session can take now.
         stopped: once set, nothing more is read for this session.
+        delivered_state: the state a delivery by this session records: given, new entries
+            are read and marked delivered in one step (``read_new_delivered``).
         daemon_id: the sidecar's daemon instance (``hello.daemon_id``), or None.
     """
 
@@ -102,6 +105,7 @@ class Listener:
     on_superseded: Callable[[], None]
     capacity: Callable[[], int]
     stopped: trio.Event = attrs.field(factory=trio.Event)
+    delivered_state: Callable[[], JobState] | None = None
     wants_more: bool = False
     daemon_id: str | None = None
 
@@ -341,9 +345,15 @@ class ProcessReader:
                 if room <= 0:
                     listener.wants_more = True  # read again when a serving task ends
                     break
-                entries = await self.substrate.read_new(
-                    user_id, consumer, count=room, block_ms=None
-                )
+                if listener.delivered_state is None:
+                    entries = await self.substrate.read_new(
+                        user_id, consumer, count=room, block_ms=None
+                    )
+                else:  # the read and the delivery mark in one round trip (issue 10.3)
+                    entries = await self.substrate.read_new_delivered(
+                        user_id, consumer, count=room, state=listener.delivered_state(),
+                        ttl_s=self.timings.result_ttl_s,
+                    )  # fmt: skip
                 await self._dispatch(listener, inflight, entries)
                 if len(entries) < room:
                     break
