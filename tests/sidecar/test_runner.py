@@ -298,3 +298,27 @@ async def test_each_answer_from_memory_counts_one_dedupe_hit(autojump_clock, nur
     for _ in range(3):
         assert runner.admit(job(key="k1")) is not None
     assert runner.dedupe_hits == 3 and calls == ["f"]
+
+
+async def test_each_delivery_joining_a_run_counts_one_hit(autojump_clock, nursery):
+    submit, calls = counting(seconds=10)
+    runner = make(nursery, submit)
+    answers = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(job(key="k1")))
+
+    for _ in range(3):
+        nursery.start_soon(deliver)
+        await trio.testing.wait_all_tasks_blocked()
+    await trio.sleep(10)
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(answers) == 3 and calls == ["f"] and runner.dedupe_hits == 2
+
+
+async def test_a_delivery_at_its_deadline_exactly_is_expired(autojump_clock, nursery):
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    refused = runner.admit(job(key="k1", deadline_s=0))
+    assert refused == Outcome.failure("expired", "deadline passed 0.000 s ago; not started")
+    assert calls == []
