@@ -137,3 +137,20 @@ async def test_beats_look_at_the_entry_index_after_reads_and_every_tenth_beat(au
     assert deep[:3] == [False, False, False]
     assert deep[3] is True  # the beat after the job was read
     assert deep[4:].count(True) == 1 and deep[DEEP_EVERY - 1] is True  # then every tenth
+
+
+async def test_a_lapsed_liveness_key_with_presence_intact_beats_nobody_early(autojump_clock):
+    """The process stalled past the liveness TTL but Redis kept its data: no burst of
+    beats (at 10,000 sessions it would only stall a busy process further)."""
+    from deskbridge_hub._substrate import proc_key
+
+    state = make_state()
+    calls = spy_beats(state)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(5)
+        del state.substrate._kv[proc_key(state.holder_id)]
+        await trio.sleep(20)
+        assert calls == []  # the first beat is due at 30 s
+        nursery.cancel_scope.cancel()

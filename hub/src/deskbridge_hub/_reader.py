@@ -194,15 +194,28 @@ class ProcessReader:
                 log.debug("liveness refresh failed: %s", exc)
             else:
                 if not kept and self._beating:
-                    log.warning(
-                        "this process's liveness key had lapsed (Redis lost its data, or "
-                        "the process stalled for over %.0f s): rewriting the presence of "
-                        "%d sessions now",
-                        PROCESS_LIVENESS_TTL_S,
-                        len(self._beating),
-                    )
-                    self.beat_all()
+                    await self._lapsed()
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
+
+    async def _lapsed(self) -> None:
+        """The liveness key had lapsed: if Redis lost its data, presence went with it
+        (beat every session now); if this process only stalled, one presence still
+        names its session and the beats due will do (a full beat of 10,000 sessions
+        would only stall a busy process further)."""
+        sample = next(iter(self._beating.values()))
+        try:
+            intact = await self.substrate.get_presence(sample.user_id) == sample.session_id
+        except SubstrateUnavailable:
+            intact = False
+        if intact:
+            log.info("this process's liveness key had lapsed (the process stalled?)")
+            return
+        log.warning(
+            "this process's liveness key had lapsed and a presence is gone (Redis lost "
+            "its data?): rewriting the presence of %d sessions now",
+            len(self._beating),
+        )
+        self.beat_all()
 
     def beat_all(self) -> None:
         """Beat every session now, catalogues included (the store may have lost them)."""
