@@ -16,10 +16,10 @@ Prints jobs issued and answered, hung attempts and stuck callers, the answer his
 its ledger file), keys whose final answer was offline/lost although they ran, completed
 jobs per bucket next to the calm bucket(s), caller latency p50/p99/max, faults
 performed. Exit status 1 if any key ran twice, any caller hung or any key that ran was
-finally answered offline/lost.
+finally answered offline/lost/expired.
 
 Usage: ./dev bench soak [--calm-s 60] [--faults-s 540] [--hubs 3] [--sidecars 20]
-       [--callers 16] [--redis-port 6413] [--json FILE]
+       [--callers 16] [--redis-port 6413] [--json FILE] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def main() -> int:
         help="extra hub environment (repeatable); RECLAIM_IDLE_S=5 is set",
     )
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--workdir", default="", help="keep the processes' logs here (default: a temp dir)"
+    )
     args = p.parse_known_args()[0]
     hub_env = dict(d.hub_env)
     for item in args.hub_env:
@@ -88,8 +91,12 @@ def main() -> int:
         redis_port=args.redis_port,
         hub_env=hub_env,
     )
-    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
-        report = Soak(Path(tmp), cfg, log=lambda m: print(m, file=sys.stderr)).run()
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        report = Soak(Path(args.workdir), cfg, log=lambda m: print(m, file=sys.stderr)).run()
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+            report = Soak(Path(tmp), cfg, log=lambda m: print(m, file=sys.stderr)).run()
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
@@ -98,6 +105,7 @@ def main() -> int:
         or report["hung_attempts"]
         or report["stuck_callers"]
         or report["final_offline_or_lost_but_ran"]
+        or report["final_said_not_run_but_ran"]
     )
     return 1 if bad else 0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import random
 import secrets
 import socket
-import statistics
 import threading
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from typing import Any
 import attrs
 import httpx
 
+from bench.lib.soak_report import KeyRecord, build_report, format_report
 from tests.chaos._harness import CuttableProxy
 from tests.procs import (
     API_KEY,
@@ -47,10 +47,6 @@ from tests.procs import (
 #: its outcome is unknown (docs/outcomes.md), plus transport failures (HAProxy's own
 #: 5xx when a pod dies mid-request, a refused or reset connection).
 RETRY = frozenset({"offline", "unavailable", "lost", "timeout", "http-5xx", "conn-error", "hung"})
-#: Final answers after which the key must not have run.
-NOT_RUN = frozenset({"offline", "lost"})
-#: Final answers that say the job did not run (docs/outcomes.md); ``expired`` included.
-SAID_NOT_RUN = frozenset({"offline", "lost", "expired"})
 #: Seconds an HTTP attempt may take beyond the job's timeout_s before it counts as hung.
 HUNG_SLACK_S = 10.0
 
@@ -115,17 +111,6 @@ class AofRedis(Proc):
             return resp_command("127.0.0.1", self.port, "PING", timeout_s=1.0) == "PONG"
 
         wait_until(ok, timeout_s=timeout_s, what=f"redis-server on {self.port}")
-
-
-@attrs.define
-class KeyRecord:
-    key: str
-    user: str
-    started: float
-    ended: float = 0.0
-    attempts: list[tuple[str, float, float]] = attrs.field(factory=list)  # (status, t0, t1)
-    final: str = ""
-    gave_up: bool = False
 
 
 class Soak:
@@ -212,7 +197,7 @@ class Soak:
 
     # -- callers ------------------------------------------------------------------------
 
-    def _attempt(self, client: httpx.Client, user: str, key: str) -> str:
+    def _attempt(self, client: httpx.Client, user: str, key: str, rec: KeyRecord) -> str:
         body = {
             "name": "record",
             "args": {"key": key, "seconds": self.cfg.job_s},
@@ -226,8 +211,11 @@ class Soak:
         except httpx.TransportError:
             return "conn-error"
         try:
-            status = r.json().get("status")
-        except ValueError:
+            body = r.json()
+            status = body.get("status")
+            if body.get("job_id") and body["job_id"] not in rec.job_ids:
+                rec.job_ids.append(body["job_id"])
+        except (ValueError, AttributeError):
             status = None
         if not status:
             return "http-5xx" if r.status_code >= 500 else f"http-{r.status_code}"
@@ -249,7 +237,7 @@ class Soak:
                     self.keys.append(rec)
                 while True:
                     a0 = time.time()
-                    status = self._attempt(client, user, key)
+                    status = self._attempt(client, user, key, rec)
                     rec.attempts.append((status, a0, time.time()))
                     if status not in RETRY:
                         break
@@ -366,145 +354,18 @@ class Soak:
                 proxy.close()
 
     def report(self, stuck_callers: int, end_issue: float) -> dict[str, Any]:
-        cfg = self.cfg
-        counts = self.ledger.counts()
         with self._keys_lock:
             keys = list(self.keys)
-        finished = [k for k in keys if k.final]
-        attempts = Counter(a[0] for k in keys for a in k.attempts)
-        finals = Counter(k.final + (" (gave up)" if k.gave_up else "") for k in finished)
-        execs = Counter(min(counts.get(k.key, 0), 2) for k in keys)
-        doubles = [k.key for k in keys if counts.get(k.key, 0) >= 2]
-        ran_but_told_not = [
-            (k.key, k.final) for k in finished if k.final in NOT_RUN and counts.get(k.key, 0) >= 1
-        ]
-        # docs/outcomes.md: offline, lost and expired all say "it did not run"
-        said_not_run = [
-            {
-                "key": k.key,
-                "final": k.final,
-                "executions": counts.get(k.key, 0),
-                "attempts": [a[0] for a in k.attempts],
-            }
-            for k in finished
-            if k.final in SAID_NOT_RUN and counts.get(k.key, 0) >= 1
-        ]
-        completed_not_run = [
-            k.key for k in finished if k.final == "completed" and counts.get(k.key, 0) == 0
-        ]
-        hung_attempts = attempts.get("hung", 0)
-        e2e = sorted(k.ended - k.started for k in finished if k.final == "completed")
-        per_attempt = sorted(a[2] - a[1] for k in keys for a in k.attempts)
-        buckets: Counter[int] = Counter()
-        for k in finished:
-            if k.final == "completed":
-                buckets[int((k.ended - self.t0) // cfg.bucket_s)] += 1
-        n_buckets = int((end_issue - self.t0) // cfg.bucket_s)
-        calm_buckets = int(cfg.calm_s // cfg.bucket_s)
-        per_bucket = [buckets.get(i, 0) for i in range(n_buckets)]
-        calm_ref = max(per_bucket[:calm_buckets]) if calm_buckets and per_bucket else 0
-
-        def pct(values: list[float], q: float) -> float:
-            return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-        return {
-            "run_id": self.run_id,
-            "config": attrs.asdict(cfg),
-            "keys_issued": len(keys),
-            "keys_answered": len(finished),
-            "keys_completed": finals.get("completed", 0),
-            "stuck_callers": stuck_callers,
-            "hung_attempts": hung_attempts,
-            "attempts": sum(attempts.values()),
-            "attempt_histogram": dict(attempts.most_common()),
-            "final_histogram": dict(finals.most_common()),
-            "executions_per_key": {
-                "0": execs.get(0, 0),
-                "1": execs.get(1, 0),
-                "2+": execs.get(2, 0),
-            },
-            "double_executions": doubles,
-            "final_offline_or_lost_but_ran": ran_but_told_not,
-            "completed_but_not_run": completed_not_run,
-            "final_said_not_run_but_ran": said_not_run,
-            "throughput_per_bucket": per_bucket,
-            "calm_buckets": calm_buckets,
-            "calm_reference": calm_ref,
-            "worst_fault_bucket_ratio": (
-                min(per_bucket[calm_buckets:]) / calm_ref
-                if calm_ref and per_bucket[calm_buckets:]
-                else float("nan")
-            ),
-            "key_latency_s": {
-                "p50": statistics.median(e2e) if e2e else float("nan"),
-                "p99": pct(e2e, 0.99),
-                "max": e2e[-1] if e2e else float("nan"),
-            },
-            "attempt_latency_s": {
-                "p50": statistics.median(per_attempt) if per_attempt else float("nan"),
-                "p99": pct(per_attempt, 0.99),
-                "max": per_attempt[-1] if per_attempt else float("nan"),
-            },
-            "faults": dict(self.faults),
-        }
+        return build_report(
+            run_id=self.run_id,
+            cfg=self.cfg,
+            keys=keys,
+            events=self.ledger.events(),
+            faults=dict(self.faults),
+            t0=self.t0,
+            stuck_callers=stuck_callers,
+            end_issue=end_issue,
+        )
 
 
-def format_report(r: dict[str, Any]) -> str:
-    cfg = r["config"]
-    lines = [
-        f"soak {r['run_id']}: {cfg['hubs']} hubs behind HAProxy, {cfg['sidecars']} sidecars "
-        f"behind cutting proxies, {cfg['callers']} callers; {cfg['calm_s']:g} s calm + "
-        f"{cfg['faults_s']:g} s of faults (kill -9 a hub every {cfg['kill_every_s']:g} s, "
-        f"restart {cfg['restart_after_s']:g} s later; cut a socket every {cfg['cut_every_s']:g} s; "
-        f"Redis kill -9 + AOF restart midway: {cfg['redis_restart']}); hub env {cfg['hub_env']}",
-        f"  keys issued / answered / completed   {r['keys_issued']} / {r['keys_answered']} / "
-        f"{r['keys_completed']}",
-        f"  hung attempts / stuck callers        {r['hung_attempts']} / {r['stuck_callers']}",
-        f"  attempts by answer                   {r['attempt_histogram']}",
-        f"  final answer per key                 {r['final_histogram']}",
-        f"  executions per key (0/1/2+)          {r['executions_per_key']['0']} / "
-        f"{r['executions_per_key']['1']} / {r['executions_per_key']['2+']}",
-        f"  double executions                    {len(r['double_executions'])} "
-        f"{r['double_executions'][:5]}",
-        f"  final offline/lost but ran           {len(r['final_offline_or_lost_but_ran'])} "
-        f"{r['final_offline_or_lost_but_ran'][:5]}",
-        f"  completed but not run                {len(r['completed_but_not_run'])}",
-        f"  final offline/lost/expired but ran   {len(r.get('final_said_not_run_but_ran', []))} "
-        f"{r.get('final_said_not_run_but_ran', [])[:3]}",
-        f"  completed per {cfg['bucket_s']:g} s (first {r['calm_buckets']} calm) "
-        f"{r['throughput_per_bucket']}",
-        f"  worst faulted bucket / calm          {r['worst_fault_bucket_ratio']:.2f}",
-        "  key latency (first attempt -> final completed) p50/p99/max s  "
-        + " / ".join(f"{r['key_latency_s'][q]:.2f}" for q in ("p50", "p99", "max")),
-        "  attempt latency p50/p99/max s        "
-        + " / ".join(f"{r['attempt_latency_s'][q]:.2f}" for q in ("p50", "p99", "max")),
-        f"  faults performed                     {r['faults']}",
-    ]
-    ratio = r["worst_fault_bucket_ratio"]
-    judged = [
-        ("0 double executions", not r["double_executions"], f"{len(r['double_executions'])}"),
-        (
-            "0 hung callers",
-            not r["hung_attempts"] and not r["stuck_callers"],
-            f"{r['hung_attempts']} hung attempts, {r['stuck_callers']} stuck",
-        ),
-        (
-            "0 keys finally offline/lost that ran",
-            not r["final_offline_or_lost_but_ran"],
-            f"{len(r['final_offline_or_lost_but_ran'])}",
-        ),
-        (
-            "every faulted bucket >= 70 % of the calm one",
-            ratio == ratio and ratio >= 0.7,
-            f"{ratio:.2f}",
-        ),
-        (
-            "caller p99 <= 5 s (first attempt -> completed)",
-            r["key_latency_s"]["p99"] <= 5.0,
-            f"{r['key_latency_s']['p99']:.2f} s",
-        ),
-    ]
-    lines.append("  issue 16 targets (this run):")
-    for label, ok, figures in judged:
-        lines.append(f"    {'MET ' if ok else 'NOT MET':<8} {label:<48} {figures}")
-    return "\n".join(lines)
+__all__ = ["KeyRecord", "Soak", "SoakConfig", "format_report"]

@@ -23,6 +23,8 @@ from deskbridge_hub._jobstate import (
     check_transition,
 )
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._memory_finish import WrongType
+from deskbridge_hub._substrate import result_key
 
 EPOCH = 1_700_000_000.0
 USER = "u1"
@@ -219,8 +221,8 @@ def test_state_round_trips_and_bad_text_is_refused():
 
 
 class Watched:
-    """The memory substrate seen through a proxy that can refuse result writes and
-    records the order of result writes and XACKs."""
+    """The memory substrate seen through a proxy that can refuse the finishing step and
+    records the order of finishing steps and separate XACKs."""
 
     def __init__(self, inner: MemorySubstrate, *, refuse_publishes: int = 0):
         self._inner = inner
@@ -230,27 +232,34 @@ class Watched:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    async def publish_result(self, user_id, job_id, payload, **options):
+    async def finish(self, user_id, job_id, payload, state, **options):
         # whatever happens to this write, the entry must still be pending now
         assert self._inner.pending_count(USER) == 1, "XACK came before the result write"
         if self._refuse:
             self._refuse -= 1
             self.order.append("refused")
             raise SubstrateUnavailable("result writes refused (test)")
-        await self._inner.publish_result(user_id, job_id, payload, **options)
+        finished = await self._inner.finish(user_id, job_id, payload, state, **options)
+        # the one step both publishes and acknowledges
+        assert payload is not None and await self._inner.get_result(USER, job_id) == payload
         self.order.append("publish")
+        if self._inner.pending_count(USER) == 0:
+            self.order.append("ack")
+        return finished
 
     async def ack(self, user_id, entry_id):
-        self.order.append("ack")
+        self.order.append("separate ack")
         return await self._inner.ack(user_id, entry_id)
 
 
 async def test_invariant_3_xack_only_after_the_result_is_durable(autojump_clock):
     """Invariant 3: an entry is acknowledged only once its result is durable.
 
-    Only the result write fails (an XACK would succeed), so an XACK moved before the
-    RPUSH is caught: the entry would leave the pending entries list while its caller has
-    no answer, and a crash then would lose the job for good.
+    Only the finishing step fails (an XACK alone would succeed), so an XACK moved before
+    it is caught: the entry would leave the pending entries list while its caller has
+    no answer, and a crash then would lose the job for good. (Inside the step, the
+    order is pinned by ``test_invariant_3_a_result_write_that_fails_leaves_the_entry_pending``
+    and the substrate contract's ``invariant_3_finish_stops_at_a_failed_result_write``.)
     """
     substrate, server, entry = await setup()
     watched = Watched(substrate, refuse_publishes=3)
@@ -260,6 +269,20 @@ async def test_invariant_3_xack_only_after_the_result_is_durable(autojump_clock)
     assert watched.order == ["refused", "refused", "refused", "publish", "ack"]
     assert (await answer(substrate))["status"] == "completed"
     assert substrate.pending_count(USER) == 0
+
+
+async def test_invariant_3_a_result_write_that_fails_leaves_the_entry_pending(autojump_clock):
+    """Invariant 3 inside the one step: the result list holds a value of another type
+    (Redis: WRONGTYPE), so the step stops at the result write. Nothing after it may
+    have happened: the entry is still pending (redelivered later), its state is still
+    ``delivered``, the caller's mailbox got nothing."""
+    substrate, server, entry = await setup(reply_to="box-1")
+    substrate.spoil_key(result_key(USER, "job-1"))
+    with trio.fail_after(120), pytest.raises(WrongType):
+        await server.serve(entry, FakeExecutor())
+    assert substrate.pending_count(USER) == 1
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.DELIVERED
+    assert await substrate.read_notifications("box-1", count=10, block_ms=1) == []
 
 
 @pytest.mark.parametrize("kind", ["failed", "expired", "lost", "malformed"])
@@ -345,3 +368,106 @@ async def test_the_answer_notifies_the_callers_mailbox_and_lives_as_long_as_its_
     assert [job for job, _ in got] == ["job-1"]
     await trio.sleep(record_until_s - 2)  # past the result TTL, inside the record's life
     assert (await answer(substrate)) == {"status": "completed", "result": {"x": 1}}
+
+
+# -- fenced deliveries (issue 12 item 3) -------------------------------------------------
+
+
+class Reclaimed(FakeExecutor):
+    """While the tool runs, another holder takes the entry over (a reclaim after this
+    holder looked dead) and delivers it again: this executor becomes a zombie."""
+
+    def __init__(self, substrate, **kwargs):
+        super().__init__(**kwargs)
+        self._substrate = substrate
+
+    async def execute(self, job):
+        newer = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-2")
+        marked = await self._substrate.mark_delivered(
+            USER, job.job_id, newer, ttl_s=300, deadline=wall() + 60
+        )
+        assert marked.verdict == "delivered"
+        return await super().execute(job)
+
+
+async def test_every_delivery_of_a_job_gets_a_larger_epoch(autojump_clock):
+    substrate, server, entry = await setup()
+    delivered = JobState(Stage.DELIVERED, USER, at=wall(), session_id="s")
+    epochs = [
+        (await substrate.mark_delivered(USER, "job-1", delivered, ttl_s=300)).epoch
+        for _ in range(3)
+    ]
+    assert epochs == [1, 2, 3]
+
+
+async def test_a_zombies_answer_is_refused_counted_and_logged_once(autojump_clock, caplog):
+    """The entry was delivered again while this delivery ran: its answer is stale. Nothing
+    is published (the caller waits for the newer delivery's), the state stays the newer
+    delivery's, the entry stays pending for that delivery, the refusal is counted and
+    logged once; no "finished" line or served count for it."""
+    import logging
+
+    from deskbridge_hub import _metrics
+
+    substrate, server, entry = await setup(reply_to="box-1")
+    stale = _metrics.STALE_RESULTS._value.get()
+    served = _metrics.SERVED.labels("echo", "completed")._value.get()
+    with caplog.at_level(logging.INFO):
+        await server.serve(entry, Reclaimed(substrate))
+    assert await answer(substrate) is None
+    assert await substrate.read_notifications("box-1", count=10, block_ms=1) == []
+    state = await substrate.get_job_state(USER, "job-1")
+    assert (state.stage, state.session_id) == (Stage.DELIVERED, "session-2")
+    assert substrate.pending_count(USER) == 1
+    assert _metrics.STALE_RESULTS._value.get() == stale + 1
+    assert _metrics.SERVED.labels("echo", "completed")._value.get() == served
+    lines = [
+        r.getMessage() for r in caplog.records if r.name.startswith("deskbridge.hub")
+    ]
+    assert lines == [
+        "user u1: stale answer (completed) of job job-1 refused: delivery epoch 1, newest 2 "
+        "(the entry was delivered again meanwhile; that delivery answers)"
+    ]
+
+
+async def test_the_newest_delivery_answers_after_a_zombie_was_refused(autojump_clock):
+    substrate, server, entry = await setup()
+    await server.serve(entry, Reclaimed(substrate, answer=lambda job: JobResult(job.id, True, 1)))
+    newer = attrs.evolve(server, session_id="session-2")
+    await newer.finish(
+        entry.entry_id, "job-1", "completed", '{"status":"completed","result":2}', epoch=2
+    )
+    assert (await answer(substrate))["result"] == 2
+    assert await answer(substrate) is None
+    assert substrate.pending_count(USER) == 0
+
+
+async def test_a_zombies_in_doubt_and_interrupted_marks_are_refused_too(autojump_clock):
+    """A session that ends while a newer delivery of its job runs elsewhere neither
+    answers ``in_doubt`` nor records ``interrupted`` over the newer delivery's state."""
+    for reason in ("superseded", None):
+        substrate, server, entry = await setup()
+
+        class Ending(Reclaimed):
+            def ended_reason(self, reason=reason):
+                return reason
+
+        with trio.move_on_after(5):
+            await server.serve(entry, Ending(substrate, hang=True))
+        assert await answer(substrate) is None
+        state = await substrate.get_job_state(USER, "job-1")
+        assert (state.stage, state.session_id) == (Stage.DELIVERED, "session-2")
+
+
+async def test_an_in_doubt_answer_of_the_newest_delivery_is_published(autojump_clock):
+    substrate, server, entry = await setup()
+
+    class Ending(FakeExecutor):
+        def ended_reason(self):
+            return "superseded"
+
+    with trio.move_on_after(5):
+        await server.serve(entry, Ending(hang=True))
+    assert (await answer(substrate))["status"] == "in_doubt"
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
+    assert substrate.pending_count(USER) == 1

@@ -200,3 +200,48 @@ async def test_offline_records_nothing_so_the_key_stays_free(autojump_clock, sta
         done = await a.dispatch("u1", "type", {}, idempotency_key="k-free", timeout_s=5)
         assert done.status == "completed"
         nursery.cancel_scope.cancel()
+
+
+async def test_a_retry_that_times_out_on_a_queued_job_says_it_may_still_start(
+    autojump_clock, state
+):
+    """An attached retry waits its own timeout, but the job it attached to has the
+    deadline of the call that enqueued it. A "timeout, stage queued" answer used to say
+    the job "will not start later" (true of a caller's own job, whose deadline ends its
+    wait) even when that job could still start: a caller trusting it and using a new key
+    would run the request twice. Now the answer says it may still start, and for how
+    long; once that deadline has passed, plain "queued" again."""
+    a, b = replicas(state)
+    await state.substrate.set_presence("u1", "old-session", 30)  # nobody reads the stream
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: a.dispatch("u1", "click", {"x": 1}, idempotency_key="k-wait", timeout_s=60)
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(10)
+        retry = await b.dispatch("u1", "click", {"x": 1}, idempotency_key="k-wait", timeout_s=5)
+        assert retry.status == "timeout"
+        assert retry.detail["stage"] == "queued"
+        assert retry.detail["may_start_within_s"] == pytest.approx(45, abs=0.1)
+        assert "may still start" in retry.error["message"]
+        await trio.sleep(50)  # past the job's own deadline (60 s)
+        late = await b.dispatch("u1", "click", {"x": 1}, idempotency_key="k-wait", timeout_s=5)
+        assert late.job_id == retry.job_id
+        assert late.status == "timeout" and late.detail == {"stage": "queued"}
+        assert "never took it" in late.error["message"]
+        nursery.cancel_scope.cancel()
+
+
+def test_index_records_with_and_without_the_deadline_decode():
+    """Records written by older hubs (no deadline) still attach; the deadline keeps its
+    millisecond precision; anything else is refused."""
+    from deskbridge_hub._idempotency import IndexRecord
+
+    old = IndexRecord.decode("j1 click d1")
+    assert old == IndexRecord("j1", "click", "d1") and old.deadline is None
+    new = IndexRecord.decode("j1 click d1 1700000060.125")
+    assert new.deadline == 1700000060.125 and new.encode() == "j1 click d1 1700000060.125"
+    assert new.same_request("click", "d1") and not new.same_request("click", "d2")
+    for bad in ("j1 click", "j1 click d1 soon", "j1 click d1 5 6"):
+        with pytest.raises(ValueError):
+            IndexRecord.decode(bad)

@@ -184,27 +184,7 @@ async def cluster_harness(ports: list[int], *, entered: bool) -> AsyncIterator[S
         await substrate.aclose()
 
 
-#: Known bug outside the connection layer (SHARED-NOTES, redisconn 19:56): ``_redis_caller._script``
-#: re-sends its whole write on NOSCRIPT, so the mailbox RPUSH that followed the failed
-#: EVALSHA runs twice when a node has not cached the script yet. Fails or passes by test
-#: order; not strict for that reason.
-_NOSCRIPT_DUPLICATE = "published_result_is_read_without_popping_and_notified"
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=False, reason="caller's _script re-sends after-commands on NOSCRIPT"
-            ),
-        )
-        if n == _NOSCRIPT_DUPLICATE
-        else n
-        for n in sorted(CHECKS)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(CHECKS))
 async def test_substrate_contract_on_a_cluster(name: str, cluster: list[int]) -> None:
     await check_substrate(lambda: cluster_harness(cluster, entered=True), only=[name])
 

@@ -45,7 +45,9 @@ async def memory_harness() -> AsyncIterator[SubstrateHarness]:
         substrate.set_unavailable(True)
         return substrate
 
-    yield SubstrateHarness(substrate, delete_stream, wait_blocked, make_unavailable)
+    yield SubstrateHarness(
+        substrate, delete_stream, wait_blocked, make_unavailable, spoil_key=substrate.spoil_key
+    )
 
 
 @contextlib.asynccontextmanager

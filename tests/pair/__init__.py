@@ -14,6 +14,7 @@ that need a peer to misbehave on purpose.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +26,7 @@ from deskbridge_common.testing import MemorySocket, memory_socket_pair
 from deskbridge_hub import Bridge
 from deskbridge_hub._errors import SocketClosed
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._progress import ProgressRelay
 from deskbridge_hub._session import HubState, serve_sidecar
 from deskbridge_sidecar import ConnectFailed, Daemon, ToolRegistry, TransportClosed
 
@@ -55,6 +57,7 @@ class PairConnector:
     state: HubState
     nursery: trio.Nursery
     user: str = USER
+    relay: ProgressRelay | None = None
     sockets: list[MemorySocket] = attrs.field(factory=list)
     down: bool = False
 
@@ -70,7 +73,10 @@ class PairConnector:
             16, client_error=TransportClosed, server_error=_hub_closed
         )
         self.sockets.append(client)
-        self.nursery.start_soon(serve_sidecar, self.state, server, self.user)
+        on_progress = None if self.relay is None else self.relay.offer
+        self.nursery.start_soon(
+            functools.partial(serve_sidecar, self.state, server, self.user, on_progress=on_progress)
+        )
         try:
             yield client
         finally:
@@ -117,6 +123,7 @@ async def sidecar_pair(
     tools: Iterable[Any] = (),
     timings: Timings | None = None,
     user: str = USER,
+    approvals: Any = None,
 ) -> AsyncIterator[Pair]:
     """Run the real sidecar daemon against the real hub session, in-process.
 
@@ -124,6 +131,8 @@ async def sidecar_pair(
         tools: the sidecar's tools (``echo``, ``sleep``, ``status`` are always there).
         timings: the same knobs for hub and sidecar (default ``Timings()``).
         user: the user the socket authenticates as.
+        approvals: the daemon's approval desk (``deskbridge_sidecar.testing.MemoryDesk``)
+            for ``@needs_approval`` tools; default none (they are declined).
 
     Yields:
         A :class:`Pair`, once the sidecar is welcomed (presence is set).
@@ -135,7 +144,9 @@ async def sidecar_pair(
     state = HubState(substrate=substrate, timings=timings, consumer="hub-1", wall_clock=wall)
     async with trio.open_nursery() as nursery:
         await nursery.start(state.reader.run)  # the process reader (the app runs it too)
-        connector = PairConnector(state, nursery, user)
+        relay = ProgressRelay(substrate, timings.result_ttl_s)  # progress, as the app does
+        nursery.start_soon(relay.run)
+        connector = PairConnector(state, nursery, user, relay)
         daemon = Daemon(
             "ws://hub.pair:8080",
             TOKEN,
@@ -144,6 +155,7 @@ async def sidecar_pair(
             wall_clock=wall,
             connector=connector,
             random=lambda: 0.5,
+            approvals=approvals,
         )
         await nursery.start(daemon.run)
         yield Pair(Bridge(substrate, timings, wall_clock=wall), daemon, state, connector)

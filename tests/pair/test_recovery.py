@@ -108,3 +108,80 @@ async def test_desktop_gone_for_good_mid_job_is_told_interrupted(autojump_clock)
         assert outcome.detail == {"stage": "interrupted"}
         assert "went away" in outcome.error["message"]
         assert len(calls) == 1  # it ran once, on the desktop, unobserved
+
+
+async def test_an_orphaned_run_holds_the_tool_lock_and_the_next_job_runs_after_it(
+    autojump_clock,
+):
+    """The socket drops 5 s into a 30 s job; once reconnected a second job arrives. The
+    orphaned run still owns the daemon-wide tool lock, so the second job starts only when
+    the first has ended (one browser, one tool at a time), and each runs exactly once."""
+    submit, calls = counting_tool(seconds=30)
+    async with sidecar_pair(tools=[submit]) as pair:
+        outcomes: dict[str, object] = {}
+
+        async def caller(form: str) -> None:
+            outcomes[form] = await pair.bridge.dispatch(
+                "u1", "submit", {"form": form}, idempotency_key=f"k-{form}", timeout_s=120
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller, "first")
+            await trio.sleep(5)
+            pair.drop()
+            await pair.wait_session(2)
+            nursery.start_soon(caller, "second")
+        assert {form: o.status for form, o in outcomes.items()} == {
+            "first": "completed",
+            "second": "completed",
+        }
+        assert len(calls) == 2
+        assert calls[1] >= calls[0] + 30  # the second started after the orphan's end
+        assert pair.daemon.statistics().executions["submit"] == 2
+
+
+async def test_the_same_idempotency_key_from_two_callers_runs_once(autojump_clock):
+    """Two callers send the same request under one idempotency key (a retry racing its
+    original): one execution, and both get its result."""
+    submit, calls = counting_tool(seconds=3)
+    async with sidecar_pair(tools=[submit]) as pair:
+        outcomes = []
+
+        async def caller() -> None:
+            outcomes.append(
+                await pair.bridge.dispatch(
+                    "u1", "submit", {"form": "once"}, idempotency_key="order-42", timeout_s=60
+                )
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.sleep(1)
+            nursery.start_soon(caller)
+        assert [o.status for o in outcomes] == ["completed", "completed"]
+        assert [o.result for o in outcomes] == [{"submitted": "once", "n": 1}] * 2
+        assert len(calls) == 1
+
+
+async def test_a_sidecar_stopped_past_its_grace_tells_the_caller_in_doubt_at_once(
+    autojump_clock,
+):
+    """SIGTERM on the desktop 5 s into a 300 s job with a 2 s grace: the caller is answered
+    ``in_doubt`` about 2 s later (not at its 600 s timeout), and the tool started once."""
+    submit, calls = counting_tool(seconds=300)
+    async with sidecar_pair(tools=[submit]) as pair:
+        outcomes = []
+
+        async def caller() -> None:
+            outcomes.append(
+                await pair.bridge.dispatch("u1", "submit", {"form": "s"}, timeout_s=600)
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.sleep(5)
+            await pair.daemon.shutdown(2, why="the sidecar was stopped (SIGTERM)")
+        [outcome] = outcomes
+        assert outcome.status == "in_doubt"
+        assert 6.5 <= trio.current_time() <= 8.5  # at the grace's end, not the timeout
+        assert len(calls) == 1

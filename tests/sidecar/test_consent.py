@@ -5,6 +5,7 @@ files and the real clock (decisions are files the CLI writes); every wait bounde
 from __future__ import annotations
 
 import trio
+from deskbridge_common import Progress
 from deskbridge_sidecar import needs_approval, tool
 from deskbridge_sidecar._consent import approvals_dir, decide, pending
 from deskbridge_sidecar.cli import main
@@ -71,3 +72,104 @@ async def test_without_a_data_dir_there_is_no_one_to_ask(start_daemon):
 def test_deciding_an_unknown_job_says_so(tmp_path, capsys):
     assert main(["approve", "nope", "--data-dir", str(tmp_path)]) == 1
     assert "no job 'nope' is waiting for approval" in capsys.readouterr().err
+
+
+# -- the rule and the stage reports, on MockClock with a MemoryDesk -------------------------
+
+
+def stale_tool(after_wait_s: float):
+    calls: list[str] = []
+
+    @needs_approval(after_wait_s=after_wait_s)
+    @tool(side_effects=True)
+    async def submit(form: str) -> dict:
+        calls.append(form)
+        return {"submitted": form}
+
+    return submit, calls
+
+
+def test_the_declaration_is_in_the_catalogue_entry_whichever_side_of_tool_it_is():
+    from deskbridge_sidecar import ToolRegistry
+
+    @tool
+    @needs_approval(after_wait_s=60)
+    async def below() -> None: ...
+
+    @needs_approval
+    @tool
+    async def above() -> None: ...
+
+    specs = {s.name: s for s in ToolRegistry([below, above]).specs()}
+    assert specs["below"].approval_after_wait_s == 60.0
+    assert specs["above"].approval_after_wait_s == 0.0
+    assert specs["echo"].approval_after_wait_s is None
+
+
+def test_a_negative_or_endless_wait_is_refused_at_declaration():
+    import pytest
+
+    for bad in (-1, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="after_wait_s must be a finite number >= 0"):
+            needs_approval(after_wait_s=bad)
+
+
+async def test_the_hubs_waited_s_decides_whether_a_stale_job_is_asked(
+    start_daemon, autojump_clock
+):
+    from deskbridge_sidecar.testing import MemoryDesk
+
+    submit, calls = stale_tool(after_wait_s=60)
+    desk = MemoryDesk()
+    daemon, s = await start_daemon(tools=[submit], approvals=desk)
+    fresh = await s.call("submit", {"form": "f"}, timeout_s=300, waited_s=59.0)
+    assert fresh.ok and calls == ["f"] and desk.asked == 0  # 59 s < 60 s: not asked
+    assert [p.stage for p in s.frames(Progress)] == []  # nothing to report either
+    stale = await s.send_job("submit", {"form": "s"}, job_id="job-s", timeout_s=300,
+                             waited_s=60.0)  # fmt: skip
+    with trio.fail_after(5):
+        request = await desk.wait_requested("job-s")
+    assert (request.tool, request.args, request.waited_s) == ("submit", {"form": "s"}, 60.0)
+    await s.wait_for(lambda: s.frames(Progress))
+    (asking,) = s.frames(Progress)
+    assert (asking.id, asking.stage, asking.progress) == (stale.id, "awaiting_approval", 0.0)
+    assert asking.message == "awaiting approval: deskbridge-sidecar approve job-s"
+    await trio.sleep(1)  # past the progress rate limit, so the next report goes at once
+    desk.approve("job-s")
+    assert (await s.wait_result(stale.id)).result == {"submitted": "s"}
+    assert [p.stage for p in s.frames(Progress)] == ["awaiting_approval", "running"]
+    assert calls == ["f", "s"]
+
+
+async def test_time_queued_on_the_desktop_counts_as_waiting(start_daemon, autojump_clock):
+    """Behind a 61 s tool, a job the hub sent fresh has waited 61 s when it could start."""
+    from deskbridge_sidecar.testing import MemoryDesk
+
+    submit, calls = stale_tool(after_wait_s=60)
+    desk = MemoryDesk()
+    daemon, s = await start_daemon(tools=[submit], approvals=desk)
+    await s.send_job("sleep", {"seconds": 61}, timeout_s=300, waited_s=0.0)
+    queued = await s.send_job("submit", {"form": "q"}, job_id="job-q", timeout_s=300,
+                              waited_s=0.0)  # fmt: skip
+    with trio.fail_after(70):
+        request = await desk.wait_requested("job-q")
+    assert 61.0 <= request.waited_s < 62.0 and calls == []
+    desk.decline("job-q")
+    result = await s.wait_result(queued.id)
+    assert result.error.code == "declined" and calls == []
+
+
+async def test_a_cancel_while_awaiting_approval_withdraws_the_request(
+    start_daemon, autojump_clock
+):
+    from deskbridge_sidecar.testing import MemoryDesk
+
+    pay, calls = gated_tool()
+    desk = MemoryDesk()
+    daemon, s = await start_daemon(tools=[pay], approvals=desk)
+    job = await s.send_job("pay", {"invoice": "x"}, job_id="job-x", timeout_s=300)
+    with trio.fail_after(5):
+        await desk.wait_requested("job-x")
+    await s.cancel(job.id)
+    result = await s.wait_result(job.id)
+    assert result.error.code == "cancelled" and desk.requests == {} and calls == []

@@ -49,7 +49,10 @@ from ._codes import (
 from ._connection import Connection, ConnectionState, Ignored, Role
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._frames import (
+    DESK_STAGES,
     PROTOCOL_VERSION,
+    STAGE_AWAITING_APPROVAL,
+    STAGE_RUNNING,
     Cancel,
     Error,
     Frame,
@@ -91,6 +94,7 @@ __all__ = [
     "EXPIRED",
     "FRAME_TYPES",
     "DECLINED",
+    "DESK_STAGES",
     "IDEMPOTENCY_KEY_REUSED",
     "IN_DOUBT",
     "LEDGER_ERROR",
@@ -104,6 +108,8 @@ __all__ = [
     "OFFLINE",
     "OUTCOME_ERROR_CODES",
     "PROTOCOL_VERSION",
+    "STAGE_AWAITING_APPROVAL",
+    "STAGE_RUNNING",
     "TOOL_ERROR",
     "UNAVAILABLE",
     "UNKNOWN_TOOL",

@@ -19,6 +19,7 @@ import attrs
 from ._codes import CLOSE_MESSAGE_TOO_BIG, CLOSE_POLICY_VIOLATION
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._frames import (
+    DESK_STAGES,
     Cancel,
     Error,
     Frame,
@@ -118,6 +119,13 @@ def _any(field: str, value: Any) -> Any:
     return value
 
 
+def _desk_stage(field: str, value: Any) -> str:
+    stage: str = _str(32)(field, value)
+    if stage not in DESK_STAGES:
+        raise RemoteProtocolError(field, f"not one of {sorted(DESK_STAGES)}")
+    return stage
+
+
 def _job_error(field: str, value: Any) -> JobError:
     obj = _object(field, value)
     fields = _fields(obj, {"code": (_str(64), True), "message": (_text, True)}, prefix=field)
@@ -131,6 +139,7 @@ def _tool_spec(field: str, value: Any) -> ToolSpec:
         "description": (_str(4096, nonempty=False), False),
         "args_schema": (_object, False),
         "side_effects": (_bool, False),
+        "approval_after_wait_s": (_non_negative, False),
     }
     return ToolSpec(**_fields(obj, spec, prefix=field))
 
@@ -177,6 +186,7 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "deadline": (_number, True),
             "timeout_s": (_non_negative, False),
             "traceparent": (_str(MAX_TRACEPARENT_CHARS), False),
+            "waited_s": (_non_negative, False),
         },
     ),
     "job_result": (
@@ -195,6 +205,7 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "progress": (_number, True),
             "total": (_nonnegative, False),
             "message": (_str(MAX_PROGRESS_MESSAGE_CHARS, nonempty=False), False),
+            "stage": (_desk_stage, False),
         },
     ),
     "cancel": (Cancel, {"id": (_str(), True)}),
@@ -300,8 +311,9 @@ def _to_wire(value: Any) -> Any:
     not walked here (a deeply nested result must not recurse in Python)."""
     if isinstance(value, RawJSON):
         return json.loads(value.text)
-    if attrs.has(type(value)):
-        return {k: _to_wire(v) for k, v in attrs.asdict(value, recurse=False).items()}
+    if attrs.has(type(value)):  # a nested value's unset optional fields are left out
+        items = attrs.asdict(value, recurse=False).items()
+        return {k: _to_wire(v) for k, v in items if v is not None}
     if isinstance(value, tuple):
         return [_to_wire(v) for v in value]
     return value

@@ -12,6 +12,13 @@ import attrs
 
 PROTOCOL_VERSION = 1
 
+#: ``progress.stage``: the delivery waits for the approval of the person at the desktop.
+STAGE_AWAITING_APPROVAL = "awaiting_approval"
+#: ``progress.stage``: the delivery may run (approved, or no approval was needed).
+STAGE_RUNNING = "running"
+#: Every ``progress.stage`` value.
+DESK_STAGES = frozenset({STAGE_AWAITING_APPROVAL, STAGE_RUNNING})
+
 
 @attrs.frozen
 class ToolSpec:
@@ -22,12 +29,16 @@ class ToolSpec:
         description: free text for humans and agents.
         args_schema: JSON Schema (draft 2020-12) of the tool's ``args`` object.
         side_effects: True if running the tool twice is not harmless (a click, a submit).
+        approval_after_wait_s: the tool needs the approval of the person at the desktop
+            before it starts when the job waited at least this long, seconds, since it
+            was enqueued (0: always); None (left out of the frame): never.
     """
 
     name: str
     description: str = ""
     args_schema: dict[str, Any] = attrs.field(factory=lambda: {"type": "object"})
     side_effects: bool = False
+    approval_after_wait_s: float | None = None
 
 
 @attrs.frozen
@@ -78,6 +89,9 @@ class Job:
             deadline is its own clock at receipt plus this. Optional (older hubs).
         traceparent: the caller's W3C trace context (``traceparent`` header value), so
             the tool runs in the caller's trace; left out of the frame when None.
+        waited_s: seconds since the job was enqueued when the hub sent the frame (a
+            duration on the hub's clock, like ``timeout_s``); what a tool's
+            ``approval_after_wait_s`` is compared with. Optional (older hubs).
     """
 
     id: str
@@ -88,6 +102,7 @@ class Job:
     deadline: float
     timeout_s: float | None = None
     traceparent: str | None = None
+    waited_s: float | None = None
     type = "job"
 
 
@@ -151,12 +166,16 @@ class Progress:
         progress: progress so far (any finite number; meant to increase).
         total: the value ``progress`` will reach when done, if known (finite, >= 0).
         message: a short human-readable status, if any.
+        stage: where the delivery is on the desktop, when the sidecar says (one of
+            :data:`DESK_STAGES`): ``awaiting_approval`` while the tool waits for the
+            person's approval, ``running`` once it may run; None for a plain report.
     """
 
     id: str
     progress: float
     total: float | None = None
     message: str | None = None
+    stage: str | None = None
     type = "progress"
 
 

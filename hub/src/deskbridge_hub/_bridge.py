@@ -31,7 +31,7 @@ from ._errors import (
 from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
-from ._outcome import _TIMEOUT_MESSAGES, Outcome, Presence
+from ._outcome import Outcome, Presence, timeout_outcome
 from ._progress import ProgressReport, parse_progress
 from ._retry import HOLDER_ALIVE_CACHE_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
@@ -245,7 +245,7 @@ class Bridge(JobControl):
                 else:
                     break
                 submitted = await self.substrate.submit(user_id, submission)
-            attached = False
+            attached, start_until = False, None
             if submitted.verdict == "indexed":
                 record = IndexRecord.decode(submitted.index_value or "")
                 if not record.same_request(name, digest):
@@ -259,6 +259,9 @@ class Bridge(JobControl):
                 self.waiters.unregister(waiter)
                 job_id, attached = record.job_id, True
                 waiter = self.waiters.register(user_id, job_id)
+                if record.deadline is not None and submitted.server_time is not None:
+                    # that job's own deadline: the time left on the substrate's clock
+                    start_until = anyio.current_time() + record.deadline - submitted.server_time
             elif submitted.verdict != "queued":
                 if owner_claimed:
                     await self.substrate.forget_job_id(job_id)
@@ -282,13 +285,14 @@ class Bridge(JobControl):
             self.waiters.unregister(waiter)
         elapsed = anyio.current_time() - started
         if payload is None:
-            stage = await self._stage(user_id, job_id)
-            return Outcome(
-                job_id=job_id,
-                status="timeout",
-                error={"code": "timeout", "message": _TIMEOUT_MESSAGES[stage].format(timeout_s)},
-                detail={"stage": stage},
+            left_s = None if start_until is None else start_until - anyio.current_time()
+            return timeout_outcome(
+                job_id,
+                await self._stage(user_id, job_id),
+                timeout_s=timeout_s,
                 elapsed_s=elapsed,
+                attached=attached,
+                may_start_within_s=left_s,
             )
         body = parse_result(payload)
         return Outcome(

@@ -98,11 +98,11 @@ class JobControl:
             await self._wake(holder, user_id)
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now.
-            await self.substrate.publish_result(
-                user_id, job_id, cancelled_before_start(), ttl_s=ttl_s, notify=state.reply_to
-            )
             cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
-            await self.substrate.set_job_state(user_id, job_id, cancelled, ttl_s=ttl_s)
+            await self.substrate.finish(
+                user_id, job_id, cancelled_before_start(), cancelled, ttl_s=ttl_s,
+                notify=state.reply_to,
+            )  # fmt: skip
         return state.stage.value
 
 

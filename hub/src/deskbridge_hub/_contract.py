@@ -47,6 +47,8 @@ class SubstrateHarness:
             read the store's own view (TTLs, consumer names) then skip that part.
         on_user, on_job, on_mailbox: called with each user / job id / notification
             mailbox a check creates (cleanup).
+        spoil_key: make a key hold a string (so a list write to it fails, as Redis'
+            WRONGTYPE); None: ``raw("SET", key, ...)``.
     """
 
     substrate: Substrate
@@ -60,6 +62,7 @@ class SubstrateHarness:
     on_user: Callable[[str], None] = lambda user_id: None
     on_job: Callable[[str], None] = lambda job_id: None
     on_mailbox: Callable[[str], None] = lambda mailbox: None
+    spoil_key: Callable[[str], None] | None = None
 
     def user(self) -> str:
         user_id = f"test-{secrets.token_hex(6)}"
@@ -70,6 +73,19 @@ class SubstrateHarness:
         job_id = f"job-{secrets.token_hex(6)}"
         self.on_job(job_id)
         return job_id
+
+    async def spoil(self, key: str) -> None:
+        """Make ``key`` hold a string (see ``spoil_key``).
+
+        Raises:
+            RuntimeError: the harness can do neither.
+        """
+        if self.spoil_key is not None:
+            self.spoil_key(key)
+        elif self.raw is not None:
+            await self.raw("SET", key, "spoiled")
+        else:
+            raise RuntimeError("this harness cannot spoil a key (give spoil_key or raw)")
 
     async def fill(self, user_id: str, n: int, *, maxlen: int) -> None:
         for i in range(n):
@@ -101,7 +117,7 @@ async def check_substrate(
         AssertionError: the substrate broke the contract (the message says where).
         KeyError: an unknown check name.
     """
-    from . import _contract_caller, _contract_streams  # noqa: F401 - register their checks
+    from . import _contract_caller, _contract_finish, _contract_streams  # noqa: F401 - register
 
     names = list(CHECKS) if only is None else list(only)
     for name in names:

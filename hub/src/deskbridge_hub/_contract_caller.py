@@ -96,7 +96,15 @@ async def check_submit_with_an_indexed_key_returns_its_record_and_enqueues_nothi
     await s.clear_presence(user, "s1")  # the desktop went away: a retry must still attach
     again = await s.submit(user, _submission(user, second, key=key, tool="click"))
     assert again.verdict == "indexed"
-    assert again.index_value == IndexRecord(first, "echo", "d1").encode()
+    # the record, with the job's deadline (the entry's, from the substrate's clock)
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
+    assert entry.fields is not None
+    record = IndexRecord.decode(again.index_value or "")
+    assert record == IndexRecord(first, "echo", "d1", float(entry.fields["deadline"]))
+    assert again.index_value == record.encode()
+    # ... and the substrate's clock now: the job may start for about 30 s more
+    assert again.server_time is not None and record.deadline is not None
+    assert 29.0 < record.deadline - again.server_time <= 30.0 + 0.002
     assert await s.get_job_state(user, second) is None
     assert (await s.queue_info(user)).length == 1
 
@@ -168,3 +176,38 @@ async def check_job_id_claims_are_global(h: SubstrateHarness) -> None:
     assert await s.job_owner(job) is None
     assert await s.claim_job_id(job, JobOwner("u2"), ttl_s=60) is True
     assert await s.job_owner(job) == JobOwner("u2")
+
+
+@check
+async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
+    h: SubstrateHarness,
+) -> None:
+    """Issue 16: a job whose state says it was forwarded (delivered, or interrupted when
+    its socket went away) may have run; past its deadline its redelivery is still
+    ``delivered`` (the desktop's ledger answers it), never ``expired``. A job never
+    forwarded (queued, or no state) past its deadline is ``expired``, state untouched."""
+    s, user = h.substrate, h.user()
+    again = JobState(Stage.DELIVERED, user, at=3.0, session_id="s2")
+    now = (await s.mark_delivered(user, h.job(), again, ttl_s=60)).server_time
+    for before in (Stage.DELIVERED, Stage.INTERRUPTED):
+        job = h.job()
+        await s.set_job_state(user, job, JobState(before, user, at=2.0), ttl_s=60)
+        marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)
+        assert marked.verdict == "delivered", before
+        assert marked.server_time >= now
+        assert await s.get_job_state(user, job) == again
+    never: tuple[Stage | None, ...] = (Stage.QUEUED, Stage.FINISHED, None)
+    for unsent in never:
+        job = h.job()
+        if unsent is not None:
+            await s.set_job_state(user, job, JobState(unsent, user, at=2.0), ttl_s=60)
+        marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)
+        assert marked.verdict == "expired", unsent
+        stored = await s.get_job_state(user, job)
+        assert (None if stored is None else stored.stage) == unsent
+    # a cancel requested for a forwarded job still wins over forwarding it again
+    job = h.job()
+    await s.set_job_state(user, job, JobState(Stage.INTERRUPTED, user), ttl_s=60)
+    await s.request_cancel(user, job, ttl_s=60)
+    marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)
+    assert marked.verdict == "cancelled"

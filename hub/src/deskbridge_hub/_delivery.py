@@ -13,13 +13,22 @@ For one entry, in order:
 4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``): past
    its deadline -> ``expired``, XACK; cancel flag set -> ``cancelled`` (before it
    started), XACK (docs/operations.md, "Clocks");
+   the same step raises the job's claim epoch (fencing token) and returns it;
 6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``;
    a job no sidecar could accept -> ``failed`` (``bad_job``); the socket went away ->
    record ``interrupted`` and leave the entry pending (it is redelivered);
-7. publish the result (RPUSH, retried until durable), record the terminal stage, XACK.
+7. finish, in one step (``Substrate.finish``, retried until it happens): check the
+   fence, publish the result, record the terminal stage, XACK.
 
 Invariant 3 (DESIGN.md): XACK only after the result is durable. Every answer goes through
-:meth:`EntryServer.finish`, which publishes before it acknowledges.
+:meth:`EntryServer.finish`, whose one substrate step writes the result before the XACK.
+
+Fenced deliveries (issue 12 item 3): every delivery of a job gets a larger claim epoch
+than the one before (a reclaim or a takeover delivers it again), and the finishing step
+accepts an answer only with the newest one. A stale executor's answer (a zombie whose
+entry was reclaimed meanwhile) is refused: nothing published, no state, no XACK; one
+WARNING and ``deskbridge_stale_results_total``. Answers no delivery produced (lost,
+malformed, expired, cancelled before start) carry no epoch and are not fenced.
 """
 
 from __future__ import annotations
@@ -53,9 +62,9 @@ from ._jobs import (
     lost_payload,
     result_payload,
 )
-from ._jobstate import STAGE_OF_OUTCOME, JobState, MalformedState, Stage
+from ._jobstate import ON_DESKTOP, STAGE_OF_OUTCOME, JobState, MalformedState, Stage
 from ._retry import CLEANUP_TIMEOUT_S, retrying
-from ._substrate import Entry, Substrate
+from ._substrate import Entry, Finished, Substrate
 
 log = logging.getLogger("deskbridge.hub.delivery")
 
@@ -173,6 +182,7 @@ class EntryServer:
         # The sidecar gets the time left as a duration (its clock may be anything);
         # ``deadline`` is that duration on this hub's clock, for older sidecars.
         left_s = max(0.0, envelope.deadline - marked.server_time)
+        epoch = marked.epoch
         try:
             job = Job(
                 id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)
@@ -183,6 +193,7 @@ class EntryServer:
                 deadline=self.wall_clock() + left_s,
                 timeout_s=left_s,
                 traceparent=envelope.traceparent,
+                waited_s=max(0.0, marked.server_time - envelope.enqueued_at),
             )
             _metrics.job_dispatched(envelope.name, marked.server_time - envelope.enqueued_at)
             result = await executor.execute(job)
@@ -191,17 +202,19 @@ class EntryServer:
             # as failed instead of letting it crash every session it is redelivered to.
             log.error("user %s: entry %s cannot be sent: %s", self.user_id, entry.entry_id, exc)
             payload = failed_payload(BAD_JOB, exc.reason)
-            await self.finish(entry.entry_id, job_id, "failed", payload, envelope=envelope)
+            await self.finish(
+                entry.entry_id, job_id, "failed", payload, envelope=envelope, epoch=epoch
+            )
             return
         except BaseException:
             reason = getattr(executor, "ended_reason", lambda: None)()
             if reason is not None:  # ended on purpose: tell the caller now (issue 11.4)
-                await self._answer_interrupted(job_id, reason, envelope)
+                await self._answer_interrupted(job_id, reason, envelope, epoch)
             else:
-                await self._mark_interrupted(job_id)  # the socket went away with the job
+                await self._mark_interrupted(job_id, epoch)  # the socket went away with it
             raise
         status, payload = outcome_of(result)
-        await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope)
+        await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope, epoch=epoch)
 
     async def finish(
         self,
@@ -212,8 +225,10 @@ class EntryServer:
         *,
         envelope: JobEnvelope | None = None,
         tool: str | None = None,
+        epoch: int | None = None,
     ) -> None:
-        """Publish ``payload`` (retried until durable), record the terminal stage, XACK.
+        """Answer the entry in one substrate step (retried until it happens): the fence,
+        the result (durable first), the terminal stage, the XACK.
 
         Args:
             entry_id: the stream entry answered.
@@ -222,28 +237,46 @@ class EntryServer:
             payload: the result payload.
             envelope: the decoded entry, if it decoded (metrics and the job's log line).
             tool: the tool's name when the entry did not decode.
+            epoch: the delivery's claim epoch (None: an answer no delivery produced).
+
+        A newer delivery of the job (larger epoch) refuses the answer: it is logged and
+        counted, nothing is written, and the entry is left to that delivery.
+
+        Raises:
+            Store errors other than ``SubstrateUnavailable`` (a programming error, or a
+            key of another type): the entry stays pending.
         """
-        _metrics.job_served(self, status, envelope, job_id=job_id, tool=tool)
-        ttl_s = self.timings.result_ttl_s
-        await retrying(
-            lambda: self.substrate.publish_result(
+        terminal = JobState(STAGE_OF_OUTCOME[status], self.user_id, at=self.wall_clock())
+        finished = await retrying(
+            lambda: self.substrate.finish(
                 self.user_id,
                 job_id,
                 payload,
-                ttl_s=ttl_s,
+                terminal,
+                ttl_s=self.timings.result_ttl_s,
+                entry_id=entry_id,
+                epoch=epoch,
                 notify=envelope.reply_to if envelope is not None else None,
                 idempotency_key=envelope.idempotency_key if envelope is not None else None,
             ),
-            what=f"publish result of {job_id}",
+            what=f"finish {job_id}",
         )
-        # Off the caller's path (its BLPOP woke at the RPUSH): remember the job is over,
-        # so a late cancel is answered "finished". Best effort: the answer is durable.
-        terminal = JobState(STAGE_OF_OUTCOME[status], self.user_id, at=self.wall_clock())
-        try:
-            await self.substrate.set_job_state(self.user_id, job_id, terminal, ttl_s=ttl_s)
-        except SubstrateUnavailable:
-            pass
-        await self.ack(entry_id)
+        if finished.verdict == "stale":
+            self._refused(job_id, status, epoch, finished)
+        else:
+            _metrics.job_served(self, status, envelope, job_id=job_id, tool=tool)
+
+    def _refused(self, job_id: str, status: str, epoch: int | None, finished: Finished) -> None:
+        _metrics.stale_result()
+        log.warning(
+            "user %s: stale answer (%s) of job %s refused: delivery epoch %s, newest %s "
+            "(the entry was delivered again meanwhile; that delivery answers)",
+            self.user_id,
+            status,
+            job_id,
+            epoch,
+            finished.newest,
+        )
 
     async def ack(self, entry_id: str) -> None:
         """XACK ``entry_id`` (retried until it succeeds)."""
@@ -288,7 +321,7 @@ class EntryServer:
                 await self.finish(entry_id, job_id, "lost", lost_payload())
                 return
         elif job_id is not None and (owned or stage is None or stage.terminal):
-            if owned and stage in (Stage.DELIVERED, Stage.INTERRUPTED):
+            if owned and stage in ON_DESKTOP:
                 log.warning(
                     "user %s: entry %s (job %s) was trimmed after it was delivered; its "
                     "outcome is unknown (the caller's wait ends with stage %s)",
@@ -308,44 +341,55 @@ class EntryServer:
             return None
         return None if state is None else state.stage
 
-    async def _answer_interrupted(self, job_id: str, reason: str, envelope: JobEnvelope) -> None:
+    async def _answer_interrupted(
+        self, job_id: str, reason: str, envelope: JobEnvelope, epoch: int | None
+    ) -> None:
         """The session ended on purpose while the job ran on the desktop: publish
-        ``in_doubt`` (it may have acted) at once, shielded and bounded by
-        ``CLEANUP_TIMEOUT_S``. The entry stays pending: a later redelivery is answered
-        from the desktop's ledger (its real outcome), never run twice."""
+        ``in_doubt`` (it may have acted) at once with the stage ``interrupted``, fenced,
+        shielded and bounded by ``CLEANUP_TIMEOUT_S``. The entry stays pending: a later
+        redelivery is answered from the desktop's ledger (its real outcome), never run
+        twice."""
         log.warning(
             "user %s: session ended (%s) while job %s ran; its caller is answered in_doubt",
             self.user_id,
             reason,
             job_id,
         )
-        published = False
-        ttl_s = self.timings.result_ttl_s
+        state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
+        finished = None
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
-                await self.substrate.publish_result(
+                finished = await self.substrate.finish(
                     self.user_id,
                     job_id,
                     interrupted_payload(reason),
-                    ttl_s=ttl_s,
+                    state,
+                    ttl_s=self.timings.result_ttl_s,
+                    epoch=epoch,
                     notify=envelope.reply_to,
                     idempotency_key=envelope.idempotency_key,
                 )
-                published = True
-                _metrics.job_served(self, "in_doubt", envelope, job_id=job_id)
-                state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
-                await self.substrate.set_job_state(self.user_id, job_id, state, ttl_s=ttl_s)
             except SubstrateUnavailable:
                 pass
-        if not published:
-            await self._mark_interrupted(job_id)
+        if finished is None:
+            await self._mark_interrupted(job_id, epoch)
+        elif finished.verdict == "stale":
+            self._refused(job_id, "in_doubt", epoch, finished)
+        else:
+            _metrics.job_served(self, "in_doubt", envelope, job_id=job_id)
 
-    async def _mark_interrupted(self, job_id: str) -> None:
+    async def _mark_interrupted(self, job_id: str, epoch: int | None) -> None:
+        """Record the stage ``interrupted`` (fenced: a newer delivery's state stays)."""
         state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
-                await self.substrate.set_job_state(
-                    self.user_id, job_id, state, ttl_s=self.timings.result_ttl_s
+                await self.substrate.finish(
+                    self.user_id,
+                    job_id,
+                    None,
+                    state,
+                    ttl_s=self.timings.result_ttl_s,
+                    epoch=epoch,
                 )
             except SubstrateUnavailable:
                 pass

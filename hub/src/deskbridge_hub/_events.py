@@ -4,7 +4,14 @@ its outcome.
 Events (``text/event-stream``)::
 
     event: progress
+    data: {"progress": 0, "total": null, "message": "awaiting approval: ...",
+           "stage": "awaiting_approval"}                     (one line on the wire)
+
+    event: progress
     data: {"progress": 3, "total": 10, "message": "page 3"}
+
+(``stage``, present when the desktop reports one: ``awaiting_approval`` while the tool
+waits for the person's approval, ``running`` once it may run; docs/outcomes.md.)
 
     event: outcome
     data: {"status": "completed", "result": ...}      (the result payload, as POST /jobs)

@@ -74,8 +74,11 @@ async def handshake(session: HubSession) -> PresenceKeeper:
             # same process: at once; other processes: their next heartbeat
             other.supersede(local=True)
     # A hello without tools (the field is optional) means "catalogue unknown": stored
-    # as null, so callers are not refused for tools the sidecar never listed.
-    catalogue = json.dumps([attrs.asdict(t) for t in frame.tools] or None)
+    # as null, so callers are not refused for tools the sidecar never listed. An entry's
+    # unset optional fields (approval_after_wait_s) are left out, as on the wire.
+    catalogue = json.dumps(
+        [attrs.asdict(t, filter=lambda _, v: v is not None) for t in frame.tools] or None
+    )
     presence = session._presence = PresenceKeeper(
         session.state.substrate, t, session.user_id, session.session_id, catalogue,
         on_superseded=session.stop_reading,

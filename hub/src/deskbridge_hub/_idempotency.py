@@ -35,28 +35,36 @@ class IndexRecord:
         job_id: the job the key started (job ids and tool names contain no spaces).
         tool: its tool name.
         digest: :func:`args_digest` of its arguments.
+        deadline: the job's deadline (Unix seconds on the substrate's clock, Redis
+            ``TIME``), appended by the enqueue step; None in records of older hubs. A
+            retry that attaches learns from it until when the job may still start.
     """
 
     job_id: str
     tool: str
     digest: str
+    deadline: float | None = None
 
     def encode(self) -> str:
-        """``"<job_id> <tool> <digest>"``; the job id first (the publish script matches
-        on that prefix)."""
-        return f"{self.job_id} {self.tool} {self.digest}"
+        """``"<job_id> <tool> <digest>"`` (`` <deadline>`` with 3 decimals when known);
+        the job id first (the publish script matches on that prefix). The caller
+        encodes it without a deadline: the enqueue step appends it from its clock."""
+        head = f"{self.job_id} {self.tool} {self.digest}"
+        return head if self.deadline is None else f"{head} {self.deadline:.3f}"
 
     @classmethod
     def decode(cls, text: str) -> IndexRecord:
         """Parse a stored record.
 
         Raises:
-            ValueError: not three space-separated parts.
+            ValueError: not three or four space-separated parts, or a deadline that is
+                not a number.
         """
         parts = text.split(" ")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             raise ValueError(f"not an idempotency index record: {text[:80]!r}")
-        return cls(*parts)
+        deadline = float(parts[3]) if len(parts) == 4 else None
+        return cls(parts[0], parts[1], parts[2], deadline)
 
     def same_request(self, tool: str, digest: str) -> bool:
         """True if a call with ``tool`` and arguments digest ``digest`` repeats this one."""

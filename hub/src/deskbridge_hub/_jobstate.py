@@ -6,16 +6,21 @@ substrates) goes through :class:`JobState`, so the stored shape is written in on
 
 Stages (h11-style: one table, checked by :func:`check_transition`)::
 
-    queued ──> delivered ──> finished | cancelled | expired | lost
-      │  ^         │  ^
-      │  │         v  │  (redelivered after a dropped socket or a reclaim)
-      │  └──── interrupted
+    queued ──> delivered <────> awaiting_approval
+      │          │   ^                │
+      │          v   │ (redelivered)  │
+      │        interrupted <──────────┘
+      │
+      │   delivered | awaiting_approval | interrupted ──> finished | cancelled | expired | lost
       └──> finished | cancelled | expired | lost     (answered before it was delivered)
 
-``finished`` means the tool's answer (completed or failed) is published; ``cancelled``,
-``expired`` and ``lost`` are the other terminal answers. ``interrupted``: it was on a
-desktop whose socket went away before it answered; the entry stays pending and is
-redelivered. A terminal stage is final: a late cancel is answered "finished".
+``awaiting_approval``: delivered, and the desktop said the tool waits for the person's
+approval before it starts (a ``progress`` frame with ``stage``; issue 12 item 5); back to
+``delivered`` once approved; declined -> ``cancelled`` (outcome ``declined``); its
+deadline first -> ``expired``. ``finished`` means the tool's answer (completed or failed)
+is published; ``cancelled``, ``expired`` and ``lost`` are the other terminal answers.
+``interrupted``: it was on a desktop whose socket went away before it answered; the entry
+stays pending and is redelivered. A terminal stage is final: a late cancel is answered "finished".
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import enum
 import json
 
 import attrs
+from deskbridge_common import STAGE_AWAITING_APPROVAL, STAGE_RUNNING
 
 
 class Stage(enum.StrEnum):
@@ -31,6 +37,7 @@ class Stage(enum.StrEnum):
 
     QUEUED = "queued"
     DELIVERED = "delivered"
+    AWAITING_APPROVAL = "awaiting_approval"
     INTERRUPTED = "interrupted"
     FINISHED = "finished"
     CANCELLED = "cancelled"
@@ -44,12 +51,24 @@ class Stage(enum.StrEnum):
 
 
 TERMINAL = frozenset({Stage.FINISHED, Stage.CANCELLED, Stage.EXPIRED, Stage.LOST})
+#: The stages of a job a desktop has (it may be running there or about to).
+ON_DESKTOP = frozenset({Stage.DELIVERED, Stage.AWAITING_APPROVAL, Stage.INTERRUPTED})
+
+#: A job forwarded to a desktop and not answered yet: it may have run, so only the
+#: desktop's ledger can say whether it did (a redelivery past its deadline goes to the
+#: desktop, never "expired" by the hub; issue 16).
+FORWARDED = frozenset({Stage.DELIVERED, Stage.INTERRUPTED})
 
 #: Which stage may follow which (the only table; a stage may repeat: a redelivery
 #: marks an already-delivered job delivered again).
 TRANSITIONS: dict[Stage, frozenset[Stage]] = {
     Stage.QUEUED: frozenset({Stage.QUEUED, Stage.DELIVERED} | TERMINAL),
-    Stage.DELIVERED: frozenset({Stage.DELIVERED, Stage.INTERRUPTED} | TERMINAL),
+    Stage.DELIVERED: frozenset(
+        {Stage.DELIVERED, Stage.AWAITING_APPROVAL, Stage.INTERRUPTED} | TERMINAL
+    ),
+    Stage.AWAITING_APPROVAL: frozenset(
+        {Stage.AWAITING_APPROVAL, Stage.DELIVERED, Stage.INTERRUPTED} | TERMINAL
+    ),
     Stage.INTERRUPTED: frozenset({Stage.INTERRUPTED, Stage.DELIVERED} | TERMINAL),
     Stage.FINISHED: frozenset(),
     Stage.CANCELLED: frozenset(),
@@ -67,6 +86,13 @@ STAGE_OF_OUTCOME: dict[str, Stage] = {
     "cancelled": Stage.CANCELLED,
     "expired": Stage.EXPIRED,
     "lost": Stage.LOST,
+}
+
+
+#: The job stage a desktop's ``progress.stage`` report means.
+STAGE_OF_DESK: dict[str, Stage] = {
+    STAGE_AWAITING_APPROVAL: Stage.AWAITING_APPROVAL,
+    STAGE_RUNNING: Stage.DELIVERED,
 }
 
 

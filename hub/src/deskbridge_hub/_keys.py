@@ -31,6 +31,11 @@ def cancel_key(user_id: str, job_id: str) -> str:
     return f"bridge:cancel:{{{user_id}}}:{job_id}"
 
 
+def fence_key(user_id: str, job_id: str) -> str:
+    """The job's claim epoch (fencing token): raised by every delivery."""
+    return f"bridge:fence:{{{user_id}}}:{job_id}"
+
+
 def idem_key(user_id: str, idempotency_key: str) -> str:
     return f"bridge:idem:{{{user_id}}}:{idempotency_key}"
 

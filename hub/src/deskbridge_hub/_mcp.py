@@ -73,11 +73,17 @@ SESSION_IDLE_TIMEOUT_S = 30 * 60.0
 #: ``_meta`` keys a ``tools/call`` may carry.
 META_IDEMPOTENCY_KEY = "deskbridge/idempotency_key"
 META_TIMEOUT_S = "deskbridge/timeout_s"
+#: ``_meta`` key of a listed tool that needs the person's approval (seconds; 0: always).
+META_APPROVAL_AFTER_WAIT_S = "deskbridge/approval_after_wait_s"
 
 
 def tool_entry(spec: dict[str, Any]) -> types.Tool:
     """An MCP ``Tool`` for one catalogue entry (``name``, ``description``,
-    ``args_schema``, ``side_effects``).
+    ``args_schema``, ``side_effects``, ``approval_after_wait_s``).
+
+    A tool that needs the person's approval says so at the end of its description (the
+    model reads it: the call may wait, or come back ``declined``) and in ``_meta``
+    (``deskbridge/approval_after_wait_s``).
 
     ``side_effects: false`` -> ``readOnlyHint: true`` (and idempotent); ``true`` ->
     ``readOnlyHint: false, destructiveHint: true, idempotentHint: false``.
@@ -86,10 +92,19 @@ def tool_entry(spec: dict[str, Any]) -> types.Tool:
     schema = spec.get("args_schema") or {"type": "object"}
     if schema.get("type") != "object":
         schema = {"type": "object", **schema}
+    description = spec.get("description") or None
+    approval = spec.get("approval_after_wait_s")
+    meta = None
+    if isinstance(approval, int | float) and not isinstance(approval, bool):
+        when = "" if approval == 0 else f" when the call waited {approval:g} s or more"
+        note = f"Needs the approval of the person at the desktop before it runs{when}."
+        description = f"{description} {note}" if description else note
+        meta = {META_APPROVAL_AFTER_WAIT_S: approval}
     return types.Tool(
         name=spec["name"],
-        description=spec.get("description") or None,
+        description=description,
         input_schema=schema,
+        _meta=meta,
         annotations=types.ToolAnnotations(
             read_only_hint=not side_effects,
             destructive_hint=side_effects,

@@ -21,10 +21,12 @@ Blocking reads wait on anyio events, never by polling. The methods live in mixin
 module per concern (as the contract is split in ``_substrate``): ``_memory_presence``
 (presence, liveness, catalogue, wake-ups, heartbeat), ``_memory_streams`` (the job
 stream, its consumer group and entry index), ``_memory_jobs`` (progress, job state),
-``_memory_caller`` (the caller's step, results, mailboxes) and ``_directory``; this
+``_memory_caller`` (the caller's step, results, mailboxes), ``_memory_finish`` (the
+holder's finishing step and ``publish_result``) and ``_directory``; this
 module composes them and owns the shared state and its bookkeeping. Test helpers (not
 part of the contract): :meth:`MemorySubstrate.delete_stream`,
-:meth:`MemorySubstrate.set_unavailable`, :meth:`MemorySubstrate.pending_count`.
+:meth:`MemorySubstrate.set_unavailable`, :meth:`MemorySubstrate.pending_count`,
+:meth:`MemorySubstrate.spoil_key`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import attrs
 from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
 from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters
+from ._memory_finish import MemoryFinishCommands
 from ._memory_jobs import MemoryJobCommands, _ProgressLog
 from ._memory_presence import MemoryPresenceCommands
 from ._memory_streams import (
@@ -56,6 +59,7 @@ class MemorySubstrate(
     MemoryStreamCommands,
     MemoryJobCommands,
     MemoryCallerCommands,
+    MemoryFinishCommands,
     MemoryDirectory,
 ):
     """The substrate contract in one process, on ``anyio.current_time()``.

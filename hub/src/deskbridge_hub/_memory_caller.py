@@ -13,12 +13,10 @@ import anyio
 import attrs
 
 from ._substrate import (
-    MAILBOX_TTL_S,
     JobOwner,
     Submission,
     Submitted,
     idem_key,
-    outcome_event,
     owner_key,
     presence_key,
     result_key,
@@ -79,6 +77,7 @@ class MemoryCallerCommands:
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
     _result_list: Callable[[str, float], _ResultList | None]
+    server_time: Callable[[], float]
     enqueue: Any
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
@@ -92,7 +91,7 @@ class MemoryCallerCommands:
         if sub.idempotency_key is not None:
             record = self._get(ikey, now)
             if record is not None:
-                return Submitted("indexed", index_value=record)
+                return Submitted("indexed", index_value=record, server_time=self.server_time())
         presence = self._get(presence_key(user_id), now)
         if presence is None:
             return Submitted("offline")
@@ -110,7 +109,11 @@ class MemoryCallerCommands:
         self._set(skey, sub.state.encode(), now, sub.state_ttl_s)
         entry_id = self._enqueue_now(user_id, sub)
         if sub.idempotency_key is not None:
-            self._set(ikey, sub.index_value, now, sub.index_ttl_s)
+            # the entry's deadline (as _xadd stamps it, same clock reading), appended
+            # as the Redis script does
+            at_ms = math.floor(self.server_time() * 1000)
+            deadline = (at_ms + math.ceil(sub.start_within_s * 1000)) / 1000
+            self._set(ikey, f"{sub.index_value} {deadline:.3f}", now, sub.index_ttl_s)
         if sub.write_owner:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
         if sub.alive_holder is not None:
@@ -140,55 +143,6 @@ class MemoryCallerCommands:
         """Drop the owner record."""
         await self._enter()
         self._kv.pop(owner_key(job_id), None)
-
-    async def publish_result(
-        self,
-        user_id: str,
-        job_id: str,
-        payload: str,
-        *,
-        ttl_s: float,
-        notify: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> None:
-        """Append ``payload``; the list and its job's idempotency record expire at the
-        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
-        with the outcome (if it has one); then notify the mailbox. Wakes
-        ``wait_result`` waiters.
-
-        Raises:
-            ValueError: ``ttl_s`` is not positive.
-            SubstrateUnavailable: marked unavailable.
-        """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        expires_at = now + ttl_s
-        ikey = idem_key(user_id, idempotency_key or job_id)
-        record = self._get(ikey, now) if idempotency_key is not None else None
-        if record is not None and record.startswith(job_id + " "):
-            expires_at = max(expires_at, self._kv[ikey][1])
-            self._kv[ikey] = (record, expires_at)
-        key = result_key(user_id, job_id)
-        lst = self._result_list(key, now)
-        if lst is None:
-            lst = self._results[key] = _ResultList(deque(), expires_at)
-        lst.items.append(payload)
-        lst.expires_at = expires_at
-        progress = self._progress.get(job_id)
-        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
-            progress.entries.append((progress.next_seq, outcome_event(payload)))
-            progress.next_seq += 1
-            progress.changed.set()
-            progress.changed = anyio.Event()
-        waiters = self._result_waiters.pop(key, None)
-        if waiters is not None:
-            waiters.event.set()
-        if notify:
-            box = self._mailbox(notify, now)
-            box.items.append(f"{job_id} {payload}")
-            box.expires_at = now + MAILBOX_TTL_S
-            box.notify()
 
     def _mailbox(self, mailbox: str, now: float) -> _Mailbox:
         box = self._mailboxes.get(mailbox)

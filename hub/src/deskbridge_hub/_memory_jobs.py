@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import attrs
 
-from ._jobstate import JobState
-from ._substrate import Marked, cancel_key, state_key
+from ._jobstate import FORWARDED, JobState, MalformedState
+from ._substrate import Marked, cancel_key, fence_key, state_key
 
 
 @attrs.define(eq=False)
@@ -134,20 +134,33 @@ class MemoryJobCommands:
         ttl_s: float,
         deadline: float | None = None,
     ) -> Marked:
-        """Expired (``deadline`` passed on :meth:`server_time`), else cancelled (flag
-        set), else set the state and answer delivered.
+        """Expired (``deadline`` passed on :meth:`server_time`, and the stored state
+        does not say the job was forwarded before), else cancelled (flag set), else set
+        the state, raise the job's claim epoch (kept until the deadline + ``ttl_s``, at
+        least ``ttl_s``) and answer delivered with it.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter()
         at = self.server_time()
-        if deadline is not None and at >= deadline:
+        if deadline is not None and at >= deadline and not self._forwarded(user_id, job_id, now):
             return Marked("expired", at)
         if self._get(cancel_key(user_id, job_id), now) is not None:
             return Marked("cancelled", at)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
-        return Marked("delivered", at)
+        fence = fence_key(user_id, job_id)
+        epoch = int(self._get(fence, now) or 0) + 1
+        keep_s = ttl_s + (max(deadline - at, 0.0) if deadline is not None else 0.0)
+        self._set(fence, str(epoch), now, keep_s)
+        return Marked("delivered", at, epoch)
+
+    def _forwarded(self, user_id: str, job_id: str, now: float) -> bool:
+        raw = self._get(state_key(user_id, job_id), now)
+        try:
+            return raw is not None and JobState.decode(raw).stage in FORWARDED
+        except MalformedState:
+            return False
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

@@ -231,6 +231,10 @@ class MemoryStreamCommands:
             SubstrateUnavailable: marked unavailable.
         """
         await self._enter()
+        return self._xack(user_id, entry_id)
+
+    def _xack(self, user_id: str, entry_id: str) -> int:
+        """XACK + HDEL of the index, at once (no checkpoint)."""
         sid = _parse_id(entry_id)
         self._index.get(user_id, {}).pop(sid, None)
         stream = self._streams.get(user_id)

@@ -111,6 +111,11 @@ LOST = Counter(
 EXPIRED = Counter(
     "deskbridge_jobs_expired", "Entries answered expired (deadline passed before forwarding)."
 )
+STALE_RESULTS = Counter(
+    "deskbridge_stale_results",
+    "Answers refused by the delivery fence: their entry had been delivered again "
+    "(reclaimed or taken over) before they came, so the newer delivery answers.",
+)
 SUBSTRATE_ERRORS = Counter(
     "deskbridge_redis_errors",
     "Substrate (Redis) operations that failed as unavailable, by operation.",
@@ -217,6 +222,10 @@ def job_served(
 def entries_reclaimed(count: int) -> None:
     if count:
         RECLAIMED.inc(count)
+
+
+def stale_result() -> None:
+    STALE_RESULTS.inc()
 
 
 def substrate_error(operation: str) -> None:

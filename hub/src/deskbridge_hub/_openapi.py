@@ -35,7 +35,11 @@ _OUTCOME_CODES = {
     "410": _json(_OUTCOME, "expired or lost"),
     "422": _json(_OUTCOME, "failed (the tool's error)"),
     "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
-    "504": _json(_OUTCOME, "timeout; `detail.stage` says what is known"),
+    "504": _json(
+        _OUTCOME,
+        "timeout; `detail.stage` says what is known (`detail.may_start_within_s`: an attached "
+        "retry's job may still start)",
+    ),
 }
 _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 

@@ -81,7 +81,60 @@ _TIMEOUT_MESSAGES = {
     "queued": "no answer within {:g} s; the job was still queued (the desktop never took it)",
     "delivered": "no answer within {:g} s; the job was delivered and may be running; "
     "outcome unknown",
+    "awaiting_approval": "no answer within {:g} s; the job was on the desktop waiting for "
+    "the person's approval; it had not started (it never starts after its deadline)",
     "interrupted": "no answer within {:g} s; the job was delivered and running when the "
     "desktop went away; outcome unknown",
     "unknown": "no answer within {:g} s; outcome unknown",
 }
+
+#: The ``queued`` text for a retry attached (by its idempotency key) to the job of an
+#: earlier call, whose own deadline may outlast this caller's wait.
+_ATTACHED_QUEUED_MESSAGE = (
+    "no answer within {:g} s; the job this idempotency key started (an earlier call) is "
+    "still queued and may still start before its own deadline{}; retry with the same key "
+    "for its outcome"
+)
+
+
+def timeout_outcome(
+    job_id: str,
+    stage: str,
+    *,
+    timeout_s: float,
+    elapsed_s: float,
+    attached: bool = False,
+    may_start_within_s: float | None = None,
+) -> Outcome:
+    """The ``timeout`` answer for a wait that ended without a result.
+
+    Args:
+        job_id: the job waited for.
+        stage: its stage when the wait ended (a key of ``_TIMEOUT_MESSAGES``).
+        timeout_s: the caller's wait, seconds.
+        elapsed_s: the call's duration, seconds.
+        attached: the job was enqueued by an earlier call with the same idempotency key.
+        may_start_within_s: for ``attached``: seconds left before that job's deadline
+            (its own, on the substrate's clock), or None if unknown (a record written
+            by an older hub).
+
+    Returns:
+        An Outcome with ``detail.stage``. A ``queued`` job still inside its deadline
+        (``attached`` only: a caller's own job has its deadline at the end of its wait)
+        says so: the message, and ``detail.may_start_within_s`` when known. "queued"
+        alone means it will not start later (docs/outcomes.md).
+    """
+    detail: dict[str, Any] = {"stage": stage}
+    message = _TIMEOUT_MESSAGES[stage].format(timeout_s)
+    if attached and stage == "queued" and (may_start_within_s is None or may_start_within_s > 0):
+        within = "" if may_start_within_s is None else f" (within {may_start_within_s:.3g} s)"
+        message = _ATTACHED_QUEUED_MESSAGE.format(timeout_s, within)
+        if may_start_within_s is not None:
+            detail["may_start_within_s"] = round(may_start_within_s, 3)
+    return Outcome(
+        job_id=job_id,
+        status="timeout",
+        error={"code": "timeout", "message": message},
+        detail=detail,
+        elapsed_s=elapsed_s,
+    )

@@ -8,7 +8,8 @@ relay publishes the latest report of each job to the job's progress stream
 reports that arrive faster than Redis takes them. Watchers read that stream (XREAD BLOCK):
 :meth:`Bridge.dispatch` with ``on_progress``, ``GET /v1/jobs/{job_id}/events`` (server-sent
 events) and MCP progress notifications. The stream ends with the job's outcome, appended
-by ``publish_result`` in the same round trip as the result (only when the stream exists).
+by the holder's finishing step (``Substrate.finish``) in the same round trip as the
+result (only when the stream exists).
 
 Progress is best effort (a report may be coalesced or, while Redis is away, dropped); the
 outcome never depends on it.
@@ -24,7 +25,7 @@ from typing import Any
 
 import anyio
 import attrs
-from deskbridge_common import Progress
+from deskbridge_common import DESK_STAGES, Progress
 
 from ._substrate import Substrate
 
@@ -43,14 +44,24 @@ WATCHING = '{"watching":true}'
 
 @attrs.frozen
 class ProgressReport:
-    """One progress report of a job: ``progress`` so far, ``total`` when known."""
+    """One progress report of a job: ``progress`` so far, ``total`` when known, and the
+    desktop's ``stage`` when the sidecar said (``awaiting_approval`` while the tool waits
+    for the person's approval, ``running`` once it may run; None otherwise)."""
 
     progress: float
     total: float | None = None
     message: str | None = None
+    stage: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"progress": self.progress, "total": self.total, "message": self.message}
+        """The stream entry's (and the ``progress`` event's) JSON object; ``stage`` only
+        when set."""
+        body: dict[str, Any] = {
+            "progress": self.progress, "total": self.total, "message": self.message
+        }  # fmt: skip
+        if self.stage is not None:
+            body["stage"] = self.stage
+        return body
 
 
 @attrs.define(eq=False)
@@ -84,7 +95,9 @@ class ProgressRelay:
             batch, self._pending = self._pending, {}
             for job_id, frame in batch.items():
                 payload = json.dumps(
-                    ProgressReport(frame.progress, frame.total, frame.message).to_json()
+                    ProgressReport(
+                        frame.progress, frame.total, frame.message, frame.stage
+                    ).to_json()
                 )
                 try:
                     await self.substrate.publish_progress(
@@ -141,10 +154,12 @@ def parse_progress(payload: str) -> ProgressReport | None:
             return None
         total = event.get("total")
         message = event.get("message")
+        stage = event.get("stage")
         return ProgressReport(
             float(event["progress"]),
             float(total) if total is not None and _finite(total) else None,
             message if isinstance(message, str) else None,
+            stage if stage in DESK_STAGES else None,
         )
     except ValueError:
         return None

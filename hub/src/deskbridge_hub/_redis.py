@@ -29,7 +29,9 @@ from coredis.exceptions import (
 
 from ._directory import RedisDirectory
 from ._redis_caller import CallerCommands
+from ._redis_cluster import is_cluster_url
 from ._redis_conn import RedisConnections
+from ._redis_finish import FinishCommands
 from ._redis_health import Health
 from ._redis_jobs import JobCommands
 from ._redis_presence import PresenceCommands
@@ -42,7 +44,9 @@ from ._substrate import (
 )
 
 
-class RedisSubstrate(PresenceCommands, StreamCommands, JobCommands, CallerCommands, RedisDirectory):
+class RedisSubstrate(
+    PresenceCommands, StreamCommands, JobCommands, CallerCommands, FinishCommands, RedisDirectory
+):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 
     Args:
@@ -85,6 +89,7 @@ class RedisSubstrate(PresenceCommands, StreamCommands, JobCommands, CallerComman
             health_interval_s=health_interval_s,
         )
         self._command_timeout_s = command_timeout_s
+        self._cluster = is_cluster_url(url)
         self.address = self._connections.address
 
     @classmethod

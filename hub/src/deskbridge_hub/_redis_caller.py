@@ -4,9 +4,10 @@ per-process notification mailboxes, job owner records. Mixed into ``RedisSubstra
 Round trips on a call's critical path (issue 10 item 3): the caller sends one write (the
 ``submit`` script, plus the ``bridge:job:{<job_id>}`` owner record pipelined behind it)
 and then waits on its process's mailbox, which one reader per process drains with
-``BLMPOP``; the holder's publish pushes the result into the job's result list and, in the
-same write, into that mailbox. Scripts are sent as text (``EVAL``; see ``_script``
-for why not ``EVALSHA``). Every script touches only keys of one user's hash slot (Redis Cluster).
+``BLMPOP``; the holder's finishing step (``_redis_finish``) pushes the result into the
+job's result list and, in the same step, into that mailbox. Scripts are sent as text
+(``EVAL``; see ``_script`` for why not ``EVALSHA``). Every script touches only keys of one
+user's hash slot (Redis Cluster).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from coredis.exceptions import StreamDuplicateConsumerGroupError
 from ._redis_base import RedisCommandBase, Script, _ms
 from ._substrate import (
     GROUP,
-    MAILBOX_TTL_S,
     JobOwner,
     Submission,
     Submitted,
@@ -27,10 +27,8 @@ from ._substrate import (
     index_key,
     jobs_key,
     mailbox_key,
-    outcome_event,
     owner_key,
     presence_key,
-    progress_key,
     result_key,
     state_key,
     tools_key,
@@ -44,14 +42,19 @@ if TYPE_CHECKING:
 #: The caller's one step. KEYS: presence, tools, jobs, index, state, idem. ARGV: catalogue
 #: SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms, index flag
 #: ('' none), index record, index TTL ms, the hub process known alive ('' none), then the
-#: entry's fields. Order matters: the idempotency index first (a key whose job may still
-#: run is never answered "offline"), then presence and the process it names, the
-#: catalogue version, the job id claim, and only then any write.
+#: entry's fields. The index record is stored with the job's deadline appended; an
+#: indexed key is answered with the record and TIME. Order matters: the idempotency
+#: index first (a key whose job may still run is never answered "offline"), then
+#: presence and the process it names, the catalogue version, the job id claim, and only
+#: then any write.
 SUBMIT = Script(
     """
 if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
-  if record then return {'indexed', record} end
+  if record then
+    local t = redis.call('TIME')
+    return {'indexed', record, string.format('%.3f', tonumber(t[1]) + tonumber(t[2]) / 1000000)}
+  end
 end
 local presence = redis.call('GET', KEYS[1])
 if not presence then return {'offline'} end
@@ -70,36 +73,15 @@ local fields = {}
 for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
 fields[#fields + 1] = 'deadline'
-fields[#fields + 1] = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
+fields[#fields + 1] = deadline
 fields[#fields + 1] = 'enqueued_at'
 fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 redis.call('HSET', KEYS[4], id, ARGV[3])
-if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'PX', ARGV[9]) end
+if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX', ARGV[9]) end
 return {'queued', id, presence}
-"""
-)
-
-#: The holder's publish. KEYS: result, idem. ARGV: payload, TTL ms, job id, index flag.
-#: The result and the idempotency record of its job then expire together, at the later
-#: of "now + result TTL" and the record's own expiry (the job's deadline + result TTL).
-PUBLISH = Script(
-    """
-local ttl = tonumber(ARGV[2])
-local indexed = false
-if ARGV[4] ~= '' then
-  local record = redis.call('GET', KEYS[2])
-  if record and string.sub(record, 1, string.len(ARGV[3]) + 1) == ARGV[3] .. ' ' then
-    indexed = true
-    local left = redis.call('PTTL', KEYS[2])
-    if left > ttl then ttl = left end
-  end
-end
-redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ttl)
-if indexed then redis.call('PEXPIRE', KEYS[2], ttl) end
-return ttl
 """
 )
 
@@ -183,7 +165,7 @@ class CallerCommands(RedisCommandBase):
         if verdict == "catalogue":
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":
-            return Submitted("indexed", index_value=rest[0])
+            return Submitted("indexed", index_value=rest[0], server_time=float(rest[1]))
         if verdict == "holder":
             return Submitted("holder", presence=rest[0])
         return Submitted(str(verdict))
@@ -221,56 +203,6 @@ class CallerCommands(RedisCommandBase):
         """
         async with self._session("DEL job owner") as s:
             await self._call(s, b"DEL", owner_key(job_id))
-
-    async def publish_result(
-        self,
-        user_id: str,
-        job_id: str,
-        payload: str,
-        *,
-        ttl_s: float,
-        notify: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> None:
-        """EVAL ``PUBLISH`` (RPUSH + PEXPIRE of the result list, the idempotency record
-        kept as long), then XADD NOMKSTREAM the outcome to the job's progress stream and
-        RPUSH ``<job_id> <payload>`` + PEXPIRE to the mailbox ``notify``: one write, one
-        round trip (the script's writes are atomic; the progress and mailbox writes, in
-        other hash slots, follow it).
-
-        Raises:
-            ValueError: ``ttl_s`` is not positive.
-            SubstrateUnavailable: Redis unreachable or refusing writes; the payload may
-                or may not have been stored.
-        """
-        keys = (result_key(user_id, job_id), idem_key(user_id, idempotency_key or job_id))
-        args = (payload, _ms(ttl_s), job_id, "" if idempotency_key is None else "1")
-        # The outcome also ends the job's progress stream, only if someone made one
-        # (NOMKSTREAM: no stream, no write); its key is in the job's own slot.
-        after: tuple[tuple[Any, ...], ...] = (
-            (
-                b"XADD",
-                progress_key(job_id),
-                b"NOMKSTREAM",
-                b"MAXLEN",
-                b"~",
-                64,
-                b"*",
-                b"p",
-                outcome_event(payload),
-            ),
-        )
-        if notify:
-            box = mailbox_key(notify)
-            after += (
-                (b"RPUSH", box, f"{job_id} {payload}"),
-                (b"PEXPIRE", box, _ms(MAILBOX_TTL_S)),
-            )
-        async with self._session("publish result") as s:
-            replies = await self._script(s, PUBLISH, keys, args, after=after)
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
 
     async def get_result(self, user_id: str, job_id: str) -> str | None:
         """LINDEX ``bridge:result:{user_id}:job_id`` 0 (nothing is popped).

@@ -9,6 +9,7 @@ from ._redis_base import RedisCommandBase, Script, _entries, _ms
 from ._substrate import (
     Marked,
     cancel_key,
+    fence_key,
     progress_key,
     result_key,
     state_key,
@@ -16,15 +17,34 @@ from ._substrate import (
 )
 
 #: mark_delivered: decide on the server's clock (TIME) whether a job read from the stream
-#: may be forwarded; only then record it as delivered. KEYS: state, cancel (the user's slot).
+#: may be forwarded; only then record it as delivered and raise its claim epoch (the
+#: fencing token ``finish`` checks), kept until the deadline + the state's TTL (at least
+#: that TTL). KEYS: state, cancel, fence (the user's slot). ARGV: state, TTL ms, deadline.
+#: A deadline that passed expires only a job never forwarded: one whose state says it was
+#: delivered (or interrupted) may have run, so it goes to the desktop again, whose ledger
+#: answers (issue 16: a redelivery after a pod kill was answered "expired" for a job that ran).
 _MARK_DELIVERED = Script(
     """
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
-if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then return {'expired', now} end
+if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then
+  local stage = nil
+  local state = redis.call('GET', KEYS[1])
+  if state then
+    local ok, body = pcall(cjson.decode, state)
+    if ok and type(body) == 'table' then stage = body['stage'] end
+  end
+  if stage ~= 'delivered' and stage ~= 'interrupted' then return {'expired', now} end
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {'delivered', now}
+local epoch = redis.call('INCR', KEYS[3])
+local keep = tonumber(ARGV[2])
+if ARGV[3] ~= '' then
+  keep = keep + math.max(0, math.ceil((tonumber(ARGV[3]) - tonumber(now)) * 1000))
+end
+redis.call('PEXPIRE', KEYS[3], keep)
+return {'delivered', now, epoch}
 """
 )
 
@@ -171,24 +191,30 @@ class JobCommands(RedisCommandBase):
         ttl_s: float,
         deadline: float | None = None,
     ) -> Marked:
-        """One script, one round trip: compare ``deadline`` with the server's ``TIME``,
-        check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000).
+        """One script, one round trip: compare ``deadline`` with the server's ``TIME``
+        (unless the stored state says the job was already delivered or interrupted),
+        check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000) and
+        INCR the job's claim epoch (``bridge:fence:{user_id}:job_id``).
 
         Returns:
-            :class:`Marked` with the verdict and the server's time.
+            :class:`Marked` with the verdict, the server's time and (delivered) the epoch.
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
         limit = "" if deadline is None else repr(float(deadline))
-        keys = (state_key(user_id, job_id), cancel_key(user_id, job_id))
+        keys = (
+            state_key(user_id, job_id),
+            cancel_key(user_id, job_id),
+            fence_key(user_id, job_id),
+        )
         args = (state.encode(), _ms(ttl_s), limit)
         async with self._session("mark delivered") as s:
             (reply,) = await self._script(s, _MARK_DELIVERED, keys, args)
         if isinstance(reply, BaseException):
             raise reply
-        verdict, now = reply
-        return Marked(verdict=str(verdict), server_time=float(now))
+        verdict, now, *epoch = reply
+        return Marked(str(verdict), float(now), int(epoch[0]) if epoch else None)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 PX ceil(ttl_s * 1000).

@@ -55,6 +55,7 @@ from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
 from ._delivery import EntryServer
+from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
 from ._handshake import handshake
 from ._logging import fields
@@ -87,13 +88,6 @@ class SidecarSocket(Protocol):
 
 
 @attrs.define(eq=False)
-class _Delivery:
-    job_id: str
-    done: trio.Event = attrs.field(factory=trio.Event)
-    result: JobResult | None = None
-
-
-@attrs.define(eq=False)
 class HubSession:
     state: HubState
     socket: SidecarSocket
@@ -101,7 +95,7 @@ class HubSession:
     session_id: str = ""
     expires_at: float | None = None
     hello: Hello | None = None
-    deliveries: dict[str, _Delivery] = attrs.field(factory=dict)
+    deliveries: dict[str, Outstanding] = attrs.field(factory=dict)
     on_progress: ProgressHook | None = None
     _conn: Connection = attrs.field(init=False)
     _send: trio.MemorySendChannel[str] = attrs.field(init=False)
@@ -300,12 +294,13 @@ class HubSession:
             if delivery is None:  # its serving task is gone (cancelled): nobody waits
                 self._refused(event, "its delivery is no longer awaited")
                 return
-            delivery.result = event
-            delivery.done.set()
+            delivery.answer(event)
         elif isinstance(event, Progress):
             delivery = self.deliveries.get(event.id)
-            if delivery is not None and self.on_progress is not None:
-                self.on_progress(delivery.job_id, event)
+            if delivery is not None:
+                delivery.report(event.stage)  # recorded by the task serving it
+                if self.on_progress is not None:
+                    self.on_progress(delivery.job_id, event)
         elif isinstance(event, Ping):
             # Blocks when the send queue is full: a peer flooding pings without
             # reading stalls only its own session, and the pinger's deadline ends it.
@@ -393,16 +388,16 @@ class HubSession:
             self._serving_changed = trio.Event()
 
     async def execute(self, job: Job) -> JobResult:
-        """Send ``job`` and wait for its ``job_result`` (see ``_delivery.Executor``)."""
+        """Send ``job`` and wait for its ``job_result`` (see ``_delivery.Executor``),
+        recording the desktop's stage reports meanwhile (``_desk_stage``)."""
         frame = self._encode(job)  # LocalProtocolError: no sidecar could accept it
-        delivery = self.deliveries[job.id] = _Delivery(job_id=job.job_id)
+        delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id)
+        record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id)
         try:
             await self._send.send(frame)
-            await delivery.done.wait()
+            return await delivery.wait(record)
         finally:
             self.deliveries.pop(job.id, None)
-        assert delivery.result is not None
-        return delivery.result
 
     async def cancel(self, job_id: str) -> None:
         """A cancel control entry: send ``cancel`` at once for a delivery of that job on

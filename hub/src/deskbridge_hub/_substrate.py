@@ -12,7 +12,9 @@ user and of that user's jobs carries the user's tag, so one script can touch the
 ``bridge:index:{<user_id>}`` (hash entry ID -> job id, written with the XADD and removed
 with the XACK, so a trimmed or deleted entry's caller can be answered "lost"),
 ``bridge:state:{<user_id>}:<job_id>`` (what is known about a job: queued, delivered, ...),
-``bridge:cancel:{<user_id>}:<job_id>`` (a cancel was requested), ``bridge:tools:{<user_id>}``
+``bridge:cancel:{<user_id>}:<job_id>`` (a cancel was requested),
+``bridge:fence:{<user_id>}:<job_id>`` (the job's claim epoch: raised by every delivery,
+checked by the holder's finishing step), ``bridge:tools:{<user_id>}``
 (the sidecar's tool catalogue), ``bridge:idem:{<user_id>}:<idempotency_key>`` (the
 idempotency-key index: that key's job, its tool and arguments digest). Outside the user's
 slot: ``bridge:job:{<job_id>}`` (which user a job id belongs to, and its caller's mailbox:
@@ -42,6 +44,9 @@ from ._keys import (
 )
 from ._keys import (
     cancel_key as cancel_key,
+)
+from ._keys import (
+    fence_key as fence_key,
 )
 from ._keys import (
     holder_of as holder_of,
@@ -99,6 +104,9 @@ from ._substrate_values import (
 )
 from ._substrate_values import (
     Entry as Entry,
+)
+from ._substrate_values import (
+    Finished as Finished,
 )
 from ._substrate_values import (
     JobOwner as JobOwner,
@@ -253,6 +261,48 @@ class ResultSubstrate(Protocol):
         the mailbox ``notify`` (its caller's process) with a TTL of ``MAILBOX_TTL_S``, and
         end the job's progress stream with :func:`outcome_event`, if that stream exists."""
 
+    async def finish(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str | None,
+        state: JobState,
+        *,
+        ttl_s: float,
+        entry_id: str | None = None,
+        epoch: int | None = None,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Finished:
+        """The holder's one step for an answered entry (one round trip; one script in the
+        user's slot), in this order, which matters because a failing write stops the
+        step where it fails and keeps what came before:
+
+        1. the fence: with ``epoch``, if the job's claim epoch (raised by
+           :meth:`LedgerSubstrate.mark_delivered`) is another one, answer ``stale`` and
+           write nothing (a newer delivery owns the job). No epoch stored (expired, or
+           the store lost it) or ``epoch`` None: no check;
+        2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
+           PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
+           first);
+        3. SET the job's ``state`` PX ttl_s;
+        4. with ``entry_id``: XACK it and HDEL it from the entry index;
+        5. (if a payload was published) the outcome ends the job's progress stream and
+           ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
+           Under Redis Cluster these keys live in other slots, so they follow in a second
+           round trip, only once the step said ``done``.
+
+        Returns:
+            :class:`Finished`.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: the store is unreachable; the step may or may not have
+                happened (retrying it is safe: the XACK of an acknowledged entry is 0).
+            Other store errors (a key of another type) propagate; the step stopped at the
+            write that failed, so a failed result write leaves the entry pending.
+        """
+
     async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
         """BLPOP with a server-side timeout (0: forever); the payload, or None on timeout.
         A cancelled wait pops nothing. (Tests and tools; ``Bridge`` reads results without
@@ -320,9 +370,12 @@ class LedgerSubstrate(Protocol):
         deadline: float | None = None,
     ) -> Marked:
         """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
-        that clock) has passed answer ``expired``; else if a cancel was requested answer
-        ``cancelled``; else SET the job state PX ttl and answer ``delivered``. Only
-        ``delivered`` may be forwarded."""
+        that clock) has passed and the stored state is not ``delivered``/``interrupted``
+        (``FORWARDED``: it may have run, the desktop's ledger answers) answer
+        ``expired``; else if a cancel was requested answer ``cancelled``; else SET the
+        job state PX ttl, raise the job's claim epoch (INCR
+        ``bridge:fence:{user_id}:job_id``, kept until ``deadline`` + ttl_s, at least
+        ttl_s) and answer ``delivered`` with it. Only ``delivered`` may be forwarded."""
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""

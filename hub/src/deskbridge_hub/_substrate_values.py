@@ -94,15 +94,39 @@ class Marked:
 
     Attributes:
         verdict: ``"delivered"`` (state written: forward the job), ``"expired"`` (its
-            deadline has passed on the substrate's clock; state untouched) or
+            deadline has passed on the substrate's clock and it was never forwarded;
+            state untouched; a job forwarded before is ``"delivered"`` again: the
+            desktop's ledger answers a redelivery) or
             ``"cancelled"`` (a cancel was requested; state untouched).
         server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
             ``deadline - server_time`` is the time the job has left, measured on the one
             clock that set the deadline (docs/operations.md, "Clocks").
+        epoch: for ``delivered``, this delivery's claim epoch (fencing token): the job's
+            counter, raised by every delivery, so a later delivery (after a reclaim or a
+            takeover) always holds a larger one; None for the other verdicts.
     """
 
     verdict: str
     server_time: float
+    epoch: int | None = None
+
+
+@attrs.frozen
+class Finished:
+    """Reply of :meth:`ResultSubstrate.finish`.
+
+    Attributes:
+        verdict: ``"done"`` (everything written) or ``"stale"`` (a newer delivery of the
+            job holds the fence: nothing written).
+        newest: with ``"stale"``, the newest delivery's epoch.
+        acked: with ``"done"``, whether the XACK removed the entry from the pending
+            entries list (False when it was not pending: acknowledged already, or the
+            stream or group is gone).
+    """
+
+    verdict: str
+    newest: int | None = None
+    acked: bool = False
 
 
 #: How long a process's notification mailbox outlives its last notification, seconds: a
@@ -142,7 +166,8 @@ class Submission:
             none cached), or None to skip the catalogue check (``status``).
         idempotency_key: the caller's key to index (None: the key is the job id itself,
             nothing to index).
-        index_value: the index record (``_idempotency.IndexRecord.encode()``).
+        index_value: the index record (``_idempotency.IndexRecord.encode()``); the
+            substrate stores it with `` <deadline>`` appended (the job's, from its clock).
         index_ttl_s: how long the index record lives before the job's result is published.
         owner: the owner record (``bridge:job:{job_id}``).
         write_owner: also SET the owner record in the same write (the Bridge does not
@@ -190,6 +215,9 @@ class Submitted:
         index_value: see ``indexed``.
         entry_id: the stream entry ID when ``queued``.
         presence: the presence value (holder session id) when ``queued`` or ``holder``.
+        server_time: the substrate's clock (Redis ``TIME``, Unix seconds) when it
+            answered ``indexed``: with the record's deadline, how long the job it names
+            may still start.
     """
 
     verdict: str
@@ -197,3 +225,4 @@ class Submitted:
     index_value: str | None = None
     entry_id: str | None = None
     presence: str | None = None
+    server_time: float | None = None

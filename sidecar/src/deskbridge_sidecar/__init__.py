@@ -20,7 +20,7 @@ Fakes for tests live in :mod:`deskbridge_sidecar.testing`.
 """
 
 from ._backoff import Backoff
-from ._consent import needs_approval
+from ._consent import ApprovalDesk, ApprovalRequest, FileDesk, needs_approval
 from ._daemon import (
     CONNECT_FAILED,
     IMMEDIATE_RECONNECT_CODES,
@@ -102,6 +102,8 @@ __all__ = [
     "TOOL_ERROR",
     "UNKNOWN_TOOL",
     "WELCOME_TIMEOUT",
+    "ApprovalDesk",
+    "ApprovalRequest",
     "Backoff",
     "ClockGap",
     "ConnectFailed",
@@ -109,6 +111,7 @@ __all__ = [
     "Daemon",
     "DaemonStatistics",
     "DedupeCache",
+    "FileDesk",
     "HandshakeRejected",
     "Outcome",
     "Session",

@@ -33,7 +33,7 @@ from deskbridge_common import (
 )
 
 from ._backoff import Backoff
-from ._consent import approvals_dir
+from ._consent import ApprovalDesk, file_desk
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
@@ -126,6 +126,10 @@ class Daemon:
             ``data_dir`` and not closed by the daemon.
         isolate_sync_tools: run every sync tool in a separate process (see
             ``_isolate``; a tool marked ``@isolated`` always does).
+        approvals: where the person approves tools marked ``@needs_approval``
+            (``_consent``; default: files in ``<data_dir>/approvals``, decided by
+            ``deskbridge-sidecar approve|decline``; with neither, such tools are
+            answered ``declined``).
 
     Raises:
         ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
@@ -145,6 +149,7 @@ class Daemon:
     ledger_max_entries: int = attrs.field(default=MAX_ENTRIES, kw_only=True)
     ledger: Ledger | None = attrs.field(default=None, kw_only=True)
     isolate_sync_tools: bool = attrs.field(default=False, kw_only=True)
+    approvals: ApprovalDesk | None = attrs.field(default=None, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _ran: bool = attrs.field(default=False, init=False)
@@ -222,9 +227,9 @@ class Daemon:
                         ledger=ledger,
                         result_ttl_s=t.result_ttl_s,
                         isolate_sync=self.isolate_sync_tools,
-                        approvals=(
-                            None if self.data_dir is None else approvals_dir(Path(self.data_dir))
-                        ),
+                        approvals=file_desk(self.data_dir)
+                        if self.approvals is None
+                        else self.approvals,
                     )
                     await self._runner.load()
                     work.start_soon(self._prune_loop, self._runner)

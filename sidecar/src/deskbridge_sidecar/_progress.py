@@ -35,23 +35,39 @@ PROGRESS_INTERVAL_S = 0.2
 
 @attrs.frozen
 class ProgressUpdate:
-    """One progress report: ``progress`` so far, ``total`` when known, ``message``."""
+    """One progress report: ``progress`` so far, ``total`` when known, ``message``, and
+    the run's ``stage`` on the desktop once one was set (``progress.stage`` on the wire)."""
 
     progress: float
     total: float | None = None
     message: str | None = None
+    stage: str | None = None
 
 
 @attrs.define(eq=False)
 class ProgressState:
-    """The latest report of one run, and a way to wait for the next."""
+    """The latest report of one run, and a way to wait for the next.
+
+    Attributes:
+        stage: the run's stage on the desktop (``deskbridge_common.DESK_STAGES``) once
+            :meth:`set_stage` set one, else None. Sticky: every later report carries it,
+            so coalescing never hides a stage change from the hub.
+    """
 
     latest: ProgressUpdate | None = None
     version: int = 0
+    stage: str | None = None
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
+    def set_stage(self, stage: str, message: str) -> None:
+        """Enter ``stage`` (``awaiting_approval``, ``running``): a report of it now."""
+        self.stage = stage
+        self.set(ProgressUpdate(0.0, None, message))
+
     def set(self, update: ProgressUpdate) -> None:
-        """Record ``update`` (from the trio thread)."""
+        """Record ``update`` (from the trio thread), with the run's stage if it has one."""
+        if self.stage is not None:
+            update = attrs.evolve(update, stage=self.stage)
         self.latest = update
         self.version += 1
         self._changed.set()

@@ -27,13 +27,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import attrs
 import trio
 from deskbridge_common import Job
 
-from ._consent import APPROVED, requires_approval, wait_for_decision
+from ._consent import ApprovalDesk, gate
 from ._dedupe import DedupeCache
 from ._isolate import invoke_in_process, is_isolated
 from ._ledger import Ledger, LedgerError, args_digest
@@ -112,8 +111,9 @@ class ToolRunner:
     #: reused key and skip preflight for a known one without a disk read.
     _known: dict[str, tuple[str, str]] = attrs.field(factory=dict)
     _closing: bool = False
-    #: where approval requests are written (``<data dir>/approvals``), or None
-    approvals: Path | None = None
+    #: where the person approves tools marked ``@needs_approval`` (``_consent``), or
+    #: None: nobody can be asked and they are answered ``declined``
+    approvals: ApprovalDesk | None = None
     #: run every sync tool in a separate process (``--isolate-sync-tools``)
     isolate_sync: bool = False
 
@@ -361,74 +361,52 @@ class ToolRunner:
         except LedgerError as exc:
             log.error("%s", exc)
 
-    async def _ask(self, run: _Run, job: Job) -> Outcome | None:
-        """Wait for the person's decision on a tool that needs approval; None if
-        approved, else the outcome (``declined``, or ``expired`` at the deadline)."""
-        name = run.tool.name
-        if self.approvals is None:
-            return Outcome.failure(
-                DECLINED,
-                f"{name} needs the approval of the person at the desktop and this sidecar "
-                "has no data directory to ask in; not run",
-            )
-        run.progress.set(
-            ProgressUpdate(0, None, f"awaiting approval: deskbridge-sidecar approve {job.job_id}")
-        )
-        decision = await wait_for_decision(
-            self.approvals, job.job_id, name, job.args, job.deadline, self.wall_clock
-        )
-        if decision == APPROVED:
-            log.info("job %s (%s): approved", job.job_id, name)
-            return None
-        if decision == DECLINED:
-            log.info("job %s (%s): declined", job.job_id, name)
-            return Outcome.failure(DECLINED, f"{name} was declined at the desktop; not run")
-        return Outcome.failure(EXPIRED, f"deadline passed while {name} awaited approval; not run")
-
     async def _run(self, run: _Run, job: Job) -> None:
         outcome: Outcome | None = None
         try:
             with run.cancel_scope:
-                if requires_approval(run.tool) and not self._closing:
-                    outcome = await self._ask(run, job)  # None: approved
-                if outcome is None:
-                    async with self._lock:
-                        refused = self._expired(job)  # the deadline may pass while queued
-                        if self._closing:
-                            pass  # stopping: never start it (outcome None: not recorded)
-                        elif refused is not None:
-                            outcome = refused
-                        else:
-                            keep_until = max(job.deadline, self.wall_clock()) + self.result_ttl_s
-                            try:
-                                with trio.CancelScope(shield=True):  # a start is never half-known
-                                    await self.ledger.begin(
-                                        run.key, run.tool.name, run.digest, keep_until
-                                    )
-                            except LedgerError as exc:
-                                log.error("%s; %s not started", exc, run.tool.name)
-                                outcome = Outcome.failure(
-                                    LEDGER_ERROR,
-                                    f"the sidecar cannot record the start in its ledger, so the "
-                                    f"tool was not started: {exc}",
+                async with self._lock:
+                    refused = self._expired(job)  # the deadline may pass while queued
+                    if refused is None and not self._closing:
+                        refused = await gate(  # declined, or expired awaiting approval
+                            self.approvals, run.tool, job, wall_clock=self.wall_clock,
+                            progress=run.progress,
+                        )  # fmt: skip
+                    if self._closing:
+                        pass  # stopping: never start it (outcome None: not recorded)
+                    elif refused is not None:
+                        outcome = refused
+                    else:
+                        keep_until = max(job.deadline, self.wall_clock()) + self.result_ttl_s
+                        try:
+                            with trio.CancelScope(shield=True):  # a start is never half-known
+                                await self.ledger.begin(
+                                    run.key, run.tool.name, run.digest, keep_until
                                 )
-                            else:
-                                self._known[run.key] = (run.tool.name, run.digest)
-                                run.started = True
-                                self.running = run.tool.name
-                                self.executions[run.tool.name] += 1
-                                try:
-                                    if self.isolates(run.tool):
-                                        outcome = await invoke_in_process(run.tool, job.args)
-                                    else:
-                                        progress = Progress(
-                                            run.progress, trio.lowlevel.current_trio_token()
-                                        )
-                                        outcome = await invoke(
-                                        run.tool, job.args, progress=progress
+                        except LedgerError as exc:
+                            log.error("%s; %s not started", exc, run.tool.name)
+                            outcome = Outcome.failure(
+                                LEDGER_ERROR,
+                                f"the sidecar cannot record the start in its ledger, so the "
+                                f"tool was not started: {exc}",
+                            )
+                        else:
+                            self._known[run.key] = (run.tool.name, run.digest)
+                            run.started = True
+                            self.running = run.tool.name
+                            self.executions[run.tool.name] += 1
+                            try:
+                                if self.isolates(run.tool):
+                                    outcome = await invoke_in_process(run.tool, job.args)
+                                else:
+                                    progress = Progress(
+                                        run.progress, trio.lowlevel.current_trio_token()
                                     )
-                                finally:
-                                    self.running = None
+                                    outcome = await invoke(
+                                    run.tool, job.args, progress=progress
+                                )
+                            finally:
+                                self.running = None
             if run.interrupted is not None:
                 outcome = run.interrupted
             elif run.cancel_scope.cancelled_caught:

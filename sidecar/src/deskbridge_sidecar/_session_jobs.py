@@ -120,6 +120,7 @@ class SessionJobs:
                 progress=update.progress,
                 total=update.total,
                 message=update.message,
+                stage=update.stage,
             )
         )
 

@@ -35,6 +35,7 @@ import pydantic
 import trio
 from deskbridge_common import ToolSpec
 
+from ._consent import approval_after_wait_s
 from ._errors import ArgsInvalid, ToolError
 from ._outcome import BAD_ARGS, BAD_RESULT, CRASHED, Outcome, truncate
 from ._progress import Progress
@@ -141,12 +142,15 @@ class Tool:
         )
 
     def spec(self) -> ToolSpec:
-        """This tool's catalogue entry for the ``hello`` frame."""
+        """This tool's catalogue entry for the ``hello`` frame (with its
+        ``@needs_approval`` declaration, read from :attr:`fn` now: the mark may be put on
+        above or below ``@tool``)."""
         return ToolSpec(
             name=self.name,
             description=self.description[:4096],
             args_schema=self.args_schema,
             side_effects=self.side_effects,
+            approval_after_wait_s=approval_after_wait_s(self.fn),
         )
 
     def convert_args(self, args: dict[str, Any]) -> dict[str, Any]:

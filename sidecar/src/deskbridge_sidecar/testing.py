@@ -8,6 +8,8 @@
 * :class:`FakeWallClock` — a wall clock that follows trio's clock (so ``MockClock`` moves
   it) and can jump, like a laptop waking up.
 * :class:`MemoryTransport` / :func:`memory_transport_pair` — the in-memory socket.
+* :class:`MemoryDesk` — an approval desk in memory (``Daemon(approvals=...)``): a test
+  approves or declines a ``@needs_approval`` tool's job with no files and no polling.
 
 Typical use, with pytest-trio's ``autojump_clock``::
 
@@ -45,6 +47,7 @@ from deskbridge_common import (
     encode_frame,
 )
 
+from ._consent import MemoryDesk
 from ._errors import ConnectFailed, HandshakeRejected, TransportClosed
 from ._memory import ABNORMAL_CLOSURE, MemoryTransport, memory_transport_pair
 
@@ -187,6 +190,8 @@ class FakeHubSession:
         key: str | None = None,
         job_id: str | None = None,
         deadline: float | None = None,
+        timeout_s: float | None = None,
+        waited_s: float | None = None,
     ) -> Job:
         """Send a job frame and return it.
 
@@ -197,6 +202,8 @@ class FakeHubSession:
             key: idempotency key (default: fresh).
             job_id: requester's job id (default: fresh).
             deadline: Unix deadline (default: the hub's wall clock + 3600 s).
+            timeout_s: seconds left (default: left out of the frame).
+            waited_s: seconds since enqueue (default: left out of the frame).
         """
         n = next(self._ids)
         job = Job(
@@ -206,6 +213,8 @@ class FakeHubSession:
             args={} if args is None else args,
             idempotency_key=key or f"key-{uuid.uuid4().hex[:12]}",
             deadline=deadline if deadline is not None else self.hub.wall_clock() + 3600.0,
+            timeout_s=timeout_s,
+            waited_s=waited_s,
         )
         await self.send(job)
         return job
@@ -419,6 +428,7 @@ __all__ = [
     "FakeHub",
     "FakeHubSession",
     "FakeWallClock",
+    "MemoryDesk",
     "MemoryTransport",
     "memory_transport_pair",
 ]

@@ -1,0 +1,155 @@
+"""Contract checks of the holder's finishing step (``Substrate.finish``) and the claim
+epoch (fencing token) that ``mark_delivered`` raises; registered with ``_contract``."""
+
+from __future__ import annotations
+
+import secrets
+
+import trio
+
+from ._contract import GROUP_MAXLEN, SubstrateHarness, check
+from ._errors import SubstrateUnavailable
+from ._jobstate import JobState, Stage
+from ._substrate import Entry, fence_key, result_key
+
+
+async def _delivered(h: SubstrateHarness) -> tuple[str, str, Entry, str]:
+    """A user, a job whose entry this consumer read, and a mailbox for its caller."""
+    s, user, job = h.substrate, h.user(), h.job()
+    box = f"box-{secrets.token_hex(4)}"
+    h.on_mailbox(box)
+    await s.enqueue(user, {"job_id": job}, maxlen=GROUP_MAXLEN)
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=None)
+    return user, job, entry, box
+
+
+def _state(stage: Stage, user: str, session: str = "s1") -> JobState:
+    return JobState(stage, user, at=1.0, session_id=session)
+
+
+@check
+async def check_finish_publishes_records_acks_and_notifies(h: SubstrateHarness) -> None:
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    marked = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user), ttl_s=60)
+    assert marked.verdict == "delivered" and marked.epoch is not None
+    finished = await s.finish(
+        user, job, '{"status":"completed"}', _state(Stage.FINISHED, user), ttl_s=60,
+        entry_id=entry.entry_id, epoch=marked.epoch, notify=box,
+    )  # fmt: skip
+    assert (finished.verdict, finished.acked) == ("done", True)
+    assert await s.get_result(user, job) == '{"status":"completed"}'
+    assert (await s.get_job_state(user, job)) == _state(Stage.FINISHED, user)
+    assert (await s.queue_info(user)).pending_count == 0
+    assert await s.job_ids(user, [entry.entry_id]) == {}
+    with trio.fail_after(3):
+        got = await s.read_notifications(box, count=10, block_ms=1000)
+    assert got == [(job, '{"status":"completed"}')]
+    # a retry of a step that happened (its reply was lost): safe, nothing acked twice
+    again = await s.finish(
+        user, job, '{"status":"completed"}', _state(Stage.FINISHED, user), ttl_s=60,
+        entry_id=entry.entry_id, epoch=marked.epoch,
+    )  # fmt: skip
+    assert (again.verdict, again.acked) == ("done", False)
+    if h.raw is not None:
+        assert 59_000 < await h.raw("PTTL", result_key(user, job)) <= 60_000
+
+
+@check
+async def check_finish_without_payload_or_entry_only_records_the_state(
+    h: SubstrateHarness,
+) -> None:
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    finished = await s.finish(user, job, None, _state(Stage.INTERRUPTED, user), ttl_s=60)
+    assert finished.verdict == "done"
+    assert await s.get_result(user, job) is None
+    assert (await s.get_job_state(user, job)) == _state(Stage.INTERRUPTED, user)
+    assert (await s.queue_info(user)).pending_count == 1
+
+
+@check
+async def check_every_delivery_raises_the_epoch_and_only_the_newest_finishes(
+    h: SubstrateHarness,
+) -> None:
+    """A zombie (the delivery before a reclaim) is refused: nothing published, no state,
+    no XACK, no notification; the newest delivery then finishes."""
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    first = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user, "s1"), ttl_s=60)
+    second = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user, "s2"), ttl_s=60)
+    assert first.epoch is not None and second.epoch is not None
+    assert second.epoch > first.epoch
+    stale = await s.finish(
+        user, job, "zombie", _state(Stage.FINISHED, user), ttl_s=60,
+        entry_id=entry.entry_id, epoch=first.epoch, notify=box,
+    )  # fmt: skip
+    assert (stale.verdict, stale.newest) == ("stale", second.epoch)
+    assert await s.get_result(user, job) is None
+    assert (await s.get_job_state(user, job)) == _state(Stage.DELIVERED, user, "s2")
+    assert (await s.queue_info(user)).pending_count == 1
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=50) == []
+    done = await s.finish(
+        user, job, "newest", _state(Stage.FINISHED, user), ttl_s=60,
+        entry_id=entry.entry_id, epoch=second.epoch, notify=box,
+    )  # fmt: skip
+    assert (done.verdict, done.acked) == ("done", True)
+    assert await s.get_result(user, job) == "newest"
+    # an unfenced answer (no delivery produced it: lost, malformed) is not checked
+    unfenced = await s.finish(user, job, "late", _state(Stage.FINISHED, user), ttl_s=60)
+    assert unfenced.verdict == "done"
+
+
+@check
+async def check_the_epoch_outlives_the_state_until_the_deadline(h: SubstrateHarness) -> None:
+    """The fence is kept until the job's deadline plus the state's TTL: a zombie whose
+    answer comes after the state expired is still refused."""
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    marked = await s.mark_delivered(
+        user, job, _state(Stage.DELIVERED, user), ttl_s=0.05, deadline=_far(h)
+    )
+    assert marked.epoch is not None
+    await trio.sleep(0.2)
+    assert await s.get_job_state(user, job) is None
+    older = marked.epoch - 1  # the delivery before this one (a zombie)
+    stale = await s.finish(user, job, "zombie", _state(Stage.FINISHED, user), ttl_s=60, epoch=older)
+    assert (stale.verdict, stale.newest) == ("stale", marked.epoch)
+    if h.raw is not None:
+        assert 500_000 < await h.raw("PTTL", fence_key(user, job)) <= 601_000
+
+
+def _far(h: SubstrateHarness) -> float:
+    """A deadline 600 s ahead on the substrate's clock (Redis TIME / the memory clock)."""
+    import time
+
+    server_time = getattr(h.substrate, "server_time", time.time)
+    return float(server_time()) + 600.0
+
+
+@check
+async def check_invariant_3_finish_stops_at_a_failed_result_write(h: SubstrateHarness) -> None:
+    """Invariant 3 inside the one step: the result list holds a value of another type
+    (WRONGTYPE), so the step fails at the result write and nothing after it happens: the
+    entry stays pending (it will be redelivered), the state and the mailbox untouched."""
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    marked = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user), ttl_s=60)
+    await h.spoil(result_key(user, job))
+    try:
+        await s.finish(
+            user, job, "answer", _state(Stage.FINISHED, user), ttl_s=60,
+            entry_id=entry.entry_id, epoch=marked.epoch, notify=box,
+        )  # fmt: skip
+    except SubstrateUnavailable:
+        raise AssertionError("a WRONGTYPE is not an outage") from None
+    except Exception:  # noqa: BLE001 - the store's own error type
+        pass
+    else:
+        raise AssertionError("a result write into a string key must fail")
+    assert (await s.queue_info(user)).pending_count == 1, "XACK ran although the result failed"
+    assert await s.job_ids(user, [entry.entry_id]) == {entry.entry_id: job}
+    assert (await s.get_job_state(user, job)) == _state(Stage.DELIVERED, user)
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=50) == []

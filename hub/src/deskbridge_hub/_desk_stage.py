@@ -1,0 +1,120 @@
+"""One delivery awaited on a sidecar socket, and the desktop's stage of it (issue 12 item 5).
+
+A sidecar reports where a delivery is on the desktop in its ``progress`` frames (the
+optional ``stage``: ``awaiting_approval`` while a tool waits for the person's approval,
+``running`` once it may run). The session's reader hands each report to the delivery's
+:class:`Outstanding` without waiting (invariant 4: reading never waits on work); the task
+that serves the delivery (``_delivery.EntryServer`` through ``HubSession.execute``)
+records the change as the job state (``awaiting_approval`` / ``delivered``) while it waits
+for the ``job_result``. So a stage is written by the same task, before the terminal state
+that task writes after publishing the result: a late stage can never overwrite
+``finished``. Recording is best effort and bounded (``CLEANUP_TIMEOUT_S``): the caller's
+outcome never waits on it for longer, and never depends on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+from deskbridge_common import JobResult
+
+from ._errors import SubstrateUnavailable
+from ._jobstate import STAGE_OF_DESK, JobState, Stage
+from ._retry import CLEANUP_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from ._process import HubState
+
+log = logging.getLogger("deskbridge.hub.session")
+
+#: Records that a delivered job entered a stage (``delivered`` / ``awaiting_approval``).
+RecordStage = Callable[[Stage], Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class Outstanding:
+    """A delivery sent on this socket whose ``job_result`` is awaited.
+
+    Attributes:
+        job_id: the job it delivers.
+        done: set once the result came.
+        result: the sidecar's ``job_result``, once it came.
+        stage: the latest stage the desktop reported (``progress.stage``), or None.
+    """
+
+    job_id: str
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: JobResult | None = None
+    stage: str | None = None
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+
+    def answer(self, result: JobResult) -> None:
+        """The reader got the delivery's ``job_result`` (never blocks)."""
+        self.result = result
+        self.done.set()
+        self._wake.set()
+
+    def report(self, stage: str | None) -> None:
+        """The reader got a ``progress`` frame; remember its stage (never blocks)."""
+        if stage is not None and stage != self.stage:
+            self.stage = stage
+            self._wake.set()
+
+    async def wait(self, record: RecordStage) -> JobResult:
+        """Wait for the result, recording each stage change reported meanwhile.
+
+        Args:
+            record: called with each new stage, in order (the job starts ``delivered``).
+
+        Returns:
+            The ``job_result``. A stage still unrecorded when it came is dropped: the
+            terminal state follows at once.
+
+        Cancellation: propagates (the socket went away); nothing more is recorded.
+        """
+        recorded = Stage.DELIVERED
+        while not self.done.is_set():
+            await self._wake.wait()
+            self._wake = trio.Event()
+            if self.done.is_set() or self.stage is None:
+                continue
+            stage = STAGE_OF_DESK[self.stage]
+            if stage is not recorded:
+                recorded = stage
+                await record(stage)
+        assert self.result is not None
+        return self.result
+
+
+def stage_recorder(hub: HubState, user_id: str, job_id: str, session_id: str) -> RecordStage:
+    """A :data:`RecordStage` for one delivery of ``job_id`` on ``session_id``: each stage
+    through the transition table from ``delivered``, SET as the job state stamped now
+    (``result_ttl_s``), bounded by ``CLEANUP_TIMEOUT_S``; a substrate error or the bound is
+    logged and passed over (never raised)."""
+    state = JobState(Stage.DELIVERED, user_id, session_id=session_id)
+
+    async def record(stage: Stage) -> None:
+        nonlocal state
+        state = state.advance(stage, at=hub.wall_clock())  # InvalidTransition: a bug here
+        with trio.move_on_after(CLEANUP_TIMEOUT_S) as bound:
+            try:
+                await hub.substrate.set_job_state(
+                    user_id, job_id, state, ttl_s=hub.timings.result_ttl_s
+                )
+            except SubstrateUnavailable as exc:
+                log.info("job %s: stage %s not recorded: %s", job_id, stage, exc)
+                return
+        if bound.cancelled_caught:
+            log.info("job %s: stage %s not recorded within %g s", job_id, stage,
+                     CLEANUP_TIMEOUT_S)  # fmt: skip
+        else:
+            log.info("job %s: %s on the desktop", job_id, stage)
+
+    return record
+
+
+__all__ = ["Outstanding", "RecordStage", "stage_recorder"]

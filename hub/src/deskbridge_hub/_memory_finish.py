@@ -1,0 +1,155 @@
+"""The holder's finishing step of ``MemorySubstrate`` (mixed in): ``finish`` and
+``publish_result``, with the semantics and the order of ``_redis_finish``'s script
+(checked by the same contract suite): fence, result, state, XACK, notifications.
+
+A failing write stops the step where it fails, keeping the writes before it, as a Redis
+script does: the one failure this substrate can have there is a result key holding a
+value of another type (a string set by a test: Redis answers WRONGTYPE).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from ._jobstate import JobState
+from ._memory_caller import _Mailbox, _ResultList, _Waiters
+from ._substrate import (
+    MAILBOX_TTL_S,
+    Finished,
+    fence_key,
+    idem_key,
+    outcome_event,
+    result_key,
+    state_key,
+)
+
+
+class WrongType(Exception):
+    """A write met a key holding a value of another type (Redis: WRONGTYPE)."""
+
+
+class MemoryFinishCommands:
+    """``finish`` and ``publish_result`` of ``MemorySubstrate``."""
+
+    _results: dict[str, _ResultList]
+    _result_waiters: dict[str, _Waiters]
+    _progress: dict[str, Any]
+    _kv: dict[str, tuple[str, float]]
+    _enter: Callable[[], Any]
+    _get: Callable[[str, float], str | None]
+    _set: Callable[[str, str, float, float | None], None]
+    _result_list: Callable[[str, float], _ResultList | None]
+    _mailbox: Callable[[str, float], _Mailbox]
+    _xack: Callable[[str, str], int]
+
+    async def finish(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str | None,
+        state: JobState,
+        *,
+        ttl_s: float,
+        entry_id: str | None = None,
+        epoch: int | None = None,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Finished:
+        """Fence, publish, record the state, XACK, notify, atomically (no checkpoint
+        inside), in the order of ``RedisSubstrate.finish``.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+            WrongType: the result key holds a string; nothing after the result write
+                happened.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        if epoch is not None:
+            newest = self._get(fence_key(user_id, job_id), now)
+            if newest is not None and newest != str(epoch):
+                return Finished("stale", newest=int(newest))
+        if payload is not None:
+            self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        acked = self._xack(user_id, entry_id) if entry_id is not None else 0
+        if payload is not None:
+            self._notify(job_id, payload, now, notify)
+        return Finished("done", acked=bool(acked))
+
+    async def publish_result(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str,
+        *,
+        ttl_s: float,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        """Append ``payload``; the list and its job's idempotency record expire at the
+        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
+        with the outcome (if it has one); then notify the mailbox. Wakes
+        ``wait_result`` waiters.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+            WrongType: the result key holds a string.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
+        self._notify(job_id, payload, now, notify)
+
+    def spoil_key(self, key: str) -> None:
+        """Test helper: make ``key`` hold a string, so a list write to it fails as
+        Redis' WRONGTYPE does."""
+        self._kv[key] = ("spoiled", float("inf"))
+
+    def _push_result(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str,
+        now: float,
+        ttl_s: float,
+        idempotency_key: str | None,
+    ) -> None:
+        key = result_key(user_id, job_id)
+        if self._get(key, now) is not None:
+            raise WrongType(f"WRONGTYPE {key} holds a string, not a list")
+        expires_at = now + ttl_s
+        ikey = idem_key(user_id, idempotency_key or job_id)
+        record = self._get(ikey, now) if idempotency_key is not None else None
+        if record is not None and record.startswith(job_id + " "):
+            expires_at = max(expires_at, self._kv[ikey][1])
+            self._kv[ikey] = (record, expires_at)
+        lst = self._result_list(key, now)
+        if lst is None:
+            lst = self._results[key] = _ResultList(deque(), expires_at)
+        lst.items.append(payload)
+        lst.expires_at = expires_at
+        waiters = self._result_waiters.pop(key, None)
+        if waiters is not None:
+            waiters.event.set()
+
+    def _notify(self, job_id: str, payload: str, now: float, notify: str | None) -> None:
+        progress = self._progress.get(job_id)
+        if progress is not None and progress.expires_at > now:  # as XADD NOMKSTREAM
+            progress.entries.append((progress.next_seq, outcome_event(payload)))
+            progress.next_seq += 1
+            progress.changed.set()
+            progress.changed = anyio.Event()
+        if notify:
+            box = self._mailbox(notify, now)
+            box.items.append(f"{job_id} {payload}")
+            box.expires_at = now + MAILBOX_TTL_S
+            box.notify()

@@ -1,0 +1,201 @@
+"""The holder's finishing step on Redis: one script that checks the delivery's fence,
+publishes the result, records the job's state and XACKs the entry (issue 10 item 3,
+issue 12 item 3). Mixed into ``RedisSubstrate``; ``publish_result`` (the same script
+without fence, state or XACK) lives here too.
+
+Why one script: the step was three round trips (publish, SET state, XACK + HDEL), each
+a separate socket send in the hub. Why the order inside it still matters: a Redis script
+is atomic towards other clients but a failing command (WRONGTYPE, OOM) stops it where it
+fails and keeps the writes made before. So the RPUSH of the result comes before the XACK
+(invariant 3): a result write that fails leaves the entry pending, to be redelivered.
+
+The progress stream (``bridge:progress:{<job_id>}``) and the caller's mailbox
+(``bridge:notify:{<mailbox>}``) are not in the user's slot. On a single Redis the script
+declares them too, so a stale answer (refused by the fence) notifies nobody and the whole
+step is one round trip. Under Redis Cluster a script must stay in one slot: the script
+covers the user's keys, and the progress and mailbox writes follow in a second round trip,
+sent only when the script said ``done``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._jobstate import JobState
+from ._redis_base import RedisCommandBase, Script, _ms
+from ._substrate import (
+    GROUP,
+    MAILBOX_TTL_S,
+    Finished,
+    fence_key,
+    idem_key,
+    index_key,
+    jobs_key,
+    mailbox_key,
+    outcome_event,
+    progress_key,
+    result_key,
+    state_key,
+)
+
+#: KEYS: fence, result, idem, state, jobs, index, [progress, mailbox] (the last two only
+#: on a single Redis). ARGV: epoch ('' unfenced), payload ('' none), TTL ms, job id,
+#: index flag ('' none), state ('' none), entry ID ('' no XACK), group, mailbox TTL ms.
+#: Order matters (module docstring): fence, result, state, XACK, then the notifications.
+FINISH = Script(
+    """
+if ARGV[1] ~= '' then
+  local newest = redis.call('GET', KEYS[1])
+  if newest and newest ~= ARGV[1] then return {'stale', newest} end
+end
+local ttl = tonumber(ARGV[3])
+if ARGV[2] ~= '' then
+  if ARGV[5] ~= '' then
+    local record = redis.call('GET', KEYS[3])
+    if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
+      local left = redis.call('PTTL', KEYS[3])
+      if left > ttl then ttl = left end
+      redis.call('PEXPIRE', KEYS[3], ttl)
+    end
+  end
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[3]) end
+local acked = 0
+if ARGV[7] ~= '' then
+  acked = redis.call('XACK', KEYS[5], ARGV[8], ARGV[7])
+  redis.call('HDEL', KEYS[6], ARGV[7])
+end
+if ARGV[2] ~= '' and #KEYS > 6 then
+  redis.call('XADD', KEYS[7], 'NOMKSTREAM', 'MAXLEN', '~', 64, '*', 'p',
+    '{"outcome":' .. ARGV[2] .. '}')
+  if KEYS[8] ~= '' then
+    redis.call('RPUSH', KEYS[8], ARGV[4] .. ' ' .. ARGV[2])
+    redis.call('PEXPIRE', KEYS[8], ARGV[9])
+  end
+end
+return {'done', acked}
+"""
+)
+
+
+class FinishCommands(RedisCommandBase):
+    """The holder's finishing step (and ``publish_result``) of ``RedisSubstrate``."""
+
+    _cluster: bool
+
+    async def finish(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str | None,
+        state: JobState,
+        *,
+        ttl_s: float,
+        entry_id: str | None = None,
+        epoch: int | None = None,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Finished:
+        """EVAL ``FINISH`` (see the module docstring and ``Substrate.finish``): one round
+        trip on a single Redis, two under Cluster (the second only when ``done``).
+
+        Returns:
+            :class:`Finished`.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the step may or
+                may not have happened.
+            coredis.exceptions.ResponseError: the script failed (e.g. WRONGTYPE on the
+                result list); its writes before the failing one stay.
+        """
+        return await self._finish(
+            user_id, job_id, payload, state.encode(), ttl_s, entry_id, epoch, notify,
+            idempotency_key,
+        )  # fmt: skip
+
+    async def publish_result(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str,
+        *,
+        ttl_s: float,
+        notify: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        """``FINISH`` without fence, state or XACK: RPUSH + PEXPIRE of the result list
+        (the idempotency record kept as long), then the outcome ends the job's progress
+        stream (XADD NOMKSTREAM) and ``<job_id> <payload>`` + PEXPIRE go to the mailbox
+        ``notify``.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the payload may
+                or may not have been stored.
+        """
+        await self._finish(user_id, job_id, payload, "", ttl_s, None, None, notify, idempotency_key)
+
+    async def _finish(
+        self,
+        user_id: str,
+        job_id: str,
+        payload: str | None,
+        state: str,
+        ttl_s: float,
+        entry_id: str | None,
+        epoch: int | None,
+        notify: str | None,
+        idempotency_key: str | None,
+    ) -> Finished:
+        keys: tuple[str, ...] = (
+            fence_key(user_id, job_id),
+            result_key(user_id, job_id),
+            idem_key(user_id, idempotency_key or job_id),
+            state_key(user_id, job_id),
+            jobs_key(user_id),
+            index_key(user_id),
+        )
+        box = mailbox_key(notify) if notify else ""
+        if not self._cluster:
+            keys += (progress_key(job_id), box)
+        args = (
+            "" if epoch is None else str(epoch),
+            payload or "",
+            _ms(ttl_s),
+            job_id,
+            "" if idempotency_key is None else "1",
+            state,
+            entry_id or "",
+            GROUP,
+            _ms(MAILBOX_TTL_S),
+        )
+        async with self._session("finish") as s:
+            (reply,) = await self._script(s, FINISH, keys, args)
+            if isinstance(reply, BaseException):
+                raise reply
+            verdict, value = reply
+            if verdict == "stale":
+                return Finished("stale", newest=int(value))
+            if self._cluster and payload:
+                await self._notify(s, job_id, payload, box)
+        return Finished("done", acked=bool(value))
+
+    async def _notify(self, s: Any, job_id: str, payload: str, box: str) -> None:
+        """Under Cluster: the progress stream's end and the mailbox push, after the
+        script (their keys are in other slots); one write, split per node."""
+        after: tuple[tuple[Any, ...], ...] = (
+            (b"XADD", progress_key(job_id), b"NOMKSTREAM", b"MAXLEN", b"~", 64, b"*", b"p",
+             outcome_event(payload)),
+        )  # fmt: skip
+        if box:
+            after += (
+                (b"RPUSH", box, f"{job_id} {payload}"),
+                (b"PEXPIRE", box, _ms(MAILBOX_TTL_S)),
+            )
+        replies = await s.execute(*after, timeout_s=self._command_timeout_s)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
