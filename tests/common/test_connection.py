@@ -34,6 +34,7 @@ from deskbridge_common import (
     Progress,
     RemoteProtocolError,
     Role,
+    Sleeping,
     Welcome,
     encode_frame,
 )
@@ -53,6 +54,7 @@ SAMPLES = {
     "job_result": JobResult("d1", True, {"x": 1}),
     "progress": Progress("d1", 1, 10, "one of ten"),
     "cancel": Cancel("d1"),
+    "sleeping": Sleeping(),
     "ping": Ping("n8"),
     "pong": Pong("n9"),
     "error": Error("bye", "going away"),

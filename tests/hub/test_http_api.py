@@ -25,6 +25,7 @@ import trio.testing
 from deskbridge_common import Hello, Job, JobResult, Ping, Pong, Welcome, decode_frame, encode_frame
 from deskbridge_hub import HubConfig, create_app, issue_token
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._substrate import Asleep
 from deskbridge_hub._tokens import key_id
 from quart.testing.connections import WebsocketDisconnectError, WebsocketResponseError
 
@@ -69,6 +70,7 @@ class RecordingSubstrate:
     def writes(self) -> list[str]:
         reads = {
             "get_presence",
+            "get_asleep",
             "ping",
             "aclose",
             "wait_result",
@@ -176,13 +178,38 @@ async def test_presence_offline_then_online(autojump_clock):
     async with running_hub() as (client, sub):
         r = await client.get(f"/v1/users/{ONLINE}/presence", headers=AUTH)
         assert r.status_code == 200
-        assert await r.get_json() == {"user_id": ONLINE, "online": False, "session_id": None}
+        assert await r.get_json() == {
+            "user_id": ONLINE, "online": False, "session_id": None, "status": "offline"
+        }  # fmt: skip
         await sub.inner.set_presence(ONLINE, "sess-1", 30.0)
         r = await client.get(f"/v1/users/{ONLINE}/presence", headers=AUTH)
-        assert await r.get_json() == {"user_id": ONLINE, "online": True, "session_id": "sess-1"}
+        assert await r.get_json() == {
+            "user_id": ONLINE, "online": True, "session_id": "sess-1", "status": "online"
+        }  # fmt: skip
         await trio.sleep(30.0)  # the TTL passes: offline again, on every replica alike
         r = await client.get(f"/v1/users/{ONLINE}/presence", headers=AUTH)
         assert (await r.get_json())["online"] is False
+
+
+async def test_an_asleep_desktop_reads_asleep_and_its_calls_say_why(autojump_clock):
+    """Issue 12.6: the presence status and the offline answer's reason (status and HTTP
+    code stay offline / 503: docs/outcomes.md, "Asleep")."""
+    async with running_hub() as (client, sub):
+        await sub.inner.set_asleep(ONLINE, Asleep(1_700_000_000.5, "announced"), ttl_s=60)
+        r = await client.get(f"/v1/users/{ONLINE}/presence", headers=AUTH)
+        assert await r.get_json() == {
+            "user_id": ONLINE, "online": False, "session_id": None, "status": "asleep",
+            "since": 1_700_000_000.5,
+        }  # fmt: skip
+        r = await post_job(client, {"name": "echo", "args": {}})
+        assert r.status_code == 503
+        body = await r.get_json()
+        assert body["status"] == "offline" and body["error"]["code"] == "offline"
+        assert body["detail"] == {"reason": "asleep", "since": 1_700_000_000.5}
+        assert "asleep (since 2023-11-14T22:13:20Z)" in body["error"]["message"]
+        await sub.inner.set_presence(ONLINE, "sess-1", 30.0)  # online wins over the record
+        r = await client.get(f"/v1/users/{ONLINE}/presence", headers=AUTH)
+        assert (await r.get_json())["status"] == "online"
 
 
 @pytest.mark.parametrize("user", ["a%20b", "a%7Bb%7D", "x" * 129, "%C3%A9"])

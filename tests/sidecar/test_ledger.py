@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 from deskbridge_sidecar import Outcome
 from deskbridge_sidecar._ledger import (
     LEDGER_FILE,
@@ -179,3 +180,207 @@ async def test_an_outcome_for_a_key_never_begun_gets_a_row_of_its_own(path):
     assert row.outcome is not None and row.outcome.result == "early"
     assert row.keep_until == clock.now + 300
     ledger.close()
+
+
+def test_the_args_digest_is_sha256_of_sorted_compact_unescaped_json():
+    """The digest is stored on disk: a ledger written by one version must match the same
+    request after an upgrade, so its text is fixed: sorted keys, no spaces, UTF-8 as is."""
+    import hashlib
+
+    text = '{"a":{"x":null},"b":[1,"é"]}'
+    expected = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    assert args_digest({"b": [1, "é"], "a": {"x": None}}) == expected
+
+
+def test_a_failure_outcome_reads_back_equal_to_what_was_written():
+    from deskbridge_sidecar._ledger import outcome_from_json, outcome_to_json
+
+    for outcome in (Outcome.failure("tool_error", "no such button"), Outcome.success([1, "a"])):
+        assert outcome_from_json(outcome_to_json(outcome)) == outcome
+
+
+async def test_a_row_reads_back_whole_while_running_and_once_finished(path):
+    from deskbridge_sidecar._ledger import LedgerEntry
+
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock, min_keep_s=300)
+    started = clock.now
+    await ledger.begin("k", "submit", "d1", keep_until=started + 900)
+    running = LedgerEntry("k", "submit", "d1", started, None, None, started + 900)
+    assert await ledger.get("k") == running
+    clock.now += 7
+    await ledger.finish("k", Outcome.success({"n": 1}))
+    assert await ledger.get("k") == LedgerEntry(
+        "k", "submit", "d1", started, started + 7, Outcome.success({"n": 1}), started + 900
+    )
+    ledger.close()
+
+
+async def test_an_outcome_given_no_tool_is_stored_with_an_empty_tool_and_digest(path):
+    ledger = Ledger.open(path)
+    await ledger.finish("k", Outcome.success(None))
+    row = await ledger.get("k")
+    assert row is not None and (row.tool, row.args_digest) == ("", "")
+    ledger.close()
+
+
+async def test_prune_returns_expired_and_evicted_rows_together(path):
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock, max_entries=2, min_keep_s=10)
+    for n in range(4):
+        clock.now += 1
+        keep = clock.now + (5 if n == 0 else 10_000)
+        await ledger.begin(f"k{n}", "t", "d", keep_until=keep)
+        await ledger.finish(f"k{n}", Outcome.success(n))
+    clock.now += 100  # k0 expired; k1..k3 are one over the cap of 2
+    assert await ledger.prune() == 2
+    assert sorted(await ledger.keys()) == ["k2", "k3"]
+    ledger.close()
+
+
+async def test_at_its_cap_exactly_the_ledger_evicts_nothing_and_says_nothing(path, caplog):
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock, max_entries=2)
+    for n in range(2):
+        await ledger.begin(f"k{n}", "t", "d", keep_until=clock.now + 10_000)
+        await ledger.finish(f"k{n}", Outcome.success(n))
+    with caplog.at_level(logging.WARNING):
+        assert await ledger.prune() == 0
+    assert "over its cap" not in caplog.text
+    await ledger.begin("k2", "t", "d", keep_until=clock.now + 10_000)
+    assert await ledger.prune() == 1  # one over: one goes
+    ledger.close()
+
+
+def test_the_in_doubt_answer_names_the_tool_and_its_start_in_utc(path, monkeypatch):
+    """The start is written in UTC whatever the desktop's time zone (here UTC+9)."""
+    import os
+    import time
+
+    start = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+    ledger = Ledger.open(path, wall_clock=lambda: start)
+    trio.run(ledger.begin, "k", "click", "d", start + 600)
+    ledger._conn.close()  # dies mid-job
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "XYZ-9"
+    time.tzset()
+    try:
+        again = Ledger.open(path, wall_clock=lambda: start + 60)
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+    entry = trio.run(again.get, "k")
+    assert entry.outcome == Outcome.failure(
+        "in_doubt",
+        "click started at 2023-11-14T22:13:20Z and the sidecar stopped before it finished; "
+        "it may have acted. Not run again: check, then retry with a new idempotency key if "
+        "it should run",
+    )
+    again.close()
+
+
+async def test_a_recovered_row_is_kept_min_keep_s_after_the_restart_that_found_it(path):
+    """Its window may have passed while the sidecar was down: the in_doubt answer still
+    stays min_keep_s, for the redelivery the restart is about to get."""
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock)
+    await ledger.begin("k", "t", "d", keep_until=clock.now + 10)
+    ledger._conn.close()
+    restart = clock.now + 3600
+    again = Ledger.open(path, wall_clock=clock, min_keep_s=120, now=restart)
+    entry = await again.get("k")
+    assert entry is not None and entry.outcome.code == "in_doubt"
+    assert (entry.finished_at, entry.keep_until) == (restart, restart + 120)
+    again.close()
+
+
+async def test_open_prunes_what_expired_while_the_sidecar_was_down(path):
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock, min_keep_s=300)
+    await ledger.begin("old", "t", "d", keep_until=clock.now + 100)
+    await ledger.finish("old", Outcome.success(1))
+    await ledger.begin("new", "t", "d", keep_until=clock.now + 10_000)
+    await ledger.finish("new", Outcome.success(2))
+    ledger.close()
+    clock.now += 1000
+    again = Ledger.open(path, wall_clock=clock)
+    assert sorted(await again.keys()) == ["new"]
+    again.close()
+
+
+async def test_by_default_a_finished_row_is_kept_300_s(path):
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock)
+    await ledger.finish("k", Outcome.success(1), "t", "d")
+    clock.now += 300
+    assert await ledger.prune() == 0
+    clock.now += 0.5
+    assert await ledger.prune() == 1
+    ledger.close()
+
+
+async def test_file_ledger_sql_runs_in_a_worker_thread_one_call_at_a_time(path):
+    """Every statement runs off the event loop's thread, and a call waits for the one
+    before it (a limiter of one), so two writes never interleave on the connection."""
+    import threading
+
+    ledger = Ledger.open(path)
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    class Recording:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, *args):
+            threads.append(threading.get_ident())
+            return self.conn.execute(*args)
+
+    real = ledger._conn
+    ledger._conn = Recording(real)
+    await ledger.begin("k", "t", "d", keep_until=2e9)
+    await ledger.get("k")
+    assert threads and loop_thread not in threads
+
+    first_in, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        first_in.set()
+        assert release.wait(10)
+
+    async with trio.open_nursery() as nursery:
+        try:
+            nursery.start_soon(ledger._call, first)
+            await trio.to_thread.run_sync(first_in.wait, 10)
+            nursery.start_soon(ledger.get, "k")
+            await trio.testing.wait_all_tasks_blocked()
+            stats = ledger._limiter.statistics()
+            assert (stats.borrowed_tokens, stats.tasks_waiting) == (1, 1)  # the read waits
+        finally:
+            release.set()
+    ledger._conn = real
+    ledger.close()
+
+
+async def test_a_memory_ledger_keeps_its_cap():
+    ledger = Ledger.memory(max_entries=1)
+    for n in range(2):
+        await ledger.finish(f"k{n}", Outcome.success(n), "t", "d")
+    assert await ledger.prune() == 1 and list(await ledger.keys()) == ["k1"]
+
+
+async def test_memory_ledgers_share_nothing_and_leave_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one, two = Ledger.memory(), Ledger.memory()
+    await one.finish("k", Outcome.success(1), "t", "d")
+    assert await two.get("k") is None and list(tmp_path.iterdir()) == []
+
+
+async def test_a_memory_ledger_built_in_one_thread_serves_another():
+    """An embedder may build it before (or outside) the thread its daemon runs in."""
+    ledger = await trio.to_thread.run_sync(Ledger.memory)
+    await ledger.finish("k", Outcome.success(1), "t", "d")
+    assert (await ledger.get("k")).outcome == Outcome.success(1)

@@ -64,6 +64,7 @@ from ._frames import (
     Pong,
     Progress,
     RawJSON,
+    Sleeping,
     ToolSpec,
     Welcome,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "RawJSON",
     "RemoteProtocolError",
     "Role",
+    "Sleeping",
     "Timings",
     "ToolSpec",
     "Welcome",

@@ -31,6 +31,7 @@ from ._frames import (
     Pong,
     Progress,
     RawJSON,
+    Sleeping,
     ToolSpec,
     Welcome,
 )
@@ -164,6 +165,8 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
             "protocol_version": (_int, True),
             "sidecar_version": (_str(64), True),
             "tools": (_tools, False),
+            "daemon_id": (_str(), False),
+            "slept_s": (_non_negative, False),
         },
     ),
     "welcome": (
@@ -209,6 +212,7 @@ _SPECS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
         },
     ),
     "cancel": (Cancel, {"id": (_str(), True)}),
+    "sleeping": (Sleeping, {}),
     "ping": (Ping, {"nonce": (_str(), True)}),
     "pong": (Pong, {"nonce": (_str(), True)}),
     "error": (Error, {"code": (_str(64), True), "message": (_text, True)}),
@@ -322,7 +326,7 @@ def _to_wire(value: Any) -> Any:
 def _body(frame: Frame) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for key, value in attrs.asdict(frame, recurse=False).items():
-        if value is None and isinstance(frame, Progress | JobResult | Job):
+        if value is None and isinstance(frame, Progress | JobResult | Job | Hello):
             continue  # optional fields left out when unset
         plain = isinstance(value, RawJSON) or key in ("args", "result", "args_schema")
         body[key] = value if plain else _to_wire(value)

@@ -80,7 +80,9 @@ _HUB, _SIDECAR = Role.HUB, Role.SIDECAR
 SENDABLE: dict[tuple[Role, ConnectionState], frozenset[str]] = {
     (_SIDECAR, _S.AWAIT_HELLO): frozenset({"hello"}),
     (_SIDECAR, _S.AWAIT_WELCOME): frozenset({"pong", "error"}),
-    (_SIDECAR, _S.OPEN): frozenset({"job_result", "progress", "ping", "pong", "error"}),
+    (_SIDECAR, _S.OPEN): frozenset(
+        {"job_result", "progress", "sleeping", "ping", "pong", "error"}
+    ),
     (_SIDECAR, _S.CLOSING): frozenset({"error"}),
     (_HUB, _S.AWAIT_HELLO): frozenset({"error"}),
     (_HUB, _S.AWAIT_WELCOME): frozenset({"welcome", "ping", "error"}),

@@ -43,11 +43,25 @@ class ToolSpec:
 
 @attrs.frozen
 class Hello:
-    """sidecar -> hub, first frame of every session."""
+    """sidecar -> hub, first frame of every session.
+
+    Attributes:
+        protocol_version: :data:`PROTOCOL_VERSION`.
+        sidecar_version: the sidecar's package version.
+        tools: the tool catalogue.
+        daemon_id: the daemon instance: the same for every session of one sidecar whose
+            durable ledger is the same (it is stored in the ledger), so the hub may hand
+            that daemon its own unfinished deliveries at once (issue 12.4: its ledger
+            joins or answers them; docs/architecture.md). Optional (older sidecars).
+        slept_s: the machine slept (or the loop was wedged) this long, seconds, just
+            before this session: the clock watchdog's gap. Optional; left out when none.
+    """
 
     protocol_version: int
     sidecar_version: str
     tools: tuple[ToolSpec, ...] = ()
+    daemon_id: str | None = None
+    slept_s: float | None = None
     type = "hello"
 
 
@@ -180,6 +194,15 @@ class Progress:
 
 
 @attrs.frozen
+class Sleeping:
+    """sidecar -> hub: the machine is about to sleep (an OS notification, or the person
+    said so); the sidecar closes the socket next. Until a new session of this user says
+    ``hello``, presence reads ``asleep`` instead of ``offline`` (issue 12.6)."""
+
+    type = "sleeping"
+
+
+@attrs.frozen
 class Ping:
     """Either direction: application-level ping; the peer answers ``pong`` with the nonce."""
 
@@ -204,4 +227,4 @@ class Error:
     type = "error"
 
 
-Frame = Hello | Welcome | Job | JobResult | Progress | Cancel | Ping | Pong | Error
+Frame = Hello | Welcome | Job | JobResult | Progress | Cancel | Sleeping | Ping | Pong | Error

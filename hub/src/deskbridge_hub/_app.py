@@ -260,7 +260,11 @@ def create_app(
     @app.get("/v1/users/<user_id>/presence")
     async def presence(user_id: str):  # type: ignore[no-untyped-def]
         p = await holder["bridge"].presence(user_id)
-        return _json({"user_id": p.user_id, "online": p.online, "session_id": p.session_id})
+        body = {"user_id": p.user_id, "online": p.online, "session_id": p.session_id}
+        body["status"] = p.status  # online | offline | asleep (issue 12.6)
+        if p.asleep_since is not None:
+            body["since"] = p.asleep_since
+        return _json(body)
 
     @app.post("/v1/users/<user_id>/jobs")
     async def jobs(user_id: str):  # type: ignore[no-untyped-def]

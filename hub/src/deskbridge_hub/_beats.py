@@ -50,6 +50,7 @@ class Listener:
         reads, reads_checked: entries dispatched for it, and how many of those a deep
             beat has covered (more were read since: the next beat is deep).
         catalogue_due: its next beat writes the catalogue (presence had been lost).
+        daemon_id: the sidecar's daemon instance (``hello.daemon_id``), or None.
     """
 
     user_id: str
@@ -66,6 +67,7 @@ class Listener:
     reads: int = 0
     reads_checked: int = 0
     catalogue_due: bool = False
+    daemon_id: str | None = None
 
     def beat(self, *, full: bool) -> Beat:
         """This session's next beat (``full``: with its catalogue)."""

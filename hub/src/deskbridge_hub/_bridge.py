@@ -31,7 +31,7 @@ from ._errors import (
 from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
-from ._outcome import Outcome, Presence, timeout_outcome
+from ._outcome import Outcome, Presence, offline_outcome, timeout_outcome
 from ._progress import ProgressReport, parse_progress
 from ._retry import HOLDER_ALIVE_CACHE_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
@@ -90,7 +90,11 @@ class Bridge(JobControl):
         """
         _check(validate_user_id, user_id, "user_id")
         holder = await self._live_presence(user_id)
-        return Presence(user_id=user_id, online=holder is not None, session_id=holder)
+        if holder is not None:
+            return Presence(user_id=user_id, online=True, session_id=holder)
+        asleep = await self.substrate.get_asleep(user_id)
+        since = None if asleep is None else asleep.since
+        return Presence(user_id=user_id, online=False, asleep_since=since)
 
     async def _live_presence(self, user_id: str) -> str | None:
         """The presence value (holder session id) if the process it names is alive
@@ -266,12 +270,7 @@ class Bridge(JobControl):
                 if owner_claimed:
                     await self.substrate.forget_job_id(job_id)
                 if submitted.verdict == "offline":
-                    return Outcome(
-                        job_id=None,
-                        status="offline",
-                        error={"code": "offline", "message": f"desktop of {user_id} is offline"},
-                        elapsed_s=anyio.current_time() - started,
-                    )
+                    return await offline_outcome(self.substrate, user_id, started)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
                 raise BadRequest(  # the catalogue kept changing under us

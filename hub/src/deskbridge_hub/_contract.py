@@ -117,7 +117,12 @@ async def check_substrate(
         AssertionError: the substrate broke the contract (the message says where).
         KeyError: an unknown check name.
     """
-    from . import _contract_caller, _contract_finish, _contract_streams  # noqa: F401 - register
+    from . import (  # noqa: F401
+        _contract_caller,
+        _contract_desktop,
+        _contract_finish,
+        _contract_streams,  # noqa: F401 - register their checks
+    )
 
     names = list(CHECKS) if only is None else list(only)
     for name in names:

@@ -21,6 +21,7 @@ from deskbridge_common import (
     Welcome,
 )
 
+from ._asleep import SleepRecord
 from ._errors import EndSession, SocketClosed, SubstrateUnavailable
 from ._logging import fields
 from ._presence import PresenceKeeper
@@ -87,6 +88,8 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         await presence.announce()
     except SubstrateUnavailable:
         raise EndSession(CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later") from None
+    session.sleep = SleepRecord(session.state.substrate, session.user_id, session.state.wall_clock)
+    await session.sleep.awake(frame)
     welcome = Welcome(
         session_id=session.session_id,
         heartbeat_s=t.heartbeat_s,

@@ -61,6 +61,14 @@ def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
 
 
+def daemons_key(user_id: str) -> str:
+    return f"bridge:daemons:{{{user_id}}}"
+
+
+def asleep_key(user_id: str) -> str:
+    return f"bridge:asleep:{{{user_id}}}"
+
+
 def proc_key(holder_id: str) -> str:
     return f"bridge:proc:{{{holder_id}}}"
 

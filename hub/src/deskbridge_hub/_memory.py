@@ -22,7 +22,8 @@ module per concern (as the contract is split in ``_substrate``): ``_memory_prese
 (presence, liveness, catalogue, wake-ups, heartbeat), ``_memory_streams`` (the job
 stream, its consumer group and entry index), ``_memory_jobs`` (progress, job state),
 ``_memory_caller`` (the caller's step, results, mailboxes), ``_memory_finish`` (the
-holder's finishing step and ``publish_result``) and ``_directory``; this
+holder's finishing step and ``publish_result``), ``_memory_desktop`` (the daemon
+record, takeover, asleep) and ``_directory``; this
 module composes them and owns the shared state and its bookkeeping. Test helpers (not
 part of the contract): :meth:`MemorySubstrate.delete_stream`,
 :meth:`MemorySubstrate.set_unavailable`, :meth:`MemorySubstrate.pending_count`,
@@ -43,6 +44,7 @@ import attrs
 from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
 from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters
+from ._memory_desktop import MemoryDesktopCommands
 from ._memory_finish import MemoryFinishCommands
 from ._memory_jobs import MemoryJobCommands, _ProgressLog
 from ._memory_presence import MemoryPresenceCommands
@@ -59,6 +61,7 @@ class MemorySubstrate(
     MemoryStreamCommands,
     MemoryJobCommands,
     MemoryCallerCommands,
+    MemoryDesktopCommands,
     MemoryFinishCommands,
     MemoryDirectory,
 ):
@@ -83,6 +86,7 @@ class MemorySubstrate(
     _unavailable: bool = attrs.field(default=False, init=False)
     _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
+    _daemon_records: dict[str, tuple[dict[str, str], float]] = attrs.field(factory=dict, init=False)
     _mailboxes: dict[str, _Mailbox] = attrs.field(factory=dict, init=False)
     _wakes: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
     _wake_changed: anyio.Event | None = attrs.field(default=None, init=False)

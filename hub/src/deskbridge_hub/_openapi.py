@@ -163,7 +163,11 @@ def document(version: str) -> dict[str, Any]:
                     "security": _AUTH,
                     "parameters": [_USER],
                     "responses": {
-                        "200": _json({"type": "object"}, "`{user_id, online, session_id}`"),
+                        "200": _json(
+                            {"type": "object"},
+                            "`{user_id, online, session_id, status, since?}`: status online, "
+                            "offline or asleep (with since, Unix seconds)",
+                        ),
                         "401": _err("missing or wrong API key"),
                         "503": _err("Redis unavailable"),
                     },

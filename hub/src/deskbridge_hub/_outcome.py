@@ -5,8 +5,10 @@ See docs/outcomes.md."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import attrs
 
 from ._errors import (
@@ -19,18 +21,38 @@ from ._errors import (
     JobInDoubt,
     JobLost,
     JobTimeout,
+    SubstrateUnavailable,
 )
+
+if TYPE_CHECKING:
+    from ._substrate import DesktopSubstrate
 
 log = logging.getLogger("deskbridge.hub.bridge")
 
 
 @attrs.frozen
 class Presence:
-    """Answer of ``Bridge.presence``: ``online`` iff a live presence key exists."""
+    """Answer of ``Bridge.presence``: ``online`` iff a live presence key exists.
+
+    Attributes:
+        user_id: whose desktop.
+        online: a live presence key exists.
+        session_id: the holder session, when online.
+        asleep_since: when offline and the desktop went to sleep (issue 12.6,
+            ``_asleep``): since when, Unix seconds by the hub's wall clock; else None.
+    """
 
     user_id: str
     online: bool
     session_id: str | None = None
+    asleep_since: float | None = None
+
+    @property
+    def status(self) -> str:
+        """``online``, ``asleep`` or ``offline``."""
+        if self.online:
+            return "online"
+        return "offline" if self.asleep_since is None else "asleep"
 
 
 @attrs.frozen
@@ -64,6 +86,37 @@ class Outcome:
         if exc_type is JobFailed:
             raise JobFailed(message, code=err.get("code", "failed"), job_id=self.job_id)
         raise exc_type(message, job_id=self.job_id, **self.detail)
+
+
+async def offline_outcome(substrate: DesktopSubstrate, user_id: str, started: float) -> Outcome:
+    """The ``offline`` answer (nothing was enqueued). When the desktop went to sleep
+    (issue 12.6, ``_asleep``) it says so: ``detail`` = ``{"reason": "asleep", "since":
+    <Unix seconds>}``; the status stays ``offline`` (503), as the public interface has it.
+
+    Args:
+        substrate: where the asleep record is read (one GET, only on this path).
+        user_id: whose desktop.
+        started: ``anyio.current_time()`` when the dispatch began (``elapsed_s``).
+
+    Returns:
+        The outcome. An unreadable asleep record gives the plain ``offline`` answer.
+    """
+    try:
+        asleep = await substrate.get_asleep(user_id)
+    except SubstrateUnavailable:
+        asleep = None
+    message, detail = f"desktop of {user_id} is offline", {}
+    if asleep is not None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(asleep.since))
+        message = f"desktop of {user_id} is asleep (since {stamp})"
+        detail = {"reason": "asleep", "since": asleep.since}
+    return Outcome(
+        job_id=None,
+        status="offline",
+        error={"code": "offline", "message": message},
+        detail=detail,
+        elapsed_s=anyio.current_time() - started,
+    )
 
 
 _ERRORS: dict[str, type[BridgeError]] = {

@@ -66,12 +66,20 @@ RECLAIM_MAX_BATCHES = 100
 WORKERS = 8
 #: Most wake-ups popped per BLMPOP.
 WAKE_BATCH = 1000
+#: Most entries one session start takes over from its daemon's dead sockets (issue 12.4;
+#: more wait for the reclaim idle).
+TAKEOVER_BATCH = 256
+#: How long the record of which daemon each consumer's deliveries went to is kept after
+#: the user's last session start, seconds (7 days: longer than a desktop stays
+#: connected without a reconnect; an expired record only costs the instant takeover).
+DAEMON_RECORD_TTL_S = 7 * 86_400.0
 
 DRAIN = "drain"  # this consumer's own pending entries, from 0
 NEW = "new"  # entries never delivered (>)
 RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
 TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
-ALL = frozenset({DRAIN, NEW, RECLAIM, TRIMMED})
+TAKEOVER = "takeover"  # record the session's daemon; claim what went to it elsewhere
+ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
 @attrs.define(eq=False)
@@ -327,6 +335,22 @@ class ProcessReader:
     async def _pump(self, listener: Listener, kinds: set[str]) -> None:
         user_id, consumer = listener.user_id, self.consumer
         inflight = self.inflight.setdefault(user_id, set())
+        if TAKEOVER in kinds:
+            # First, before this session is handed anything: record its daemon, and take
+            # over at once what went to that daemon on sockets that are gone (issue 12.4).
+            taken = await self.substrate.take_over(
+                user_id, consumer, daemon_id=listener.daemon_id, session_id=listener.session_id,
+                count=TAKEOVER_BATCH, record_ttl_s=DAEMON_RECORD_TTL_S,
+            )  # fmt: skip
+            if taken.entries or taken.deleted_ids:
+                log.info(
+                    "session %s of %s: took over %d entries from its daemon's gone sockets",
+                    listener.session_id, user_id, len(taken.entries) + len(taken.deleted_ids),
+                )  # fmt: skip
+                _metrics.entries_reclaimed(len(taken.entries))
+            await self._dispatch(listener, inflight, list(taken.entries))
+            if taken.deleted_ids:
+                await listener.on_deleted(list(taken.deleted_ids))
         if DRAIN in kinds:
             # Own pending entries first (a restarted session's, or one whose serving task
             # ended without an answer); stop as soon as nothing unserved is pending.

@@ -31,6 +31,7 @@ from ._directory import RedisDirectory
 from ._redis_caller import CallerCommands
 from ._redis_cluster import is_cluster_url
 from ._redis_conn import RedisConnections
+from ._redis_desktop import DesktopCommands
 from ._redis_finish import FinishCommands
 from ._redis_health import Health
 from ._redis_jobs import JobCommands
@@ -45,7 +46,13 @@ from ._substrate import (
 
 
 class RedisSubstrate(
-    PresenceCommands, StreamCommands, JobCommands, CallerCommands, FinishCommands, RedisDirectory
+    PresenceCommands,
+    StreamCommands,
+    JobCommands,
+    CallerCommands,
+    FinishCommands,
+    DesktopCommands,
+    RedisDirectory,
 ):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 

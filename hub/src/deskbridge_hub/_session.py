@@ -27,16 +27,13 @@ cleared (if still ours).
 from __future__ import annotations
 
 import logging
-import math
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 import attrs
 import trio
 from deskbridge_common import (
     CLOSE_NORMAL,
-    CLOSE_TOKEN_EXPIRED,
     Cancel,
     Connection,
     Error,
@@ -50,10 +47,12 @@ from deskbridge_common import (
     Progress,
     RemoteProtocolError,
     Role,
+    Sleeping,
 )
 from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
+from ._asleep import SleepRecord
 from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
@@ -62,6 +61,7 @@ from ._logging import fields
 from ._presence import PresenceKeeper
 from ._process import HubState
 from ._reader import Listener
+from ._session_timers import SessionTimers
 from ._substrate import Entry
 
 log = logging.getLogger("deskbridge.hub.session")
@@ -88,7 +88,7 @@ class SidecarSocket(Protocol):
 
 
 @attrs.define(eq=False)
-class HubSession:
+class HubSession(SessionTimers):
     state: HubState
     socket: SidecarSocket
     user_id: str
@@ -97,6 +97,7 @@ class HubSession:
     hello: Hello | None = None
     deliveries: dict[str, Outstanding] = attrs.field(factory=dict)
     on_progress: ProgressHook | None = None
+    sleep: SleepRecord | None = None  # whether the desktop went to sleep (``_asleep``)
     _conn: Connection = attrs.field(init=False)
     _send: trio.MemorySendChannel[str] = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
@@ -155,6 +156,7 @@ class HubSession:
                     on_superseded=self.supersede,
                     capacity=lambda: int(self._limiter.available_tokens),
                     stopped=self._reading_stopped,
+                    daemon_id=self.hello.daemon_id if self.hello else None,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
@@ -173,6 +175,8 @@ class HubSession:
                 )
             self.state.sessions.pop(self.session_id, None)
             _metrics.session_closed()
+            if self.sleep is not None:  # before presence goes: never a bare "offline" between
+                await self.sleep.ended(ended[0] if ended else None, on_purpose=bool(self._ending))
             await presence.clear()
             end_of = (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
             await _directory.disconnected(self, *end_of)
@@ -309,6 +313,8 @@ class HubSession:
             pong = self._pongs.get(event.nonce)
             if pong is not None:
                 pong.set()
+        elif isinstance(event, Sleeping) and self.sleep is not None and self._nursery:
+            self._nursery.start_soon(self.sleep.going_to_sleep)  # the reader never waits
         elif isinstance(event, Error):
             log.info(
                 "session %s: sidecar says %s: %r",
@@ -331,36 +337,6 @@ class HubSession:
             result.id[:64],
             why,
         )
-
-    async def _expiry(self) -> NoReturn:
-        """Close the session when its token expires (checked against the wall clock at
-        most every ``heartbeat_s``, so a wall-clock jump is noticed too)."""
-        assert self.expires_at is not None
-        while (left := self.expires_at - self.state.wall_clock()) > 0:  # noqa: ASYNC110 - wall clock
-            await trio.sleep(min(left, self.state.timings.heartbeat_s))
-        self._ending = "token expired"
-        raise EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one")
-
-    async def _pinger(self) -> NoReturn:
-        """A ping every ``ping_interval_s``; the Connection holds its deadline
-        (``ping_timeout_s`` from when it is queued: a peer that stops reading fills the
-        send queue, and must be timed out all the same) and the close code (4002)."""
-        t = self.state.timings
-        while True:
-            await trio.sleep(t.ping_interval_s)
-            nonce = uuid.uuid4().hex
-            answered = self._pongs[nonce] = trio.Event()
-            try:
-                text = self._encode(Ping(nonce=nonce))
-                deadline_s = self._conn.deadline_s
-                with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
-                    await self._send.send(text)
-                    await answered.wait()
-                self._conn.check_deadlines(trio.current_time())
-            except RemoteProtocolError as exc:
-                raise EndSession(exc.close_code, exc.reason) from None
-            finally:
-                self._pongs.pop(nonce, None)
 
     # -- jobs: this session as the delivery module's executor ---------------------------
 

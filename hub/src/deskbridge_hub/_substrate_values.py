@@ -58,6 +58,20 @@ class BeatReply:
 
 
 @attrs.frozen
+class Asleep:
+    """The desktop is (probably) asleep (issue 12.6; see :meth:`DesktopSubstrate.get_asleep`).
+
+    Attributes:
+        since: Unix seconds (the hub's wall clock) since when.
+        source: ``"announced"`` (the sidecar said ``sleeping``) or ``"detected"`` (its
+            socket went missing soon after it reported a sleep in ``hello.slept_s``).
+    """
+
+    since: float
+    source: str
+
+
+@attrs.frozen
 class Entry:
     """One stream entry as read by a consumer.
 

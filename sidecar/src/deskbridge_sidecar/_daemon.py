@@ -34,8 +34,11 @@ from deskbridge_common import (
 
 from ._backoff import Backoff
 from ._consent import ApprovalDesk, file_desk
+from ._daemon_stats import DaemonStatistics
 from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
+from ._graceful import ANSWER_FLUSH_S as ANSWER_FLUSH_S  # re-exported
+from ._graceful import give_up_gracefully
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
 from ._reconnect import (
     CONNECT_FAILED,
@@ -51,43 +54,13 @@ from ._reconnect import (
 from ._reconnect import MAX_RETRY_AFTER_S as MAX_RETRY_AFTER_S  # re-exported
 from ._reconnect import TRANSIENT_REFUSAL_CODES as TRANSIENT_REFUSAL_CODES  # re-exported
 from ._runner import ToolRunner
-from ._session import INTERNAL_ERROR, Session, SessionEnd
+from ._session import ASLEEP, INTERNAL_ERROR, Session, SessionEnd
+from ._sleep import SLEEP_PAUSE_S, wait_for_wake, watch_sleep_notifications
 from ._tools import STATUS_SPEC, ToolRegistry
 from ._transport import Connector, WebSocketConnector, WebSocketSettings, sidecar_url
 from ._version import __version__
 
 log = logging.getLogger("deskbridge.sidecar")
-
-#: After giving up on a running tool at shutdown, how long its in_doubt answer may take
-#: to reach the hub before the socket closes, seconds.
-ANSWER_FLUSH_S = 1.0
-
-
-@attrs.frozen
-class DaemonStatistics:
-    """A snapshot of the daemon's counters.
-
-    Attributes:
-        connect_attempts: connections tried (successful or not).
-        sessions_started: sessions the hub welcomed.
-        reconnects: times the daemon went round again after a session or attempt ended.
-        executions: per tool name, times the tool actually started (``status`` included).
-        dedupe_hits: deliveries answered from the cache or by awaiting a running original.
-        dedupe_entries: outcomes held in the dedupe cache now.
-        running: the tool running now, or None.
-        session_id: the current session's id, or None between sessions.
-        last_end: how the previous session or attempt ended, or None.
-    """
-
-    connect_attempts: int
-    sessions_started: int
-    reconnects: int
-    executions: dict[str, int]
-    dedupe_hits: int
-    dedupe_entries: int
-    running: str | None
-    session_id: str | None
-    last_end: SessionEnd | None
 
 
 def _default_registry(value: ToolRegistry | None) -> ToolRegistry:
@@ -126,6 +99,8 @@ class Daemon:
             ``data_dir`` and not closed by the daemon.
         isolate_sync_tools: run every sync tool in a separate process (see
             ``_isolate``; a tool marked ``@isolated`` always does).
+        sleep_notifications: call :meth:`going_to_sleep` when the OS says it is about
+            to sleep (``_sleep``: Linux logind through ``gdbus``, best effort).
         approvals: where the person approves tools marked ``@needs_approval``
             (``_consent``; default: files in ``<data_dir>/approvals``, decided by
             ``deskbridge-sidecar approve|decline``; with neither, such tools are
@@ -149,6 +124,7 @@ class Daemon:
     ledger_max_entries: int = attrs.field(default=MAX_ENTRIES, kw_only=True)
     ledger: Ledger | None = attrs.field(default=None, kw_only=True)
     isolate_sync_tools: bool = attrs.field(default=False, kw_only=True)
+    sleep_notifications: bool = attrs.field(default=False, kw_only=True)
     approvals: ApprovalDesk | None = attrs.field(default=None, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
@@ -160,6 +136,7 @@ class Daemon:
     _sessions_started: int = attrs.field(default=0, init=False)
     _reconnects: int = attrs.field(default=0, init=False)
     _last_end: SessionEnd | None = attrs.field(default=None, init=False)
+    _daemon_id: str | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.url = sidecar_url(self.hub_url)
@@ -232,7 +209,10 @@ class Daemon:
                         else self.approvals,
                     )
                     await self._runner.load()
+                    self._daemon_id = ledger.instance_id
                     work.start_soon(self._prune_loop, self._runner)
+                    if self.sleep_notifications:
+                        work.start_soon(watch_sleep_notifications, self.going_to_sleep)
                     try:
                         await self._connect_loop(task_status)
                     except (TokenRefused, Superseded) as exc:
@@ -243,6 +223,15 @@ class Daemon:
                 ledger.close()
         if refused is not None:
             raise refused
+
+    def going_to_sleep(self) -> None:
+        """The machine is about to sleep: send ``sleeping`` and close the socket (1000),
+        then wait for the wake-up (at most ``SLEEP_PAUSE_S``) before reconnecting
+        (``_sleep``). Running tools are left alone. Safe to call at any time; does
+        nothing between sessions."""
+        session = self._session
+        if session is not None and session.going_to_sleep():
+            log.info("the machine is going to sleep: told the hub, socket closed")
 
     def stop(self) -> None:
         """Stop the daemon: :meth:`run` returns soon after. Safe to call at any time."""
@@ -265,33 +254,7 @@ class Daemon:
         Returns:
             None, after :meth:`stop` was called (``run`` returns soon after).
         """
-        runner = self._runner
-        if runner is not None:
-            runner.close()
-        if runner is not None and runner.busy:
-            keys = runner.started_keys()
-            with trio.move_on_after(grace_s):
-                async with trio.open_nursery() as nursery:
-
-                    async def early() -> None:
-                        if now is not None:
-                            await now.wait()
-                            nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(early)
-                    await runner.wait_idle()
-                    nursery.cancel_scope.cancel()
-            if runner.busy:
-                given_up = runner.interrupt(why)
-                log.warning(
-                    "gave up on %s: answered in_doubt",
-                    ", ".join(name for _, name in given_up),
-                )
-            with trio.move_on_after(ANSWER_FLUSH_S):
-                await runner.wait_idle()  # outcomes (real or in_doubt) are recorded
-                session = self._session
-                if session is not None:  # and their answers are on the socket
-                    await session.wait_flushed(keys)
+        await give_up_gracefully(self._runner, lambda: self._session, grace_s, why=why, now=now)
         self.stop()
 
     @property
@@ -323,11 +286,13 @@ class Daemon:
             await trio.sleep(PRUNE_INTERVAL_S)
             await runner.prune()
 
-    def _hello(self) -> Hello:
+    def _hello(self, slept_s: float | None = None) -> Hello:
         return Hello(
             protocol_version=PROTOCOL_VERSION,
             sidecar_version=__version__,
             tools=(STATUS_SPEC, *self.registry.specs()),
+            daemon_id=self._daemon_id,
+            slept_s=slept_s,
         )
 
     def _on_welcome(self, task_status: trio.TaskStatus[str], welcome: Welcome) -> None:
@@ -348,7 +313,7 @@ class Daemon:
         backoff = Backoff(initial_s=t.backoff_initial_s, max_s=t.backoff_max_s, random=self.random)
         policy = ReconnectPolicy(backoff, self.random, self.url)
         headers = [("Authorization", f"Bearer {self.token}")]
-        hello = self._hello()
+        slept_s: float | None = None  # told in each hello until a session is welcomed
         on_welcome = functools.partial(self._on_welcome, task_status)
         while True:
             rejected_status: int | None = None
@@ -364,7 +329,7 @@ class Daemon:
                         runner=self._runner,
                         timings=t,
                         wall_clock=self.wall_clock,
-                        hello=hello,
+                        hello=self._hello(slept_s),
                         on_welcome=on_welcome,
                     )
                     self._session = session
@@ -402,6 +367,17 @@ class Daemon:
                 log.exception("connection to %s failed with an internal error", self.url)
                 end = self._failed(INTERNAL_ERROR, "internal error", started_at)
             self._last_end = end
+            slept_s = None if end.welcomed else slept_s
+            if end.slept_s is not None:
+                slept_s = end.slept_s
+            if end.cause == ASLEEP:
+                t = self.timings
+                slept_s = await wait_for_wake(
+                    pause_s=SLEEP_PAUSE_S,
+                    interval_s=t.watchdog_interval_s,
+                    gap_s=t.wedge_gap_s,
+                    wall_clock=self.wall_clock,
+                )
             delay = policy.after(end, rejected_status=rejected_status, retry_after_s=retry_after_s)
             self._reconnects += 1
             await trio.sleep(delay)

@@ -77,7 +77,7 @@ async def invoke_in_process(tool: Tool, args: dict[str, Any]) -> Outcome:
         trio.Cancelled: the child is terminated (SIGTERM, SIGKILL after
             ``KILL_AFTER_S``) before the cancellation propagates.
     """
-    from ._ledger import outcome_from_json
+    from ._outcome import outcome_from_json
 
     module = getattr(tool.fn, "__module__", None)
     qualname = getattr(tool.fn, "__qualname__", "")
@@ -113,7 +113,7 @@ async def invoke_in_process(tool: Tool, args: dict[str, Any]) -> Outcome:
 def _child(module: str, qualname: str, name: str) -> int:
     import importlib
 
-    from ._ledger import outcome_to_json
+    from ._outcome import outcome_to_json
     from ._tools import ToolRegistry, invoke, tool_of
 
     answer = sys.stdout

@@ -50,16 +50,16 @@ import json
 import logging
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar, TypeVarTuple, Unpack
 
 import attrs
 import trio
-from deskbridge_common import JobError
 
 from ._errors import LedgerError, LedgerLocked
-from ._outcome import IN_DOUBT, Outcome
+from ._outcome import IN_DOUBT, Outcome, outcome_from_json, outcome_to_json
 
 log = logging.getLogger("deskbridge.sidecar.ledger")
 
@@ -85,6 +85,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_keep_until ON jobs (keep_until);
 CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs (finished_at);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -92,24 +93,6 @@ def args_digest(args: Mapping[str, object]) -> str:
     """SHA-256 of the canonical JSON of ``args`` (sorted keys, no spaces), hex."""
     text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def outcome_to_json(outcome: Outcome) -> str:
-    """The ledger's text for ``outcome`` (the result kept as its JSON text)."""
-    if outcome.ok:
-        return json.dumps({"ok": True, "result_json": outcome.result_json})
-    assert outcome.error is not None
-    error = {"code": outcome.error.code, "message": outcome.error.message}
-    return json.dumps({"ok": False, "error": error}, separators=(",", ":"))
-
-
-def outcome_from_json(text: str) -> Outcome:
-    """The :class:`Outcome` written by :func:`outcome_to_json`."""
-    data = json.loads(text)
-    if data["ok"]:
-        return Outcome(ok=True, result_json=data["result_json"])
-    err = data["error"]
-    return Outcome(ok=False, error=JobError(code=err["code"], message=err["message"]))
 
 
 @attrs.frozen
@@ -150,6 +133,10 @@ class Ledger:
         min_keep_s: a finished row is kept at least this long after it finished.
         recovered: keys found started-but-unfinished at open (now ``in_doubt``).
         moved_aside: where a corrupt file was moved at open, or None.
+        instance_id: names the daemon that owns this ledger (``hello.daemon_id``):
+            created with the file and kept in it, so it lasts exactly as long as the
+            records it vouches for (a fresh or moved-aside file gets a new one; an
+            in-memory ledger has one per object). docs/architecture.md, "Instant takeover".
     """
 
     path: Path | None
@@ -159,6 +146,7 @@ class Ledger:
     wall_clock: Callable[[], float] = time.time
     recovered: list[str] = attrs.field(factory=list)
     moved_aside: Path | None = None
+    instance_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     _limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
 
     # -- opening ---------------------------------------------------------------------
@@ -213,6 +201,7 @@ class Ledger:
             min_keep_s=min_keep_s,
             wall_clock=wall_clock,
             moved_aside=moved,
+            instance_id=_instance_id(conn),
         )
         now = wall_clock() if now is None else now
         ledger._recover(now)
@@ -417,6 +406,13 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise _Corrupt(str(exc)) from exc
     return conn
+
+
+def _instance_id(conn: sqlite3.Connection) -> str:
+    """The ledger's instance id, created on first use (a committed write)."""
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('instance_id', ?)", (uuid.uuid4().hex,))
+    (value,) = conn.execute("SELECT value FROM meta WHERE name = 'instance_id'").fetchone()
+    return str(value)
 
 
 def _move_aside(path: Path) -> Path:

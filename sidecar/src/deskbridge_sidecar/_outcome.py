@@ -109,8 +109,25 @@ class Outcome:
         return JobResult(id=delivery_id, ok=False, error=self.error)
 
 
+def outcome_to_json(outcome: Outcome) -> str:
+    """The ledger's text for ``outcome`` (the result kept as its JSON text)."""
+    if outcome.ok:
+        return json.dumps({"ok": True, "result_json": outcome.result_json})
+    assert outcome.error is not None
+    error = {"code": outcome.error.code, "message": outcome.error.message}
+    return json.dumps({"ok": False, "error": error}, separators=(",", ":"))
+
+
+def outcome_from_json(text: str) -> Outcome:
+    """The :class:`Outcome` written by :func:`outcome_to_json`."""
+    data = json.loads(text)
+    if data["ok"]:
+        return Outcome(ok=True, result_json=data["result_json"])
+    err = data["error"]
+    return Outcome(ok=False, error=JobError(code=err["code"], message=err["message"]))
+
+
 __all__ = [
-    "MAX_RESULT_BYTES",
     "BAD_ARGS",
     "BAD_RESULT",
     "CANCELLED",
@@ -121,8 +138,11 @@ __all__ = [
     "IN_DOUBT",
     "LEDGER_ERROR",
     "MAX_MESSAGE_CHARS",
+    "MAX_RESULT_BYTES",
     "TOOL_ERROR",
     "UNKNOWN_TOOL",
     "Outcome",
+    "outcome_from_json",
+    "outcome_to_json",
     "truncate",
 ]

@@ -42,9 +42,11 @@ import trio
 from deskbridge_common import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
+    CLOSE_NORMAL,
     CRASHED,
     Cancel,
     Connection,
+    ConnectionState,
     Error,
     Frame,
     Hello,
@@ -56,6 +58,7 @@ from deskbridge_common import (
     Pong,
     RemoteProtocolError,
     Role,
+    Sleeping,
     Timings,
     Welcome,
     close_reason,
@@ -80,6 +83,7 @@ PROTOCOL_ERROR = "protocol_error"  #: the hub sent a bad frame (we close with it
 WELCOME_TIMEOUT = "welcome_timeout"  #: no welcome within ping_timeout_s (we close, 4002)
 STOPPED = "stopped"  #: the daemon was cancelled/stopped (we close with 1001)
 INTERNAL_ERROR = "internal_error"  #: a bug in the sidecar (we close with 1011)
+ASLEEP = "asleep"  #: the machine is about to sleep: ``sleeping`` sent, we close with 1000
 
 #: Causes after which the hub is presumed unreachable: the close frame is sent but its
 #: answer is awaited at most DEAD_PEER_CLOSE_S, so a frozen hub or a dead network path
@@ -106,6 +110,7 @@ class SessionEnd:
         by_hub: True if the hub (or the network) ended it, False if we did.
         session_id: the hub's session id, or None if no welcome arrived.
         duration_s: seconds from connect to end (trio clock).
+        slept_s: for ``clock_gap``, the gap in seconds (the next hello's ``slept_s``).
     """
 
     cause: str
@@ -114,6 +119,7 @@ class SessionEnd:
     by_hub: bool
     session_id: str | None
     duration_s: float
+    slept_s: float | None = None
 
     @property
     def welcomed(self) -> bool:
@@ -158,6 +164,8 @@ class Session(SessionJobs):
     _deliveries: dict[str, Job] = attrs.field(factory=dict, init=False)
     _pong: tuple[str, trio.Event] | None = attrs.field(default=None, init=False)
     _unsent: int = attrs.field(default=0, init=False)  # queued for the writer, not yet sent
+    _slept_s: float | None = attrs.field(default=None, init=False)
+    _last_words: str | None = attrs.field(default=None, init=False)  # sent before the close
 
     @property
     def tools(self) -> list[str]:
@@ -217,7 +225,22 @@ class Session(SessionJobs):
             by_hub=end.by_hub,
             session_id=self.session_id,
             duration_s=trio.current_time() - started_at,
+            slept_s=self._slept_s,
         )
+
+    def going_to_sleep(self) -> bool:
+        """The machine is about to sleep: tell the hub (``sleeping``), then close with
+        1000, so the desktop reads ``asleep`` at once instead of online until its pings
+        time out. Running tools are not touched (they belong to the daemon).
+
+        Returns:
+            True if the session was open and is now ending; False otherwise.
+        """
+        if self._end is not None or self._conn.state is not ConnectionState.OPEN:
+            return False
+        self._last_words = self._conn.send(Sleeping())
+        self._finish(ASLEEP, CLOSE_NORMAL, "going to sleep")
+        return True
 
     # -- ending ------------------------------------------------------------------------
 
@@ -245,6 +268,8 @@ class Session(SessionJobs):
                     with contextlib.suppress(LocalProtocolError):
                         text = self._conn.send(Error(code=PROTOCOL_ERROR, message=end.reason))
                         await self.transport.send(text)
+                if self._last_words is not None:
+                    await self.transport.send(self._last_words)
                 await self.transport.close(end.code, end.reason)
             except (TransportClosed, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
@@ -390,10 +415,12 @@ class Session(SessionJobs):
             interval_s=t.watchdog_interval_s, gap_s=t.wedge_gap_s, wall_clock=self.wall_clock
         )
         log.warning("%s", gap.describe())
+        self._slept_s = gap.gap_s
         self._finish(CLOCK_GAP, CLOSE_GOING_AWAY, gap.describe())
 
 
 __all__ = [
+    "ASLEEP",
     "CLOCK_GAP",
     "CLOSED",
     "INTERNAL_ERROR",

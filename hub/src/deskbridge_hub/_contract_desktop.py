@@ -1,0 +1,153 @@
+"""Contract checks of what a desktop says about itself (``_substrate.DesktopSubstrate``):
+the daemon record, the instant takeover it allows (issue 12.4), the asleep record
+(issue 12.6). Registered into ``_contract.CHECKS``; run them with
+``deskbridge_hub.testing.check_substrate``."""
+
+from __future__ import annotations
+
+import trio
+
+from ._contract import GROUP_MAXLEN, SubstrateHarness, check
+from ._substrate import Asleep, asleep_key, daemons_key
+
+_RECORD_TTL_S = 60.0
+
+
+async def _start(h: SubstrateHarness, user: str, consumer: str, daemon: str | None) -> list[str]:
+    """A session of ``daemon`` starts on ``consumer``: presence, then the takeover step
+    (as the hub's reader does at attach). Returns the entry IDs it took over."""
+    session = f"{consumer}.{daemon}"
+    await h.substrate.set_presence(user, session, 30)
+    got = await h.substrate.take_over(
+        user, consumer, daemon_id=daemon, session_id=session, count=32,
+        record_ttl_s=_RECORD_TTL_S,
+    )  # fmt: skip
+    assert got.next_start == "0-0"
+    return [e.entry_id for e in got.entries]
+
+
+async def _enqueue(h: SubstrateHarness, user: str, n: int) -> list[str]:
+    return [
+        await h.substrate.enqueue(user, {"job_id": h.job(), "i": str(i)}, maxlen=GROUP_MAXLEN)
+        for i in range(n)
+    ]
+
+
+@check
+async def check_take_over_claims_only_what_went_to_the_same_daemon(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    ids = await _enqueue(h, user, 3)
+    assert await _start(h, user, "pod-a", "daemon-1") == []
+    await s.read_new(user, "pod-a", count=2, block_ms=None)  # delivered to daemon-1
+    assert await _start(h, user, "pod-b", "daemon-2") == []  # another daemon: nothing
+    await s.read_new(user, "pod-b", count=1, block_ms=None)  # delivered to daemon-2
+    # daemon-1 is back on a third process: its two entries move at once, daemon-2's stay
+    assert await _start(h, user, "pod-c", "daemon-1") == ids[:2]
+    mine = await s.read_pending(user, "pod-c", count=10)
+    assert [e.entry_id for e in mine] == ids[:2]
+    assert all(e.fields is not None for e in mine)
+    assert [e.entry_id for e in await s.read_pending(user, "pod-b", count=10)] == ids[2:]
+    assert await s.read_pending(user, "pod-a", count=10) == []
+    # the claimed entries count as delivered again (reclaim idle restarts)
+    info = await s.queue_info(user, count=10)
+    assert {p.entry_id: p.consumer for p in info.pending} == {
+        ids[0]: "pod-c", ids[1]: "pod-c", ids[2]: "pod-b"
+    }  # fmt: skip
+    if h.raw is not None:
+        record = await h.raw("HGETALL", daemons_key(user))
+        assert dict(zip(record[::2], record[1::2], strict=True)) == {
+            "pod-b": "daemon-2", "pod-c": "daemon-1"
+        }  # fmt: skip
+        assert 0 < await h.raw("PTTL", daemons_key(user)) <= _RECORD_TTL_S * 1000
+
+
+@check
+async def check_take_over_does_nothing_unless_presence_is_ours(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    ids = await _enqueue(h, user, 1)
+    await _start(h, user, "pod-a", "daemon-1")
+    await s.read_new(user, "pod-a", count=1, block_ms=None)
+    await s.set_presence(user, "someone-newer", 30)
+    got = await s.take_over(
+        user, "pod-c", daemon_id="daemon-1", session_id="pod-c.daemon-1", count=32,
+        record_ttl_s=_RECORD_TTL_S,
+    )  # fmt: skip
+    assert got.entries == () and got.deleted_ids == ()
+    assert [e.entry_id for e in await s.read_pending(user, "pod-a", count=10)] == ids
+    # and it recorded nothing for pod-c: a later session of daemon-1 there may take over
+    assert await _start(h, user, "pod-d", "daemon-1") == ids
+
+
+@check
+async def check_unknown_or_mixed_daemons_are_never_taken_over(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    ids = await _enqueue(h, user, 2)
+    await _start(h, user, "pod-a", None)  # an older sidecar: no daemon id
+    await s.read_new(user, "pod-a", count=1, block_ms=None)
+    assert await _start(h, user, "pod-x", "daemon-1") == []
+    await _start(h, user, "pod-b", "daemon-1")
+    await s.read_new(user, "pod-b", count=1, block_ms=None)
+    # another daemon's session starts on pod-b while daemon-1's entry is pending there
+    await _start(h, user, "pod-b", "daemon-2")
+    assert await _start(h, user, "pod-c", "daemon-1") == []
+    assert await _start(h, user, "pod-d", "daemon-2") == []
+    assert [e.entry_id for e in await s.read_pending(user, "pod-a", count=10)] == ids[:1]
+    assert [e.entry_id for e in await s.read_pending(user, "pod-b", count=10)] == ids[1:]
+    if h.raw is not None:
+        assert await h.raw("HGET", daemons_key(user), "pod-a") == "?"
+        assert await h.raw("HGET", daemons_key(user), "pod-b") == "?"
+
+
+@check
+async def check_take_over_reports_entries_whose_body_is_gone(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    ids = await _enqueue(h, user, 2)
+    await _start(h, user, "pod-a", "daemon-1")
+    await s.read_new(user, "pod-a", count=2, block_ms=None)
+    # MAXLEN ~ trims whole macro nodes in Redis: push enough to trim both away
+    await h.fill(user, 300, maxlen=50)
+    await s.set_presence(user, "pod-c.daemon-1", 30)
+    got = await s.take_over(
+        user, "pod-c", daemon_id="daemon-1", session_id="pod-c.daemon-1", count=32,
+        record_ttl_s=_RECORD_TTL_S,
+    )  # fmt: skip
+    assert got.entries == ()
+    assert sorted(got.deleted_ids) == sorted(ids)
+    assert await s.read_pending(user, "pod-a", count=10) == []
+
+
+@check
+async def check_take_over_is_bounded_by_count(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    ids = await _enqueue(h, user, 3)
+    await _start(h, user, "pod-a", "daemon-1")
+    await s.read_new(user, "pod-a", count=3, block_ms=None)
+    await s.set_presence(user, "pod-c.daemon-1", 30)
+    first = await s.take_over(
+        user, "pod-c", daemon_id="daemon-1", session_id="pod-c.daemon-1", count=2,
+        record_ttl_s=_RECORD_TTL_S,
+    )  # fmt: skip
+    assert [e.entry_id for e in first.entries] == ids[:2]
+    # pod-a's record stays while it still holds an entry of daemon-1; pod-c's entries
+    # went to daemon-1 too (its session there is gone as well): both move
+    assert sorted(await _start(h, user, "pod-d", "daemon-1")) == ids
+    assert await s.read_pending(user, "pod-a", count=10) == []
+
+
+@check
+async def check_asleep_round_trips_expires_and_clears(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    assert await s.get_asleep(user) is None
+    await s.set_asleep(user, Asleep(1_700_000_000.25, "announced"), ttl_s=30)
+    assert await s.get_asleep(user) == Asleep(1_700_000_000.25, "announced")
+    await s.clear_asleep(user)
+    assert await s.get_asleep(user) is None
+    await s.clear_asleep(user)  # idempotent
+    await s.set_asleep(user, Asleep(5.0, "detected"), ttl_s=0.2)
+    if h.raw is not None:
+        assert 0 < await h.raw("PTTL", asleep_key(user)) <= 200
+    await trio.sleep(0.25)  # the behaviour under test is the passage of time
+    assert await s.get_asleep(user) is None
+    if h.raw is not None:  # a value that is not ours reads as no record
+        await h.raw("SET", asleep_key(user), "not json")
+        assert await s.get_asleep(user) is None
