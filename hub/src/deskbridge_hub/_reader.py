@@ -43,6 +43,7 @@ from deskbridge_common import Timings
 from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateUnavailable
+from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
@@ -93,6 +94,7 @@ class ProcessReader:
         holder_id: this process's wake-list id (prefix of its session ids).
         inflight: per user, entry IDs being served in this process (shared with the
             sessions).
+        timers: the process's session timers (``_pacer``), run alongside, or None.
     """
 
     substrate: Substrate
@@ -100,6 +102,7 @@ class ProcessReader:
     consumer: str
     holder_id: str
     inflight: dict[str, set[str]]
+    timers: Pacer | None = None
     _listeners: dict[str, Listener] = attrs.field(factory=dict)
     _beating: dict[str, Listener] = attrs.field(factory=dict)
     _due: dict[str, set[str]] = attrs.field(factory=dict)
@@ -174,6 +177,8 @@ class ProcessReader:
             nursery.start_soon(self._liveness_loop)
             nursery.start_soon(self._wake_loop)
             nursery.start_soon(self._beat_loop)
+            if self.timers is not None:
+                await nursery.start(self.timers.run)
             for _ in range(WORKERS):
                 nursery.start_soon(self._worker)
             self.running = True
