@@ -325,7 +325,7 @@ async def _command_calls(raw: RawRedis) -> dict[str, int]:
 async def test_an_idle_users_heartbeat_costs_three_commands_as_redis_counts_them() -> None:
     """Issue 10: <= 0.15 Redis commands/s per idle desktop, counted inside Redis (INFO
     commandstats counts the EVALSHA and every command the script runs). An idle beat is
-    EVALSHA + SET ... GET (presence) + XINFO GROUPS: 3 per 30 s heartbeat, 0.1/s."""
+    EVALSHA + GETEX (presence) + XINFO GROUPS: 3 per 30 s heartbeat, 0.1/s."""
     from deskbridge_hub._substrate import Beat, index_key, tools_key
 
     raw = RawRedis(REDIS_URL)
@@ -347,6 +347,6 @@ async def test_an_idle_users_heartbeat_costs_three_commands_as_redis_counts_them
         spent = {
             k: v for k, v in spent.items() if v and k not in ("info", "select")
         }  # the oracle's
-        assert spent == {"evalsha": 1, "set": 1, "xinfo|groups": 1}
+        assert spent == {"evalsha": 1, "getex": 1, "xinfo|groups": 1}
     finally:
         await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))

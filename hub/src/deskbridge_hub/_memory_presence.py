@@ -179,7 +179,7 @@ class MemoryPresenceCommands:
         prune: bool = True,
     ) -> list[BeatReply]:
         """Per beat: refresh presence if absent or ours (a newer session's value stays,
-        with a TTL of at least ``ttl_s``), write the beat's catalogue if it has one, probe
+        its TTL set to ``ttl_s``), write the beat's catalogue if it has one, probe
         the user's stream (the index only when the group is not quiet or the beat is
         deep), drop idle empty consumers other than ``consumer``; the same rules as the
         Redis script.

@@ -42,12 +42,13 @@ _REFRESH_IF_HOLDER = (
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
-#: pending, one consumer) costs EVALSHA + SET + XINFO GROUPS = 3. Presence is refreshed
-#: with one SET ... GET; when the old value names another session the same script puts
-#: that value back (with a full TTL: never shorter than its holder's own refresh), so no
-#: other client ever sees ours. The index is looked at (HLEN, then XRANGE + HKEYS) only
-#: when the group is not quiet or the beat is deep; XPENDING only with entries pending;
-#: XINFO CONSUMERS (pruning) only when the group has another consumer.
+#: pending, one consumer) costs EVALSHA + GETEX + XINFO GROUPS = 3. Presence is refreshed
+#: with one GETEX ... PX (Redis >= 6.2), which also reads whose it is; a newer session's
+#: value stays and its TTL becomes ours (with every process on the same timings: its
+#: own), and our id is written only where presence is absent. The index is looked at
+#: (HLEN, then XRANGE + HKEYS) only when the group is not quiet or the beat is deep;
+#: XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when the group has
+#: another consumer.
 _HEARTBEAT = """
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -63,13 +64,13 @@ local function record(flat)
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
 end
-local old = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'GET')
-if old and old ~= ARGV[1] then
-  redis.call('SET', KEYS[1], old, 'PX', ARGV[2])
-  return {0, 0, 0, 0, 0}
-end
+local old = redis.call('GETEX', KEYS[1], 'PX', ARGV[2])
+if old and old ~= ARGV[1] then return {0, 0, 0, 0, 0} end
 local taken = 0
-if not old then taken = 1 end
+if not old then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  taken = 1
+end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
 local backlog, reclaim, trimmed = 0, 0, 0
 local function last_id()

@@ -242,7 +242,7 @@ class ReaderSubstrate(Protocol):
     ) -> list[BeatReply]:
         """For every beat, in one round trip (pipelined, one script per user, each within
         that user's slot): refresh presence PX ttl_s if absent or ours (a newer
-        session's value stays, with a TTL of at least ttl_s) and then write the beat's
+        session's value stays, its TTL set to ttl_s) and then write the beat's
         catalogue if it has one; probe the user's stream (see :class:`BeatReply`; the
         index only when the group is not quiet or the beat is deep); with ``prune``,
         delete consumers other than ``consumer`` with nothing pending and idle for at

@@ -38,7 +38,7 @@ class BeatReply:
 
     Attributes:
         ours: presence was absent or ours and is refreshed; False: a newer session holds
-            it (hand over; its value and a TTL of at least ``ttl_s`` are left to it).
+            it (hand over; its value stays, its TTL set to ``ttl_s``).
         taken: presence was absent (expired, or the store lost it) and is now ours: the
             catalogue may be gone too, so write it (a beat with ``catalogue``).
         backlog: the user's stream has entries never delivered to the group (a missed
