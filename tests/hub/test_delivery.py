@@ -44,7 +44,7 @@ class FakeExecutor:
         self._refuse = refuse
         self._hang = hang
 
-    async def execute(self, job: Job) -> JobResult:
+    async def execute(self, job: Job, epoch: int | None = None) -> JobResult:
         self.jobs.append(job)
         if self._refuse:
             raise LocalProtocolError("args", "too large")
@@ -166,7 +166,7 @@ async def test_a_publish_during_an_outage_is_retried_before_the_ack(autojump_clo
     substrate, server, entry = await setup()
 
     class Flaky(FakeExecutor):
-        async def execute(self, job):
+        async def execute(self, job, epoch=None):
             result = await super().execute(job)
             substrate.set_unavailable(True)
             return result
@@ -381,7 +381,7 @@ class Reclaimed(FakeExecutor):
         super().__init__(**kwargs)
         self._substrate = substrate
 
-    async def execute(self, job):
+    async def execute(self, job, epoch=None):
         newer = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-2")
         marked = await self._substrate.mark_delivered(
             USER, job.job_id, newer, ttl_s=300, deadline=wall() + 60

@@ -15,7 +15,7 @@ from deskbridge_hub._desk_stage import Outstanding, stage_recorder
 from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._jobs import JobEnvelope
 from deskbridge_hub._jobstate import (
-    ON_DESKTOP,
+    FORWARDED,
     STAGE_OF_DESK,
     TERMINAL,
     TRANSITIONS,
@@ -39,7 +39,7 @@ def test_awaiting_approval_sits_between_delivered_and_the_end():
     assert TRANSITIONS[D] == {D, A, I} | TERMINAL
     assert TRANSITIONS[A] == {A, D, I} | TERMINAL
     assert A not in TRANSITIONS[Stage.QUEUED] and A not in TRANSITIONS[I]
-    assert not A.terminal and ON_DESKTOP == {D, A, I}
+    assert not A.terminal and FORWARDED == {D, A, I}  # past its deadline: still forwarded
     assert STAGE_OF_DESK == {"awaiting_approval": A, "running": D}
     assert "approval" in _TIMEOUT_MESSAGES["awaiting_approval"]
 
@@ -95,11 +95,11 @@ async def test_the_recorder_writes_each_stage_stamped_and_never_raises(autojump_
         await record(Stage.QUEUED)
 
     class Down:
-        async def set_job_state(self, *args, **kwargs):
+        async def finish(self, *args, **kwargs):
             raise SubstrateUnavailable("redis down")
 
     class Hanging:
-        async def set_job_state(self, *args, **kwargs):
+        async def finish(self, *args, **kwargs):
             await trio.sleep_forever()
 
     for broken in (Down(), Hanging()):
@@ -108,11 +108,29 @@ async def test_the_recorder_writes_each_stage_stamped_and_never_raises(autojump_
         assert trio.current_time() - started <= 2.0  # CLEANUP_TIMEOUT_S bounds it
 
 
+async def test_a_zombie_deliverys_stage_is_refused_by_the_fence(autojump_clock):
+    """The entry was delivered again (a reclaim: a larger claim epoch); the old
+    delivery's late stage report must not overwrite the new delivery's state."""
+    substrate = MemorySubstrate(clock=wall)
+    old = await substrate.mark_delivered(USER, "j1", JobState(Stage.DELIVERED, USER,
+                                         session_id="s1"), ttl_s=60)  # fmt: skip
+    new_state = JobState(Stage.DELIVERED, USER, session_id="s2")
+    new = await substrate.mark_delivered(USER, "j1", new_state, ttl_s=60)
+    assert new.epoch > old.epoch
+    zombie = stage_recorder(_hub(substrate), USER, "j1", "s1", old.epoch)
+    await zombie(Stage.AWAITING_APPROVAL)
+    assert await substrate.get_job_state(USER, "j1") == new_state  # refused
+    current = stage_recorder(_hub(substrate), USER, "j1", "s2", new.epoch)
+    await current(Stage.AWAITING_APPROVAL)
+    stored = await substrate.get_job_state(USER, "j1")
+    assert (stored.stage, stored.session_id) == (Stage.AWAITING_APPROVAL, "s2")
+
+
 class _Executor:
     def __init__(self) -> None:
         self.jobs = []
 
-    async def execute(self, job):
+    async def execute(self, job, epoch=None):
         self.jobs.append(job)
         return JobResult(job.id, True, None)
 
@@ -151,3 +169,35 @@ def test_mcp_lists_a_tool_that_asks_with_a_note_and_its_meta():
                                      "it runs when the call waited 60 s or more.")  # fmt: skip
     plain = listed({"name": "e", "description": "x"})
     assert plain["description"] == "x" and "_meta" not in plain
+
+
+async def test_the_session_records_a_stage_with_its_deliverys_epoch(autojump_clock):
+    """Through the real session: a stage report is recorded; once the entry was delivered
+    again elsewhere (a newer epoch), the old delivery's report is refused."""
+    from deskbridge_common import Hello, Job, Progress, Welcome
+    from deskbridge_hub import Bridge
+    from deskbridge_hub._session import HubState, serve_sidecar
+    from deskbridge_hub.testing import socket_pair
+
+    state = HubState(substrate=MemorySubstrate(clock=wall), timings=Timings(),
+                     consumer="hub-1", wall_clock=wall)  # fmt: skip
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    hub_side, peer = socket_pair()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
+        nursery.start_soon(serve_sidecar, state, hub_side, USER)
+        await peer.send(Hello(protocol_version=1, sidecar_version="test"))
+        assert isinstance(await peer.receive(), Welcome)
+        nursery.start_soon(lambda: bridge.dispatch(USER, "echo", {}, job_id="j1", timeout_s=60))
+        job = await peer.receive()
+        assert isinstance(job, Job)
+        await peer.send(Progress(job.id, 0, stage="awaiting_approval"))
+        await trio.testing.wait_all_tasks_blocked()
+        mine = await state.substrate.get_job_state(USER, "j1")
+        assert mine.stage is Stage.AWAITING_APPROVAL
+        elsewhere = JobState(Stage.DELIVERED, USER, session_id="another")
+        await state.substrate.mark_delivered(USER, "j1", elsewhere, ttl_s=60)  # a reclaim
+        await peer.send(Progress(job.id, 0, stage="running"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert await state.substrate.get_job_state(USER, "j1") == elsewhere  # fenced out
+        nursery.cancel_scope.cancel()

@@ -159,3 +159,19 @@ async def test_a_stale_job_asks_a_fresh_one_does_not(autojump_clock):
                     desk.approve("stale")
             assert [o.status for o in outcomes] == ["completed"]
         assert calls == ["fresh", "stale"] and desk.asked == 1
+
+
+async def test_a_caller_can_cancel_a_job_awaiting_approval(autojump_clock):
+    calls: list[str] = []
+    desk = MemoryDesk()
+    async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
+        outcomes, reports = [], []
+        async with trio.open_nursery() as nursery:
+            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-x", timeout_s=60)
+            with trio.fail_after(5):
+                await desk.wait_requested("job-x")
+            await _stage_becomes(pair, "job-x", Stage.AWAITING_APPROVAL)
+            assert await pair.bridge.cancel("job-x") == "awaiting_approval"
+        assert [o.status for o in outcomes] == ["cancelled"]
+        assert calls == [] and desk.requests == {}  # withdrawn, never ran
+        assert (await pair.bridge.job_state("job-x")).stage is Stage.CANCELLED

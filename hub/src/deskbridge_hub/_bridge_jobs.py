@@ -73,7 +73,8 @@ class JobControl:
         interrupted and finishes). Its caller is answered "cancelled".
 
         Returns:
-            The stage the job was in: ``queued``, ``delivered`` or ``interrupted``; or
+            The stage the job was in: ``queued``, ``delivered``, ``awaiting_approval`` or
+            ``interrupted``; or
             ``finished`` when it already has its answer (nothing is cancelled then).
 
         Raises:

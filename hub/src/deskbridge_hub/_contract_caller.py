@@ -182,14 +182,16 @@ async def check_job_id_claims_are_global(h: SubstrateHarness) -> None:
 async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
     h: SubstrateHarness,
 ) -> None:
-    """Issue 16: a job whose state says it was forwarded (delivered, or interrupted when
-    its socket went away) may have run; past its deadline its redelivery is still
+    """Issue 16: a job whose state says it was forwarded (delivered, awaiting approval, or
+    interrupted when its socket went away) may have run; past its deadline its redelivery is still
     ``delivered`` (the desktop's ledger answers it), never ``expired``. A job never
     forwarded (queued, or no state) past its deadline is ``expired``, state untouched."""
     s, user = h.substrate, h.user()
     again = JobState(Stage.DELIVERED, user, at=3.0, session_id="s2")
     now = (await s.mark_delivered(user, h.job(), again, ttl_s=60)).server_time
-    for before in (Stage.DELIVERED, Stage.INTERRUPTED):
+    # awaiting_approval too (issue 12 item 5): approved, it may have run before its
+    # ``running`` report was recorded
+    for before in (Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL):
         job = h.job()
         await s.set_job_state(user, job, JobState(before, user, at=2.0), ttl_s=60)
         marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)

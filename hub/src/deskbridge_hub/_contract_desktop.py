@@ -8,20 +8,26 @@ from __future__ import annotations
 import trio
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check
-from ._substrate import Asleep, asleep_key, daemons_key
+from ._substrate import Asleep, Claimed, asleep_key, daemons_key
 
 _RECORD_TTL_S = 60.0
+
+
+async def _take_over(
+    h: SubstrateHarness, user: str, consumer: str, daemon: str | None, *, count: int = 32
+) -> Claimed:
+    """The takeover step of a session ``<consumer>.<daemon>`` (presence not touched)."""
+    return await h.substrate.take_over(
+        user, consumer, daemon_id=daemon, session_id=f"{consumer}.{daemon}", count=count,
+        record_ttl_s=_RECORD_TTL_S,
+    )  # fmt: skip
 
 
 async def _start(h: SubstrateHarness, user: str, consumer: str, daemon: str | None) -> list[str]:
     """A session of ``daemon`` starts on ``consumer``: presence, then the takeover step
     (as the hub's reader does at attach). Returns the entry IDs it took over."""
-    session = f"{consumer}.{daemon}"
-    await h.substrate.set_presence(user, session, 30)
-    got = await h.substrate.take_over(
-        user, consumer, daemon_id=daemon, session_id=session, count=32,
-        record_ttl_s=_RECORD_TTL_S,
-    )  # fmt: skip
+    await h.substrate.set_presence(user, f"{consumer}.{daemon}", 30)
+    got = await _take_over(h, user, consumer, daemon)
     assert got.next_start == "0-0"
     return [e.entry_id for e in got.entries]
 
@@ -68,10 +74,7 @@ async def check_take_over_does_nothing_unless_presence_is_ours(h: SubstrateHarne
     await _start(h, user, "pod-a", "daemon-1")
     await s.read_new(user, "pod-a", count=1, block_ms=None)
     await s.set_presence(user, "someone-newer", 30)
-    got = await s.take_over(
-        user, "pod-c", daemon_id="daemon-1", session_id="pod-c.daemon-1", count=32,
-        record_ttl_s=_RECORD_TTL_S,
-    )  # fmt: skip
+    got = await _take_over(h, user, "pod-c", "daemon-1")
     assert got.entries == () and got.deleted_ids == ()
     assert [e.entry_id for e in await s.read_pending(user, "pod-a", count=10)] == ids
     # and it recorded nothing for pod-c: a later session of daemon-1 there may take over
@@ -107,10 +110,7 @@ async def check_take_over_reports_entries_whose_body_is_gone(h: SubstrateHarness
     # MAXLEN ~ trims whole macro nodes in Redis: push enough to trim both away
     await h.fill(user, 300, maxlen=50)
     await s.set_presence(user, "pod-c.daemon-1", 30)
-    got = await s.take_over(
-        user, "pod-c", daemon_id="daemon-1", session_id="pod-c.daemon-1", count=32,
-        record_ttl_s=_RECORD_TTL_S,
-    )  # fmt: skip
+    got = await _take_over(h, user, "pod-c", "daemon-1")
     assert got.entries == ()
     assert sorted(got.deleted_ids) == sorted(ids)
     assert await s.read_pending(user, "pod-a", count=10) == []
@@ -123,10 +123,7 @@ async def check_take_over_is_bounded_by_count(h: SubstrateHarness) -> None:
     await _start(h, user, "pod-a", "daemon-1")
     await s.read_new(user, "pod-a", count=3, block_ms=None)
     await s.set_presence(user, "pod-c.daemon-1", 30)
-    first = await s.take_over(
-        user, "pod-c", daemon_id="daemon-1", session_id="pod-c.daemon-1", count=2,
-        record_ttl_s=_RECORD_TTL_S,
-    )  # fmt: skip
+    first = await _take_over(h, user, "pod-c", "daemon-1", count=2)
     assert [e.entry_id for e in first.entries] == ids[:2]
     # pod-a's record stays while it still holds an entry of daemon-1; pod-c's entries
     # went to daemon-1 too (its session there is gone as well): both move

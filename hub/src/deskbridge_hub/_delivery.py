@@ -62,7 +62,7 @@ from ._jobs import (
     lost_payload,
     result_payload,
 )
-from ._jobstate import ON_DESKTOP, STAGE_OF_OUTCOME, JobState, MalformedState, Stage
+from ._jobstate import FORWARDED, STAGE_OF_OUTCOME, JobState, MalformedState, Stage
 from ._retry import CLEANUP_TIMEOUT_S, retrying
 from ._substrate import Entry, Finished, Substrate
 
@@ -72,8 +72,11 @@ log = logging.getLogger("deskbridge.hub.delivery")
 class Executor(Protocol):
     """Where a delivered job runs: the session's socket, or a test's fake."""
 
-    async def execute(self, job: Job) -> JobResult:
+    async def execute(self, job: Job, *, epoch: int | None = None) -> JobResult:
         """Forward ``job`` and return the sidecar's result for it.
+
+        ``epoch`` is the delivery's claim epoch: what the executor writes about the job
+        meanwhile (the desktop's stage, ``_desk_stage``) is fenced with it.
 
         Raises:
             LocalProtocolError: the job cannot be sent (no sidecar could accept it).
@@ -196,7 +199,7 @@ class EntryServer:
                 waited_s=max(0.0, marked.server_time - envelope.enqueued_at),
             )
             _metrics.job_dispatched(envelope.name, marked.server_time - envelope.enqueued_at)
-            result = await executor.execute(job)
+            result = await executor.execute(job, epoch=epoch)
         except LocalProtocolError as exc:
             # An entry no sidecar could accept (written by a buggy producer): answer it
             # as failed instead of letting it crash every session it is redelivered to.
@@ -321,7 +324,7 @@ class EntryServer:
                 await self.finish(entry_id, job_id, "lost", lost_payload())
                 return
         elif job_id is not None and (owned or stage is None or stage.terminal):
-            if owned and stage in ON_DESKTOP:
+            if owned and stage in FORWARDED:
                 log.warning(
                     "user %s: entry %s (job %s) was trimmed after it was delivered; its "
                     "outcome is unknown (the caller's wait ends with stage %s)",

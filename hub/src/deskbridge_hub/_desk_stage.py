@@ -90,27 +90,40 @@ class Outstanding:
         return self.result
 
 
-def stage_recorder(hub: HubState, user_id: str, job_id: str, session_id: str) -> RecordStage:
+def stage_recorder(
+    hub: HubState, user_id: str, job_id: str, session_id: str, epoch: int | None = None
+) -> RecordStage:
     """A :data:`RecordStage` for one delivery of ``job_id`` on ``session_id``: each stage
-    through the transition table from ``delivered``, SET as the job state stamped now
-    (``result_ttl_s``), bounded by ``CLEANUP_TIMEOUT_S``; a substrate error or the bound is
-    logged and passed over (never raised)."""
+    goes through the transition table from ``delivered`` and is written as the job state
+    (stamped now, ``result_ttl_s``) by the substrate's fenced step (``finish`` without a
+    payload or an XACK): with the delivery's ``epoch``, a newer delivery's state stays
+    (a zombie's report is refused, and it records nothing more). Bounded by
+    ``CLEANUP_TIMEOUT_S``; a substrate error or the bound is logged and passed over
+    (never raised)."""
     state = JobState(Stage.DELIVERED, user_id, session_id=session_id)
+    fenced_out = False
 
     async def record(stage: Stage) -> None:
-        nonlocal state
+        nonlocal state, fenced_out
+        if fenced_out:
+            return
         state = state.advance(stage, at=hub.wall_clock())  # InvalidTransition: a bug here
-        with trio.move_on_after(CLEANUP_TIMEOUT_S) as bound:
+        finished = None
+        with trio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
-                await hub.substrate.set_job_state(
-                    user_id, job_id, state, ttl_s=hub.timings.result_ttl_s
+                finished = await hub.substrate.finish(
+                    user_id, job_id, None, state, ttl_s=hub.timings.result_ttl_s, epoch=epoch
                 )
             except SubstrateUnavailable as exc:
                 log.info("job %s: stage %s not recorded: %s", job_id, stage, exc)
                 return
-        if bound.cancelled_caught:
+        if finished is None:
             log.info("job %s: stage %s not recorded within %g s", job_id, stage,
                      CLEANUP_TIMEOUT_S)  # fmt: skip
+        elif finished.verdict == "stale":
+            fenced_out = True
+            log.warning("job %s: stage %s of a stale delivery (epoch %s, newest %s) refused",
+                        job_id, stage, epoch, finished.newest)  # fmt: skip
         else:
             log.info("job %s: %s on the desktop", job_id, stage)
 

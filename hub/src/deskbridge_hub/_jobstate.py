@@ -51,13 +51,11 @@ class Stage(enum.StrEnum):
 
 
 TERMINAL = frozenset({Stage.FINISHED, Stage.CANCELLED, Stage.EXPIRED, Stage.LOST})
-#: The stages of a job a desktop has (it may be running there or about to).
-ON_DESKTOP = frozenset({Stage.DELIVERED, Stage.AWAITING_APPROVAL, Stage.INTERRUPTED})
-
 #: A job forwarded to a desktop and not answered yet: it may have run, so only the
 #: desktop's ledger can say whether it did (a redelivery past its deadline goes to the
-#: desktop, never "expired" by the hub; issue 16).
-FORWARDED = frozenset({Stage.DELIVERED, Stage.INTERRUPTED})
+#: desktop, never "expired" by the hub; issue 16). ``awaiting_approval`` too: once approved
+#: the tool may run before its ``running`` report is recorded (issue 12 item 5).
+FORWARDED = frozenset({Stage.DELIVERED, Stage.AWAITING_APPROVAL, Stage.INTERRUPTED})
 
 #: Which stage may follow which (the only table; a stage may repeat: a redelivery
 #: marks an already-delivered job delivered again).

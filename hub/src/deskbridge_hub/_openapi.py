@@ -31,9 +31,9 @@ _OUTCOME_CODES = {
     "200": _json(_OUTCOME, "completed"),
     "400": _err("bad request: `error.field` names the field"),
     "401": _err("missing or wrong API key"),
-    "409": _json(_OUTCOME, "cancelled, or `job_id_in_use`"),
+    "409": _json(_OUTCOME, "cancelled, declined (at the desktop), in_doubt, or `job_id_in_use`"),
     "410": _json(_OUTCOME, "expired or lost"),
-    "422": _json(_OUTCOME, "failed (the tool's error)"),
+    "422": _json(_OUTCOME, "failed (the tool's error), or `idempotency_key_reused`"),
     "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
     "504": _json(
         _OUTCOME,

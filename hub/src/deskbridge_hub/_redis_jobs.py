@@ -21,8 +21,9 @@ from ._substrate import (
 #: fencing token ``finish`` checks), kept until the deadline + the state's TTL (at least
 #: that TTL). KEYS: state, cancel, fence (the user's slot). ARGV: state, TTL ms, deadline.
 #: A deadline that passed expires only a job never forwarded: one whose state says it was
-#: delivered (or interrupted) may have run, so it goes to the desktop again, whose ledger
-#: answers (issue 16: a redelivery after a pod kill was answered "expired" for a job that ran).
+#: delivered (awaiting approval, or interrupted) may have run, so it goes to the desktop
+#: again, whose ledger answers (issue 16: a redelivery after a pod kill was answered
+#: "expired" for a job that ran).
 _MARK_DELIVERED = Script(
     """
 local t = redis.call('TIME')
@@ -34,7 +35,9 @@ if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then
     local ok, body = pcall(cjson.decode, state)
     if ok and type(body) == 'table' then stage = body['stage'] end
   end
-  if stage ~= 'delivered' and stage ~= 'interrupted' then return {'expired', now} end
+  if stage ~= 'delivered' and stage ~= 'interrupted' and stage ~= 'awaiting_approval' then
+    return {'expired', now}
+  end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

@@ -367,12 +367,12 @@ class HubSession(SessionTimers):
             self._serving_changed.set()
             self._serving_changed = trio.Event()
 
-    async def execute(self, job: Job) -> JobResult:
+    async def execute(self, job: Job, *, epoch: int | None = None) -> JobResult:
         """Send ``job`` and wait for its ``job_result`` (see ``_delivery.Executor``),
-        recording the desktop's stage reports meanwhile (``_desk_stage``)."""
+        recording the desktop's stage reports meanwhile (``_desk_stage``, fenced)."""
         frame = self._encode(job)  # LocalProtocolError: no sidecar could accept it
         delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id)
-        record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id)
+        record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id, epoch)
         try:
             await self._send.send(frame)
             return await delivery.wait(record)

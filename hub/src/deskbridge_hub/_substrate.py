@@ -379,10 +379,10 @@ class LedgerSubstrate(Protocol):
         deadline: float | None = None,
     ) -> Marked:
         """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
-        that clock) has passed and the stored state is not ``delivered``/``interrupted``
-        (``FORWARDED``: it may have run, the desktop's ledger answers) answer
-        ``expired``; else if a cancel was requested answer ``cancelled``; else SET the
-        job state PX ttl, raise the job's claim epoch (INCR
+        that clock) has passed and the stored state is not ``delivered``/
+        ``awaiting_approval``/``interrupted`` (``FORWARDED``: it may have run, the
+        desktop's ledger answers) answer ``expired``; else if a cancel was requested
+        answer ``cancelled``; else SET the job state PX ttl, raise the job's claim epoch (INCR
         ``bridge:fence:{user_id}:job_id``, kept until ``deadline`` + ttl_s, at least
         ttl_s) and answer ``delivered`` with it. Only ``delivered`` may be forwarded."""
 

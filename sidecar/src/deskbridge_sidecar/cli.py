@@ -116,6 +116,12 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "GIL cannot stall the connection (a tool marked @isolated always does)",
     )
     run.add_argument(
+        "--no-sleep-notifications",
+        action="store_true",
+        help="do not watch the OS's sleep notifications (Linux logind through gdbus; "
+        "by default the hub is told before the machine sleeps, best effort)",
+    )
+    run.add_argument(
         "--data-dir",
         metavar="DIR",
         help="where the job ledger lives (default $DESKBRIDGE_DATA_DIR, else the "
@@ -382,6 +388,7 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         ssl_context=ssl_context,
         data_dir=Path(data_dir),
         isolate_sync_tools=args.isolate_sync_tools,
+        sleep_notifications=not args.no_sleep_notifications,
     )
 
 
