@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
+from ._jobstate import JobState
 from ._substrate import Beat, Entry
 
 #: Beats due within this many seconds of each other (at most this early, or a tenth of
@@ -44,6 +45,8 @@ class Listener:
         on_superseded: the heartbeat found presence held by another session.
         capacity: how many more entries the session can take now.
         stopped: once set, nothing more is read for this session.
+        delivered_state: the state a delivery by this session records: given, new entries
+            are read and marked delivered in one step (``read_new_delivered``).
         wants_more: the session was full when entries were waiting: read again when a
             serving task ends.
         due_s: when its next beat is due (trio clock); ``beats``: beats answered.
@@ -61,6 +64,7 @@ class Listener:
     on_superseded: Callable[[], None]
     capacity: Callable[[], int]
     stopped: trio.Event = attrs.field(factory=trio.Event)
+    delivered_state: Callable[[], JobState] | None = None
     wants_more: bool = False
     due_s: float = 0.0
     beats: int = 0

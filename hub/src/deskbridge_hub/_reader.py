@@ -374,9 +374,15 @@ class ProcessReader:
                 if room <= 0:
                     listener.wants_more = True  # read again when a serving task ends
                     break
-                entries = await self.substrate.read_new(
-                    user_id, consumer, count=room, block_ms=None
-                )
+                if listener.delivered_state is None:
+                    entries = await self.substrate.read_new(
+                        user_id, consumer, count=room, block_ms=None
+                    )
+                else:  # the read and the delivery mark in one round trip (issue 10.3)
+                    entries = await self.substrate.read_new_delivered(
+                        user_id, consumer, count=room, state=listener.delivered_state(),
+                        ttl_s=self.timings.result_ttl_s,
+                    )  # fmt: skip
                 await self._dispatch(listener, inflight, entries)
                 if len(entries) < room:
                     break

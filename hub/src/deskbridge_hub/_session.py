@@ -161,6 +161,7 @@ class HubSession(SessionTimers):
                     on_superseded=self.supersede,
                     capacity=lambda: int(self._limiter.available_tokens),
                     stopped=self._reading_stopped,
+                    delivered_state=server.delivered_state,
                     daemon_id=self.hello.daemon_id if self.hello else None,
                 )  # fmt: skip
                 if self.state.drain.active:

@@ -195,6 +195,16 @@ class StreamSubstrate(Protocol):
         Recreates a missing group (NOGROUP) from 0 and returns []; also returns [] when
         the stream is deleted while blocked (Redis 7: UNBLOCKED)."""
 
+    async def read_new_delivered(
+        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+    ) -> list[Entry]:
+        """``read_new`` without BLOCK that also runs :meth:`LedgerSubstrate.mark_delivered`
+        (``state``, ``ttl_s``, the entry's own ``deadline``) for every job it reads, in
+        the same atomic step: a job is an entry with a ``job_id`` and a numeric
+        ``deadline`` and no ``control`` field; its :class:`Entry` carries the verdict in
+        ``marked``, other entries have ``marked`` None. One round trip instead of a read
+        plus one per job."""
+
     async def ack(self, user_id: str, entry_id: str) -> int:
         """XACK; returns the number acknowledged (0 or 1; 0 when the stream or group is gone)."""
 

@@ -72,37 +72,6 @@ class Asleep:
 
 
 @attrs.frozen
-class Entry:
-    """One stream entry as read by a consumer.
-
-    Attributes:
-        entry_id: the Redis stream entry ID (``"<ms>-<seq>"``).
-        fields: the entry's field/value pairs, or ``None`` when the entry is still in the
-            pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
-    """
-
-    entry_id: str
-    fields: Mapping[str, str] | None
-
-
-@attrs.frozen
-class Claimed:
-    """Reply of :meth:`Substrate.autoclaim` (XAUTOCLAIM).
-
-    Attributes:
-        next_start: cursor for the next call; ``"0-0"`` when the scan is complete.
-        entries: entries now owned by the claiming consumer (bodies present).
-        deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
-            from the pending entries list (Redis >= 7), the caller must answer their
-            callers "lost".
-    """
-
-    next_start: str
-    entries: tuple[Entry, ...]
-    deleted_ids: tuple[str, ...]
-
-
-@attrs.frozen
 class Marked:
     """Reply of :meth:`LedgerSubstrate.mark_delivered`.
 
@@ -141,6 +110,40 @@ class Finished:
     verdict: str
     newest: int | None = None
     acked: bool = False
+
+
+@attrs.frozen
+class Entry:
+    """One stream entry as read by a consumer.
+
+    Attributes:
+        entry_id: the Redis stream entry ID (``"<ms>-<seq>"``).
+        fields: the entry's field/value pairs, or ``None`` when the entry is still in the
+            pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
+        marked: the delivery verdict when the read also marked it delivered
+            (:meth:`StreamSubstrate.read_new_delivered`), else None.
+    """
+
+    entry_id: str
+    fields: Mapping[str, str] | None
+    marked: Marked | None = None
+
+
+@attrs.frozen
+class Claimed:
+    """Reply of :meth:`Substrate.autoclaim` (XAUTOCLAIM).
+
+    Attributes:
+        next_start: cursor for the next call; ``"0-0"`` when the scan is complete.
+        entries: entries now owned by the claiming consumer (bodies present).
+        deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
+            from the pending entries list (Redis >= 7), the caller must answer their
+            callers "lost".
+    """
+
+    next_start: str
+    entries: tuple[Entry, ...]
+    deleted_ids: tuple[str, ...]
 
 
 #: How long a process's notification mailbox outlives its last notification, seconds: a
