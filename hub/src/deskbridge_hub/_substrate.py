@@ -43,13 +43,7 @@ from ._keys import (
     GROUP as GROUP,
 )
 from ._keys import (
-    asleep_key as asleep_key,
-)
-from ._keys import (
     cancel_key as cancel_key,
-)
-from ._keys import (
-    daemons_key as daemons_key,
 )
 from ._keys import (
     fence_key as fence_key,
@@ -96,11 +90,12 @@ from ._keys import (
 from ._keys import (
     wake_key as wake_key,
 )
+from ._substrate_desktop import Asleep as Asleep
+from ._substrate_desktop import DesktopSubstrate as DesktopSubstrate
+from ._substrate_desktop import asleep_key as asleep_key
+from ._substrate_desktop import daemons_key as daemons_key
 from ._substrate_values import (
     MAILBOX_TTL_S as MAILBOX_TTL_S,
-)
-from ._substrate_values import (
-    Asleep as Asleep,
 )
 from ._substrate_values import (
     Beat as Beat,
@@ -423,48 +418,6 @@ class LedgerSubstrate(Protocol):
         """GET ``bridge:tools:{user_id}``."""
 
 
-class DesktopSubstrate(Protocol):
-    """What a desktop says about itself (issue 12): which daemon instance it is (the
-    record of where a user's deliveries went, and the instant takeover it allows) and
-    whether it went to sleep. Keys in the user's slot: ``bridge:daemons:{<user_id>}``
-    (hash: consumer -> daemon id, ``?`` when unknown or mixed),
-    ``bridge:asleep:{<user_id>}`` (``Asleep`` as JSON, with a TTL)."""
-
-    async def take_over(
-        self,
-        user_id: str,
-        consumer: str,
-        *,
-        daemon_id: str | None,
-        session_id: str,
-        count: int,
-        record_ttl_s: float,
-    ) -> Claimed:
-        """At a session's start, in one atomic step in the user's slot: if presence is
-        still ``session_id``, XCLAIM (min idle 0) for ``consumer`` up to ``count``
-        entries pending on *other* consumers whose record names ``daemon_id`` (their
-        deliveries went to this very daemon, whose socket there is gone since it is
-        here now); then record ``consumer`` -> ``daemon_id`` (or ``?`` when
-        ``daemon_id`` is None, or when ``consumer`` still has entries pending that
-        went to another daemon), drop the records of consumers taken over completely
-        or gone from the group, and PEXPIRE the record ``record_ttl_s``.
-
-        Returns:
-            ``Claimed("0-0", entries, deleted_ids)``: the entries now ours (delivery
-            count + 1), and the IDs whose body is gone (removed from the pending
-            entries list, as XCLAIM does). Nothing when presence is not ours.
-        """
-
-    async def set_asleep(self, user_id: str, asleep: Asleep, *, ttl_s: float) -> None:
-        """SET ``bridge:asleep:{user_id}`` = ``asleep`` PX ttl_s."""
-
-    async def get_asleep(self, user_id: str) -> Asleep | None:
-        """GET ``bridge:asleep:{user_id}``, decoded; None if absent or not decodable."""
-
-    async def clear_asleep(self, user_id: str) -> None:
-        """DEL ``bridge:asleep:{user_id}`` (a session started: the desktop is awake)."""
-
-
 class Substrate(
     PresenceSubstrate,
     StreamSubstrate,
@@ -474,9 +427,10 @@ class Substrate(
     DesktopSubstrate,
     Protocol,
 ):
-    """Everything the hub needs from its store: the six parts above, plus health and
-    lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
-    contract suite is ``deskbridge_hub.testing.check_substrate``."""
+    """Everything the hub needs from its store: the six parts (``DesktopSubstrate`` in
+    ``_substrate_desktop``), plus health and lifetime. ``MemorySubstrate`` and
+    ``RedisSubstrate`` implement all of it; the shared contract suite is
+    ``deskbridge_hub.testing.check_substrate``."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""
