@@ -143,9 +143,12 @@ class PresenceSubstrate(Protocol):
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
-        """SET ``bridge:proc:{holder_id}`` PX ttl_s: this hub process is alive (refreshed
-        well within the TTL by the process itself; presence names the process)."""
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
+        """SET ``bridge:proc:{holder_id}`` PX ttl_s GET: this hub process is alive
+        (refreshed well within the TTL by the process itself; presence names the
+        process). Returns whether the key was still set: False after the first call
+        means it lapsed (the process stalled past the TTL) or the store lost it (Redis
+        restarted empty, a failover), so presence may be gone too."""
 
     async def clear_liveness(self, holder_id: str) -> None:
         """DEL ``bridge:proc:{holder_id}`` (the process is stopping)."""
@@ -243,10 +246,13 @@ class ReaderSubstrate(Protocol):
         prune: bool = True,
     ) -> list[BeatReply]:
         """For every beat, in one round trip (pipelined, one script per user, each within
-        that user's slot): refresh presence PX ttl_s if absent or ours and then keep the
-        catalogue equal to the beat's; probe the user's stream (see :class:`BeatReply`);
-        with ``prune``, delete consumers other than ``consumer`` with nothing pending and
-        idle for at least ``reclaim_idle_ms``. Replies in the order of ``beats``."""
+        that user's slot): refresh presence PX ttl_s if absent or ours (a newer
+        session's value stays, its TTL set to ttl_s) and then write the beat's
+        catalogue if it has one; probe the user's stream (see :class:`BeatReply`; the
+        index only when the group is not quiet or the beat is deep); with ``prune``,
+        delete consumers other than ``consumer`` with nothing pending and idle for at
+        least ``reclaim_idle_ms``. Replies in the order of ``beats``. An idle user (group
+        quiet, one consumer) costs 3 Redis commands as INFO commandstats counts them."""
 
 
 class ResultSubstrate(Protocol):
