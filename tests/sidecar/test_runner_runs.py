@@ -161,6 +161,24 @@ async def test_an_outcome_the_ledger_cannot_record_is_kept_in_memory(autojump_cl
     assert runner.admit(job(key="k1")) == outcome and calls == ["f"]
 
 
+async def test_an_unrecorded_outcome_the_cache_forgot_is_in_doubt_never_run_twice(
+    autojump_clock, nursery
+):
+    """The start is on disk, the outcome could not be written, and the memory cache (1
+    entry here) has since let it go: a redelivery finds a started row with no run in
+    flight. The tool may have acted, so it is answered ``in_doubt`` and does not run
+    again (before the fix it ran a second time)."""
+    submit, calls = counting()
+    runner = make(nursery, submit, ledger=FailingWrites("finish"), size=1)
+    assert (await runner.execute(job(key="k1"))).ok
+    assert (await runner.execute(job(key="k2"))).ok  # evicts k1 from the memory cache
+    assert runner.cached("k1") is None
+    assert runner.admit(job(key="k1")) is None
+    again = await runner.execute(job(key="k1"))
+    assert again.code == "in_doubt" and "not run again" in again.error.message
+    assert calls == ["f", "f"] and runner.executions == {"submit": 2}
+
+
 async def test_a_delivery_that_expired_while_queued_is_answered_but_not_remembered(
     autojump_clock, nursery
 ):

@@ -244,6 +244,20 @@ class ToolRunner:
                 )
                 return entry.outcome
             run = self._runs.get(key)  # another delivery may have started one meanwhile
+            if run is None and entry is not None:
+                # Started here, no run in flight and no outcome on disk: the run ended but
+                # its outcome could not be written and the memory cache has since let it go.
+                # The tool may have acted, so this is in doubt; it never runs a second time.
+                log.warning(
+                    "job %s (%s): started earlier, outcome lost; answered in_doubt",
+                    job.job_id,
+                    job.name,
+                )
+                return Outcome.failure(
+                    IN_DOUBT,
+                    "the tool started earlier and its outcome was not recorded; "
+                    "it may have acted and is not run again",
+                )
         if run is None:
             if self._closing:
                 await trio.sleep_forever()  # left to the hub: redelivered after a restart
