@@ -129,7 +129,9 @@ def build_report(
             "max": per_attempt[-1] if per_attempt else float("nan"),
         },
         "faults": faults,
-        "time_calm": where_time_went([k for k in keys if k.started < t0 + cfg.calm_s], events),
+        "time_calm": where_time_went(
+            [k for k in keys if t0 <= k.started < t0 + cfg.calm_s], events
+        ),
         "time_faulted": where_time_went([k for k in keys if k.started >= t0 + cfg.calm_s], events),
     }
 
