@@ -21,6 +21,8 @@ process's own CPU (so you can tell whether the swarm, not the hub, was the limit
 
 Usage: ./dev bench idle [--n 1000] [--duration-s 60] [--ramp-s 300] [--echo-calls 200]
        [--profile FILE]   (py-spy on the hub during the idle window)
+       [--profile-ramp FILE]   (py-spy on the hub during the ramp: the handshake path)
+       [--keep-logs DIR]   (the hub's, Redis' and the swarms' logs, kept)
 """
 
 from __future__ import annotations
@@ -184,6 +186,25 @@ def main() -> int:
     p.add_argument("--redis-port", type=int, default=6411)
     p.add_argument("--json", default="")
     p.add_argument(
+        "--hub-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the hub (repeatable), e.g. DESKBRIDGE_PING_INTERVAL_S=60",
+    )
+    p.add_argument(
+        "--keep-logs",
+        default="",
+        metavar="DIR",
+        help="copy the hub's, Redis' and the swarms' logs to DIR before cleaning up",
+    )
+    p.add_argument(
+        "--profile-ramp",
+        default="",
+        metavar="FILE",
+        help="py-spy the hub during the ramp (the handshake path); summary printed",
+    )
+    p.add_argument(
         "--profile",
         default="",
         metavar="FILE",
@@ -197,7 +218,8 @@ def main() -> int:
         redis = start_private_redis(tmp, args.redis_port, "redis-idle")
         procs: list[Proc] = [redis]
         try:
-            hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis.url})
+            hub_env = dict(kv.split("=", 1) for kv in args.hub_env)
+            hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis.url, **hub_env})
             procs.append(hub)
             hub.wait_healthy()
             extra_prefix = f"x{secrets.token_hex(2)}-"
@@ -221,6 +243,12 @@ def main() -> int:
             users = [f"{prefix}{i:05d}" for i in range(args.n)]
             swarm, status = start_swarm(tmp, hub.ws, prefix, args.n, args.connect_concurrency)
             procs.append(swarm)
+            ramp_profiler = None
+            if args.profile_ramp:
+                from bench.lib.profile import Profiler
+
+                ramp_profiler = Profiler(max(hub_pids), Path(args.profile_ramp))
+                ramp_profiler.start()
             t0 = time.monotonic()
             ramp_end = t0 + args.ramp_s
             while time.monotonic() < ramp_end:
@@ -230,6 +258,8 @@ def main() -> int:
                 if swarm.popen.poll() is not None:
                     raise RuntimeError(f"swarm exited:\n{swarm.output()[-3000:]}")
                 time.sleep(0.5)
+            if ramp_profiler is not None:
+                ramp_profiler.stop()
             st = swarm_status(status)
             out["ramp"] = {
                 "seconds": time.monotonic() - t0,
@@ -320,9 +350,21 @@ def main() -> int:
         finally:
             for proc in reversed(procs):
                 proc.stop(timeout_s=10)
+            if args.keep_logs:
+                import shutil
+
+                keep = Path(args.keep_logs)
+                keep.mkdir(parents=True, exist_ok=True)
+                for log in tmp.glob("*.log"):
+                    shutil.copy(log, keep / log.name)
     if args.json:  # first, so a failing report still leaves the figures
         Path(args.json).write_text(json.dumps(out, indent=1))
     report(out, args)
+    if args.profile_ramp and Path(args.profile_ramp).exists():
+        from bench.lib.profile import summarise
+
+        print("\nhub CPU profile during the ramp (py-spy):")
+        print(summarise(Path(args.profile_ramp)))
     if args.profile and Path(args.profile).exists():
         from bench.lib.profile import summarise
 

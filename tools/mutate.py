@@ -34,7 +34,8 @@ Usage:
     ./dev mutate --fail-under N  exit 1 if any module's score is below N percent
 
 Exit status: 0 when every module of the run reaches its ``min_score`` (and
-``--fail-under``), 1 otherwise, 2 for usage errors.
+``--fail-under``), 1 otherwise, 2 for usage errors. A mutant that no selected test reaches
+(mutmut's "no tests") counts as surviving.
 """
 
 from __future__ import annotations
@@ -261,12 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         module = target["module"]
         counts = by_module.get(module, {})
         killed = len(counts.get("killed", [])) + len(counts.get("timeout", []))
-        survived = len(counts.get("survived", []))
+        # A mutant no test reaches ("no tests") is a survivor too: nothing would notice it.
+        survived = len(counts.get("survived", [])) + len(counts.get("no tests", []))
         equiv = len(counts.get("equivalent", []))
         other = sum(
             len(v)
             for k, v in counts.items()
-            if k not in ("killed", "timeout", "survived", "equivalent")
+            if k not in ("killed", "timeout", "survived", "no tests", "equivalent")
         )
         total = killed + survived
         score = 100.0 * killed / total if total else 100.0
@@ -277,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.survivors:
             for name in sorted(counts.get("survived", [])):
                 print(f"    survived: {name}")
+            for name in sorted(counts.get("no tests", [])):
+                print(f"    no tests: {name}")
     return 1 if failed else 0
 
 

@@ -89,3 +89,36 @@ def test_a_gated_tool_waits_for_the_cli_then_runs_or_is_declined(tmp_path, procs
             assert ledger.starts(job_id) == []
             wait_until(lambda: stage() == "cancelled", timeout_s=10, what="cancelled")
     assert _cli("pending", data_dir=sidecar.data_dir).stdout == ""
+
+
+def test_nobody_decides_the_deadline_ends_the_wait_unstarted(tmp_path, procs):
+    """Nothing is approved by default: at ``timeout_s`` the caller's wait and the desktop's
+    end together, so the caller is answered 504 ``timeout`` with the stage
+    ``awaiting_approval`` or, when the desktop's answer wins the race, 410 ``expired``; the
+    job ends ``expired``, the request is withdrawn and the tool never ran."""
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    hub = procs.hub(tmp_path, dict(TIMINGS), name="pod")
+    sidecar = procs.add(Sidecar(tmp_path, hub.ws, issue(user), tools=["consent_tools"],
+                                env={**TIMINGS, **ledger.env()}))  # fmt: skip
+    wait_online(hub.http, user)
+    job_id = f"pay-t-{user}"
+    body = {"name": "pay", "args": {"key": job_id}, "job_id": job_id, "timeout_s": 4}
+    started = time.monotonic()
+    with httpx.Client(headers=headers(), timeout=4 + HTTP_SLACK_S) as client:
+        r = client.post(f"{hub.http}/v1/users/{user}/jobs", json=body)
+        waited = time.monotonic() - started
+        answer = r.json()
+        if r.status_code == 504:
+            assert answer["detail"] == {"stage": "awaiting_approval"}, answer
+        else:
+            assert (r.status_code, answer["status"]) == (410, "expired"), answer
+            assert "awaited approval" in answer["error"]["message"]
+        assert 4 <= waited < 4 + HTTP_SLACK_S
+
+        def stage():
+            return client.get(f"{hub.http}/v1/jobs/{job_id}").json().get("stage")
+
+        wait_until(lambda: stage() == "expired", timeout_s=10, what="the desktop's expired")
+    assert ledger.starts(job_id) == []
+    assert _cli("pending", data_dir=sidecar.data_dir).stdout == ""

@@ -6,7 +6,8 @@ from deskbridge_common import Timings
 
 def test_defaults_are_the_field_tested_values():
     t = Timings()
-    assert (t.heartbeat_s, t.presence_ttl_s, t.jobs_maxlen) == (10.0, 30.0, 500)
+    # the heartbeat is the field's 10 s x 3 (issue 10: idle desktops cost little)
+    assert (t.heartbeat_s, t.presence_ttl_s, t.jobs_maxlen) == (30.0, 90.0, 500)
     assert (t.reclaim_idle_s, t.result_ttl_s, t.call_timeout_s) == (180.0, 300.0, 90.0)
     assert (t.dedupe_size, t.dedupe_ttl_s, t.wedge_gap_s) == (256, 300.0, 5.0)
     assert t.presence_ttl_s == 3 * t.heartbeat_s
@@ -34,4 +35,4 @@ def test_bad_values_name_the_variable(raw):
 
 def test_presence_ttl_must_outlive_the_heartbeat():
     with pytest.raises(ValueError, match="DESKBRIDGE_PRESENCE_TTL_S"):
-        Timings.from_env({"DESKBRIDGE_PRESENCE_TTL_S": "5"})  # heartbeat stays 10
+        Timings.from_env({"DESKBRIDGE_PRESENCE_TTL_S": "25"})  # heartbeat stays 30

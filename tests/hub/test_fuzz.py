@@ -41,7 +41,9 @@ from deskbridge_common import (
     LocalProtocolError,
     Ping,
     Pong,
+    Progress,
     RemoteProtocolError,
+    Sleeping,
     Timings,
     ToolSpec,
     Welcome,
@@ -58,7 +60,7 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 CLOSE_CODES = {CLOSE_INVALID_PAYLOAD, CLOSE_POLICY_VIOLATION, CLOSE_MESSAGE_TOO_BIG}
-FRAME_CLASSES = (Hello, Welcome, Job, JobResult, Cancel, Ping, Pong, Error)
+FRAME_CLASSES = (Hello, Welcome, Job, JobResult, Cancel, Progress, Sleeping, Ping, Pong, Error)
 EPOCH = 1_700_000_000.0
 #: Placeholder that the session fuzz replaces with the delivery id of a real in-flight job.
 DELIVERED = "<delivered-id>"

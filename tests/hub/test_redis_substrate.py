@@ -310,3 +310,43 @@ async def test_a_flushed_script_cache_never_applies_a_write_twice(raw_redis: Raw
             assert got == [(job, '{"status": "completed"}')]
             assert await s.read_notifications(box, count=10, block_ms=50) == []
     await raw_redis("DEL", box)
+
+
+async def _command_calls(raw: RawRedis) -> dict[str, int]:
+    info = await raw("INFO", "commandstats")
+    calls = {}
+    for line in info.splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line.removeprefix("cmdstat_").partition(":")
+            calls[name] = int(dict(f.split("=") for f in fields.split(","))["calls"])
+    return calls
+
+
+async def test_an_idle_users_heartbeat_costs_three_commands_as_redis_counts_them() -> None:
+    """Issue 10: <= 0.15 Redis commands/s per idle desktop, counted inside Redis (INFO
+    commandstats counts the EVALSHA and every command the script runs). An idle beat is
+    EVALSHA + GETEX (presence) + XINFO GROUPS: 3 per 30 s heartbeat, 0.1/s."""
+    from deskbridge_hub._substrate import Beat, index_key, tools_key
+
+    raw = RawRedis(REDIS_URL)
+    user, _ = _ids()
+    try:
+        with trio.fail_after(10):
+            async with RedisSubstrate.from_url(REDIS_URL) as s:
+                assert await s.read_new(user, "hub-1", count=1, block_ms=None) == []  # group
+                await s.set_presence(user, "s1", 90)
+                beat = [Beat(user, "s1")]
+                await s.heartbeat(beat, ttl_s=90, consumer="hub-1", reclaim_idle_ms=180_000)
+                before = await _command_calls(raw)
+                (reply,) = await s.heartbeat(
+                    beat, ttl_s=90, consumer="hub-1", reclaim_idle_ms=180_000
+                )
+                after = await _command_calls(raw)
+        assert reply.ours and not (reply.backlog or reply.reclaim_due or reply.trimmed_due)
+        spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        spent = {
+            k: v for k, v in spent.items() if v and k not in ("info", "select")
+        }  # the oracle's
+        assert spent == {"evalsha": 1, "getex": 1, "xinfo|groups": 1}
+    finally:
+        await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))

@@ -81,7 +81,7 @@ async def test_welcome_sets_presence_and_echo_round_trips(autojump_clock):
     bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
     async with trio.open_nursery() as nursery:
         peer, welcome = await connect(nursery, state)
-        assert welcome.heartbeat_s == 10.0 and welcome.ping_timeout_s == 10.0
+        assert welcome.heartbeat_s == 30.0 and welcome.ping_timeout_s == 10.0
         presence = await bridge.presence("u1")
         assert presence.online and presence.session_id == welcome.session_id
         executed = []
@@ -420,12 +420,12 @@ async def test_drain_waits_for_dispatch_requests_waiting_in_this_process(autojum
 
 
 async def test_presence_returns_within_a_second_after_redis_comes_back_empty(autojump_clock):
-    state = make_state()  # heartbeat 10 s
+    state = make_state()  # heartbeat 30 s
     bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
     async with trio.open_nursery() as nursery:
         peer, _ = await connect(nursery, state)
         nursery.start_soon(answer_jobs, peer, [])
-        await trio.sleep(9.5)
+        await trio.sleep(29.5)
         state.substrate.set_unavailable(True)  # Redis down across a heartbeat
         await trio.sleep(5)
         state.substrate._kv.clear()  # it comes back without its data

@@ -67,6 +67,50 @@ def test_dedupe_refuses_nonsense():
         DedupeCache(size=0)
 
 
+@pytest.mark.parametrize(("size", "ttl_s"), [(0, 300.0), (-1, 300.0), (256, 0.0), (256, -1.0)])
+def test_dedupe_size_and_ttl_must_both_be_positive(size, ttl_s):
+    with pytest.raises(ValueError, match="^DedupeCache size and ttl_s must be positive$"):
+        DedupeCache(size=size, ttl_s=ttl_s)
+
+
+def test_dedupe_of_one_holds_the_latest_outcome():
+    clock = FakeClock()
+    cache = DedupeCache(size=1, ttl_s=0.5, clock=clock)
+    cache.put("a", Outcome.success("a"))
+    assert cache.get("a") == Outcome.success("a") and len(cache) == 1 and cache.evictions == 0
+    cache.put("b", Outcome.success("b"))
+    assert cache.get("a") is None and cache.get("b") == Outcome.success("b")
+    assert len(cache) == 1 and cache.evictions == 1
+
+
+def test_dedupe_rerecording_a_key_replaces_it_without_evicting():
+    clock = FakeClock()
+    cache = DedupeCache(size=2, ttl_s=300.0, clock=clock)
+    cache.put("a", Outcome.success(1))
+    cache.put("b", Outcome.success(2))
+    cache.put("a", Outcome.success(3))
+    assert len(cache) == 2 and cache.evictions == 0 and cache.get("a") == Outcome.success(3)
+
+
+def test_dedupe_expiry_is_not_an_eviction_and_counts_down_len():
+    clock = FakeClock()
+    cache = DedupeCache(size=3, ttl_s=10.0, clock=clock)
+    cache.put("a", Outcome.success(1))
+    clock.now = 5.0
+    cache.put("b", Outcome.success(2))
+    assert len(cache) == 2
+    clock.now = 10.0
+    assert len(cache) == 1 and "a" not in cache and "b" in cache
+    clock.now = 15.0
+    assert len(cache) == 0 and cache.evictions == 0
+
+
+def test_dedupe_holds_only_string_keys():
+    cache = DedupeCache(clock=FakeClock())
+    cache.put("1", Outcome.success(1))
+    assert "1" in cache and 1 not in cache and None not in cache
+
+
 # -- backoff ---------------------------------------------------------------------------
 
 

@@ -1,12 +1,16 @@
 """Shared timing constants, with units in their names, tunable from the environment.
 
-Defaults are the field-tested values of the seed report (shared/reference): heartbeat
-10 s, presence TTL 3 x heartbeat (a blip shorter than two heartbeats must not read as a
-disconnect), stream MAXLEN ~ 500, reclaim idle 180 s (longer than the longest legitimate
-browser job, 60-120 s), result TTL 300 s, requester wait 90 s (the seed's BLPOP), dedupe
-cache 256 outcomes for 300 s (mirrors the result TTL), sleep/wedge gap 5 s. Reconnect
-backoff: first window 0.5 s (so a desktop whose healthy session dropped is back within
-1 s at p99, connect time included: issue 16), doubling to 30 s while attempts fail.
+Defaults are the field-tested values of the seed report (shared/reference), except the
+heartbeat: 30 s (the field's 10 s, lengthened by issue 10 so that 10,000 idle desktops
+cost one hub process little: presence now also needs its holder process's liveness key,
+refreshed every second, so a dead process reads offline within seconds whatever the
+heartbeat; docs/architecture.md), presence TTL 3 x heartbeat (a blip shorter than two
+heartbeats must not read as a disconnect), stream MAXLEN ~ 500, reclaim idle 180 s
+(longer than the longest legitimate browser job, 60-120 s), result TTL 300 s, requester
+wait 90 s (the seed's BLPOP), dedupe cache 256 outcomes for 300 s (mirrors the result
+TTL), sleep/wedge gap 5 s. Reconnect backoff: first window 0.5 s (so a desktop whose
+healthy session dropped is back within 1 s at p99, connect time included: issue 16),
+doubling to 30 s while attempts fail.
 
 Every field can be overridden with ``DESKBRIDGE_<FIELD NAME IN UPPER CASE>``, for example
 ``DESKBRIDGE_RECLAIM_IDLE_S=5``. The table in docs/operations.md lists them all.
@@ -32,8 +36,8 @@ def _positive(instance: object, attribute: attrs.Attribute[_Number], value: _Num
 class Timings:
     """Every timing knob of hub and sidecar. Seconds unless the name says otherwise."""
 
-    heartbeat_s: float = attrs.field(default=10.0, validator=_positive)
-    presence_ttl_s: float = attrs.field(default=30.0, validator=_positive)
+    heartbeat_s: float = attrs.field(default=30.0, validator=_positive)
+    presence_ttl_s: float = attrs.field(default=90.0, validator=_positive)
     jobs_maxlen: int = attrs.field(default=500, validator=_positive)
     reclaim_idle_s: float = attrs.field(default=180.0, validator=_positive)
     result_ttl_s: float = attrs.field(default=300.0, validator=_positive)

@@ -74,7 +74,8 @@ def _default_substrate(config: HubConfig) -> RedisSubstrate | MemorySubstrate:
         return RedisSubstrate.from_url(
             config.redis_url,
             max_connections=config.redis_max_connections,
-            health_interval_s=config.timings.heartbeat_s,
+            # at most every 10 s (the field's heartbeat), whatever the heartbeat
+            health_interval_s=min(config.timings.heartbeat_s, 10.0),
         )
     from ._memory import MemorySubstrate
 

@@ -176,11 +176,12 @@ async def check_process_liveness_expires_and_clears(h: SubstrateHarness) -> None
     s, holder = h.substrate, f"proc-{h.user()}"
     h.on_user(holder)
     assert await s.holder_alive(holder) is False
-    await s.set_liveness(holder, 0.2)
+    assert await s.set_liveness(holder, 0.2) is False  # it was not set
     assert await s.holder_alive(holder) is True
+    assert await s.set_liveness(holder, 0.2) is True  # still set: nothing was lost
     await trio.sleep(0.25)
     assert await s.holder_alive(holder) is False
-    await s.set_liveness(holder, 30)
+    assert await s.set_liveness(holder, 30) is False  # it had lapsed
     await s.clear_liveness(holder)
     assert await s.holder_alive(holder) is False
 

@@ -213,3 +213,21 @@ async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
     await s.request_cancel(user, job, ttl_s=60)
     marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)
     assert marked.verdict == "cancelled"
+
+
+@check
+async def check_submit_wakes_the_holder_process_it_expects(h: SubstrateHarness) -> None:
+    """With ``alive_holder``, a queued job pushes its user onto that process's wake list
+    in the same step; a presence naming another process enqueues nothing."""
+    s, user = h.substrate, h.user()
+    holder = f"h{secrets.token_hex(4)}"
+    # (the wake list is popped empty below, so it needs no cleanup)
+    await s.set_presence(user, f"{holder}.s1", 30)
+    sub = attrs.evolve(_submission(user, h.job()), alive_holder=holder, wake_ttl_s=30.0)
+    assert (await s.submit(user, sub)).verdict == "queued"
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+    other = attrs.evolve(_submission(user, h.job()), alive_holder="elsewhere")
+    got = await s.submit(user, other)
+    assert (got.verdict, got.presence) == ("holder", f"{holder}.s1")
+    assert (await s.queue_info(user)).length == 1

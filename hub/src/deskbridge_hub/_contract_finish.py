@@ -153,3 +153,38 @@ async def check_invariant_3_finish_stops_at_a_failed_result_write(h: SubstrateHa
     assert (await s.get_job_state(user, job)) == _state(Stage.DELIVERED, user)
     with trio.fail_after(3):
         assert await s.read_notifications(box, count=10, block_ms=50) == []
+
+
+@check
+async def check_read_new_delivered_marks_every_job_it_reads(h: SubstrateHarness) -> None:
+    """The read and the delivery mark in one step: each job read is judged on the
+    substrate's clock and, if deliverable, recorded delivered with its claim epoch;
+    control entries and entries that are not jobs are read unmarked."""
+    s, user = h.substrate, h.user()
+    delivered = _state(Stage.DELIVERED, user)
+    # no stream or group yet (NOGROUP): nothing read, the group is made from 0
+    assert await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60) == []
+    live, late, cancelled = h.job(), h.job(), h.job()
+    await s.request_cancel(user, cancelled, ttl_s=60)
+    far, past = repr(_far(h)), repr(_far(h) - 1200.0)
+    for fields in (
+        {"job_id": live, "deadline": far},
+        {"job_id": late, "deadline": past},
+        {"job_id": cancelled, "deadline": far},
+        {"control": "cancel", "job_id": live},
+        {"job_id": h.job(), "deadline": "soon"},
+        {"filler": "x"},
+    ):
+        await s.enqueue(user, fields, maxlen=GROUP_MAXLEN)
+    got = await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60)
+    verdicts = [None if e.marked is None else e.marked.verdict for e in got]
+    assert verdicts == ["delivered", "expired", "cancelled", None, None, None], verdicts
+    assert got[0].fields is not None and got[0].fields["job_id"] == live
+    assert got[0].marked is not None and got[0].marked.epoch == 1
+    assert abs(got[0].marked.server_time - (_far(h) - 600.0)) < 5.0
+    assert await s.get_job_state(user, live) == delivered
+    assert await s.get_job_state(user, late) is None
+    assert (await s.queue_info(user)).pending_count == 6
+    again = await s.mark_delivered(user, live, delivered, ttl_s=60)
+    assert again.epoch == 2
+    assert await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60) == []

@@ -359,6 +359,43 @@ async def check_heartbeat_finds_backlog_reclaim_and_trimmed_entries(h: Substrate
 
 
 @check
+async def check_heartbeat_writes_the_catalogue_only_when_given_and_says_it_took_presence(
+    h: SubstrateHarness,
+) -> None:
+    s, mine, theirs = h.substrate, h.user(), h.user()
+    (first,) = await s.heartbeat([Beat(mine, "s1")], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
+    assert (first.ours, first.taken) == (True, True)  # absent: taken, catalogue not given
+    assert await s.get_presence(mine) == "s1" and await s.get_catalogue(mine) is None
+    (again,) = await s.heartbeat([Beat(mine, "s1")], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
+    assert (again.ours, again.taken) == (True, False)
+    await s.heartbeat([Beat(mine, "s1", '["a"]')], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
+    assert await s.get_catalogue(mine) == '["a"]'
+    await s.set_presence(theirs, "other", 0.5)
+    (lost,) = await s.heartbeat(
+        [Beat(theirs, "s1", '["b"]')], ttl_s=30, consumer="c1", reclaim_idle_ms=1
+    )
+    assert (lost.ours, lost.taken) == (False, False)
+    await trio.sleep(0.6)  # the newer session keeps its value, and at least our TTL
+    assert await s.get_presence(theirs) == "other" and await s.get_catalogue(theirs) is None
+
+
+@check
+async def check_deep_heartbeat_finds_an_entry_trimmed_before_it_was_read(
+    h: SubstrateHarness,
+) -> None:
+    s, user = h.substrate, h.user()
+    await s.enqueue(user, {"job_id": h.job()}, maxlen=GROUP_MAXLEN)  # indexed
+    await h.fill(user, 250, maxlen=1)  # trims it (MAXLEN ~ trims whole nodes)
+    while await s.read_new(user, "c1", count=100, block_ms=None):
+        pass
+    for entry in await s.read_pending(user, "c1", count=300):
+        await s.ack(user, entry.entry_id)
+    deep = [Beat(user, "s1", deep=True)]
+    (reply,) = await s.heartbeat(deep, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+    assert (reply.backlog, reply.reclaim_due, reply.trimmed_due) == (False, False, True)
+
+
+@check
 async def check_heartbeat_prunes_idle_empty_consumers_but_not_this_one(
     h: SubstrateHarness,
 ) -> None:

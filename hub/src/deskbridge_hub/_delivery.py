@@ -10,7 +10,8 @@ For one entry, in order:
    removes the index record answers);
 2. a cancel control entry -> tell the executor, XACK;
 3. a body that does not decode -> ``failed`` (``malformed``), XACK;
-4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``): past
+4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``; done by
+   the process reader in the step that read it, when it came as a new entry): past
    its deadline -> ``expired``, XACK; cancel flag set -> ``cancelled`` (before it
    started), XACK (docs/operations.md, "Clocks");
    the same step raises the job's claim epoch (fencing token) and returns it;
@@ -157,21 +158,21 @@ class EntryServer:
                 await self.ack(entry.entry_id)
             return
         job_id = envelope.job_id
-        delivered = JobState(
-            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
-        )
         # The deadline was set on the substrate's clock (Redis TIME) and is judged there, in
-        # the step that records the delivery: no hub's own clock decides it.
-        marked = await retrying(
-            lambda: self.substrate.mark_delivered(
-                self.user_id,
-                job_id,
-                delivered,
-                ttl_s=self.timings.result_ttl_s,
-                deadline=envelope.deadline,
-            ),
-            what=f"mark {job_id} delivered",
-        )
+        # the step that records the delivery: no hub's own clock decides it. The process
+        # reader usually took that step with the read (``read_new_delivered``).
+        marked = entry.marked
+        if marked is None:
+            marked = await retrying(
+                lambda: self.substrate.mark_delivered(
+                    self.user_id,
+                    job_id,
+                    self.delivered_state(),
+                    ttl_s=self.timings.result_ttl_s,
+                    deadline=envelope.deadline,
+                ),
+                what=f"mark {job_id} delivered",
+            )
         if marked.verdict == "expired":
             await self.finish(
                 entry.entry_id, job_id, "expired", expired_payload(), envelope=envelope
@@ -218,6 +219,12 @@ class EntryServer:
             raise
         status, payload = outcome_of(result)
         await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope, epoch=epoch)
+
+    def delivered_state(self) -> JobState:
+        """The state a delivery by this session records (``mark_delivered``)."""
+        return JobState(
+            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
+        )
 
     async def finish(
         self,

@@ -14,7 +14,15 @@ import anyio
 import attrs
 
 from ._jobstate import FORWARDED, JobState, MalformedState
-from ._substrate import Marked, cancel_key, fence_key, state_key
+from ._substrate import Entry, Marked, cancel_key, fence_key, state_key
+
+
+def _number(text: str | None) -> float | None:
+    """A stream field as Lua's ``tonumber`` reads it, or None."""
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
 
 
 @attrs.define(eq=False)
@@ -36,6 +44,7 @@ class MemoryJobCommands:
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
     server_time: Callable[[], float]
+    read_new: Any
 
     # -- results -----------------------------------------------------------------------
 
@@ -143,6 +152,42 @@ class MemoryJobCommands:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        return self._mark(user_id, job_id, state, ttl_s, deadline, now)
+
+    async def read_new_delivered(
+        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+    ) -> list[Entry]:
+        """``read_new`` (no block) and the mark of every job read, with no checkpoint in
+        between (see ``RedisSubstrate.read_new_delivered``).
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        entries = await self.read_new(user_id, consumer, count=count, block_ms=None)
+        now = anyio.current_time()
+        out = []
+        for entry in entries:
+            fields = entry.fields or {}
+            job_id, deadline = fields.get("job_id"), _number(fields.get("deadline"))
+            if job_id and deadline is not None and "control" not in fields:
+                marked = self._mark(user_id, job_id, state, ttl_s, deadline, now)
+                entry = Entry(entry.entry_id, entry.fields, marked)
+            out.append(entry)
+        return out
+
+    def _mark(
+        self,
+        user_id: str,
+        job_id: str,
+        state: JobState,
+        ttl_s: float,
+        deadline: float | None,
+        now: float,
+    ) -> Marked:
         at = self.server_time()
         if deadline is not None and at >= deadline and not self._forwarded(user_id, job_id, now):
             return Marked("expired", at)

@@ -77,13 +77,19 @@ class MemoryPresenceCommands:
         del self._kv[presence_key(user_id)]
         return True
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
         """Mark the hub process ``holder_id`` alive for ``ttl_s`` seconds.
+
+        Returns:
+            True if it was still marked alive (False: expired, or never set).
 
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
-        self._set(proc_key(holder_id), "1", await self._enter(), ttl_s)
+        now = await self._enter()
+        was = self._get(proc_key(holder_id), now) is not None
+        self._set(proc_key(holder_id), "1", now, ttl_s)
+        return was
 
     async def clear_liveness(self, holder_id: str) -> None:
         """Forget the process's liveness. Raises SubstrateUnavailable when marked so."""
@@ -172,9 +178,11 @@ class MemoryPresenceCommands:
         reclaim_idle_ms: int,
         prune: bool = True,
     ) -> list[BeatReply]:
-        """Per beat: refresh presence (and the catalogue) if absent or ours, probe the
-        user's stream, drop idle empty consumers other than ``consumer``; the same rules
-        as the Redis script.
+        """Per beat: refresh presence if absent or ours (a newer session's value stays,
+        its TTL set to ``ttl_s``), write the beat's catalogue if it has one, probe
+        the user's stream (the index only when the group is not quiet or the beat is
+        deep), drop idle empty consumers other than ``consumer``; the same rules as the
+        Redis script.
 
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
@@ -184,23 +192,32 @@ class MemoryPresenceCommands:
         for beat in beats:
             key = presence_key(beat.user_id)
             holder = self._get(key, now)
-            ours = holder is None or holder == beat.session_id
-            if ours:
-                self._set(key, beat.session_id, now, ttl_s)
-                if self._get(tools_key(beat.user_id), now) != beat.catalogue:
-                    self._set(tools_key(beat.user_id), beat.catalogue, now, None)
+            if holder is not None and holder != beat.session_id:
+                self._set(key, holder, now, ttl_s)  # put back, as the script does
+                replies.append(BeatReply(False))
+                continue
+            self._set(key, beat.session_id, now, ttl_s)
+            if beat.catalogue is not None:
+                self._set(tools_key(beat.user_id), beat.catalogue, now, None)
             stream = self._streams.get(beat.user_id)
             backlog = reclaim = False
+            quiet = False
             if stream is not None:
                 backlog = any(sid > stream.last_delivered for sid in stream.entries)
                 idle_s = reclaim_idle_ms / 1000
                 reclaim = any(now >= n.delivery_time + idle_s for n in stream.pel.values())
                 busy = {n.consumer for n in stream.pel.values()}
-                for name, seen in list(stream.seen.items()) if prune else ():
-                    if name != consumer and name not in busy and now >= seen + idle_s:
-                        del stream.seen[name]
-            index = self._index.get(beat.user_id, {})
-            floor = min(stream.entries) if stream is not None and stream.entries else None
-            trimmed = any(floor is None or sid < floor for sid in index)
-            replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+                if prune and len(stream.seen) > 1:
+                    for name, seen in list(stream.seen.items()):
+                        if name != consumer and name not in busy and now >= seen + idle_s:
+                            del stream.seen[name]
+                # Redis' view: lag 0 (and computable) and nothing pending
+                lag_known = stream.max_deleted <= stream.last_delivered
+                quiet = not backlog and not stream.pel and lag_known
+            trimmed = False
+            if not quiet or beat.deep:
+                index = self._index.get(beat.user_id, {})
+                floor = min(stream.entries) if stream is not None and stream.entries else None
+                trimmed = any(floor is None or sid < floor for sid in index)
+            replies.append(BeatReply(True, backlog, reclaim, trimmed, taken=holder is None))
         return replies

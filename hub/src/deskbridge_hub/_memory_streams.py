@@ -64,6 +64,9 @@ class _Stream:
     last_delivered: StreamID = (0, 0)
     pel: dict[StreamID, _Nack] = attrs.Factory(dict)
     seen: dict[str, float] = attrs.Factory(dict)  # consumer -> last read or claim
+    #: Newest entry trimmed (Redis ``max-deleted-entry-id``): past the group's last
+    #: delivered entry, Redis cannot compute the group's lag.
+    max_deleted: StreamID = (0, 0)
 
     def notify(self) -> None:
         self.changed.set()
@@ -144,7 +147,8 @@ class MemoryStreamCommands:
         if fields.get("job_id"):
             self._index.setdefault(user_id, {})[sid] = fields["job_id"]
         while len(stream.entries) > maxlen:
-            del stream.entries[next(iter(stream.entries))]
+            stream.max_deleted = next(iter(stream.entries))
+            del stream.entries[stream.max_deleted]
         stream.notify()
         return _format_id(sid)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 from deskbridge_common import Timings
 
+from ._pacer import Pacer
 from ._reader import ProcessReader
 from ._shutdown import Draining
 from ._substrate import Substrate
@@ -33,7 +34,9 @@ class HubState:
         drain: graceful shutdown: whether it began, and the requests waiting.
         holder_id: this process's id in session ids and its wake list
             (``bridge:wake:{holder_id}``): the enqueuer finds the holder from presence.
-        reader: the process's reader (run it: ``await nursery.start(state.reader.run)``).
+        reader: the process's reader (run it: ``await nursery.start(state.reader.run)``);
+            it runs ``pacer`` too.
+        pacer: every session's ping and token-expiry timers, in one task (``_pacer``).
     """
 
     substrate: Substrate
@@ -46,11 +49,13 @@ class HubState:
     drain: Draining = attrs.field(factory=Draining)
     holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
     reader: ProcessReader = attrs.field(init=False)
+    pacer: Pacer = attrs.field(factory=Pacer)
 
     def __attrs_post_init__(self) -> None:
         self.reader = ProcessReader(
-            self.substrate, self.timings, self.consumer, self.holder_id, self.inflight
-        )
+            self.substrate, self.timings, self.consumer, self.holder_id, self.inflight,
+            timers=self.pacer,
+        )  # fmt: skip
 
     def new_session_id(self) -> str:
         """A session id naming this process: ``"<holder_id>.<random>"``."""

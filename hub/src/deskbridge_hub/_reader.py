@@ -8,13 +8,18 @@ trip. Three loops, all owned by :meth:`ProcessReader.run`'s nursery:
   (``bridge:wake:{<holder>}``; the holder id is the prefix of the session id that
   presence holds). One blocking BLMPOP per process pops them; each woken user is read
   once, without BLOCK, for as long as a read comes back full.
-* **heartbeat**: every ``heartbeat_s`` one pipelined write (one script per session, each in
-  its user's slot) refreshes every session's presence and catalogue and reports, per user,
-  entries never delivered (a missed wake-up: read), entries pending past the reclaim idle
-  (reclaim: XAUTOCLAIM for that user only) and indexed entries older than the stream
-  (lost-entry sweep); idle empty consumers of dead processes are deleted by the same
-  script. So a missed wake-up delays a job by at most one heartbeat, and an idle desktop
-  costs one script per heartbeat (0.1 Redis commands/s at the default 10 s) and its pings.
+* **heartbeat**: each session is beaten every ``heartbeat_s`` (30 s by default), counted
+  from its handshake, so the beats of many sessions spread over the interval; beats due
+  within ``BEAT_BATCH_S`` of each other go out in one pipelined write (one script per
+  session, each in its user's slot). A beat refreshes presence (the catalogue is written
+  only when the store may have lost it) and reports, per user, entries never delivered
+  (a missed wake-up: read), entries pending past the reclaim idle (reclaim: XAUTOCLAIM
+  for that user only) and indexed entries older than the stream (lost-entry sweep);
+  idle empty consumers of dead processes are deleted by the same script. So a missed
+  wake-up delays a job by at most one heartbeat, and an idle desktop costs one script
+  of 3 Redis commands per heartbeat (0.1 commands/s at 30 s) and its pings. After a
+  failure, or when this process's liveness key had lapsed (Redis lost its data, or the
+  process stalled), every session is beaten at once, catalogues included.
 * **workers**: a fixed number of tasks serve the due users, one pump per user at a time:
   drain this consumer's own pending entries (from ``0``, skipping those in flight),
   reclaim, sweep, read new entries (``>``), as much as the session has capacity for.
@@ -30,14 +35,15 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 from deskbridge_common import Timings
 
 from . import _metrics
+from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateUnavailable
+from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
@@ -46,7 +52,9 @@ from ._retry import (
     READ_ERROR_BACKOFF_S,
     READ_ERROR_WARN_EVERY,
 )
-from ._substrate import Beat, Entry, Substrate
+from ._substrate import Beat, BeatReply, Entry, Substrate
+
+__all__ = ["Listener", "ProcessReader"]
 
 log = logging.getLogger("deskbridge.hub.reader")
 
@@ -57,9 +65,6 @@ RECLAIM_MAX_BATCHES = 100
 #: Tasks reading due users concurrently (each holds at most one Redis command at a time,
 #: so this also bounds the reader's share of the connection pool).
 WORKERS = 8
-#: Prune dead consumers on every this many heartbeats (about once a minute at 10 s):
-#: restarted processes leave their names in each group they read.
-PRUNE_EVERY = 6
 #: Most wake-ups popped per BLMPOP.
 WAKE_BATCH = 1000
 #: Most entries one session start takes over from its daemon's dead sockets (issue 12.4;
@@ -79,34 +84,6 @@ ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
 @attrs.define(eq=False)
-class Listener:
-    """One session attached to the process reader.
-
-    Attributes:
-        user_id, session_id: whose stream, which session (presence value).
-        catalogue: the session's tool catalogue (JSON text), kept true by the heartbeat.
-        dispatch: start serving one entry (returns once its task started; the reader has
-            added the entry ID to the in-flight set).
-        on_deleted: answer entries whose body is gone (see ``EntryServer.answer_deleted``).
-        on_superseded: the heartbeat found presence held by another session.
-        capacity: how many more entries the session can take now.
-        stopped: once set, nothing more is read for this session.
-        daemon_id: the sidecar's daemon instance (``hello.daemon_id``), or None.
-    """
-
-    user_id: str
-    session_id: str
-    catalogue: str
-    dispatch: Callable[[Entry], Awaitable[None]]
-    on_deleted: Callable[[list[str]], Awaitable[None]]
-    on_superseded: Callable[[], None]
-    capacity: Callable[[], int]
-    stopped: trio.Event = attrs.field(factory=trio.Event)
-    wants_more: bool = False
-    daemon_id: str | None = None
-
-
-@attrs.define(eq=False)
 class ProcessReader:
     """Reads every attached user's stream for this process (see the module docstring).
 
@@ -117,6 +94,7 @@ class ProcessReader:
         holder_id: this process's wake-list id (prefix of its session ids).
         inflight: per user, entry IDs being served in this process (shared with the
             sessions).
+        timers: the process's session timers (``_pacer``), run alongside, or None.
     """
 
     substrate: Substrate
@@ -124,6 +102,7 @@ class ProcessReader:
     consumer: str
     holder_id: str
     inflight: dict[str, set[str]]
+    timers: Pacer | None = None
     _listeners: dict[str, Listener] = attrs.field(factory=dict)
     _beating: dict[str, Listener] = attrs.field(factory=dict)
     _due: dict[str, set[str]] = attrs.field(factory=dict)
@@ -131,9 +110,12 @@ class ProcessReader:
     _busy: set[str] = attrs.field(factory=set)
     _work: trio.Event = attrs.field(factory=trio.Event)
     _failures: int = 0
-    _beats: int = 0
+    _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        self._schedule = BeatSchedule(self.timings.heartbeat_s)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -144,6 +126,8 @@ class ProcessReader:
             raise RuntimeError("the process reader is not running (start ProcessReader.run)")
         self._listeners[listener.user_id] = listener
         self._beating[listener.session_id] = listener
+        # the handshake has just written presence and the catalogue
+        self._schedule.at(listener, trio.current_time() + self.timings.heartbeat_s)
         self.schedule(listener.user_id, *ALL)
 
     def detach(self, listener: Listener) -> None:
@@ -193,6 +177,8 @@ class ProcessReader:
             nursery.start_soon(self._liveness_loop)
             nursery.start_soon(self._wake_loop)
             nursery.start_soon(self._beat_loop)
+            if self.timers is not None:
+                await nursery.start(self.timers.run)
             for _ in range(WORKERS):
                 nursery.start_soon(self._worker)
             self.running = True
@@ -210,14 +196,44 @@ class ProcessReader:
     async def _liveness_loop(self) -> None:
         """Keep ``bridge:proc:{holder_id}`` alive (issue 16.2: presence follows the
         process): a killed process's presences stop counting within
-        ``PROCESS_LIVENESS_TTL_S``."""
+        ``PROCESS_LIVENESS_TTL_S``. A refresh that finds the key gone means Redis lost
+        its data (restarted empty, failed over) or this process stalled past the TTL:
+        presence may be gone too, so every session is beaten at once."""
         while True:
             try:
-                await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
+                kept = await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
             except SubstrateUnavailable as exc:
                 # DEBUG: it fails every second of an outage, and the other loops warn
                 log.debug("liveness refresh failed: %s", exc)
+            else:
+                if not kept and self._beating:
+                    await self._lapsed()
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
+
+    async def _lapsed(self) -> None:
+        """The liveness key had lapsed: if Redis lost its data, presence went with it
+        (beat every session now); if this process only stalled, one presence still
+        names its session and the beats due will do (a full beat of 10,000 sessions
+        would only stall a busy process further)."""
+        sample = next(iter(self._beating.values()))
+        try:
+            intact = await self.substrate.get_presence(sample.user_id) == sample.session_id
+        except SubstrateUnavailable:
+            intact = False
+        if intact:
+            log.info("this process's liveness key had lapsed (the process stalled?)")
+            return
+        log.warning(
+            "this process's liveness key had lapsed and a presence is gone (Redis lost "
+            "its data?): rewriting the presence of %d sessions now",
+            len(self._beating),
+        )
+        self.beat_all()
+
+    def beat_all(self) -> None:
+        """Beat every session now, catalogues included (the store may have lost them)."""
+        self._schedule.all_now()
+        self._beat_now.set()
 
     async def _wake_loop(self) -> None:
         while True:
@@ -235,48 +251,65 @@ class ProcessReader:
 
     async def _beat_loop(self) -> None:
         t = self.timings
-        interval_s = t.heartbeat_s
         while True:
-            with trio.move_on_after(interval_s):
+            with trio.move_on_at(self._schedule.next_at()):
                 await self._beat_now.wait()
             self._beat_now = trio.Event()
-            interval_s = t.heartbeat_s
-            listeners = list(self._beating.values())
-            beats = [Beat(x.user_id, x.session_id, x.catalogue) for x in listeners]
-            if not beats:
+            full, listeners = self._schedule.take(self._beating)
+            if not listeners:
                 continue
+            beats = [x.beat(full=full) for x in listeners]
+            reads = [x.reads for x in listeners]
             try:
                 replies = await self.substrate.heartbeat(
                     beats,
                     ttl_s=t.presence_ttl_s,
                     consumer=self.consumer,
                     reclaim_idle_ms=int(t.reclaim_idle_s * 1000),
-                    prune=self._beats % PRUNE_EVERY == 0,
+                    prune=True,  # costs a command only where the group has another consumer
                 )
-                self._beats += 1
             except SubstrateUnavailable as exc:
-                # Retry sooner than a full interval: after Redis comes back (empty), the
-                # desktops must read online again quickly, not a heartbeat later.
+                # Retry sooner than a full interval, every session and its catalogue:
+                # after Redis comes back (maybe empty) the desktops must read online
+                # again quickly, not a heartbeat later.
                 for _ in listeners:
                     _metrics.presence_failed("unavailable")
                 # WARNING now and then; DEBUG in between (it retries every second)
                 level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 0 else 10
                 log.log(level, "heartbeat of %d sessions failed: %s", len(beats), exc)
                 self._failures += 1
-                interval_s = min(HEARTBEAT_RETRY_S, t.heartbeat_s)
+                self._schedule.all_now(
+                    retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
+                )
                 continue
-            self._recovered()
-            for listener, reply in zip(listeners, replies, strict=True):
-                if not reply.ours:
-                    _metrics.presence_failed("not_holder")
-                    self.stop_beating(listener)
-                    listener.on_superseded()
-                    continue
-                _metrics.presence_written("refresh")
-                kinds = [NEW] * reply.backlog + [RECLAIM] * reply.reclaim_due
-                kinds += [TRIMMED] * reply.trimmed_due
-                if kinds:
-                    self.schedule(listener.user_id, *kinds)
+            self._recovered(beaten=full)
+            self._answered(listeners, beats, reads, replies)
+
+    def _answered(
+        self,
+        listeners: list[Listener],
+        beats: list[Beat],
+        reads: list[int],
+        replies: list[BeatReply],
+    ) -> None:
+        for listener, beat, n, reply in zip(listeners, beats, reads, replies, strict=True):
+            if not reply.ours:
+                _metrics.presence_failed("not_holder")
+                self.stop_beating(listener)
+                listener.on_superseded()
+                continue
+            _metrics.presence_written("refresh")
+            listener.answered(beat, n, taken=reply.taken)
+            if self._beating.get(listener.session_id) is listener:
+                if listener.catalogue_due:  # presence was lost: the catalogue may be too
+                    self._schedule.at(listener, trio.current_time())
+                    self._beat_now.set()
+                else:
+                    self._schedule.again(listener)
+            kinds = [NEW] * reply.backlog + [RECLAIM] * reply.reclaim_due
+            kinds += [TRIMMED] * reply.trimmed_due
+            if kinds:
+                self.schedule(listener.user_id, *kinds)
 
     async def _worker(self) -> None:
         while True:
@@ -341,9 +374,15 @@ class ProcessReader:
                 if room <= 0:
                     listener.wants_more = True  # read again when a serving task ends
                     break
-                entries = await self.substrate.read_new(
-                    user_id, consumer, count=room, block_ms=None
-                )
+                if listener.delivered_state is None:
+                    entries = await self.substrate.read_new(
+                        user_id, consumer, count=room, block_ms=None
+                    )
+                else:  # the read and the delivery mark in one round trip (issue 10.3)
+                    entries = await self.substrate.read_new_delivered(
+                        user_id, consumer, count=room, state=listener.delivered_state(),
+                        ttl_s=self.timings.result_ttl_s,
+                    )  # fmt: skip
                 await self._dispatch(listener, inflight, entries)
                 if len(entries) < room:
                     break
@@ -369,6 +408,7 @@ class ProcessReader:
             if entry.entry_id in inflight or listener.stopped.is_set():
                 continue
             inflight.add(entry.entry_id)
+            listener.reads += 1  # its next beat looks at the entry index
             try:
                 await listener.dispatch(entry)
             except BaseException:
@@ -385,12 +425,15 @@ class ProcessReader:
         log.log(level, "%s: %s; retrying in %.2f s (failure %d)", what, exc, delay, self._failures)
         await trio.sleep(delay)
 
-    def _recovered(self) -> None:
+    def _recovered(self, *, beaten: bool = False) -> None:
+        """A substrate call succeeded. ``beaten``: it was a beat of every session."""
         # Nothing to re-read here: a wake-up pushed during the outage is still on the list
         # (or Redis lost everything, entries included), and an entry whose wake-up failed
         # is flagged as backlog by the next heartbeat.
         if self._failures:
             log.info("substrate back after %d failures", self._failures)
             self._failures = 0
-            # Redis may have come back empty: rewrite every presence now, not a beat later.
-            self._beat_now.set()
+            if not beaten:
+                # Redis may have come back empty: rewrite every presence now, not a
+                # heartbeat later.
+                self.beat_all()

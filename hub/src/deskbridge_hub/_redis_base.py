@@ -73,6 +73,8 @@ class RedisCommandBase:
     """The plumbing a command mixin calls; ``RedisSubstrate`` provides each of these."""
 
     _command_timeout_s: float
+    #: Redis Cluster (scripts stay in one slot) rather than a single Redis.
+    _cluster: bool
 
     def _session(
         self, what: str

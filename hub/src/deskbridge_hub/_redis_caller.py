@@ -39,14 +39,15 @@ if TYPE_CHECKING:
     pass
 
 
-#: The caller's one step. KEYS: presence, tools, jobs, index, state, idem. ARGV: catalogue
-#: SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms, index flag
-#: ('' none), index record, index TTL ms, the hub process known alive ('' none), then the
-#: entry's fields. The index record is stored with the job's deadline appended; an
-#: indexed key is answered with the record and TIME. Order matters: the idempotency
-#: index first (a key whose job may still run is never answered "offline"), then
-#: presence and the process it names, the catalogue version, the job id claim, and only
-#: then any write.
+#: The caller's one step. KEYS: presence, tools, jobs, index, state, idem, and on a single
+#: Redis the holder's wake list (under Cluster it is in another slot: the wake follows in
+#: the same write instead). ARGV: catalogue SHA-1 ('-': no check), maxlen, job id,
+#: start-within ms, state, state TTL ms, index flag ('' none), index record, index TTL ms,
+#: the hub process known alive ('' none), wake TTL ms, user id, then the entry's fields.
+#: The index record is stored with the job's deadline appended; an indexed key is
+#: answered with the record and TIME. Order matters: the idempotency index first (a key
+#: whose job may still run is never answered "offline"), then presence and the process it
+#: names, the catalogue version, the job id claim, and only then any write.
 SUBMIT = Script(
     """
 if ARGV[7] ~= '' then
@@ -70,7 +71,7 @@ if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
   return {'job_id_in_use'}
 end
 local fields = {}
-for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 13, #ARGV do fields[#fields + 1] = ARGV[i] end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
@@ -81,6 +82,10 @@ fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 redis.call('HSET', KEYS[4], id, ARGV[3])
 if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX', ARGV[9]) end
+if KEYS[7] then
+  redis.call('RPUSH', KEYS[7], ARGV[12])
+  redis.call('PEXPIRE', KEYS[7], ARGV[11])
+end
 return {'queued', id, presence}
 """
 )
@@ -89,9 +94,11 @@ return {'queued', id, presence}
 class CallerCommands(RedisCommandBase):
     """The caller-path commands of ``RedisSubstrate`` (see the module docstring)."""
 
+
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
-        """The caller's one step: EVAL ``SUBMIT``, (unless already claimed) SET the
-        owner record, and the wake-up of ``alive_holder``, in one write;
+        """The caller's one step: EVAL ``SUBMIT`` (which also pushes the wake-up of
+        ``alive_holder`` on a single Redis), (unless already claimed) SET the owner
+        record, and under Cluster the wake-up, in one write;
         XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
         session enqueues for ``user_id``.
 
@@ -106,7 +113,7 @@ class CallerCommands(RedisCommandBase):
         sub = submission
         if not sub.start_within_s >= 0 or sub.maxlen < 1:
             raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
-        keys = (
+        keys: tuple[str, ...] = (
             presence_key(user_id),
             tools_key(user_id),
             jobs_key(user_id),
@@ -114,6 +121,11 @@ class CallerCommands(RedisCommandBase):
             state_key(user_id, sub.job_id),
             idem_key(user_id, sub.idempotency_key or sub.job_id),
         )
+        # On a single Redis the wake-up is the script's own last write (only once queued);
+        # under Cluster its key is in the holder's slot, so it follows in the same write.
+        wake_in_script = sub.alive_holder is not None and not self._cluster
+        if wake_in_script:
+            keys += (wake_key(sub.alive_holder or ""),)
         flat = [item for pair in sub.fields.items() for item in pair]
         args = (
             "-" if sub.catalogue_sha1 is None else sub.catalogue_sha1,
@@ -126,13 +138,15 @@ class CallerCommands(RedisCommandBase):
             sub.index_value,
             _ms(sub.index_ttl_s),
             sub.alive_holder or "",
+            _ms(sub.wake_ttl_s),
+            user_id,
             *flat,
         )
         after: tuple[tuple[Any, ...], ...] = ()
         if sub.write_owner:
             owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
             after = (owner,)
-        if sub.alive_holder is not None:
+        if sub.alive_holder is not None and not wake_in_script:
             wake = wake_key(sub.alive_holder)
             after += (
                 (b"MULTI",),

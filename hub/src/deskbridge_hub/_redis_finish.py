@@ -83,7 +83,6 @@ return {'done', acked}
 class FinishCommands(RedisCommandBase):
     """The holder's finishing step (and ``publish_result``) of ``RedisSubstrate``."""
 
-    _cluster: bool
 
     async def finish(
         self,

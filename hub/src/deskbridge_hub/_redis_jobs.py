@@ -4,12 +4,17 @@ of ``RedisSubstrate`` (contract: ``_substrate.ResultSubstrate`` and ``LedgerSubs
 
 from __future__ import annotations
 
+from coredis.exceptions import ResponseError, StreamConsumerGroupError
+
 from ._jobstate import JobState
 from ._redis_base import RedisCommandBase, Script, _entries, _ms
 from ._substrate import (
+    GROUP,
+    Entry,
     Marked,
     cancel_key,
     fence_key,
+    jobs_key,
     progress_key,
     result_key,
     state_key,
@@ -24,30 +29,59 @@ from ._substrate import (
 #: delivered (awaiting approval, or interrupted) may have run, so it goes to the desktop
 #: again, whose ledger answers (issue 16: a redelivery after a pod kill was answered
 #: "expired" for a job that ran).
-_MARK_DELIVERED = Script(
-    """
+_MARK = """
+local function mark(skey, ckey, fkey, state, ttl, deadline, now)
+  if deadline ~= '' and tonumber(now) >= tonumber(deadline) then
+    local stage = nil
+    local current = redis.call('GET', skey)
+    if current then
+      local ok, body = pcall(cjson.decode, current)
+      if ok and type(body) == 'table' then stage = body['stage'] end
+    end
+    if stage ~= 'delivered' and stage ~= 'interrupted' and stage ~= 'awaiting_approval' then
+      return {'expired', now}
+    end
+  end
+  if redis.call('EXISTS', ckey) == 1 then return {'cancelled', now} end
+  redis.call('SET', skey, state, 'PX', ttl)
+  local epoch = redis.call('INCR', fkey)
+  local keep = tonumber(ttl)
+  if deadline ~= '' then
+    keep = keep + math.max(0, math.ceil((tonumber(deadline) - tonumber(now)) * 1000))
+  end
+  redis.call('PEXPIRE', fkey, keep)
+  return {'delivered', now, epoch}
+end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
-if ARGV[3] ~= '' and tonumber(now) >= tonumber(ARGV[3]) then
-  local stage = nil
-  local state = redis.call('GET', KEYS[1])
-  if state then
-    local ok, body = pcall(cjson.decode, state)
-    if ok and type(body) == 'table' then stage = body['stage'] end
+"""
+_MARK_DELIVERED = Script(
+    _MARK + "return mark(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], now)\n"
+)
+
+#: read_new_delivered: XREADGROUP ... > (no BLOCK) and, for every entry that is a job
+#: (``job_id`` and a numeric ``deadline``, no ``control``), the mark above, in one step.
+#: KEYS: the stream. ARGV: group, consumer, count, state, TTL ms, then the state, cancel
+#: and fence key prefixes (``_keys`` with an empty job id: every key in the user's slot).
+_READ_DELIVERED = Script(
+    _MARK
+    + """
+local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+  'STREAMS', KEYS[1], '>')
+if not reply then return {} end
+local out = {}
+for _, entry in ipairs(reply[1][2]) do
+  local flat, f = entry[2], {}
+  for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+  local marked = {}
+  local job = f['job_id']
+  if job and job ~= '' and not f['control'] and tonumber(f['deadline']) then
+    marked = mark(ARGV[6] .. job, ARGV[7] .. job, ARGV[8] .. job, ARGV[4], ARGV[5],
+      f['deadline'], now)
   end
-  if stage ~= 'delivered' and stage ~= 'interrupted' and stage ~= 'awaiting_approval' then
-    return {'expired', now}
-  end
+  out[#out + 1] = {entry[1], flat, marked}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'cancelled', now} end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local epoch = redis.call('INCR', KEYS[3])
-local keep = tonumber(ARGV[2])
-if ARGV[3] ~= '' then
-  keep = keep + math.max(0, math.ceil((tonumber(ARGV[3]) - tonumber(now)) * 1000))
-end
-redis.call('PEXPIRE', KEYS[3], keep)
-return {'delivered', now, epoch}
+return out
 """
 )
 
@@ -218,6 +252,45 @@ class JobCommands(RedisCommandBase):
             raise reply
         verdict, now, *epoch = reply
         return Marked(str(verdict), float(now), int(epoch[0]) if epoch else None)
+
+    async def read_new_delivered(
+        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+    ) -> list[Entry]:
+        """EVAL ``_READ_DELIVERED``: XREADGROUP GROUP bridge-workers consumer COUNT count
+        STREAMS key > (no BLOCK) and :meth:`mark_delivered` of every job read, in one
+        round trip (issue 10 item 3: the holder's read and its delivery mark).
+
+        Returns:
+            New entries, now in this consumer's PEL, each job's with its ``marked``;
+            ``[]`` when there are none, or when the group was missing (recreated from 0).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        keys = (jobs_key(user_id),)
+        args = (
+            GROUP, consumer, count, state.encode(), _ms(ttl_s), state_key(user_id, ""),
+            cancel_key(user_id, ""), fence_key(user_id, ""),
+        )  # fmt: skip
+        async with self._session("read + mark delivered") as s:
+            (reply,) = await self._script(s, _READ_DELIVERED, keys, args)
+            if isinstance(reply, StreamConsumerGroupError) or (
+                isinstance(reply, ResponseError) and str(reply).startswith("NOGROUP")
+            ):
+                s.groups.discard(user_id)
+                await self._heal_group(s, user_id)
+                return []
+        if isinstance(reply, BaseException):
+            raise reply
+        s.groups.add(user_id)
+        out = []
+        for entry_id, flat, marked in reply:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            verdict = None
+            if marked:
+                verdict = Marked(str(marked[0]), float(marked[1]), *map(int, marked[2:]))
+            out.append(Entry(entry_id, fields, verdict))
+        return out
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 PX ceil(ttl_s * 1000).

@@ -36,10 +36,19 @@ _REFRESH_IF_HOLDER = (
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0"
 )
 #: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
-#: jobs, index. ARGV: session id, presence TTL ms, catalogue, group, this consumer,
-#: reclaim idle ms, "1" to prune consumers. Returns {ours, backlog, reclaim_due,
-#: trimmed_due} (see BeatReply). An idle user costs GET+SET presence, GET catalogue,
-#: EXISTS, XINFO GROUPS and HLEN inside the script (XINFO CONSUMERS on pruning beats).
+#: jobs, index. ARGV: session id, presence TTL ms, catalogue ("" = leave it), group,
+#: this consumer, reclaim idle ms, "1" to prune consumers, "1" for a deep beat.
+#: Returns {ours, backlog, reclaim_due, trimmed_due, taken} (see BeatReply).
+#:
+#: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
+#: every command the script runs): an idle user whose group is quiet (lag 0, nothing
+#: pending, one consumer) costs EVALSHA + GETEX + XINFO GROUPS = 3. Presence is refreshed
+#: with one GETEX ... PX (Redis >= 6.2), which also reads whose it is; a newer session's
+#: value stays and its TTL becomes ours (with every process on the same timings: its
+#: own), and our id is written only where presence is absent. The index is looked at
+#: (HLEN, then XRANGE + HKEYS) only when the group is not quiet or the beat is deep;
+#: XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when the group has
+#: another consumer.
 _HEARTBEAT = """
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -55,23 +64,26 @@ local function record(flat)
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
 end
-local ours = 0
-local holder = redis.call('GET', KEYS[1])
-if holder == false or holder == ARGV[1] then
+local old = redis.call('GETEX', KEYS[1], 'PX', ARGV[2])
+if old and old ~= ARGV[1] then return {0, 0, 0, 0, 0} end
+local taken = 0
+if not old then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  if redis.call('GET', KEYS[2]) ~= ARGV[3] then redis.call('SET', KEYS[2], ARGV[3]) end
-  ours = 1
+  taken = 1
 end
+if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
 local backlog, reclaim, trimmed = 0, 0, 0
-local exists = redis.call('EXISTS', KEYS[3]) == 1
 local function last_id()
   local tail = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   if tail[1] then return tail[1][1] end
   return nil
 end
+local quiet = false
+local groups = redis.pcall('XINFO', 'GROUPS', KEYS[3])
+local exists = groups.err == nil
 if exists then
   local group = nil
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
+  for _, g in ipairs(groups) do
     local t = record(g)
     if t['name'] == ARGV[4] then group = t end
   end
@@ -89,7 +101,7 @@ if exists then
       local idle = redis.call('XPENDING', KEYS[3], ARGV[4], 'IDLE', ARGV[6], '-', '+', 1)
       if idle[1] then reclaim = 1 end
     end
-    if ARGV[7] == '1' then
+    if ARGV[7] == '1' and group['consumers'] > 1 then
       for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
         local t = record(c)
         if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
@@ -97,9 +109,10 @@ if exists then
         end
       end
     end
+    quiet = lag == 0 and group['pending'] == 0
   end
 end
-if redis.call('HLEN', KEYS[4]) > 0 then
+if (not quiet or ARGV[8] == '1') and redis.call('HLEN', KEYS[4]) > 0 then
   local head = {}
   if exists then head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1) end
   if head[1] == nil then
@@ -113,7 +126,7 @@ if redis.call('HLEN', KEYS[4]) > 0 then
     end
   end
 end
-return {ours, backlog, reclaim, trimmed}
+return {1, backlog, reclaim, trimmed, taken}
 """
 _HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
 #: Heartbeats per pipelined write (bounds one write and its reply; 10,000 sessions -> 40).
@@ -176,8 +189,11 @@ class PresenceCommands(RedisCommandBase):
             key = presence_key(user_id)
             return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
-        """SET ``bridge:proc:{holder_id}`` 1 PX ceil(ttl_s * 1000).
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
+        """SET ``bridge:proc:{holder_id}`` 1 PX ceil(ttl_s * 1000) GET.
+
+        Returns:
+            True if the key was still set (False: it had expired, or Redis lost it).
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -185,7 +201,8 @@ class PresenceCommands(RedisCommandBase):
         """
         px = _ms(ttl_s)
         async with self._session("SET liveness") as s:
-            await self._call(s, b"SET", proc_key(holder_id), b"1", b"PX", px)
+            old = await self._call(s, b"SET", proc_key(holder_id), b"1", b"PX", px, b"GET")
+        return old is not None
 
     async def clear_liveness(self, holder_id: str) -> None:
         """DEL ``bridge:proc:{holder_id}``.
@@ -284,11 +301,12 @@ class PresenceCommands(RedisCommandBase):
                         index_key(b.user_id),
                         b.session_id,
                         px,
-                        b.catalogue,
+                        "" if b.catalogue is None else b.catalogue,
                         GROUP,
                         consumer,
                         reclaim_idle_ms,
                         b"1" if prune else b"0",
+                        b"1" if b.deep else b"0",
                     )  # fmt: skip
                     for b in chunk
                 ]
@@ -299,6 +317,6 @@ class PresenceCommands(RedisCommandBase):
                 for reply in raw:
                     if isinstance(reply, BaseException):
                         raise reply
-                    ours, backlog, reclaim, trimmed = (bool(int(x)) for x in reply)
-                    replies.append(BeatReply(ours, backlog, reclaim, trimmed))
+                    ours, backlog, reclaim, trimmed, taken = (bool(int(x)) for x in reply)
+                    replies.append(BeatReply(ours, backlog, reclaim, trimmed, taken))
         return replies

@@ -6,8 +6,9 @@ nursery owned by the session holding
 * the **writer**, the only task that sends on the socket;
 * the **reader**, which routes frames and never awaits a job (invariant 4);
 * the **heartbeat** (``_presence.PresenceKeeper``): presence, supersede, hand-over;
-* the **pinger**: an application-level ping with a deadline;
-* the **token expiry** watch, when the token has an ``exp``;
+* the **timers**: an application-level ping with a deadline and the token's expiry,
+  kept for every session of the process by one task (``_pacer``), which visits
+  :meth:`HubSession.pace` (``_session_timers``); a watch task raises what it decided;
 * one **serving task** per entry the process reader (``_reader``) hands it; serving one
   entry is ``_delivery.EntryServer``, socket-free, with this session as its
   :class:`~deskbridge_hub._delivery.Executor`. The session does not read the stream:
@@ -101,7 +102,6 @@ class HubSession(SessionTimers):
     _conn: Connection = attrs.field(init=False)
     _send: trio.MemorySendChannel[str] = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
-    _pongs: dict[str, trio.Event] = attrs.field(factory=dict)
     _nursery: trio.Nursery | None = None
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _presence: PresenceKeeper | None = None
@@ -110,6 +110,11 @@ class HubSession(SessionTimers):
     _reading_stopped: trio.Event = attrs.field(factory=trio.Event)
     _serving: int = 0
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
+    _next_ping_s: float = 0.0
+    _pings_sent: int = 0
+    _timed_out: EndSession | None = None
+    _time_is_up: trio.Event = attrs.field(factory=trio.Event)
+    _done: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -145,9 +150,9 @@ class HubSession(SessionTimers):
                 nursery.start_soon(self._guard, self._writer)
                 nursery.start_soon(self._guard, self._reader)
                 nursery.start_soon(self._guard, lambda: presence.watch(self.wait_idle))
-                nursery.start_soon(self._guard, self._pinger)
-                if self.expires_at is not None:
-                    nursery.start_soon(self._expiry)
+                nursery.start_soon(self._watch_timers)
+                self._next_ping_s = trio.current_time() + self.state.timings.ping_interval_s
+                self.state.pacer.add(self, self._next_ping_s)
                 # Reading this user's stream is the process reader's (``_reader``).
                 self._listener = Listener(
                     self.user_id, self.session_id, presence.catalogue,
@@ -156,6 +161,7 @@ class HubSession(SessionTimers):
                     on_superseded=self.supersede,
                     capacity=lambda: int(self._limiter.available_tokens),
                     stopped=self._reading_stopped,
+                    delivered_state=server.delivered_state,
                     daemon_id=self.hello.daemon_id if self.hello else None,
                 )  # fmt: skip
                 if self.state.drain.active:
@@ -164,6 +170,7 @@ class HubSession(SessionTimers):
         except* EndSession as group:
             ended += [e for e in group.exceptions if isinstance(e, EndSession)]
         finally:
+            self._done = True  # the pacer drops it at its next visit
             if self._listener is not None:
                 self.state.reader.detach(self._listener)
             if not ended:
@@ -310,9 +317,7 @@ class HubSession(SessionTimers):
             # reading stalls only its own session, and the pinger's deadline ends it.
             await self._send.send(self._encode(Pong(nonce=event.nonce)))
         elif isinstance(event, Pong):
-            pong = self._pongs.get(event.nonce)
-            if pong is not None:
-                pong.set()
+            pass  # the Connection has cleared its ping's deadline
         elif isinstance(event, Sleeping) and self.sleep is not None and self._nursery:
             self._nursery.start_soon(self.sleep.going_to_sleep)  # the reader never waits
         elif isinstance(event, Error):

@@ -1,11 +1,12 @@
 """The deadlines of one sidecar socket on the hub, mixed into ``_session.HubSession``:
-the application-level pinger (its deadline is the ``Connection``'s) and the token's
-expiry. Each raises :class:`~deskbridge_hub._errors.EndSession` to end the session."""
+the application-level ping (its deadline is the ``Connection``'s) and the token's expiry,
+both driven by the process's one timer task (``_pacer``, issue 10: two timer tasks per
+socket were most of an idle hub's CPU at 10,000 desktops). :meth:`SessionTimers.pace`
+decides; :meth:`SessionTimers._watch_timers`, a task of the session's nursery, raises
+:class:`~deskbridge_hub._errors.EndSession` to end the session."""
 
 from __future__ import annotations
 
-import math
-import uuid
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
@@ -18,44 +19,75 @@ if TYPE_CHECKING:
 
 
 class SessionTimers:
-    """Pinger and token expiry of ``HubSession`` (see the module docstring)."""
+    """Ping and token expiry of ``HubSession`` (see the module docstring)."""
 
     state: HubState
     expires_at: float | None
     _ending: str | None
     _conn: Connection
-    _pongs: dict[str, trio.Event]
     _send: trio.MemorySendChannel[str]
+    _next_ping_s: float
+    _pings_sent: int
+    _timed_out: EndSession | None
+    _time_is_up: trio.Event
+    _done: bool
 
     def _encode(self, frame: Frame) -> str:  # pragma: no cover - HubSession's
         raise NotImplementedError
 
-    async def _expiry(self) -> NoReturn:
-        """Close the session when its token expires (checked against the wall clock at
-        most every ``heartbeat_s``, so a wall-clock jump is noticed too)."""
-        assert self.expires_at is not None
-        while (left := self.expires_at - self.state.wall_clock()) > 0:  # noqa: ASYNC110 - wall clock
-            await trio.sleep(min(left, self.state.timings.heartbeat_s))
-        self._ending = "token expired"
-        raise EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one")
+    def pace(self, now_s: float) -> float | None:
+        """The pacer's visit: end the session if its pong is late (4002) or its token
+        expired (4003; the wall clock is checked at most every ``heartbeat_s``, so a
+        wall-clock jump is noticed too); queue a ping every ``ping_interval_s`` while
+        none is outstanding. The Connection starts a ping's deadline (``ping_timeout_s``)
+        when it is queued: a peer that stops reading fills the send queue (the ping is
+        then dropped) and is timed out all the same. Never blocks, never raises.
 
-    async def _pinger(self) -> NoReturn:
-        """A ping every ``ping_interval_s``; the Connection holds its deadline
-        (``ping_timeout_s`` from when it is queued: a peer that stops reading fills the
-        send queue, and must be timed out all the same) and the close code (4002)."""
+        Args:
+            now_s: the trio clock now.
+
+        Returns:
+            When to visit next (trio clock), or None once the session is ending.
+        """
+        if self._done or self._timed_out is not None:
+            return None
         t = self.state.timings
-        while True:
-            await trio.sleep(t.ping_interval_s)
-            nonce = uuid.uuid4().hex
-            answered = self._pongs[nonce] = trio.Event()
-            try:
-                text = self._encode(Ping(nonce=nonce))
-                deadline_s = self._conn.deadline_s
-                with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
-                    await self._send.send(text)
-                    await answered.wait()
-                self._conn.check_deadlines(trio.current_time())
-            except RemoteProtocolError as exc:
-                raise EndSession(exc.close_code, exc.reason) from None
-            finally:
-                self._pongs.pop(nonce, None)
+        try:
+            self._conn.check_deadlines(now_s)
+        except RemoteProtocolError as exc:
+            self._end_now(EndSession(exc.close_code, exc.reason))
+            return None
+        visit: list[float] = []
+        if self.expires_at is not None:
+            left = self.expires_at - self.state.wall_clock()
+            if left <= 0:
+                self._ending = "token expired"
+                self._end_now(EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one"))
+                return None
+            visit.append(now_s + min(left, t.heartbeat_s))
+        if now_s >= self._next_ping_s and not self._conn.pending_pings:
+            self._pings_sent += 1
+            try:  # a nonce only has to be unique on this socket
+                self._send.send_nowait(self._encode(Ping(nonce=f"p{self._pings_sent:x}")))
+            except EndSession:
+                return None  # closing: nothing more to ping
+            except trio.WouldBlock:
+                pass  # the peer stopped reading: this ping's deadline ends the session
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return None
+            self._next_ping_s = now_s + t.ping_interval_s
+        visit.append(self._next_ping_s)
+        deadline_s = self._conn.deadline_s
+        if deadline_s is not None:
+            visit.append(deadline_s)
+        return max(min(visit), now_s)
+
+    def _end_now(self, end: EndSession) -> None:
+        self._timed_out = end
+        self._time_is_up.set()
+
+    async def _watch_timers(self) -> NoReturn:
+        """Raise what :meth:`pace` decided (a late pong, an expired token)."""
+        await self._time_is_up.wait()
+        assert self._timed_out is not None
+        raise self._timed_out

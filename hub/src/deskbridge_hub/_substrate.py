@@ -43,13 +43,7 @@ from ._keys import (
     GROUP as GROUP,
 )
 from ._keys import (
-    asleep_key as asleep_key,
-)
-from ._keys import (
     cancel_key as cancel_key,
-)
-from ._keys import (
-    daemons_key as daemons_key,
 )
 from ._keys import (
     fence_key as fence_key,
@@ -96,11 +90,12 @@ from ._keys import (
 from ._keys import (
     wake_key as wake_key,
 )
+from ._substrate_desktop import Asleep as Asleep
+from ._substrate_desktop import DesktopSubstrate as DesktopSubstrate
+from ._substrate_desktop import asleep_key as asleep_key
+from ._substrate_desktop import daemons_key as daemons_key
 from ._substrate_values import (
     MAILBOX_TTL_S as MAILBOX_TTL_S,
-)
-from ._substrate_values import (
-    Asleep as Asleep,
 )
 from ._substrate_values import (
     Beat as Beat,
@@ -148,9 +143,12 @@ class PresenceSubstrate(Protocol):
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> None:
-        """SET ``bridge:proc:{holder_id}`` PX ttl_s: this hub process is alive (refreshed
-        well within the TTL by the process itself; presence names the process)."""
+    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
+        """SET ``bridge:proc:{holder_id}`` PX ttl_s GET: this hub process is alive
+        (refreshed well within the TTL by the process itself; presence names the
+        process). Returns whether the key was still set: False after the first call
+        means it lapsed (the process stalled past the TTL) or the store lost it (Redis
+        restarted empty, a failover), so presence may be gone too."""
 
     async def clear_liveness(self, holder_id: str) -> None:
         """DEL ``bridge:proc:{holder_id}`` (the process is stopping)."""
@@ -191,6 +189,16 @@ class StreamSubstrate(Protocol):
         Each new entry goes to exactly one consumer and into its pending entries list.
         Recreates a missing group (NOGROUP) from 0 and returns []; also returns [] when
         the stream is deleted while blocked (Redis 7: UNBLOCKED)."""
+
+    async def read_new_delivered(
+        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+    ) -> list[Entry]:
+        """``read_new`` without BLOCK that also runs :meth:`LedgerSubstrate.mark_delivered`
+        (``state``, ``ttl_s``, the entry's own ``deadline``) for every job it reads, in
+        the same atomic step: a job is an entry with a ``job_id`` and a numeric
+        ``deadline`` and no ``control`` field; its :class:`Entry` carries the verdict in
+        ``marked``, other entries have ``marked`` None. One round trip instead of a read
+        plus one per job."""
 
     async def ack(self, user_id: str, entry_id: str) -> int:
         """XACK; returns the number acknowledged (0 or 1; 0 when the stream or group is gone)."""
@@ -238,10 +246,13 @@ class ReaderSubstrate(Protocol):
         prune: bool = True,
     ) -> list[BeatReply]:
         """For every beat, in one round trip (pipelined, one script per user, each within
-        that user's slot): refresh presence PX ttl_s if absent or ours and then keep the
-        catalogue equal to the beat's; probe the user's stream (see :class:`BeatReply`);
-        with ``prune``, delete consumers other than ``consumer`` with nothing pending and
-        idle for at least ``reclaim_idle_ms``. Replies in the order of ``beats``."""
+        that user's slot): refresh presence PX ttl_s if absent or ours (a newer
+        session's value stays, its TTL set to ttl_s) and then write the beat's
+        catalogue if it has one; probe the user's stream (see :class:`BeatReply`; the
+        index only when the group is not quiet or the beat is deep); with ``prune``,
+        delete consumers other than ``consumer`` with nothing pending and idle for at
+        least ``reclaim_idle_ms``. Replies in the order of ``beats``. An idle user (group
+        quiet, one consumer) costs 3 Redis commands as INFO commandstats counts them."""
 
 
 class ResultSubstrate(Protocol):
@@ -407,48 +418,6 @@ class LedgerSubstrate(Protocol):
         """GET ``bridge:tools:{user_id}``."""
 
 
-class DesktopSubstrate(Protocol):
-    """What a desktop says about itself (issue 12): which daemon instance it is (the
-    record of where a user's deliveries went, and the instant takeover it allows) and
-    whether it went to sleep. Keys in the user's slot: ``bridge:daemons:{<user_id>}``
-    (hash: consumer -> daemon id, ``?`` when unknown or mixed),
-    ``bridge:asleep:{<user_id>}`` (``Asleep`` as JSON, with a TTL)."""
-
-    async def take_over(
-        self,
-        user_id: str,
-        consumer: str,
-        *,
-        daemon_id: str | None,
-        session_id: str,
-        count: int,
-        record_ttl_s: float,
-    ) -> Claimed:
-        """At a session's start, in one atomic step in the user's slot: if presence is
-        still ``session_id``, XCLAIM (min idle 0) for ``consumer`` up to ``count``
-        entries pending on *other* consumers whose record names ``daemon_id`` (their
-        deliveries went to this very daemon, whose socket there is gone since it is
-        here now); then record ``consumer`` -> ``daemon_id`` (or ``?`` when
-        ``daemon_id`` is None, or when ``consumer`` still has entries pending that
-        went to another daemon), drop the records of consumers taken over completely
-        or gone from the group, and PEXPIRE the record ``record_ttl_s``.
-
-        Returns:
-            ``Claimed("0-0", entries, deleted_ids)``: the entries now ours (delivery
-            count + 1), and the IDs whose body is gone (removed from the pending
-            entries list, as XCLAIM does). Nothing when presence is not ours.
-        """
-
-    async def set_asleep(self, user_id: str, asleep: Asleep, *, ttl_s: float) -> None:
-        """SET ``bridge:asleep:{user_id}`` = ``asleep`` PX ttl_s."""
-
-    async def get_asleep(self, user_id: str) -> Asleep | None:
-        """GET ``bridge:asleep:{user_id}``, decoded; None if absent or not decodable."""
-
-    async def clear_asleep(self, user_id: str) -> None:
-        """DEL ``bridge:asleep:{user_id}`` (a session started: the desktop is awake)."""
-
-
 class Substrate(
     PresenceSubstrate,
     StreamSubstrate,
@@ -458,9 +427,10 @@ class Substrate(
     DesktopSubstrate,
     Protocol,
 ):
-    """Everything the hub needs from its store: the six parts above, plus health and
-    lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
-    contract suite is ``deskbridge_hub.testing.check_substrate``."""
+    """Everything the hub needs from its store: the six parts (``DesktopSubstrate`` in
+    ``_substrate_desktop``), plus health and lifetime. ``MemorySubstrate`` and
+    ``RedisSubstrate`` implement all of it; the shared contract suite is
+    ``deskbridge_hub.testing.check_substrate``."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""

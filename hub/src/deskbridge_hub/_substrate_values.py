@@ -17,12 +17,19 @@ class Beat:
     Attributes:
         user_id: whose presence.
         session_id: the session that should hold it.
-        catalogue: the session's tool catalogue (JSON text).
+        catalogue: the session's tool catalogue (JSON text) to write with the refresh,
+            or None to leave the stored one alone (it is written at the handshake and
+            only needs rewriting when the store may have lost it: see
+            :attr:`BeatReply.taken`).
+        deep: also look for entries trimmed before anyone read them when the user's
+            consumer group looks quiet (nothing undelivered, nothing pending). The
+            reader asks for it after it read entries for the user and now and then.
     """
 
     user_id: str
     session_id: str
-    catalogue: str
+    catalogue: str | None = None
+    deep: bool = False
 
 
 @attrs.frozen
@@ -30,20 +37,24 @@ class BeatReply:
     """What one heartbeat found.
 
     Attributes:
-        ours: presence was absent or ours and is refreshed (with the catalogue); False: a
-            newer session holds it (hand over).
+        ours: presence was absent or ours and is refreshed; False: a newer session holds
+            it (hand over; its value stays, its TTL set to ``ttl_s``).
+        taken: presence was absent (expired, or the store lost it) and is now ours: the
+            catalogue may be gone too, so write it (a beat with ``catalogue``).
         backlog: the user's stream has entries never delivered to the group (a missed
             wake-up), or its group is missing: read it.
         reclaim_due: an entry has been pending for at least the reclaim idle: run a
             reclaim pass for this user.
         trimmed_due: the entry index names an entry older than the stream's first entry
             (or the stream is gone): look for entries trimmed before anyone read them.
+            Checked when the group is not quiet, or the beat is ``deep``.
     """
 
     ours: bool
     backlog: bool = False
     reclaim_due: bool = False
     trimmed_due: bool = False
+    taken: bool = False
 
 
 @attrs.frozen
@@ -58,37 +69,6 @@ class Asleep:
 
     since: float
     source: str
-
-
-@attrs.frozen
-class Entry:
-    """One stream entry as read by a consumer.
-
-    Attributes:
-        entry_id: the Redis stream entry ID (``"<ms>-<seq>"``).
-        fields: the entry's field/value pairs, or ``None`` when the entry is still in the
-            pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
-    """
-
-    entry_id: str
-    fields: Mapping[str, str] | None
-
-
-@attrs.frozen
-class Claimed:
-    """Reply of :meth:`Substrate.autoclaim` (XAUTOCLAIM).
-
-    Attributes:
-        next_start: cursor for the next call; ``"0-0"`` when the scan is complete.
-        entries: entries now owned by the claiming consumer (bodies present).
-        deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
-            from the pending entries list (Redis >= 7), the caller must answer their
-            callers "lost".
-    """
-
-    next_start: str
-    entries: tuple[Entry, ...]
-    deleted_ids: tuple[str, ...]
 
 
 @attrs.frozen
@@ -130,6 +110,40 @@ class Finished:
     verdict: str
     newest: int | None = None
     acked: bool = False
+
+
+@attrs.frozen
+class Entry:
+    """One stream entry as read by a consumer.
+
+    Attributes:
+        entry_id: the Redis stream entry ID (``"<ms>-<seq>"``).
+        fields: the entry's field/value pairs, or ``None`` when the entry is still in the
+            pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
+        marked: the delivery verdict when the read also marked it delivered
+            (:meth:`StreamSubstrate.read_new_delivered`), else None.
+    """
+
+    entry_id: str
+    fields: Mapping[str, str] | None
+    marked: Marked | None = None
+
+
+@attrs.frozen
+class Claimed:
+    """Reply of :meth:`Substrate.autoclaim` (XAUTOCLAIM).
+
+    Attributes:
+        next_start: cursor for the next call; ``"0-0"`` when the scan is complete.
+        entries: entries now owned by the claiming consumer (bodies present).
+        deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
+            from the pending entries list (Redis >= 7), the caller must answer their
+            callers "lost".
+    """
+
+    next_start: str
+    entries: tuple[Entry, ...]
+    deleted_ids: tuple[str, ...]
 
 
 #: How long a process's notification mailbox outlives its last notification, seconds: a

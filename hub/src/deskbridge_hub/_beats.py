@@ -1,0 +1,161 @@
+"""The sessions attached to a process reader (``Listener``) and when each one's presence
+is next refreshed (``BeatSchedule``); the beat loop itself is ``_reader``'s.
+
+Each session is beaten every ``heartbeat_s``, counted from its handshake (which has just
+written presence and the catalogue), so the beats of 10,000 sessions spread over the
+interval instead of arriving as one burst that would stall the event loop; beats due
+within ``BEAT_BATCH_S`` of each other share one pipelined write. A *full* beat covers
+every session at once, catalogues included: after a failed beat, after any substrate
+failure, and when the process's liveness key had lapsed (the store may have lost
+presence and catalogues alike).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+import trio
+
+from ._jobstate import JobState
+from ._substrate import Beat, Entry
+
+#: Beats due within this many seconds of each other (at most this early, or a tenth of
+#: the heartbeat if shorter) share one pipelined write: one round trip a second at most
+#: however many sessions, and presence (TTL: three heartbeats) never gets close to lapsing.
+BEAT_BATCH_S = 1.0
+#: Every this many beats a session's beat is deep: the entry index is looked at even when
+#: the group looks quiet (every 5 minutes at 30 s). Beats after a read are deep too.
+DEEP_EVERY = 10
+
+
+@attrs.define(eq=False)
+class Listener:
+    """One session attached to the process reader.
+
+    Attributes:
+        user_id, session_id: whose stream, which session (presence value).
+        catalogue: the session's tool catalogue (JSON text), written at the handshake and
+            again whenever a beat finds presence had been lost.
+        dispatch: start serving one entry (returns once its task started; the reader has
+            added the entry ID to the in-flight set).
+        on_deleted: answer entries whose body is gone (see ``EntryServer.answer_deleted``).
+        on_superseded: the heartbeat found presence held by another session.
+        capacity: how many more entries the session can take now.
+        stopped: once set, nothing more is read for this session.
+        delivered_state: the state a delivery by this session records: given, new entries
+            are read and marked delivered in one step (``read_new_delivered``).
+        wants_more: the session was full when entries were waiting: read again when a
+            serving task ends.
+        due_s: when its next beat is due (trio clock); ``beats``: beats answered.
+        reads, reads_checked: entries dispatched for it, and how many of those a deep
+            beat has covered (more were read since: the next beat is deep).
+        catalogue_due: its next beat writes the catalogue (presence had been lost).
+        daemon_id: the sidecar's daemon instance (``hello.daemon_id``), or None.
+    """
+
+    user_id: str
+    session_id: str
+    catalogue: str
+    dispatch: Callable[[Entry], Awaitable[None]]
+    on_deleted: Callable[[list[str]], Awaitable[None]]
+    on_superseded: Callable[[], None]
+    capacity: Callable[[], int]
+    stopped: trio.Event = attrs.field(factory=trio.Event)
+    delivered_state: Callable[[], JobState] | None = None
+    wants_more: bool = False
+    due_s: float = 0.0
+    beats: int = 0
+    reads: int = 0
+    reads_checked: int = 0
+    catalogue_due: bool = False
+    daemon_id: str | None = None
+
+    def beat(self, *, full: bool) -> Beat:
+        """This session's next beat (``full``: with its catalogue)."""
+        return Beat(
+            self.user_id,
+            self.session_id,
+            self.catalogue if full or self.catalogue_due else None,
+            deep=self.reads != self.reads_checked or self.beats % DEEP_EVERY == DEEP_EVERY - 1,
+        )
+
+    def answered(self, beat: Beat, reads: int, *, taken: bool) -> None:
+        """Its ``beat`` (built when it had ``reads``) was answered; ``taken``: presence
+        had been lost, so the next beat writes the catalogue unless this one did."""
+        self.beats += 1
+        if beat.deep:
+            self.reads_checked = reads
+        self.catalogue_due = taken and beat.catalogue is None
+
+
+@attrs.define(eq=False)
+class BeatSchedule:
+    """When each beating session is due (a heap of ``(due_s, n, listener)``; an entry is
+    stale once its listener's ``due_s`` moved or it stopped beating).
+
+    Attributes:
+        heartbeat_s: the interval between two beats of one session.
+        full: the next beat covers every session, catalogues included.
+        retry_at: when that full beat may go (trio clock; after a failure, a second on).
+    """
+
+    heartbeat_s: float
+    full: bool = False
+    retry_at: float = -math.inf
+    _heap: list[tuple[float, int, Listener]] = attrs.field(factory=list)
+    _pushed: int = 0
+
+    @property
+    def window_s(self) -> float:
+        return min(BEAT_BATCH_S, self.heartbeat_s / 10)
+
+    def at(self, listener: Listener, due_s: float) -> None:
+        """Beat ``listener`` at ``due_s`` (trio clock), not before (unless in a batch)."""
+        listener.due_s = due_s
+        self._pushed += 1
+        heapq.heappush(self._heap, (due_s, self._pushed, listener))
+
+    def again(self, listener: Listener) -> None:
+        """Beat ``listener`` one heartbeat after its last due time: the next point of its
+        own grid after now, so sessions stay spread (even after a full beat) and a beat
+        sent early (the batch window) does not make the next one earlier."""
+        now = trio.current_time()
+        due_s = listener.due_s + self.heartbeat_s
+        if due_s <= now:
+            due_s = now + self.heartbeat_s - (now - listener.due_s) % self.heartbeat_s
+        self.at(listener, due_s)
+
+    def all_now(self, *, retry_at: float = -math.inf) -> None:
+        """The next beat covers every session, at ``retry_at`` at the earliest."""
+        self.full = True
+        self.retry_at = retry_at
+
+    def next_at(self) -> float:
+        """When the beat loop should wake next (trio clock)."""
+        if self.full:
+            return self.retry_at
+        if not self._heap:
+            return trio.current_time() + self.heartbeat_s
+        return self._heap[0][0] - self.window_s
+
+    def take(self, beating: Mapping[str, Listener]) -> tuple[bool, list[Listener]]:
+        """The sessions to beat now, each once, and whether this is a full beat: every
+        one of ``beating`` (session id -> listener) for a full beat, else those due
+        within the batch window."""
+        if self.full:
+            self.full = False
+            self._heap.clear()
+            return True, list(beating.values())
+        horizon = trio.current_time() + self.window_s
+        due: list[Listener] = []
+        while self._heap and self._heap[0][0] <= horizon:
+            due_s, _, listener = heapq.heappop(self._heap)
+            if listener.due_s == due_s and beating.get(listener.session_id) is listener:
+                due.append(listener)
+        return False, due
+
+    def __len__(self) -> int:
+        return len(self._heap)

@@ -1,0 +1,88 @@
+"""The timers of every session of one hub process, in one task (issue 10).
+
+A session used to run a pinger task (a ping every ``ping_interval_s``, then a wait for
+the pong with its deadline) and, with a token ``exp``, an expiry task: two tasks and two
+timers per socket, woken every ten seconds each. At 10,000 idle desktops those wake-ups
+(trio's deadline heap, task switches, an ``os.urandom`` per nonce) were most of the
+hub's idle CPU. Here one task keeps a heap of when each session next needs attention
+and calls its :meth:`Paced.pace`, which does what is due without waiting: queue a ping
+(the session's writer sends it; the :class:`deskbridge_common.Connection` holds its
+deadline), end the session whose pong is late (4002) or whose token expired (4003), and
+answer when to come back. Invariant 4 holds: the writer stays the only sender.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from typing import Protocol
+
+import attrs
+import trio
+
+log = logging.getLogger("deskbridge.hub.pacer")
+
+
+class Paced(Protocol):
+    """What the pacer drives (``HubSession``)."""
+
+    def pace(self, now_s: float) -> float | None:
+        """Do what is due at ``now_s`` (trio clock) without blocking.
+
+        Returns:
+            When to be called next (trio clock), or None: never again (ended).
+        """
+
+
+@attrs.define(eq=False)
+class Pacer:
+    """One heap of ``(when, n, paced)`` and the task that works through it.
+
+    Attributes:
+        running: whether :meth:`run` is running.
+    """
+
+    _heap: list[tuple[float, int, Paced]] = attrs.field(factory=list)
+    _pushed: int = 0
+    _sooner: trio.Event = attrs.field(factory=trio.Event)
+    running: bool = False
+
+    def add(self, paced: Paced, at_s: float) -> None:
+        """Call ``paced.pace`` at ``at_s`` (trio clock) and then whenever it asks."""
+        if not self._heap or at_s < self._heap[0][0]:
+            self._sooner.set()
+        self._push(paced, at_s)
+
+    def _push(self, paced: Paced, at_s: float) -> None:
+        self._pushed += 1
+        heapq.heappush(self._heap, (at_s, self._pushed, paced))
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Work through the heap until cancelled.
+
+        Cancellation: stops; the sessions' timers stop with it (their sockets do not).
+        """
+        self.running = True
+        task_status.started()
+        try:
+            while True:
+                with trio.move_on_at(self._heap[0][0] if self._heap else math.inf):
+                    await self._sooner.wait()
+                self._sooner = trio.Event()
+                now = trio.current_time()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, paced = heapq.heappop(self._heap)
+                    try:
+                        again = paced.pace(now)
+                    except Exception:  # one session's fault must not stop every timer
+                        log.exception("session timer failed; its socket goes unpinged")
+                        continue
+                    if again is not None:
+                        self._push(paced, again)
+                await trio.lowlevel.checkpoint()
+        finally:
+            self.running = False

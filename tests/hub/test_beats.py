@@ -1,0 +1,156 @@
+"""The process reader's heartbeat (issue 10: idle desktops cost almost nothing), on
+MemorySubstrate, memory sockets and MockClock (autojump): each session is beaten every
+``heartbeat_s`` from its own handshake (spread, not one burst), idle beats carry no
+catalogue, presence or a catalogue the store lost comes back at once, a missed wake-up
+is found within one heartbeat, and beats look at the entry index after reads."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import Ping, Pong, decode_frame
+from deskbridge_hub import Bridge
+from deskbridge_hub._beats import DEEP_EVERY
+from deskbridge_hub._substrate import presence_key, tools_key
+
+from .test_session import answer_jobs, connect, enqueue, make_state, wall
+
+
+def spy_beats(state):
+    """Record every heartbeat call: (trio time, [(user, catalogue given, deep)])."""
+    calls = []
+    real = state.substrate.heartbeat
+
+    async def heartbeat(beats, **kw):
+        calls.append(
+            (trio.current_time(), [(b.user_id, b.catalogue is not None, b.deep) for b in beats])
+        )
+        return await real(beats, **kw)
+
+    state.substrate.heartbeat = heartbeat
+    return calls
+
+
+async def pong_only(peer):
+    async for raw in peer._inbox:
+        frame = decode_frame(raw)
+        if isinstance(frame, Ping):
+            await peer.send(Pong(frame.nonce))
+
+
+async def test_each_session_is_beaten_every_heartbeat_from_its_handshake(autojump_clock):
+    state = make_state()  # heartbeat 30 s, presence TTL 90 s
+    calls = spy_beats(state)
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        peer1, _ = await connect(nursery, state, "u1")
+        nursery.start_soon(pong_only, peer1)
+        await trio.sleep(12)
+        peer2, _ = await connect(nursery, state, "u2")
+        nursery.start_soon(pong_only, peer2)
+        await trio.sleep(100)
+        nursery.cancel_scope.cancel()
+    beaten = {
+        user: [round(t - start) for t, beats in calls for u, _, _ in beats if u == user]
+        for user in ("u1", "u2")
+    }
+    # spread: u2's beats follow its own handshake (give or take the 1 s batch window)
+    expected = {"u1": [30, 60, 90], "u2": [42, 72, 102]}
+    assert all(
+        len(beaten[u]) == 3
+        and all(abs(a - b) <= 1 for a, b in zip(beaten[u], expected[u], strict=True))
+        for u in expected
+    ), beaten
+    assert len(calls) == 6  # never together
+    # idle beats never resend the catalogue (the handshake wrote it)
+    assert not any(cat for _, beats in calls for _, cat, _ in beats)
+
+
+async def test_presence_and_catalogue_lost_by_the_store_come_back_within_a_second(
+    autojump_clock,
+):
+    """Redis restarted empty between two calls of ours (no failure seen): the process's
+    liveness key is gone too, so every presence and catalogue is rewritten at once, not
+    a heartbeat later."""
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(5)
+        catalogue = await state.substrate.get_catalogue("u1")
+        state.substrate._kv.clear()
+        lost = trio.current_time()
+        while not (await bridge.presence("u1")).online:  # noqa: ASYNC110 - mock clock
+            await trio.sleep(0.05)
+        assert trio.current_time() - lost <= 1.1
+        assert await state.substrate.get_catalogue("u1") == catalogue
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_beat_that_finds_presence_gone_writes_the_catalogue_right_after(autojump_clock):
+    """Presence and catalogue deleted (the process's liveness key kept): the next beat
+    takes presence back and, told it had been absent, writes the catalogue at once."""
+    state = make_state()
+    calls = spy_beats(state)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(5)
+        del state.substrate._kv[presence_key("u1")]
+        del state.substrate._kv[tools_key("u1")]
+        await trio.sleep(30)
+        assert await state.substrate.get_presence("u1") is not None
+        assert await state.substrate.get_catalogue("u1") is not None
+        nursery.cancel_scope.cancel()
+    assert [cat for _, beats in calls for _, cat, _ in beats] == [False, True]
+    assert calls[1][0] - calls[0][0] < 0.1
+
+
+async def test_an_entry_whose_wake_up_was_lost_is_delivered_at_the_next_beat(autojump_clock):
+    state = make_state()
+    executed = []
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(answer_jobs, peer, executed)
+        await trio.sleep(1)
+        enqueued = trio.current_time()
+        await enqueue(state, "u1", key="k-no-wake")  # no wake-up pushed
+        while not executed:  # noqa: ASYNC110 - mock clock
+            await trio.sleep(0.5)
+        assert trio.current_time() - enqueued <= state.timings.heartbeat_s
+        nursery.cancel_scope.cancel()
+
+
+async def test_beats_look_at_the_entry_index_after_reads_and_every_tenth_beat(autojump_clock):
+    state = make_state()
+    calls = spy_beats(state)
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(answer_jobs, peer, [])
+        await trio.sleep(95)  # three quiet beats
+        await bridge.call("u1", "echo", {}, timeout_s=10)
+        await trio.sleep(30 * (DEEP_EVERY + 2))
+        nursery.cancel_scope.cancel()
+    deep = [d for _, beats in calls for _, _, d in beats]
+    assert deep[:3] == [False, False, False]
+    assert deep[3] is True  # the beat after the job was read
+    assert deep[4:].count(True) == 1 and deep[DEEP_EVERY - 1] is True  # then every tenth
+
+
+async def test_a_lapsed_liveness_key_with_presence_intact_beats_nobody_early(autojump_clock):
+    """The process stalled past the liveness TTL but Redis kept its data: no burst of
+    beats (at 10,000 sessions it would only stall a busy process further)."""
+    from deskbridge_hub._substrate import proc_key
+
+    state = make_state()
+    calls = spy_beats(state)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(5)
+        del state.substrate._kv[proc_key(state.holder_id)]
+        await trio.sleep(20)
+        assert calls == []  # the first beat is due at 30 s
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,69 @@
+"""The process's one timer task (``_pacer``), on MockClock (autojump): it visits each
+paced thing when asked, drops those that answer None, survives one that raises, and
+wakes early for a sooner visit; and through it every session of a process is pinged
+on time with no timer task of its own."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import Ping, Pong, decode_frame
+from deskbridge_hub._pacer import Pacer
+
+from .test_session import connect, make_state
+
+
+class Every:
+    def __init__(self, period_s: float, times: int, fail_at: int | None = None) -> None:
+        self.period_s, self.left, self.fail_at = period_s, times, fail_at
+        self.visits: list[float] = []
+
+    def pace(self, now_s: float) -> float | None:
+        self.visits.append(now_s)
+        if self.fail_at is not None and len(self.visits) == self.fail_at:
+            raise RuntimeError("boom")
+        self.left -= 1
+        return None if self.left == 0 else now_s + self.period_s
+
+
+async def test_visits_when_asked_drops_the_done_and_survives_a_failure(autojump_clock):
+    pacer = Pacer()
+    a, b, c = Every(10, 3), Every(4, 100, fail_at=2), Every(1, 2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pacer.run)
+        start = trio.current_time()
+        pacer.add(a, start + 10)
+        pacer.add(b, start + 4)
+        await trio.sleep(0.5)
+        pacer.add(c, start + 1)  # sooner than anything queued: the task wakes for it
+        await trio.sleep(100)
+        nursery.cancel_scope.cancel()
+    assert [v - start for v in a.visits] == [10, 20, 30]  # then it answered None
+    assert [v - start for v in b.visits] == [4, 8]  # raised at its second visit: dropped
+    assert [v - start for v in c.visits] == [1, 2]
+    assert len(pacer) == 0
+
+
+async def test_every_session_is_pinged_on_time_by_the_one_timer_task(autojump_clock):
+    state = make_state()
+    pings: dict[str, list[float]] = {}
+
+    async def answer(user, peer):
+        async for raw in peer._inbox:
+            frame = decode_frame(raw)
+            if isinstance(frame, Ping):
+                pings.setdefault(user, []).append(trio.current_time())
+                await peer.send(Pong(frame.nonce))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            peer, _ = await connect(nursery, state, f"u{i}")
+            nursery.start_soon(answer, f"u{i}", peer)
+            await trio.sleep(3)
+        await trio.sleep(40)
+        assert len(state.pacer) == 3  # one entry per session, no timer task each
+        nursery.cancel_scope.cancel()
+    interval = state.timings.ping_interval_s
+    for times in pings.values():
+        assert len(times) >= 4
+        assert all(abs(b - a - interval) < 0.01 for a, b in zip(times, times[1:], strict=False))

@@ -1,0 +1,200 @@
+"""The ToolRunner on its own: which runs count as started, giving up on shutdown, and one
+run's start and outcome in the ledger (shielded writes, failing writes, what is remembered).
+MockClock and the in-memory ledger (helpers in runner_kit)."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import Job
+from deskbridge_sidecar import Outcome, tool
+from deskbridge_sidecar._ledger import Ledger, args_digest
+
+from .runner_kit import FailingWrites, Gated, counting, job, make, running_and_queued
+
+# -- runs: one at a time, which ones count ------------------------------------------
+
+
+async def test_only_the_run_holding_the_lock_counts_as_started(autojump_clock, nursery):
+    submit, calls = counting(seconds=10)
+    runner = make(nursery, submit)
+    await running_and_queued(nursery, runner)
+    assert runner.busy and runner.started_keys() == {"ka"} and calls == ["f"]
+    assert runner.in_flight("ka") and runner.in_flight("kb")
+
+
+async def test_interrupt_gives_up_on_the_started_run_only_and_once(autojump_clock, nursery):
+    submit, calls = counting(seconds=100)
+    ledger = Ledger.memory()
+    runner = make(nursery, submit, ledger=ledger)
+    answers: dict[str, Outcome] = {}
+
+    async def deliver(d: Job) -> None:
+        answers[d.idempotency_key] = await runner.execute(d)
+
+    nursery.start_soon(deliver, job(key="ka"))
+    await trio.testing.wait_all_tasks_blocked()
+    nursery.start_soon(deliver, job(key="kb"))  # queued behind ka
+    await trio.testing.wait_all_tasks_blocked()
+    runner.close()  # as the daemon does before giving up: kb will never start
+    assert runner.interrupt("the sidecar was stopped (SIGTERM)") == [("ka", "submit")]
+    assert runner.interrupt("again") == []  # given up already
+    await runner.wait_idle()
+    await trio.testing.wait_all_tasks_blocked()
+    expected = Outcome.failure(
+        "in_doubt",
+        "submit was running when the sidecar was stopped (SIGTERM); it may have acted. Not "
+        "run again under this idempotency key: check, then retry with a new key",
+    )
+    assert answers == {"ka": expected}  # kb never started: left to the hub, unanswered
+    assert (await ledger.get("ka")).outcome == expected and await ledger.get("kb") is None
+    assert calls == ["f"] and trio.current_time() == 0
+
+
+async def test_wait_idle_does_not_wait_for_a_run_that_has_not_started(autojump_clock, nursery):
+    """A run awaiting the person's approval has not started (it holds the tool lock but
+    the tool has not run): stopping need not wait for a decision that may never come."""
+    from deskbridge_sidecar import needs_approval
+    from deskbridge_sidecar._consent import MemoryDesk
+
+    @needs_approval
+    @tool(side_effects=True)
+    async def pay(invoice: str) -> str:
+        return invoice
+
+    desk = MemoryDesk()
+    runner = make(nursery, pay, approvals=desk)
+    nursery.start_soon(runner.execute, job("pay", {"invoice": "i"}, key="kp", deadline_s=600))
+    await desk.wait_requested("job-1")
+    assert runner.in_flight("kp") and not runner.busy and runner.started_keys() == set()
+    await runner.wait_idle()
+    assert trio.current_time() == 0
+
+
+# -- one run: the start and the outcome in the ledger ----------------------------------
+
+
+async def test_a_run_is_recorded_started_until_its_deadline_plus_the_result_ttl(
+    autojump_clock, nursery
+):
+    submit, _ = counting(seconds=3)
+    ledger = Ledger.memory()
+    runner = make(nursery, submit, ledger=ledger, result_ttl_s=300)
+    delivery = job(key="k1", deadline_s=600)
+    nursery.start_soon(runner.execute, delivery)
+    await trio.testing.wait_all_tasks_blocked()
+    row = await ledger.get("k1")
+    assert (row.tool, row.args_digest, row.outcome) == ("submit", args_digest({"form": "f"}), None)
+    assert row.keep_until == delivery.deadline + 300
+    assert runner.running == "submit" and runner.executions == {"submit": 1}
+    await trio.sleep(3)
+    await trio.testing.wait_all_tasks_blocked()
+    assert runner.running is None
+    assert (await ledger.get("k1")).outcome == Outcome.success({"submitted": "f", "n": 1})
+
+
+async def test_cancelling_while_the_start_is_written_still_records_the_start(
+    autojump_clock, nursery
+):
+    """A start is never half-known: the write is shielded, so the row says started and
+    the answer says the tool was cancelled after it started, not before."""
+    submit, calls = counting(seconds=10)
+    ledger = Gated()
+    runner = make(nursery, submit, ledger=ledger)
+    answers = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(job(key="k1")))
+
+    nursery.start_soon(deliver)
+    await ledger.begin_entered.wait()
+    assert runner.cancel("k1") is True
+    ledger.release.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == [Outcome.failure("cancelled", "cancelled by the hub")]
+    row = await ledger.get("k1")
+    assert row.started_at is not None and row.outcome == answers[0]
+    assert runner.executions == {"submit": 1} and calls == ["f"]  # to its first checkpoint
+
+
+async def test_the_daemon_stopping_while_an_outcome_is_written_still_writes_it(autojump_clock):
+    submit, _ = counting(seconds=1)
+    ledger = Gated()
+    ledger.release.set()  # the start goes through
+    async with trio.open_nursery() as daemon_nursery:
+        runner = make(daemon_nursery, submit, ledger=ledger)
+        daemon_nursery.start_soon(runner.execute, job(key="k1"))
+        await trio.testing.wait_all_tasks_blocked()
+        ledger.release = trio.Event()  # hold the outcome's write
+        await ledger.finish_entered.wait()
+        daemon_nursery.cancel_scope.cancel()  # the daemon stops meanwhile
+        ledger.release.set()
+    assert (await ledger.get("k1")).outcome == Outcome.success({"submitted": "f", "n": 1})
+
+
+async def test_a_start_the_ledger_cannot_record_never_runs_and_is_not_remembered(
+    autojump_clock, nursery
+):
+    submit, calls = counting()
+    runner = make(nursery, submit, ledger=FailingWrites("begin"))
+    delivery = job(key="k1")
+    assert await runner.execute(delivery) == Outcome.failure(
+        "ledger_error",
+        "the sidecar cannot record the start in its ledger, so the tool was not started: "
+        "ledger write failed: disk full",
+    )
+    assert calls == [] and runner.executions == {} and runner.cached("k1") is None
+    runner.ledger = Ledger.memory()  # the disk is back: a redelivery runs
+    assert runner.admit(job(key="k1")) is None
+    assert (await runner.execute(job(key="k1"))).ok and calls == ["f"]
+
+
+async def test_an_outcome_the_ledger_cannot_record_is_kept_in_memory(autojump_clock, nursery):
+    submit, calls = counting()
+    runner = make(nursery, submit, ledger=FailingWrites("finish"))
+    outcome = await runner.execute(job(key="k1"))
+    assert outcome.ok and runner.cached("k1") == outcome
+    assert runner.admit(job(key="k1")) == outcome and calls == ["f"]
+
+
+async def test_a_delivery_that_expired_while_queued_is_answered_but_not_remembered(
+    autojump_clock, nursery
+):
+    """It never started, so nothing is known about its key: a redelivery with a fresh
+    deadline is judged afresh."""
+    submit, calls = counting(seconds=10)
+    runner = make(nursery, submit)
+    nursery.start_soon(runner.execute, job(key="ka"))
+    await trio.testing.wait_all_tasks_blocked()
+    late = await runner.execute(job(key="kb", deadline_s=5))  # waits 10 s for the lock
+    assert late.code == "expired" and late.error.message.startswith("deadline passed 5.000 s ago")
+    assert runner.cached("kb") is None and await runner.ledger.get("kb") is None
+    assert runner.admit(job(key="kb", deadline_s=60)) is None
+
+
+async def test_a_declined_job_is_remembered_as_declined(autojump_clock, nursery):
+    from deskbridge_sidecar import needs_approval
+    from deskbridge_sidecar._consent import MemoryDesk
+
+    calls = []
+
+    @needs_approval
+    @tool(side_effects=True)
+    async def pay(invoice: str) -> str:
+        calls.append(invoice)
+        return invoice
+
+    desk = MemoryDesk()
+    runner = make(nursery, pay, approvals=desk)
+    answers = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(job("pay", {"invoice": "i"}, key="kp")))
+
+    nursery.start_soon(deliver)
+    await desk.wait_requested("job-1")
+    desk.decline("job-1")
+    await trio.testing.wait_all_tasks_blocked()
+    declined = Outcome.failure("declined", "pay was declined at the desktop; not run")
+    assert answers == [declined] and runner.cached("kp") == declined
+    assert (await runner.ledger.get("kp")).outcome == declined and calls == []
