@@ -247,3 +247,78 @@ def test_isolates_marked_tools_and_sync_ones_under_isolate_sync(kind, isolate_sy
     assert runner.isolates(spec) is expected
 
 
+
+
+# -- admission: decided once, from memory ------------------------------------------------
+
+
+async def test_other_args_while_the_original_waits_for_the_lock_are_refused(
+    autojump_clock, nursery
+):
+    """The original is queued, not started (the ledger does not know it yet): the run in
+    flight is what the key is checked against."""
+    submit, calls = counting(seconds=10)
+    runner = make(nursery, submit)
+    await running_and_queued(nursery, runner)  # kb waits behind ka
+    refused = runner.admit(job(args={"form": "other"}, key="kb"))
+    assert refused is not None and refused.code == "idempotency_key_reused"
+    assert runner.admit(job(key="kb")) is None  # the same request joins it
+
+
+async def test_a_key_held_by_the_ledger_is_never_refused_afresh(autojump_clock, nursery):
+    """Its redelivery is answered by its record, even one arriving past its deadline or
+    for a tool this sidecar no longer offers."""
+    ledger = Ledger.memory()
+    await ledger.finish("k1", Outcome.success(1), "gone", args_digest({"form": "f"}))
+    runner = make(nursery, ledger=ledger)
+    await runner.load()
+    assert runner.admit(job("gone", key="k1", deadline_s=-5)) is None
+    assert await runner.execute(job("gone", key="k1", deadline_s=-5)) == Outcome.success(1)
+
+
+async def test_a_queued_runs_redelivery_joins_it_even_past_its_deadline(autojump_clock, nursery):
+    submit, _ = counting(seconds=10)
+    runner = make(nursery, submit)
+    await running_and_queued(nursery, runner)
+    assert runner.admit(job(key="kb", deadline_s=-5)) is None  # joins kb, not "expired"
+
+
+async def test_bad_arguments_are_refused_at_admission_and_nothing_starts(autojump_clock, nursery):
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    refused = runner.admit(job(args={"form": 1, "extra": True}, key="k1"))
+    assert refused is not None and refused.code == "bad_args"
+    assert runner.executions == {} and calls == [] and await runner.ledger.get("k1") is None
+
+
+async def test_each_answer_from_memory_counts_one_dedupe_hit(autojump_clock, nursery):
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    await runner.execute(job(key="k1"))
+    for _ in range(3):
+        assert runner.admit(job(key="k1")) is not None
+    assert runner.dedupe_hits == 3 and calls == ["f"]
+
+
+async def test_each_delivery_joining_a_run_counts_one_hit(autojump_clock, nursery):
+    submit, calls = counting(seconds=10)
+    runner = make(nursery, submit)
+    answers = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(job(key="k1")))
+
+    for _ in range(3):
+        nursery.start_soon(deliver)
+        await trio.testing.wait_all_tasks_blocked()
+    await trio.sleep(10)
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(answers) == 3 and calls == ["f"] and runner.dedupe_hits == 2
+
+
+async def test_a_delivery_at_its_deadline_exactly_is_expired(autojump_clock, nursery):
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    refused = runner.admit(job(key="k1", deadline_s=0))
+    assert refused == Outcome.failure("expired", "deadline passed 0.000 s ago; not started")
+    assert calls == []

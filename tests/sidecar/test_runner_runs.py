@@ -4,13 +4,17 @@ MockClock and the in-memory ledger (helpers in runner_kit)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import trio
 import trio.testing
 from deskbridge_common import Job
-from deskbridge_sidecar import Outcome, tool
+from deskbridge_sidecar import Outcome, Progress, tool
 from deskbridge_sidecar._ledger import Ledger, args_digest
 
 from .runner_kit import FailingWrites, Gated, counting, job, make, running_and_queued
+
+TOOLS_DIR = str(Path(__file__).resolve().parents[1] / "tools")
 
 # -- runs: one at a time, which ones count ------------------------------------------
 
@@ -198,3 +202,161 @@ async def test_a_declined_job_is_remembered_as_declined(autojump_clock, nursery)
     declined = Outcome.failure("declined", "pay was declined at the desktop; not run")
     assert answers == [declined] and runner.cached("kp") == declined
     assert (await runner.ledger.get("kp")).outcome == declined and calls == []
+
+
+async def test_a_run_ended_by_the_daemon_stopping_answers_its_waiters_cancelled(autojump_clock):
+    """The daemon's nursery is cancelled under a running tool (not a planned stop): the
+    delivery waiting in its session is answered, not left hanging."""
+    submit, calls = counting(seconds=100)
+    answers = []
+    async with trio.open_nursery() as session:
+        async with trio.open_nursery() as daemon_nursery:
+            runner = make(daemon_nursery, submit)
+
+            async def deliver() -> None:
+                answers.append(await runner.execute(job(key="k1")))
+
+            session.start_soon(deliver)
+            await trio.testing.wait_all_tasks_blocked()
+            daemon_nursery.cancel_scope.cancel()
+    assert answers == [
+        Outcome.failure("cancelled", "the sidecar stopped before the tool finished")
+    ]
+    assert calls == ["f"] and trio.current_time() == 0
+
+
+async def test_a_closing_runner_starts_nothing_and_leaves_the_delivery_unanswered(
+    autojump_clock, nursery
+):
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    runner.close()
+    with trio.move_on_after(3600) as waited:
+        await runner.execute(job(key="k1", deadline_s=7200))
+    assert waited.cancelled_caught and calls == [] and runner.executions == {}
+    assert await runner.ledger.get("k1") is None and runner.cached("k1") is None
+
+
+async def test_each_start_of_a_tool_is_counted(autojump_clock, nursery):
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    for key in ("k1", "k2", "k3"):
+        await runner.execute(job(key=key))
+    assert runner.executions == {"submit": 3} and len(calls) == 3
+
+
+async def test_hits_count_every_answer_from_memory_and_from_the_ledger(autojump_clock, nursery):
+    submit, calls = counting()
+    ledger = Ledger.memory()
+    await ledger.finish("old", Outcome.success("kept"), "submit", args_digest({"form": "f"}))
+    runner = make(nursery, submit, ledger=ledger)
+    await runner.load()
+    twins = [job(key="k1") for _ in range(3)]
+    assert all(runner.admit(t) is None for t in twins)  # all queued before any ran
+    for t in twins:
+        await runner.execute(t)
+    assert runner.dedupe_hits == 2  # the second and third found the first's outcome
+    for _ in range(2):
+        assert await runner.execute(job(key="old")) == Outcome.success("kept")
+    assert runner.dedupe_hits == 4 and calls == ["f"]
+
+
+async def test_a_redelivery_is_answered_only_once_the_outcome_is_durable(autojump_clock, nursery):
+    """The outcome goes to the ledger before any answer: a redelivery arriving while it
+    is being written waits for the write, as the original does."""
+    submit, _ = counting(seconds=1)
+    ledger = Gated()
+    ledger.release.set()
+    runner = make(nursery, submit, ledger=ledger)
+    nursery.start_soon(runner.execute, job(key="k1"))
+    await trio.testing.wait_all_tasks_blocked()
+    ledger.release = trio.Event()  # hold the outcome's write
+    await ledger.finish_entered.wait()
+    answered = []
+
+    async def redeliver() -> None:
+        answered.append(await runner.execute(job(key="k1")))
+
+    nursery.start_soon(redeliver)
+    await trio.testing.wait_all_tasks_blocked()
+    assert answered == []  # not before the write
+    ledger.release.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert answered == [Outcome.success({"submitted": "f", "n": 1})]
+    assert (await ledger.get("k1")).outcome == answered[0]
+
+
+async def test_an_outcome_before_the_start_is_recorded_with_its_tool_and_args(
+    autojump_clock, nursery
+):
+    """Cancelled while queued: the row names the request, so a redelivery with other
+    arguments after a restart is still a reused key."""
+    submit, _ = counting(seconds=10)
+    ledger = Ledger.memory()
+    runner = make(nursery, submit, ledger=ledger)
+    await running_and_queued(nursery, runner)
+    assert runner.cancel("kb") is True
+    await trio.testing.wait_all_tasks_blocked()
+    row = await ledger.get("kb")
+    assert (row.tool, row.args_digest, row.outcome.code) == (
+        "submit", args_digest({"form": "f"}), "cancelled"
+    )
+
+
+async def test_a_process_tool_runs_in_its_own_process_through_the_runner(nursery, monkeypatch):
+    import os
+    import sys
+
+    sys.path.insert(0, TOOLS_DIR)
+    import gil_tools
+    from deskbridge_sidecar._tools import tool_of
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    runner = make(nursery, tool_of(gil_tools.crunch))
+    with trio.fail_after(60):
+        outcome = await runner.execute(job("crunch", {"n": 100}, key="k1"))
+    assert outcome.ok and outcome.result["sum"] == sum(range(100))
+    assert outcome.result["pid"] != os.getpid()
+
+
+async def test_a_tool_reports_progress_to_the_waiting_delivery(autojump_clock, nursery):
+    @tool
+    async def steps(progress: Progress) -> str:
+        progress(1, 2, "half")
+        await trio.sleep(5)
+        return "done"
+
+    runner = make(nursery, steps)
+    seen = []
+
+    async def on_progress(update) -> None:
+        seen.append((update.progress, update.total, update.message))
+
+    outcome = await runner.execute(job("steps", {}, key="k1"), on_progress=on_progress)
+    assert outcome == Outcome.success("done") and seen == [(1, 2, "half")]
+
+
+async def test_a_sync_tool_reports_progress_from_its_thread(nursery):
+    import threading
+
+    reported, release = threading.Event(), threading.Event()
+
+    @tool
+    def steps(progress: Progress) -> str:
+        progress(3, 4, "three")
+        reported.set()
+        assert release.wait(10)
+        return "done"
+
+    runner = make(nursery, steps, wall_clock=lambda: 0.0)
+    delivery = Job(id="d", job_id="j", name="steps", args={}, idempotency_key="k1", deadline=60)
+    seen = []
+
+    async def on_progress(update) -> None:
+        seen.append((update.progress, update.total, update.message))
+        release.set()
+
+    with trio.fail_after(20):
+        outcome = await runner.execute(delivery, on_progress=on_progress)
+    release.set()
+    assert outcome == Outcome.success("done") and seen == [(3, 4, "three")]
