@@ -41,6 +41,7 @@ def main() -> int:
     for name in ("hubs", "sidecars", "callers"):
         p.add_argument(f"--{name}", type=int, default=getattr(d, name))
     for name in (
+        "warmup_s",
         "calm_s",
         "faults_s",
         "bucket_s",
@@ -76,6 +77,7 @@ def main() -> int:
         hubs=args.hubs,
         sidecars=args.sidecars,
         callers=args.callers,
+        warmup_s=args.warmup_s,
         calm_s=args.calm_s,
         faults_s=args.faults_s,
         bucket_s=args.bucket_s,

@@ -16,6 +16,7 @@ slack (past that the attempt counts as *hung*), a key is retried for at most
 
 from __future__ import annotations
 
+import os
 import random
 import secrets
 import socket
@@ -58,6 +59,7 @@ class SoakConfig:
     hubs: int = 3
     sidecars: int = 20
     callers: int = 16
+    warmup_s: float = 5.0  # callers run, nothing is counted in the figures (first calls)
     calm_s: float = 60.0  # no faults: the reference minute(s)
     faults_s: float = 540.0
     bucket_s: float = 60.0  # throughput is counted per bucket
@@ -74,6 +76,21 @@ class SoakConfig:
     redis_port: int = 0  # 0: a free port
     hub_env: dict[str, str] = attrs.field(factory=lambda: {"DESKBRIDGE_RECLAIM_IDLE_S": "5"})
     seed: int = 0
+
+
+#: How often the machine's load is sampled, seconds.
+MACHINE_SAMPLE_S = 5.0
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat, or None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 class AofRedis(Proc):
@@ -134,6 +151,8 @@ class Soak:
         self.fault_log: list[tuple[float, str]] = []
         self._stop_new = threading.Event()
         self._stop_faults = threading.Event()
+        self._stop_sampling = threading.Event()
+        self.machine: list[tuple[float, float, float | None]] = []  # (t, load 1 min, busy)
         self._hub_lock = threading.Lock()
         self.t0 = 0.0
         self.redis: AofRedis | None = None
@@ -264,6 +283,19 @@ class Soak:
             self.hubs[slot] = self._start_hub(slot, wait=False)
         self._fault("hub restart")
 
+    def _sample_machine(self) -> None:
+        """Every ``MACHINE_SAMPLE_S``: the 1-minute load average and the share of the
+        machine's CPU time that was busy since the last sample (/proc/stat), so each
+        bucket's throughput can be read next to how loaded the shared machine was."""
+        last = _cpu_times()
+        while not self._stop_sampling.wait(MACHINE_SAMPLE_S):
+            now = _cpu_times()
+            busy = None
+            if last is not None and now is not None and now[1] > last[1]:
+                busy = (now[0] - last[0]) / (now[1] - last[1])
+            last = now
+            self.machine.append((time.time(), os.getloadavg()[0], busy))
+
     def _faults(self) -> None:
         cfg = self.cfg
         start = time.time()
@@ -322,8 +354,15 @@ class Soak:
                 t.start()
             self.log(
                 f"# soak {self.run_id}: {cfg.hubs} hubs, {cfg.sidecars} sidecars, "
-                f"{cfg.callers} callers; {cfg.calm_s:g} s calm, then {cfg.faults_s:g} s of faults"
+                f"{cfg.callers} callers; {cfg.warmup_s:g} s warm-up, {cfg.calm_s:g} s calm, "
+                f"then {cfg.faults_s:g} s of faults"
             )
+            # The first calls of each user and process (catalogue, consumer group, holder
+            # check) are slower: keep them out of the calm reference.
+            time.sleep(cfg.warmup_s)
+            self.t0 = time.time()
+            sampler = threading.Thread(target=self._sample_machine, daemon=True, name="load")
+            sampler.start()
             time.sleep(cfg.calm_s)
             faults = threading.Thread(target=self._faults, daemon=True, name="faults")
             faults.start()
@@ -339,10 +378,12 @@ class Soak:
             # late executions: a job queued before the end may still start within its
             # deadline; wait for them before counting
             time.sleep(cfg.call_timeout_s + 2)
+            self._stop_sampling.set()
             return self.report(stuck, end_issue)
         finally:
             self._stop_new.set()
             self._stop_faults.set()
+            self._stop_sampling.set()
             # sidecars first, proxies last: a proxy's accept thread blocked in accept()
             # still takes a reconnecting sidecar's connection after close()
             for proc in reversed(self.procs):
@@ -363,6 +404,7 @@ class Soak:
             events=self.ledger.events(),
             faults=dict(self.faults),
             t0=self.t0,
+            machine=list(self.machine),
             stuck_callers=stuck_callers,
             end_issue=end_issue,
         )

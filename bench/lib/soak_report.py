@@ -50,6 +50,7 @@ def build_report(
     t0: float,
     stuck_callers: int,
     end_issue: float,
+    machine: list[tuple[float, float, float | None]] | None = None,
 ) -> dict[str, Any]:
     """The report of one run (see the module docstring); ``cfg`` is the ``SoakConfig``."""
     counts = Counter(e["key"] for e in events if e["event"] == "start")
@@ -129,9 +130,29 @@ def build_report(
             "max": per_attempt[-1] if per_attempt else float("nan"),
         },
         "faults": faults,
-        "time_calm": where_time_went([k for k in keys if k.started < t0 + cfg.calm_s], events),
+        "machine_per_bucket": _machine_per_bucket(machine or [], t0, cfg.bucket_s, len(per_bucket)),
+        "time_calm": where_time_went(
+            [k for k in keys if t0 <= k.started < t0 + cfg.calm_s], events
+        ),
         "time_faulted": where_time_went([k for k in keys if k.started >= t0 + cfg.calm_s], events),
     }
+
+
+def _machine_per_bucket(
+    samples: list[tuple[float, float, float | None]], t0: float, bucket_s: float, n: int
+) -> list[dict[str, float | None]]:
+    """Mean 1-minute load average and busy CPU share per bucket (None: no sample)."""
+    out: list[dict[str, float | None]] = []
+    for i in range(n):
+        inside = [s for s in samples if t0 + i * bucket_s <= s[0] < t0 + (i + 1) * bucket_s]
+        busy = [b for _, _, b in inside if b is not None]
+        out.append(
+            {
+                "load": round(statistics.mean(x for _, x, _ in inside), 1) if inside else None,
+                "busy": round(statistics.mean(busy), 2) if busy else None,
+            }
+        )
+    return out
 
 
 def where_time_went(keys: list[KeyRecord], events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,6 +259,14 @@ def format_report(r: dict[str, Any]) -> str:
         + " / ".join(f"{r['attempt_latency_s'][q]:.2f}" for q in ("p50", "p99", "max")),
         f"  faults performed                     {r['faults']}",
     ]
+    machine = r.get("machine_per_bucket") or []
+    if any(m["load"] is not None for m in machine):
+        lines.append(
+            "  machine per bucket (load 1 min / busy CPU share)  "
+            + "  ".join(
+                f"{m['load']}/{m['busy']}" if m["load"] is not None else "-" for m in machine
+            )
+        )
     for phase in ("calm", "faulted"):
         t = r.get(f"time_{phase}")
         if t:
