@@ -43,6 +43,13 @@ async def _dispatch_in_background(nursery, pair, outcomes, reports, job_id, **kw
     nursery.start_soon(call)
 
 
+async def _dispatch_until_asked(nursery, pair, desk, outcomes, reports, job_id, **kwargs):
+    """Dispatch ``job_id`` in the background and return once the desktop asks about it."""
+    await _dispatch_in_background(nursery, pair, outcomes, reports, job_id, **kwargs)
+    with trio.fail_after(5):
+        await desk.wait_requested(job_id)
+
+
 async def test_a_gated_job_waits_on_the_desktop_then_runs_on_approve(autojump_clock):
     calls: list[str] = []
     desk = MemoryDesk()
@@ -52,9 +59,9 @@ async def test_a_gated_job_waits_on_the_desktop_then_runs_on_approve(autojump_cl
         assert "approval_after_wait_s" not in catalogue["echo"]
         outcomes, reports = [], []
         async with trio.open_nursery() as nursery:
-            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-a", timeout_s=60)
-            with trio.fail_after(5):
-                await desk.wait_requested("job-a")
+            await _dispatch_until_asked(
+                nursery, pair, desk, outcomes, reports, "job-a", timeout_s=60
+            )
             await trio.sleep(20)  # nobody decides for 20 s: it waits, it does not run
             assert calls == [] and outcomes == []
             state = await pair.bridge.job_state("job-a")
@@ -74,9 +81,9 @@ async def test_a_declined_job_never_runs_and_its_caller_is_told_declined(autojum
     async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
         outcomes, reports = [], []
         async with trio.open_nursery() as nursery:
-            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-b", timeout_s=60)
-            with trio.fail_after(5):
-                await desk.wait_requested("job-b")
+            await _dispatch_until_asked(
+                nursery, pair, desk, outcomes, reports, "job-b", timeout_s=60
+            )
             desk.decline("job-b")
         (outcome,) = outcomes
         assert (outcome.status, outcome.error["code"]) == ("declined", "declined")
@@ -116,9 +123,9 @@ async def test_a_redelivery_while_the_person_decides_joins_the_same_request(auto
     async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
         outcomes, reports = [], []
         async with trio.open_nursery() as nursery:
-            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-r", timeout_s=120)
-            with trio.fail_after(5):
-                await desk.wait_requested("job-r")
+            await _dispatch_until_asked(
+                nursery, pair, desk, outcomes, reports, "job-r", timeout_s=120
+            )
             await _stage_becomes(pair, "job-r", Stage.AWAITING_APPROVAL)
             first = (await pair.bridge.job_state("job-r")).session_id
             pair.drop()  # the network dies while the request is open
@@ -167,9 +174,9 @@ async def test_a_caller_can_cancel_a_job_awaiting_approval(autojump_clock):
     async with sidecar_pair(tools=[gated(calls)], approvals=desk) as pair:
         outcomes, reports = [], []
         async with trio.open_nursery() as nursery:
-            await _dispatch_in_background(nursery, pair, outcomes, reports, "job-x", timeout_s=60)
-            with trio.fail_after(5):
-                await desk.wait_requested("job-x")
+            await _dispatch_until_asked(
+                nursery, pair, desk, outcomes, reports, "job-x", timeout_s=60
+            )
             await _stage_becomes(pair, "job-x", Stage.AWAITING_APPROVAL)
             assert await pair.bridge.cancel("job-x") == "awaiting_approval"
         assert [o.status for o in outcomes] == ["cancelled"]
