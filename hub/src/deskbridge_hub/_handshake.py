@@ -70,10 +70,9 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         if problem:
             raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
     session.hello = frame
-    for other in list(session.state.sessions.values()):
-        if other.user_id == session.user_id:
-            # same process: at once; other processes: their next heartbeat
-            other.supersede(local=True)
+    for other in list(session.state.by_user.get(session.user_id, {}).values()):
+        # same process: at once; other processes: their next heartbeat
+        other.supersede(local=True)
     # A hello without tools (the field is optional) means "catalogue unknown": stored
     # as null, so callers are not refused for tools the sidecar never listed. An entry's
     # unset optional fields (approval_after_wait_s) are left out, as on the wire.

@@ -31,6 +31,8 @@ class HubState:
         max_inflight_per_session: most unanswered deliveries per socket.
         inflight: per user, entry IDs being served in this process right now.
         sessions: the open sessions of this process, by session id.
+        by_user: the same sessions by user id, then session id (a handshake supersedes
+            its user's older sessions without a scan of every session).
         drain: graceful shutdown: whether it began, and the requests waiting.
         holder_id: this process's id in session ids and its wake list
             (``bridge:wake:{holder_id}``): the enqueuer finds the holder from presence.
@@ -46,6 +48,7 @@ class HubState:
     max_inflight_per_session: int = 32
     inflight: dict[str, set[str]] = attrs.field(factory=dict)
     sessions: dict[str, HubSession] = attrs.field(factory=dict)
+    by_user: dict[str, dict[str, HubSession]] = attrs.field(factory=dict)
     drain: Draining = attrs.field(factory=Draining)
     holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
     reader: ProcessReader = attrs.field(init=False)
@@ -56,6 +59,20 @@ class HubState:
             self.substrate, self.timings, self.consumer, self.holder_id, self.inflight,
             timers=self.pacer,
         )  # fmt: skip
+
+    def add_session(self, session: HubSession) -> None:
+        """Index an open session (``sessions`` and ``by_user``)."""
+        self.sessions[session.session_id] = session
+        self.by_user.setdefault(session.user_id, {})[session.session_id] = session
+
+    def remove_session(self, session: HubSession) -> None:
+        """Drop a session from both indexes (nothing if it is not there)."""
+        self.sessions.pop(session.session_id, None)
+        mine = self.by_user.get(session.user_id)
+        if mine is not None:
+            mine.pop(session.session_id, None)
+            if not mine:
+                del self.by_user[session.user_id]
 
     def new_session_id(self) -> str:
         """A session id naming this process: ``"<holder_id>.<random>"``."""
