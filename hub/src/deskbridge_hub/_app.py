@@ -48,8 +48,8 @@ from ._middleware import _access_log, _tracking_http
 from ._process import HubState
 from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S
-from ._sidecar_asgi import mount_sidecar
 from ._shutdown import drain_on_sigterm
+from ._sidecar_asgi import mount_sidecar
 from ._substrate import Substrate
 
 if TYPE_CHECKING:  # the substrates load lazily (importing the package must not import coredis)

@@ -69,26 +69,33 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         problem = check_tool_schema(spec.args_schema)
         if problem:
             raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
-    session.hello = frame
-    for other in list(session.state.by_user.get(session.user_id, {}).values()):
-        # same process: at once; other processes: their next heartbeat
-        other.supersede(local=True)
-    # A hello without tools (the field is optional) means "catalogue unknown": stored
-    # as null, so callers are not refused for tools the sidecar never listed. An entry's
-    # unset optional fields (approval_after_wait_s) are left out, as on the wire.
-    catalogue = json.dumps(
-        [attrs.asdict(t, filter=lambda _, v: v is not None) for t in frame.tools] or None
-    )
-    presence = session._presence = PresenceKeeper(
-        session.state.substrate, t, session.user_id, session.session_id, catalogue,
-        on_superseded=session.stop_reading,
-    )  # fmt: skip
-    try:
-        await presence.announce()
-    except SubstrateUnavailable:
-        raise EndSession(CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later") from None
-    session.sleep = SleepRecord(session.state.substrate, session.user_id, session.state.wall_clock)
-    await session.sleep.awake(frame)
+    async with session.state.handshakes:  # admission (``HubState.handshakes``)
+        session.hello = frame
+        for other in list(session.state.by_user.get(session.user_id, {}).values()):
+            # same process: at once; other processes: their next heartbeat
+            other.supersede(local=True)
+        # A hello without tools (the field is optional) means "catalogue unknown":
+        # stored as null, so callers are not refused for tools the sidecar never
+        # listed. An entry's unset optional fields (approval_after_wait_s) are left
+        # out, as on the wire.
+        catalogue = json.dumps(
+            [attrs.asdict(t, filter=lambda _, v: v is not None) for t in frame.tools] or None
+        )
+        presence = session._presence = PresenceKeeper(
+            session.state.substrate, t, session.user_id, session.session_id, catalogue,
+            on_superseded=session.stop_reading,
+        )  # fmt: skip
+        try:
+            await presence.announce()
+        except SubstrateUnavailable:
+            raise EndSession(
+                CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
+            ) from None
+        session.sleep = SleepRecord(
+            session.state.substrate, session.user_id, session.state.wall_clock
+        )
+        await session.sleep.awake(frame)
+    # outside the admission: a peer that stops reading must not hold a slot
     welcome = Welcome(
         session_id=session.session_id,
         heartbeat_s=t.heartbeat_s,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
+import trio
 from deskbridge_common import Timings
 
 from ._pacer import Pacer
@@ -16,6 +17,11 @@ from ._substrate import Substrate
 
 if TYPE_CHECKING:
     from ._session import HubSession
+
+#: Handshakes of one process doing their Redis work at once (``HubState.handshakes``).
+#: Each holds a few round trips (~1-5 ms on loopback), so 32 admit thousands a second
+#: while bounding what a reconnect storm puts in flight.
+HANDSHAKE_CONCURRENCY = 32
 
 
 @attrs.define(eq=False)
@@ -39,6 +45,10 @@ class HubState:
         reader: the process's reader (run it: ``await nursery.start(state.reader.run)``);
             it runs ``pacer`` too.
         pacer: every session's ping and token-expiry timers, in one task (``_pacer``).
+        handshakes: admission of handshakes past ``hello`` (presence, catalogue,
+            ``welcome``): at most ``HANDSHAKE_CONCURRENCY`` at once; the others wait their
+            turn (within the sidecar's handshake deadline) instead of piling Redis work
+            onto a saturated event loop when thousands of desktops connect at once.
     """
 
     substrate: Substrate
@@ -53,6 +63,9 @@ class HubState:
     holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
     reader: ProcessReader = attrs.field(init=False)
     pacer: Pacer = attrs.field(factory=Pacer)
+    handshakes: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(HANDSHAKE_CONCURRENCY)
+    )
 
     def __attrs_post_init__(self) -> None:
         self.reader = ProcessReader(
