@@ -70,10 +70,10 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         if problem:
             raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
     session.hello = frame
-    for other in list(session.state.sessions.values()):
-        if other.user_id == session.user_id:
-            # same process: at once; other processes: their next heartbeat
-            other.supersede(local=True)
+    older = [x for x in session.state.sessions.values() if x.user_id == session.user_id]
+    for other in older:
+        # same process: at once; other processes: their next heartbeat
+        other.supersede(local=True)
     # A hello without tools (the field is optional) means "catalogue unknown": stored
     # as null, so callers are not refused for tools the sidecar never listed. An entry's
     # unset optional fields (approval_after_wait_s) are left out, as on the wire.
@@ -88,6 +88,14 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         await presence.announce()
     except SubstrateUnavailable:
         raise EndSession(CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later") from None
+    for other in older:
+        # The same daemon is back on this socket: its older socket is dead (a daemon
+        # holds one session at a time; a half-open cut sent no FIN). End it now, after
+        # presence names this session (its cleanup must not clear ours), instead of
+        # after its ping deadline or the grace: its deliveries stay pending and this
+        # session's drain redelivers them to the daemon's ledger at once (issue 16).
+        if frame.daemon_id and other.hello is not None and other.hello.daemon_id == frame.daemon_id:
+            other.abandon()
     session.sleep = SleepRecord(session.state.substrate, session.user_id, session.state.wall_clock)
     await session.sleep.awake(frame)
     welcome = Welcome(

@@ -380,9 +380,11 @@ class ProcessReader:
                         user_id, consumer, count=room, block_ms=None
                     )
                 else:  # the read and the delivery mark in one round trip (issue 10.3)
+                    # nothing while presence names a newer session (this one may be
+                    # half-open: its entries would wait in a dead socket)
                     entries = await self.substrate.read_new_delivered(
                         user_id, consumer, count=room, state=listener.delivered_state(),
-                        ttl_s=self.timings.result_ttl_s,
+                        ttl_s=self.timings.result_ttl_s, session_id=listener.session_id,
                     )  # fmt: skip
                 await self._dispatch(listener, inflight, entries)
                 if len(entries) < room:
