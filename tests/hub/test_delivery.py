@@ -120,6 +120,32 @@ async def test_cancel_flag_refuses_the_job_before_it_starts(autojump_clock):
     assert substrate.pending_count(USER) == 0
 
 
+@pytest.mark.parametrize("before", [Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL])
+async def test_a_cancelled_redelivery_is_in_doubt_never_cancelled(autojump_clock, before):
+    """Issue 16: the job went to a desktop whose socket (or pod) then went away, and a
+    cancel came before its redelivery. It may have run: the caller is told ``in_doubt``,
+    never "cancelled before it started"; it is not forwarded again, and the old
+    delivery's late answer is refused (one answer)."""
+    substrate, server, _ = await setup()
+    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0")
+    old = await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
+    await substrate.set_job_state(USER, "job-1", JobState(before, USER, at=wall()), ttl_s=300)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
+    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert executor.jobs == []
+    body = await answer(substrate)
+    assert body["status"] == "in_doubt", body
+    assert body["detail"] == {"stage": "interrupted", "reason": "cancelled after it was delivered"}
+    assert substrate.pending_count(USER) == 0
+    late = await substrate.finish(
+        USER, "job-1", '{"status":"completed","result":1}', first, ttl_s=300, epoch=old.epoch
+    )
+    assert late.verdict == "stale"
+    assert await answer(substrate) is None
+
+
 async def test_malformed_entry_is_failed_and_acked(autojump_clock):
     substrate, server, entry = await setup(args="[1]")
     executor = FakeExecutor()

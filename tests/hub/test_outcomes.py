@@ -42,12 +42,15 @@ def bridge(state) -> Bridge:
     return Bridge(state.substrate, state.timings, wall_clock=wall)
 
 
-async def connect(nursery, state, tools=(), user="u1"):
+async def connect(nursery, state, tools=(), user="u1", daemon_id=None):
     hub_side, peer = socket_pair()
     if not state.reader.running:  # the process reader (the app runs it in production)
         await nursery.start(state.reader.run)
     nursery.start_soon(serve_sidecar, state, hub_side, user)
-    await peer.send(Hello(protocol_version=1, sidecar_version="test", tools=tuple(tools)))
+    hello = Hello(
+        protocol_version=1, sidecar_version="test", tools=tuple(tools), daemon_id=daemon_id
+    )
+    await peer.send(hello)
     assert isinstance(await peer.receive(), Welcome)
     return peer
 
@@ -241,6 +244,45 @@ async def test_cancel_queued_job_is_never_started(autojump_clock, state, bridge)
         nursery.cancel_scope.cancel()
 
 
+async def test_cancel_never_says_cancelled_for_a_job_a_hub_has_just_delivered(
+    autojump_clock, state, bridge
+):
+    """Issue 16: the cancel read the state ``queued``, but a hub marked the job delivered
+    before the cancel flag was set (it is on its way to the desktop and may run). The
+    caller is not answered "cancelled before it started": the delivery's own answer
+    (here the tool's) is the one it gets."""
+    from deskbridge_hub._jobstate import JobState, Stage
+
+    s = state.substrate
+    await s.set_presence("u1", "ghost", 3600)
+    outcomes = []
+    async with trio.open_nursery() as nursery:
+
+        async def caller():
+            outcomes.append(await bridge.dispatch("u1", "click", {}, job_id="job-3", timeout_s=60))
+
+        nursery.start_soon(caller)
+        await trio.sleep(1)
+        queued = await s.get_job_state("u1", "job-3")
+        assert queued is not None and queued.stage is Stage.QUEUED
+        delivered = JobState(Stage.DELIVERED, "u1", at=wall(), session_id="ghost")
+        marked = await s.mark_delivered("u1", "job-3", delivered, ttl_s=300)
+        assert marked.verdict == "delivered"
+        # what the cancel's state read saw, a moment before the mark
+        await s.set_job_state("u1", "job-3", queued, ttl_s=300)
+        assert await bridge.cancel("job-3") == "delivered"
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcomes == []
+        done = JobState(Stage.FINISHED, "u1", at=wall())
+        payload = json.dumps({"status": "completed", "result": 7})
+        await s.finish(
+            "u1", "job-3", payload, done, ttl_s=300, epoch=marked.epoch, notify=queued.reply_to
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(o.status, o.result) for o in outcomes] == [("completed", 7)]
+        nursery.cancel_scope.cancel()
+
+
 async def test_cancel_running_job_sends_cancel_at_once(autojump_clock, state, bridge):
     async with trio.open_nursery() as nursery:
         peer = await connect(nursery, state)
@@ -266,6 +308,57 @@ async def test_cancel_running_job_sends_cancel_at_once(autojump_clock, state, br
         await trio.testing.wait_all_tasks_blocked()
         assert running["cancelled_at"] == asked  # not on the next heartbeat
         assert [o.status for o in outcomes] == ["cancelled"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("same_daemon", [True, False])
+async def test_the_same_daemon_back_in_this_process_gets_its_job_again_at_once(
+    autojump_clock, state, bridge, same_daemon
+):
+    """Issue 16: a half-open cut (the hub's old socket stays silent, no FIN) and the
+    same daemon reconnects to this process while its job is in flight on the old
+    socket. That socket is dead (a daemon holds one session at a time): the old session
+    ends at once and the job is redelivered to the new socket (the daemon's ledger joins
+    or answers it), not after the old session's grace (20 s) or ping deadline (20 s).
+    Another daemon of the same user may still be running it on the old socket: that
+    session keeps its grace."""
+    async with trio.open_nursery() as nursery:
+        old = await connect(nursery, state, daemon_id="d1")
+        seen: list[tuple[str, float]] = []
+
+        async def silent():  # the hub's end of a half-open socket: nothing comes back
+            async for raw in old._inbox:
+                if isinstance(decode_frame(raw), Job):
+                    seen.append(("old", trio.current_time()))
+
+        nursery.start_soon(silent)
+        outcomes = []
+        answered = trio.Event()
+
+        async def caller():
+            outcomes.append(await bridge.dispatch("u1", "click", {}, job_id="job-h", timeout_s=60))
+            answered.set()
+
+        nursery.start_soon(caller)
+        await trio.sleep(1)
+        assert [who for who, _ in seen] == ["old"]
+        back_at = trio.current_time()
+        new = await connect(nursery, state, daemon_id="d1" if same_daemon else "d2")
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                seen.append(("new", trio.current_time()))
+                await new.send(JobResult(frame.id, True, {"ran": 1}))
+
+        nursery.start_soon(sidecar, new, answer)
+        with trio.fail_after(60):
+            await answered.wait()
+        assert [o.status for o in outcomes] == ["completed"]
+        (redelivered_at,) = [t for who, t in seen if who == "new"]
+        if same_daemon:
+            assert redelivered_at - back_at < 1.0, seen
+        else:
+            assert redelivered_at - back_at >= state.timings.grace_s - 1.0, seen
         nursery.cancel_scope.cancel()
 
 

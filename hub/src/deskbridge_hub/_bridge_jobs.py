@@ -98,12 +98,19 @@ class JobControl:
         if holder is not None:
             await self._wake(holder, user_id)
         if state.stage is Stage.QUEUED:
-            # The relay will drop the entry when it reads it; answer the caller now.
+            # The relay will drop the entry when it reads it; answer the caller now, but
+            # only if no delivery was ever marked (epoch 0: refused once the job's claim
+            # epoch exists). A hub may have marked it delivered between the state read
+            # above and the cancel flag: it is on the desktop then, and the cancel frame
+            # and that delivery's answer tell the truth, never "cancelled before it
+            # started" about a job that runs.
             cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
-            await self.substrate.finish(
+            finished = await self.substrate.finish(
                 user_id, job_id, cancelled_before_start(), cancelled, ttl_s=ttl_s,
-                notify=state.reply_to,
+                notify=state.reply_to, epoch=0,
             )  # fmt: skip
+            if finished.verdict == "stale":
+                return Stage.DELIVERED.value
         return state.stage.value
 
 

@@ -188,3 +188,35 @@ async def check_read_new_delivered_marks_every_job_it_reads(h: SubstrateHarness)
     again = await s.mark_delivered(user, live, delivered, ttl_s=60)
     assert again.epoch == 2
     assert await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60) == []
+
+
+@check
+async def check_read_new_delivered_reads_nothing_for_a_superseded_session(
+    h: SubstrateHarness,
+) -> None:
+    """Issue 16: with ``session_id``, nothing is read (nor marked) while presence names
+    another session, so a session superseded by a newer one (maybe half-open) takes no
+    entry after the newer one's takeover; presence absent or ours reads as before."""
+    s, user = h.substrate, h.user()
+    delivered = _state(Stage.DELIVERED, user)
+    assert await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60) == []
+    job = h.job()
+    await s.enqueue(user, {"job_id": job, "deadline": repr(_far(h))}, maxlen=GROUP_MAXLEN)
+    await s.set_presence(user, "h2.new", 30)
+    old = await s.read_new_delivered(
+        user, "c1", count=10, state=delivered, ttl_s=60, session_id="h1.old"
+    )
+    assert old == []
+    assert (await s.queue_info(user)).pending_count == 0
+    assert await s.get_job_state(user, job) is None
+    got = await s.read_new_delivered(
+        user, "c2", count=10, state=delivered, ttl_s=60, session_id="h2.new"
+    )
+    assert [e.fields["job_id"] for e in got if e.fields] == [job]
+    await s.clear_presence(user, "h2.new")
+    other = h.job()
+    await s.enqueue(user, {"job_id": other, "deadline": repr(_far(h))}, maxlen=GROUP_MAXLEN)
+    got = await s.read_new_delivered(
+        user, "c1", count=10, state=delivered, ttl_s=60, session_id="h1.old"
+    )
+    assert [e.fields["job_id"] for e in got if e.fields] == [other]

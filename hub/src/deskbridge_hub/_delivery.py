@@ -13,7 +13,8 @@ For one entry, in order:
 4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``; done by
    the process reader in the step that read it, when it came as a new entry): past
    its deadline -> ``expired``, XACK; cancel flag set -> ``cancelled`` (before it
-   started), XACK (docs/operations.md, "Clocks");
+   started), XACK, or ``in_doubt`` if it had been forwarded before (it may have run;
+   fenced: the old delivery's late answer is refused) (docs/operations.md, "Clocks");
    the same step raises the job's claim epoch (fencing token) and returns it;
 6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``;
    a job no sidecar could accept -> ``failed`` (``bad_job``); the socket went away ->
@@ -57,6 +58,7 @@ from ._jobs import (
     JobEnvelope,
     MalformedEntry,
     cancelled_before_start,
+    cancelled_in_doubt_payload,
     expired_payload,
     failed_payload,
     interrupted_payload,
@@ -182,6 +184,12 @@ class EntryServer:
             await self.finish(
                 entry.entry_id, job_id, "cancelled", cancelled_before_start(), envelope=envelope
             )
+            return
+        if marked.verdict == "in_doubt":  # cancelled, but forwarded before: it may have run
+            await self.finish(
+                entry.entry_id, job_id, "in_doubt", cancelled_in_doubt_payload(),
+                envelope=envelope, epoch=marked.epoch,
+            )  # fmt: skip
             return
         # The sidecar gets the time left as a duration (its clock may be anything);
         # ``deadline`` is that duration on this hub's clock, for older sidecars.

@@ -71,7 +71,8 @@ async def handshake(session: HubSession) -> PresenceKeeper:
             raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
     async with session.state.handshakes:  # admission (``HubState.handshakes``)
         session.hello = frame
-        for other in list(session.state.by_user.get(session.user_id, {}).values()):
+        older = list(session.state.by_user.get(session.user_id, {}).values())
+        for other in older:
             # same process: at once; other processes: their next heartbeat
             other.supersede(local=True)
         # A hello without tools (the field is optional) means "catalogue unknown":
@@ -91,6 +92,16 @@ async def handshake(session: HubSession) -> PresenceKeeper:
             raise EndSession(
                 CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
             ) from None
+        for other in older:
+            # The same daemon is back on this socket: its older socket is dead (a daemon
+            # holds one session at a time; a half-open cut sent no FIN). End it now,
+            # after presence names this session (its cleanup must not clear ours),
+            # instead of after its ping deadline or the grace: its deliveries stay
+            # pending and this session's drain redelivers them to the daemon's ledger at
+            # once (issue 16).
+            same = other.hello is not None and other.hello.daemon_id == frame.daemon_id
+            if frame.daemon_id and same:
+                other.abandon()
         session.sleep = SleepRecord(
             session.state.substrate, session.user_id, session.state.wall_clock
         )

@@ -149,6 +149,23 @@ def interrupted_payload(reason: str) -> str:
     )
 
 
+def cancelled_in_doubt_payload() -> str:
+    """The payload for a job whose cancel was found when it was to be delivered again: it
+    had been forwarded to the desktop before (its socket or pod went away without an
+    answer), so it may have run; it is not delivered again."""
+    reason = "cancelled after it was delivered"
+    return result_payload(
+        "in_doubt",
+        error={
+            "code": "interrupted",
+            "message": "cancel requested after the job had been delivered to the desktop, "
+            "which did not answer before its socket went away; it may have acted and is "
+            "not delivered again",
+        },
+        detail={"stage": "interrupted", "reason": reason},
+    )
+
+
 def lost_payload() -> str:
     """The payload for an entry trimmed or deleted before any executor received it."""
     return result_payload(

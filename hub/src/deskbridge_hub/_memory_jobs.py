@@ -14,7 +14,7 @@ import anyio
 import attrs
 
 from ._jobstate import FORWARDED, JobState, MalformedState
-from ._substrate import Entry, Marked, cancel_key, fence_key, state_key
+from ._substrate import Entry, Marked, cancel_key, fence_key, presence_key, state_key
 
 
 def _number(text: str | None) -> float | None:
@@ -44,7 +44,7 @@ class MemoryJobCommands:
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
     server_time: Callable[[], float]
-    read_new: Any
+    _read_new_nowait: Callable[[str, str, int], list[Entry]]
 
     # -- results -----------------------------------------------------------------------
 
@@ -144,7 +144,9 @@ class MemoryJobCommands:
         deadline: float | None = None,
     ) -> Marked:
         """Expired (``deadline`` passed on :meth:`server_time`, and the stored state
-        does not say the job was forwarded before), else cancelled (flag set), else set
+        does not say the job was forwarded before), else, with the cancel flag set,
+        cancelled (never forwarded) or in doubt (forwarded before: the epoch is raised,
+        the state untouched), else set
         the state, raise the job's claim epoch (kept until the deadline + ``ttl_s``, at
         least ``ttl_s``) and answer delivered with it.
 
@@ -157,18 +159,30 @@ class MemoryJobCommands:
         return self._mark(user_id, job_id, state, ttl_s, deadline, now)
 
     async def read_new_delivered(
-        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+        self,
+        user_id: str,
+        consumer: str,
+        *,
+        count: int,
+        state: JobState,
+        ttl_s: float,
+        session_id: str | None = None,
     ) -> list[Entry]:
         """``read_new`` (no block) and the mark of every job read, with no checkpoint in
-        between (see ``RedisSubstrate.read_new_delivered``).
+        between (see ``RedisSubstrate.read_new_delivered``); nothing when presence names
+        another session than ``session_id``.
 
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        entries = await self.read_new(user_id, consumer, count=count, block_ms=None)
-        now = anyio.current_time()
+        now = await self._enter()
+        if session_id:
+            holder = self._get(presence_key(user_id), now)
+            if holder is not None and holder != session_id:
+                return []
+        entries = self._read_new_nowait(user_id, consumer, count)
         out = []
         for entry in entries:
             fields = entry.fields or {}
@@ -192,13 +206,22 @@ class MemoryJobCommands:
         if deadline is not None and at >= deadline and not self._forwarded(user_id, job_id, now):
             return Marked("expired", at)
         if self._get(cancel_key(user_id, job_id), now) is not None:
-            return Marked("cancelled", at)
+            if not self._forwarded(user_id, job_id, now):
+                return Marked("cancelled", at)
+            return Marked("in_doubt", at, self._raise(user_id, job_id, ttl_s, deadline, now))
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        return Marked("delivered", at, self._raise(user_id, job_id, ttl_s, deadline, now))
+
+    def _raise(
+        self, user_id: str, job_id: str, ttl_s: float, deadline: float | None, now: float
+    ) -> int:
+        """Raise the job's claim epoch, kept until the deadline + ``ttl_s``."""
+        at = self.server_time()
         fence = fence_key(user_id, job_id)
         epoch = int(self._get(fence, now) or 0) + 1
         keep_s = ttl_s + (max(deadline - at, 0.0) if deadline is not None else 0.0)
         self._set(fence, str(epoch), now, keep_s)
-        return Marked("delivered", at, epoch)
+        return epoch
 
     def _forwarded(self, user_id: str, job_id: str, now: float) -> bool:
         raw = self._get(state_key(user_id, job_id), now)

@@ -207,18 +207,31 @@ class MemoryStreamCommands:
                 stream.seen[consumer] = anyio.current_time()
             while stream is not None and stream is self._streams.get(user_id):
                 self._check()
-                fresh = [sid for sid in stream.entries if sid > stream.last_delivered]
+                fresh = self._take_fresh(stream, consumer, count)
                 if fresh:
-                    now = anyio.current_time()
-                    for sid in fresh[:count]:
-                        stream.pel[sid] = _Nack(consumer, now)
-                        stream.last_delivered = sid
-                    return [self._reply(stream, sid) for sid in fresh[:count]]
+                    return fresh
                 await stream.changed.wait()
             self._check()
             if stream is not None:  # deleted while we waited: heal now, like the next read
                 self._group(user_id)
         return []
+
+    def _read_new_nowait(self, user_id: str, consumer: str, count: int) -> list[Entry]:
+        """``read_new`` without BLOCK and without a checkpoint (for steps that must be
+        atomic with it)."""
+        stream = self._group(user_id)
+        if stream is None:
+            return []
+        stream.seen[consumer] = anyio.current_time()
+        return self._take_fresh(stream, consumer, count)
+
+    def _take_fresh(self, stream: _Stream, consumer: str, count: int) -> list[Entry]:
+        fresh = [sid for sid in stream.entries if sid > stream.last_delivered][:count]
+        now = anyio.current_time()
+        for sid in fresh:
+            stream.pel[sid] = _Nack(consumer, now)
+            stream.last_delivered = sid
+        return [self._reply(stream, sid) for sid in fresh]
 
     async def ack(self, user_id: str, entry_id: str) -> int:
         """XACK: remove ``entry_id`` from the PEL (and from the index).

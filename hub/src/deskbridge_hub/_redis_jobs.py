@@ -15,6 +15,7 @@ from ._substrate import (
     cancel_key,
     fence_key,
     jobs_key,
+    presence_key,
     progress_key,
     result_key,
     state_key,
@@ -28,29 +29,40 @@ from ._substrate import (
 #: A deadline that passed expires only a job never forwarded: one whose state says it was
 #: delivered (awaiting approval, or interrupted) may have run, so it goes to the desktop
 #: again, whose ledger answers (issue 16: a redelivery after a pod kill was answered
-#: "expired" for a job that ran).
+#: "expired" for a job that ran). A cancel flag likewise: a job never forwarded is
+#: "cancelled" (it never started); a forwarded one may have run, so it is "in_doubt",
+#: with a raised epoch so that the old delivery's late answer is refused (one answer).
 _MARK = """
-local function mark(skey, ckey, fkey, state, ttl, deadline, now)
-  if deadline ~= '' and tonumber(now) >= tonumber(deadline) then
-    local stage = nil
-    local current = redis.call('GET', skey)
-    if current then
-      local ok, body = pcall(cjson.decode, current)
-      if ok and type(body) == 'table' then stage = body['stage'] end
-    end
-    if stage ~= 'delivered' and stage ~= 'interrupted' and stage ~= 'awaiting_approval' then
-      return {'expired', now}
-    end
-  end
-  if redis.call('EXISTS', ckey) == 1 then return {'cancelled', now} end
-  redis.call('SET', skey, state, 'PX', ttl)
+local function forwarded(skey)
+  local current = redis.call('GET', skey)
+  if not current then return false end
+  local ok, body = pcall(cjson.decode, current)
+  if not ok or type(body) ~= 'table' then return false end
+  local stage = body['stage']
+  return stage == 'delivered' or stage == 'interrupted' or stage == 'awaiting_approval'
+end
+local function raise(fkey, ttl, deadline, now)
   local epoch = redis.call('INCR', fkey)
   local keep = tonumber(ttl)
   if deadline ~= '' then
     keep = keep + math.max(0, math.ceil((tonumber(deadline) - tonumber(now)) * 1000))
   end
   redis.call('PEXPIRE', fkey, keep)
-  return {'delivered', now, epoch}
+  return epoch
+end
+local function mark(skey, ckey, fkey, state, ttl, deadline, now)
+  local sent = nil
+  if deadline ~= '' and tonumber(now) >= tonumber(deadline) then
+    sent = forwarded(skey)
+    if not sent then return {'expired', now} end
+  end
+  if redis.call('EXISTS', ckey) == 1 then
+    if sent == nil then sent = forwarded(skey) end
+    if not sent then return {'cancelled', now} end
+    return {'in_doubt', now, raise(fkey, ttl, deadline, now)}
+  end
+  redis.call('SET', skey, state, 'PX', ttl)
+  return {'delivered', now, raise(fkey, ttl, deadline, now)}
 end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
@@ -61,11 +73,17 @@ _MARK_DELIVERED = Script(
 
 #: read_new_delivered: XREADGROUP ... > (no BLOCK) and, for every entry that is a job
 #: (``job_id`` and a numeric ``deadline``, no ``control``), the mark above, in one step.
-#: KEYS: the stream. ARGV: group, consumer, count, state, TTL ms, then the state, cancel
-#: and fence key prefixes (``_keys`` with an empty job id: every key in the user's slot).
+#: KEYS: the stream, presence. ARGV: group, consumer, count, state, TTL ms, then the
+#: state, cancel and fence key prefixes (``_keys`` with an empty job id: every key in the
+#: user's slot), then the reading session's id ('' = no check): nothing is read while
+#: presence names another session (a superseded session, maybe half-open).
 _READ_DELIVERED = Script(
     _MARK
     + """
+if ARGV[9] ~= '' then
+  local holder = redis.call('GET', KEYS[2])
+  if holder and holder ~= ARGV[9] then return {} end
+end
 local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
   'STREAMS', KEYS[1], '>')
 if not reply then return {} end
@@ -254,7 +272,14 @@ class JobCommands(RedisCommandBase):
         return Marked(str(verdict), float(now), int(epoch[0]) if epoch else None)
 
     async def read_new_delivered(
-        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+        self,
+        user_id: str,
+        consumer: str,
+        *,
+        count: int,
+        state: JobState,
+        ttl_s: float,
+        session_id: str | None = None,
     ) -> list[Entry]:
         """EVAL ``_READ_DELIVERED``: XREADGROUP GROUP bridge-workers consumer COUNT count
         STREAMS key > (no BLOCK) and :meth:`mark_delivered` of every job read, in one
@@ -262,15 +287,16 @@ class JobCommands(RedisCommandBase):
 
         Returns:
             New entries, now in this consumer's PEL, each job's with its ``marked``;
-            ``[]`` when there are none, or when the group was missing (recreated from 0).
+            ``[]`` when there are none, when presence names another session than
+            ``session_id``, or when the group was missing (recreated from 0).
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
-        keys = (jobs_key(user_id),)
+        keys = (jobs_key(user_id), presence_key(user_id))
         args = (
             GROUP, consumer, count, state.encode(), _ms(ttl_s), state_key(user_id, ""),
-            cancel_key(user_id, ""), fence_key(user_id, ""),
+            cancel_key(user_id, ""), fence_key(user_id, ""), session_id or "",
         )  # fmt: skip
         async with self._session("read + mark delivered") as s:
             (reply,) = await self._script(s, _READ_DELIVERED, keys, args)

@@ -115,6 +115,7 @@ class HubSession(SessionTimers):
     _timed_out: EndSession | None = None
     _time_is_up: trio.Event = attrs.field(factory=trio.Event)
     _done: bool = False
+    _abandoned: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -182,7 +183,9 @@ class HubSession(SessionTimers):
                 )
             self.state.remove_session(self)
             _metrics.session_closed()
-            if self.sleep is not None:  # before presence goes: never a bare "offline" between
+            # before presence goes: never a bare "offline" between (an abandoned session's
+            # daemon is already back: it did not go to sleep)
+            if self.sleep is not None and not self._abandoned:
                 await self.sleep.ended(ended[0] if ended else None, on_purpose=bool(self._ending))
             await presence.clear()
             end_of = (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
@@ -230,6 +233,24 @@ class HubSession(SessionTimers):
             self.state.reader.stop_beating(self._listener)
         if self._presence is not None:
             self._presence.supersede()
+
+    def abandon(self) -> None:
+        """The same desktop daemon (``hello.daemon_id``) started a newer session in this
+        process, so this socket is dead even if no close or reset reached it (a
+        half-open cut): end the session at once. Its running deliveries are cancelled as
+        for a socket gone (recorded ``interrupted``, never answered ``in_doubt``: the
+        daemon still has them), stay pending, and the newer session's drain redelivers
+        them, which the daemon's ledger joins or answers."""
+        log.info(
+            "session %s of %s: its daemon is back on a newer socket; ending this one",
+            self.session_id,
+            self.user_id,
+            extra=fields(user_id=self.user_id, session_id=self.session_id),
+        )
+        self._abandoned = True
+        self.stop_reading()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def ended_reason(self) -> str | None:
         """Why the session is ending on purpose, if it is (``_delivery.Executor``)."""

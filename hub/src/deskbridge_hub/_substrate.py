@@ -191,14 +191,29 @@ class StreamSubstrate(Protocol):
         the stream is deleted while blocked (Redis 7: UNBLOCKED)."""
 
     async def read_new_delivered(
-        self, user_id: str, consumer: str, *, count: int, state: JobState, ttl_s: float
+        self,
+        user_id: str,
+        consumer: str,
+        *,
+        count: int,
+        state: JobState,
+        ttl_s: float,
+        session_id: str | None = None,
     ) -> list[Entry]:
         """``read_new`` without BLOCK that also runs :meth:`LedgerSubstrate.mark_delivered`
         (``state``, ``ttl_s``, the entry's own ``deadline``) for every job it reads, in
         the same atomic step: a job is an entry with a ``job_id`` and a numeric
         ``deadline`` and no ``control`` field; its :class:`Entry` carries the verdict in
         ``marked``, other entries have ``marked`` None. One round trip instead of a read
-        plus one per job."""
+        plus one per job.
+
+        With ``session_id``: reads nothing (returns []) when the user's presence names
+        another session, checked in the same step. A session superseded by a newer one
+        (its socket maybe half-open: the desktop reconnected elsewhere) learns it only
+        at its next heartbeat; meanwhile an entry it took would go into a dead socket
+        after the newer session's takeover had run, and wait there for its ping deadline
+        and the reclaim idle (issue 16). Presence absent (expired, or not rewritten yet
+        after a Redis restart) does not stop the read."""
 
     async def ack(self, user_id: str, entry_id: str) -> int:
         """XACK; returns the number acknowledged (0 or 1; 0 when the stream or group is gone)."""

@@ -79,14 +79,18 @@ class Marked:
         verdict: ``"delivered"`` (state written: forward the job), ``"expired"`` (its
             deadline has passed on the substrate's clock and it was never forwarded;
             state untouched; a job forwarded before is ``"delivered"`` again: the
-            desktop's ledger answers a redelivery) or
-            ``"cancelled"`` (a cancel was requested; state untouched).
+            desktop's ledger answers a redelivery),
+            ``"cancelled"`` (a cancel was requested and the job was never forwarded;
+            state untouched) or ``"in_doubt"`` (a cancel was requested for a job
+            forwarded before, which may have run: answer it in doubt, never
+            "cancelled"; the epoch is raised so the old delivery's answer is refused).
         server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
             ``deadline - server_time`` is the time the job has left, measured on the one
             clock that set the deadline (docs/operations.md, "Clocks").
-        epoch: for ``delivered``, this delivery's claim epoch (fencing token): the job's
-            counter, raised by every delivery, so a later delivery (after a reclaim or a
-            takeover) always holds a larger one; None for the other verdicts.
+        epoch: for ``delivered`` and ``in_doubt``, this delivery's claim epoch (fencing
+            token): the job's counter, raised by every delivery, so a later delivery
+            (after a reclaim or a takeover) always holds a larger one; None for the other
+            verdicts.
     """
 
     verdict: str
