@@ -31,7 +31,7 @@ printed as MET / NOT MET.
 
 Usage:
   ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
-      [--redis-port 6408] [--json out.json] [--profile DIR]
+      [--redis-port 6408] [--json out.json] [--profile DIR [--profile-gil]]
 """
 
 from __future__ import annotations
@@ -183,7 +183,9 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path, port: int) -> d
             from bench.lib.profile import Profiler
 
             target = max(group_pids(hub.pid))  # the serving process (the only one with -w 1)
-            profiler = Profiler(target, Path(args.profile) / f"{system}-hub.pyspy.txt")
+            profiler = Profiler(
+                target, Path(args.profile) / f"{system}-hub.pyspy.txt", gil=args.profile_gil
+            )
             profiler.start()
         try:
             done = subprocess.run(argv, env=env, timeout=budget, capture_output=True, text=True)
@@ -383,6 +385,11 @@ def main() -> int:
         default="",
         metavar="DIR",
         help="py-spy each hub during its run; raw stacks to DIR, summary printed",
+    )
+    p.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: only samples holding the GIL (CPU, not syscall wall time)",
     )
     args = p.parse_known_args()[0]
     raise_nofile()

@@ -83,6 +83,14 @@ def test_dedupe_of_one_holds_the_latest_outcome():
     assert len(cache) == 1 and cache.evictions == 1
 
 
+def test_dedupe_evictions_count_every_outcome_pushed_out_by_the_size_bound():
+    cache = DedupeCache(size=1, ttl_s=300.0, clock=FakeClock())
+    for n, key in enumerate("abcd"):
+        cache.put(key, Outcome.success(key))
+        assert cache.evictions == n  # one more per put past the bound, not "at least one"
+    assert len(cache) == 1 and cache.get("d") == Outcome.success("d")
+
+
 def test_dedupe_rerecording_a_key_replaces_it_without_evicting():
     clock = FakeClock()
     cache = DedupeCache(size=2, ttl_s=300.0, clock=clock)

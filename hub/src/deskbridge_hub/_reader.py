@@ -108,7 +108,9 @@ class ProcessReader:
     _due: dict[str, set[str]] = attrs.field(factory=dict)
     _queue: deque[str] = attrs.field(factory=deque)
     _busy: set[str] = attrs.field(factory=set)
-    _work: trio.Event = attrs.field(factory=trio.Event)
+    #: Idle workers park here; each due user unparks exactly one (a shared Event woke
+    #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
+    _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _failures: int = 0
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
@@ -147,7 +149,7 @@ class ProcessReader:
         due.update(kinds)
         if user_id not in self._busy and user_id not in self._queue:
             self._queue.append(user_id)
-            self._work.set()
+            self._idle.unpark()
 
     def served(self, user_id: str, *, answered: bool) -> None:
         """A serving task of ``user_id`` ended: read more if the session was full, and
@@ -314,8 +316,7 @@ class ProcessReader:
     async def _worker(self) -> None:
         while True:
             while not self._queue:
-                await self._work.wait()
-                self._work = trio.Event()
+                await self._idle.park()
             user_id = self._queue.popleft()
             kinds = self._due.pop(user_id, set())
             listener = self._listeners.get(user_id)
@@ -335,7 +336,7 @@ class ProcessReader:
                 self._busy.discard(user_id)
                 if user_id in self._due and user_id not in self._queue:
                     self._queue.append(user_id)
-                    self._work.set()
+                    self._idle.unpark()
 
     async def _pump(self, listener: Listener, kinds: set[str]) -> None:
         user_id, consumer = listener.user_id, self.consumer

@@ -61,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -230,42 +230,40 @@ class RedisConnections:
         session = self._session_var.get()
         return None if session is None or session.closed else session.statistics()
 
-    @contextlib.asynccontextmanager
-    async def session(self, what: str, *, map_errors: bool = True) -> AsyncIterator[_Session]:
-        """The open session of this run, or a one-shot one; maps I/O faults at the edge
-        (``what`` names the command in the SubstrateUnavailable message) unless
-        ``map_errors`` is False (the block runs someone else's code)."""
-        with self.mapped(what) if map_errors else contextlib.nullcontext():
-            session = self._session_var.get()
-            if session is not None and not session.closed:
-                yield session
-                return
-            session = self._new_session()
-            await session.open()
-            try:
-                yield session
-            finally:
-                await session.close()
+    def session(self, what: str, *, map_errors: bool = True) -> _SessionUse:
+        """``async with`` it: the open session of this run, or a one-shot one; maps I/O
+        faults at the edge (``what`` names the command in the SubstrateUnavailable
+        message) unless ``map_errors`` is False (the block runs someone else's code).
+        A plain class, not a generator-based context manager: every Redis command of a
+        call passes through here (issue 10, per-call CPU)."""
+        return _SessionUse(self, what, map_errors)
 
     @contextlib.contextmanager
     def mapped(self, what: str) -> Iterator[None]:
         """Raise SubstrateUnavailable for I/O faults and refusing server states."""
         try:
             yield
-        except _UNAVAILABLE_ERRORS as exc:
+        except Exception as exc:
+            mapped = self.map_error(what, exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    def map_error(self, what: str, exc: BaseException) -> SubstrateUnavailable | None:
+        """The SubstrateUnavailable to raise instead of ``exc`` (an I/O fault or a
+        refusing server state; counted, and the health monitor poked), or None when
+        ``exc`` is not one (it propagates unchanged)."""
+        if isinstance(exc, _UNAVAILABLE_ERRORS):
             _metrics.substrate_error(what)
             self.monitor.poke()
-            raise SubstrateUnavailable(
+            return SubstrateUnavailable(
                 f"Redis at {self.address} unavailable ({what}): {coded(exc)}"
-            ) from exc
-        except ResponseError as exc:
-            if str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
-                _metrics.substrate_error(what)
-                self.monitor.poke()
-                raise SubstrateUnavailable(
-                    f"Redis at {self.address} refused {what}: {exc}"
-                ) from exc
-            raise
+            )
+        if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
+            _metrics.substrate_error(what)
+            self.monitor.poke()
+            return SubstrateUnavailable(f"Redis at {self.address} refused {what}: {exc}")
+        return None
 
     async def call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
         """One command; server errors raise. ``block_s``: its own blocking time (None:
@@ -306,3 +304,51 @@ class RedisConnections:
         if cause is None:
             return None
         return SubstrateUnavailable(f"Redis at {self.address} cannot serve {what}: {cause}")
+
+
+class _SessionUse:
+    """One ``async with connections.session(what)``: the run's open session (nothing
+    to open or close), or a one-shot session closed on exit; errors mapped on exit."""
+
+    __slots__ = ("_connections", "_what", "_map", "_own")
+
+    def __init__(self, connections: RedisConnections, what: str, map_errors: bool) -> None:
+        self._connections = connections
+        self._what = what
+        self._map = map_errors
+        self._own: _Session | None = None
+
+    async def __aenter__(self) -> _Session:
+        session = self._connections._session_var.get()
+        if session is not None and not session.closed:
+            return session
+        session = self._connections._new_session()
+        try:
+            await session.open()
+        except Exception as exc:
+            self._raise_mapped(exc)
+            raise
+        self._own = session
+        return session
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> bool:
+        own, self._own = self._own, None
+        if own is not None:
+            try:
+                await own.close()
+            except Exception as close_exc:
+                if exc is None:
+                    self._raise_mapped(close_exc)
+                    raise
+        if isinstance(exc, Exception):
+            self._raise_mapped(exc)
+        return False
+
+    def _raise_mapped(self, exc: BaseException) -> None:
+        if not self._map:
+            return
+        mapped = self._connections.map_error(self._what, exc)
+        if mapped is not None:
+            raise mapped from exc

@@ -1,0 +1,293 @@
+"""Serving one entry, exactly (issue 15: survivors of ``_delivery``'s mutation run):
+what the forwarded job carries, which answers are fenced and notify their caller, what a
+lost or malformed entry is answered, and the states and counts each answer leaves.
+Same kit as test_delivery.py: the memory substrate, a fake executor, MockClock."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import trio
+from deskbridge_common import JobError, JobResult
+from deskbridge_hub import _metrics
+from deskbridge_hub._delivery import outcome_of
+from deskbridge_hub._errors import SubstrateUnavailable
+from deskbridge_hub._jobs import result_payload
+from deskbridge_hub._jobstate import Stage
+from deskbridge_hub._keys import state_key
+
+from .test_delivery import USER, FakeExecutor, Reclaimed, answer, setup, wall
+
+
+def test_a_failure_without_an_error_is_answered_failed_failed():
+    assert outcome_of(JobResult("d", False)) == (
+        "failed",
+        result_payload("failed", error={"code": "failed", "message": "failed"}),
+    )
+
+
+def test_an_outcome_error_code_is_its_own_status_and_any_other_code_is_failed():
+    declined = JobResult("d", False, error=JobError("declined", "no"))
+    assert outcome_of(declined)[0] == "declined"
+    other = JobResult("d", False, error=JobError("boom", "no"))
+    assert outcome_of(other) == (
+        "failed",
+        result_payload("failed", error={"code": "boom", "message": "no"}),
+    )
+
+
+class Recording(FakeExecutor):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.epochs: list[int | None] = []
+
+    async def execute(self, job, epoch=None):
+        self.epochs.append(epoch)
+        return await super().execute(job)
+
+
+async def test_the_forwarded_job_carries_the_time_left_waited_trace_and_epoch(autojump_clock):
+    now = wall()
+    substrate, server, entry = await setup(
+        deadline=repr(now + 0.5), enqueued_at=repr(now - 0.25), traceparent="00-ab-cd-01"
+    )
+    executor = Recording()
+    await server.serve(entry, executor)
+    (job,) = executor.jobs
+    assert job.timeout_s == 0.5  # the substrate's clock: deadline - now, under one second
+    assert job.deadline == now + 0.5  # that duration on this hub's clock
+    assert job.waited_s == 0.25
+    assert job.traceparent == "00-ab-cd-01"
+    assert executor.epochs == [1]  # the delivery's claim epoch fences its stage writes
+
+
+async def test_the_dispatch_histogram_counts_the_queued_time_by_tool(autojump_clock):
+    now = wall()
+    substrate, server, entry = await setup(enqueued_at=repr(now - 2.0))
+    histogram = _metrics.DISPATCH_SECONDS.labels("echo")
+    before = histogram._sum.get()
+    await server.serve(entry, FakeExecutor())
+    assert histogram._sum.get() - before == 2.0
+
+
+async def test_a_cancel_entry_without_a_job_id_asks_to_cancel_the_empty_id(autojump_clock):
+    substrate, server, entry = await setup(control="cancel")
+    fields = {k: v for k, v in entry.fields.items() if k != "job_id"}
+    executor = FakeExecutor()
+    await server.serve(type(entry)(entry.entry_id, fields), executor)
+    assert executor.cancels == [""] and substrate.pending_count(USER) == 0
+
+
+async def test_a_malformed_entry_is_answered_with_why_it_does_not_decode(autojump_clock):
+    substrate, server, entry = await setup(args="[1]")
+    await server.serve(entry, FakeExecutor())
+    error = (await answer(substrate))["error"]
+    assert error["code"] == "malformed" and "args" in error["message"]
+
+
+async def test_a_malformed_entry_without_a_job_id_is_counted_by_its_tool(autojump_clock, caplog):
+    substrate, server, entry = await setup(args="[1]")
+    fields = {k: v for k, v in entry.fields.items() if k != "job_id"}
+    counter = _metrics.SERVED.labels("echo", "failed")
+    before = counter._value.get()
+    with caplog.at_level(logging.INFO, logger="deskbridge.hub.jobs"):
+        await server.serve(type(entry)(entry.entry_id, fields), FakeExecutor())
+    assert counter._value.get() == before + 1
+    assert substrate.pending_count(USER) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.jobs"]
+    assert lines == ["job None finished: failed (echo)"]
+
+
+async def test_a_bad_job_answer_says_why_notifies_its_caller_and_is_fenced(autojump_clock):
+    substrate, server, entry = await setup(reply_to="box-1")
+    await server.serve(entry, FakeExecutor(refuse=True))
+    error = (await answer(substrate))["error"]
+    assert error == {"code": "bad_job", "message": "args: too large"}
+    got = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert [job for job, _ in got] == ["job-1"]
+
+    substrate, server, entry = await setup()
+    await server.serve(entry, Reclaimed(substrate, refuse=True))  # a zombie's bad_job
+    assert await answer(substrate) is None and substrate.pending_count(USER) == 1
+
+
+class Ending(FakeExecutor):
+    def ended_reason(self):
+        return "superseded"
+
+
+async def test_an_in_doubt_answer_names_the_reason_notifies_and_is_counted(autojump_clock, caplog):
+    substrate, server, entry = await setup(reply_to="box-1")
+    counter = _metrics.SERVED.labels("echo", "in_doubt")
+    before = counter._value.get()
+    with caplog.at_level(logging.INFO, logger="deskbridge.hub.jobs"):
+        with trio.move_on_after(5):
+            await server.serve(entry, Ending(hang=True))
+    body = await answer(substrate)
+    assert body["status"] == "in_doubt" and "superseded" in json_text(body)
+    got = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert [job for job, _ in got] == ["job-1"]
+    assert counter._value.get() == before + 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.jobs"]
+    assert lines == ["job job-1 finished: in_doubt (echo)"]
+    state = await substrate.get_job_state(USER, "job-1")
+    assert (state.stage, state.user_id, state.at) == (Stage.INTERRUPTED, USER, wall())
+
+
+def json_text(body) -> str:
+    return json.dumps(body)
+
+
+async def test_a_zombies_refused_in_doubt_is_logged_with_its_job_and_epoch(autojump_clock, caplog):
+    substrate, server, entry = await setup()
+
+    class EndingZombie(Reclaimed):
+        def ended_reason(self):
+            return "superseded"
+
+    with caplog.at_level(logging.WARNING, logger="deskbridge.hub.delivery"):
+        with trio.move_on_after(5):
+            await server.serve(entry, EndingZombie(substrate, hang=True))
+    lines = [r.getMessage() for r in caplog.records if "stale answer" in r.getMessage()]
+    assert lines == [
+        "user u1: stale answer (in_doubt) of job job-1 refused: delivery epoch 1, newest 2 "
+        "(the entry was delivered again meanwhile; that delivery answers)"
+    ]
+
+
+class FinishFailsOnce:
+    """The memory substrate, whose first ``finish`` is unavailable."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.failed = False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def finish(self, *args, **kwargs):
+        if not self.failed:
+            self.failed = True
+            raise SubstrateUnavailable("finish refused (test)")
+        return await self._inner.finish(*args, **kwargs)
+
+
+async def test_an_in_doubt_answer_that_cannot_be_written_still_records_interrupted(
+    autojump_clock,
+):
+    substrate, server, entry = await setup()
+    server.substrate = FinishFailsOnce(substrate)
+    with trio.move_on_after(5):
+        await server.serve(entry, Ending(hang=True))
+    assert await answer(substrate) is None
+    state = await substrate.get_job_state(USER, "job-1")
+    assert (state.stage, state.user_id) == (Stage.INTERRUPTED, USER)
+    assert wall() - 0.1 < state.at <= wall()
+    assert substrate.pending_count(USER) == 1
+
+
+async def test_an_interrupted_mark_names_the_user_and_the_time(autojump_clock):
+    substrate, server, entry = await setup()
+    with trio.move_on_after(5):
+        await server.serve(entry, FakeExecutor(hang=True))
+    state = await substrate.get_job_state(USER, "job-1")
+    assert (state.stage, state.user_id, state.at) == (Stage.INTERRUPTED, USER, wall())
+
+
+async def test_the_delivered_state_names_user_time_and_session(autojump_clock):
+    substrate, server, entry = await setup()
+    await trio.sleep(3)
+    state = server.delivered_state()
+    assert (state.stage, state.user_id, state.at, state.session_id) == (
+        Stage.DELIVERED,
+        USER,
+        wall(),
+        "session-1",
+    )
+
+
+# -- lost entries -------------------------------------------------------------------------
+
+
+async def test_an_owned_entry_whose_job_state_is_gone_is_forgotten_and_acked(autojump_clock):
+    substrate, server, entry = await setup()
+    del substrate._kv[state_key(USER, "job-1")]  # its state expired long ago
+    await server.answer_lost(entry.entry_id, "job-1")
+    assert await answer(substrate) is None
+    assert substrate.pending_count(USER) == 0
+    assert await substrate.job_ids(USER, [entry.entry_id]) == {}
+
+
+async def test_a_delivered_job_s_entry_held_elsewhere_is_left_to_its_holder(autojump_clock):
+    """Not owned, delivered (running elsewhere): neither answered lost nor forgotten,
+    nor acked; the holder answers."""
+    substrate, server, entry = await setup()
+    await substrate.mark_delivered(USER, "job-1", server.delivered_state(), ttl_s=300)
+    await server.answer_lost(entry.entry_id, "job-1", owned=False)
+    assert await answer(substrate) is None
+    assert substrate.pending_count(USER) == 1
+    assert await substrate.job_ids(USER, [entry.entry_id]) == {entry.entry_id: "job-1"}
+
+
+async def test_an_owned_delivered_entry_is_dropped_unanswered(autojump_clock, caplog):
+    substrate, server, entry = await setup()
+    await substrate.mark_delivered(USER, "job-1", server.delivered_state(), ttl_s=300)
+    with caplog.at_level(logging.WARNING, logger="deskbridge.hub.delivery"):
+        await server.answer_lost(entry.entry_id, "job-1")
+    assert await answer(substrate) is None
+    assert substrate.pending_count(USER) == 0
+    assert await substrate.job_ids(USER, [entry.entry_id]) == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"user u1: entry {entry.entry_id} (job job-1) was trimmed after it was delivered; its "
+        "outcome is unknown (the caller's wait ends with stage delivered)"
+    ]
+
+
+async def test_an_owned_finished_entry_is_forgotten_without_a_warning(autojump_clock, caplog):
+    substrate, server, entry = await setup()
+    await server.serve(entry, FakeExecutor())
+    with caplog.at_level(logging.WARNING, logger="deskbridge.hub.delivery"):
+        await server.answer_lost(entry.entry_id, "job-1")
+    assert caplog.records == []
+    assert await substrate.job_ids(USER, [entry.entry_id]) == {}
+
+
+async def test_an_unknown_entry_is_only_acked(autojump_clock):
+    substrate, server, entry = await setup()
+    await substrate.forget(USER, entry.entry_id)
+    await server.answer_lost(entry.entry_id, None)
+    assert await answer(substrate) is None
+    assert substrate.pending_count(USER) == 0
+    state = await substrate.get_job_state(USER, "job-1")
+    assert state.stage is Stage.QUEUED
+
+
+async def test_deleted_ids_of_a_reclaim_are_settled_but_never_acked(autojump_clock):
+    """XAUTOCLAIM's deleted IDs: a queued job's is answered lost; a delivered job's is
+    left to its holder, neither forgotten nor acked here (it is not this consumer's)."""
+    substrate, server, entry = await setup()
+    await server.answer_deleted([entry.entry_id])
+    assert (await answer(substrate))["status"] == "lost"  # its finishing step XACKs it
+
+    substrate, server, entry = await setup()
+    await substrate.mark_delivered(USER, "job-1", server.delivered_state(), ttl_s=300)
+    await server.answer_deleted([entry.entry_id])
+    assert await answer(substrate) is None
+    assert await substrate.job_ids(USER, [entry.entry_id]) == {entry.entry_id: "job-1"}
+    assert substrate.pending_count(USER) == 1
+
+
+async def test_no_deleted_ids_still_sweeps_the_trimmed_index(autojump_clock):
+    substrate, server, entry = await setup()
+    calls = []
+    real = substrate.job_ids
+
+    async def job_ids(user_id, entry_ids):
+        calls.append(list(entry_ids))
+        return await real(user_id, entry_ids)
+
+    substrate.job_ids = job_ids
+    await server.answer_deleted([])
+    assert calls == []  # nothing to look up
+    assert substrate.pending_count(USER) == 1
