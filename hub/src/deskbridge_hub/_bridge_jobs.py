@@ -70,12 +70,16 @@ class JobControl:
     async def cancel(self, job_id: str) -> str:
         """Cancel a job: a queued job is never started; a running one gets a ``cancel``
         frame at once (its async tool task is cancelled; a sync tool cannot be
-        interrupted and finishes). Its caller is answered "cancelled".
+        interrupted and finishes). Its caller is answered "cancelled" only when the job
+        never reached a desktop; a job delivered before and cancelled before its
+        redelivery is answered ``in_doubt`` by the hub that reads it (it may have run).
 
         Returns:
             The stage the job was in: ``queued``, ``delivered``, ``awaiting_approval`` or
             ``interrupted``; or
-            ``finished`` when it already has its answer (nothing is cancelled then).
+            ``finished`` when it already has its answer (nothing is cancelled then);
+            ``delivered`` also when it read ``queued`` but a hub marked it delivered
+            before the cancel flag was set (that delivery answers).
 
         Raises:
             BadRequest: malformed job id.
