@@ -274,3 +274,38 @@ async def test_a_timeout_on_a_live_shared_connection_keeps_it_and_every_other_re
         stats = s.statistics()
         assert stats is not None and stats.opened_total == 1  # the same connection
     await raw_redis("DEL", key)
+
+
+async def test_a_timed_out_script_raises_substrate_unavailable_from_every_scripted_call(
+    raw_redis: RawRedis,
+) -> None:
+    """A command that times out is an outage to its caller (SubstrateUnavailable), never
+    a raw TimeoutError: found at 10,000 desktops, where take_over's TimeoutError escaped
+    the error mapping and the reader stopped reading for that user for good. The same
+    'raise the reply after leaving the session' slip was in mark_delivered,
+    read_new_delivered and wake; each is checked here while Redis runs a 450 ms script."""
+    from deskbridge_hub._jobstate import JobState, Stage
+
+    s = RedisSubstrate.from_url(REDIS_URL, client_name=_name(), command_timeout_s=0.2)
+    user = f"test-{secrets.token_hex(4)}"
+    state = JobState(Stage.DELIVERED, user, at=1.0, session_id="s1")
+    calls = {
+        "take_over": lambda: s.take_over(
+            user, "c1", daemon_id="d1", session_id="s1", count=4, record_ttl_s=60
+        ),
+        "mark_delivered": lambda: s.mark_delivered(user, "j1", state, ttl_s=60),
+        "read_new_delivered": lambda: s.read_new_delivered(
+            user, "c1", count=4, state=state, ttl_s=60
+        ),
+        "wake": lambda: s.wake("h1", user, ttl_s=60),
+    }
+    async with s:
+        await rpush(s, f"test-warm-{user}", "v")  # the shared connection is open
+        for name, call in calls.items():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(raw_redis, "EVAL", _BUSY_450_MS, "0")
+                await trio.sleep(0.05)  # the script is running
+                with trio.fail_after(5), pytest.raises(SubstrateUnavailable):
+                    await call()
+            await trio.sleep(0.3)  # the PING probe is answered before the next call
+    await raw_redis("DEL", f"test-warm-{user}")

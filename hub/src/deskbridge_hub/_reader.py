@@ -112,6 +112,7 @@ class ProcessReader:
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _failures: int = 0
+    _check_presence: bool = False  # after an outage: is one presence intact?
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
@@ -208,26 +209,29 @@ class ProcessReader:
                 # DEBUG: it fails every second of an outage, and the other loops warn
                 log.debug("liveness refresh failed: %s", exc)
             else:
-                if not kept and self._beating:
-                    await self._lapsed()
+                recovered, self._check_presence = self._check_presence, False
+                if (not kept or recovered) and self._beating:
+                    await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
 
-    async def _lapsed(self) -> None:
-        """The liveness key had lapsed: if Redis lost its data, presence went with it
-        (beat every session now); if this process only stalled, one presence still
-        names its session and the beats due will do (a full beat of 10,000 sessions
-        would only stall a busy process further)."""
+    async def _lapsed(self, why: str) -> None:
+        """The liveness key had lapsed, or an outage ended (``why``): if Redis lost its
+        data, presence went with it (beat every session now); if this process only
+        stalled or Redis only paused, one presence still names its session and the beats
+        due will do (a full beat of 10,000 sessions would only stall a busy process
+        further)."""
         sample = next(iter(self._beating.values()))
         try:
             intact = await self.substrate.get_presence(sample.user_id) == sample.session_id
         except SubstrateUnavailable:
             intact = False
         if intact:
-            log.info("this process's liveness key had lapsed (the process stalled?)")
+            log.info("this process's %s; presence intact (the process stalled?)", why)
             return
         log.warning(
-            "this process's liveness key had lapsed and a presence is gone (Redis lost "
-            "its data?): rewriting the presence of %d sessions now",
+            "this process's %s and a presence is gone (Redis lost its data?): rewriting "
+            "the presence of %d sessions now",
+            why,
             len(self._beating),
         )
         self.beat_all()
@@ -443,6 +447,9 @@ class ProcessReader:
             log.info("substrate back after %d failures", self._failures)
             self._failures = 0
             if not beaten:
-                # Redis may have come back empty: rewrite every presence now, not a
-                # heartbeat later.
-                self.beat_all()
+                # Redis may have come back empty: then every presence is rewritten
+                # within a second (the liveness loop looks at one), not a heartbeat
+                # later. Not blindly: on a saturated process, "back after failures" is
+                # the loop catching up, and a beat of every session (10,000 scripts with
+                # catalogues) stalled it again, failing the next commands: a cycle.
+                self._check_presence = True

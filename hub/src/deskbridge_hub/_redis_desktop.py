@@ -116,8 +116,8 @@ class DesktopCommands(RedisCommandBase):
         )  # fmt: skip
         async with self._session("take over") as s:
             (reply,) = await self._script(s, _TAKE_OVER, keys, args)
-        if isinstance(reply, BaseException):
-            raise reply
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
         raw_claimed, deleted, quiet = reply
         return Claimed("0-0", tuple(_entries(raw_claimed)), tuple(deleted), quiet == 1)
 

@@ -266,8 +266,8 @@ class JobCommands(RedisCommandBase):
         args = (state.encode(), _ms(ttl_s), limit)
         async with self._session("mark delivered") as s:
             (reply,) = await self._script(s, _MARK_DELIVERED, keys, args)
-        if isinstance(reply, BaseException):
-            raise reply
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
         verdict, now, *epoch = reply
         return Marked(str(verdict), float(now), int(epoch[0]) if epoch else None)
 
@@ -306,8 +306,8 @@ class JobCommands(RedisCommandBase):
                 s.groups.discard(user_id)
                 await self._heal_group(s, user_id)
                 return []
-        if isinstance(reply, BaseException):
-            raise reply
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
         s.groups.add(user_id)
         out = []
         for entry_id, flat, marked in reply:

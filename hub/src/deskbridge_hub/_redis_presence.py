@@ -240,9 +240,9 @@ class PresenceCommands(RedisCommandBase):
                 (b"EXEC",),
                 timeout_s=self._command_timeout_s,
             )
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply  # inside the session: mapped to SubstrateUnavailable
 
     async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
         """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
