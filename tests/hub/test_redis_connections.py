@@ -301,7 +301,7 @@ async def test_a_timed_out_script_raises_substrate_unavailable_from_every_script
     }
     async with s:
         await rpush(s, f"test-warm-{user}", "v")  # the shared connection is open
-        for name, call in calls.items():
+        for call in calls.values():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(raw_redis, "EVAL", _BUSY_450_MS, "0")
                 await trio.sleep(0.05)  # the script is running
