@@ -21,7 +21,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _admin, _connectors, _metrics, _openapi, _tracing
+from . import _admin, _connectors, _gcwatch, _metrics, _openapi, _tracing
 from ._bridge import MAX_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
 from ._errors import (
@@ -131,8 +131,9 @@ def create_app(
         relay = ProgressRelay(sub, config.timings.result_ttl_s)
         holder.update(state=state, bridge=bridge, progress=relay)
         app.extensions["deskbridge"] = holder
-        if handle_sigterm:
+        if handle_sigterm:  # a served process (``asgi.py``), not a test
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
+            _gcwatch.install()
         reading = trio.CancelScope()  # the process reader: one per process (``_reader``)
         await app.nursery.start(_start_in, reading, state.reader.run)
         lag_probe = trio.CancelScope()

@@ -1,0 +1,60 @@
+"""The garbage collector of a serving hub process (issue 10).
+
+A hub process holding 10,000 sockets holds millions of objects. CPython's full (oldest
+generation) collection walks all of them, and while it does the event loop stands still:
+pings go unanswered, Redis replies sit unread past their timeout, the process liveness
+key lapses. Two measures, both only in a served process (``asgi.py``), never in tests:
+
+* ``gc.freeze()`` once serving: everything allocated at start-up (imports, the app,
+  the substrate) moves to the permanent generation, which collections never walk.
+* a ``gc.callbacks`` hook times every collection of the oldest generation and logs a
+  WARNING (at most once a minute) when one stood the loop still for longer than
+  ``SLOW_COLLECTION_S``, so an operator can tell a GC stall from a Redis problem.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("deskbridge.hub.gc")
+
+#: A full collection longer than this (seconds) is logged.
+SLOW_COLLECTION_S = 0.25
+#: At most one such WARNING per this many seconds.
+WARN_EVERY_S = 60.0
+
+_started: list[float] = []
+_warned_at: list[float] = [-WARN_EVERY_S]
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    if info.get("generation") != 2:
+        return
+    now = time.perf_counter()
+    if phase == "start":
+        _started[:] = [now]
+        return
+    if not _started:
+        return
+    took_s = now - _started.pop()
+    if took_s > SLOW_COLLECTION_S and now - _warned_at[0] >= WARN_EVERY_S:
+        _warned_at[0] = now
+        log.warning(
+            "a full garbage collection stood the event loop still for %.2f s (%d objects "
+            "collected); at most one such line a minute",
+            took_s,
+            info.get("collected", 0),
+        )
+
+
+def install() -> None:
+    """Freeze what start-up allocated and watch full collections (idempotent)."""
+    gc.freeze()
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
+
+
+__all__ = ["SLOW_COLLECTION_S", "install"]
