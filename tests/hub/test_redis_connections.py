@@ -276,36 +276,32 @@ async def test_a_timeout_on_a_live_shared_connection_keeps_it_and_every_other_re
     await raw_redis("DEL", key)
 
 
-async def test_a_timed_out_script_raises_substrate_unavailable_from_every_scripted_call(
-    raw_redis: RawRedis,
+async def test_a_timed_out_reply_raises_substrate_unavailable_from_every_scripted_call(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A command that times out is an outage to its caller (SubstrateUnavailable), never
+    """A command that timed out is an outage to its caller (SubstrateUnavailable), never
     a raw TimeoutError: found at 10,000 desktops, where take_over's TimeoutError escaped
     the error mapping and the reader stopped reading for that user for good. The same
     'raise the reply after leaving the session' slip was in mark_delivered,
-    read_new_delivered and wake; each is checked here while Redis runs a 450 ms script."""
+    read_new_delivered and wake. Every reply here is the TimeoutError a connection
+    returns for a command with no answer in time (no Redis I/O at all)."""
     from deskbridge_hub._jobstate import JobState, Stage
+    from deskbridge_hub._redis_session import _Session
 
-    s = RedisSubstrate.from_url(REDIS_URL, client_name=_name(), command_timeout_s=0.2)
+    async def timed_out(self: object, *commands: object, timeout_s: float | None) -> list:
+        return [TimeoutError("EVAL timed out after 5.0 seconds") for _ in commands]
+
+    monkeypatch.setattr(_Session, "execute", timed_out)
+    s = RedisSubstrate.from_url(REDIS_URL, client_name=_name())
     user = f"test-{secrets.token_hex(4)}"
     state = JobState(Stage.DELIVERED, user, at=1.0, session_id="s1")
-    calls = {
-        "take_over": lambda: s.take_over(
-            user, "c1", daemon_id="d1", session_id="s1", count=4, record_ttl_s=60
-        ),
-        "mark_delivered": lambda: s.mark_delivered(user, "j1", state, ttl_s=60),
-        "read_new_delivered": lambda: s.read_new_delivered(
-            user, "c1", count=4, state=state, ttl_s=60
-        ),
-        "wake": lambda: s.wake("h1", user, ttl_s=60),
-    }
+    calls = [
+        lambda: s.take_over(user, "c1", daemon_id="d1", session_id="s1", count=4, record_ttl_s=60),
+        lambda: s.mark_delivered(user, "j1", state, ttl_s=60),
+        lambda: s.read_new_delivered(user, "c1", count=4, state=state, ttl_s=60),
+        lambda: s.wake("h1", user, ttl_s=60),
+    ]
     async with s:
-        await rpush(s, f"test-warm-{user}", "v")  # the shared connection is open
-        for call in calls.values():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(raw_redis, "EVAL", _BUSY_450_MS, "0")
-                await trio.sleep(0.05)  # the script is running
-                with trio.fail_after(5), pytest.raises(SubstrateUnavailable):
-                    await call()
-            await trio.sleep(0.3)  # the PING probe is answered before the next call
-    await raw_redis("DEL", f"test-warm-{user}")
+        for call in calls:
+            with trio.fail_after(5), pytest.raises(SubstrateUnavailable, match="timed out"):
+                await call()
