@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import logging
+import math
 import os
 import sys
 import urllib.error
@@ -133,6 +134,13 @@ def _token(args: argparse.Namespace) -> int:
     secret = os.environ.get("DESKBRIDGE_SECRET", "")
     if not secret:
         print("deskbridge-hub token: DESKBRIDGE_SECRET is not set", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.lifetime_s) and args.lifetime_s > 0):
+        print(
+            "deskbridge-hub token: --lifetime-s must be a positive, finite number of seconds "
+            "(the hub tolerates DESKBRIDGE_TOKEN_LEEWAY_S, 300 s, past it)",
+            file=sys.stderr,
+        )
         return 2
     try:
         print(issue_token(secret, args.user_id, lifetime_s=args.lifetime_s))
