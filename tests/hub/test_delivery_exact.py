@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
 import trio
-from deskbridge_common import JobError, JobResult
+from deskbridge_common import JobError, JobResult, Timings
 from deskbridge_hub import _metrics
-from deskbridge_hub._delivery import outcome_of
+from deskbridge_hub._delivery import EntryServer, outcome_of
 from deskbridge_hub._errors import SubstrateUnavailable
-from deskbridge_hub._jobs import result_payload
-from deskbridge_hub._jobstate import Stage
+from deskbridge_hub._jobs import JobEnvelope, result_payload
+from deskbridge_hub._jobstate import JobState, Stage
 from deskbridge_hub._keys import state_key
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._substrate import idem_key
 
 from .test_delivery import USER, FakeExecutor, Reclaimed, answer, setup, wall
 
@@ -291,3 +294,141 @@ async def test_no_deleted_ids_still_sweeps_the_trimmed_index(autojump_clock):
     await server.answer_deleted([])
     assert calls == []  # nothing to look up
     assert substrate.pending_count(USER) == 1
+
+
+async def test_an_entry_the_reader_marked_is_not_marked_again(autojump_clock):
+    """The process reader's read + mark step (``read_new_delivered``) already raised the
+    claim epoch: serving that entry forwards it under that epoch, with no second mark."""
+    substrate = MemorySubstrate(clock=wall)
+    server = EntryServer(substrate, Timings(), USER, "session-1", wall)
+    queued = JobState(Stage.QUEUED, USER, at=wall())
+    await substrate.claim_job(USER, "job-1", queued, ttl_s=300)
+    envelope = JobEnvelope("job-1", "echo", {"x": 1}, "key-1", wall() + 60, wall())
+    await substrate.enqueue(USER, envelope.to_fields(), maxlen=100)
+    (entry,) = await substrate.read_new_delivered(
+        USER, "hub-1", count=10, state=server.delivered_state(), ttl_s=300
+    )
+    assert entry.marked is not None and entry.marked.epoch == 1
+    executor = Recording()
+    await server.serve(entry, executor)
+    assert executor.epochs == [1]
+
+
+@pytest.mark.parametrize("verdict", ["expired", "cancelled"])
+async def test_an_answer_given_before_forwarding_notifies_and_is_counted_by_tool(
+    autojump_clock, verdict
+):
+    overrides = {"deadline": repr(wall() - 1)} if verdict == "expired" else {}
+    substrate, server, entry = await setup(reply_to="box-1", **overrides)
+    if verdict == "cancelled":
+        await substrate.request_cancel(USER, "job-1", ttl_s=60)
+    counter = _metrics.SERVED.labels("echo", verdict)
+    before = counter._value.get()
+    await server.serve(entry, FakeExecutor())
+    assert (await answer(substrate))["status"] == verdict
+    got = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert [job for job, _ in got] == ["job-1"]
+    assert counter._value.get() == before + 1
+
+
+async def test_an_in_doubt_answer_lives_as_long_as_the_callers_idempotency_record(
+    autojump_clock,
+):
+    substrate, server, entry = await setup()
+    record_until_s = Timings().result_ttl_s + 600
+    substrate._set(idem_key(USER, "key-1"), "job-1 echo digest", wall(), record_until_s)
+    with trio.move_on_after(5):
+        await server.serve(entry, Ending(hang=True))
+    await trio.sleep(record_until_s - 10)  # past the result TTL, inside the record's life
+    assert (await answer(substrate))["status"] == "in_doubt"
+
+
+async def test_a_zombies_interrupted_mark_is_fenced_when_its_in_doubt_answer_failed(
+    autojump_clock,
+):
+    substrate, server, entry = await setup()
+
+    class EndingZombie(Reclaimed):
+        def ended_reason(self):
+            return "superseded"
+
+    server.substrate = FinishFailsOnce(substrate)
+    with trio.move_on_after(5):
+        await server.serve(entry, EndingZombie(substrate, hang=True))
+    state = await substrate.get_job_state(USER, "job-1")
+    assert (state.stage, state.session_id) == (Stage.DELIVERED, "session-2")
+
+
+async def test_an_entry_held_elsewhere_whose_job_is_over_or_gone_is_forgotten(autojump_clock):
+    """Not owned: a finished job's index record is dropped, and so is one whose state
+    is gone; neither is acked here."""
+    for gone in (False, True):
+        substrate, server, entry = await setup()
+        await server.finish("0-0", "job-1", "completed", result_payload("completed", result=1))
+        if gone:
+            del substrate._kv[state_key(USER, "job-1")]
+        await server.answer_lost(entry.entry_id, "job-1", owned=False)
+        assert await substrate.job_ids(USER, [entry.entry_id]) == {}
+        assert substrate.pending_count(USER) == 1
+
+
+async def test_a_trimmed_unread_entry_of_a_delivered_job_is_left_to_its_holder(autojump_clock):
+    """The sweep's trimmed entries are not this consumer's: a delivered job's record stays
+    (its holder answers), no warning, nothing answered."""
+    substrate = MemorySubstrate(clock=wall)
+    server = EntryServer(substrate, Timings(), USER, "session-1", wall)
+    for job_id in ("job-1", "job-2"):
+        await substrate.claim_job(USER, job_id, JobState(Stage.QUEUED, USER, at=wall()), ttl_s=300)
+        envelope = JobEnvelope(job_id, "echo", {}, f"key-{job_id}", wall() + 60, wall())
+        entry_id = await substrate.enqueue(USER, envelope.to_fields(), maxlen=1)
+        if job_id == "job-1":
+            first = entry_id
+            await substrate.mark_delivered(USER, job_id, server.delivered_state(), ttl_s=300)
+    assert await substrate.trimmed(USER) == [(first, "job-1")]
+    await server.answer_deleted([])
+    assert await substrate.trimmed(USER) == [(first, "job-1")]
+    assert await answer(substrate) is None
+
+
+class NewerDeliveryFirst:
+    """The memory substrate; just before the first ``finish``, the job is delivered again
+    elsewhere (a newer epoch)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.done = False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def finish(self, *args, **kwargs):
+        if not self.done:
+            self.done = True
+            newer = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-2")
+            await self._inner.set_job_state(USER, "job-1", newer, ttl_s=300)
+            await self._inner.mark_delivered(USER, "job-1", newer, ttl_s=300)
+        return await self._inner.finish(*args, **kwargs)
+
+
+async def _cancelled_redelivery(reply_to=None):
+    substrate, server, _ = await setup(**({"reply_to": reply_to} if reply_to else {}))
+    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0")
+    await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
+    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
+    return substrate, server, entry
+
+
+async def test_a_cancelled_redelivery_s_in_doubt_answer_notifies_its_caller(autojump_clock):
+    substrate, server, entry = await _cancelled_redelivery(reply_to="box-1")
+    await server.serve(entry, FakeExecutor())
+    assert (await answer(substrate))["status"] == "in_doubt"
+    got = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert [job for job, _ in got] == ["job-1"]
+
+
+async def test_a_cancelled_redelivery_s_in_doubt_answer_is_fenced(autojump_clock):
+    substrate, server, entry = await _cancelled_redelivery()
+    server.substrate = NewerDeliveryFirst(substrate)
+    await server.serve(entry, FakeExecutor())
+    assert await answer(substrate) is None  # the newer delivery answers

@@ -219,3 +219,58 @@ def test_pubsub_and_polling_work_under_asyncio() -> None:
         assert sorted(got) == sorted(keys)  # type: ignore[type-var]
 
     anyio.run(main, backend="asyncio")
+
+
+_BUSY_450_MS = """
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat
+  local n = redis.call('TIME')
+until (n[1] * 1000000 + n[2]) - start >= 450000
+return 1
+"""
+
+
+async def test_a_timeout_on_a_live_shared_connection_keeps_it_and_every_other_request(
+    raw_redis: RawRedis,
+) -> None:
+    """Issue 10: a command timing out is no proof its shared connection is dead (on a
+    saturated event loop replies sit unread past the timeout). Only that command fails;
+    a PING decides, and a live connection stays, with every request in flight on it. The
+    old rule (drop the connection on any timeout) failed the GET sent behind the slow
+    script and opened a second connection."""
+    # max_connections=3: one shared connection, so the LRANGE is pipelined behind the EVAL
+    s = RedisSubstrate.from_url(
+        REDIS_URL, client_name=_name(), command_timeout_s=0.3, max_connections=3
+    )
+    key = f"test-{secrets.token_hex(4)}"
+    async with s:
+        await rpush(s, key, "v")  # opens the shared connection
+        stats = s.statistics()
+        assert stats is not None and stats.opened_total == 1
+        results: dict[str, object] = {}
+
+        async def slow() -> None:
+            try:
+                async with s._session("EVAL") as session:
+                    await s._call(session, b"EVAL", _BUSY_450_MS, 0)
+            except SubstrateUnavailable as exc:
+                results["slow"] = exc
+
+        async def behind() -> None:
+            await trio.sleep(0.01)  # written after the script, before its timeout
+            async with s._session("LRANGE") as session:
+                results["behind"] = await s._call(session, b"LRANGE", key, 0, -1, block_s=1.0)
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow)
+                nursery.start_soon(behind)
+            await trio.sleep(0.5)  # the PING's answer (or its timeout) is in
+            assert isinstance(results["slow"], SubstrateUnavailable)  # it did time out
+            assert results["behind"] == ["v"]  # the request behind it was answered
+            async with s._session("LLEN") as session:
+                assert await s._call(session, b"LLEN", key) == 1
+        stats = s.statistics()
+        assert stats is not None and stats.opened_total == 1  # the same connection
+    await raw_redis("DEL", key)

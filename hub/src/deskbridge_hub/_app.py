@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -18,7 +17,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import trio
-from quart import Response, request, websocket
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -29,7 +28,6 @@ from ._errors import (
     BadRequest,
     IdempotencyKeyReused,
     JobIdInUse,
-    SocketClosed,
     SubstrateUnavailable,
     UnknownJob,
 )
@@ -50,10 +48,9 @@ from ._middleware import _access_log, _tracking_http
 from ._process import HubState
 from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S
-from ._session import serve_sidecar
 from ._shutdown import drain_on_sigterm
+from ._sidecar_asgi import mount_sidecar
 from ._substrate import Substrate
-from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
 
 if TYPE_CHECKING:  # the substrates load lazily (importing the package must not import coredis)
     from ._memory import MemorySubstrate
@@ -85,28 +82,6 @@ def _default_substrate(config: HubConfig) -> RedisSubstrate | MemorySubstrate:
 def _exit_now() -> None:
     logging.shutdown()
     os._exit(0)  # Hypercorn's supervisor replaces a worker that exits 0
-
-
-class _QuartSocket:
-    """Adapts Quart's websocket global to :class:`SidecarSocket`."""
-
-    def __init__(self, ws: Any):
-        self._ws = ws
-        self._closed = False
-
-    async def receive(self) -> str | bytes:
-        message: str | bytes = await self._ws.receive()
-        return message
-
-    async def send(self, data: str) -> None:
-        if self._closed:
-            raise SocketClosed("closed")
-        await self._ws.send(data)
-
-    async def close(self, code: int, reason: str) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._ws.close(code, reason)
 
 
 def create_app(
@@ -319,43 +294,6 @@ def create_app(
         outcome = await holder["bridge"].status(user_id)
         return _outcome_response(outcome)
 
-    @app.websocket("/v1/sidecar")
-    async def sidecar():  # type: ignore[no-untyped-def]
-        header = websocket.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not config.secrets:
-            return _error(
-                503, "not_configured", "hub has no DESKBRIDGE_SECRET; cannot verify tokens"
-            )
-        if scheme.lower() != "bearer" or not token:
-            return _error(401, "unauthorized", "missing Authorization: Bearer <token>")
-        if holder["state"].drain.active:  # graceful restart: send the sidecar to a live replica
-            return _error(503, "draining", "hub is restarting; reconnect to another replica")
-        try:
-            user_id, expires_at = verify_token_claims(
-                token.strip(), config.secrets, leeway_s=config.token_leeway_s
-            )
-        except TokenRejected as exc:
-            log.warning("sidecar handshake refused: %s", exc)
-            if isinstance(exc, TokenNotYetValid):
-                # Transient (the minting clock runs ahead): 503 so the sidecar retries.
-                response = _error(503, "token_not_yet_valid", str(exc))
-                response.headers["Retry-After"] = str(max(1, math.ceil(exc.valid_in_s)))
-                return response
-            if isinstance(exc, TokenExpired):
-                return _error(401, "unauthorized", str(exc))
-            return _error(403, "forbidden", str(exc))
-        await websocket.accept()
-        await serve_sidecar(
-            holder["state"],
-            # Quart's ``websocket`` is a context-local proxy; the session keeps the object.
-            _QuartSocket(websocket._get_current_object()),  # type: ignore[attr-defined]
-            user_id,
-            expires_at=expires_at,
-            on_progress=holder["progress"].offer,
-        )
-        return None
-
     _admin.register(app, holder, _json)
     _connectors.register(app)
 
@@ -368,6 +306,7 @@ def create_app(
 
     add_event_routes(app, holder)
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
+    app.asgi_app = mount_sidecar(app.asgi_app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app

@@ -148,3 +148,24 @@ async def check_asleep_round_trips_expires_and_clears(h: SubstrateHarness) -> No
     if h.raw is not None:  # a value that is not ours reads as no record
         await h.raw("SET", asleep_key(user), "not json")
         assert await s.get_asleep(user) is None
+
+
+@check
+async def check_take_over_says_quiet_only_when_nothing_waits(h: SubstrateHarness) -> None:
+    """``quiet`` lets a starting session skip its drain, reclaim, sweep and read (issue
+    10): it must be False whenever any of them would find something."""
+    s, user = h.substrate, h.user()
+    await s.set_presence(user, "pod-a.daemon-1", 30)
+    assert (await _take_over(h, user, "pod-a", "daemon-1")).quiet  # no stream at all
+    [entry_id] = await _enqueue(h, user, 1)
+    assert not (await _take_over(h, user, "pod-a", "daemon-1")).quiet  # undelivered
+    await s.read_new(user, "pod-b", count=1, block_ms=None)
+    assert not (await _take_over(h, user, "pod-a", "daemon-1")).quiet  # pending elsewhere
+    assert await s.ack(user, entry_id) == 1
+    assert (await _take_over(h, user, "pod-a", "daemon-1")).quiet  # answered, unindexed
+    [second] = await _enqueue(h, user, 1)
+    await s.read_new(user, "pod-a", count=1, block_ms=None)
+    assert not (await _take_over(h, user, "pod-a", "daemon-1")).quiet  # pending on ours
+    await s.ack(user, second)
+    await s.set_presence(user, "pod-z.daemon-9", 30)  # not ours: nothing is claimed or said
+    assert not (await _take_over(h, user, "pod-a", "daemon-1")).quiet

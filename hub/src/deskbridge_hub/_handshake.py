@@ -69,37 +69,46 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         problem = check_tool_schema(spec.args_schema)
         if problem:
             raise EndSession(CLOSE_POLICY_VIOLATION, f"tools[{i}].args_schema: {problem}")
-    session.hello = frame
-    older = [x for x in session.state.sessions.values() if x.user_id == session.user_id]
-    # A hello without tools (the field is optional) means "catalogue unknown": stored
-    # as null, so callers are not refused for tools the sidecar never listed. An entry's
-    # unset optional fields (approval_after_wait_s) are left out, as on the wire.
-    catalogue = json.dumps(
-        [attrs.asdict(t, filter=lambda _, v: v is not None) for t in frame.tools] or None
-    )
-    presence = session._presence = PresenceKeeper(
-        session.state.substrate, t, session.user_id, session.session_id, catalogue,
-        on_superseded=session.stop_reading,
-    )  # fmt: skip
-    try:
-        await presence.announce()
-    except SubstrateUnavailable:
-        raise EndSession(CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later") from None
-    for other in older:
-        # Only once presence names this session: a newer sidecar refused with 1013 (Redis
-        # down) must not close the working one with 4001, which makes it stop for good.
-        # Same process: at once; other processes: their next heartbeat.
-        other.supersede(local=True)
-    for other in older:
-        # The same daemon is back on this socket: its older socket is dead (a daemon
-        # holds one session at a time; a half-open cut sent no FIN). End it now, after
-        # presence names this session (its cleanup must not clear ours), instead of
-        # after its ping deadline or the grace: its deliveries stay pending and this
-        # session's drain redelivers them to the daemon's ledger at once (issue 16).
-        if frame.daemon_id and other.hello is not None and other.hello.daemon_id == frame.daemon_id:
-            other.abandon()
-    session.sleep = SleepRecord(session.state.substrate, session.user_id, session.state.wall_clock)
-    await session.sleep.awake(frame)
+    async with session.state.handshakes:  # admission (``HubState.handshakes``)
+        session.hello = frame
+        older = list(session.state.by_user.get(session.user_id, {}).values())
+        # A hello without tools (the field is optional) means "catalogue unknown":
+        # stored as null, so callers are not refused for tools the sidecar never
+        # listed. An entry's unset optional fields (approval_after_wait_s) are left
+        # out, as on the wire.
+        catalogue = json.dumps(
+            [attrs.asdict(t, filter=lambda _, v: v is not None) for t in frame.tools] or None
+        )
+        presence = session._presence = PresenceKeeper(
+            session.state.substrate, t, session.user_id, session.session_id, catalogue,
+            on_superseded=session.stop_reading,
+        )  # fmt: skip
+        try:
+            await presence.announce()
+        except SubstrateUnavailable:
+            raise EndSession(
+                CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
+            ) from None
+        for other in older:
+            # Only once presence names this session: a newer sidecar refused with 1013
+            # (Redis down) must not close the working one with 4001, which makes it stop
+            # for good. Same process: at once; other processes: their next heartbeat.
+            other.supersede(local=True)
+        for other in older:
+            # The same daemon is back on this socket: its older socket is dead (a daemon
+            # holds one session at a time; a half-open cut sent no FIN). End it now,
+            # after presence names this session (its cleanup must not clear ours),
+            # instead of after its ping deadline or the grace: its deliveries stay
+            # pending and this session's drain redelivers them to the daemon's ledger at
+            # once (issue 16).
+            same = other.hello is not None and other.hello.daemon_id == frame.daemon_id
+            if frame.daemon_id and same:
+                other.abandon()
+        session.sleep = SleepRecord(
+            session.state.substrate, session.user_id, session.state.wall_clock
+        )
+        await session.sleep.awake(frame)
+    # outside the admission: a peer that stops reading must not hold a slot
     welcome = Welcome(
         session_id=session.session_id,
         heartbeat_s=t.heartbeat_s,

@@ -23,6 +23,7 @@ class MemoryDesktopCommands:
     _streams: dict[str, _Stream]
     _kv: dict[str, tuple[str, float]]
     _daemon_records: dict[str, tuple[dict[str, str], float]]
+    _index: dict[str, dict[StreamID, str]]
     _enter: Callable[[], Any]
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
@@ -83,7 +84,15 @@ class MemoryDesktopCommands:
         mixed = daemon_id is None or (not same and mine > 0)
         record[consumer] = UNKNOWN_DAEMON if mixed else str(daemon_id)
         self._daemon_records[user_id] = (record, now + record_ttl_s)
-        return Claimed("0-0", tuple(claimed), tuple(deleted))
+        quiet = not self._index.get(user_id) and (
+            stream is None
+            or (
+                not stream.pel
+                and stream.max_deleted <= stream.last_delivered  # else Redis has no lag
+                and all(sid <= stream.last_delivered for sid in stream.entries)
+            )
+        )
+        return Claimed("0-0", tuple(claimed), tuple(deleted), quiet)
 
     async def set_asleep(self, user_id: str, asleep: Asleep, *, ttl_s: float) -> None:
         """SET ``bridge:asleep:{user_id}`` PX ttl_s.

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
+import trio
 from deskbridge_common import Timings
 
 from ._pacer import Pacer
@@ -16,6 +17,11 @@ from ._substrate import Substrate
 
 if TYPE_CHECKING:
     from ._session import HubSession
+
+#: Handshakes of one process doing their Redis work at once (``HubState.handshakes``).
+#: Each holds a few round trips (~1-5 ms on loopback), so 32 admit thousands a second
+#: while bounding what a reconnect storm puts in flight.
+HANDSHAKE_CONCURRENCY = 32
 
 
 @attrs.define(eq=False)
@@ -31,12 +37,18 @@ class HubState:
         max_inflight_per_session: most unanswered deliveries per socket.
         inflight: per user, entry IDs being served in this process right now.
         sessions: the open sessions of this process, by session id.
+        by_user: the same sessions by user id, then session id (a handshake supersedes
+            its user's older sessions without a scan of every session).
         drain: graceful shutdown: whether it began, and the requests waiting.
         holder_id: this process's id in session ids and its wake list
             (``bridge:wake:{holder_id}``): the enqueuer finds the holder from presence.
         reader: the process's reader (run it: ``await nursery.start(state.reader.run)``);
             it runs ``pacer`` too.
         pacer: every session's ping and token-expiry timers, in one task (``_pacer``).
+        handshakes: admission of handshakes past ``hello`` (presence, catalogue,
+            ``welcome``): at most ``HANDSHAKE_CONCURRENCY`` at once; the others wait their
+            turn (within the sidecar's handshake deadline) instead of piling Redis work
+            onto a saturated event loop when thousands of desktops connect at once.
     """
 
     substrate: Substrate
@@ -46,16 +58,34 @@ class HubState:
     max_inflight_per_session: int = 32
     inflight: dict[str, set[str]] = attrs.field(factory=dict)
     sessions: dict[str, HubSession] = attrs.field(factory=dict)
+    by_user: dict[str, dict[str, HubSession]] = attrs.field(factory=dict)
     drain: Draining = attrs.field(factory=Draining)
     holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
     reader: ProcessReader = attrs.field(init=False)
     pacer: Pacer = attrs.field(factory=Pacer)
+    handshakes: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(HANDSHAKE_CONCURRENCY)
+    )
 
     def __attrs_post_init__(self) -> None:
         self.reader = ProcessReader(
             self.substrate, self.timings, self.consumer, self.holder_id, self.inflight,
             timers=self.pacer,
         )  # fmt: skip
+
+    def add_session(self, session: HubSession) -> None:
+        """Index an open session (``sessions`` and ``by_user``)."""
+        self.sessions[session.session_id] = session
+        self.by_user.setdefault(session.user_id, {})[session.session_id] = session
+
+    def remove_session(self, session: HubSession) -> None:
+        """Drop a session from both indexes (nothing if it is not there)."""
+        self.sessions.pop(session.session_id, None)
+        mine = self.by_user.get(session.user_id)
+        if mine is not None:
+            mine.pop(session.session_id, None)
+            if not mine:
+                del self.by_user[session.user_id]
 
     def new_session_id(self) -> str:
         """A session id naming this process: ``"<holder_id>.<random>"``."""

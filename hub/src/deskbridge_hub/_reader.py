@@ -357,6 +357,12 @@ class ProcessReader:
             await self._dispatch(listener, inflight, list(taken.entries))
             if taken.deleted_ids:
                 await listener.on_deleted(list(taken.deleted_ids))
+            if taken.quiet:
+                # Nothing pending, undelivered or indexed, checked in the same atomic
+                # step: an idle desktop's attach is this one round trip (issue 10; at a
+                # reconnect storm the full pass per user queued jobs behind thousands of
+                # empty reads). A job enqueued after it wakes this user as usual.
+                kinds = kinds - {DRAIN, RECLAIM, TRIMMED, NEW}
         if DRAIN in kinds:
             # Own pending entries first (a restarted session's, or one whose serving task
             # ended without an answer); stop as soon as nothing unserved is pending.

@@ -6,16 +6,26 @@ from __future__ import annotations
 
 from ._memory_desktop import UNKNOWN_DAEMON, decode_asleep, encode_asleep
 from ._redis_base import RedisCommandBase, Script, _entries, _ms
-from ._substrate import GROUP, Asleep, Claimed, asleep_key, daemons_key, jobs_key, presence_key
+from ._substrate import (
+    GROUP,
+    Asleep,
+    Claimed,
+    asleep_key,
+    daemons_key,
+    index_key,
+    jobs_key,
+    presence_key,
+)
 
-#: take_over. KEYS: stream, daemon record (hash consumer -> daemon id), presence.
+#: take_over. KEYS: stream, daemon record (hash consumer -> daemon id), presence, index.
 #: ARGV: group, consumer, daemon id ('' = unknown), session id, count, record TTL ms, '?'.
-#: Returns {claimed entries, deleted ids}. Every key is in the user's slot; the consumers'
+#: Returns {claimed entries, deleted ids, quiet (1: nothing pending, nothing undelivered,
+#: index empty)}. Every key is in the user's slot; the consumers'
 #: processes are not consulted: presence naming this session means every other socket of
 #: the user is gone or stale (docs/architecture.md, "Instant takeover").
 _TAKE_OVER = Script(
     """
-if redis.call('GET', KEYS[3]) ~= ARGV[4] then return {{}, {}} end
+if redis.call('GET', KEYS[3]) ~= ARGV[4] then return {{}, {}, 0} end
 local group, me, daemon, unknown = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
 local flat = redis.call('HGETALL', KEYS[2])
 local record = {}
@@ -61,7 +71,19 @@ local value = daemon
 if daemon == '' or (record[me] ~= daemon and mine > 0) then value = unknown end
 redis.call('HSET', KEYS[2], me, value)
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
-return {claimed, deleted}
+local quiet = 0
+if redis.call('HLEN', KEYS[4]) == 0 then
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    quiet = 1
+  elseif type(summary) == 'table' and not summary.err and summary[1] == 0 then
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+      local t = {}
+      for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
+      if t['name'] == group and t['lag'] == 0 then quiet = 1 end
+    end
+  end
+end
+return {claimed, deleted, quiet}
 """
 )
 
@@ -87,7 +109,7 @@ class DesktopCommands(RedisCommandBase):
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count!r}")
-        keys = (jobs_key(user_id), daemons_key(user_id), presence_key(user_id))
+        keys = (jobs_key(user_id), daemons_key(user_id), presence_key(user_id), index_key(user_id))
         args = (
             GROUP, consumer, daemon_id or "", session_id, count, _ms(record_ttl_s),
             UNKNOWN_DAEMON,
@@ -96,8 +118,8 @@ class DesktopCommands(RedisCommandBase):
             (reply,) = await self._script(s, _TAKE_OVER, keys, args)
         if isinstance(reply, BaseException):
             raise reply
-        raw_claimed, deleted = reply
-        return Claimed("0-0", tuple(_entries(raw_claimed)), tuple(deleted))
+        raw_claimed, deleted, quiet = reply
+        return Claimed("0-0", tuple(_entries(raw_claimed)), tuple(deleted), quiet == 1)
 
     async def set_asleep(self, user_id: str, asleep: Asleep, *, ttl_s: float) -> None:
         """SET ``bridge:asleep:{user_id}`` PX ceil(ttl_s * 1000).

@@ -17,6 +17,7 @@ Blocking commands are recognised from the command itself (``_redis_blocking``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -68,6 +69,8 @@ class _Conn:
     in_flight: int = 0
     #: Exchanges completed on it (0: fresh, so a failure cannot be a stale socket).
     used: int = 0
+    #: A PING is checking whether it is alive (a command on it timed out).
+    probing: bool = False
 
     @property
     def usable(self) -> bool:
@@ -294,11 +297,36 @@ class _Session:
         finally:
             c.in_flight -= len(requests)
         c.used += 1
-        if any(isinstance(r, TimeoutError) for r in replies):
-            c.scope.cancel()  # no reply in time: presumed dead; its other requests fail
+        if any(isinstance(r, TimeoutError) for r in replies) and not c.probing:
+            # This batch fails; whether the connection is dead is a PING's to say. A
+            # timeout alone is no proof: on a saturated event loop (thousands of
+            # handshakes at once, issue 10) replies sit unread past the timeout, and
+            # dropping the live shared connection failed every handshake and heartbeat
+            # in flight on it, which fed the overload.
+            c.probing = True
+            self.start_soon(functools.partial(self._probe_shared, c))
+        return replies
+
+    async def _probe_shared(self, c: _Conn) -> None:
+        """PING ``c`` (a command on it timed out); close it unless it answers within the
+        command timeout. Other commands go on using it meanwhile."""
+        reply: Any = None
+        if c.conn is not None and c.usable:
+            request = c.conn.create_request(
+                b"PING", raise_exceptions=False, timeout=self._command_timeout_s
+            )
+            c.in_flight += 1
+            try:
+                reply = await request
+            except Exception as exc:  # noqa: BLE001 - any failure means "not alive"
+                reply = exc
+            finally:
+                c.in_flight -= 1
+        c.probing = False
+        if isinstance(reply, BaseException) or not c.usable:
+            c.scope.cancel()  # no answer to a PING either: presumed dead
             if c in self._shared:
                 self._shared.remove(c)
-        return replies
 
     async def _execute_blocking(
         self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None

@@ -141,7 +141,7 @@ class HubSession(SessionTimers):
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
             self.state.wall_clock,
         )  # fmt: skip
-        self.state.sessions[self.session_id] = self
+        self.state.add_session(self)
         _metrics.session_opened()
         await _directory.connected(self)  # the admin API's index (best effort)
         ended: list[EndSession] = []
@@ -181,7 +181,7 @@ class HubSession(SessionTimers):
                     self.user_id,
                     extra=fields(user_id=self.user_id, session_id=self.session_id),
                 )
-            self.state.sessions.pop(self.session_id, None)
+            self.state.remove_session(self)
             _metrics.session_closed()
             # before presence goes: never a bare "offline" between (an abandoned session's
             # daemon is already back: it did not go to sleep)

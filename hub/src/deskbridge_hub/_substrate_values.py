@@ -143,11 +143,16 @@ class Claimed:
         deleted_ids: pending entry IDs whose body no longer exists; XAUTOCLAIM removed them
             from the pending entries list (Redis >= 7), the caller must answer their
             callers "lost".
+        quiet: (``take_over`` only) nothing waits in the user's stream: no entry pending
+            on any consumer, none undelivered to the group, the entry index empty; so a
+            starting session has nothing to drain, reclaim, sweep or read (issue 10: the
+            attach of an idle desktop is one round trip). False when unsure.
     """
 
     next_start: str
     entries: tuple[Entry, ...]
     deleted_ids: tuple[str, ...]
+    quiet: bool = False
 
 
 #: How long a process's notification mailbox outlives its last notification, seconds: a

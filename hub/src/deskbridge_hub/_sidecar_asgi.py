@@ -1,0 +1,155 @@
+"""``GET /v1/sidecar`` (the sidecar's WebSocket) served as plain ASGI, in front of Quart.
+
+Why not a Quart ``@app.websocket`` route (issue 10): a hub process holds thousands of idle
+sockets, and what one costs is paid per socket and per ping. Quart's route gives every
+socket a request context, a ``Headers`` copy, a ``Websocket`` object, one more task and
+one more memory channel (``quart_trio.asgi.TrioASGIWebsocketConnection.handle_messages``
+forwards each message from Hypercorn's channel into its own, and sends the
+``websocket_received`` signal on the way). Served here, a message goes from Hypercorn's
+ASGI ``receive`` straight to the session's reader: one task and one channel hop fewer per
+message, less memory per socket (``bench/idle.py`` measures both). The handshake's checks
+and its HTTP refusals are the same as the route's were: the token, the drain, the secret.
+
+Refusals use the ASGI WebSocket denial response (``websocket.http.response.*``; Hypercorn
+and Quart's test client both support it), with the hub's JSON error body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from ._errors import SocketClosed
+from ._session import serve_sidecar
+from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
+
+log = logging.getLogger("deskbridge.hub")
+
+#: The path sidecars dial (docs/protocol.md).
+SIDECAR_PATH = "/v1/sidecar"
+
+
+class AsgiSocket:
+    """One accepted ASGI WebSocket as a :class:`deskbridge_hub._session.SidecarSocket`.
+
+    Args:
+        receive: the connection's ASGI ``receive`` callable.
+        send: the connection's ASGI ``send`` callable.
+    """
+
+    __slots__ = ("_receive", "_send", "_closed")
+
+    def __init__(self, receive: Any, send: Any) -> None:
+        self._receive = receive
+        self._send = send
+        self._closed = False
+
+    async def receive(self) -> str | bytes:
+        """The next message (text or bytes).
+
+        Raises:
+            SocketClosed: the peer closed the socket or it broke (``websocket.disconnect``).
+        """
+        while True:  # skips ``websocket.connect``
+            message = await self._receive()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                text = message.get("text")
+                return text if text is not None else bytes(message.get("bytes") or b"")
+            if kind == "websocket.disconnect":
+                self._closed = True
+                raise SocketClosed(f"socket closed ({message.get('code', 1005)})")
+
+    async def send(self, data: str) -> None:
+        """Send one text message.
+
+        Raises:
+            SocketClosed: this side closed the socket already.
+        """
+        if self._closed:
+            raise SocketClosed("closed")
+        await self._send({"type": "websocket.send", "text": data})
+
+    async def close(self, code: int, reason: str) -> None:
+        """Send the close frame with ``code`` and ``reason`` (once; later calls do nothing)."""
+        if not self._closed:
+            self._closed = True
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+async def _refuse(
+    send: Any, status: int, code: str, message: str, *, retry_after_s: int | None = None
+) -> None:
+    """Refuse the upgrade with an HTTP response: ``{"error": {"code", "message"}}``."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", b"%d" % retry_after_s))
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
+    """Wrap ``asgi_app`` so ``/v1/sidecar`` WebSockets are served here (module docstring).
+
+    Args:
+        asgi_app: the ASGI callable to wrap (Quart's).
+        holder: the app's holder: ``state`` (``HubState``) and ``progress`` (the progress
+            relay) once serving.
+        config: the ``HubConfig``: ``secrets`` and ``token_leeway_s``.
+
+    Returns:
+        The wrapping ASGI callable.
+    """
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket" or scope.get("path") != SIDECAR_PATH:
+            await asgi_app(scope, receive, send)
+            return
+        # The ``websocket.connect`` message is left queued (Quart does the same, and its
+        # test client never sends one); ``AsgiSocket.receive`` skips it.
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        scheme, _, token = header.decode("latin-1").partition(" ")
+        state = holder.get("state")
+        if not config.secrets:
+            await _refuse(
+                send, 503, "not_configured", "hub has no DESKBRIDGE_SECRET; cannot verify tokens"
+            )
+            return
+        if scheme.lower() != "bearer" or not token:
+            await _refuse(send, 401, "unauthorized", "missing Authorization: Bearer <token>")
+            return
+        if state is None:
+            await _refuse(send, 503, "unavailable", "the hub is not serving yet")
+            return
+        if state.drain.active:  # graceful restart: send the sidecar to a live replica
+            await _refuse(send, 503, "draining", "hub is restarting; reconnect to another replica")
+            return
+        try:
+            user_id, expires_at = verify_token_claims(
+                token.strip(), config.secrets, leeway_s=config.token_leeway_s
+            )
+        except TokenRejected as exc:
+            log.warning("sidecar handshake refused: %s", exc)
+            if isinstance(exc, TokenNotYetValid):
+                # Transient (the minting clock runs ahead): 503 so the sidecar retries.
+                wait_s = max(1, math.ceil(exc.valid_in_s))
+                await _refuse(send, 503, "token_not_yet_valid", str(exc), retry_after_s=wait_s)
+            elif isinstance(exc, TokenExpired):
+                await _refuse(send, 401, "unauthorized", str(exc))
+            else:
+                await _refuse(send, 403, "forbidden", str(exc))
+            return
+        await send({"type": "websocket.accept"})
+        socket = AsgiSocket(receive, send)
+        await serve_sidecar(
+            state, socket, user_id, expires_at=expires_at, on_progress=holder["progress"].offer
+        )
+        await socket.close(1000, "")
+
+    return app
+
+
+__all__ = ["SIDECAR_PATH", "AsgiSocket", "mount_sidecar"]
