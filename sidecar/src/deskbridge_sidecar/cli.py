@@ -158,7 +158,8 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "config file)",
     )
     toolset_options.add_arguments(run)
-    for verb, what in (("approve", "let it run"), ("decline", "refuse it (its caller is answered declined)")):
+    verbs = (("approve", "let it run"), ("decline", "refuse it (its caller is answered declined)"))
+    for verb, what in verbs:
         decide_parser = commands.add_parser(
             verb, help=f"{what}: a job waiting for your approval (tools marked needs_approval)"
         )
