@@ -388,3 +388,47 @@ async def test_a_trimmed_unread_entry_of_a_delivered_job_is_left_to_its_holder(a
     await server.answer_deleted([])
     assert await substrate.trimmed(USER) == [(first, "job-1")]
     assert await answer(substrate) is None
+
+
+class NewerDeliveryFirst:
+    """The memory substrate; just before the first ``finish``, the job is delivered again
+    elsewhere (a newer epoch)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.done = False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def finish(self, *args, **kwargs):
+        if not self.done:
+            self.done = True
+            newer = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-2")
+            await self._inner.set_job_state(USER, "job-1", newer, ttl_s=300)
+            await self._inner.mark_delivered(USER, "job-1", newer, ttl_s=300)
+        return await self._inner.finish(*args, **kwargs)
+
+
+async def _cancelled_redelivery(reply_to=None):
+    substrate, server, _ = await setup(**({"reply_to": reply_to} if reply_to else {}))
+    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0")
+    await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
+    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
+    return substrate, server, entry
+
+
+async def test_a_cancelled_redelivery_s_in_doubt_answer_notifies_its_caller(autojump_clock):
+    substrate, server, entry = await _cancelled_redelivery(reply_to="box-1")
+    await server.serve(entry, FakeExecutor())
+    assert (await answer(substrate))["status"] == "in_doubt"
+    got = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert [job for job, _ in got] == ["job-1"]
+
+
+async def test_a_cancelled_redelivery_s_in_doubt_answer_is_fenced(autojump_clock):
+    substrate, server, entry = await _cancelled_redelivery()
+    server.substrate = NewerDeliveryFirst(substrate)
+    await server.serve(entry, FakeExecutor())
+    assert await answer(substrate) is None  # the newer delivery answers

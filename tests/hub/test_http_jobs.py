@@ -100,6 +100,13 @@ async def test_livez_does_not_touch_redis(autojump_clock):
         (["--bind", "127.0.0.1:99999"], {}, "HOST:PORT"),
         (["--certfile", "/etc/hostname"], {}, "--certfile and --keyfile go together"),
         ([], {"DESKBRIDGE_REDIS_URL": "notaurl"}, "DESKBRIDGE_REDIS_URL must look like"),
+        # a newcomer's typos: Hypercorn's lifespan printed a traceback for these, and
+        # coredis silently used database 0 for a DB that is not a number
+        ([], {"DESKBRIDGE_REDIS_URL": "redis://127.0.0.1:notaport/0"}, "port 'notaport'"),
+        ([], {"DESKBRIDGE_REDIS_URL": "redis://127.0.0.1:99999/0"}, "port '99999'"),
+        ([], {"DESKBRIDGE_REDIS_URL": "redis://[::1/0"}, "Invalid IPv6 URL"),
+        ([], {"DESKBRIDGE_REDIS_URL": "redis://127.0.0.1:6379/zero"}, "database 'zero'"),
+        ([], {"DESKBRIDGE_REDIS_URL": "redis+cluster://a:7000,b:x/0"}, "port 'x'"),
         (["--graceful-timeout-s", "-1"], {}, "--graceful-timeout-s"),
     ],
 )
@@ -111,3 +118,22 @@ def test_serve_usage_errors_exit_2_with_a_message(monkeypatch, capsys, argv, env
         monkeypatch.setenv(key, value)
     assert cli.main(["serve", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "redis://redis",
+        "redis://:s3cr%2Ft@host:6379/3",
+        "redis://user:pa:ss@host:6379/",
+        "redis://[::1]:6379/0",
+        "rediss://:pw@redis.internal:6380/0?ssl_cert_reqs=required",
+        "unix:///run/redis.sock",
+        "redis+cluster://a:7000,b:7001,[::1]:7002/0",
+    ],
+)
+def test_serve_accepts_well_formed_redis_urls(url):
+    from deskbridge_hub import cli
+
+    assert cli._redis_url_problem(url) is None

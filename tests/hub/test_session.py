@@ -384,6 +384,37 @@ async def test_newest_session_wins_and_the_older_finishes_its_job_first(autojump
         nursery.cancel_scope.cancel()
 
 
+async def test_a_newer_session_refused_for_redis_down_does_not_supersede_the_older(
+    autojump_clock,
+):
+    # A second sidecar for the user arriving while Redis is down is closed with 1013 and
+    # retries; the working one must not be closed with 4001 (it would stop for good).
+    from deskbridge_common import CLOSE_TRY_AGAIN_LATER
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        old, welcome = await connect(nursery, state)
+        old_jobs = []
+        nursery.start_soon(answer_jobs, old, old_jobs)
+        state.substrate.set_unavailable(True)
+        hub_side, new = socket_pair()
+        nursery.start_soon(serve_sidecar, state, hub_side, "u1")
+        await new.send(Hello(protocol_version=1, sidecar_version="test"))
+        with trio.fail_after(10):
+            await new.closed.wait()
+        assert new.close_code == CLOSE_TRY_AGAIN_LATER
+        await trio.sleep(5)
+        state.substrate.set_unavailable(False)
+        await trio.sleep(1)
+        assert not old.closed.is_set()
+        assert (await bridge.presence("u1")).session_id == welcome.session_id
+        outcome = await bridge.dispatch("u1", "echo", {"k": 1}, idempotency_key="after")
+        assert outcome.status == "completed"
+        assert [j.idempotency_key for j in old_jobs] == ["after"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_job_still_running_at_the_reclaim_idle_is_not_executed_twice(autojump_clock):
     state = make_state(reclaim_idle_s=180.0)
     bridge = Bridge(state.substrate, state.timings, wall_clock=wall)

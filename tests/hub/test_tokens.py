@@ -337,6 +337,14 @@ def test_cli_token_default_lifetime_is_30_days(monkeypatch, capsys):
     assert claims["exp"] - claims["iat"] == 30 * 24 * 3600
 
 
+@pytest.mark.parametrize("lifetime", ["0", "-5", "inf", "nan"])
+def test_cli_token_bad_lifetime_names_the_option(monkeypatch, capsys, lifetime):
+    monkeypatch.setenv("DESKBRIDGE_SECRET", SECRET)
+    assert hub_cli.main(["token", "carol", f"--lifetime-s={lifetime}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--lifetime-s must be a positive" in err
+
+
 def test_cli_token_without_secret_exits_2(monkeypatch, capsys):
     monkeypatch.delenv("DESKBRIDGE_SECRET", raising=False)
     assert hub_cli.main(["token", "carol"]) == 2

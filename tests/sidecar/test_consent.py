@@ -69,6 +69,12 @@ async def test_without_a_data_dir_there_is_no_one_to_ask(start_daemon):
     assert result.error.code == "declined" and calls == []
 
 
+def test_pending_with_nothing_waiting_says_so_on_stderr(tmp_path, capsys):
+    assert main(["pending", "--data-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "no job is waiting for approval" in err
+
+
 def test_deciding_an_unknown_job_says_so(tmp_path, capsys):
     assert main(["approve", "nope", "--data-dir", str(tmp_path)]) == 1
     assert "no job 'nope' is waiting for approval" in capsys.readouterr().err

@@ -72,9 +72,6 @@ async def handshake(session: HubSession) -> PresenceKeeper:
     async with session.state.handshakes:  # admission (``HubState.handshakes``)
         session.hello = frame
         older = list(session.state.by_user.get(session.user_id, {}).values())
-        for other in older:
-            # same process: at once; other processes: their next heartbeat
-            other.supersede(local=True)
         # A hello without tools (the field is optional) means "catalogue unknown":
         # stored as null, so callers are not refused for tools the sidecar never
         # listed. An entry's unset optional fields (approval_after_wait_s) are left
@@ -92,6 +89,11 @@ async def handshake(session: HubSession) -> PresenceKeeper:
             raise EndSession(
                 CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
             ) from None
+        for other in older:
+            # Only once presence names this session: a newer sidecar refused with 1013
+            # (Redis down) must not close the working one with 4001, which makes it stop
+            # for good. Same process: at once; other processes: their next heartbeat.
+            other.supersede(local=True)
         for other in older:
             # The same daemon is back on this socket: its older socket is dead (a daemon
             # holds one session at a time; a half-open cut sent no FIN). End it now,

@@ -158,7 +158,8 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "config file)",
     )
     toolset_options.add_arguments(run)
-    for verb, what in (("approve", "let it run"), ("decline", "refuse it: answered declined")):
+    verbs = (("approve", "let it run"), ("decline", "refuse it (its caller is answered declined)"))
+    for verb, what in verbs:
         decide_parser = commands.add_parser(
             verb, help=f"{what}: a job waiting for your approval (tools marked needs_approval)"
         )
@@ -177,8 +178,11 @@ def _consent_command(args: argparse.Namespace) -> int:
         args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     )
     if args.command == "pending":
-        for request in pending(data_dir):
+        requests = pending(data_dir)
+        for request in requests:
             print(f"{request['job_id']}  {request['tool']}  {json.dumps(request['args'])}")
+        if not requests:  # stderr: stdout stays empty for scripts
+            print(f"no job is waiting for approval (in {data_dir})", file=sys.stderr)
         return 0
     try:
         decide(data_dir, args.job_id, approve=args.command == "approve")
