@@ -305,3 +305,29 @@ async def test_a_timed_out_reply_raises_substrate_unavailable_from_every_scripte
         for call in calls:
             with trio.fail_after(5), pytest.raises(SubstrateUnavailable, match="timed out"):
                 await call()
+
+
+async def test_a_probe_of_a_connection_closed_meanwhile_closes_it_and_raises_nothing() -> None:
+    """The PING that decides whether a timed-out shared connection lives runs in the
+    session's task group: an exception there would take the whole process down (seen at
+    10,000 desktops: coredis raised ClosedResourceError for a connection closed between
+    the timeout and the PING, and the hub's lifespan ended)."""
+    import anyio
+    from deskbridge_hub._redis_session import _Conn
+
+    class _Closed:
+        usable = True
+
+        def create_request(self, *args: object, **kwargs: object) -> None:
+            raise anyio.ClosedResourceError
+
+    s = RedisSubstrate.from_url(REDIS_URL, client_name=_name())
+    async with s:
+        session = s._connections._session_var.get()
+        assert session is not None
+        c = _Conn(conn=_Closed())  # type: ignore[arg-type]
+        session._shared.append(c)
+        c.probing = True
+        with trio.fail_after(5):
+            await session._probe_shared(c)  # raises nothing
+        assert c.scope.cancel_called and c not in session._shared and not c.probing

@@ -312,14 +312,13 @@ class _Session:
         command timeout. Other commands go on using it meanwhile."""
         reply: Any = None
         if c.conn is not None and c.usable:
-            request = c.conn.create_request(
-                b"PING", raise_exceptions=False, timeout=self._command_timeout_s
-            )
             c.in_flight += 1
-            try:
-                reply = await request
+            try:  # never raises: this task runs in the session's task group
+                reply = await c.conn.create_request(
+                    b"PING", raise_exceptions=False, timeout=self._command_timeout_s
+                )
             except Exception as exc:  # noqa: BLE001 - any failure means "not alive"
-                reply = exc
+                reply = exc  # (a connection closed meanwhile raises ClosedResourceError)
             finally:
                 c.in_flight -= 1
         c.probing = False
