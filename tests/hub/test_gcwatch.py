@@ -10,9 +10,13 @@ from deskbridge_hub import _gcwatch
 
 
 def test_a_slow_full_collection_is_logged_once_a_minute(monkeypatch, caplog):
+    import gc
+
     now = [1000.0]
     monkeypatch.setattr(_gcwatch.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(_gcwatch, "_warned_at", [-_gcwatch.WARN_EVERY_S])
+    monkeypatch.setattr(_gcwatch, "_unfrozen_at", [now[0]])
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # the test process's heap stays as is
 
     def collection(generation: int, took_s: float) -> None:
         _gcwatch._on_gc("start", {"generation": generation})
@@ -43,3 +47,29 @@ def test_install_freezes_and_hooks_once(monkeypatch, calls):
     for _ in range(calls):
         _gcwatch.install()
     assert hooks == [_gcwatch._on_gc] and frozen == [True] * calls
+
+
+def test_survivors_of_a_full_collection_are_frozen_and_given_back_hourly(monkeypatch):
+    import gc
+
+    now = [5000.0]
+    calls: list[str] = []
+    monkeypatch.setattr(_gcwatch.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(_gcwatch, "_unfrozen_at", [now[0]])
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+
+    def full() -> None:
+        _gcwatch._on_gc("start", {"generation": 2})
+        _gcwatch._on_gc("stop", {"generation": 2, "collected": 0})
+
+    _gcwatch._on_gc("start", {"generation": 1})
+    _gcwatch._on_gc("stop", {"generation": 1, "collected": 0})
+    assert calls == []  # only full collections
+    full()
+    assert calls == ["freeze"]
+    now[0] += _gcwatch.UNFREEZE_EVERY_S
+    full()
+    assert calls == ["freeze", "unfreeze"]  # the hourly full walk
+    full()
+    assert calls == ["freeze", "unfreeze", "freeze"]
