@@ -266,7 +266,12 @@ async def test_a_timeout_on_a_live_shared_connection_keeps_it_and_every_other_re
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(slow)
                 nursery.start_soon(behind)
-            await trio.sleep(0.5)  # the PING's answer (or its timeout) is in
+            live = s._connections._session_var.get()
+            assert live is not None
+            for _ in range(400):  # bounded poll: the PING's answer (or its timeout) is in
+                if not any(c.probing for c in live._shared):
+                    break
+                await trio.sleep(0.01)
             assert isinstance(results["slow"], SubstrateUnavailable)  # it did time out
             assert results["behind"] == ["v"]  # the request behind it was answered
             async with s._session("LLEN") as session:

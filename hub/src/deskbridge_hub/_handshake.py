@@ -94,7 +94,6 @@ async def handshake(session: HubSession) -> PresenceKeeper:
             # (Redis down) must not close the working one with 4001, which makes it stop
             # for good. Same process: at once; other processes: their next heartbeat.
             other.supersede(local=True)
-        for other in older:
             # The same daemon is back on this socket: its older socket is dead (a daemon
             # holds one session at a time; a half-open cut sent no FIN). End it now,
             # after presence names this session (its cleanup must not clear ours),
