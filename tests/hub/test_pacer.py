@@ -60,10 +60,29 @@ async def test_every_session_is_pinged_on_time_by_the_one_timer_task(autojump_cl
             peer, _ = await connect(nursery, state, f"u{i}")
             nursery.start_soon(answer, f"u{i}", peer)
             await trio.sleep(3)
-        await trio.sleep(40)
+        await trio.sleep(4.5 * state.timings.ping_interval_s)
         assert len(state.pacer) == 3  # one entry per session, no timer task each
         nursery.cancel_scope.cancel()
     interval = state.timings.ping_interval_s
     for times in pings.values():
         assert len(times) >= 4
         assert all(abs(b - a - interval) < 0.01 for a, b in zip(times, times[1:], strict=False))
+
+
+async def test_a_sooner_visit_replaces_the_later_one_and_each_thing_keeps_one_visit(
+    autojump_clock,
+):
+    pacer = Pacer()
+    a = Every(10, 3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pacer.run)
+        start = trio.current_time()
+        pacer.add(a, start + 10)
+        pacer.add(a, start + 20)  # later than the one pending: ignored
+        pacer.add(a, start + 2)  # sooner: replaces it
+        assert len(pacer) == 1
+        await trio.sleep(100)
+        nursery.cancel_scope.cancel()
+    # visited at 2 (the sooner), never at the replaced 10 or 20, then every 10 s
+    assert [v - start for v in a.visits] == [2, 12, 22]
+    assert len(pacer) == 0

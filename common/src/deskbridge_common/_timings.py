@@ -43,7 +43,7 @@ class Timings:
     result_ttl_s: float = attrs.field(default=300.0, validator=_positive)
     call_timeout_s: float = attrs.field(default=90.0, validator=_positive)
     read_block_ms: int = attrs.field(default=2000, validator=_positive)
-    ping_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    ping_interval_s: float = attrs.field(default=30.0, validator=_positive)
     ping_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     dedupe_size: int = attrs.field(default=256, validator=_positive)

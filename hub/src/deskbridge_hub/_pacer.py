@@ -9,6 +9,11 @@ and calls its :meth:`Paced.pace`, which does what is due without waiting: queue 
 (the session's writer sends it; the :class:`deskbridge_common.Connection` holds its
 deadline), end the session whose pong is late (4002) or whose token expired (4003), and
 answer when to come back. Invariant 4 holds: the writer stays the only sender.
+
+A session can also ask for a visit sooner than the one it has (:meth:`Pacer.add` again,
+for example the deadline of a ping it queued itself): the sooner visit replaces the later
+one, whose heap entry is skipped when it comes up, so each session has exactly one
+pending visit however often it asks.
 """
 
 from __future__ import annotations
@@ -39,27 +44,39 @@ class Paced(Protocol):
 class Pacer:
     """One heap of ``(when, n, paced)`` and the task that works through it.
 
+    ``_due`` holds each paced thing's one pending visit; a heap entry whose time is not
+    its thing's pending visit is stale (replaced by a sooner one) and skipped.
+
     Attributes:
         running: whether :meth:`run` is running.
     """
 
     _heap: list[tuple[float, int, Paced]] = attrs.field(factory=list)
+    _due: dict[Paced, float] = attrs.field(factory=dict)
     _pushed: int = 0
     _sooner: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
 
     def add(self, paced: Paced, at_s: float) -> None:
-        """Call ``paced.pace`` at ``at_s`` (trio clock) and then whenever it asks."""
+        """Call ``paced.pace`` at ``at_s`` (trio clock) and then whenever it asks.
+
+        If ``paced`` already has a visit pending, the sooner of the two is kept.
+        """
+        due = self._due.get(paced)
+        if due is not None and due <= at_s:
+            return
         if not self._heap or at_s < self._heap[0][0]:
             self._sooner.set()
         self._push(paced, at_s)
 
     def _push(self, paced: Paced, at_s: float) -> None:
         self._pushed += 1
+        self._due[paced] = at_s
         heapq.heappush(self._heap, (at_s, self._pushed, paced))
 
     def __len__(self) -> int:
-        return len(self._heap)
+        """How many paced things have a visit pending."""
+        return len(self._due)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Work through the heap until cancelled.
@@ -75,7 +92,10 @@ class Pacer:
                 self._sooner = trio.Event()
                 now = trio.current_time()
                 while self._heap and self._heap[0][0] <= now:
-                    _, _, paced = heapq.heappop(self._heap)
+                    at_s, _, paced = heapq.heappop(self._heap)
+                    if self._due.get(paced) != at_s:
+                        continue  # replaced by a sooner visit, already made
+                    del self._due[paced]
                     try:
                         again = paced.pace(now)
                     except Exception:  # one session's fault must not stop every timer

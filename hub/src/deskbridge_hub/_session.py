@@ -111,6 +111,8 @@ class HubSession(SessionTimers):
     _serving: int = 0
     _serving_changed: trio.Event = attrs.field(factory=trio.Event)
     _next_ping_s: float = 0.0
+    _heard_s: float = 0.0  # when the sidecar's last message arrived (trio clock)
+    _probing: bool = False
     _pings_sent: int = 0
     _timed_out: EndSession | None = None
     _time_is_up: trio.Event = attrs.field(factory=trio.Event)
@@ -152,7 +154,8 @@ class HubSession(SessionTimers):
                 nursery.start_soon(self._guard, self._reader)
                 nursery.start_soon(self._guard, lambda: presence.watch(self.wait_idle))
                 nursery.start_soon(self._watch_timers)
-                self._next_ping_s = trio.current_time() + self.state.timings.ping_interval_s
+                self._heard_s = trio.current_time()
+                self._next_ping_s = self._heard_s + self.state.timings.ping_interval_s
                 self.state.pacer.add(self, self._next_ping_s)
                 # Reading this user's stream is the process reader's (``_reader``).
                 self._listener = Listener(
@@ -283,6 +286,7 @@ class HubSession(SessionTimers):
             EndSession: the sidecar broke the protocol (with the Connection's close code).
         """
         raw = await self.socket.receive()
+        self._heard_s = trio.current_time()  # any message proves the peer alive (pings)
         try:
             return self._conn.receive(raw)
         except RemoteProtocolError as exc:
@@ -397,6 +401,7 @@ class HubSession(SessionTimers):
         record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id, epoch)
         try:
             await self._send.send(frame)
+            self.probe()  # a job into a socket silent for a while: is anyone there?
             return await delivery.wait(record)
         finally:
             self.deliveries.pop(job.id, None)

@@ -14,6 +14,11 @@ from deskbridge_common import CLOSE_TOKEN_EXPIRED, Connection, Frame, Ping, Remo
 
 from ._errors import EndSession
 
+#: A job forwarded to a socket silent this long (seconds) is followed by a ping
+#: (:meth:`SessionTimers.probe`); sockets busier than this prove themselves by their
+#: traffic, so back-to-back calls add no pings.
+PROBE_SILENCE_S = 1.0
+
 if TYPE_CHECKING:
     from ._process import HubState
 
@@ -27,6 +32,8 @@ class SessionTimers:
     _conn: Connection
     _send: trio.MemorySendChannel[str]
     _next_ping_s: float
+    _heard_s: float
+    _probing: bool
     _pings_sent: int
     _timed_out: EndSession | None
     _time_is_up: trio.Event
@@ -38,10 +45,13 @@ class SessionTimers:
     def pace(self, now_s: float) -> float | None:
         """The pacer's visit: end the session if its pong is late (4002) or its token
         expired (4003; the wall clock is checked at most every ``heartbeat_s``, so a
-        wall-clock jump is noticed too); queue a ping every ``ping_interval_s`` while
-        none is outstanding. The Connection starts a ping's deadline (``ping_timeout_s``)
-        when it is queued: a peer that stops reading fills the send queue (the ping is
-        then dropped) and is timed out all the same. Never blocks, never raises.
+        wall-clock jump is noticed too); queue a ping once the socket has been silent
+        for ``ping_interval_s`` (nothing received from the sidecar, whose own pings
+        count: a sidecar that pings keeps the hub from pinging it too), or at once when
+        :meth:`probe` asked, while none is outstanding. The Connection starts a ping's
+        deadline (``ping_timeout_s``) when it is queued: a peer that stops reading fills
+        the send queue (the ping is then dropped) and is timed out all the same. Never
+        blocks, never raises.
 
         Args:
             now_s: the trio clock now.
@@ -65,22 +75,43 @@ class SessionTimers:
                 self._end_now(EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one"))
                 return None
             visit.append(now_s + min(left, t.heartbeat_s))
-        if now_s >= self._next_ping_s and not self._conn.pending_pings:
-            self._pings_sent += 1
-            try:  # a nonce only has to be unique on this socket
-                self._send.send_nowait(self._encode(Ping(nonce=f"p{self._pings_sent:x}")))
-            except EndSession:
-                return None  # closing: nothing more to ping
-            except trio.WouldBlock:
-                pass  # the peer stopped reading: this ping's deadline ends the session
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return None
-            self._next_ping_s = now_s + t.ping_interval_s
-        visit.append(self._next_ping_s)
+        if not self._conn.pending_pings:
+            due_s = self._next_ping_s
+            if not self._probing:
+                due_s = max(due_s, self._heard_s + t.ping_interval_s)
+            if now_s >= due_s:
+                self._pings_sent += 1
+                self._probing = False
+                try:  # a nonce only has to be unique on this socket
+                    self._send.send_nowait(self._encode(Ping(nonce=f"p{self._pings_sent:x}")))
+                except EndSession:
+                    return None  # closing: nothing more to ping
+                except trio.WouldBlock:
+                    pass  # the peer stopped reading: this ping's deadline ends the session
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    return None
+                due_s = self._next_ping_s = now_s + t.ping_interval_s
+            visit.append(due_s)
         deadline_s = self._conn.deadline_s
         if deadline_s is not None:
             visit.append(deadline_s)
+        if not visit:  # a ping outstanding with no deadline: look again in an interval
+            visit.append(now_s + t.ping_interval_s)
         return max(min(visit), now_s)
+
+    def probe(self) -> None:
+        """Ping now (at the pacer's next turn) if the socket has been silent for
+        ``PROBE_SILENCE_S`` or more and no ping is outstanding: called after a job is
+        forwarded, so a job sent into a dead socket (a half-open connection, a laptop
+        gone without a word) ends the session within ``ping_timeout_s`` of the job
+        instead of up to ``ping_interval_s + ping_timeout_s`` after the socket died.
+        The pong also tells the hub the job frame reached the sidecar's connection."""
+        now_s = trio.current_time()
+        if self._done or self._conn.pending_pings or now_s - self._heard_s < PROBE_SILENCE_S:
+            return
+        self._probing = True
+        self._next_ping_s = now_s
+        self.state.pacer.add(self, now_s)
 
     def _end_now(self, end: EndSession) -> None:
         self._timed_out = end

@@ -1,0 +1,166 @@
+"""When the hub pings (``_session_timers``), on MockClock (autojump) and memory sockets.
+
+The hub pings a socket only after ``ping_interval_s`` of silence: a sidecar that pings
+on its own proves itself alive, so the hub sends it no pings of its own (half the frames
+of an idle desktop, issue 10). A job forwarded into a socket that has been silent for a
+second or more is followed by a ping (the probe), so a dead socket behind a job is found
+within ``ping_timeout_s`` of the job, not ``ping_interval_s + ping_timeout_s`` after it
+died. Back-to-back calls add no pings.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import CLOSE_PING_TIMEOUT, Job, JobResult, Ping, Pong, decode_frame
+from deskbridge_hub import Bridge
+from deskbridge_hub._errors import SocketClosed
+from deskbridge_hub._session_timers import PROBE_SILENCE_S
+
+from .test_session import connect, make_state, wall
+
+
+class Peer:
+    """A scripted sidecar: records what the hub sends, answers as told."""
+
+    def __init__(self, peer, *, pongs: bool = True, results: bool = True) -> None:
+        self.peer, self.pongs, self.results = peer, pongs, results
+        self.frames: list[tuple[float, object]] = []
+
+    def hub_pings(self) -> list[float]:
+        return [at for at, frame in self.frames if isinstance(frame, Ping)]
+
+    async def run(self) -> None:
+        try:
+            async for raw in self.peer._inbox:
+                frame = decode_frame(raw)
+                self.frames.append((trio.current_time(), frame))
+                if isinstance(frame, Ping) and self.pongs:
+                    await self.peer.send(Pong(frame.nonce))
+                elif isinstance(frame, Job) and self.results:
+                    await self.peer.send(JobResult(frame.id, True, frame.args))
+        except (trio.ClosedResourceError, trio.BrokenResourceError, SocketClosed):
+            pass
+
+    async def ping_every(self, interval_s: float, times: int) -> None:
+        for i in range(times):
+            await trio.sleep(interval_s)
+            await self.peer.send(Ping(nonce=f"s{i}"))
+
+
+async def test_a_sidecar_that_pings_every_interval_is_never_pinged_by_the_hub(autojump_clock):
+    state = make_state()
+    interval = state.timings.ping_interval_s
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        side = Peer(peer)
+        nursery.start_soon(side.run)
+        await side.ping_every(interval * 0.9, 10)  # a sidecar whose clock runs a bit fast
+        await trio.testing.wait_all_tasks_blocked()
+        pongs = [f for _, f in side.frames if isinstance(f, Pong)]
+        assert len(pongs) == 10  # every sidecar ping answered
+        assert side.hub_pings() == []  # and none of the hub's own
+        assert not peer.closed.is_set()
+        # once the sidecar falls silent, the hub pings after one interval of silence
+        silent_from = trio.current_time()
+        await trio.sleep(interval + 1)
+        assert [round(at - silent_from, 3) for at in side.hub_pings()] == [interval]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_job_into_a_silent_socket_is_probed_and_a_dead_socket_ends_within_the_ping_timeout(
+    autojump_clock,
+):
+    state = make_state()
+    t = state.timings
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    outcomes = []
+    answered = trio.Event()
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        side = Peer(peer, pongs=False, results=False)  # the socket died after the welcome
+        nursery.start_soon(side.run)
+        await trio.sleep(t.ping_interval_s / 2)  # silent for half an interval: no ping yet
+        assert side.hub_pings() == []
+
+        async def call() -> None:
+            outcomes.append(await bridge.dispatch("u1", "echo", {"a": 1}, idempotency_key="k1"))
+            answered.set()
+
+        sent_at = trio.current_time()
+        nursery.start_soon(call)
+        with trio.fail_after(t.ping_interval_s + t.ping_timeout_s + 5):
+            await peer.closed.wait()
+        ended_after = trio.current_time() - sent_at
+        kinds = [type(f).__name__ for _, f in side.frames]
+        assert kinds[:2] == ["Job", "Ping"]  # the probe follows the job on the same socket
+        assert side.hub_pings()[0] - sent_at < 0.01
+        assert peer.close_code == CLOSE_PING_TIMEOUT
+        # found within the ping timeout of the job, not at the next interval's ping
+        assert t.ping_timeout_s <= ended_after <= t.ping_timeout_s + 1
+        with trio.fail_after(t.call_timeout_s + 5):
+            await answered.wait()
+        assert outcomes[0].status not in ("completed", "offline")  # it may have run
+        nursery.cancel_scope.cancel()
+
+
+async def test_back_to_back_calls_add_no_pings_and_a_call_after_a_pause_adds_one(autojump_clock):
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        side = Peer(peer)
+        nursery.start_soon(side.run)
+        for i in range(20):
+            outcome = await bridge.dispatch("u1", "echo", {"i": i}, idempotency_key=f"k{i}")
+            assert outcome.status == "completed"
+            await trio.sleep(PROBE_SILENCE_S / 4)
+        assert side.hub_pings() == []
+        await trio.sleep(PROBE_SILENCE_S * 2)
+        outcome = await bridge.dispatch("u1", "echo", {}, idempotency_key="after-a-pause")
+        assert outcome.status == "completed"
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(side.hub_pings()) == 1
+        assert not peer.closed.is_set()  # the probe was answered: the session goes on
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sidecar_that_pings_but_never_reads_is_still_timed_out(autojump_clock):
+    """Its pings keep arriving, but the pongs pile up unread: once the hub's send queue
+    is full its reader stops, the socket falls silent, and the hub's own ping (dropped,
+    its deadline started all the same) ends the session with 4002."""
+    from deskbridge_common import Hello
+    from deskbridge_hub._session import SEND_QUEUE, serve_sidecar
+    from deskbridge_hub.testing import socket_pair
+
+    state = make_state()
+    t = state.timings
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
+        hub_side, peer = socket_pair(buffer=4)
+        nursery.start_soon(serve_sidecar, state, hub_side, "u1")
+        await peer.send(Hello(protocol_version=1, sidecar_version="test"))
+        await peer.receive()  # the welcome; nothing is read after it
+
+        period_s = 0.01
+
+        async def flood() -> None:
+            with trio.move_on_after(10 * (t.ping_interval_s + t.ping_timeout_s)):
+                for i in range(1_000_000):
+                    try:
+                        await peer.send(Ping(nonce=f"f{i}"))
+                    except trio.BrokenResourceError:
+                        return  # the hub closed it: the point of the test
+                    await trio.sleep(period_s)
+
+        start = trio.current_time()
+        nursery.start_soon(flood)
+        with trio.fail_after(3 * (t.ping_interval_s + t.ping_timeout_s)):
+            await peer.closed.wait()
+        assert peer.close_code == CLOSE_PING_TIMEOUT
+        # the time to fill the queues (pongs unread), then one interval of silence and
+        # the ping's timeout
+        fill_s = (SEND_QUEUE + 4 + 4) * period_s
+        took = trio.current_time() - start
+        assert took <= fill_s + t.ping_interval_s + t.ping_timeout_s + 1
+        nursery.cancel_scope.cancel()
