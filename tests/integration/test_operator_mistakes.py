@@ -58,6 +58,21 @@ def test_two_hypercorn_workers_without_redis_url_refuse_to_start() -> None:
     ]
 
 
+def test_bare_hypercorn_with_a_malformed_redis_url_prints_one_line() -> None:
+    port = free_port()
+    done = _run(
+        [str(BIN / "hypercorn"), "-k", "trio", "-b", f"127.0.0.1:{port}", "deskbridge_hub.asgi:app"],
+        _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL="redis://127.0.0.1:notaport/0"),
+    )
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out
+    assert "Running on" not in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("deskbridge-hub: DESKBRIDGE_REDIS_URL must look like")
+    assert "port 'notaport'" in lines[0]
+
+
 def test_explicit_memory_url_without_secret_logs_it_and_refusal_carries_the_reason(
     tmp_path: Path,
 ) -> None:
