@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from ._errors import (
     BadRequest,
     IdempotencyKeyReused,
     JobIdInUse,
+    SubstrateMisconfigured,
     SubstrateUnavailable,
     UnknownJob,
 )
@@ -84,6 +86,18 @@ def _exit_now() -> None:
     os._exit(0)  # Hypercorn's supervisor replaces a worker that exits 0
 
 
+def _refuse_now(group: BaseExceptionGroup[SubstrateMisconfigured]) -> None:
+    """Redis refused the configuration at start (a database it does not have): one line
+    on stderr and exit status 2, as for the configuration refused at import
+    (``_startup``), instead of Hypercorn's lifespan traceback."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    print(f"deskbridge-hub: {first}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(2)
+
+
 def create_app(
     config: HubConfig | None = None,
     substrate: Substrate | None = None,
@@ -116,8 +130,13 @@ def create_app(
             return
         owned = _default_substrate(config)
         async with owned:  # hold pooled connections for the app's lifetime
-            async for _ in _serve_with(owned):
-                yield
+            try:
+                async for _ in _serve_with(owned):
+                    yield
+            except* SubstrateMisconfigured as group:
+                if not handle_sigterm:  # a test or an embedder: theirs to handle
+                    raise
+                _refuse_now(group)  # before the connections close (no second line)
 
     async def _serve_with(sub: Substrate):  # type: ignore[no-untyped-def]
         state = HubState(
