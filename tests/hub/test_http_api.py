@@ -271,6 +271,12 @@ BAD_BODIES = [
     ("key-control", b'{"name": "echo", "idempotency_key": "a\\u0000b"}', "idempotency_key"),
     ("key-too-long", json.dumps({"name": "echo", "idempotency_key": "k" * 201}).encode(),
      "idempotency_key"),
+    # the same key twice: json keeps the last silently (a log keeping the first would
+    # show another call than the one run); 400 naming the top-level field holding it
+    ("duplicate-name", b'{"name": "echo", "name": "sleep", "args": {"seconds": 1}}', "name"),
+    ("duplicate-args-key", b'{"name": "echo", "args": {"a": 1, "a": 2}}', "args"),
+    ("duplicate-nested-key", b'{"name": "echo", "args": {"x": [{"b": 1, "b": 1}]}}', "args"),
+    ("duplicate-timeout", b'{"name": "echo", "timeout_s": 5, "timeout_s": 500}', "timeout_s"),
     ("args-too-big", json.dumps({"name": "echo", "args": {"x": "a" * MAX_ARGS_BYTES}}).encode(),
      "args"),
 ]  # fmt: skip

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from deskbridge_common import _strict_json as strict_json
 from quart import Response, request
 
 from ._errors import BadRequest
@@ -84,10 +85,19 @@ def _no_constant(name: str) -> Any:
 async def _json_body() -> dict[str, Any]:
     """The request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
     number that overflows a float), so everything accepted can be re-encoded for the
-    stream and the job frame (which refuse non-finite numbers)."""
+    stream and the job frame (which refuse non-finite numbers), and no object with a
+    repeated key (400 naming the key and the top-level field holding it).
+
+    Raises:
+        BadRequest: not JSON, not an object, or a repeated key (``field`` names it).
+    """
     raw = await request.get_data(as_text=False)
     try:
-        body = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite)
+        body = strict_json.loads(
+            raw or b"null", parse_constant=_no_constant, parse_float=_finite
+        )
+    except strict_json.DuplicateKey as exc:  # {"name": "echo", "name": "sleep"}
+        raise BadRequest(str(exc), field=exc.field) from None
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
     if not isinstance(body, dict):

@@ -14,6 +14,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from deskbridge_common import _strict_json as strict_json
+
 from . import _inspect_cli
 from ._config import MEMORY_URL, redis_url_problem
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
@@ -152,8 +154,11 @@ def _token(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace) -> int:
     try:
-        tool_args = json.loads(args.args)
-    except ValueError:
+        tool_args = strict_json.loads(args.args, parse_float=float, parse_constant=float)
+    except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
+        print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, RecursionError):
         print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
