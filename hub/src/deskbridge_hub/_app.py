@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import _admin, _connectors, _gcwatch, _metrics, _openapi, _tracing
-from ._bridge import MAX_TIMEOUT_S, Bridge
+from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
 from ._errors import (
     BadRequest,
@@ -42,8 +42,10 @@ from ._http import (
     _json,
     _json_body,
     _needs_key,
+    _no_other_fields,
     _outcome_response,
     _presented_key,
+    _timeout_s,
 )
 from ._mcp_mount import mount_mcp
 from ._middleware import _access_log, _tracking_http
@@ -268,15 +270,8 @@ def create_app(
         args = _field(body, "args", dict, required=False, default={})
         key = _field(body, "idempotency_key", str, required=False)
         job_id = _field(body, "job_id", str, required=False)
-        timeout_s = _field(body, "timeout_s", (int, float), required=False)
-        if timeout_s is not None and not (0 < timeout_s <= MAX_TIMEOUT_S):
-            raise BadRequest(
-                f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
-                field="timeout_s",
-            )
-        unknown = set(body) - {"name", "args", "idempotency_key", "timeout_s", "job_id"}
-        if unknown:
-            raise BadRequest(f"unexpected field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
+        timeout_s = _timeout_s(body, default=None)
+        _no_other_fields(body, {"name", "args", "idempotency_key", "timeout_s", "job_id"})
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         state: HubState = holder["state"]
@@ -308,10 +303,15 @@ def create_app(
 
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
+        # The body is optional (``curl -X POST``); when given it is held to the rules of
+        # a job's body: a JSON object whose only field is ``timeout_s``.
+        body = await _json_body(empty={})
+        timeout_s = _timeout_s(body, default=STATUS_TIMEOUT_S)
+        _no_other_fields(body, {"timeout_s"})
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
-        outcome = await holder["bridge"].status(user_id)
+        outcome = await holder["bridge"].status(user_id, timeout_s=timeout_s)
         return _outcome_response(outcome)
 
     _admin.register(app, holder, _json)
