@@ -85,6 +85,14 @@ def _job(**over):
         (_job(id=""), "id", CLOSE_INVALID_PAYLOAD),
         (_job(id=7), "id", CLOSE_INVALID_PAYLOAD),
         ('{"type":"job","deadline":NaN}', "$", CLOSE_INVALID_PAYLOAD),
+        # the same key twice: readers keeping the first or the last value would disagree
+        ('{"type":"ping","nonce":"a","nonce":"b"}', "nonce", CLOSE_INVALID_PAYLOAD),
+        ('{"type":"ping","type":"pong","nonce":"a"}', "type", CLOSE_INVALID_PAYLOAD),
+        (
+            '{"type":"job_result","id":"x","ok":true,"result":{"k":[{"a":1,"a":1}]}}',
+            "result",
+            CLOSE_INVALID_PAYLOAD,
+        ),
         (
             '{"type":"hello","protocol_version":1.5,"sidecar_version":"x"}',
             "protocol_version",
@@ -232,3 +240,17 @@ def test_raw_json_result_is_spliced_not_reencoded(monkeypatch):
     with pytest.raises(LocalProtocolError) as info:
         encode_frame(JobResult("d1", True, RawJSON('"' + "x" * MAX_FRAME_BYTES + '"')))
     assert info.value.close_code == CLOSE_MESSAGE_TOO_BIG
+
+
+def test_a_repeated_key_is_named_with_the_top_level_field_holding_it():
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_frame('{"type":"job_result","id":"x","ok":true,"result":{"a":{"b":1,"b":2}}}')
+    assert info.value.field == "result"
+    assert info.value.reason == "result: duplicate key 'b' in result"
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_frame('{"type":"ping","nonce":"a","nonce":"a"}')  # even with equal values
+    assert info.value.reason == "nonce: duplicate key 'nonce' in the top-level object"
+    # distinct keys in sibling and nested objects are fine
+    text = '{"type":"job_result","id":"x","ok":true,"result":[{"a":1},{"a":{"a":2}}]}'
+    frame = decode_frame(text)
+    assert frame.result == [{"a": 1}, {"a": {"a": 2}}]

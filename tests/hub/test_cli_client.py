@@ -35,6 +35,12 @@ def test_call_args_must_be_an_object(capsys):
     assert "--args must be a JSON object" in capsys.readouterr().err
 
 
+def test_call_args_with_a_repeated_key_is_a_usage_error(capsys):
+    # json keeps the last value: the hub refuses such a body, so the CLI says so first
+    assert cli.main(["call", "alice", "echo", "--args", '{"a": {"b": 1, "b": 2}}']) == 2
+    assert "--args has a duplicate key 'b' in a" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["call", "alice", "echo"], ["inspect", "desktops"]])
 def test_hub_not_running_is_one_plain_line(capsys, command):
     hub = f"http://127.0.0.1:{_closed_port()}"

@@ -271,6 +271,12 @@ BAD_BODIES = [
     ("key-control", b'{"name": "echo", "idempotency_key": "a\\u0000b"}', "idempotency_key"),
     ("key-too-long", json.dumps({"name": "echo", "idempotency_key": "k" * 201}).encode(),
      "idempotency_key"),
+    # the same key twice: json keeps the last silently (a log keeping the first would
+    # show another call than the one run); 400 naming the top-level field holding it
+    ("duplicate-name", b'{"name": "echo", "name": "sleep", "args": {"seconds": 1}}', "name"),
+    ("duplicate-args-key", b'{"name": "echo", "args": {"a": 1, "a": 2}}', "args"),
+    ("duplicate-nested-key", b'{"name": "echo", "args": {"x": [{"b": 1, "b": 1}]}}', "args"),
+    ("duplicate-timeout", b'{"name": "echo", "timeout_s": 5, "timeout_s": 500}', "timeout_s"),
     ("args-too-big", json.dumps({"name": "echo", "args": {"x": "a" * MAX_ARGS_BYTES}}).encode(),
      "args"),
 ]  # fmt: skip
@@ -421,6 +427,50 @@ async def test_substrate_unavailable_is_503_unavailable_never_offline(autojump_c
         r = await client.post(f"/v1/users/{ONLINE}/status", headers=AUTH)
         assert r.status_code == 503
         assert (await r.get_json())["status"] == "unavailable"
+
+
+BAD_STATUS_BODIES = [
+    ("not-json", b"{", "$"),
+    ("array", b"[]", "$"),
+    ("null", b"null", "$"),
+    ("unexpected-field", b'{"x": 1}', "x"),
+    ("a-job-body", b'{"name": "echo", "args": {}}', "args"),
+    ("timeout-string", b'{"timeout_s": "5"}', "timeout_s"),
+    ("timeout-zero", b'{"timeout_s": 0}', "timeout_s"),
+    ("timeout-over-a-day", b'{"timeout_s": 86401}', "timeout_s"),
+    ("timeout-twice", b'{"timeout_s": 1, "timeout_s": 60}', "timeout_s"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"), [b[1:] for b in BAD_STATUS_BODIES], ids=[b[0] for b in BAD_STATUS_BODIES]
+)
+async def test_a_bad_status_body_is_400_naming_the_field(autojump_clock, body, field):
+    # The body was ignored: {"timeot_s": 1} or a whole job body got a status round trip.
+    async with running_hub() as (client, sub):
+        await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)
+        sub.calls.clear()
+        r = await client.post(
+            f"/v1/users/{ONLINE}/status",
+            data=body,
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert r.status_code == 400, await r.get_data(as_text=True)
+        assert (await r.get_json())["error"]["field"] == field
+        assert sub.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "waited_s"), [(b"", 5.0), (b"{}", 5.0), (b'{"timeout_s": 1.5}', 1.5)]
+)
+async def test_status_waits_its_timeout_s_or_5_s(autojump_clock, body, waited_s):
+    async with running_hub() as (client, sub):
+        await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)  # nobody answers
+        started = trio.current_time()
+        r = await client.post(f"/v1/users/{ONLINE}/status", data=body, headers=AUTH)
+        assert r.status_code == 504
+        assert (await r.get_json())["status"] == "timeout"
+        assert trio.current_time() - started == pytest.approx(waited_s, abs=0.5)
 
 
 async def test_substrate_failing_while_waiting_is_unavailable(autojump_clock):

@@ -134,6 +134,30 @@ def test_serve_usage_errors_exit_2_with_a_message(monkeypatch, capsys, argv, env
     ],
 )
 def test_serve_accepts_well_formed_redis_urls(url):
-    from deskbridge_hub import cli
+    from deskbridge_hub._config import HubConfig, redis_url_problem
 
-    assert cli._redis_url_problem(url) is None
+    assert redis_url_problem(url) is None
+    assert HubConfig.from_env({"DESKBRIDGE_REDIS_URL": url}).redis_url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://127.0.0.1:notaport/0", "port 'notaport'"),
+        ("redis://127.0.0.1:6379/zero", "database 'zero'"),
+        ("bogus://host", "must look like redis://HOST:PORT/DB"),
+        ("redis://[::1/0", "Invalid IPv6 URL"),
+    ],
+)
+def test_the_bare_asgi_entry_refuses_a_malformed_redis_url_in_one_line(capsys, url, message):
+    # ``hypercorn deskbridge_hub.asgi:app`` checks at import what ``serve`` checks: it
+    # printed a lifespan traceback (and exited 0) for these, and served bogus://.
+    from deskbridge_hub._startup import load_config
+
+    with pytest.raises(SystemExit) as exited:
+        load_config({"DESKBRIDGE_REDIS_URL": url, "DESKBRIDGE_SECRET": "s" * 32})
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("deskbridge-hub: DESKBRIDGE_REDIS_URL")
+    assert url not in err  # a URL may carry a password

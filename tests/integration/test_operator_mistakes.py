@@ -7,11 +7,12 @@ import json
 import os
 import socket
 import subprocess
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from tests.procs import BIN, SECRET, Proc, free_port, wait_until
+from tests.procs import BIN, REDIS_URL, SECRET, Proc, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +57,51 @@ def test_two_hypercorn_workers_without_redis_url_refuse_to_start() -> None:
     assert [line for line in out.splitlines() if line.strip()] == [
         line for line in out.splitlines() if NO_REDIS_LINE in line
     ]
+
+
+def test_bare_hypercorn_with_a_malformed_redis_url_prints_one_line() -> None:
+    port = free_port()
+    done = _run(
+        [str(BIN / "hypercorn"), "-k", "trio", "-b", f"127.0.0.1:{port}",
+         "deskbridge_hub.asgi:app"],
+        _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL="redis://127.0.0.1:notaport/0"),
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out
+    assert "Running on" not in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("deskbridge-hub: DESKBRIDGE_REDIS_URL must look like")
+    assert "port 'notaport'" in lines[0]
+
+
+@pytest.mark.parametrize("entry", ["serve", "hypercorn"])
+def test_a_database_redis_does_not_have_stops_the_hub_in_one_line(entry: str) -> None:
+    # /99 on a Redis with the default 16 databases was a lifespan traceback from both
+    # entries; the test Redis has far fewer than 100,000.
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    url = f"{parts.scheme}://{parts.netloc}/100000"
+    port = free_port()
+    argv = (
+        [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{port}"]
+        if entry == "serve"
+        else [str(BIN / "hypercorn"), "-k", "trio", "-b", f"127.0.0.1:{port}",
+              "deskbridge_hub.asgi:app"]
+    )  # fmt: skip
+    done = _run(argv, _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=url))
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out
+    refusal = [line for line in out.splitlines() if line.startswith("deskbridge-hub: ")]
+    assert refusal == [
+        f"deskbridge-hub: Redis at {parts.hostname}:{parts.port} has no database 100000, which "
+        "DESKBRIDGE_REDIS_URL names (DB index is out of range): choose a lower /DB or raise "
+        "the server's `databases` setting"
+    ], out
+    # at most the health probe's ERROR with the same cause besides; never "unreachable"
+    others = [line for line in out.splitlines() if line.strip() and line not in refusal]
+    assert all("has no database 100000" in line for line in others), out
+    if entry == "serve":  # Hypercorn's supervisor loses the worker's status (see above)
+        assert done.returncode == 2
 
 
 def test_explicit_memory_url_without_secret_logs_it_and_refusal_carries_the_reason(

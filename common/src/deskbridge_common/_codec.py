@@ -35,6 +35,8 @@ from ._frames import (
     ToolSpec,
     Welcome,
 )
+from ._strict_json import DuplicateKey
+from ._strict_json import loads as _strict_loads
 
 #: Largest frame accepted or sent, in bytes of UTF-8 (1 MiB; issue 2).
 MAX_FRAME_BYTES = 1024 * 1024
@@ -256,8 +258,9 @@ def decode_frame(data: str | bytes) -> Frame:
 
     Raises:
         RemoteProtocolError: the message is too big (close 1009), not UTF-8 or JSON or not
-            an object or has a wrong-typed field (1007), or has an unknown ``type``, an
-            unexpected or a missing field (1008). ``field`` names the culprit.
+            an object, has an object with a repeated key, or has a wrong-typed field
+            (1007), or has an unknown ``type``, an unexpected or a missing field (1008).
+            ``field`` names the culprit.
     """
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > MAX_FRAME_BYTES:
@@ -265,7 +268,9 @@ def decode_frame(data: str | bytes) -> Frame:
             "$", f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}", CLOSE_MESSAGE_TOO_BIG
         )
     try:
-        obj = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+        obj = _strict_loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+    except DuplicateKey as exc:  # readers keeping the first or the last value disagree
+        raise RemoteProtocolError(exc.field, str(exc)) from None
     except (ValueError, RecursionError) as exc:
         raise RemoteProtocolError("$", f"not valid JSON ({type(exc).__name__})") from None
     if not isinstance(obj, dict):

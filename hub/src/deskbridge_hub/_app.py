@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -22,12 +23,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import _admin, _connectors, _gcwatch, _metrics, _openapi, _tracing
-from ._bridge import MAX_TIMEOUT_S, Bridge
+from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
 from ._errors import (
     BadRequest,
     IdempotencyKeyReused,
     JobIdInUse,
+    SubstrateMisconfigured,
     SubstrateUnavailable,
     UnknownJob,
 )
@@ -40,8 +42,10 @@ from ._http import (
     _json,
     _json_body,
     _needs_key,
+    _no_other_fields,
     _outcome_response,
     _presented_key,
+    _timeout_s,
 )
 from ._mcp_mount import mount_mcp
 from ._middleware import _access_log, _tracking_http
@@ -84,6 +88,18 @@ def _exit_now() -> None:
     os._exit(0)  # Hypercorn's supervisor replaces a worker that exits 0
 
 
+def _refuse_now(group: BaseExceptionGroup[SubstrateMisconfigured]) -> None:
+    """Redis refused the configuration at start (a database it does not have): one line
+    on stderr and exit status 2, as for the configuration refused at import
+    (``_startup``), instead of Hypercorn's lifespan traceback."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    print(f"deskbridge-hub: {first}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(2)
+
+
 def create_app(
     config: HubConfig | None = None,
     substrate: Substrate | None = None,
@@ -116,8 +132,13 @@ def create_app(
             return
         owned = _default_substrate(config)
         async with owned:  # hold pooled connections for the app's lifetime
-            async for _ in _serve_with(owned):
-                yield
+            try:
+                async for _ in _serve_with(owned):
+                    yield
+            except* SubstrateMisconfigured as group:
+                if not handle_sigterm:  # a test or an embedder: theirs to handle
+                    raise
+                _refuse_now(group)  # before the connections close (no second line)
 
     async def _serve_with(sub: Substrate):  # type: ignore[no-untyped-def]
         state = HubState(
@@ -249,15 +270,8 @@ def create_app(
         args = _field(body, "args", dict, required=False, default={})
         key = _field(body, "idempotency_key", str, required=False)
         job_id = _field(body, "job_id", str, required=False)
-        timeout_s = _field(body, "timeout_s", (int, float), required=False)
-        if timeout_s is not None and not (0 < timeout_s <= MAX_TIMEOUT_S):
-            raise BadRequest(
-                f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
-                field="timeout_s",
-            )
-        unknown = set(body) - {"name", "args", "idempotency_key", "timeout_s", "job_id"}
-        if unknown:
-            raise BadRequest(f"unexpected field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
+        timeout_s = _timeout_s(body, default=None)
+        _no_other_fields(body, {"name", "args", "idempotency_key", "timeout_s", "job_id"})
         if len(json.dumps(args)) > config.max_args_bytes:
             raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
         state: HubState = holder["state"]
@@ -289,10 +303,15 @@ def create_app(
 
     @app.post("/v1/users/<user_id>/status")
     async def status(user_id: str):  # type: ignore[no-untyped-def]
+        # The body is optional (``curl -X POST``); when given it is held to the rules of
+        # a job's body: a JSON object whose only field is ``timeout_s``.
+        body = await _json_body(empty={})
+        timeout_s = _timeout_s(body, default=STATUS_TIMEOUT_S)
+        _no_other_fields(body, {"timeout_s"})
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
-        outcome = await holder["bridge"].status(user_id)
+        outcome = await holder["bridge"].status(user_id, timeout_s=timeout_s)
         return _outcome_response(outcome)
 
     _admin.register(app, holder, _json)

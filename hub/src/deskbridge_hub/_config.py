@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 
 import attrs
@@ -54,7 +55,8 @@ class HubConfig:
         """Read the configuration from ``environ`` (default ``os.environ``).
 
         Raises:
-            ValueError: a variable does not parse; the message names it.
+            ValueError: a variable does not parse (``DESKBRIDGE_REDIS_URL`` included:
+                :func:`redis_url_problem`); the message names it.
         """
         env = os.environ if environ is None else environ
 
@@ -63,7 +65,7 @@ class HubConfig:
 
         secret = env.get("DESKBRIDGE_SECRET", "").strip()
         return cls(
-            redis_url=env.get("DESKBRIDGE_REDIS_URL") or None,
+            redis_url=_redis_url(env),
             secrets=((secret,) if secret else ()) + csv("DESKBRIDGE_PREVIOUS_SECRETS"),
             api_keys=csv("DESKBRIDGE_API_KEY"),
             timings=Timings.from_env(env),
@@ -100,6 +102,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _redis_url(env: Mapping[str, str]) -> str | None:
+    url = env.get("DESKBRIDGE_REDIS_URL") or None
+    problem = None if url in (None, MEMORY_URL) else redis_url_problem(url)
+    if problem:
+        raise ValueError(problem)
+    return url
+
+
 def _redis_max_connections(env: Mapping[str, str]) -> int:
     value = _int(env, "DESKBRIDGE_REDIS_MAX_CONNECTIONS", 16)
     if value < 3:
@@ -108,3 +118,40 @@ def _redis_max_connections(env: Mapping[str, str]) -> int:
             "(one shared, one for blocking commands, one pub/sub)"
         )
     return value
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a Redis URL, or None. Checked before anything connects, by
+    ``deskbridge-hub serve`` and by the bare ASGI entry (``_startup``): Hypercorn's
+    lifespan would turn a bad port or DB into a traceback (or ignore a DB that is not a
+    number). The message never contains the URL (it may hold a password).
+
+    Args:
+        url: a ``DESKBRIDGE_REDIS_URL`` other than ``memory://``.
+
+    Returns:
+        One sentence naming what is wrong, or None when the URL is well formed (whether
+        Redis has that database is learnt only when connecting).
+    """
+    shape = (
+        "DESKBRIDGE_REDIS_URL must look like redis://HOST:PORT/DB (or rediss://, "
+        "unix://, memory://, redis+cluster://HOST:PORT,HOST:PORT)"
+    )
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
+        return f"{shape}: {exc}"
+    schemes = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+    if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
+        return shape
+    if parts.scheme == "unix":
+        return None
+    hosts = parts.netloc.rpartition("@")[2]
+    for host in hosts.split(",") if parts.scheme.endswith("+cluster") else [hosts]:
+        port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host else ""
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            return f"{shape}: port {port!r} is not a number in 1-65535"
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        return f"{shape}: database {db!r} is not a number"
+    return None

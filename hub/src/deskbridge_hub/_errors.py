@@ -33,6 +33,12 @@ class SubstrateUnavailable(BridgeError):
     status = "unavailable"
 
 
+class SubstrateMisconfigured(SubstrateUnavailable):
+    """Redis refuses the configuration itself (``DESKBRIDGE_REDIS_URL`` names a database
+    it does not have): no retry will help. A served hub refuses to start on it (one line,
+    exit 2); anything later still answers ``unavailable``, as a subclass."""
+
+
 class JobFailed(BridgeError):
     """The tool ran and failed. ``code`` and ``message`` come from the sidecar."""
 

@@ -10,8 +10,10 @@ import json
 import math
 from typing import Any
 
+from deskbridge_common import _strict_json as strict_json
 from quart import Response, request
 
+from ._bridge import MAX_TIMEOUT_S
 from ._errors import BadRequest
 from ._outcome import Outcome
 
@@ -81,13 +83,27 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-async def _json_body() -> dict[str, Any]:
+async def _json_body(*, empty: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
     number that overflows a float), so everything accepted can be re-encoded for the
-    stream and the job frame (which refuse non-finite numbers)."""
+    stream and the job frame (which refuse non-finite numbers), and no object with a
+    repeated key (400 naming the key and the top-level field holding it).
+
+    Args:
+        empty: what an empty body stands for (None: an empty body is refused).
+
+    Raises:
+        BadRequest: not JSON, not an object, or a repeated key (``field`` names it).
+    """
     raw = await request.get_data(as_text=False)
+    if not raw.strip() and empty is not None:
+        return dict(empty)
     try:
-        body = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite)
+        body = strict_json.loads(
+            raw or b"null", parse_constant=_no_constant, parse_float=_finite
+        )
+    except strict_json.DuplicateKey as exc:  # {"name": "echo", "name": "sleep"}
+        raise BadRequest(str(exc), field=exc.field) from None
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
     if not isinstance(body, dict):
@@ -113,6 +129,29 @@ def _field(
     if isinstance(value, bool) or not isinstance(value, kind):
         raise BadRequest(f"{name} must be {_KIND_NAMES.get(kind, 'of another type')}", field=name)
     return value
+
+
+def _timeout_s(body: dict[str, Any], *, default: float | None) -> float | None:
+    """``timeout_s`` of a request body: seconds in (0, ``MAX_TIMEOUT_S``], or ``default``.
+
+    Raises:
+        BadRequest: not a number, or out of range (``field`` is ``timeout_s``).
+    """
+    value = _field(body, "timeout_s", (int, float), required=False)
+    if value is None:
+        return default
+    if not (0 < value <= MAX_TIMEOUT_S):
+        raise BadRequest(
+            f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]", field="timeout_s"
+        )
+    return float(value)
+
+
+def _no_other_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    """Raises BadRequest naming the first (sorted) field of ``body`` not in ``allowed``."""
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unexpected field {unknown[0]!r}", field=unknown[0])
 
 
 def _outcome_response(outcome: Outcome) -> Response:

@@ -94,6 +94,19 @@ def document(version: str) -> dict[str, Any]:
                         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
                     },
                 },
+                "StatusRequest": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "description": "optional: an empty body is the same as `{}`",
+                    "properties": {
+                        "timeout_s": {
+                            "type": "number",
+                            "exclusiveMinimum": 0,
+                            "maximum": 86400,
+                            "default": 5,
+                        },
+                    },
+                },
                 "Outcome": {
                     "type": "object",
                     "required": ["status"],
@@ -214,6 +227,14 @@ def document(version: str) -> dict[str, Any]:
                     "summary": "Round trip through the desktop's status worker",
                     "security": _AUTH,
                     "parameters": [_USER],
+                    "requestBody": {
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/StatusRequest"}
+                            }
+                        },
+                    },
                     "responses": _OUTCOME_CODES,
                 }
             },

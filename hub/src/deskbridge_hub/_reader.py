@@ -42,7 +42,7 @@ from deskbridge_common import Timings
 
 from . import _metrics
 from ._beats import BeatSchedule, Listener
-from ._errors import SubstrateUnavailable
+from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
@@ -174,6 +174,8 @@ class ProcessReader:
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
                 await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
+            except SubstrateMisconfigured:
+                raise  # no retry helps: the served hub refuses to start (``_app``)
             except SubstrateUnavailable:
                 pass
         async with trio.open_nursery() as nursery:

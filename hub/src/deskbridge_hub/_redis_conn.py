@@ -63,7 +63,7 @@ import functools
 import secrets
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -77,7 +77,7 @@ from coredis.exceptions import (
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from . import _metrics
-from ._errors import SubstrateUnavailable
+from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._redis_cluster import ClusterSession, is_cluster_url, seeds
 from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
 from ._redis_session import ConnectionStatistics, _Session, _split
@@ -174,6 +174,9 @@ class RedisConnections:
             self.address = parts.path
         else:
             self.address = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        # for messages; a unix:// URL names its database as ?db=N
+        db = dict(parse_qsl(parts.query)).get("db") if parts.scheme == "unix" else None
+        self._db = db or (parts.path.strip("/") if parts.scheme != "unix" else "") or "0"
         self._health_interval_s = health_interval_s
         self._probe_key = f"bridge:health:{{{secrets.token_hex(8)}}}"
         self.monitor = HealthMonitor(self.address, self.probe)
@@ -253,6 +256,13 @@ class RedisConnections:
         """The SubstrateUnavailable to raise instead of ``exc`` (an I/O fault or a
         refusing server state; counted, and the health monitor poked), or None when
         ``exc`` is not one (it propagates unchanged)."""
+        if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+            _metrics.substrate_error(what)
+            return SubstrateMisconfigured(
+                f"Redis at {self.address} has no database {self._db}, which "
+                "DESKBRIDGE_REDIS_URL names (DB index is out of range): choose a lower /DB "
+                "or raise the server's `databases` setting"
+            )
         if isinstance(exc, _UNAVAILABLE_ERRORS):
             _metrics.substrate_error(what)
             self.monitor.poke()

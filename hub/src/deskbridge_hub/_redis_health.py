@@ -166,13 +166,15 @@ class HealthMonitor:
     async def check(self) -> Health | None:
         """Probe now, record the result and log a change. Returns the Health, or None
         when Redis could not be reached (``unreachable`` says why)."""
-        from ._errors import SubstrateUnavailable
+        from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 
         self._last_probe = anyio.current_time()
         try:
             health = await self._probe()
         except SubstrateUnavailable as exc:
-            if self.unreachable is None:
+            if self.unreachable is None and isinstance(exc, SubstrateMisconfigured):
+                log.error("%s; /healthz fails until it is fixed", exc)  # it answers: not down
+            elif self.unreachable is None:
                 starting = " (hub starting)" if self.health is None else ""
                 log.warning(
                     "Redis at %s unreachable%s: %s; /healthz fails until it answers",

@@ -14,8 +14,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from deskbridge_common import _strict_json as strict_json
+
 from . import _inspect_cli
-from ._config import MEMORY_URL
+from ._config import MEMORY_URL, redis_url_problem
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 
 EPILOG = """environment:
@@ -152,8 +154,11 @@ def _token(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace) -> int:
     try:
-        tool_args = json.loads(args.args)
-    except ValueError:
+        tool_args = strict_json.loads(args.args, parse_float=float, parse_constant=float)
+    except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
+        print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, RecursionError):
         print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
@@ -202,35 +207,7 @@ def _check_serve_args(args: argparse.Namespace) -> str | None:
         return "--graceful-timeout-s must be a positive number of seconds"
     url = os.environ.get("DESKBRIDGE_REDIS_URL")
     if url and url != MEMORY_URL:
-        return _redis_url_problem(url)
-    return None
-
-
-def _redis_url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be a Redis URL, or None; checked before Hypercorn starts, whose
-    lifespan would turn a bad port or DB into a traceback (or ignore a DB that is not a
-    number). The message never contains the URL (it may hold a password)."""
-    shape = (
-        "DESKBRIDGE_REDIS_URL must look like redis://HOST:PORT/DB (or rediss://, "
-        "unix://, memory://, redis+cluster://HOST:PORT,HOST:PORT)"
-    )
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
-        return f"{shape}: {exc}"
-    schemes = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
-    if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
-        return shape
-    if parts.scheme == "unix":
-        return None
-    hosts = parts.netloc.rpartition("@")[2]
-    for host in hosts.split(",") if parts.scheme.endswith("+cluster") else [hosts]:
-        port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host else ""
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            return f"{shape}: port {port!r} is not a number in 1-65535"
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        return f"{shape}: database {db!r} is not a number"
+        return redis_url_problem(url)
     return None
 
 
