@@ -22,6 +22,12 @@ line matches ``removed`` before and ``added`` after, in ``module``), ``[[equival
 (a case-only change of a case-insensitive literal) and ``[equivalent]`` (one mutant by
 name). All but line rules are left out of the score and counted in the ``equiv`` column.
 
+A target that sets ``redis = true`` runs tests on real Redis: the one named by
+``DESKBRIDGE_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``, as the test suite's
+conftest), which mutmut's test runs inherit from this process's environment. It is
+PINGed before the run and again after it; a Redis that does not answer stops the run
+(exit 1) instead of letting every mutant count as killed by a connection error.
+
 A target may list ``functions`` (globs over mutmut's function names, e.g.
 ``xǁEntryServerǁfinish``): only their mutants are run and scored (the CI subset uses this).
 
@@ -43,13 +49,16 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The stage of a whole set; ``--module NAME`` runs get their own (``.mutation-NAME``), so
@@ -61,6 +70,35 @@ PACKAGES = {
     "deskbridge_sidecar": ROOT / "sidecar" / "src" / "deskbridge_sidecar",
 }
 _RESULT = re.compile(r"^\s*(?P<name>[\w.]+__mutmut_\d+): (?P<status>[\w ]+?)\s*$")
+
+
+#: The Redis the suite's Redis tests use (tests/conftest.py reads the same variable).
+REDIS_URL = os.environ.get("DESKBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _redis_answers(url: str) -> str | None:
+    """PING the Redis at ``url`` (AUTH first if it carries a password); None if it
+    answered PONG, else what went wrong."""
+    parts = urlsplit(url)
+    commands = []
+    if parts.password:
+        auth = (parts.username, parts.password) if parts.username else (parts.password,)
+        commands.append(("AUTH", *auth))
+    commands.append(("PING",))
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379),
+                                      timeout=3) as sock:
+            for command in commands:
+                packed = f"*{len(command)}\r\n" + "".join(
+                    f"${len(arg.encode())}\r\n{arg}\r\n" for arg in command
+                )
+                sock.sendall(packed.encode())
+                reply = sock.recv(1024)
+                if not reply.startswith(b"+"):
+                    return f"{command[0]} answered {reply!r}"
+    except OSError as exc:
+        return str(exc)
+    return None if reply.startswith(b"+PONG") else f"PING answered {reply!r}"
 
 
 def _toml_list(values: list[str]) -> str:
@@ -222,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     line_patterns = [e["pattern"] for e in spec.get("equivalent_lines", [])]
     _stage(targets, tests, spec["pytest"]["args"], line_patterns)
     selection = _selection(targets)
+    redis = any(t.get("redis") for t in targets)
+    if redis:
+        if problem := _redis_answers(REDIS_URL):
+            print(f"the Redis tests' Redis ({REDIS_URL}, DESKBRIDGE_TEST_REDIS_URL) does not "
+                  f"answer: {problem}", file=sys.stderr)
+            return 1
+        print(f"Redis tests use {REDIS_URL}", file=sys.stderr)
 
     run = subprocess.run(
         [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children),
@@ -234,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     if run.returncode != 0:
         print(run.stderr[-4000:], file=sys.stderr)
         print(f"mutmut run failed with status {run.returncode}", file=sys.stderr)
+        return 1
+    if redis and (problem := _redis_answers(REDIS_URL)):
+        print(f"the Redis tests' Redis ({REDIS_URL}) stopped answering during the run "
+              f"({problem}): its kills may be connection errors, not the tests'", file=sys.stderr)
         return 1
 
     results = {

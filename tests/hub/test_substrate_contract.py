@@ -2,7 +2,11 @@
 ``async with`` (the hub's way) and ``RedisSubstrate`` used without it (one connection per
 call). The checks themselves ship in the package (``deskbridge_hub.testing.check_substrate``,
 the way trio ships its stream checks); this module gives each substrate a harness and runs
-every check as its own test. Real time with tiny durations, every wait bounded by
+every check as its own test. The checks of the caller's path and the finishing step also
+run on a single Redis in the Cluster's command layout ("redis-cluster-layout": the scripts
+stay in the user's slot, the wake-up, progress and mailbox writes follow them), which a
+single Redis serves as well; tests/hub/test_redis_cluster.py runs them on a real Cluster
+but is too slow for mutation runs. Real time with tiny durations, every wait bounded by
 ``fail_after``; Redis is the test Redis, with unique user and job ids per check and their
 keys deleted afterwards. Time-travel tests of the memory substrate live in
 test_memory_substrate.py."""
@@ -52,10 +56,11 @@ async def memory_harness() -> AsyncIterator[SubstrateHarness]:
 
 @contextlib.asynccontextmanager
 async def redis_harness(
-    raw: RawRedis, url: str, *, entered: bool
+    raw: RawRedis, url: str, *, entered: bool, cluster_layout: bool = False
 ) -> AsyncIterator[SubstrateHarness]:
     name = f"deskbridge-test-{secrets.token_hex(4)}"
     substrate = RedisSubstrate.from_url(url, client_name=name)
+    substrate._cluster = cluster_layout  # one node holds every slot: no CROSSSLOT either way
     keys: list[str] = []
     users: list[str] = []
     port = _closed_port()
@@ -108,12 +113,28 @@ async def redis_harness(
             await raw("DEL", *keys)
 
 
-@pytest.mark.parametrize("name", sorted(CHECKS))
-@pytest.mark.parametrize("kind", ["memory", "redis", "redis-unentered"])
+#: The checks whose calls take another command layout under Cluster (submit, finish).
+LAYOUT_CHECKS = sorted(
+    name
+    for name, fn in CHECKS.items()
+    if fn.__module__.endswith(("._contract_caller", "._contract_finish"))
+)
+RUNS = [
+    (kind, name)
+    for kind in ("memory", "redis", "redis-unentered", "redis-cluster-layout")
+    for name in (LAYOUT_CHECKS if kind == "redis-cluster-layout" else sorted(CHECKS))
+]
+
+
+@pytest.mark.parametrize(("kind", "name"), RUNS, ids=[f"{k}-{n}" for k, n in RUNS])
 async def test_substrate_contract(kind: str, name: str, raw_redis: RawRedis, redis_url: str):
     if kind == "memory":
         await check_substrate(memory_harness, only=[name])
     else:
         await check_substrate(
-            lambda: redis_harness(raw_redis, redis_url, entered=kind == "redis"), only=[name]
-        )
+            lambda: redis_harness(
+                raw_redis, redis_url, entered=kind != "redis-unentered",
+                cluster_layout=kind == "redis-cluster-layout",
+            ),
+            only=[name],
+        )  # fmt: skip

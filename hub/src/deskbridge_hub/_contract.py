@@ -121,6 +121,7 @@ async def check_substrate(
         _contract_caller,
         _contract_desktop,
         _contract_finish,
+        _contract_jobs,
         _contract_streams,  # noqa: F401 - register their checks
     )
 

@@ -4,7 +4,10 @@ without popping, notification mailboxes, job owner records (see ``_contract``)."
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
+from collections.abc import Awaitable
+from typing import Any
 
 import attrs
 import trio
@@ -54,6 +57,7 @@ async def check_submit_enqueues_with_state_index_owner_and_server_deadline(
     await s.set_presence(user, "s1", 30)
     got = await s.submit(user, _submission(user, job))
     assert got.verdict == "queued" and got.entry_id
+    assert got.presence == "s1"  # the presence it was queued under
     (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
     assert entry.entry_id == got.entry_id and entry.fields is not None
     assert entry.fields["job_id"] == job and entry.fields["name"] == "echo"
@@ -72,6 +76,9 @@ async def check_submit_enqueues_with_state_index_owner_and_server_deadline(
 async def check_submit_compares_the_catalogue_version(h: SubstrateHarness) -> None:
     s, user = h.substrate, h.user()
     await s.set_presence(user, "s1", 30)
+    # no catalogue stored: any version the caller names is out of date, with none to send
+    none = await s.submit(user, _submission(user, h.job(), sha1="0" * 40))
+    assert (none.verdict, none.catalogue) == ("catalogue", None)
     text = '[{"name": "echo"}]'
     await s.set_catalogue(user, text)
     stale = await s.submit(user, _submission(user, h.job(), sha1=""))
@@ -246,3 +253,52 @@ async def check_submit_wakes_the_holder_process_it_expects(h: SubstrateHarness) 
     got = await s.submit(user, other)
     assert (got.verdict, got.presence) == ("holder", f"{holder}.s1")
     assert (await s.queue_info(user)).length == 1
+
+
+@check
+async def check_submit_without_write_owner_leaves_the_owner_record_alone(
+    h: SubstrateHarness,
+) -> None:
+    """``write_owner`` False (the Bridge: its job ids name their user): queued, and no
+    owner record written."""
+    s, user, job = h.substrate, h.user(), h.job()
+    await s.set_presence(user, "s1", 30)
+    sub = attrs.evolve(_submission(user, job), write_owner=False)
+    assert (await s.submit(user, sub)).verdict == "queued"
+    assert await s.job_owner(job) is None
+    assert (await s.queue_info(user)).length == 1
+
+
+async def _refused(call: Awaitable[Any], message: str) -> None:
+    try:
+        await call
+    except ValueError as exc:
+        assert str(exc) == message, str(exc)
+    else:
+        raise AssertionError(f"accepted what must raise ValueError({message!r})")
+
+
+@check
+async def check_caller_arguments_out_of_range_are_refused_and_their_bounds_accepted(
+    h: SubstrateHarness,
+) -> None:
+    """``submit``: ``start_within_s`` >= 0 (not NaN) and ``maxlen`` >= 1;
+    ``read_notifications``: ``block_ms`` >= 0 (0: until one comes) and ``count`` >= 1.
+    Beyond: ValueError, nothing written."""
+    s, user = h.substrate, h.user()
+    await s.set_presence(user, "s1", 30)
+    edge = attrs.evolve(_submission(user, h.job()), start_within_s=0.0, maxlen=1)
+    assert (await s.submit(user, edge)).verdict == "queued"
+    submit_bounds = "submit needs start_within_s >= 0 and maxlen >= 1"
+    for bad in ({"start_within_s": -0.001}, {"start_within_s": math.nan}, {"maxlen": 0}):
+        sub = attrs.evolve(_submission(user, h.job()), **bad)
+        await _refused(s.submit(user, sub), submit_bounds)
+    assert (await s.queue_info(user)).length == 1
+    box = f"box-{secrets.token_hex(4)}"
+    h.on_mailbox(box)
+    await s.publish_result(user, "j1", "one", ttl_s=30, notify=box)
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=1, block_ms=0) == [("j1", "one")]
+    read_bounds = "read_notifications needs block_ms >= 0 and count >= 1"
+    await _refused(s.read_notifications(box, count=0, block_ms=10), read_bounds)
+    await _refused(s.read_notifications(box, count=1, block_ms=-1), read_bounds)

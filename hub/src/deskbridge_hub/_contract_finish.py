@@ -3,11 +3,14 @@ epoch (fencing token) that ``mark_delivered`` raises; registered with ``_contrac
 
 from __future__ import annotations
 
+import json
 import secrets
 
+import attrs
 import trio
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check
+from ._contract_caller import _submission
 from ._errors import SubstrateUnavailable
 from ._jobstate import JobState, Stage
 from ._substrate import Entry, fence_key, result_key
@@ -167,6 +170,7 @@ async def check_read_new_delivered_marks_every_job_it_reads(h: SubstrateHarness)
     live, late, cancelled = h.job(), h.job(), h.job()
     await s.request_cancel(user, cancelled, ttl_s=60)
     far, past = repr(_far(h)), repr(_far(h) - 1200.0)
+    entry_ids = []
     for fields in (
         {"job_id": live, "deadline": far},
         {"job_id": late, "deadline": past},
@@ -175,11 +179,13 @@ async def check_read_new_delivered_marks_every_job_it_reads(h: SubstrateHarness)
         {"job_id": h.job(), "deadline": "soon"},
         {"filler": "x"},
     ):
-        await s.enqueue(user, fields, maxlen=GROUP_MAXLEN)
+        entry_ids.append(await s.enqueue(user, fields, maxlen=GROUP_MAXLEN))
     got = await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60)
     verdicts = [None if e.marked is None else e.marked.verdict for e in got]
     assert verdicts == ["delivered", "expired", "cancelled", None, None, None], verdicts
-    assert got[0].fields is not None and got[0].fields["job_id"] == live
+    assert [e.entry_id for e in got] == entry_ids
+    assert got[0].fields == {"job_id": live, "deadline": far}
+    assert got[3].fields == {"control": "cancel", "job_id": live}
     assert got[0].marked is not None and got[0].marked.epoch == 1
     assert abs(got[0].marked.server_time - (_far(h) - 600.0)) < 5.0
     assert await s.get_job_state(user, live) == delivered
@@ -220,3 +226,78 @@ async def check_read_new_delivered_reads_nothing_for_a_superseded_session(
         user, "c1", count=10, state=delivered, ttl_s=60, session_id="h1.old"
     )
     assert [e.fields["job_id"] for e in got if e.fields] == [other]
+    # no session_id: no check, whatever presence names
+    await s.set_presence(user, "h2.new", 30)
+    third = h.job()
+    await s.enqueue(user, {"job_id": third, "deadline": repr(_far(h))}, maxlen=GROUP_MAXLEN)
+    got = await s.read_new_delivered(user, "c1", count=10, state=delivered, ttl_s=60)
+    assert [e.fields["job_id"] for e in got if e.fields] == [third]
+
+
+@check
+async def check_finish_keeps_the_idempotency_record_as_long_as_the_result(
+    h: SubstrateHarness,
+) -> None:
+    """Given the job's ``idempotency_key``, the finishing step keeps the key's record as
+    long as the result (a retry attaches while the answer is kept); given none, it leaves
+    every record alone, even one stored under the job's own id."""
+    s, user, keyed, unkeyed = h.substrate, h.user(), h.job(), h.job()
+    key = f"key-{secrets.token_hex(4)}"
+    await s.set_presence(user, "s1", 30)
+    for job, job_key in ((keyed, key), (unkeyed, unkeyed)):
+        short = attrs.evolve(_submission(user, job, key=job_key), index_ttl_s=1.0)
+        assert (await s.submit(user, short)).verdict == "queued"
+    state = _state(Stage.FINISHED, user)
+    await s.finish(user, keyed, "done", state, ttl_s=60, idempotency_key=key)
+    await s.finish(user, unkeyed, "done", state, ttl_s=60)
+    await trio.sleep(1.2)  # past the records' 1 s (the submits came before the finishes)
+    kept = await s.submit(user, _submission(user, h.job(), key=key))
+    assert kept.verdict == "indexed", "the record expired before the result"
+    gone = await s.submit(user, _submission(user, h.job(), key=unkeyed))
+    assert gone.verdict == "queued", "a finish given no key kept a record"
+
+
+@check
+async def check_publish_result_leaves_the_job_state_alone(h: SubstrateHarness) -> None:
+    """``publish_result`` writes the result and its notifications, never the job's state:
+    a recorded state stays as it was, and a job without one still has none."""
+    s, user, recorded, stateless = h.substrate, h.user(), h.job(), h.job()
+    delivered = _state(Stage.DELIVERED, user)
+    await s.set_job_state(user, recorded, delivered, ttl_s=60)
+    for job in (recorded, stateless):
+        await s.publish_result(user, job, "done", ttl_s=60)
+    assert await s.get_job_state(user, recorded) == delivered
+    assert await s.get_job_state(user, stateless) is None
+
+
+@check
+async def check_the_published_outcome_ends_the_job_s_progress_stream(h: SubstrateHarness) -> None:
+    """A finish with a payload appends ``{"outcome": <payload>}`` to the job's progress
+    stream, if it has one (as ``publish_result``); a finish without a payload, a stale
+    one and a job without a stream add nothing (no stream is made)."""
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    marked = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user), ttl_s=60)
+    await s.publish_progress(job, '{"progress": 1}', ttl_s=60)
+    (first,) = await s.read_progress(job, "0", block_ms=1)
+    state = _state(Stage.FINISHED, user)
+    await s.finish(user, job, None, _state(Stage.INTERRUPTED, user), ttl_s=60)
+    older = (marked.epoch or 0) - 1
+    stale = await s.finish(user, job, '"zombie"', state, ttl_s=60, epoch=older)
+    assert stale.verdict == "stale"
+    assert await s.read_progress(job, first[0], block_ms=1) == []
+    payload = '{"status":"completed","result":7}'
+    done = await s.finish(
+        user, job, payload, state, ttl_s=60, entry_id=entry.entry_id, epoch=marked.epoch,
+        notify=box,
+    )  # fmt: skip
+    assert done.verdict == "done"
+    (end,) = await s.read_progress(job, first[0], block_ms=1)
+    assert json.loads(end[1]) == {"outcome": json.loads(payload)}
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=1000) == [(job, payload)]
+    streamless = h.job()
+    await s.finish(user, streamless, payload, state, ttl_s=60, notify=box)
+    assert await s.read_progress(streamless, "0", block_ms=1) == []
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=1000) == [(streamless, payload)]

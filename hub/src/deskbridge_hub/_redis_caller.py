@@ -123,9 +123,9 @@ class CallerCommands(RedisCommandBase):
         )
         # On a single Redis the wake-up is the script's own last write (only once queued);
         # under Cluster its key is in the holder's slot, so it follows in the same write.
-        wake_in_script = sub.alive_holder is not None and not self._cluster
-        if wake_in_script:
-            keys += (wake_key(sub.alive_holder or ""),)
+        in_script = None if self._cluster else sub.alive_holder  # whose wake the script pushes
+        if in_script is not None:
+            keys += (wake_key(in_script),)
         flat = [item for pair in sub.fields.items() for item in pair]
         args = (
             "-" if sub.catalogue_sha1 is None else sub.catalogue_sha1,
@@ -146,7 +146,7 @@ class CallerCommands(RedisCommandBase):
         if sub.write_owner:
             owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
             after = (owner,)
-        if sub.alive_holder is not None and not wake_in_script:
+        if sub.alive_holder is not None and in_script is None:
             wake = wake_key(sub.alive_holder)
             after += (
                 (b"MULTI",),

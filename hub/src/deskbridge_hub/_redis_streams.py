@@ -175,8 +175,8 @@ class StreamCommands(RedisCommandBase):
                 (b"HDEL", index_key(user_id), entry_id),
                 timeout_s=self._command_timeout_s,
             )
-        if isinstance(acked, BaseException):
-            raise acked
+            if isinstance(acked, BaseException):
+                raise acked  # inside the session: a timeout is mapped to SubstrateUnavailable
         return int(acked)
 
     async def autoclaim(
@@ -266,9 +266,9 @@ class StreamCommands(RedisCommandBase):
                 (b"HGETALL", index_key(user_id)),
                 timeout_s=self._command_timeout_s,
             )
-        for reply in (first, index):
-            if isinstance(reply, BaseException):
-                raise reply
+            for reply in (first, index):
+                if isinstance(reply, BaseException):
+                    raise reply  # inside the session: a timeout is mapped to SubstrateUnavailable
         if isinstance(index, list):  # RESP2 flat reply
             index = dict(zip(index[::2], index[1::2], strict=True))
         floor = _stream_id(first[0][0]) if first else None

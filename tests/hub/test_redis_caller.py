@@ -1,0 +1,127 @@
+"""The caller's path on Redis beyond the shared contract: the consumer group is created
+once per session and user, a stream key of another type fails the submit with Redis'
+own error, an absent presence proves nothing while Redis cannot serve the hub, and the
+mailbox read's server and client block times. Real Redis (``DESKBRIDGE_TEST_REDIS_URL``),
+unique ids, every wait bounded, keys deleted afterwards."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+from coredis.exceptions import ResponseError
+from deskbridge_hub import SubstrateUnavailable
+from deskbridge_hub._contract_caller import _submission
+from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._substrate import jobs_key, mailbox_key
+
+from ..conftest import REDIS_URL, RawRedis
+
+
+@pytest.fixture
+async def substrate() -> AsyncIterator[RedisSubstrate]:
+    async with RedisSubstrate.from_url(REDIS_URL) as s:
+        yield s
+
+
+@pytest.fixture
+async def user(raw_redis: RawRedis) -> AsyncIterator[str]:
+    user_id = f"test-{secrets.token_hex(6)}"
+    yield user_id
+    cursor = "0"
+    for _ in range(10_000):
+        cursor, found = await raw_redis("SCAN", cursor, "MATCH", f"bridge:*{{{user_id}}}*")
+        if found:
+            await raw_redis("DEL", *found)
+        if cursor == "0":
+            break
+
+
+async def test_submit_creates_the_group_once_per_session_and_user(
+    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[Any, ...]] = []
+    script = substrate._script
+
+    async def recording(*args: Any, **kwargs: Any) -> list[Any]:
+        sent.extend(kwargs.get("before", ()))
+        return await script(*args, **kwargs)
+
+    monkeypatch.setattr(substrate, "_script", recording)
+    await substrate.set_presence(user, "s1", 30)
+    with trio.fail_after(5):
+        for _ in range(3):
+            job = f"job-{secrets.token_hex(6)}"
+            assert (await substrate.submit(user, _submission(user, job))).verdict == "queued"
+    assert [c[0] for c in sent] == [b"XGROUP CREATE"], sent
+    assert sent[0][1] == jobs_key(user)
+
+
+async def test_a_stream_key_of_another_type_fails_the_submit_with_redis_error(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis
+) -> None:
+    """The XGROUP CREATE's own error, not the script's answer (here "offline")."""
+    await raw_redis("SET", jobs_key(user), "not a stream")
+    with trio.fail_after(5):
+        with pytest.raises(ResponseError, match="wrong kind of value"):
+            await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+
+
+async def test_an_absent_presence_proves_nothing_while_redis_cannot_serve_the_hub(
+    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the health probe would find an evicting Redis (``_redis_health``): "offline"
+    would be a guess, so the submit is unavailable, naming the read; a queued submit
+    found its presence, so it stands."""
+    asked: list[str] = []
+
+    def unusable(what: str) -> SubstrateUnavailable:
+        asked.append(what)
+        return SubstrateUnavailable(f"Redis cannot serve {what}: evicting")
+
+    monkeypatch.setattr(substrate._connections, "unusable", unusable)
+    with trio.fail_after(5):
+        with pytest.raises(SubstrateUnavailable, match="cannot serve a presence read"):
+            await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+        await substrate.set_presence(user, "s1", 30)
+        queued = await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+    assert queued.verdict == "queued"
+    assert asked == ["a presence read"]
+
+
+@pytest.mark.parametrize(
+    ("block_ms", "seconds", "block_s"), [(250, "0.250", 0.25), (0, "0.000", None)]
+)
+async def test_a_mailbox_read_blocks_the_server_block_ms_and_the_client_as_long_plus_the_timeout(
+    substrate: RedisSubstrate,
+    raw_redis: RawRedis,
+    monkeypatch: pytest.MonkeyPatch,
+    block_ms: int,
+    seconds: str,
+    block_s: float | None,
+) -> None:
+    """BLMPOP's timeout is ``block_ms`` in seconds; the client waits that long (0: for
+    ever, as the server) before the command timeout starts counting."""
+    box = f"box-{secrets.token_hex(4)}"
+    calls: list[tuple[tuple[Any, ...], float | None]] = []
+    call = substrate._call
+
+    async def recording(session: Any, *command: Any, block_s: float | None = 0.0) -> Any:
+        calls.append((command, block_s))
+        return await call(session, *command, block_s=block_s)
+
+    monkeypatch.setattr(substrate, "_call", recording)
+    await raw_redis("RPUSH", mailbox_key(box), "j1 done")
+    try:
+        with trio.fail_after(5):
+            assert await substrate.read_notifications(box, count=5, block_ms=block_ms) == [
+                ("j1", "done")
+            ]
+    finally:
+        await raw_redis("DEL", mailbox_key(box))
+    ((command, waited),) = calls
+    assert command == (b"BLMPOP", seconds, 1, mailbox_key(box), b"LEFT", b"COUNT", 5)
+    assert waited == block_s
