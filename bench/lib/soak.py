@@ -45,9 +45,21 @@ from tests.procs import (
 )
 
 #: Answers a caller retries with the same idempotency key: the job may not have run or
-#: its outcome is unknown (docs/outcomes.md), plus transport failures (HAProxy's own
-#: 5xx when a pod dies mid-request, a refused or reset connection).
-RETRY = frozenset({"offline", "unavailable", "lost", "timeout", "http-5xx", "conn-error", "hung"})
+#: its outcome is unknown (docs/outcomes.md), a provisional ``in_doubt`` (``detail.pending``:
+#: the job's real outcome is still to come), plus transport failures (HAProxy's own 5xx
+#: when a pod dies mid-request, a refused or reset connection).
+RETRY = frozenset(
+    {
+        "offline",
+        "unavailable",
+        "lost",
+        "timeout",
+        "in_doubt-pending",
+        "http-5xx",
+        "conn-error",
+        "hung",
+    }
+)
 #: Seconds an HTTP attempt may take beyond the job's timeout_s before it counts as hung.
 HUNG_SLACK_S = 10.0
 
@@ -232,6 +244,8 @@ class Soak:
         try:
             body = r.json()
             status = body.get("status")
+            if status == "in_doubt" and (body.get("detail") or {}).get("pending"):
+                status = "in_doubt-pending"
             if body.get("job_id") and body["job_id"] not in rec.job_ids:
                 rec.job_ids.append(body["job_id"])
         except (ValueError, AttributeError):
