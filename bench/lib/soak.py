@@ -283,19 +283,20 @@ class Soak:
 
     # -- faults -------------------------------------------------------------------------
 
-    def _fault(self, what: str) -> None:
+    def _fault(self, what: str, mark: str) -> None:
+        """Count ``what`` and log it with its timeline ``mark`` (``K1``: pod 1 killed)."""
         self.faults[what] += 1
-        self.fault_log.append((time.time() - self.t0, what))
+        self.fault_log.append((time.time() - self.t0, mark))
 
     def _kill_hub(self, slot: int) -> None:
         with self._hub_lock:
             kill_group(self.hubs[slot])
-        self._fault("hub kill -9")
+        self._fault("hub kill -9", f"K{slot}")
 
     def _restart_hub(self, slot: int) -> None:
         with self._hub_lock:
             self.hubs[slot] = self._start_hub(slot, wait=False)
-        self._fault("hub restart")
+        self._fault("hub restart", f"R{slot}")
 
     def _sample_machine(self) -> None:
         """Every ``MACHINE_SAMPLE_S``: the 1-minute load average and the share of the
@@ -335,7 +336,7 @@ class Soak:
                 next_cut += cfg.cut_every_s
                 proxy = self.rng.choice(self.proxies)
                 if proxy.cut_client_side():
-                    self._fault("socket cut (half-open)")
+                    self._fault("socket cut (half-open)", "C")
             if now >= redis_at:
                 redis_at = float("inf")
                 self._restart_redis()
@@ -346,12 +347,12 @@ class Soak:
     def _restart_redis(self) -> None:
         assert self.redis is not None
         kill_group(self.redis)
-        self._fault("redis kill -9")
+        self._fault("redis kill -9", "X")
         time.sleep(self.cfg.redis_down_s)
         self.redis = AofRedis(self.tmp, self.redis.port, self.cfg.appendfsync, name="redis-again")
         self.procs.append(self.redis)
         self.redis.wait_ready()
-        self._fault("redis restart on AOF")
+        self._fault("redis restart on AOF", "U")
 
     # -- the run ------------------------------------------------------------------------
 
@@ -417,6 +418,7 @@ class Soak:
             keys=keys,
             events=self.ledger.events(),
             faults=dict(self.faults),
+            fault_log=list(self.fault_log),
             t0=self.t0,
             machine=list(self.machine),
             stuck_callers=stuck_callers,
