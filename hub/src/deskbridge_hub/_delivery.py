@@ -392,12 +392,10 @@ class EntryServer:
         redelivery to the returning desktop is answered from its ledger, never run
         twice, and that real outcome is what a retry with the same key gets."""
         log.warning(
-            "user %s: session ended (%s) while job %s ran; its caller is answered "
-            "in_doubt (%s)",
+            "user %s: session ended (%s) while job %s ran; its caller is answered in_doubt",
             self.user_id,
             reason,
             job_id,
-            "final" if final else "pending its redelivery",
         )
         stage = STAGE_OF_OUTCOME["in_doubt"] if final else Stage.INTERRUPTED
         state = JobState(stage, self.user_id, at=self.wall_clock())

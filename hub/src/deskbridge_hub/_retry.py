@@ -36,8 +36,8 @@ CLEANUP_TIMEOUT_S = 2.0
 READ_ERROR_BACKOFF_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)
 
 #: During an outage a read loop warns on its first failure and then every this many
-#: failures (about once a minute at the last back-off step); INFO in between.
-READ_ERROR_WARN_EVERY = 60
+#: failures (every 30 s or so at the last back-off step, 1 s); INFO in between.
+READ_ERROR_WARN_EVERY = 30
 
 #: A hub process's liveness key (``bridge:proc:{<holder>}``) expires this long after its
 #: last refresh, seconds: presence held by a process that died (kill -9, OOM, a lost
