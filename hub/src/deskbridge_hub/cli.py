@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO").upper(),
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level of every worker (default $DESKBRIDGE_LOG_LEVEL or INFO)",
     )
 
     t = sub.add_parser(
@@ -104,7 +105,11 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
         help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
     )
-    c.add_argument("--idempotency-key", default=None)
+    c.add_argument(
+        "--idempotency-key",
+        default=None,
+        help="a retry with the same key gets the first call's job, never a second run",
+    )
     c.add_argument("--timeout-s", type=float, default=None, help="seconds to wait (default 90)")
     _inspect_cli.add_parser(sub)
     return p
@@ -220,6 +225,8 @@ def _serve(args: argparse.Namespace) -> int:
     from ._logging import setup_logging
 
     setup_logging(args.log_level)
+    # workers (--workers N > 1 spawns them) configure their logging from the environment
+    os.environ["DESKBRIDGE_LOG_LEVEL"] = args.log_level
     warn_unknown_variables()
     problem = _check_serve_args(args)
     if problem:
