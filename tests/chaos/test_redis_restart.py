@@ -81,6 +81,7 @@ def test_redis_restart_without_persistence_while_connected(tmp_path, procs):
         **TIMINGS,
         "DESKBRIDGE_REDIS_URL": redis.url,
         "DESKBRIDGE_HEARTBEAT_S": str(HEARTBEAT_S),
+        "DESKBRIDGE_LOG_LEVEL": "DEBUG",  # the read loops' retries (the restart's cue below)
     }
     relay_pod, api_pod = pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
     sidecar = procs.add(

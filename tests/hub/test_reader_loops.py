@@ -22,13 +22,17 @@ from deskbridge_hub._retry import (
     PROCESS_LIVENESS_RETRY_S,
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
-    READ_ERROR_WARN_EVERY,
 )
 from deskbridge_hub._substrate_values import Beat, BeatReply, Claimed
 
 from .reader_kit import READER_LOG, Desk, Hang, Script, entries, levels, lines, make_reader, sample
 
 UNAVAILABLE = "deskbridge_presence_write_failures_total"
+OUTAGE_LOG = "deskbridge.hub.outage"
+
+
+def outage_lines(caplog) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == OUTAGE_LOG]
 
 
 def boom() -> SubstrateUnavailable:
@@ -41,7 +45,7 @@ def test_the_retry_constants_the_loops_are_pinned_against():
         3.0,
         2.0,
     )
-    assert (HEARTBEAT_RETRY_S, READ_ERROR_WARN_EVERY, PROCESS_LIVENESS_RETRY_S) == (1.0, 30, 0.25)
+    assert (HEARTBEAT_RETRY_S, PROCESS_LIVENESS_RETRY_S) == (1.0, 0.25)
     assert READ_ERROR_BACKOFF_S == (0.1, 0.25, 0.5, 1.0)
     assert (WORKERS, WAKE_BATCH) == (8, 1000)
 
@@ -304,26 +308,36 @@ async def test_a_failed_wake_up_wait_backs_off_warns_and_is_made_again(autojump_
         "wake-up wait: boom; retrying in 0.25 s (failure 2)",
         "substrate back after 2 failures",
     ]
-    assert levels(caplog, "wake-up wait") == [logging.WARNING, logging.INFO]
+    assert levels(caplog, "wake-up wait") == [logging.DEBUG, logging.DEBUG]
+    assert outage_lines(caplog) == [
+        (logging.WARNING, "Redis unavailable: wake-up wait failed: boom; retrying (each retry "
+         "at DEBUG, a summary every 60 s)"),
+        (logging.WARNING, "Redis available again after 0.3 s (2 failed attempts; waiting: "
+         "wake-up wait)"),
+    ]  # fmt: skip
     assert reader._failures == 0 and reader._check_presence is True
     assert reader._due == {"u1": {NEW}}
 
 
-async def test_failures_back_off_to_one_second_and_warn_every_thirtieth_time(
+async def test_failures_back_off_to_one_second_and_are_summed_up_once_a_minute(
     autojump_clock, caplog
 ):
     script = Script()
-    script.queue("wait_wakes", *[boom() for _ in range(32)])
+    script.queue("wait_wakes", *[boom() for _ in range(66)])
     reader = make_reader(script)
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._wake_loop, 70)
     times = script.times("wait_wakes")
     gaps = [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)]
-    assert gaps[:6] == [0.1, 0.25, 0.5, 1.0, 1.0, 1.0] and set(gaps[3:32]) == {1.0}
-    assert levels(caplog, "wake-up wait") == (
-        [logging.WARNING] + [logging.INFO] * 29 + [logging.WARNING, logging.INFO]
-    )
+    assert gaps[:6] == [0.1, 0.25, 0.5, 1.0, 1.0, 1.0] and set(gaps[3:66]) == {1.0}
+    assert levels(caplog, "wake-up wait") == [logging.DEBUG] * 66
     assert lines(caplog)[30] == "wake-up wait: boom; retrying in 1.00 s (failure 31)"
+    outage = outage_lines(caplog)
+    assert [level for level, _ in outage] == [logging.WARNING] * 2  # the wait then hangs
+    assert outage[1][1] == (  # the 64th failure, at 60.85 s
+        "Redis still unavailable after 61 s: 64 failed attempts; waiting: wake-up wait; "
+        "last error: boom"
+    )
 
 
 async def test_a_success_without_failures_before_it_changes_nothing(autojump_clock, caplog):
@@ -373,8 +387,12 @@ async def test_a_failed_beat_is_counted_retried_in_a_second_with_catalogues_and_
         "heartbeat of 2 sessions failed: boom",
         "heartbeat of 2 sessions failed: boom",
     ]
-    assert levels(caplog, "heartbeat of") == [logging.WARNING, logging.DEBUG]
+    assert levels(caplog, "heartbeat of") == [logging.DEBUG, logging.DEBUG]
     assert "substrate back after 2 failures" in lines(caplog)
+    assert [text.split(":")[0] for _, text in outage_lines(caplog)] == [
+        "Redis unavailable",
+        "Redis available again after 2.0 s (2 failed attempts; waiting",
+    ]
     assert reader._failures == 0 and reader._check_presence is False  # that beat was full
 
 
@@ -387,16 +405,15 @@ async def test_a_failed_beat_retries_within_a_short_heartbeat(autojump_clock):
     assert script.times("heartbeat")[:2] == pytest.approx([0.45, 0.95])
 
 
-async def test_heartbeat_failures_warn_every_thirtieth_time(autojump_clock, caplog):
+async def test_heartbeat_failures_are_debug_lines_and_one_outage(autojump_clock, caplog):
     script = Script()
     script.queue("heartbeat", *[boom() for _ in range(31)])
     reader = make_reader(script)
     beating(reader, Desk("u1"))
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._beat_loop, 29 + 31)
-    assert levels(caplog, "heartbeat of") == [logging.WARNING] + [logging.DEBUG] * 29 + [
-        logging.WARNING
-    ]
+    assert levels(caplog, "heartbeat of") == [logging.DEBUG] * 31
+    assert [level for level, _ in outage_lines(caplog)] == [logging.WARNING]  # 30 s: no summary
     assert reader._failures == 31
 
 
@@ -433,7 +450,7 @@ async def test_a_read_that_fails_is_retried_with_the_same_kinds_after_the_back_o
     script.queue("read_pending", boom())
     reader = make_reader(script)
     desk = Desk()
-    with caplog.at_level(logging.INFO, logger=READER_LOG), trio.fail_after(10):
+    with caplog.at_level(logging.DEBUG, logger=READER_LOG), trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.run)
             reader.attach(desk.listener)

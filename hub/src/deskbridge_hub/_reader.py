@@ -43,6 +43,7 @@ from deskbridge_common import Timings
 from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
+from ._outage import outage_log
 from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
@@ -51,7 +52,6 @@ from ._retry import (
     PROCESS_LIVENESS_RETRY_S,
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
-    READ_ERROR_WARN_EVERY,
 )
 from ._substrate import Beat, BeatReply, Entry, Substrate
 
@@ -284,9 +284,9 @@ class ProcessReader:
                 # again quickly, not a heartbeat later.
                 for _ in listeners:
                     _metrics.presence_failed("unavailable")
-                # WARNING now and then; DEBUG in between (it retries every second)
-                level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 0 else 10
-                log.log(level, "heartbeat of %d sessions failed: %s", len(beats), exc)
+                # DEBUG: it retries every second; the outage is told once (``_outage``)
+                outage_log().failed("heartbeat", exc)
+                log.debug("heartbeat of %d sessions failed: %s", len(beats), exc)
                 self._failures += 1
                 self._schedule.all_now(
                     retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
@@ -437,9 +437,9 @@ class ProcessReader:
     async def _failed(self, what: str, exc: SubstrateUnavailable) -> None:
         delay = READ_ERROR_BACKOFF_S[min(self._failures, len(READ_ERROR_BACKOFF_S) - 1)]
         self._failures += 1
-        # WARNING for the first failure, then about once a minute; INFO in between.
-        level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 1 else logging.INFO
-        log.log(level, "%s: %s; retrying in %.2f s (failure %d)", what, exc, delay, self._failures)
+        # DEBUG: the outage is told once, with a summary a minute (``_outage``)
+        outage_log().failed(what, exc, kind=what.split(" for ", 1)[0])
+        log.debug("%s: %s; retrying in %.2f s (failure %d)", what, exc, delay, self._failures)
         await trio.sleep(delay)
 
     def _recovered(self, *, beaten: bool = False) -> None:
@@ -447,8 +447,9 @@ class ProcessReader:
         # Nothing to re-read here: a wake-up pushed during the outage is still on the list
         # (or Redis lost everything, entries included), and an entry whose wake-up failed
         # is flagged as backlog by the next heartbeat.
+        outage_log().succeeded()
         if self._failures:
-            log.info("substrate back after %d failures", self._failures)
+            log.debug("substrate back after %d failures", self._failures)
             self._failures = 0
             if not beaten:
                 # Redis may have come back empty: then every presence is rewritten

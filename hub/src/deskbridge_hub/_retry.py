@@ -11,6 +11,7 @@ from typing import TypeVar
 import anyio
 
 from ._errors import SubstrateUnavailable
+from ._outage import outage_log
 
 log = logging.getLogger("deskbridge.hub.retry")
 
@@ -34,10 +35,6 @@ CLEANUP_TIMEOUT_S = 2.0
 #: while Redis is down, and back within 1 s once it returns: a job enqueued as Redis
 #: returns waits for the read loops' next step; was up to 2 s).
 READ_ERROR_BACKOFF_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)
-
-#: During an outage a read loop warns on its first failure and then every this many
-#: failures (every 30 s or so at the last back-off step, 1 s); INFO in between.
-READ_ERROR_WARN_EVERY = 30
 
 #: A hub process's liveness key (``bridge:proc:{<holder>}``) expires this long after its
 #: last refresh, seconds: presence held by a process that died (kill -9, OOM, a lost
@@ -64,7 +61,8 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str) -> T:
     """Call ``fn`` until it does not raise :class:`SubstrateUnavailable`.
 
     Waits :data:`DURABLE_RETRY_FIRST_S`, doubling up to :data:`DURABLE_RETRY_MAX_S`,
-    between attempts, with a WARNING naming ``what`` each time.
+    between attempts, with a DEBUG line naming ``what`` each time; the outage itself is
+    told once, with a summary a minute, by :mod:`._outage`.
 
     Returns:
         What ``fn`` returned.
@@ -77,8 +75,12 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str) -> T:
     delay = DURABLE_RETRY_FIRST_S
     while True:
         try:
-            return await fn()
+            result = await fn()
         except SubstrateUnavailable as exc:
-            log.warning("%s failed: %s; retrying in %.1f s", what, exc, delay)
+            outage_log().failed(what, exc)
+            log.debug("%s failed: %s; retrying in %.1f s", what, exc, delay)
             await anyio.sleep(delay)
             delay = min(delay * 2, DURABLE_RETRY_MAX_S)
+        else:
+            outage_log().succeeded()
+            return result

@@ -119,6 +119,8 @@ class HubSession(SessionTimers):
     _done: bool = False
     _abandoned: bool = False
     _handed_over: bool = False
+    #: why the session was ended from outside (``close``, ``abandon``): for its log line
+    _end_note: tuple[int | None, str] | None = None
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -178,13 +180,19 @@ class HubSession(SessionTimers):
             self._done = True  # the pacer drops it at its next visit
             if self._listener is not None:
                 self.state.reader.detach(self._listener)
-            if not ended:
-                log.info(
-                    "session %s of %s ends (socket gone)",
-                    self.session_id,
-                    self.user_id,
-                    extra=fields(user_id=self.user_id, session_id=self.session_id),
-                )
+            # why, for the log and the directory: ended from outside (``close``,
+            # ``abandon``; the peer's close echo may end a task first), by a task, or the
+            # socket went
+            code, why = self._end_note or (
+                (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
+            )
+            log.info(
+                "session %s of %s ends: %s",
+                self.session_id,
+                self.user_id,
+                why if code is None else f"{code} {why}",
+                extra=fields(user_id=self.user_id, session_id=self.session_id),
+            )
             self.state.remove_session(self)
             _metrics.session_closed()
             # before presence goes: never a bare "offline" between (an abandoned session's
@@ -192,18 +200,9 @@ class HubSession(SessionTimers):
             if self.sleep is not None and not self._abandoned:
                 await self.sleep.ended(ended[0] if ended else None, on_purpose=bool(self._ending))
             await presence.clear()
-            end_of = (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
-            await _directory.disconnected(self, *end_of)
+            await _directory.disconnected(self, code, why)
         if ended:
             end = ended[0]
-            log.info(
-                "session %s of %s ends: %s %s",
-                self.session_id,
-                self.user_id,
-                end.code,
-                end.reason,
-                extra=fields(user_id=self.user_id, session_id=self.session_id),
-            )
             await self._close(end.code, end.reason)
 
     async def close(self, code: int, reason: str) -> None:
@@ -211,6 +210,7 @@ class HubSession(SessionTimers):
         first, then cancel the session's tasks. Jobs still running are answered
         ``in_doubt`` at once (issue 11.4)."""
         self._ending = self._ending or reason
+        self._end_note = self._end_note or (code, reason)
         self._conn.close(code, reason)
         await self._close(code, reason)
         if self._nursery is not None:
@@ -254,6 +254,7 @@ class HubSession(SessionTimers):
             extra=fields(user_id=self.user_id, session_id=self.session_id),
         )
         self._abandoned = True
+        self._end_note = self._end_note or (None, "abandoned: its daemon is back on a newer socket")
         self.stop_reading()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
