@@ -197,9 +197,13 @@ def create_app(
 
     @app.errorhandler(SubstrateUnavailable)
     async def _unavailable(exc: SubstrateUnavailable):  # type: ignore[no-untyped-def]
-        return _json(
-            {"status": "unavailable", "error": {"code": "unavailable", "message": str(exc)}}, 503
-        )
+        body: dict[str, Any] = {
+            "status": "unavailable",
+            "error": {"code": "unavailable", "message": str(exc)},
+        }
+        if exc.job_id is not None:  # it was enqueued: its outcome is unknown
+            body = {"job_id": exc.job_id, **body, "detail": {"stage": "unknown"}}
+        return _json(body, 503)
 
     @app.errorhandler(IdempotencyKeyReused)
     async def _key_reused(exc: IdempotencyKeyReused):  # type: ignore[no-untyped-def]
