@@ -230,7 +230,11 @@ class ProcessReader:
         except SubstrateUnavailable:
             intact = False
         if intact:
-            log.info("this process's %s; presence intact (the process stalled?)", why)
+            log.info(
+                "this process's %s; presence intact (Redis was unreachable, or this process "
+                "stalled, past the key's %g s TTL)",
+                why, PROCESS_LIVENESS_TTL_S,
+            )  # fmt: skip
             return
         log.warning(
             "this process's %s and a presence is gone (Redis lost its data?): rewriting "
