@@ -35,6 +35,15 @@ def test_call_args_must_be_an_object(capsys):
     assert "--args must be a JSON object" in capsys.readouterr().err
 
 
+def test_call_args_that_are_not_json_say_where(capsys):
+    # was "--args is not valid JSON" alone: a newcomer's single quotes, with no hint
+    assert cli.main(["call", "alice", "echo", "--args", "{'a': 1}"]) == 2
+    assert capsys.readouterr().err == (
+        "deskbridge-hub call: --args is not valid JSON (Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1))\n"
+    )
+
+
 def test_call_args_with_a_repeated_key_is_a_usage_error(capsys):
     # json keeps the last value: the hub refuses such a body, so the CLI says so first
     assert cli.main(["call", "alice", "echo", "--args", '{"a": {"b": 1, "b": 2}}']) == 2

@@ -19,6 +19,7 @@ from deskbridge_hub._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
     PROCESS_LIVENESS_REFRESH_S,
+    PROCESS_LIVENESS_RETRY_S,
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
 )
@@ -44,8 +45,8 @@ def test_the_retry_constants_the_loops_are_pinned_against():
         3.0,
         2.0,
     )
-    assert HEARTBEAT_RETRY_S == 1.0
-    assert READ_ERROR_BACKOFF_S == (0.1, 0.25, 0.5, 1.0, 2.0)
+    assert (HEARTBEAT_RETRY_S, PROCESS_LIVENESS_RETRY_S) == (1.0, 0.25)
+    assert READ_ERROR_BACKOFF_S == (0.1, 0.25, 0.5, 1.0)
     assert (WORKERS, WAKE_BATCH) == (8, 1000)
 
 
@@ -170,14 +171,16 @@ async def run_loop(loop, seconds):
         nursery.cancel_scope.cancel()
 
 
-async def test_liveness_is_refreshed_every_second_through_failures(autojump_clock, caplog):
+async def test_liveness_is_refreshed_every_second_and_a_quarter_second_after_a_failure(
+    autojump_clock, caplog
+):
     script = Script()
     script.queue("set_liveness", True, boom(), True)
     reader = make_reader(script)
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._liveness_loop, 3.5)
-    assert script.times("set_liveness") == [0.0, 1.0, 2.0, 3.0]
-    assert script.of("set_liveness") == [(("h1", 3.0), {})] * 4
+    assert script.times("set_liveness") == [0.0, 1.0, 1.25, 2.25, 3.25]
+    assert script.of("set_liveness") == [(("h1", 3.0), {})] * 5
     assert lines(caplog) == ["liveness refresh failed: boom"]
     assert script.of("get_presence") == []
 
@@ -228,7 +231,8 @@ async def test_a_lapsed_liveness_key_with_presence_intact_waits_for_the_beats_du
     assert script.of("get_presence") == [(("u1",), {})]
     assert not reader._schedule.full and not reader._beat_now.is_set()
     assert lines(caplog) == [
-        "this process's liveness key had lapsed; presence intact (the process stalled?)"
+        "this process's liveness key had lapsed; presence intact (Redis was unreachable, "
+        "or this process stalled, past the key's 3 s TTL)"
     ]
     assert levels(caplog, "intact") == [logging.INFO]
 
@@ -267,7 +271,7 @@ async def test_an_outage_noticed_while_the_refresh_fails_is_checked_after_it(aut
     beating(reader, Desk("u1"))
     reader._check_presence = True
     await run_loop(reader._liveness_loop, 1.5)
-    assert script.times("get_presence") == [1.0]
+    assert script.times("get_presence") == [0.25]
 
 
 # -- wake-ups -------------------------------------------------------------------------------
@@ -316,23 +320,23 @@ async def test_a_failed_wake_up_wait_backs_off_warns_and_is_made_again(autojump_
     assert reader._due == {"u1": {NEW}}
 
 
-async def test_failures_back_off_to_two_seconds_and_are_summed_up_once_a_minute(
+async def test_failures_back_off_to_one_second_and_are_summed_up_once_a_minute(
     autojump_clock, caplog
 ):
     script = Script()
-    script.queue("wait_wakes", *[boom() for _ in range(36)])
+    script.queue("wait_wakes", *[boom() for _ in range(66)])
     reader = make_reader(script)
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._wake_loop, 70)
     times = script.times("wait_wakes")
     gaps = [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)]
-    assert gaps[:6] == [0.1, 0.25, 0.5, 1.0, 2.0, 2.0] and set(gaps[4:32]) == {2.0}
-    assert levels(caplog, "wake-up wait") == [logging.DEBUG] * 36
-    assert lines(caplog)[30] == "wake-up wait: boom; retrying in 2.00 s (failure 31)"
+    assert gaps[:6] == [0.1, 0.25, 0.5, 1.0, 1.0, 1.0] and set(gaps[3:66]) == {1.0}
+    assert levels(caplog, "wake-up wait") == [logging.DEBUG] * 66
+    assert lines(caplog)[30] == "wake-up wait: boom; retrying in 1.00 s (failure 31)"
     outage = outage_lines(caplog)
     assert [level for level, _ in outage] == [logging.WARNING] * 2  # the wait then hangs
-    assert outage[1][1] == (  # the 35th failure, at 61.85 s
-        "Redis still unavailable after 62 s: 35 failed attempts; waiting: wake-up wait; "
+    assert outage[1][1] == (  # the 64th failure, at 60.85 s
+        "Redis still unavailable after 61 s: 64 failed attempts; waiting: wake-up wait; "
         "last error: boom"
     )
 

@@ -49,6 +49,7 @@ from ._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
     PROCESS_LIVENESS_REFRESH_S,
+    PROCESS_LIVENESS_RETRY_S,
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
 )
@@ -208,12 +209,13 @@ class ProcessReader:
             try:
                 kept = await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
             except SubstrateUnavailable as exc:
-                # DEBUG: it fails every second of an outage, and the other loops warn
+                # DEBUG: it fails four times a second of an outage, and the other loops warn
                 log.debug("liveness refresh failed: %s", exc)
-            else:
-                recovered, self._check_presence = self._check_presence, False
-                if (not kept or recovered) and self._beating:
-                    await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
+                await trio.sleep(PROCESS_LIVENESS_RETRY_S)  # rewrite it as Redis returns
+                continue
+            recovered, self._check_presence = self._check_presence, False
+            if (not kept or recovered) and self._beating:
+                await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
 
     async def _lapsed(self, why: str) -> None:
@@ -228,7 +230,11 @@ class ProcessReader:
         except SubstrateUnavailable:
             intact = False
         if intact:
-            log.info("this process's %s; presence intact (the process stalled?)", why)
+            log.info(
+                "this process's %s; presence intact (Redis was unreachable, or this process "
+                "stalled, past the key's %g s TTL)",
+                why, PROCESS_LIVENESS_TTL_S,
+            )  # fmt: skip
             return
         log.warning(
             "this process's %s and a presence is gone (Redis lost its data?): rewriting "

@@ -118,6 +118,7 @@ class HubSession(SessionTimers):
     _time_is_up: trio.Event = attrs.field(factory=trio.Event)
     _done: bool = False
     _abandoned: bool = False
+    _handed_over: bool = False
     #: why the session was ended from outside (``close``, ``abandon``): for its log line
     _end_note: tuple[int | None, str] | None = None
 
@@ -227,10 +228,12 @@ class HubSession(SessionTimers):
             local: the newer session is in this process: jobs still running at the end
                 of the grace stay pending and its drain redelivers them at once (the
                 desktop's ledger answers them); otherwise their callers are answered
-                ``in_doubt`` when this session ends.
+                ``in_doubt`` when this session ends, for good (the newer session may be
+                another desktop's: the entries are acknowledged, not delivered again).
         """
         if not local:
             self._ending = self._ending or "superseded by a newer sidecar session"
+            self._handed_over = True
         self.stop_reading()
         if self._listener is not None:
             self.state.reader.stop_beating(self._listener)
@@ -259,6 +262,11 @@ class HubSession(SessionTimers):
     def ended_reason(self) -> str | None:
         """Why the session is ending on purpose, if it is (``_delivery.Executor``)."""
         return self._ending
+
+    def handed_over(self) -> bool:
+        """Superseded through another process (``_delivery.Executor``): its ``in_doubt``
+        answers are final."""
+        return self._handed_over
 
     async def wait_idle(self) -> None:
         """Return once no entry is being served on this socket (graceful shutdown)."""

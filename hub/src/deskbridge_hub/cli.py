@@ -163,8 +163,9 @@ def _call(args: argparse.Namespace) -> int:
     except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
-    except (ValueError, RecursionError):
-        print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
+    except (ValueError, RecursionError) as exc:  # say where, as the HTTP API does
+        why = f" ({exc})" if isinstance(exc, ValueError) else " (nested too deeply)"
+        print(f"deskbridge-hub call: --args is not valid JSON{why}", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
