@@ -101,3 +101,21 @@ def test_call_sends_a_zero_timeout_instead_of_dropping_it(capsys):
         server.server_close()
         thread.join(5)
     assert seen == [{"name": "echo", "args": {}, "timeout_s": 0.0}]
+
+
+def test_a_reader_that_leaves_early_is_no_traceback():
+    # `deskbridge-hub inspect user alice | head -3` printed a BrokenPipeError traceback
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "DESKBRIDGE_SECRET": "s" * 32}
+    hub = Path(sys.executable).parent / "deskbridge-hub"
+    proc = subprocess.Popen(
+        [str(hub), "token", "alice"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    proc.stdout.close()  # before the child prints: its write meets a closed pipe
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    assert proc.returncode == 1
