@@ -66,3 +66,27 @@ def test_an_unknown_log_level_falls_back_to_info_with_one_warning(
     assert len(lines) == 1
     assert "WARNING deskbridge.hub" in lines[0]
     assert "DESKBRIDGE_LOG_LEVEL='verbose': expected one of DEBUG, INFO, WARNING" in lines[0]
+
+
+def test_every_command_of_both_tools_says_what_it_does() -> None:
+    from deskbridge_sidecar.cli import build_parser
+
+    bare = [
+        f"{parser.prog} {name}"
+        for parser in (cli._parser(), build_parser())
+        for name, sub in _subparsers(parser).items()
+        if not sub.description
+    ]
+    assert bare == []  # sidecar approve, decline and pending printed only their usage
+
+
+def test_every_option_of_every_sidecar_command_has_help() -> None:
+    from deskbridge_sidecar.cli import build_parser
+
+    missing = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for name, sub in _subparsers(build_parser()).items()
+        for action in sub._actions
+        if action.option_strings and not action.help
+    ]
+    assert missing == []

@@ -251,3 +251,26 @@ async def test_the_callers_mailbox_gets_job_and_payload_and_lives_on_after_it(au
     assert await s.read_notifications("box", count=10, block_ms=1) == [("j2", "p2"), ("j3", "p3")]
     await s.publish_result("u1", "j4", "p4", ttl_s=10.0, notify="")  # no mailbox: none
     assert set(s._mailboxes) == {"box"}
+
+
+async def test_a_provisional_finish_goes_only_to_the_caller(autojump_clock):
+    """Not the job's last word (an in_doubt at a hand-over): no result list, so the
+    result and a retry by the idempotency key wait for the real outcome; the state, the
+    XACK, the progress log's end and the mailbox as for any finish."""
+    s = MemorySubstrate()
+    entry_id = await pending_entry(s)
+    await s.publish_progress("j1", "10%", ttl_s=60.0)
+    now = trio.current_time()
+    record(s, "k1", "j1 rest", now + 5.0)
+    s.spoil_key(result_key("u1", "j2"))  # never written: no WRONGTYPE either
+    done = await s.finish(
+        "u1", "j1", "maybe", STATE, ttl_s=10.0, entry_id=entry_id, notify="box",
+        idempotency_key="k1", provisional=True,
+    )  # fmt: skip
+    assert done == Finished("done", acked=True)
+    assert s._results == {} and await s.get_result("u1", "j1") is None
+    assert s._kv[idem_key("u1", "k1")] == ("j1 rest", now + 5.0)
+    assert await s.get_job_state("u1", "j1") == STATE and s.pending_count("u1") == 0
+    assert await s.read_notifications("box", count=10, block_ms=1) == [("j1", "maybe")]
+    assert [p for _, p in await s.read_progress("j1", "1-0", block_ms=1)] == ['{"outcome":maybe}']
+    assert await s.finish("u1", "j2", "x", STATE, ttl_s=10.0, provisional=True) == Finished("done")

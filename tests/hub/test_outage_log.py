@@ -127,3 +127,37 @@ def test_each_event_loop_run_has_its_own_outage() -> None:
 
     assert trio.run(fail_once) is True
     assert trio.run(is_down) is False  # a later run (another clock) starts clean
+
+
+async def test_any_success_ends_it_also_one_that_never_failed(autojump_clock, caplog):
+    # a held write cancelled mid-outage (its session ended) never succeeds: the next
+    # success of anything else in the run must end the outage
+    caplog.set_level(logging.DEBUG, logger=OUTAGE_LOG)
+
+    async def refused() -> None:
+        raise down()
+
+    async def fine() -> str:
+        return "ok"
+
+    with trio.move_on_after(1):
+        await retrying(refused, what="XACK 1-0")
+    assert outage_log().down
+    assert await retrying(fine, what="finish j2") == "ok"
+    assert not outage_log().down
+    assert [text.split(" after ")[0] for _, text in told(caplog)][-1] == "Redis available again"
+
+
+async def test_a_success_with_nothing_down_does_not_look_the_run_up(autojump_clock, monkeypatch):
+    # retrying() and the read loops end the outage on every success: a RunVar lookup
+    # costs microseconds, per job (issue 10), so it happens only while a run is down
+    from deskbridge_hub import _outage
+
+    looked: list[int] = []
+    monkeypatch.setattr(_outage, "outage_log", lambda: looked.append(1) or OutageLog())
+    monkeypatch.setattr(_outage, "_down", 0)
+    _outage.succeeded()
+    assert looked == []
+    monkeypatch.setattr(_outage, "_down", 1)
+    _outage.succeeded()
+    assert looked == [1]

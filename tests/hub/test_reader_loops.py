@@ -231,7 +231,8 @@ async def test_a_lapsed_liveness_key_with_presence_intact_waits_for_the_beats_du
     assert script.of("get_presence") == [(("u1",), {})]
     assert not reader._schedule.full and not reader._beat_now.is_set()
     assert lines(caplog) == [
-        "this process's liveness key had lapsed; presence intact (the process stalled?)"
+        "this process's liveness key had lapsed; presence intact (Redis was unreachable, "
+        "or this process stalled, past the key's 3 s TTL)"
     ]
     assert levels(caplog, "intact") == [logging.INFO]
 
@@ -389,10 +390,12 @@ async def test_a_failed_beat_is_counted_retried_in_a_second_with_catalogues_and_
     ]
     assert levels(caplog, "heartbeat of") == [logging.DEBUG, logging.DEBUG]
     assert "substrate back after 2 failures" in lines(caplog)
-    assert [text.split(":")[0] for _, text in outage_lines(caplog)] == [
-        "Redis unavailable",
-        "Redis available again after 2.0 s (2 failed attempts; waiting",
-    ]
+    assert outage_lines(caplog) == [
+        (logging.WARNING, "Redis unavailable: heartbeat failed: boom; retrying (each retry "
+         "at DEBUG, a summary every 60 s)"),
+        (logging.WARNING, "Redis available again after 2.0 s (2 failed attempts; waiting: "
+         "heartbeat)"),
+    ]  # fmt: skip
     assert reader._failures == 0 and reader._check_presence is False  # that beat was full
 
 
@@ -455,12 +458,21 @@ async def test_a_read_that_fails_is_retried_with_the_same_kinds_after_the_back_o
             await nursery.start(reader.run)
             reader.attach(desk.listener)
             await trio.sleep(0.5)
+            await script.wakes_in.send([])  # the wake-up wait answers: Redis is back
+            await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
     assert script.names("set_liveness", "wait_wakes", "clear_liveness") == [
         "take_over", "read_pending", "take_over", "read_pending", "autoclaim", "read_new",
     ]  # fmt: skip
     assert script.times("take_over") == [0.0, 0.1]
     assert "read for u1: boom; retrying in 0.10 s (failure 1)" in lines(caplog)
+    # the outage names the operation, and its kind (the user's reads) as what waits
+    assert outage_lines(caplog) == [
+        (logging.WARNING, "Redis unavailable: read for u1 failed: boom; retrying (each retry "
+         "at DEBUG, a summary every 60 s)"),
+        (logging.WARNING, "Redis available again after 0.5 s (1 failed attempts; waiting: "
+         "read)"),
+    ]  # fmt: skip
     assert reader._busy == set() and reader._due == {}
 
 

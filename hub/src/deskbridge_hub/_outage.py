@@ -71,6 +71,8 @@ class OutageLog:
         self._attempts += 1
         self._waiting[what] = kind or what.split(" ", 1)[0]
         if self._since is None:
+            global _down
+            _down += 1
             self._since = self._last_summary = now
             quiet = self._ended_at is not None and now - self._ended_at < REOPEN_QUIET_S
             self._announced = not quiet
@@ -102,6 +104,8 @@ class OutageLog:
         )  # fmt: skip
         self._since, self._ended_at, self._attempts = None, now, 0
         self._waiting.clear()
+        global _down
+        _down -= 1
 
     def waiting(self) -> str:
         """What is waiting, by kind, most first: ``3 x finish, heartbeat``."""
@@ -113,6 +117,15 @@ class OutageLog:
 
 
 _RUN: anyio.lowlevel.RunVar[OutageLog] = anyio.lowlevel.RunVar("deskbridge_outage_log")
+#: How many event-loop runs of this process are in an outage: a success elsewhere looks
+#: its run's log up only then (the lookup costs microseconds, per job: issue 10).
+_down = 0
+
+
+def succeeded() -> None:
+    """An attempt succeeded: end this run's outage, if one is open (cheap when none is)."""
+    if _down:
+        outage_log().succeeded()
 
 
 def outage_log() -> OutageLog:

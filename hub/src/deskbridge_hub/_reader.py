@@ -44,6 +44,7 @@ from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._outage import outage_log
+from ._outage import succeeded as outage_over
 from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
@@ -230,7 +231,11 @@ class ProcessReader:
         except SubstrateUnavailable:
             intact = False
         if intact:
-            log.info("this process's %s; presence intact (the process stalled?)", why)
+            log.info(
+                "this process's %s; presence intact (Redis was unreachable, or this process "
+                "stalled, past the key's %g s TTL)",
+                why, PROCESS_LIVENESS_TTL_S,
+            )  # fmt: skip
             return
         log.warning(
             "this process's %s and a presence is gone (Redis lost its data?): rewriting "
@@ -447,7 +452,7 @@ class ProcessReader:
         # Nothing to re-read here: a wake-up pushed during the outage is still on the list
         # (or Redis lost everything, entries included), and an entry whose wake-up failed
         # is flagged as backlog by the next heartbeat.
-        outage_log().succeeded()
+        outage_over()
         if self._failures:
             log.debug("substrate back after %d failures", self._failures)
             self._failures = 0

@@ -12,6 +12,7 @@ import anyio
 
 from ._errors import SubstrateUnavailable
 from ._outage import outage_log
+from ._outage import succeeded as outage_over
 
 log = logging.getLogger("deskbridge.hub.retry")
 
@@ -82,5 +83,5 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str) -> T:
             await anyio.sleep(delay)
             delay = min(delay * 2, DURABLE_RETRY_MAX_S)
         else:
-            outage_log().succeeded()
+            outage_over()
             return result

@@ -27,6 +27,7 @@ cleared (if still ours).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -170,6 +171,7 @@ class HubSession(SessionTimers):
                     stopped=self._reading_stopped,
                     delivered_state=server.delivered_state,
                     daemon_id=self.hello.daemon_id if self.hello else None,
+                    on_retaken=self._record_again,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
@@ -215,6 +217,13 @@ class HubSession(SessionTimers):
         await self._close(code, reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def _record_again(self) -> None:
+        """Presence had been lost and a beat wrote it again: so may the directory have
+        been (``_directory.recorded_again``, in this session's nursery)."""
+        if self._nursery is not None and not self._done:
+            with contextlib.suppress(RuntimeError):  # the nursery is closing
+                self._nursery.start_soon(_directory.recorded_again, self)
 
     def stop_reading(self) -> None:
         """Read no new entries (draining, or superseded); running jobs go on."""

@@ -128,13 +128,19 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "token":
-        return _token(args)
-    if args.command == "call":
-        return _call(args)
-    if args.command == "inspect":
+    if args.command == "serve":
+        return _serve(args)
+    try:
+        if args.command == "token":
+            return _token(args)
+        if args.command == "call":
+            return _call(args)
         return _inspect_cli.run(args)
-    return _serve(args)
+    except BrokenPipeError:
+        # `deskbridge-hub inspect desktops | head`: the reader left (was a traceback).
+        # The Python docs' recipe: stdout to devnull, so the flush at exit is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _token(args: argparse.Namespace) -> int:
@@ -163,8 +169,9 @@ def _call(args: argparse.Namespace) -> int:
     except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
-    except (ValueError, RecursionError):
-        print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
+    except (ValueError, RecursionError) as exc:  # say where, as the HTTP API does
+        why = f" ({exc})" if isinstance(exc, ValueError) else " (nested too deeply)"
+        print(f"deskbridge-hub call: --args is not valid JSON{why}", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
