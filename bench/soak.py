@@ -6,10 +6,11 @@ On loopback: ``redis-server`` with an append-only file, N ``deskbridge-hub serve
 HAProxy through its own TCP proxy that can cut the connection half-open, and callers
 (threads) posting ``record`` through HAProxy, each retrying its key's idempotency key on
 offline / unavailable / lost / timeout / a provisional in_doubt (``detail.pending``) /
-HAProxy 5xx / refused connection until another answer or ``--key-budget-s``. After ``--calm-s`` seconds without faults: a pod SIGKILLed
-every ``--kill-every-s`` and restarted ``--restart-after-s`` later on the same port, a
-sidecar's connection cut every ``--cut-every-s``, Redis SIGKILLed and restarted on its AOF
-halfway through the faults. Hubs run with ``DESKBRIDGE_RECLAIM_IDLE_S=5``.
+HAProxy 5xx / refused connection until another answer or ``--key-budget-s``. After
+``--calm-s`` seconds without faults: a pod SIGKILLed every ``--kill-every-s`` and
+restarted ``--restart-after-s`` later on the same port, a sidecar's connection cut every
+``--cut-every-s``, Redis SIGKILLed and restarted on its AOF halfway through the faults.
+Hubs run with ``DESKBRIDGE_RECLAIM_IDLE_S=5``.
 
 Prints jobs issued and answered, hung attempts and stuck callers, the answer histograms
 (per attempt and final per key), executions per key (0 / 1 / 2+, counted by the tool in
