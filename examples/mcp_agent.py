@@ -6,7 +6,8 @@ fills and submits a web form in the user's own browser (the sidecar's browser to
 
 The API key comes from ``--api-key`` or ``DESKBRIDGE_API_KEY``. The steps are scripted
 here; a model-driven agent makes the same MCP calls, choosing them from the listed tools.
-Exit status: 0 when the form was submitted and the confirmation read back, 1 otherwise.
+Exit status: 0 when the form was submitted and the confirmation read back, 1 otherwise
+(one line on stderr saying why: hub unreachable, API key refused, no browser toolset).
 """
 
 from __future__ import annotations
@@ -16,13 +17,48 @@ import asyncio
 import json
 import os
 import sys
+from urllib.parse import urlsplit
 
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+#: The browser toolset's tools this agent calls.
+NEEDED = ("browser_open", "browser_fill", "browser_click", "browser_text")
+
+
+class Refused(Exception):
+    """Why the agent cannot start, in one line."""
+
+
+async def preflight(hub: str, user: str, api_key: str, url: str) -> None:
+    """One plain HTTP call first, so a newcomer's usual mistakes are one line each
+    (through MCP they were a traceback: "Server returned an error response")."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=10.0) as http:
+        try:
+            r = await http.get(f"{hub.rstrip('/')}/v1/users/{user}/tools")
+        except httpx2.HTTPError as exc:
+            raise Refused(f"cannot reach the hub at {hub}: {exc or type(exc).__name__}") from None
+    if r.status_code == 401:
+        raise Refused("the hub refused the API key (401): pass --api-key or DESKBRIDGE_API_KEY")
+    if r.status_code != 200:
+        raise Refused(f"the hub answered {r.status_code}: {r.text[:200]}")
+    body = r.json()
+    offered = {t["name"] for t in body.get("tools") or []}
+    if not body.get("online"):
+        raise Refused(f"{user}'s desktop is offline: start its sidecar (README)")
+    missing = [n for n in NEEDED if n not in offered]
+    if missing:
+        parts = urlsplit(url)
+        raise Refused(
+            f"{user}'s desktop offers no {', '.join(missing)}: start its sidecar with "
+            f"--browser-origin {parts.scheme}://{parts.netloc}"
+        )
+
 
 async def run(hub: str, user: str, api_key: str, url: str, name: str) -> int:
+    await preflight(hub, user, api_key, url)
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}, timeout=60.0)
     endpoint = f"{hub.rstrip('/')}/v1/users/{user}/mcp"
     async with http, Client(streamable_http_client(endpoint, http_client=http)) as client:
@@ -60,6 +96,9 @@ def main() -> int:
     args = parser.parse_args()
     try:
         return asyncio.run(run(args.hub, args.user, args.api_key, args.url, args.name))
+    except Refused as exc:
+        print(f"mcp_agent: {exc}", file=sys.stderr)
+        return 1
     except RuntimeError as exc:
         print(f"the desktop said: {exc}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -12,6 +13,44 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 REDIS_URL = os.environ.get("DESKBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def redis_problem(url: str, timeout_s: float = 1.0) -> str | None:
+    """Why the suite's Redis at ``url`` does not answer a PING, or None when it answers
+    (any reply: a password it wants is the tests' business). Only ``redis://`` URLs are
+    checked."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis":
+        return None
+    address = (parts.hostname or "127.0.0.1", parts.port or 6379)
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            if s.recv(64):
+                return None
+            problem = "it closed the connection"
+    except OSError as exc:
+        problem = exc.strerror or str(exc) or type(exc).__name__
+    return (
+        f"the suite's Redis at {address[0]}:{address[1]} does not answer ({problem}): the "
+        "tests that use it will fail. Start one (redis-server --port 6390 --save '' "
+        "--daemonize yes) and set DESKBRIDGE_TEST_REDIS_URL=redis://127.0.0.1:6390/0"
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    problem = redis_problem(REDIS_URL)
+    config.stash[_REDIS_PROBLEM] = problem
+    return f"redis: {problem or REDIS_URL + ' answers'}"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    problem = config.stash.get(_REDIS_PROBLEM, None)
+    if problem and exitstatus:  # say it again where a newcomer looks: after the failures
+        terminalreporter.write_line(problem, red=True, bold=True)
+
+
+_REDIS_PROBLEM = pytest.StashKey[str | None]()
 
 
 class RawRedis:

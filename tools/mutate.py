@@ -30,6 +30,9 @@ PINGed before the run and again after it; a Redis that does not answer stops the
 
 A target may list ``functions`` (globs over mutmut's function names, e.g.
 ``xǁEntryServerǁfinish``): only their mutants are run and scored (the CI subset uses this).
+An ``[[equivalent_change]]`` rule may list ``functions`` too (the same globs): it then
+applies only to those functions' mutants (a ``break`` that is a function's last
+statement in one function is not in the next one).
 
 Usage:
     ./dev mutate                 every target in mutation.toml (about 30 min on 2 cores)
@@ -58,6 +61,7 @@ import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,21 +220,29 @@ def _case_only(name: str, diff: tuple[list[str], list[str]], rules: list[dict[st
     return any(re.search(r["pattern"], removed[0]) for r in rules)
 
 
+def _function_of(mutant: str) -> str:
+    """``deskbridge_hub._reader.xǁProcessReaderǁ_pump__mutmut_7`` -> ``xǁProcessReaderǁ_pump``."""
+    return mutant.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0]
+
+
 def _change_rule(
-    name: str, diff: tuple[list[str], list[str]], rules: list[dict[str, str]]
+    name: str, diff: tuple[list[str], list[str]], rules: list[dict[str, Any]]
 ) -> str | None:
     """The reason of the first ``[[equivalent_change]]`` rule that mutant ``name``'s diff
-    matches: one line changed, the old line matching ``removed``, the new ``added``."""
+    matches: one line changed, the old line matching ``removed``, the new ``added``, in
+    the rule's ``module`` and (if it lists them) one of its ``functions``."""
     removed, added = diff
     if len(removed) != 1 or len(added) != 1:
         return None
+    function = _function_of(name)
     for rule in rules:
         if (
             fnmatch.fnmatchcase(_module_of(name), rule.get("module", "*"))
+            and any(fnmatch.fnmatchcase(function, f) for f in rule.get("functions", ["*"]))
             and re.search(rule["removed"], removed[0])
             and re.search(rule["added"], added[0])
         ):
-            return rule["reason"]
+            return str(rule["reason"])
     return None
 
 

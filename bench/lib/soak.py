@@ -45,9 +45,21 @@ from tests.procs import (
 )
 
 #: Answers a caller retries with the same idempotency key: the job may not have run or
-#: its outcome is unknown (docs/outcomes.md), plus transport failures (HAProxy's own
-#: 5xx when a pod dies mid-request, a refused or reset connection).
-RETRY = frozenset({"offline", "unavailable", "lost", "timeout", "http-5xx", "conn-error", "hung"})
+#: its outcome is unknown (docs/outcomes.md), a provisional ``in_doubt`` (``detail.pending``:
+#: the job's real outcome is still to come), plus transport failures (HAProxy's own 5xx
+#: when a pod dies mid-request, a refused or reset connection).
+RETRY = frozenset(
+    {
+        "offline",
+        "unavailable",
+        "lost",
+        "timeout",
+        "in_doubt-pending",
+        "http-5xx",
+        "conn-error",
+        "hung",
+    }
+)
 #: Seconds an HTTP attempt may take beyond the job's timeout_s before it counts as hung.
 HUNG_SLACK_S = 10.0
 
@@ -232,6 +244,8 @@ class Soak:
         try:
             body = r.json()
             status = body.get("status")
+            if status == "in_doubt" and (body.get("detail") or {}).get("pending"):
+                status = "in_doubt-pending"
             if body.get("job_id") and body["job_id"] not in rec.job_ids:
                 rec.job_ids.append(body["job_id"])
         except (ValueError, AttributeError):
@@ -269,19 +283,20 @@ class Soak:
 
     # -- faults -------------------------------------------------------------------------
 
-    def _fault(self, what: str) -> None:
+    def _fault(self, what: str, mark: str) -> None:
+        """Count ``what`` and log it with its timeline ``mark`` (``K1``: pod 1 killed)."""
         self.faults[what] += 1
-        self.fault_log.append((time.time() - self.t0, what))
+        self.fault_log.append((time.time() - self.t0, mark))
 
     def _kill_hub(self, slot: int) -> None:
         with self._hub_lock:
             kill_group(self.hubs[slot])
-        self._fault("hub kill -9")
+        self._fault("hub kill -9", f"K{slot}")
 
     def _restart_hub(self, slot: int) -> None:
         with self._hub_lock:
             self.hubs[slot] = self._start_hub(slot, wait=False)
-        self._fault("hub restart")
+        self._fault("hub restart", f"R{slot}")
 
     def _sample_machine(self) -> None:
         """Every ``MACHINE_SAMPLE_S``: the 1-minute load average and the share of the
@@ -321,7 +336,7 @@ class Soak:
                 next_cut += cfg.cut_every_s
                 proxy = self.rng.choice(self.proxies)
                 if proxy.cut_client_side():
-                    self._fault("socket cut (half-open)")
+                    self._fault("socket cut (half-open)", "C")
             if now >= redis_at:
                 redis_at = float("inf")
                 self._restart_redis()
@@ -332,12 +347,12 @@ class Soak:
     def _restart_redis(self) -> None:
         assert self.redis is not None
         kill_group(self.redis)
-        self._fault("redis kill -9")
+        self._fault("redis kill -9", "X")
         time.sleep(self.cfg.redis_down_s)
         self.redis = AofRedis(self.tmp, self.redis.port, self.cfg.appendfsync, name="redis-again")
         self.procs.append(self.redis)
         self.redis.wait_ready()
-        self._fault("redis restart on AOF")
+        self._fault("redis restart on AOF", "U")
 
     # -- the run ------------------------------------------------------------------------
 
@@ -403,6 +418,7 @@ class Soak:
             keys=keys,
             events=self.ledger.events(),
             faults=dict(self.faults),
+            fault_log=list(self.fault_log),
             t0=self.t0,
             machine=list(self.machine),
             stuck_callers=stuck_callers,

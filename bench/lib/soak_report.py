@@ -26,6 +26,10 @@ SAID_NOT_RUN = frozenset({"offline", "lost", "expired"})
 SLOW_S = 1.0
 #: Slow keys listed (with their attempts and job ids) in the JSON report.
 SLOW_KEYS_KEPT = 100
+#: The timeline's step, seconds: completed keys per step next to the faults in it.
+TIMELINE_S = 5.0
+#: Timeline marks: what each letter of a step's faults means.
+TIMELINE_MARKS = "K<n> pod n killed, R<n> pod n restarted, C socket cut, X Redis killed, U Redis up"
 
 
 @attrs.define
@@ -51,8 +55,10 @@ def build_report(
     stuck_callers: int,
     end_issue: float,
     machine: list[tuple[float, float, float | None]] | None = None,
+    fault_log: list[tuple[float, str]] | None = None,
 ) -> dict[str, Any]:
-    """The report of one run (see the module docstring); ``cfg`` is the ``SoakConfig``."""
+    """The report of one run (see the module docstring); ``cfg`` is the ``SoakConfig``;
+    ``fault_log`` is ``[(seconds after t0, timeline mark)]`` (``TIMELINE_MARKS``)."""
     counts = Counter(e["key"] for e in events if e["event"] == "start")
     finished = [k for k in keys if k.final]
     attempts = Counter(a[0] for k in keys for a in k.attempts)
@@ -130,12 +136,53 @@ def build_report(
             "max": per_attempt[-1] if per_attempt else float("nan"),
         },
         "faults": faults,
+        "timeline": timeline(finished, fault_log or [], t0, end_issue - t0),
         "machine_per_bucket": _machine_per_bucket(machine or [], t0, cfg.bucket_s, len(per_bucket)),
         "time_calm": where_time_went(
             [k for k in keys if t0 <= k.started < t0 + cfg.calm_s], events
         ),
         "time_faulted": where_time_went([k for k in keys if k.started >= t0 + cfg.calm_s], events),
     }
+
+
+def timeline(
+    finished: list[KeyRecord], fault_log: list[tuple[float, str]], t0: float, span_s: float
+) -> list[dict[str, Any]]:
+    """Per ``TIMELINE_S`` step from ``t0``: ``{"t": start s, "completed": keys completed
+    in it, "retried": attempts answered with a retried answer that ended in it, "faults":
+    "K0C" (the marks of the faults in it)}`` -- where the slow windows are, next to what
+    was done to the system then."""
+    n = max(0, int(span_s // TIMELINE_S))
+    steps: list[dict[str, Any]] = [
+        {"t": round(i * TIMELINE_S), "completed": 0, "retried": 0, "faults": ""} for i in range(n)
+    ]
+
+    def step(t: float) -> dict[str, Any] | None:
+        i = int((t - t0) // TIMELINE_S)
+        return steps[i] if 0 <= i < n else None
+
+    for k in finished:
+        if k.final == "completed" and (s := step(k.ended)) is not None:
+            s["completed"] += 1
+        for _, _, a1 in k.attempts[:-1]:
+            if (s := step(a1)) is not None:
+                s["retried"] += 1
+    for t, mark in fault_log:
+        if (s := step(t0 + t)) is not None:
+            s["faults"] += mark
+    return steps
+
+
+def format_timeline(steps: list[dict[str, Any]], per_line: int = 12) -> list[str]:
+    """The timeline, one minute a line: ``completed[retried]marks`` per step."""
+    lines = []
+    for i in range(0, len(steps), per_line):
+        cells = [
+            f"{s['completed']}" + (f"[{s['retried']}]" if s["retried"] else "") + s["faults"]
+            for s in steps[i : i + per_line]
+        ]
+        lines.append(f"    {steps[i]['t']:>4} s  " + " ".join(f"{c:<9}" for c in cells).rstrip())
+    return lines
 
 
 def _machine_per_bucket(
@@ -267,6 +314,12 @@ def format_report(r: dict[str, Any]) -> str:
                 f"{m['load']}/{m['busy']}" if m["load"] is not None else "-" for m in machine
             )
         )
+    if r.get("timeline"):
+        lines.append(
+            f"  timeline: completed[retried attempts] per {TIMELINE_S:g} s; faults: "
+            + TIMELINE_MARKS
+        )
+        lines += format_timeline(r["timeline"])
     for phase in ("calm", "faulted"):
         t = r.get(f"time_{phase}")
         if t:

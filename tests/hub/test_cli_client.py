@@ -35,6 +35,15 @@ def test_call_args_must_be_an_object(capsys):
     assert "--args must be a JSON object" in capsys.readouterr().err
 
 
+def test_call_args_that_are_not_json_say_where(capsys):
+    # was "--args is not valid JSON" alone: a newcomer's single quotes, with no hint
+    assert cli.main(["call", "alice", "echo", "--args", "{'a': 1}"]) == 2
+    assert capsys.readouterr().err == (
+        "deskbridge-hub call: --args is not valid JSON (Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1))\n"
+    )
+
+
 def test_call_args_with_a_repeated_key_is_a_usage_error(capsys):
     # json keeps the last value: the hub refuses such a body, so the CLI says so first
     assert cli.main(["call", "alice", "echo", "--args", '{"a": {"b": 1, "b": 2}}']) == 2
@@ -92,3 +101,21 @@ def test_call_sends_a_zero_timeout_instead_of_dropping_it(capsys):
         server.server_close()
         thread.join(5)
     assert seen == [{"name": "echo", "args": {}, "timeout_s": 0.0}]
+
+
+def test_a_reader_that_leaves_early_is_no_traceback():
+    # `deskbridge-hub inspect user alice | head -3` printed a BrokenPipeError traceback
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "DESKBRIDGE_SECRET": "s" * 32}
+    hub = Path(sys.executable).parent / "deskbridge-hub"
+    proc = subprocess.Popen(
+        [str(hub), "token", "alice"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    proc.stdout.close()  # before the child prints: its write meets a closed pipe
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    assert proc.returncode == 1

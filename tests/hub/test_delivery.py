@@ -485,15 +485,50 @@ async def test_a_zombies_in_doubt_and_interrupted_marks_are_refused_too(autojump
         assert (state.stage, state.session_id) == (Stage.DELIVERED, "session-2")
 
 
-async def test_an_in_doubt_answer_of_the_newest_delivery_is_published(autojump_clock):
-    substrate, server, entry = await setup()
+async def test_an_in_doubt_answer_of_a_takeover_elsewhere_is_final_and_acked(autojump_clock):
+    """4001 through another process (perhaps another desktop): the newest delivery's
+    ``in_doubt`` is the job's result, and the entry is not delivered again."""
+    substrate, server, entry = await setup(reply_to="box-1")
 
     class Ending(FakeExecutor):
         def ended_reason(self):
             return "superseded"
 
+        def handed_over(self):
+            return True
+
     with trio.move_on_after(5):
         await server.serve(entry, Ending(hang=True))
-    assert (await answer(substrate))["status"] == "in_doubt"
+    body = await answer(substrate)
+    assert (body["status"], body["detail"]) == (
+        "in_doubt", {"stage": "interrupted", "reason": "superseded"}
+    )
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.FINISHED
+    assert substrate.pending_count(USER) == 0
+    [(job, payload)] = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert json.loads(payload) == body
+
+
+async def test_an_in_doubt_answer_at_a_restart_or_expiry_is_provisional(autojump_clock):
+    """1012 / 4003: the same desktop comes back, so the caller is told ``in_doubt`` with
+    ``detail.pending`` (its mailbox only) and the job's result stays to come: the entry
+    stays pending for its redelivery, the stage says ``interrupted``."""
+    substrate, server, entry = await setup(reply_to="box-1")
+
+    class Ending(FakeExecutor):
+        def ended_reason(self):
+            return "hub restarting"
+
+        def handed_over(self):
+            return False
+
+    with trio.move_on_after(5):
+        await server.serve(entry, Ending(hang=True))
+    [(job, payload)] = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    body = json.loads(payload)
+    assert (job, body["status"], body["detail"]) == (
+        "job-1", "in_doubt", {"stage": "interrupted", "reason": "hub restarting", "pending": True}
+    )
+    assert await answer(substrate) is None  # not the job's result
     assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
     assert substrate.pending_count(USER) == 1

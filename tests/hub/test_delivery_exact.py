@@ -120,6 +120,11 @@ class Ending(FakeExecutor):
         return "superseded"
 
 
+class EndingForGood(Ending):
+    def handed_over(self):
+        return True
+
+
 async def test_an_in_doubt_answer_names_the_reason_notifies_and_is_counted(autojump_clock, caplog):
     substrate, server, entry = await setup(reply_to="box-1")
     counter = _metrics.SERVED.labels("echo", "in_doubt")
@@ -127,15 +132,17 @@ async def test_an_in_doubt_answer_names_the_reason_notifies_and_is_counted(autoj
     with caplog.at_level(logging.INFO, logger="deskbridge.hub.jobs"):
         with trio.move_on_after(5):
             await server.serve(entry, Ending(hang=True))
-    body = await answer(substrate)
-    assert body["status"] == "in_doubt" and "superseded" in json_text(body)
+    state = await substrate.get_job_state(USER, "job-1")
+    assert (state.stage, state.user_id, state.at) == (Stage.INTERRUPTED, USER, wall())
+    assert await answer(substrate) is None  # provisional (no ``handed_over``): not stored
     got = await substrate.read_notifications("box-1", count=10, block_ms=1)
     assert [job for job, _ in got] == ["job-1"]
+    body = json.loads(got[0][1])
+    assert body["status"] == "in_doubt" and "superseded" in json_text(body)
+    assert body["detail"]["pending"] is True
     assert counter._value.get() == before + 1
     lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.jobs"]
     assert lines == ["job job-1 finished: in_doubt (echo)"]
-    state = await substrate.get_job_state(USER, "job-1")
-    assert (state.stage, state.user_id, state.at) == (Stage.INTERRUPTED, USER, wall())
 
 
 def json_text(body) -> str:
@@ -338,7 +345,7 @@ async def test_an_in_doubt_answer_lives_as_long_as_the_callers_idempotency_recor
     record_until_s = Timings().result_ttl_s + 600
     substrate._set(idem_key(USER, "key-1"), "job-1 echo digest", wall(), record_until_s)
     with trio.move_on_after(5):
-        await server.serve(entry, Ending(hang=True))
+        await server.serve(entry, EndingForGood(hang=True))
     await trio.sleep(record_until_s - 10)  # past the result TTL, inside the record's life
     assert (await answer(substrate))["status"] == "in_doubt"
 

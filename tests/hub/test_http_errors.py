@@ -24,3 +24,35 @@ async def test_unmatched_route_and_wrong_method_answer_json(autojump_clock) -> N
         r = await client.get("/v1/users/u1/jobs")  # POST-only route
         assert r.status_code == 405
         assert r.content_type == "application/json"
+
+
+async def test_a_websocket_upgrade_to_an_unknown_path_is_a_json_404(autojump_clock, caplog) -> None:
+    # ws://hub/wrong (a newcomer's path typo) was a 500 with two ERROR tracebacks per
+    # attempt, and the sidecar retries for ever: the JSON error handler read ``request``,
+    # which a WebSocket scope does not have
+    from quart.testing import WebsocketResponseError
+
+    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=MemorySubstrate())
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        refused: list[WebsocketResponseError] = []
+        try:
+            async with client.websocket("/wrong") as ws:
+                await ws.send("{}")
+                await ws.receive()
+        except* WebsocketResponseError as group:  # raised through the client's nurseries
+            refused = _leaves(group)
+        (refusal,) = refused
+        response = refusal.response
+        assert response.status_code == 404
+        assert await response.get_json() == {
+            "error": {"code": "not_found", "message": "Not Found: WebSocket /wrong"}
+        }
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def _leaves(group: BaseExceptionGroup) -> list:
+    out = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out

@@ -161,3 +161,31 @@ def test_the_bare_asgi_entry_refuses_a_malformed_redis_url_in_one_line(capsys, u
     assert message in err
     assert err.count("\n") == 1 and err.startswith("deskbridge-hub: DESKBRIDGE_REDIS_URL")
     assert url not in err  # a URL may carry a password
+
+
+async def test_unavailable_after_the_job_was_enqueued_names_the_job(autojump_clock):
+    # Redis going away while a call waited was answered like a call that enqueued
+    # nothing ({"status": "unavailable", "error"}: no job_id), though the job was queued
+    # and may run; the caller could neither look it up nor cancel it
+    async with running_hub() as (client, sub):
+        ws, conn = await _connect(client)
+        answers = {}
+        answered = trio.Event()
+
+        async def caller():
+            r = await post_job(client, {"name": "click", "args": {}, "timeout_s": 30})
+            answers["r"] = (r.status_code, await r.get_json())
+            answered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            job = decode_frame(await conn.receive())
+            assert isinstance(job, Job)
+            sub.inner.set_unavailable(True)
+            with trio.fail_after(60):
+                await answered.wait()
+        status, body = answers["r"]
+        assert status == 503 and body["status"] == "unavailable", body
+        assert body["job_id"] == job.job_id and body["detail"] == {"stage": "unknown"}
+        sub.inner.set_unavailable(False)
+        await ws.__aexit__(None, None, None)

@@ -336,3 +336,21 @@ async def test_a_probe_of_a_connection_closed_meanwhile_closes_it_and_raises_not
         with trio.fail_after(5):
             await session._probe_shared(c)  # raises nothing
         assert c.scope.cancel_called and c not in session._shared and not c.probing
+
+
+async def test_a_refused_password_is_misconfigured_not_an_outage() -> None:
+    # an authentication failure was an ordinary SubstrateUnavailable, so a served hub
+    # retried it forever as an outage; SubstrateMisconfigured stops it at start (exit 2)
+    from urllib.parse import urlsplit
+
+    from deskbridge_hub._errors import SubstrateMisconfigured
+
+    parts = urlsplit(REDIS_URL)
+    url = f"redis://deskbridge-no-such-user:pw-never-shown@{parts.hostname}:{parts.port}/0"
+    with trio.fail_after(10):
+        async with RedisSubstrate.from_url(url) as s:
+            with pytest.raises(SubstrateMisconfigured) as caught:
+                await s.set_liveness("deskbridge-test-holder", 3.0)
+    message = str(caught.value)
+    assert "refused the user name or password of DESKBRIDGE_REDIS_URL" in message
+    assert "pw-never-shown" not in message

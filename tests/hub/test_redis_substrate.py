@@ -350,3 +350,27 @@ async def test_an_idle_users_heartbeat_costs_three_commands_as_redis_counts_them
         assert spent == {"evalsha": 1, "getex": 1, "xinfo|groups": 1}
     finally:
         await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
+
+
+async def test_a_read_that_finds_the_group_gone_reads_what_the_stream_holds_at_once(
+    raw_redis: RawRedis,
+) -> None:
+    # Redis restarted empty: this session's group cache is stale, so the next enqueue is
+    # a bare XADD (a stream without the group), and the holder's read healed the group
+    # and returned [], leaving the job to the next heartbeat (a call waited 53 s, seen)
+    from deskbridge_hub._jobstate import JobState, Stage
+
+    user = f"deskbridge-test-{secrets.token_hex(4)}"
+    state = JobState(Stage.DELIVERED, user, at=0.0)
+    s = RedisSubstrate.from_url(REDIS_URL)
+    with trio.fail_after(10):
+        async with s:
+            first = await s.enqueue(user, {"a": "1"}, maxlen=100)
+            read = await s.read_new_delivered(user, "c1", count=10, state=state, ttl_s=60)
+            assert [e.entry_id for e in read] == [first]
+            await raw_redis("DEL", jobs_key(user))  # the restart: group and stream gone
+            second = await s.enqueue(user, {"a": "2"}, maxlen=100)
+            read = await s.read_new_delivered(user, "c1", count=10, state=state, ttl_s=60)
+            assert [e.entry_id for e in read] == [second]
+            assert await s.read_new_delivered(user, "c1", count=10, state=state, ttl_s=60) == []
+    await raw_redis("DEL", jobs_key(user), f"bridge:index:{{{user}}}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import BIN, REDIS_URL, SECRET, Proc, free_port, wait_until
+from tests.procs import BIN, REDIS_URL, SECRET, Proc, RedisServer, free_port, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -102,6 +102,45 @@ def test_a_database_redis_does_not_have_stops_the_hub_in_one_line(entry: str) ->
     assert all("has no database 100000" in line for line in others), out
     if entry == "serve":  # Hypercorn's supervisor loses the worker's status (see above)
         assert done.returncode == 2
+
+
+def _refused_in_one_line(url: str) -> tuple[list[str], str]:
+    port = free_port()
+    argv = [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{port}"]
+    done = _run(argv, _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=url))
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out
+    assert done.returncode == 2, out
+    return [line for line in out.splitlines() if line.startswith("deskbridge-hub: ")], out
+
+
+def test_a_wrong_redis_password_stops_the_hub_in_one_line() -> None:
+    # was retried forever as an outage ("unreachable", a WARNING then INFO every 2 s):
+    # an authentication failure is a configuration mistake that no retry mends
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    url = f"redis://deskbridge-no-such-user:pw-never-logged@{parts.hostname}:{parts.port}/0"
+    refusal, out = _refused_in_one_line(url)
+    assert refusal == [
+        f"deskbridge-hub: Redis at {parts.hostname}:{parts.port} refused the user name or "
+        "password of DESKBRIDGE_REDIS_URL (invalid username-password pair or user is "
+        "disabled.): write it as redis://[USER]:PASSWORD@HOST:PORT/DB, reserved characters "
+        "percent-encoded"
+    ], out
+    assert "unreachable" not in out and "pw-never-logged" not in out, out
+
+
+def test_a_missing_redis_password_stops_the_hub_in_one_line(tmp_path: Path) -> None:
+    redis = RedisServer(tmp_path)
+    with running(redis):
+        redis.wait_ready()
+        assert redis.command("CONFIG", "SET", "requirepass", "s3cret") == "OK"
+        refusal, out = _refused_in_one_line(redis.url)
+    assert refusal == [
+        f"deskbridge-hub: Redis at 127.0.0.1:{redis.port} requires a password and "
+        "DESKBRIDGE_REDIS_URL gives none: write it as redis://[USER]:PASSWORD@HOST:PORT/DB, "
+        "reserved characters percent-encoded"
+    ], out
+    assert "unreachable" not in out, out
 
 
 def test_explicit_memory_url_without_secret_logs_it_and_refusal_carries_the_reason(

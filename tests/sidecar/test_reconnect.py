@@ -292,3 +292,65 @@ async def test_stop_before_the_first_welcome(autojump_clock, nursery, hub, wall)
     await done.wait()
     with pytest.raises(RuntimeError):
         await daemon.run()
+
+
+# -- issue 16: a hub that is up but cannot serve yet (Redis down) ----------------------------
+
+
+async def test_an_unavailable_hub_is_retried_within_a_short_window(
+    autojump_clock, nursery, hub, wall
+):
+    """HTTP 502/503/504 on the upgrade (a load balancer whose backends fail their Redis
+    health check, a hub that cannot reach Redis) is a pause of the server side: the
+    full-jitter window stops growing at ``UNAVAILABLE_MAX_S`` (2 s), so a desktop that
+    dropped during a Redis restart is back within 2 s of its end (the soak's sidecars
+    waited up to 14 s: the window had doubled to 16 s in 2.5 s of refusals)."""
+    from deskbridge_sidecar._reconnect import UNAVAILABLE_MAX_S
+
+    hub.reject_status = 503
+    daemon = make_daemon(hub, wall, random=lambda: 0.999)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(12)
+    gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert gaps == pytest.approx([0.999 * w for w in [0.5, 1, 2] + [UNAVAILABLE_MAX_S] * 8])
+    hub.reject_status = None
+    back = trio.current_time()
+    await hub.next_session()
+    assert trio.current_time() - back < UNAVAILABLE_MAX_S
+
+
+async def test_an_unavailable_window_is_still_full_jitter(autojump_clock, nursery, hub, wall):
+    hub.reject_status = 502
+    daemon = make_daemon(hub, wall, random=random.Random(99).random)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(30)
+    gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert all(0 <= gap < min(2.0, INITIAL * 2.0**n) for n, gap in enumerate(gaps))
+    assert len({round(g, 6) for g in gaps}) == len(gaps)
+
+
+async def test_a_hub_closing_1013_before_the_welcome_is_retried_within_a_short_window(
+    autojump_clock, nursery, hub, wall
+):
+    """The hub accepted the socket and cannot serve it yet (1013, Redis unavailable at
+    the handshake): the same short window."""
+    hub.auto_welcome = False
+    daemon = make_daemon(hub, wall, random=lambda: 0.999)
+    nursery.start_soon(daemon.run)
+    at = []
+    for _ in range(8):
+        s = await hub.next_session()
+        at.append(trio.current_time())
+        await s.close(1013, "substrate unavailable; try again later")
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    assert max(gaps) < 2.1, gaps
+    assert daemon.statistics().last_end.code == 1013
+
+
+async def test_other_refusals_keep_the_growing_window(autojump_clock, nursery, hub, wall):
+    hub.reject_status = 500  # the hub itself failed: not a pause
+    daemon = make_daemon(hub, wall, random=lambda: 0.999)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(8)
+    gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert gaps == pytest.approx([0.999 * w for w in [0.5, 1, 2, 4, 8, 16, 30]])

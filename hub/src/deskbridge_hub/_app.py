@@ -18,7 +18,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import trio
-from quart import Response, request
+from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -197,9 +197,13 @@ def create_app(
 
     @app.errorhandler(SubstrateUnavailable)
     async def _unavailable(exc: SubstrateUnavailable):  # type: ignore[no-untyped-def]
-        return _json(
-            {"status": "unavailable", "error": {"code": "unavailable", "message": str(exc)}}, 503
-        )
+        body: dict[str, Any] = {
+            "status": "unavailable",
+            "error": {"code": "unavailable", "message": str(exc)},
+        }
+        if exc.job_id is not None:  # it was enqueued: its outcome is unknown
+            body = {"job_id": exc.job_id, **body, "detail": {"stage": "unknown"}}
+        return _json(body, 503)
 
     @app.errorhandler(IdempotencyKeyReused)
     async def _key_reused(exc: IdempotencyKeyReused):  # type: ignore[no-untyped-def]
@@ -221,7 +225,13 @@ def create_app(
         error of the API does (Quart's default is an HTML page)."""
         status = exc.code or 500
         code = (exc.name or "error").lower().replace(" ", "_").replace("'", "")
-        message = f"{exc.name}: {request.method} {request.path}"
+        # a WebSocket upgrade to an unknown path has no request context: reading
+        # ``request`` there raised, and every attempt was a 500 with two tracebacks
+        if has_request_context():
+            where = f"{request.method} {request.path}"
+        else:
+            where = f"WebSocket {websocket.path}"
+        message = f"{exc.name}: {where}"
         response = _error(status, code, message)
         allowed = getattr(exc, "valid_methods", None)
         if allowed:

@@ -54,6 +54,9 @@ class Listener:
             beat has covered (more were read since: the next beat is deep).
         catalogue_due: its next beat writes the catalogue (presence had been lost).
         daemon_id: the sidecar's daemon instance (``hello.daemon_id``), or None.
+        on_retaken: called when a beat found presence had been lost and wrote it again
+            (Redis lost its data, or presence lapsed): the session records itself in the
+            admin directory again, which went with it.
     """
 
     user_id: str
@@ -72,6 +75,7 @@ class Listener:
     reads_checked: int = 0
     catalogue_due: bool = False
     daemon_id: str | None = None
+    on_retaken: Callable[[], None] | None = None
 
     def beat(self, *, full: bool) -> Beat:
         """This session's next beat (``full``: with its catalogue)."""
@@ -89,6 +93,8 @@ class Listener:
         if beat.deep:
             self.reads_checked = reads
         self.catalogue_due = taken and beat.catalogue is None
+        if taken and self.on_retaken is not None:
+            self.on_retaken()
 
 
 @attrs.define(eq=False)

@@ -156,7 +156,8 @@ class Bridge(JobControl):
             BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
             JobIdInUse: the caller-chosen ``job_id`` already names another job.
             SubstrateUnavailable: Redis unreachable; the job may or may not be enqueued
-                if this happens after the presence check.
+                if this happens after the presence check. Raised while waiting for the
+                answer of an enqueued job, its ``job_id`` names that job.
 
         Cancellation: stops waiting; the job stays queued and runs unless its deadline
         passes first.
@@ -276,10 +277,18 @@ class Bridge(JobControl):
                 raise BadRequest(  # the catalogue kept changing under us
                     "the desktop's tool catalogue is changing; try again", field="name"
                 )
-            if on_progress is None:
-                payload = await self.waiters.wait(waiter, timeout_s=timeout_s, attached=attached)
-            else:
-                payload = await self._wait_reporting(waiter, timeout_s, attached, on_progress)
+            try:
+                if on_progress is None:
+                    payload = await self.waiters.wait(
+                        waiter, timeout_s=timeout_s, attached=attached
+                    )
+                else:
+                    payload = await self._wait_reporting(waiter, timeout_s, attached, on_progress)
+            except SubstrateUnavailable as exc:
+                # enqueued: the caller gets its id (to look it up, cancel it, or retry with
+                # the same key), not the short answer of a call that enqueued nothing
+                exc.job_id = exc.job_id or job_id
+                raise
         finally:
             self.waiters.unregister(waiter)
         elapsed = anyio.current_time() - started

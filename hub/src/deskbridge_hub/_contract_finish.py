@@ -72,6 +72,37 @@ async def check_finish_without_payload_or_entry_only_records_the_state(
 
 
 @check
+async def check_a_provisional_answer_reaches_only_the_caller(h: SubstrateHarness) -> None:
+    """An ``in_doubt`` at a hand-over whose desktop comes back: the caller's mailbox (and
+    the progress stream) get it, the result list does not (a retry by the key waits for
+    the real outcome), the entry stays pending; the redelivery's answer is the result."""
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    marked = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user), ttl_s=60)
+    pending = '{"status":"in_doubt","detail":{"pending":true}}'
+    finished = await s.finish(
+        user, job, pending, _state(Stage.INTERRUPTED, user), ttl_s=60, epoch=marked.epoch,
+        notify=box, idempotency_key="key-1", provisional=True,
+    )  # fmt: skip
+    assert (finished.verdict, finished.acked) == ("done", False)
+    with trio.fail_after(3):
+        got = await s.read_notifications(box, count=10, block_ms=1000)
+    assert got == [(job, pending)]
+    assert await s.get_result(user, job) is None
+    assert (await s.get_job_state(user, job)) == _state(Stage.INTERRUPTED, user)
+    assert (await s.queue_info(user)).pending_count == 1
+    if h.raw is not None:
+        assert await h.raw("EXISTS", result_key(user, job)) == 0
+    again = await s.mark_delivered(user, job, _state(Stage.DELIVERED, user, "s2"), ttl_s=60)
+    await s.finish(
+        user, job, '{"status":"completed"}', _state(Stage.FINISHED, user), ttl_s=60,
+        entry_id=entry.entry_id, epoch=again.epoch, idempotency_key="key-1",
+    )  # fmt: skip
+    assert await s.get_result(user, job) == '{"status":"completed"}'
+    assert (await s.queue_info(user)).pending_count == 0
+
+
+@check
 async def check_every_delivery_raises_the_epoch_and_only_the_newest_finishes(
     h: SubstrateHarness,
 ) -> None:

@@ -18,7 +18,9 @@ For one entry, in order:
    the same step raises the job's claim epoch (fencing token) and returns it;
 6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``;
    a job no sidecar could accept -> ``failed`` (``bad_job``); the socket went away ->
-   record ``interrupted`` and leave the entry pending (it is redelivered);
+   record ``interrupted`` and leave the entry pending (it is redelivered); the session
+   was ended on purpose -> ``in_doubt`` at once, provisional (``detail.pending``, the
+   entry stays pending) unless another process took the user over (final, XACK);
 7. finish, in one step (``Substrate.finish``, retried until it happens): check the
    fence, publish the result, record the terminal stage, XACK.
 
@@ -93,6 +95,13 @@ class Executor(Protocol):
     def ended_reason(self) -> str | None:
         """Why the session ended on purpose (token expired, superseded, hub restarting),
         or None while it runs or when the socket just went away."""
+
+    def handed_over(self) -> bool:
+        """Whether the session ended because a newer session of its user took over
+        through another hub process (4001): perhaps another desktop, whose ledger does
+        not know this job. Then an ``in_doubt`` at the end is final (the entry is
+        acknowledged, never delivered again); otherwise (1012, 4003: the same desktop
+        comes back) it is provisional."""
 
 
 def outcome_of(result: JobResult) -> tuple[str, str]:
@@ -221,7 +230,10 @@ class EntryServer:
         except BaseException:
             reason = getattr(executor, "ended_reason", lambda: None)()
             if reason is not None:  # ended on purpose: tell the caller now (issue 11.4)
-                await self._answer_interrupted(job_id, reason, envelope, epoch)
+                final = getattr(executor, "handed_over", lambda: False)()
+                await self._answer_interrupted(
+                    entry.entry_id, job_id, reason, envelope, epoch, final=final
+                )
             else:
                 await self._mark_interrupted(job_id, epoch)  # the socket went away with it
             raise
@@ -360,32 +372,47 @@ class EntryServer:
         return None if state is None else state.stage
 
     async def _answer_interrupted(
-        self, job_id: str, reason: str, envelope: JobEnvelope, epoch: int | None
+        self,
+        entry_id: str,
+        job_id: str,
+        reason: str,
+        envelope: JobEnvelope,
+        epoch: int | None,
+        *,
+        final: bool,
     ) -> None:
-        """The session ended on purpose while the job ran on the desktop: publish
+        """The session ended on purpose while the job ran on the desktop: tell its caller
         ``in_doubt`` (it may have acted) at once with the stage ``interrupted``, fenced,
-        shielded and bounded by ``CLEANUP_TIMEOUT_S``. The entry stays pending: a later
-        redelivery is answered from the desktop's ledger (its real outcome), never run
-        twice."""
+        shielded and bounded by ``CLEANUP_TIMEOUT_S``.
+
+        ``final`` (a takeover through another process, perhaps by another desktop): the
+        answer is published as the job's result and the entry acknowledged, so it is
+        never delivered again. Otherwise the answer is provisional (``detail.pending``,
+        the caller's mailbox only, not the result list) and the entry stays pending: its
+        redelivery to the returning desktop is answered from its ledger, never run
+        twice, and that real outcome is what a retry with the same key gets."""
         log.warning(
             "user %s: session ended (%s) while job %s ran; its caller is answered in_doubt",
             self.user_id,
             reason,
             job_id,
         )
-        state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
+        stage = STAGE_OF_OUTCOME["in_doubt"] if final else Stage.INTERRUPTED
+        state = JobState(stage, self.user_id, at=self.wall_clock())
         finished = None
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
                 finished = await self.substrate.finish(
                     self.user_id,
                     job_id,
-                    interrupted_payload(reason),
+                    interrupted_payload(reason, pending=not final),
                     state,
                     ttl_s=self.timings.result_ttl_s,
+                    entry_id=entry_id if final else None,
                     epoch=epoch,
                     notify=envelope.reply_to,
                     idempotency_key=envelope.idempotency_key,
+                    provisional=not final,
                 )
             except SubstrateUnavailable:
                 pass

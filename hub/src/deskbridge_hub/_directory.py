@@ -2,7 +2,8 @@
 
 Presence stays the only truth for "online" (invariant 1): the directory is an index of
 users to look presence up for, so an admin listing never scans keys. Two records per
-user, written only when a session starts and ends (never per heartbeat):
+user, written only when a session starts and ends (never per heartbeat), and again
+when a heartbeat takes a session's lost presence back (Redis restarted empty):
 
 * ``bridge:desktops`` - a sorted set, member = user id, score = the Unix time in ms of the
   user's last session start or end. Listing pages through it newest first (ZRANGE ...
@@ -190,6 +191,15 @@ async def connected(session: Any) -> None:
     }
     _open[session.session_id] = info
     await _write(session, info)
+
+
+async def recorded_again(session: Any) -> None:
+    """Write an open session's record again (best effort, bounded): a beat found its
+    presence gone, so Redis may have lost the directory too (restarted empty), and the
+    admin listing said "none of 0 desktops" while desktops were online."""
+    info = _open.get(session.session_id)
+    if info is not None:
+        await _write(session, info)
 
 
 async def disconnected(session: Any, code: int | None, reason: str | None) -> None:

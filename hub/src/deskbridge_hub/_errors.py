@@ -35,8 +35,9 @@ class SubstrateUnavailable(BridgeError):
 
 class SubstrateMisconfigured(SubstrateUnavailable):
     """Redis refuses the configuration itself (``DESKBRIDGE_REDIS_URL`` names a database
-    it does not have): no retry will help. A served hub refuses to start on it (one line,
-    exit 2); anything later still answers ``unavailable``, as a subclass."""
+    it does not have, or a wrong or missing password or user): no retry will help. A
+    served hub refuses to start on it (one line, exit 2); anything later still answers
+    ``unavailable``, as a subclass."""
 
 
 class JobFailed(BridgeError):

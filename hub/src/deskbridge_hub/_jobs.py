@@ -135,17 +135,28 @@ def cancelled_before_start() -> str:
     )
 
 
-def interrupted_payload(reason: str) -> str:
+def interrupted_payload(reason: str, *, pending: bool = False) -> str:
     """The payload for a job that was running on the desktop when its session ended on
-    purpose (``reason``: token expired, superseded, hub restarting): it may have acted."""
+    purpose (``reason``: token expired, superseded, hub restarting): it may have acted.
+
+    ``pending``: the answer is provisional (``detail.pending``: the same desktop comes
+    back and its ledger answers the redelivery; a retry with the same idempotency key
+    gets that outcome). Otherwise it is final: the job is not delivered again."""
+    if pending:
+        message = (
+            f"the desktop's session ended ({reason}) while the job ran; it may have acted. "
+            "Its outcome is still to come from the desktop's reconnected session: a retry "
+            "with the same idempotency key gets it"
+        )
+        detail: dict[str, object] = {"stage": "interrupted", "reason": reason, "pending": True}
+    else:
+        message = (
+            f"the desktop's session ended ({reason}) while the job ran; it may have acted "
+            "and is not delivered again. Check, then retry with a new key if it should run"
+        )
+        detail = {"stage": "interrupted", "reason": reason}
     return result_payload(
-        "in_doubt",
-        error={
-            "code": "interrupted",
-            "message": f"the desktop's session ended ({reason}) while the job ran; it may "
-            "have acted. A retry with the same idempotency key gets its recorded outcome",
-        },
-        detail={"stage": "interrupted", "reason": reason},
+        "in_doubt", error={"code": "interrupted", "message": message}, detail=detail
     )
 
 

@@ -42,24 +42,33 @@ def make_formatter(fmt: str) -> logging.Formatter:
 def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     """Configure the root logger once per process (later calls change nothing).
 
-    An unknown ``DESKBRIDGE_LOG_FORMAT`` falls back to text with one WARNING naming it.
+    An unknown ``DESKBRIDGE_LOG_FORMAT`` falls back to text, an unknown level (argument or
+    ``DESKBRIDGE_LOG_LEVEL``) to INFO, each with one WARNING naming it (an unknown level
+    was a traceback from ``logging``).
     """
-    level = level or os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO")
+    level = (level or os.environ.get("DESKBRIDGE_LOG_LEVEL", "") or "INFO").strip().upper()
+    problems = []
+    if level not in logging.getLevelNamesMapping():
+        problems.append(
+            f"DESKBRIDGE_LOG_LEVEL={level.lower()!r}: expected one of DEBUG, INFO, WARNING, "
+            "ERROR; using INFO"
+        )
+        level = "INFO"
     fmt = (fmt or os.environ.get("DESKBRIDGE_LOG_FORMAT", "text")).strip().lower()
     root = logging.getLogger()
     if root.handlers:  # configured already (the CLI, then the ASGI entry in-process)
         return
-    problem = None
     try:
         formatter = make_formatter(fmt)
     except ValueError as exc:
-        problem, formatter = str(exc), make_formatter("text")
+        problems.append(f"{exc}; using text")
+        formatter = make_formatter("text")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
     root.addHandler(handler)
-    root.setLevel(level.upper())
-    if problem:
-        logging.getLogger("deskbridge.hub").warning("%s; using text", problem)
+    root.setLevel(level)
+    for problem in problems:
+        logging.getLogger("deskbridge.hub").warning("%s", problem)
     # coredis logs a traceback at ERROR when a connection attempt is cancelled (shutdown,
     # a cancelled blocking read); the substrate maps every real failure itself.
     logging.getLogger("coredis").setLevel(logging.CRITICAL)

@@ -142,6 +142,20 @@ def _error_result(status: str, code: str, message: str) -> types.CallToolResult:
     )
 
 
+def unavailable_result(exc: SubstrateUnavailable) -> types.CallToolResult:
+    """Redis unavailable: the short answer, or, raised while waiting for a job it had
+    enqueued, that job (its outcome unknown), as the HTTP API answers (docs/outcomes.md)."""
+    detail = {"stage": "unknown"} if exc.job_id is not None else {}
+    return outcome_result(
+        Outcome(
+            job_id=exc.job_id,
+            status="unavailable",
+            error={"code": "unavailable", "message": str(exc)},
+            detail=detail,
+        )
+    )
+
+
 def _digest(catalogue: list[dict[str, Any]] | None) -> str:
     return json.dumps(catalogue or [], sort_keys=True)
 
@@ -265,7 +279,7 @@ class UserEndpoint:
         except JobIdInUse as exc:  # a fresh UUID: practically impossible
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
         except SubstrateUnavailable as exc:
-            return _error_result("unavailable", "unavailable", str(exc))
+            return unavailable_result(exc)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
                 await self._cancel_job(job_id)

@@ -58,6 +58,7 @@ class MemoryFinishCommands:
         epoch: int | None = None,
         notify: str | None = None,
         idempotency_key: str | None = None,
+        provisional: bool = False,
     ) -> Finished:
         """Fence, publish, record the state, XACK, notify, atomically (no checkpoint
         inside), in the order of ``RedisSubstrate.finish``.
@@ -75,7 +76,7 @@ class MemoryFinishCommands:
             newest = self._get(fence_key(user_id, job_id), now)
             if newest is not None and newest != str(epoch):
                 return Finished("stale", newest=int(newest))
-        if payload is not None:
+        if payload is not None and not provisional:
             self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         acked = self._xack(user_id, entry_id) if entry_id is not None else 0

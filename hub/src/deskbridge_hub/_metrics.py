@@ -268,9 +268,9 @@ def timed_dispatch(fn: _F) -> _F:
         started = time.monotonic()
         try:
             outcome = await fn(self, user_id, name, *args, **kwargs)
-        except SubstrateUnavailable:
+        except SubstrateUnavailable as exc:
             elapsed_s = time.monotonic() - started
-            job_answered(str(name), "unavailable", elapsed_s, user_id=user_id, job_id=None)
+            job_answered(str(name), "unavailable", elapsed_s, user_id=user_id, job_id=exc.job_id)
             raise
         job_answered(
             str(name), outcome.status, outcome.elapsed_s, user_id=user_id, job_id=outcome.job_id

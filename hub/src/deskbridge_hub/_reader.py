@@ -43,14 +43,16 @@ from deskbridge_common import Timings
 from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
+from ._outage import outage_log
+from ._outage import succeeded as outage_over
 from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
     PROCESS_LIVENESS_REFRESH_S,
+    PROCESS_LIVENESS_RETRY_S,
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
-    READ_ERROR_WARN_EVERY,
 )
 from ._substrate import Beat, BeatReply, Entry, Substrate
 
@@ -208,12 +210,13 @@ class ProcessReader:
             try:
                 kept = await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
             except SubstrateUnavailable as exc:
-                # DEBUG: it fails every second of an outage, and the other loops warn
+                # DEBUG: it fails four times a second of an outage, and the other loops warn
                 log.debug("liveness refresh failed: %s", exc)
-            else:
-                recovered, self._check_presence = self._check_presence, False
-                if (not kept or recovered) and self._beating:
-                    await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
+                await trio.sleep(PROCESS_LIVENESS_RETRY_S)  # rewrite it as Redis returns
+                continue
+            recovered, self._check_presence = self._check_presence, False
+            if (not kept or recovered) and self._beating:
+                await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
 
     async def _lapsed(self, why: str) -> None:
@@ -228,7 +231,11 @@ class ProcessReader:
         except SubstrateUnavailable:
             intact = False
         if intact:
-            log.info("this process's %s; presence intact (the process stalled?)", why)
+            log.info(
+                "this process's %s; presence intact (Redis was unreachable, or this process "
+                "stalled, past the key's %g s TTL)",
+                why, PROCESS_LIVENESS_TTL_S,
+            )  # fmt: skip
             return
         log.warning(
             "this process's %s and a presence is gone (Redis lost its data?): rewriting "
@@ -282,9 +289,9 @@ class ProcessReader:
                 # again quickly, not a heartbeat later.
                 for _ in listeners:
                     _metrics.presence_failed("unavailable")
-                # WARNING now and then; DEBUG in between (it retries every second)
-                level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 0 else 10
-                log.log(level, "heartbeat of %d sessions failed: %s", len(beats), exc)
+                # DEBUG: it retries every second; the outage is told once (``_outage``)
+                outage_log().failed("heartbeat", exc)
+                log.debug("heartbeat of %d sessions failed: %s", len(beats), exc)
                 self._failures += 1
                 self._schedule.all_now(
                     retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
@@ -435,9 +442,9 @@ class ProcessReader:
     async def _failed(self, what: str, exc: SubstrateUnavailable) -> None:
         delay = READ_ERROR_BACKOFF_S[min(self._failures, len(READ_ERROR_BACKOFF_S) - 1)]
         self._failures += 1
-        # WARNING for the first failure, then about once a minute; INFO in between.
-        level = logging.WARNING if self._failures % READ_ERROR_WARN_EVERY == 1 else logging.INFO
-        log.log(level, "%s: %s; retrying in %.2f s (failure %d)", what, exc, delay, self._failures)
+        # DEBUG: the outage is told once, with a summary a minute (``_outage``)
+        outage_log().failed(what, exc, kind=what.split(" for ", 1)[0])
+        log.debug("%s: %s; retrying in %.2f s (failure %d)", what, exc, delay, self._failures)
         await trio.sleep(delay)
 
     def _recovered(self, *, beaten: bool = False) -> None:
@@ -445,8 +452,9 @@ class ProcessReader:
         # Nothing to re-read here: a wake-up pushed during the outage is still on the list
         # (or Redis lost everything, entries included), and an entry whose wake-up failed
         # is flagged as backlog by the next heartbeat.
+        outage_over()
         if self._failures:
-            log.info("substrate back after %d failures", self._failures)
+            log.debug("substrate back after %d failures", self._failures)
             self._failures = 0
             if not beaten:
                 # Redis may have come back empty: then every presence is rewritten

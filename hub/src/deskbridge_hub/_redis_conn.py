@@ -69,6 +69,7 @@ import anyio
 import anyio.lowlevel
 from coredis.exceptions import (
     AuthenticationError,
+    AuthenticationRequiredError,
     AuthorizationError,
     NoScriptError,
     ReadOnlyError,
@@ -98,7 +99,6 @@ _UNAVAILABLE_ERRORS = (
     OSError,  # includes TimeoutError
     anyio.BrokenResourceError,
     anyio.ClosedResourceError,
-    AuthenticationError,
     AuthorizationError,
     ReadOnlyError,
     NoScriptError,
@@ -262,6 +262,17 @@ class RedisConnections:
                 f"Redis at {self.address} has no database {self._db}, which "
                 "DESKBRIDGE_REDIS_URL names (DB index is out of range): choose a lower /DB "
                 "or raise the server's `databases` setting"
+            )
+        if isinstance(exc, AuthenticationError):  # no retry helps: not an outage
+            _metrics.substrate_error(what)
+            wanted = (
+                "requires a password and DESKBRIDGE_REDIS_URL gives none"
+                if isinstance(exc, AuthenticationRequiredError)
+                else f"refused the user name or password of DESKBRIDGE_REDIS_URL ({exc})"
+            )
+            return SubstrateMisconfigured(
+                f"Redis at {self.address} {wanted}: write it as "
+                "redis://[USER]:PASSWORD@HOST:PORT/DB, reserved characters percent-encoded"
             )
         if isinstance(exc, _UNAVAILABLE_ERRORS):
             _metrics.substrate_error(what)

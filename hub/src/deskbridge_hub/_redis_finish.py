@@ -40,7 +40,9 @@ from ._substrate import (
 
 #: KEYS: fence, result, idem, state, jobs, index, [progress, mailbox] (the last two only
 #: on a single Redis). ARGV: epoch ('' unfenced), payload ('' none), TTL ms, job id,
-#: index flag ('' none), state ('' none), entry ID ('' no XACK), group, mailbox TTL ms.
+#: index flag ('' none), state ('' none), entry ID ('' no XACK), group, mailbox TTL ms,
+#: provisional flag ('' no: the payload goes into the result list; '1': only to the
+#: caller's mailbox and the progress stream).
 #: Order matters (module docstring): fence, result, state, XACK, then the notifications.
 FINISH = Script(
     """
@@ -49,7 +51,7 @@ if ARGV[1] ~= '' then
   if newest and newest ~= ARGV[1] then return {'stale', newest} end
 end
 local ttl = tonumber(ARGV[3])
-if ARGV[2] ~= '' then
+if ARGV[2] ~= '' and ARGV[10] == '' then
   if ARGV[5] ~= '' then
     local record = redis.call('GET', KEYS[3])
     if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
@@ -96,6 +98,7 @@ class FinishCommands(RedisCommandBase):
         epoch: int | None = None,
         notify: str | None = None,
         idempotency_key: str | None = None,
+        provisional: bool = False,
     ) -> Finished:
         """EVAL ``FINISH`` (see the module docstring and ``Substrate.finish``): one round
         trip on a single Redis, two under Cluster (the second only when ``done``).
@@ -112,7 +115,7 @@ class FinishCommands(RedisCommandBase):
         """
         return await self._finish(
             user_id, job_id, payload, state.encode(), ttl_s, entry_id, epoch, notify,
-            idempotency_key,
+            idempotency_key, provisional,
         )  # fmt: skip
 
     async def publish_result(
@@ -148,6 +151,7 @@ class FinishCommands(RedisCommandBase):
         epoch: int | None,
         notify: str | None,
         idempotency_key: str | None,
+        provisional: bool = False,
     ) -> Finished:
         keys: tuple[str, ...] = (
             fence_key(user_id, job_id),
@@ -170,6 +174,7 @@ class FinishCommands(RedisCommandBase):
             entry_id or "",
             GROUP,
             _ms(MAILBOX_TTL_S),
+            "1" if provisional else "",
         )
         async with self._session("finish") as s:
             (reply,) = await self._script(s, FINISH, keys, args)

@@ -4,6 +4,8 @@ of ``RedisSubstrate`` (contract: ``_substrate.ResultSubstrate`` and ``LedgerSubs
 
 from __future__ import annotations
 
+from typing import Any
+
 from coredis.exceptions import ResponseError, StreamConsumerGroupError
 
 from ._jobstate import JobState
@@ -288,7 +290,7 @@ class JobCommands(RedisCommandBase):
         Returns:
             New entries, now in this consumer's PEL, each job's with its ``marked``;
             ``[]`` when there are none, when presence names another session than
-            ``session_id``, or when the group was missing (recreated from 0).
+            ``session_id``. A missing group is recreated from 0 and read at once.
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
@@ -300,12 +302,15 @@ class JobCommands(RedisCommandBase):
         )  # fmt: skip
         async with self._session("read + mark delivered") as s:
             (reply,) = await self._script(s, _READ_DELIVERED, keys, args)
-            if isinstance(reply, StreamConsumerGroupError) or (
-                isinstance(reply, ResponseError) and str(reply).startswith("NOGROUP")
-            ):
+            if _no_group(reply):
+                # Redis lost the group (restarted empty) and an XADD made the stream
+                # again: its entries are new to the group made from 0, so read them now
+                # (returning [] left them to the next heartbeat: a call waited 30-60 s)
                 s.groups.discard(user_id)
                 await self._heal_group(s, user_id)
-                return []
+                (reply,) = await self._script(s, _READ_DELIVERED, keys, args)
+                if _no_group(reply):  # gone again meanwhile: the next read heals it
+                    return []
             if isinstance(reply, BaseException):
                 raise reply  # inside the session: mapped to SubstrateUnavailable
         s.groups.add(user_id)
@@ -348,3 +353,10 @@ class JobCommands(RedisCommandBase):
         if catalogue is None:
             self._absent_proves_nothing("catalogue")
         return catalogue
+
+
+def _no_group(reply: Any) -> bool:
+    """The reply of a read whose stream or consumer group is missing (NOGROUP)."""
+    return isinstance(reply, StreamConsumerGroupError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOGROUP")
+    )

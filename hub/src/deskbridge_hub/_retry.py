@@ -11,6 +11,8 @@ from typing import TypeVar
 import anyio
 
 from ._errors import SubstrateUnavailable
+from ._outage import outage_log
+from ._outage import succeeded as outage_over
 
 log = logging.getLogger("deskbridge.hub.retry")
 
@@ -20,8 +22,10 @@ T = TypeVar("T")
 #: seconds: short, because a one-off connection reset is the common case.
 DURABLE_RETRY_FIRST_S = 0.1
 #: Longest wait between such retries, seconds: during an outage the job's caller is
-#: waiting, so the write is retried at least this often (and logged each time).
-DURABLE_RETRY_MAX_S = 5.0
+#: waiting, so the write is retried at least this often (and logged each time). 1 s, so
+#: a result held through a Redis restart is published within a second of its return
+#: (was 5 s: the soak's Redis-restart minute waited up to 2.3 s more per held result).
+DURABLE_RETRY_MAX_S = 1.0
 
 #: Bound on best-effort cleanup after a session ends (clear presence, record
 #: "interrupted"), seconds: shielded work that must not hold a closing socket for long;
@@ -29,12 +33,9 @@ DURABLE_RETRY_MAX_S = 5.0
 CLEANUP_TIMEOUT_S = 2.0
 
 #: Back-off after a substrate error in a read loop, seconds (bounded; no tight loop
-#: while Redis is down, and back within 2 s once it returns).
-READ_ERROR_BACKOFF_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
-
-#: During an outage a read loop warns on its first failure and then every this many
-#: failures (about once a minute at the last back-off step); INFO in between.
-READ_ERROR_WARN_EVERY = 30
+#: while Redis is down, and back within 1 s once it returns: a job enqueued as Redis
+#: returns waits for the read loops' next step; was up to 2 s).
+READ_ERROR_BACKOFF_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)
 
 #: A hub process's liveness key (``bridge:proc:{<holder>}``) expires this long after its
 #: last refresh, seconds: presence held by a process that died (kill -9, OOM, a lost
@@ -43,6 +44,11 @@ PROCESS_LIVENESS_TTL_S = 3.0
 #: The process refreshes its liveness key this often, seconds (a third of the TTL, as
 #: presence does, so one late refresh never lets it lapse).
 PROCESS_LIVENESS_REFRESH_S = 1.0
+#: A refresh that failed (Redis down) is tried again this soon, seconds: an outage
+#: longer than the TTL lets the key lapse, and until it is rewritten every presence of
+#: the process counts offline (callers are told ``offline``); one SET a quarter second
+#: per process while Redis is down (was the 1 s refresh step).
+PROCESS_LIVENESS_RETRY_S = 0.25
 #: A caller trusts a holder's liveness it checked this recently, seconds (saves a round
 #: trip per call; adds at most this much to the window in which a dead holder counts).
 HOLDER_ALIVE_CACHE_S = 1.0
@@ -56,7 +62,8 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str) -> T:
     """Call ``fn`` until it does not raise :class:`SubstrateUnavailable`.
 
     Waits :data:`DURABLE_RETRY_FIRST_S`, doubling up to :data:`DURABLE_RETRY_MAX_S`,
-    between attempts, with a WARNING naming ``what`` each time.
+    between attempts, with a DEBUG line naming ``what`` each time; the outage itself is
+    told once, with a summary a minute, by :mod:`._outage`.
 
     Returns:
         What ``fn`` returned.
@@ -69,8 +76,12 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str) -> T:
     delay = DURABLE_RETRY_FIRST_S
     while True:
         try:
-            return await fn()
+            result = await fn()
         except SubstrateUnavailable as exc:
-            log.warning("%s failed: %s; retrying in %.1f s", what, exc, delay)
+            outage_log().failed(what, exc)
+            log.debug("%s failed: %s; retrying in %.1f s", what, exc, delay)
             await anyio.sleep(delay)
             delay = min(delay * 2, DURABLE_RETRY_MAX_S)
+        else:
+            outage_over()
+            return result

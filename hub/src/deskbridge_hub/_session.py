@@ -27,6 +27,7 @@ cleared (if still ours).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -118,6 +119,9 @@ class HubSession(SessionTimers):
     _time_is_up: trio.Event = attrs.field(factory=trio.Event)
     _done: bool = False
     _abandoned: bool = False
+    _handed_over: bool = False
+    #: why the session was ended from outside (``close``, ``abandon``): for its log line
+    _end_note: tuple[int | None, str] | None = None
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -167,6 +171,7 @@ class HubSession(SessionTimers):
                     stopped=self._reading_stopped,
                     delivered_state=server.delivered_state,
                     daemon_id=self.hello.daemon_id if self.hello else None,
+                    on_retaken=self._record_again,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
@@ -177,13 +182,19 @@ class HubSession(SessionTimers):
             self._done = True  # the pacer drops it at its next visit
             if self._listener is not None:
                 self.state.reader.detach(self._listener)
-            if not ended:
-                log.info(
-                    "session %s of %s ends (socket gone)",
-                    self.session_id,
-                    self.user_id,
-                    extra=fields(user_id=self.user_id, session_id=self.session_id),
-                )
+            # why, for the log and the directory: ended from outside (``close``,
+            # ``abandon``; the peer's close echo may end a task first), by a task, or the
+            # socket went
+            code, why = self._end_note or (
+                (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
+            )
+            log.info(
+                "session %s of %s ends: %s",
+                self.session_id,
+                self.user_id,
+                why if code is None else f"{code} {why}",
+                extra=fields(user_id=self.user_id, session_id=self.session_id),
+            )
             self.state.remove_session(self)
             _metrics.session_closed()
             # before presence goes: never a bare "offline" between (an abandoned session's
@@ -191,18 +202,9 @@ class HubSession(SessionTimers):
             if self.sleep is not None and not self._abandoned:
                 await self.sleep.ended(ended[0] if ended else None, on_purpose=bool(self._ending))
             await presence.clear()
-            end_of = (ended[0].code, ended[0].reason) if ended else (None, "socket gone")
-            await _directory.disconnected(self, *end_of)
+            await _directory.disconnected(self, code, why)
         if ended:
             end = ended[0]
-            log.info(
-                "session %s of %s ends: %s %s",
-                self.session_id,
-                self.user_id,
-                end.code,
-                end.reason,
-                extra=fields(user_id=self.user_id, session_id=self.session_id),
-            )
             await self._close(end.code, end.reason)
 
     async def close(self, code: int, reason: str) -> None:
@@ -210,10 +212,18 @@ class HubSession(SessionTimers):
         first, then cancel the session's tasks. Jobs still running are answered
         ``in_doubt`` at once (issue 11.4)."""
         self._ending = self._ending or reason
+        self._end_note = self._end_note or (code, reason)
         self._conn.close(code, reason)
         await self._close(code, reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def _record_again(self) -> None:
+        """Presence had been lost and a beat wrote it again: so may the directory have
+        been (``_directory.recorded_again``, in this session's nursery)."""
+        if self._nursery is not None and not self._done:
+            with contextlib.suppress(RuntimeError):  # the nursery is closing
+                self._nursery.start_soon(_directory.recorded_again, self)
 
     def stop_reading(self) -> None:
         """Read no new entries (draining, or superseded); running jobs go on."""
@@ -227,10 +237,12 @@ class HubSession(SessionTimers):
             local: the newer session is in this process: jobs still running at the end
                 of the grace stay pending and its drain redelivers them at once (the
                 desktop's ledger answers them); otherwise their callers are answered
-                ``in_doubt`` when this session ends.
+                ``in_doubt`` when this session ends, for good (the newer session may be
+                another desktop's: the entries are acknowledged, not delivered again).
         """
         if not local:
             self._ending = self._ending or "superseded by a newer sidecar session"
+            self._handed_over = True
         self.stop_reading()
         if self._listener is not None:
             self.state.reader.stop_beating(self._listener)
@@ -251,6 +263,7 @@ class HubSession(SessionTimers):
             extra=fields(user_id=self.user_id, session_id=self.session_id),
         )
         self._abandoned = True
+        self._end_note = self._end_note or (None, "abandoned: its daemon is back on a newer socket")
         self.stop_reading()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -258,6 +271,11 @@ class HubSession(SessionTimers):
     def ended_reason(self) -> str | None:
         """Why the session is ending on purpose, if it is (``_delivery.Executor``)."""
         return self._ending
+
+    def handed_over(self) -> bool:
+        """Superseded through another process (``_delivery.Executor``): its ``in_doubt``
+        answers are final."""
+        return self._handed_over
 
     async def wait_idle(self) -> None:
         """Return once no entry is being served on this socket (graceful shutdown)."""

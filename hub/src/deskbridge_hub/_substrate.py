@@ -302,6 +302,7 @@ class ResultSubstrate(Protocol):
         epoch: int | None = None,
         notify: str | None = None,
         idempotency_key: str | None = None,
+        provisional: bool = False,
     ) -> Finished:
         """The holder's one step for an answered entry (one round trip; one script in the
         user's slot), in this order, which matters because a failing write stops the
@@ -320,6 +321,11 @@ class ResultSubstrate(Protocol):
            ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
            Under Redis Cluster these keys live in other slots, so they follow in a second
            round trip, only once the step said ``done``.
+
+        ``provisional``: step 2 is left out, the payload only goes to the caller (step 5):
+        an answer that is not the job's last word (an ``in_doubt`` at a hand-over whose
+        desktop comes back, ``detail.pending``), so :meth:`get_result` and every retry
+        attached by the idempotency key wait for the job's real outcome.
 
         Returns:
             :class:`Finished`.

@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("DESKBRIDGE_LOG_LEVEL", "INFO").upper(),
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level of every worker (default $DESKBRIDGE_LOG_LEVEL or INFO)",
     )
 
     t = sub.add_parser(
@@ -104,7 +105,11 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
         help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
     )
-    c.add_argument("--idempotency-key", default=None)
+    c.add_argument(
+        "--idempotency-key",
+        default=None,
+        help="a retry with the same key gets the first call's job, never a second run",
+    )
     c.add_argument("--timeout-s", type=float, default=None, help="seconds to wait (default 90)")
     _inspect_cli.add_parser(sub)
     return p
@@ -123,13 +128,19 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "token":
-        return _token(args)
-    if args.command == "call":
-        return _call(args)
-    if args.command == "inspect":
+    if args.command == "serve":
+        return _serve(args)
+    try:
+        if args.command == "token":
+            return _token(args)
+        if args.command == "call":
+            return _call(args)
         return _inspect_cli.run(args)
-    return _serve(args)
+    except BrokenPipeError:
+        # `deskbridge-hub inspect desktops | head`: the reader left (was a traceback).
+        # The Python docs' recipe: stdout to devnull, so the flush at exit is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _token(args: argparse.Namespace) -> int:
@@ -158,8 +169,9 @@ def _call(args: argparse.Namespace) -> int:
     except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
-    except (ValueError, RecursionError):
-        print("deskbridge-hub call: --args is not valid JSON", file=sys.stderr)
+    except (ValueError, RecursionError) as exc:  # say where, as the HTTP API does
+        why = f" ({exc})" if isinstance(exc, ValueError) else " (nested too deeply)"
+        print(f"deskbridge-hub call: --args is not valid JSON{why}", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
@@ -220,6 +232,8 @@ def _serve(args: argparse.Namespace) -> int:
     from ._logging import setup_logging
 
     setup_logging(args.log_level)
+    # workers (--workers N > 1 spawns them) configure their logging from the environment
+    os.environ["DESKBRIDGE_LOG_LEVEL"] = args.log_level
     warn_unknown_variables()
     problem = _check_serve_args(args)
     if problem:

@@ -49,9 +49,12 @@ class Backoff:
         # Cap the exponent so 2**attempt never overflows after days of failures.
         return min(self.max_s, self.initial_s * 2.0 ** min(self.attempt, 62))
 
-    def next_delay(self) -> float:
-        """The next delay in seconds, in ``[0, window_s())``; advances the attempt count."""
-        window = self.window_s()
+    def next_delay(self, cap_s: float | None = None) -> float:
+        """The next delay in seconds, in ``[0, window_s())``; advances the attempt count.
+
+        ``cap_s``: this delay's window is at most ``cap_s`` (still full jitter), and the
+        attempt count goes on as usual."""
+        window = self.window_s() if cap_s is None else min(self.window_s(), cap_s)
         self.attempt += 1
         fraction = min(max(float(self.random()), 0.0), 1.0)
         return fraction * window

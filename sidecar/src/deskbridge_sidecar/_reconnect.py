@@ -11,6 +11,16 @@ Reconnect policy, by how the last session ended:
   reconnect lands on a live replica in well under a second;
 * HTTP 401/403 on the upgrade: the token is refused; stop (:class:`TokenRefused`);
   retrying cannot help;
+* the server side is up but cannot serve yet — HTTP 502/503/504 on the upgrade (a load
+  balancer whose backends all fail their health check, which needs Redis; a hub that
+  cannot reach Redis) or a close with 1013 before the welcome (the hub's handshake found
+  Redis unavailable): full-jitter backoff as below, but the window stops growing at
+  ``UNAVAILABLE_MAX_S`` (2 s). Such a pause ends by itself within seconds (a Redis or
+  pod restart), and a desktop that dropped during it must not stay away for a 30 s
+  window after it (issue 16's soak: a pod killed as Redis restarted left its desktops
+  offline 7-14 s after Redis was back, the window having doubled to 16 s in 2.5 s of
+  refusals). Still jittered, so N desktops arrive at about N / 1 s; a ``Retry-After``
+  (a hub asking for a longer pause) is honoured as always;
 * anything else — refused or failed connects, other HTTP statuses, 1006, ping
   timeout, clock gap, a malformed frame — full-jitter exponential backoff: first retry
   within ``backoff_initial_s`` (0.5 s), the window doubling up to ``backoff_max_s``
@@ -45,6 +55,7 @@ from deskbridge_common import (
     CLOSE_GOING_AWAY,
     CLOSE_SERVICE_RESTART,
     CLOSE_SUPERSEDED,
+    CLOSE_TRY_AGAIN_LATER,
 )
 
 from ._backoff import Backoff
@@ -76,6 +87,12 @@ QUICK_RETRY_STATUSES = frozenset({502, 503, 504})
 #: Close codes of a socket that closed before the welcome, retried quickly after a
 #: restart close (the restarting process accepted it and then went away).
 _QUICK_RETRY_CLOSE_CODES = frozenset({CLOSE_ABNORMAL, CLOSE_SERVICE_RESTART, CLOSE_GOING_AWAY})
+#: Longest backoff window (seconds) after a refusal by a server side that is up but
+#: cannot serve yet (``_unavailable``; module docstring): a Redis restart's pause.
+UNAVAILABLE_MAX_S = 2.0
+#: HTTP statuses of such a refusal: a load balancer without a live backend, a hub
+#: without Redis.
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 #: A welcomed session open at least this long (seconds) was healthy: the reconnect
 #: backoff starts again from ``backoff_initial_s`` (see the module docstring for why).
 HEALTHY_SESSION_S = 2.0
@@ -101,6 +118,14 @@ def _restart_in_progress(end: SessionEnd, rejected_status: int | None) -> bool:
     if end.cause == REJECTED:
         return rejected_status in QUICK_RETRY_STATUSES
     return end.cause == CLOSED and not end.welcomed and end.code in _QUICK_RETRY_CLOSE_CODES
+
+
+def _unavailable(end: SessionEnd, rejected_status: int | None) -> bool:
+    """True if the attempt met a server side that is up but cannot serve yet: the upgrade
+    refused with 502/503/504, or the socket closed with 1013 before any welcome."""
+    if end.cause == REJECTED:
+        return rejected_status in UNAVAILABLE_STATUSES
+    return end.cause == CLOSED and not end.welcomed and end.code == CLOSE_TRY_AGAIN_LATER
 
 
 @attrs.define(eq=False)
@@ -170,7 +195,8 @@ class ReconnectPolicy:
             )
         else:
             self.quick_left = 0
-            delay = self.backoff.next_delay()
+            cap = UNAVAILABLE_MAX_S if _unavailable(end, rejected_status) else None
+            delay = self.backoff.next_delay(cap)
             if retry_after_s is not None:  # the hub said when (e.g. a token not yet valid)
                 delay = max(delay, min(retry_after_s, MAX_RETRY_AFTER_S))
             log.info("reconnecting in %.2f s", delay)

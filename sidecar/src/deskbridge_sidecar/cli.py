@@ -161,11 +161,20 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     verbs = (("approve", "let it run"), ("decline", "refuse it (its caller is answered declined)"))
     for verb, what in verbs:
         decide_parser = commands.add_parser(
-            verb, help=f"{what}: a job waiting for your approval (tools marked needs_approval)"
+            verb,
+            help=f"{what}: a job waiting for your approval (tools marked needs_approval)",
+            description=f"{what.capitalize()}: the job JOB_ID (from `deskbridge-sidecar "
+            "pending`), which a tool marked needs_approval holds until you decide. Exit 0 "
+            "when recorded, 1 when no such job is waiting.",
         )
         decide_parser.add_argument("job_id", metavar="JOB_ID")
         decide_parser.add_argument("--data-dir", metavar="DIR", help="as given to run")
-    listing = commands.add_parser("pending", help="list the jobs waiting for your approval")
+    listing = commands.add_parser(
+        "pending",
+        help="list the jobs waiting for your approval",
+        description="List the jobs waiting for your approval, one a line: JOB_ID, tool, "
+        "args (JSON). Nothing waiting: an empty standard output and a note on stderr.",
+    )
     listing.add_argument("--data-dir", metavar="DIR", help="as given to run")
     _service_cli.add_commands(commands)
     return parser, run
