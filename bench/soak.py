@@ -5,17 +5,19 @@ On loopback: ``redis-server`` with an append-only file, N ``deskbridge-hub serve
 --workers 1`` pods behind a real HAProxy, one sidecar per user (counting tool) dialling
 HAProxy through its own TCP proxy that can cut the connection half-open, and callers
 (threads) posting ``record`` through HAProxy, each retrying its key's idempotency key on
-offline / unavailable / lost / timeout / HAProxy 5xx / refused connection until another
-answer or ``--key-budget-s``. After ``--calm-s`` seconds without faults: a pod SIGKILLed
-every ``--kill-every-s`` and restarted ``--restart-after-s`` later on the same port, a
-sidecar's connection cut every ``--cut-every-s``, Redis SIGKILLed and restarted on its AOF
-halfway through the faults. Hubs run with ``DESKBRIDGE_RECLAIM_IDLE_S=5``.
+offline / unavailable / lost / timeout / a provisional in_doubt (``detail.pending``) /
+HAProxy 5xx / refused connection until another answer or ``--key-budget-s``. After
+``--calm-s`` seconds without faults: a pod SIGKILLed every ``--kill-every-s`` and
+restarted ``--restart-after-s`` later on the same port, a sidecar's connection cut every
+``--cut-every-s``, Redis SIGKILLed and restarted on its AOF halfway through the faults.
+Hubs run with ``DESKBRIDGE_RECLAIM_IDLE_S=5``.
 
 Prints jobs issued and answered, hung attempts and stuck callers, the answer histograms
 (per attempt and final per key), executions per key (0 / 1 / 2+, counted by the tool in
 its ledger file), keys whose final answer was offline/lost although they ran, completed
 jobs per bucket next to the calm bucket(s), caller latency p50/p99/max, faults
-performed. Exit status 1 if any key ran twice, any caller hung or any key that ran was
+performed, and a timeline per 5 s (completed keys and retried attempts next to the
+faults of each step). Exit status 1 if any key ran twice, any caller hung or any key that ran was
 finally answered offline/lost/expired.
 
 Usage: ./dev bench soak [--calm-s 60] [--faults-s 540] [--hubs 3] [--sidecars 20]

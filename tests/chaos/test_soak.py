@@ -2,7 +2,8 @@
 
 Three hub processes behind HAProxy, 20 sidecars each behind a proxy that cuts its
 connection half-open, 16 callers retrying one idempotency key each on offline /
-unavailable / lost / timeout (and HAProxy's 5xx, refused connections), a hub SIGKILLed
+unavailable / lost / timeout / a provisional ``in_doubt`` (``detail.pending``) and
+HAProxy's 5xx, refused connections, a hub SIGKILLed
 every 10 s and restarted 2 s later, a socket cut every 5 s, Redis SIGKILLed and restarted
 on its AOF halfway, ``DESKBRIDGE_RECLAIM_IDLE_S=5``; production timings otherwise.
 
