@@ -171,6 +171,19 @@ async def test_executor_gone_records_interrupted_and_leaves_the_entry_pending(au
     assert await answer(substrate) is None
 
 
+async def test_a_socket_that_just_went_away_tells_the_caller_nothing(autojump_clock):
+    """An executor that cannot say why it ended (no ``ended_reason``: the socket went
+    away, not a hub decision) leaves the caller waiting for the redelivery: no answer in
+    its mailbox, none stored, the stage ``interrupted``, the entry pending."""
+    substrate, server, entry = await setup(reply_to="box-1")
+    with trio.move_on_after(5):
+        await server.serve(entry, FakeExecutor(hang=True))
+    assert await substrate.read_notifications("box-1", count=10, block_ms=1) == []
+    assert await answer(substrate) is None
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
+    assert substrate.pending_count(USER) == 1
+
+
 async def test_an_entry_whose_body_is_gone_is_answered_lost_once(autojump_clock):
     substrate, server, entry = await setup()
     await server.answer_lost(entry.entry_id, "job-1")
