@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-
 import pytest
 import trio
 from coredis.exceptions import ResponseError
