@@ -228,3 +228,25 @@ async def test_usable_as_an_async_context_manager() -> None:
         await s.ping()
     await s.aclose()
     await s.ping()
+
+
+async def test_an_indexed_submit_records_the_entry_s_own_deadline() -> None:
+    """The idempotency record's deadline is the entry's, from the one clock reading the
+    XADD stamped (as the Redis script appends the deadline it stamped). With a clock that
+    moves 0.6 ms between readings, a second reading fell in the next millisecond: the
+    record named another deadline than the job's (a contract check failed once in CI)."""
+    from deskbridge_hub._contract_caller import _submission
+    from deskbridge_hub._idempotency import IndexRecord
+
+    readings = iter(range(1_000_000))
+    s = MemorySubstrate(clock=lambda: 1_700_000_000.0 + next(readings) * 0.0006)
+    await s.set_presence("u", "s1", 30)
+    for n in range(5):  # each crossing of a millisecond boundary would have shown
+        key = f"key-{n}"
+        assert (await s.submit("u", _submission("u", f"job-{n}", key=key))).verdict == "queued"
+        again = await s.submit("u", _submission("u", f"retry-{n}", key=key))
+        assert again.verdict == "indexed"
+        (entry,) = await s.read_new("u", "c1", count=10, block_ms=1)
+        assert entry.fields is not None
+        record = IndexRecord.decode(again.index_value or "")
+        assert record.deadline == float(entry.fields["deadline"])

@@ -109,11 +109,10 @@ class MemoryCallerCommands:
         self._set(skey, sub.state.encode(), now, sub.state_ttl_s)
         entry_id = self._enqueue_now(user_id, sub)
         if sub.idempotency_key is not None:
-            # the entry's deadline (as _xadd stamps it, same clock reading), appended
-            # as the Redis script does
-            at_ms = math.floor(self.server_time() * 1000)
-            deadline = (at_ms + math.ceil(sub.start_within_s * 1000)) / 1000
-            self._set(ikey, f"{sub.index_value} {deadline:.3f}", now, sub.index_ttl_s)
+            # the entry's own deadline, appended as the Redis script appends the one it
+            # stamped (a second clock reading could fall in the next millisecond)
+            deadline = self._entry_field(user_id, entry_id, "deadline")
+            self._set(ikey, f"{sub.index_value} {deadline}", now, sub.index_ttl_s)
         if sub.write_owner:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
         if sub.alive_holder is not None:
@@ -124,6 +123,9 @@ class MemoryCallerCommands:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     def _enqueue_now(self, user_id: str, sub: Submission) -> str:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    def _entry_field(self, user_id: str, entry_id: str, name: str) -> str | None:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:

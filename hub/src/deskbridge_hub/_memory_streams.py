@@ -109,6 +109,10 @@ class MemoryStreamCommands:
             raise ValueError("enqueue needs maxlen >= 1 and at least one field")
         return self._xadd(user_id, fields, now, maxlen=maxlen, start_within_s=start_within_s)
 
+    def _entry_field(self, user_id: str, entry_id: str, name: str) -> str | None:
+        """Field ``name`` of entry ``entry_id`` (no checkpoint), None if either is gone."""
+        return self._streams[user_id].entries.get(_parse_id(entry_id), {}).get(name)
+
     def _enqueue_now(self, user_id: str, sub: Submission) -> str:
         """``submit``'s XADD (no checkpoint: part of its atomic step)."""
         now = anyio.current_time()
