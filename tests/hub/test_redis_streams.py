@@ -223,3 +223,13 @@ async def test_a_consumer_idle_exactly_idle_ms_is_pruned() -> None:
             assert await s.prune_consumers("u1", idle_ms=500, keep="me") == 2
         nursery.cancel_scope.cancel()
     assert deleted == ["c500", "c501"]
+
+
+async def test_enqueue_creates_the_group_once_per_session_and_user(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis
+) -> None:
+    before = await _xgroup_creates(raw_redis)
+    with trio.fail_after(5):
+        for i in range(3):
+            await substrate.enqueue(user, {"filler": str(i)}, maxlen=100)
+    assert await _xgroup_creates(raw_redis) == before + 1
