@@ -10,12 +10,15 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from coredis.exceptions import ResponseError
 from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._contract_caller import _submission
+from deskbridge_hub._jobstate import JobState, Stage
 from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._redis_slots import key_slot
 from deskbridge_hub._substrate import jobs_key, mailbox_key
 
 from ..conftest import REDIS_URL, RawRedis
@@ -93,7 +96,7 @@ async def test_an_absent_presence_proves_nothing_while_redis_cannot_serve_the_hu
 
 
 @pytest.mark.parametrize(
-    ("block_ms", "seconds", "block_s"), [(250, "0.250", 0.25), (0, "0.000", None)]
+    ("block_ms", "seconds", "block_s"), [(1000, "1.000", 1.0), (0, "0.000", None)]
 )
 async def test_a_mailbox_read_blocks_the_server_block_ms_and_the_client_as_long_plus_the_timeout(
     substrate: RedisSubstrate,
@@ -125,3 +128,50 @@ async def test_a_mailbox_read_blocks_the_server_block_ms_and_the_client_as_long_
     ((command, waited),) = calls
     assert command == (b"BLMPOP", seconds, 1, mailbox_key(box), b"LEFT", b"COUNT", 5)
     assert waited == block_s
+
+
+async def test_on_a_single_redis_the_wake_up_is_pushed_only_for_a_queued_job(
+    substrate: RedisSubstrate, user: str
+) -> None:
+    """The wake-up is the script's own last write there: a submit answered "holder" (or
+    anything but "queued") wakes nobody. (Under Cluster it follows the script in the same
+    write whatever the answer: a spurious wake-up only makes the holder read an empty
+    stream.)"""
+    holder = f"h{secrets.token_hex(4)}"
+    await substrate.set_presence(user, "elsewhere.s1", 30)
+    sub = attrs.evolve(
+        _submission(user, f"job-{secrets.token_hex(6)}"), alive_holder=holder, wake_ttl_s=30.0
+    )
+    with trio.fail_after(5):
+        assert (await substrate.submit(user, sub)).verdict == "holder"
+        assert await substrate.wait_wakes(holder, timeout_s=0.05, count=10) == []
+
+
+@pytest.mark.parametrize("step", ["submit", "finish"])
+async def test_under_cluster_every_key_a_script_declares_is_in_the_user_s_slot(
+    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """The wake-up list, the progress stream and the mailbox are in other slots: in the
+    Cluster's command layout the scripts leave them out (a Cluster would refuse the
+    script with CROSSSLOT), and the writes to them follow the script."""
+    scripts: list[tuple[Any, ...]] = []
+    script = substrate._script
+
+    async def recording(s: Any, sc: Any, keys: Any, args: Any, **kwargs: Any) -> list[Any]:
+        scripts.append(tuple(keys))
+        return await script(s, sc, keys, args, **kwargs)
+
+    monkeypatch.setattr(substrate, "_script", recording)
+    substrate._cluster = True
+    job = f"job-{secrets.token_hex(6)}"
+    await substrate.set_presence(user, "h1.s1", 30)
+    with trio.fail_after(5):
+        if step == "submit":
+            sub = attrs.evolve(_submission(user, job), alive_holder="h1", wake_ttl_s=30.0)
+            assert (await substrate.submit(user, sub)).verdict == "queued"
+        else:
+            state = JobState(Stage.FINISHED, user, at=1.0)
+            await substrate.finish(user, job, "done", state, ttl_s=30, notify="box")
+            await substrate.read_notifications("box", count=10, block_ms=1)
+    ((*keys,),) = scripts
+    assert {key_slot(k) for k in keys if k} == {key_slot(jobs_key(user))}, keys

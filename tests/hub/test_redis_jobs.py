@@ -167,6 +167,7 @@ async def test_a_read_remembers_the_group_and_a_failed_heal_forgets_it(
     whose heal failed (Redis went away meanwhile) the next enqueue creates the group in
     its own write, and the entry is delivered."""
     user, job = ids
+    await raw_redis("XGROUP", "CREATE", jobs_key(user), GROUP, "0", "MKSTREAM")  # not by us
     with trio.fail_after(10):
         await substrate.read_new_delivered(user, "c1", count=10, state=DELIVERED, ttl_s=60)
         before = await _xgroup_creates(raw_redis)
@@ -235,3 +236,23 @@ async def test_an_absent_key_proves_nothing_while_redis_cannot_serve_the_hub(
         await substrate.set_catalogue(user, "[]")
         assert await read(substrate, user) is not None
     assert asked == [what]
+
+
+async def test_a_group_still_missing_after_its_heal_reads_as_nothing(
+    substrate: RedisSubstrate, ids: tuple[str, str], raw_redis: RawRedis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The stream came back without its group, and the group is gone again before the
+    read after the heal (here: the heal made nothing): nothing read, no error; the next
+    read heals it."""
+    user, job = ids
+    await raw_redis("XADD", jobs_key(user), "*", "job_id", job)
+    heals: list[str] = []
+
+    async def heal_makes_nothing(session: Any, user_id: str) -> None:
+        heals.append(user_id)
+
+    monkeypatch.setattr(substrate, "_heal_group", heal_makes_nothing)
+    with trio.fail_after(5):
+        got = await substrate.read_new_delivered(user, "c1", count=10, state=DELIVERED, ttl_s=60)
+    assert (got, heals) == ([], [user])

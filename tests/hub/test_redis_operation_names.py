@@ -187,7 +187,8 @@ async def test_a_redis_that_stops_answering_fails_the_operation_after_the_comman
         with trio.fail_after(3):
             with pytest.raises(SubstrateUnavailable):
                 await call(s)
-        assert trio.current_time() - start >= 0.2
+        took = trio.current_time() - start
+        assert 0.2 <= took < 0.2 + 0.01 + 0.6, took  # (slack for a loaded machine)
         nursery.cancel_scope.cancel()
 
 

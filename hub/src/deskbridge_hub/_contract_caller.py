@@ -245,10 +245,12 @@ async def check_submit_wakes_the_holder_process_it_expects(h: SubstrateHarness) 
     holder = f"h{secrets.token_hex(4)}"
     # (the wake list is popped empty below, so it needs no cleanup)
     await s.set_presence(user, f"{holder}.s1", 30)
-    sub = attrs.evolve(_submission(user, h.job()), alive_holder=holder, wake_ttl_s=30.0)
+    job = h.job()
+    sub = attrs.evolve(_submission(user, job), alive_holder=holder, wake_ttl_s=30.0)
     assert (await s.submit(user, sub)).verdict == "queued"
     with trio.fail_after(3):
         assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+    assert await s.job_owner(job) == JobOwner(user, "box")  # written in the same step
     other = attrs.evolve(_submission(user, h.job()), alive_holder="elsewhere")
     got = await s.submit(user, other)
     assert (got.verdict, got.presence) == ("holder", f"{holder}.s1")

@@ -42,3 +42,59 @@ async def check_progress_expires_after_its_ttl(h: SubstrateHarness) -> None:
     await s.publish_progress(job, '{"progress": 2}', ttl_s=0.2)
     await trio.sleep(0.4)
     assert await s.read_progress(job, "0", block_ms=1) == []
+
+
+@check
+async def check_enqueue_and_read_new_refuse_arguments_out_of_range_and_accept_their_bounds(
+    h: SubstrateHarness,
+) -> None:
+    """``enqueue``: ``maxlen`` >= 1, at least one field, ``start_within_s`` >= 0;
+    ``read_new``: ``block_ms`` >= 0 (0: until an entry comes; here one is there)."""
+    s, user = h.substrate, h.user()
+    entry_id = await s.enqueue(user, {"job_id": h.job()}, maxlen=1, start_within_s=0.0)
+    with trio.fail_after(3):
+        (entry,) = await s.read_new(user, "c1", count=10, block_ms=0)
+    assert entry.entry_id == entry_id
+    bounds = "enqueue needs maxlen >= 1 and at least one field"
+    await _refused(s.enqueue(user, {"job_id": h.job()}, maxlen=0), bounds)
+    await _refused(s.enqueue(user, {}, maxlen=10), bounds)
+    await _refused(
+        s.enqueue(user, {"job_id": h.job()}, maxlen=10, start_within_s=-1),
+        "start_within_s must be >= 0, got -1",
+    )
+    await _refused(s.read_new(user, "c1", count=10, block_ms=-1), "must be >= 0, got -")
+    assert (await s.queue_info(user)).length == 1
+
+
+@check
+async def check_prune_consumers_goes_by_each_consumer_s_idle_time(h: SubstrateHarness) -> None:
+    """A consumer with nothing pending goes once it has been idle ``idle_ms``: not
+    before (an hour), but after a tenth of a second; no stream, nothing to prune."""
+    s, user = h.substrate, h.user()
+    assert await s.prune_consumers(user, idle_ms=1, keep="me") == 0
+    for consumer in ("a", "b"):
+        await s.enqueue(user, {"job_id": h.job()}, maxlen=100)
+        (entry,) = await s.read_new(user, consumer, count=1, block_ms=1)
+        await s.ack(user, entry.entry_id)
+    await trio.sleep(0.15)
+    assert await s.prune_consumers(user, idle_ms=3_600_000, keep="me") == 0
+    assert await s.prune_consumers(user, idle_ms=100, keep="me") == 2
+
+
+@check
+async def check_queue_info_lists_the_oldest_pending_entries_only_when_asked(
+    h: SubstrateHarness,
+) -> None:
+    """Without ``count`` only the counts; with it, that many pending entries, oldest
+    first, each with its consumer, idle time and deliveries."""
+    s, user = h.substrate, h.user()
+    ids = [await s.enqueue(user, {"job_id": h.job()}, maxlen=100) for _ in range(3)]
+    await s.read_new(user, "c1", count=2, block_ms=1)
+    await trio.sleep(0.1)
+    info = await s.queue_info(user)
+    assert (info.length, info.pending_count, info.pending) == (3, 2, ())
+    (first,) = (await s.queue_info(user, count=1)).pending
+    assert (first.entry_id, first.consumer, first.deliveries) == (ids[0], "c1", 1)
+    assert 90 <= first.idle_ms < 60_000, first.idle_ms
+    both = (await s.queue_info(user, count=5)).pending
+    assert [p.entry_id for p in both] == ids[:2]
