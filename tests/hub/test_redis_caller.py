@@ -22,6 +22,7 @@ from deskbridge_hub._redis_slots import key_slot
 from deskbridge_hub._substrate import jobs_key, mailbox_key
 
 from ..conftest import REDIS_URL, RawRedis
+from .redis_kit import delete_tagged
 
 
 @pytest.fixture
@@ -34,13 +35,7 @@ async def substrate() -> AsyncIterator[RedisSubstrate]:
 async def user(raw_redis: RawRedis) -> AsyncIterator[str]:
     user_id = f"test-{secrets.token_hex(6)}"
     yield user_id
-    cursor = "0"
-    for _ in range(10_000):
-        cursor, found = await raw_redis("SCAN", cursor, "MATCH", f"bridge:*{{{user_id}}}*")
-        if found:
-            await raw_redis("DEL", *found)
-        if cursor == "0":
-            break
+    await delete_tagged(raw_redis, user_id)
 
 
 async def test_submit_creates_the_group_once_per_session_and_user(

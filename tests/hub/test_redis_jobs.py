@@ -26,6 +26,7 @@ from deskbridge_hub._substrate import (
 )
 
 from ..conftest import REDIS_URL, RawRedis
+from .redis_kit import delete_tagged, record_calls, xgroup_creates
 
 DELIVERED = JobState(Stage.DELIVERED, "u", at=1.0, session_id="s1")
 
@@ -42,34 +43,7 @@ async def ids(raw_redis: RawRedis) -> AsyncIterator[tuple[str, str]]:
     user, job = f"test-{secrets.token_hex(6)}", f"job-{secrets.token_hex(6)}"
     yield user, job
     for tag in (user, job):
-        cursor = "0"
-        for _ in range(10_000):
-            cursor, found = await raw_redis("SCAN", cursor, "MATCH", f"bridge:*{{{tag}}}*")
-            if found:
-                await raw_redis("DEL", *found)
-            if cursor == "0":
-                break
-
-
-def _record_calls(
-    substrate: RedisSubstrate, monkeypatch: pytest.MonkeyPatch
-) -> list[tuple[tuple[Any, ...], float | None]]:
-    calls: list[tuple[tuple[Any, ...], float | None]] = []
-    call = substrate._call
-
-    async def recording(session: Any, *command: Any, block_s: float | None = 0.0) -> Any:
-        calls.append((command, block_s))
-        return await call(session, *command, block_s=block_s)
-
-    monkeypatch.setattr(substrate, "_call", recording)
-    return calls
-
-
-async def _xgroup_creates(raw: RawRedis) -> int:
-    for line in (await raw("INFO", "commandstats")).splitlines():
-        if line.startswith("cmdstat_xgroup|create:"):
-            return int(line.split("calls=", 1)[1].split(",", 1)[0])
-    return 0
+        await delete_tagged(raw_redis, tag)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +61,7 @@ async def test_a_result_wait_blocks_the_server_its_timeout_and_the_client_as_lon
 ) -> None:
     user, job = ids
     await raw_redis("RPUSH", result_key(user, job), "done")
-    calls = _record_calls(substrate, monkeypatch)
+    calls = record_calls(substrate, monkeypatch)
     with trio.fail_after(5):
         assert await substrate.wait_result(user, job, timeout_s=timeout_s) == "done"
     assert calls == [((b"BLPOP", result_key(user, job), seconds), block_s)]
@@ -103,7 +77,7 @@ async def test_a_progress_read_blocks_the_server_block_ms_and_the_client_as_long
 ) -> None:
     _, job = ids
     await substrate.publish_progress(job, '{"progress": 1}', ttl_s=30)
-    calls = _record_calls(substrate, monkeypatch)
+    calls = record_calls(substrate, monkeypatch)
     with trio.fail_after(5):
         assert len(await substrate.read_progress(job, "0", block_ms=block_ms)) == 1
     key = progress_key(job)
@@ -170,9 +144,9 @@ async def test_a_read_remembers_the_group_and_a_failed_heal_forgets_it(
     await raw_redis("XGROUP", "CREATE", jobs_key(user), GROUP, "0", "MKSTREAM")  # not by us
     with trio.fail_after(10):
         await substrate.read_new_delivered(user, "c1", count=10, state=DELIVERED, ttl_s=60)
-        before = await _xgroup_creates(raw_redis)
+        before = await xgroup_creates(raw_redis)
         await substrate.enqueue(user, {"filler": "1"}, maxlen=100)
-        assert await _xgroup_creates(raw_redis) == before
+        assert await xgroup_creates(raw_redis) == before
         await raw_redis("DEL", jobs_key(user))
 
         async def heal_fails(session: Any, user_id: str) -> None:
@@ -182,9 +156,9 @@ async def test_a_read_remembers_the_group_and_a_failed_heal_forgets_it(
         with pytest.raises(SubstrateUnavailable):
             await substrate.read_new_delivered(user, "c1", count=10, state=DELIVERED, ttl_s=60)
         monkeypatch.undo()
-        before = await _xgroup_creates(raw_redis)
+        before = await xgroup_creates(raw_redis)
         entry_id = await substrate.enqueue(user, {"job_id": job}, maxlen=100)
-        assert await _xgroup_creates(raw_redis) == before + 1
+        assert await xgroup_creates(raw_redis) == before + 1
         got = await substrate.read_new_delivered(user, "c1", count=10, state=DELIVERED, ttl_s=60)
     assert [e.entry_id for e in got] == [entry_id]
 

@@ -19,6 +19,7 @@ from deskbridge_hub._redis import RedisSubstrate
 from deskbridge_hub._substrate import GROUP, index_key, jobs_key
 
 from ..conftest import REDIS_URL, RawRedis
+from .redis_kit import delete_tagged, record_calls, xgroup_creates
 from .test_redis_operation_names import HELLO_REPLY, _commands
 
 
@@ -32,34 +33,7 @@ async def substrate() -> AsyncIterator[RedisSubstrate]:
 async def user(raw_redis: RawRedis) -> AsyncIterator[str]:
     user_id = f"test-{secrets.token_hex(6)}"
     yield user_id
-    cursor = "0"
-    for _ in range(10_000):
-        cursor, found = await raw_redis("SCAN", cursor, "MATCH", f"bridge:*{{{user_id}}}*")
-        if found:
-            await raw_redis("DEL", *found)
-        if cursor == "0":
-            break
-
-
-def _record_calls(
-    substrate: RedisSubstrate, monkeypatch: pytest.MonkeyPatch
-) -> list[tuple[tuple[Any, ...], float | None]]:
-    calls: list[tuple[tuple[Any, ...], float | None]] = []
-    call = substrate._call
-
-    async def recording(session: Any, *command: Any, block_s: float | None = 0.0) -> Any:
-        calls.append((command, block_s))
-        return await call(session, *command, block_s=block_s)
-
-    monkeypatch.setattr(substrate, "_call", recording)
-    return calls
-
-
-async def _xgroup_creates(raw: RawRedis) -> int:
-    for line in (await raw("INFO", "commandstats")).splitlines():
-        if line.startswith("cmdstat_xgroup|create:"):
-            return int(line.split("calls=", 1)[1].split(",", 1)[0])
-    return 0
+    await delete_tagged(raw_redis, user_id)
 
 
 async def _group(raw: RawRedis, user: str) -> dict[str, Any]:
@@ -102,9 +76,9 @@ async def test_a_read_remembers_the_group_and_a_failed_heal_forgets_it(
     await raw_redis("XGROUP", "CREATE", jobs_key(user), GROUP, "0", "MKSTREAM")  # not by us
     with trio.fail_after(10):
         await read(substrate, user)
-        before = await _xgroup_creates(raw_redis)
+        before = await xgroup_creates(raw_redis)
         await substrate.enqueue(user, {"filler": "1"}, maxlen=100)
-        assert await _xgroup_creates(raw_redis) == before + (name == "autoclaim")
+        assert await xgroup_creates(raw_redis) == before + (name == "autoclaim")
         await raw_redis("DEL", jobs_key(user))
         await raw_redis("XADD", jobs_key(user), "*", "filler", "2")  # no group
 
@@ -115,9 +89,9 @@ async def test_a_read_remembers_the_group_and_a_failed_heal_forgets_it(
         with pytest.raises(SubstrateUnavailable):
             await read(substrate, user)
         monkeypatch.undo()
-        before = await _xgroup_creates(raw_redis)
+        before = await xgroup_creates(raw_redis)
         await substrate.enqueue(user, {"filler": "3"}, maxlen=100)
-        assert await _xgroup_creates(raw_redis) == before + 1
+        assert await xgroup_creates(raw_redis) == before + 1
 
 
 @pytest.mark.parametrize(
@@ -130,7 +104,7 @@ async def test_a_new_entries_read_blocks_the_server_block_ms_and_the_client_as_l
     """... plus the command timeout (0: both wait for ever); a pending read does not
     block at all."""
     entry_id = await substrate.enqueue(user, {"filler": "0"}, maxlen=100)
-    calls = _record_calls(substrate, monkeypatch)
+    calls = record_calls(substrate, monkeypatch)
     with trio.fail_after(5):
         (got,) = await substrate.read_new(user, "c1", count=10, block_ms=block_ms)
         (again,) = await substrate.read_pending(user, "c1", count=10)
@@ -170,7 +144,7 @@ async def test_queue_inspection_reads_pending_entries_only_when_asked(
 ) -> None:
     await substrate.enqueue(user, {"filler": "x"}, maxlen=100)
     await substrate.read_new(user, "c1", count=10, block_ms=1)
-    calls = _record_calls(substrate, monkeypatch)
+    calls = record_calls(substrate, monkeypatch)
     with trio.fail_after(5):
         info = await (
             substrate.queue_info(user) if count == 0 else substrate.queue_info(user, count=count)
@@ -228,8 +202,8 @@ async def test_a_consumer_idle_exactly_idle_ms_is_pruned() -> None:
 async def test_enqueue_creates_the_group_once_per_session_and_user(
     substrate: RedisSubstrate, user: str, raw_redis: RawRedis
 ) -> None:
-    before = await _xgroup_creates(raw_redis)
+    before = await xgroup_creates(raw_redis)
     with trio.fail_after(5):
         for i in range(3):
             await substrate.enqueue(user, {"filler": str(i)}, maxlen=100)
-    assert await _xgroup_creates(raw_redis) == before + 1
+    assert await xgroup_creates(raw_redis) == before + 1
