@@ -25,13 +25,13 @@ from typing import Any
 
 import anyio
 import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from coredis.connection import BaseConnection
+from coredis.connection import TCPLocation, UnixDomainSocketLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.pool import ConnectionPool
 
 from ._redis_blocking import block_s, poll_form, poll_reply, with_block_s
 from ._redis_pubsub import Subscriber
+from ._redis_wire import WireConnection
 
 #: Seconds a discarded connection may take to close before we stop waiting.
 _CLOSE_WAIT_S = 1.0
@@ -47,20 +47,11 @@ _POLL_FIRST_S = 0.01
 _POLL_MAX_S = 0.25
 
 
-def _close_buffers(conn: BaseConnection) -> None:
-    """coredis opens memory streams in ``BaseConnection.__init__`` and closes them only
-    if ``run()`` gets as far as connecting; close them so a failed or cancelled connect
-    leaves nothing open (ResourceWarning). Closing twice is harmless."""
-    for value in vars(conn).values():
-        if isinstance(value, MemoryObjectSendStream | MemoryObjectReceiveStream):
-            value.close()
-
-
 @attrs.define(eq=False)
 class _Conn:
     """One coredis connection, created and run by a task of the session's task group."""
 
-    conn: BaseConnection | None = None
+    conn: WireConnection | None = None
     scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
     ready: anyio.Event = attrs.Factory(anyio.Event)
     closed: anyio.Event = attrs.Factory(anyio.Event)
@@ -134,8 +125,9 @@ class _Session:
             connect_timeout=connect_timeout_s,
             client_name=client_name,
         )
-        self._connection_class = pool.connection_class
-        self._location = pool.location
+        if not isinstance(pool.location, TCPLocation | UnixDomainSocketLocation):
+            raise ValueError(f"{url!r}: not a Redis server location")
+        self._location: TCPLocation | UnixDomainSocketLocation = pool.location
         self._connection_kwargs = pool.connection_kwargs
         self.connect_timeout_s = connect_timeout_s
         self._command_timeout_s = command_timeout_s
@@ -196,15 +188,11 @@ class _Session:
     async def _host(self, c: _Conn) -> None:
         try:
             with c.scope:
-                # The pool's connection class matches its location's kind (TCP or Unix
-                # socket); coredis types the two pairs apart, so mypy cannot see it.
-                c.conn = self._connection_class(self._location, **self._connection_kwargs)  # type: ignore[arg-type]
+                c.conn = WireConnection(self._location, **self._connection_kwargs)
                 await c.conn.run(task_status=c)
         except Exception as exc:  # never crash the session's task group
             c.error = exc
         finally:
-            if c.conn is not None:
-                _close_buffers(c.conn)
             self._live.discard(c)
             c.gone()
 
