@@ -12,7 +12,7 @@ import trio
 from deskbridge_common import Timings
 from deskbridge_hub._beats import Listener
 from deskbridge_hub._reader import ProcessReader
-from deskbridge_hub._substrate_values import BeatReply, Claimed, Entry
+from deskbridge_hub._substrate_values import BeatReply, Claimed, Entry, Pushed
 from prometheus_client import REGISTRY
 
 #: Distinct values, so a mixed-up timing shows in the call it reaches.
@@ -66,8 +66,10 @@ class Script:
             raise reply
         return reply
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
-        return bool(await self._answer("set_liveness", True, holder_id, ttl_s))
+    async def set_liveness(
+        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+    ) -> bool:
+        return bool(await self._answer("set_liveness", True, holder_id, ttl_s, consumer=consumer))
 
     async def clear_liveness(self, holder_id: str) -> None:
         await self._answer("clear_liveness", None, holder_id)
@@ -76,7 +78,9 @@ class Script:
         reply = await self._answer("get_presence", self.presence.get(user_id), user_id)
         return reply  # type: ignore[no-any-return]
 
-    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+    async def wait_wakes(
+        self, holder_id: str, *, timeout_s: float, count: int
+    ) -> list[str | Pushed]:
         self.calls.append((trio.current_time(), "wait_wakes", (holder_id,),
                            {"timeout_s": timeout_s, "count": count}))  # fmt: skip
         queue = self.replies["wait_wakes"]

@@ -61,7 +61,7 @@ async def test_run_writes_liveness_first_starts_the_workers_and_clears_liveness_
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.run)
-            assert script.calls[0][1:] == ("set_liveness", ("h1", 3.0), {})
+            assert script.calls[0][1:] == ("set_liveness", ("h1", 3.0), {"consumer": "c1"})
             assert script.calls[0][0] == 0.0 and reader.running is True
             await trio.testing.wait_all_tasks_blocked()
             assert reader._idle.statistics().tasks_waiting == WORKERS
@@ -180,7 +180,7 @@ async def test_liveness_is_refreshed_every_second_and_a_quarter_second_after_a_f
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._liveness_loop, 3.5)
     assert script.times("set_liveness") == [0.0, 1.0, 1.25, 2.25, 3.25]
-    assert script.of("set_liveness") == [(("h1", 3.0), {})] * 5
+    assert script.of("set_liveness") == [(("h1", 3.0), {"consumer": "c1"})] * 5
     assert lines(caplog) == ["liveness refresh failed: boom"]
     assert script.of("get_presence") == []
 

@@ -229,6 +229,8 @@ class Bridge(JobControl):
                 # the holder process we know alive; the same write wakes it
                 alive_holder=self._known_alive(user_id),
                 wake_ttl_s=self.timings.presence_ttl_s,
+                # push delivery: the holder forwards without a read of its own
+                delivered_ttl_s=self.timings.result_ttl_s,
             )
             submitted = await self.substrate.submit(user_id, submission)
             for _ in range(MAX_SUBMIT_RETRIES):

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
-from ._substrate import Beat, Claimed, Entry, jobs_key
+from ._substrate import Beat, Claimed, Entry, Pushed, jobs_key
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -301,7 +301,7 @@ async def check_a_wake_wakes_a_blocked_waiter_and_a_cancelled_wait_pops_nothing(
 ) -> None:
     s, holder = h.substrate, f"holder-{h.user()}"
     h.on_user(holder)
-    got: list[list[str]] = []
+    got: list[list[str | Pushed]] = []
 
     async def waiter() -> None:
         got.append(await s.wait_wakes(holder, timeout_s=10, count=10))

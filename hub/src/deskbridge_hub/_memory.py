@@ -43,7 +43,7 @@ import attrs
 
 from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
-from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters
+from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters, _WakeList
 from ._memory_desktop import MemoryDesktopCommands
 from ._memory_finish import MemoryFinishCommands
 from ._memory_jobs import MemoryJobCommands, _ProgressLog
@@ -88,7 +88,7 @@ class MemorySubstrate(
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
     _daemon_records: dict[str, tuple[dict[str, str], float]] = attrs.field(factory=dict, init=False)
     _mailboxes: dict[str, _Mailbox] = attrs.field(factory=dict, init=False)
-    _wakes: dict[str, _ResultList] = attrs.field(factory=dict, init=False)
+    _wakes: dict[str, _WakeList] = attrs.field(factory=dict, init=False)
     _wake_changed: anyio.Event | None = attrs.field(default=None, init=False)
     _anchor: float | None = attrs.field(default=None, init=False)
 

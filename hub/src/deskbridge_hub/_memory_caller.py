@@ -12,13 +12,18 @@ from typing import Any
 import anyio
 import attrs
 
+from ._jobstate import JobState, Stage
 from ._substrate import (
+    Entry,
     JobOwner,
+    Marked,
+    Pushed,
     Submission,
     Submitted,
     idem_key,
     owner_key,
     presence_key,
+    proc_key,
     result_key,
     state_key,
     tools_key,
@@ -28,6 +33,15 @@ from ._substrate import (
 @attrs.define(eq=False)
 class _ResultList:
     items: deque[str]
+    expires_at: float
+
+
+@attrs.define(eq=False)
+class _WakeList:
+    """A holder process's wake list (``bridge:wake:{holder}``): user ids and pushed
+    entries."""
+
+    items: deque[str | Pushed]
     expires_at: float
 
 
@@ -115,11 +129,50 @@ class MemoryCallerCommands:
             self._set(ikey, f"{sub.index_value} {deadline}", now, sub.index_ttl_s)
         if sub.write_owner:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
+        pushed = None
         if sub.alive_holder is not None:
-            self._wake_now(sub.alive_holder, user_id, now, sub.wake_ttl_s)
-        return Submitted("queued", entry_id=entry_id, presence=presence)
+            pushed = self._push_read(user_id, sub, entry_id, presence, now)
+            self._wake_now(sub.alive_holder, pushed or user_id, now, sub.wake_ttl_s)
+        return Submitted("queued", entry_id=entry_id, presence=presence, pushed=bool(pushed))
 
-    def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:
+    def _push_read(
+        self, user_id: str, sub: Submission, entry_id: str, presence: str, now: float
+    ) -> Pushed | None:
+        """Push delivery (``Submission.delivered_ttl_s``), as the Redis script: read the
+        new entry for the holder's registered consumer and mark it delivered, when it is
+        the group's only undelivered entry."""
+        assert sub.alive_holder is not None
+        if sub.delivered_ttl_s is None:
+            return None
+        consumer = self._get(proc_key(sub.alive_holder), now)
+        if consumer is None or consumer == "1" or self._lag(user_id) != 1:
+            return None
+        (entry,) = self._read_new_nowait(user_id, consumer, 1)
+        marked = None
+        if entry.entry_id == entry_id:
+            state = JobState(Stage.DELIVERED, user_id, at=self.server_time(), session_id=presence)
+            deadline = float(self._entry_field(user_id, entry_id, "deadline") or 0)
+            marked = self._mark(user_id, sub.job_id, state, sub.delivered_ttl_s, deadline, now)
+        return Pushed(user_id, Entry(entry.entry_id, entry.fields, marked))
+
+    def _lag(self, user_id: str) -> int | None:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    def _read_new_nowait(self, user_id: str, consumer: str, count: int) -> list[Entry]:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    def _mark(
+        self,
+        user_id: str,
+        job_id: str,
+        state: JobState,
+        ttl_s: float,
+        deadline: float | None,
+        now: float,
+    ) -> Marked:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    def _wake_now(self, holder_id: str, item: str | Pushed, now: float, ttl_s: float) -> None:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     def _enqueue_now(self, user_id: str, sub: Submission) -> str:

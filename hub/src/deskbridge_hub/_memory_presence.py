@@ -10,9 +10,9 @@ from typing import Any
 
 import anyio
 
-from ._memory_caller import _ResultList
+from ._memory_caller import _WakeList
 from ._memory_streams import StreamID, _deadline, _Stream
-from ._substrate import Beat, BeatReply, presence_key, proc_key, tools_key
+from ._substrate import Beat, BeatReply, Pushed, presence_key, proc_key, tools_key
 
 
 class MemoryPresenceCommands:
@@ -21,7 +21,7 @@ class MemoryPresenceCommands:
     _kv: dict[str, tuple[str, float]]
     _streams: dict[str, _Stream]
     _index: dict[str, dict[StreamID, str]]
-    _wakes: dict[str, _ResultList]
+    _wakes: dict[str, _WakeList]
     _wake_changed: anyio.Event | None
     _enter: Callable[[], Any]
     _check: Callable[[], None]
@@ -77,8 +77,11 @@ class MemoryPresenceCommands:
         del self._kv[presence_key(user_id)]
         return True
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
-        """Mark the hub process ``holder_id`` alive for ``ttl_s`` seconds.
+    async def set_liveness(
+        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+    ) -> bool:
+        """Mark the hub process ``holder_id`` alive for ``ttl_s`` seconds (the value:
+        ``consumer``, None: ``1``).
 
         Returns:
             True if it was still marked alive (False: expired, or never set).
@@ -88,7 +91,7 @@ class MemoryPresenceCommands:
         """
         now = await self._enter()
         was = self._get(proc_key(holder_id), now) is not None
-        self._set(proc_key(holder_id), "1", now, ttl_s)
+        self._set(proc_key(holder_id), "1" if consumer is None else consumer, now, ttl_s)
         return was
 
     async def clear_liveness(self, holder_id: str) -> None:
@@ -126,20 +129,23 @@ class MemoryPresenceCommands:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
         self._wake_now(holder_id, user_id, now, ttl_s)
 
-    def _wake_now(self, holder_id: str, user_id: str, now: float, ttl_s: float) -> None:
+    def _wake_now(self, holder_id: str, item: str | Pushed, now: float, ttl_s: float) -> None:
         wakes = self._wakes.get(holder_id)
         if wakes is None or now >= wakes.expires_at:
-            wakes = self._wakes[holder_id] = _ResultList(deque(), now + ttl_s)
-        wakes.items.append(user_id)
+            wakes = self._wakes[holder_id] = _WakeList(deque(), now + ttl_s)
+        wakes.items.append(item)
         wakes.expires_at = now + ttl_s
         self._notify_wakes()
 
-    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
-        """Pop up to ``count`` user ids from the holder's wake list, waiting up to
+    async def wait_wakes(
+        self, holder_id: str, *, timeout_s: float, count: int
+    ) -> list[str | Pushed]:
+        """Pop up to ``count`` items from the holder's wake list, waiting up to
         ``timeout_s`` seconds (0 = forever) for the first.
 
         Returns:
-            The user ids, or [] on timeout.
+            The user ids and pushed entries (:class:`Pushed`) in push order, or [] on
+            timeout.
 
         Raises:
             SubstrateUnavailable: marked unavailable (also while waiting).

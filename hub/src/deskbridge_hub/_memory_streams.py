@@ -229,6 +229,15 @@ class MemoryStreamCommands:
         stream.seen[consumer] = anyio.current_time()
         return self._take_fresh(stream, consumer, count)
 
+    def _lag(self, user_id: str) -> int | None:
+        """The group's lag as Redis's XINFO GROUPS reports it: entries not yet delivered
+        to the group, None when it cannot be told (an entry past the group's last
+        delivered one was trimmed) or there is no group."""
+        stream = self._streams.get(user_id)
+        if stream is None or stream.max_deleted > stream.last_delivered:
+            return None
+        return sum(1 for sid in stream.entries if sid > stream.last_delivered)
+
     def _take_fresh(self, stream: _Stream, consumer: str, count: int) -> list[Entry]:
         fresh = [sid for sid in stream.entries if sid > stream.last_delivered][:count]
         now = anyio.current_time()

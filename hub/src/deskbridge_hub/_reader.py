@@ -54,7 +54,7 @@ from ._retry import (
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
 )
-from ._substrate import Beat, BeatReply, Entry, Substrate
+from ._substrate import Beat, BeatReply, Entry, Pushed, Substrate
 
 __all__ = ["Listener", "ProcessReader"]
 
@@ -82,6 +82,7 @@ NEW = "new"  # entries never delivered (>)
 RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
 TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
 TAKEOVER = "takeover"  # record the session's daemon; claim what went to it elsewhere
+PUSHED = "pushed"  # entries a caller's step read for this process (push delivery)
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
@@ -110,6 +111,9 @@ class ProcessReader:
     _due: dict[str, set[str]] = attrs.field(factory=dict)
     _queue: deque[str] = attrs.field(factory=deque)
     _busy: set[str] = attrs.field(factory=set)
+    #: Per user, entries callers' steps read for this process and pushed onto its wake
+    #: list (``Pushed``), not yet dispatched.
+    _pushed: dict[str, list[Entry]] = attrs.field(factory=dict)
     #: Idle workers park here; each due user unparks exactly one (a shared Event woke
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -141,6 +145,9 @@ class ProcessReader:
         self._beating.pop(listener.session_id, None)
         if self._listeners.get(listener.user_id) is listener:
             del self._listeners[listener.user_id]
+            # pending on this consumer: the next session's drain (or its daemon's
+            # takeover elsewhere) serves them
+            self._pushed.pop(listener.user_id, None)
 
     def stop_beating(self, listener: Listener) -> None:
         """The session hands over: its presence is no longer refreshed."""
@@ -175,7 +182,9 @@ class ProcessReader:
         """
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
-                await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
+                await self.substrate.set_liveness(
+                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer
+                )
             except SubstrateMisconfigured:
                 raise  # no retry helps: the served hub refuses to start (``_app``)
             except SubstrateUnavailable:
@@ -208,7 +217,9 @@ class ProcessReader:
         presence may be gone too, so every session is beaten at once."""
         while True:
             try:
-                kept = await self.substrate.set_liveness(self.holder_id, PROCESS_LIVENESS_TTL_S)
+                kept = await self.substrate.set_liveness(
+                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer
+                )
             except SubstrateUnavailable as exc:
                 # DEBUG: it fails four times a second of an outage, and the other loops warn
                 log.debug("liveness refresh failed: %s", exc)
@@ -260,7 +271,16 @@ class ProcessReader:
                 await self._failed("wake-up wait", exc)
                 continue
             self._recovered()
-            for user_id in dict.fromkeys(users):
+            woken: list[str] = []
+            for item in users:
+                if not isinstance(item, Pushed):
+                    woken.append(item)
+                elif item.user_id in self._listeners:
+                    self._pushed.setdefault(item.user_id, []).append(item.entry)
+                    self.schedule(item.user_id, PUSHED)
+                # else the session is gone: the entry is pending on this consumer, and
+                # the next session's drain or its daemon's takeover serves it
+            for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
 
@@ -334,6 +354,7 @@ class ProcessReader:
             kinds = self._due.pop(user_id, set())
             listener = self._listeners.get(user_id)
             if listener is None or listener.stopped.is_set() or not kinds:
+                self._pushed.pop(user_id, None)  # pending on this consumer (see detach)
                 continue
             self._busy.add(user_id)
             try:
@@ -376,6 +397,9 @@ class ProcessReader:
                 # reconnect storm the full pass per user queued jobs behind thousands of
                 # empty reads). A job enqueued after it wakes this user as usual.
                 kinds = kinds - {DRAIN, RECLAIM, TRIMMED, NEW}
+        if PUSHED in kinds:
+            # read and marked delivered for this process by the callers' steps, in order
+            await self._dispatch(listener, inflight, self._pushed.pop(user_id, []))
         if DRAIN in kinds:
             # Own pending entries first (a restarted session's, or one whose serving task
             # ended without an answer); stop as soon as nothing unserved is pending.

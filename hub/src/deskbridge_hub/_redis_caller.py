@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any
 from coredis.exceptions import StreamDuplicateConsumerGroupError
 
 from ._redis_base import RedisCommandBase, Script, _ms
+from ._redis_jobs import _MARK
 from ._substrate import (
     GROUP,
     JobOwner,
+    cancel_key,
+    fence_key,
     Submission,
     Submitted,
     idem_key,
@@ -29,6 +32,7 @@ from ._substrate import (
     mailbox_key,
     owner_key,
     presence_key,
+    proc_key,
     result_key,
     state_key,
     tools_key,
@@ -41,19 +45,34 @@ if TYPE_CHECKING:
 
 #: The caller's one step. KEYS: presence, tools, jobs, index, state, idem, and on a single
 #: Redis the holder's wake list (under Cluster it is in another slot: the wake follows in
-#: the same write instead). ARGV: catalogue SHA-1 ('-': no check), maxlen, job id,
-#: start-within ms, state, state TTL ms, index flag ('' none), index record, index TTL ms,
-#: the hub process known alive ('' none), wake TTL ms, user id, then the entry's fields.
-#: The index record is stored with the job's deadline appended; an indexed key is
-#: answered with the record and TIME. Order matters: the idempotency index first (a key
-#: whose job may still run is never answered "offline"), then presence and the process it
-#: names, the catalogue version, the job id claim, and only then any write.
+#: the same write instead), its liveness key, the job's cancel flag and claim epoch.
+#: ARGV: catalogue SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state
+#: TTL ms, index flag ('' none), index record, index TTL ms, the hub process known alive
+#: ('' none), wake TTL ms, user id, delivered-state TTL ms ('': no push delivery), group,
+#: then the entry's fields. The index record is stored with the job's deadline appended;
+#: an indexed key is answered with the record and TIME. Order matters: the idempotency
+#: index first (a key whose job may still run is never answered "offline"), then presence
+#: and the process it names, the catalogue version, the job id claim, and only then any
+#: write. Push delivery (issue 10): when the holder's liveness key names its consumer and
+#: the new entry is the group's only undelivered one (XINFO GROUPS lag 1: no backlog the
+#: holder left unread for want of room), the entry is read into that consumer's pending
+#: entries list and marked delivered here (``_MARK``, as ``read_new_delivered`` does), and
+#: the wake list gets the read entry as JSON ``[user, id, fields, marked]`` instead of the
+#: user id: the holder forwards it without a read of its own.
 SUBMIT = Script(
-    """
+    _MARK
+    + """
+local function only_new(key, group)
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local f = {}
+    for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+    if f['name'] == group then return f['lag'] == 1 end
+  end
+  return false
+end
 if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
   if record then
-    local t = redis.call('TIME')
     return {'indexed', record, string.format('%.3f', tonumber(t[1]) + tonumber(t[2]) / 1000000)}
   end
 end
@@ -71,8 +90,7 @@ if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
   return {'job_id_in_use'}
 end
 local fields = {}
-for i = 13, #ARGV do fields[#fields + 1] = ARGV[i] end
-local t = redis.call('TIME')
+for i = 15, #ARGV do fields[#fields + 1] = ARGV[i] end
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
 fields[#fields + 1] = 'deadline'
@@ -82,11 +100,30 @@ fields[#fields + 1] = string.format('%.3f', now_ms / 1000)
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 redis.call('HSET', KEYS[4], id, ARGV[3])
 if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX', ARGV[9]) end
+local pushed = 0
 if KEYS[7] then
-  redis.call('RPUSH', KEYS[7], ARGV[12])
+  local item = ARGV[12]
+  local consumer = nil
+  if ARGV[13] ~= '' then consumer = redis.call('GET', KEYS[8]) end
+  if consumer and consumer ~= '1' and only_new(KEYS[3], ARGV[14]) then
+    local read = redis.call('XREADGROUP', 'GROUP', ARGV[14], consumer, 'COUNT', 1,
+      'STREAMS', KEYS[3], '>')
+    local entry = read and read[1][2][1]
+    if entry then
+      local marked = {}
+      if entry[1] == id then
+        local state = '{"stage":"delivered","user_id":' .. cjson.encode(ARGV[12]) ..
+          ',"at":' .. now .. ',"session_id":' .. cjson.encode(presence) .. '}'
+        marked = mark(KEYS[5], KEYS[9], KEYS[10], state, ARGV[13], deadline, now)
+      end
+      item = cjson.encode({ARGV[12], entry[1], entry[2], marked})
+      pushed = 1
+    end
+  end
+  redis.call('RPUSH', KEYS[7], item)
   redis.call('PEXPIRE', KEYS[7], ARGV[11])
 end
-return {'queued', id, presence}
+return {'queued', id, presence, pushed}
 """
 )
 
@@ -125,7 +162,12 @@ class CallerCommands(RedisCommandBase):
         # under Cluster its key is in the holder's slot, so it follows in the same write.
         in_script = None if self._cluster else sub.alive_holder  # whose wake the script pushes
         if in_script is not None:
-            keys += (wake_key(in_script),)
+            keys += (
+                wake_key(in_script),
+                proc_key(in_script),
+                cancel_key(user_id, sub.job_id),
+                fence_key(user_id, sub.job_id),
+            )
         flat = [item for pair in sub.fields.items() for item in pair]
         args = (
             "-" if sub.catalogue_sha1 is None else sub.catalogue_sha1,
@@ -140,6 +182,8 @@ class CallerCommands(RedisCommandBase):
             sub.alive_holder or "",
             _ms(sub.wake_ttl_s),
             user_id,
+            "" if sub.delivered_ttl_s is None else _ms(sub.delivered_ttl_s),
+            GROUP,
             *flat,
         )
         after: tuple[tuple[Any, ...], ...] = ()
@@ -175,7 +219,7 @@ class CallerCommands(RedisCommandBase):
             # an absent presence proves nothing while Redis cannot serve the hub
             self._absent_proves_nothing("presence")
         if verdict == "queued":
-            return Submitted("queued", entry_id=rest[0], presence=rest[1])
+            return Submitted("queued", entry_id=rest[0], presence=rest[1], pushed=rest[2] == 1)
         if verdict == "catalogue":
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":

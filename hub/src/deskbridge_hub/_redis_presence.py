@@ -6,6 +6,7 @@ and ``ReaderSubstrate``).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 
 from coredis.exceptions import (
@@ -17,6 +18,9 @@ from ._substrate import (
     GROUP,
     Beat,
     BeatReply,
+    Entry,
+    Marked,
+    Pushed,
     index_key,
     jobs_key,
     presence_key,
@@ -189,8 +193,10 @@ class PresenceCommands(RedisCommandBase):
             key = presence_key(user_id)
             return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
-        """SET ``bridge:proc:{holder_id}`` 1 PX ceil(ttl_s * 1000) GET.
+    async def set_liveness(
+        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+    ) -> bool:
+        """SET ``bridge:proc:{holder_id}`` consumer (None: 1) PX ceil(ttl_s * 1000) GET.
 
         Returns:
             True if the key was still set (False: it had expired, or Redis lost it).
@@ -201,7 +207,8 @@ class PresenceCommands(RedisCommandBase):
         """
         px = _ms(ttl_s)
         async with self._session("SET liveness") as s:
-            old = await self._call(s, b"SET", proc_key(holder_id), b"1", b"PX", px, b"GET")
+            value = b"1" if consumer is None else consumer
+            old = await self._call(s, b"SET", proc_key(holder_id), value, b"PX", px, b"GET")
         return old is not None
 
     async def clear_liveness(self, holder_id: str) -> None:
@@ -244,11 +251,15 @@ class PresenceCommands(RedisCommandBase):
                 if isinstance(reply, BaseException):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
 
-    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+    async def wait_wakes(
+        self, holder_id: str, *, timeout_s: float, count: int
+    ) -> list[str | Pushed]:
         """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
 
         Returns:
-            The user ids popped, or [] on timeout.
+            What was popped, in order: user ids, and entries the submit script read for
+            this process (:class:`Pushed`, from its JSON ``[user, id, fields, marked]``);
+            [] on timeout.
 
         Raises:
             ValueError: negative ``timeout_s``. SubstrateUnavailable: Redis unreachable.
@@ -266,7 +277,7 @@ class PresenceCommands(RedisCommandBase):
             )  # fmt: skip
         if not reply:
             return []
-        return list(reply[1])
+        return [_wake_item(item) for item in reply[1]]
 
     async def heartbeat(
         self,
@@ -320,3 +331,17 @@ class PresenceCommands(RedisCommandBase):
                     ours, backlog, reclaim, trimmed, taken = (bool(int(x)) for x in reply)
                     replies.append(BeatReply(ours, backlog, reclaim, trimmed, taken))
         return replies
+
+
+def _wake_item(item: str) -> str | Pushed:
+    """One wake list item: a user id (user ids never start with ``[``), or a pushed
+    entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the mark
+    script's reply, ``{}`` when it did not mark)."""
+    if not item.startswith("["):
+        return item
+    user_id, entry_id, flat, marked = json.loads(item)
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    verdict = None
+    if marked:
+        verdict = Marked(str(marked[0]), float(marked[1]), *map(int, marked[2:]))
+    return Pushed(user_id, Entry(entry_id, fields, verdict))

@@ -122,6 +122,9 @@ from ._substrate_values import (
     Submission as Submission,
 )
 from ._substrate_values import (
+    Pushed as Pushed,
+)
+from ._substrate_values import (
     Submitted as Submitted,
 )
 
@@ -143,12 +146,16 @@ class PresenceSubstrate(Protocol):
     async def clear_presence(self, user_id: str, session_id: str) -> bool:
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
-    async def set_liveness(self, holder_id: str, ttl_s: float) -> bool:
+    async def set_liveness(
+        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+    ) -> bool:
         """SET ``bridge:proc:{holder_id}`` PX ttl_s GET: this hub process is alive
         (refreshed well within the TTL by the process itself; presence names the
-        process). Returns whether the key was still set: False after the first call
-        means it lapsed (the process stalled past the TTL) or the store lost it (Redis
-        restarted empty, a failover), so presence may be gone too."""
+        process). Its value is the process's consumer name when given (callers then push
+        entries read for it: ``Submission.delivered_ttl_s``), else ``1``. Returns
+        whether the key was still set: False after the first call means it lapsed (the
+        process stalled past the TTL) or the store lost it (Redis restarted empty, a
+        failover), so presence may be gone too."""
 
     async def clear_liveness(self, holder_id: str) -> None:
         """DEL ``bridge:proc:{holder_id}`` (the process is stopping)."""
@@ -246,9 +253,12 @@ class ReaderSubstrate(Protocol):
         (one round trip): the holder process reads the user's stream now instead of at
         its next heartbeat."""
 
-    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[str]:
+    async def wait_wakes(
+        self, holder_id: str, *, timeout_s: float, count: int
+    ) -> list[str | Pushed]:
         """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:
-        the user ids pushed (possibly repeated), or [] on timeout. A cancelled wait pops
+        in push order, the user ids pushed (possibly repeated) and the entries callers
+        read for this process (:class:`Pushed`), or [] on timeout. A cancelled wait pops
         nothing."""
 
     async def heartbeat(

@@ -207,6 +207,14 @@ class Submission:
             (``bridge:wake:{holder}``) gets the user id in the same write, so the holder
             reads the stream at once.
         wake_ttl_s: TTL of that wake list after the push.
+        delivered_ttl_s: push delivery (issue 10: the holder's read in the caller's
+            step). When set, on a single Redis, and the holder process registered its
+            consumer name with its liveness (``set_liveness(consumer=...)``), and the new
+            entry is the group's only undelivered one, the script also reads it into that
+            consumer's pending entries list and marks it delivered (state with the
+            presence's session id, PX ceil(delivered_ttl_s * 1000); claim epoch raised),
+            as ``read_new_delivered`` would, and pushes the read entry itself
+            (:class:`Pushed`) onto the wake list instead of the user id. None: never.
     """
 
     job_id: str
@@ -223,6 +231,7 @@ class Submission:
     write_owner: bool = False
     alive_holder: str | None = None
     wake_ttl_s: float = 30.0
+    delivered_ttl_s: float | None = None
 
 
 @attrs.frozen
@@ -244,6 +253,8 @@ class Submitted:
         server_time: the substrate's clock (Redis ``TIME``, Unix seconds) when it
             answered ``indexed``: with the record's deadline, how long the job it names
             may still start.
+        pushed: ``queued`` and pushed to the holder already read and marked delivered
+            (see ``Submission.delivered_ttl_s``).
     """
 
     verdict: str
@@ -252,3 +263,19 @@ class Submitted:
     entry_id: str | None = None
     presence: str | None = None
     server_time: float | None = None
+    pushed: bool = False
+
+
+@attrs.frozen
+class Pushed:
+    """An entry the caller's step read for a holder process (push delivery, see
+    ``Submission.delivered_ttl_s``), as ``wait_wakes`` returns it.
+
+    Attributes:
+        user_id: whose stream it was read from.
+        entry: the entry, already in the holder consumer's pending entries list, with its
+            ``marked`` verdict (``delivered`` and the claim epoch, or ``cancelled``).
+    """
+
+    user_id: str
+    entry: Entry
