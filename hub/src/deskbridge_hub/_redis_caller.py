@@ -22,10 +22,10 @@ from ._redis_jobs import _MARK
 from ._substrate import (
     GROUP,
     JobOwner,
-    cancel_key,
-    fence_key,
     Submission,
     Submitted,
+    cancel_key,
+    fence_key,
     idem_key,
     index_key,
     jobs_key,

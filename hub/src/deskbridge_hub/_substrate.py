@@ -119,10 +119,10 @@ from ._substrate_values import (
     Marked as Marked,
 )
 from ._substrate_values import (
-    Submission as Submission,
+    Pushed as Pushed,
 )
 from ._substrate_values import (
-    Pushed as Pushed,
+    Submission as Submission,
 )
 from ._substrate_values import (
     Submitted as Submitted,
