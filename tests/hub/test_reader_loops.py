@@ -23,7 +23,7 @@ from deskbridge_hub._retry import (
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
 )
-from deskbridge_hub._substrate_values import Beat, BeatReply, Claimed
+from deskbridge_hub._substrate_values import Beat, BeatReply, Claimed, Entry, Marked, Pushed
 
 from .reader_kit import READER_LOG, Desk, Hang, Script, entries, levels, lines, make_reader, sample
 
@@ -292,6 +292,41 @@ async def test_a_wake_up_schedules_a_read_for_each_attached_user_once(autojump_c
         await trio.sleep(31)  # a wait that times out answers [] and is made again
         nursery.cancel_scope.cancel()
     assert script.of("wait_wakes") == [(("h1",), {"timeout_s": 30.0, "count": WAKE_BATCH})] * 3
+
+
+async def test_pushed_entries_are_dispatched_in_order_without_a_read(autojump_clock):
+    """Entries a caller's step read and marked for this process come with the wake-up:
+    the attached user's session gets them as they are (marked), no read is made; one
+    for a user whose session is gone here is left pending (the next drain serves it)."""
+    script = Script()
+    reader = make_reader(script)
+    desk = Desk("u1")
+    beating(reader, desk, Desk("u2"))
+    reader._due.clear()
+    reader._queue.clear()
+    marked = Marked("delivered", 5.0, 1)
+    first, second = Entry("1-0", {"job_id": "a"}, marked), Entry("2-0", {"job_id": "b"}, marked)
+    got: list[Entry] = []
+    real = desk.listener.dispatch
+
+    async def dispatch(entry: Entry) -> None:
+        got.append(entry)
+        await real(entry)
+
+    desk.listener.dispatch = dispatch
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader._wake_loop)
+        nursery.start_soon(reader._worker)
+        await trio.testing.wait_all_tasks_blocked()
+        await script.wakes_in.send([Pushed("u1", first), Pushed("ghost", first), "u2"])
+        await script.wakes_in.send([Pushed("u1", second)])
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert got == [first, second]  # as pushed, marks included
+    # the one read is the plain wake-up's, for u2
+    assert [args[0] for args, _ in script.of("read_new")] == ["u2"]
+    assert "read_new_delivered" not in script.names() and "read_pending" not in script.names()
+    assert reader._pushed == {} and reader.inflight["u1"] == {"1-0", "2-0"}
 
 
 async def test_a_failed_wake_up_wait_backs_off_warns_and_is_made_again(autojump_clock, caplog):

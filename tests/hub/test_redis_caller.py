@@ -170,3 +170,27 @@ async def test_under_cluster_every_key_a_script_declares_is_in_the_user_s_slot(
             await substrate.read_notifications("box", count=10, block_ms=1)
     ((*keys,),) = scripts
     assert {key_slot(k) for k in keys if k} == {key_slot(jobs_key(user))}, keys
+
+
+async def test_under_cluster_a_registered_holder_gets_the_user_id_not_a_pushed_entry(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis
+) -> None:
+    """Push delivery reads the holder's liveness key and pushes onto its wake list from
+    the script: under Cluster both are in other slots, so the holder is woken with the
+    user id (in the same write) and reads the entry itself."""
+    holder = f"h{secrets.token_hex(4)}"
+    substrate._cluster = True
+    try:
+        await substrate.set_liveness(holder, 30, consumer="c1")
+        await substrate.set_presence(user, f"{holder}.s1", 30)
+        job = f"job-{secrets.token_hex(6)}"
+        sub = attrs.evolve(
+            _submission(user, job), alive_holder=holder, wake_ttl_s=30.0, delivered_ttl_s=60.0
+        )
+        with trio.fail_after(5):
+            got = await substrate.submit(user, sub)
+            assert (got.verdict, got.pushed) == ("queued", False)
+            assert await substrate.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+            assert await substrate.read_pending(user, "c1", count=10) == []
+    finally:
+        await raw_redis("DEL", f"bridge:proc:{{{holder}}}", f"bridge:wake:{{{holder}}}")

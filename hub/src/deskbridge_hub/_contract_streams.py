@@ -4,11 +4,16 @@ enqueue and reads, XAUTOCLAIM, NOGROUP self-heal, cancellation. Registered into
 
 from __future__ import annotations
 
+import secrets
+
+import attrs
 import trio
 import trio.testing
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
-from ._substrate import Beat, Claimed, Entry, Pushed, jobs_key
+from ._idempotency import IndexRecord
+from ._jobstate import JobState, Stage
+from ._substrate import Beat, Claimed, Entry, JobOwner, Pushed, Submission, jobs_key
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -422,3 +427,92 @@ async def check_read_new_without_block_answers_at_once(h: SubstrateHarness) -> N
         entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
         got = await s.read_new(user, "c1", count=10, block_ms=None)
     assert [e.entry_id for e in got] == [entry_id]
+
+
+# -- push delivery: the caller's step reads for the holder (single Redis) -------------------
+
+
+def _push_submission(user: str, job: str, holder: str) -> Submission:
+    return Submission(
+        job_id=job,
+        fields={"job_id": job, "name": "echo", "args": "{}", "idempotency_key": job},
+        start_within_s=30.0,
+        state=JobState(Stage.QUEUED, user, at=1.0, reply_to="box"),
+        state_ttl_s=60.0,
+        maxlen=100,
+        catalogue_sha1=None,
+        idempotency_key=None,
+        index_value=IndexRecord(job, "echo", "d1").encode(),
+        index_ttl_s=60.0,
+        owner=JobOwner(user, "box"),
+        alive_holder=holder,
+        wake_ttl_s=30.0,
+        delivered_ttl_s=60.0,
+    )
+
+
+@check
+async def check_submit_pushes_the_read_and_marked_entry_to_a_registered_holder(
+    h: SubstrateHarness,
+) -> None:
+    """A holder process whose liveness names its consumer gets the new entry itself on
+    its wake list: already in that consumer's pending entries list, marked delivered
+    under the presence's session, claim epoch 1; nothing is left for a read."""
+    s, user, job = h.substrate, h.user(), h.job()
+    holder, consumer = f"h{secrets.token_hex(4)}", f"c-{secrets.token_hex(4)}"
+    h.on_user(holder)
+    await s.set_liveness(holder, 30, consumer=consumer)
+    await s.set_presence(user, f"{holder}.s1", 30)
+    got = await s.submit(user, _push_submission(user, job, holder))
+    assert (got.verdict, got.pushed) == ("queued", True)
+    with trio.fail_after(3):
+        (item,) = await s.wait_wakes(holder, timeout_s=1.0, count=10)
+    assert isinstance(item, Pushed) and item.user_id == user
+    entry = item.entry
+    assert entry.entry_id == got.entry_id and entry.fields is not None
+    assert (entry.fields["job_id"], entry.fields["name"]) == (job, "echo")
+    assert float(entry.fields["deadline"]) > 0
+    assert entry.marked is not None
+    assert (entry.marked.verdict, entry.marked.epoch) == ("delivered", 1)
+    assert abs(entry.marked.server_time - float(entry.fields["enqueued_at"])) < 5
+    state = await s.get_job_state(user, job)
+    assert state is not None
+    assert (state.stage, state.session_id, state.user_id) == (Stage.DELIVERED, f"{holder}.s1", user)
+    pending = await s.read_pending(user, consumer, count=10)
+    assert [e.entry_id for e in pending] == [got.entry_id]
+    assert await s.read_new(user, "another", count=10, block_ms=None) == []
+    # the epoch it carries is the newest: the finishing step accepts it
+    done = JobState(Stage.FINISHED, user)
+    finished = await s.finish(user, job, '{"status":"completed"}', done, ttl_s=60, epoch=1)
+    assert finished.verdict != "stale"
+
+
+@check
+async def check_submit_pushes_only_to_a_registered_holder_without_a_backlog(
+    h: SubstrateHarness,
+) -> None:
+    """No consumer registered (liveness ``1``), no ``delivered_ttl_s``, or an older entry
+    still undelivered (the holder left it for want of room): the wake list gets the user
+    id, and the new entry stays unread."""
+    s, user = h.substrate, h.user()
+    holder, consumer = f"h{secrets.token_hex(4)}", f"c-{secrets.token_hex(4)}"
+    h.on_user(holder)
+    await s.set_presence(user, f"{holder}.s1", 30)
+    await s.set_liveness(holder, 30)  # an older hub: no consumer named
+    got = await s.submit(user, _push_submission(user, h.job(), holder))
+    assert (got.verdict, got.pushed) == ("queued", False)
+    # a backlog: the entry above is still undelivered
+    await s.set_liveness(holder, 30, consumer=consumer)
+    got = await s.submit(user, _push_submission(user, h.job(), holder))
+    assert (got.verdict, got.pushed) == ("queued", False)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user, user]
+    assert await s.read_pending(user, consumer, count=10) == []
+    read = await s.read_new(user, consumer, count=10, block_ms=None)
+    assert len(read) == 2
+    # nothing undelivered now, but the caller asked for no push
+    sub = attrs.evolve(_push_submission(user, h.job(), holder), delivered_ttl_s=None)
+    got = await s.submit(user, sub)
+    assert (got.verdict, got.pushed) == ("queued", False)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
