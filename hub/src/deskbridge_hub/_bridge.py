@@ -250,6 +250,11 @@ class Bridge(JobControl):
                         break
                     submission = attrs.evolve(submission, alive_holder=holder)
                 else:
+                    if submitted.holder_alive and submission.alive_holder is not None:
+                        # the step found the holder's liveness key: trust it anew
+                        self._alive[submission.alive_holder] = (
+                            anyio.current_time() + HOLDER_ALIVE_CACHE_S
+                        )
                     break
                 submitted = await self.substrate.submit(user_id, submission)
             attached, start_until = False, None

@@ -244,6 +244,8 @@ async def check_submit_wakes_the_holder_process_it_expects(h: SubstrateHarness) 
     s, user = h.substrate, h.user()
     holder = f"h{secrets.token_hex(4)}"
     # (the wake list is popped empty below, so it needs no cleanup)
+    h.on_user(holder)  # its liveness key carries its tag
+    await s.set_liveness(holder, 30)
     await s.set_presence(user, f"{holder}.s1", 30)
     job = h.job()
     sub = attrs.evolve(_submission(user, job), alive_holder=holder, wake_ttl_s=30.0)

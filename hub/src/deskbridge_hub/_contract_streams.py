@@ -516,3 +516,27 @@ async def check_submit_pushes_only_to_a_registered_holder_without_a_backlog(
     assert (got.verdict, got.pushed) == ("queued", False)
     with trio.fail_after(3):
         assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+
+
+@check
+async def check_submit_to_a_holder_whose_liveness_is_gone_writes_nothing(
+    h: SubstrateHarness,
+) -> None:
+    """The caller trusts a process it saw alive, but its liveness key is gone (the
+    process died): the step answers ``holder`` and writes nothing, so the caller checks
+    that process and answers offline; found alive, the reply says so."""
+    s, user = h.substrate, h.user()
+    holder = f"h{secrets.token_hex(4)}"
+    h.on_user(holder)
+    await s.set_presence(user, f"{holder}.s1", 30)
+    job = h.job()
+    got = await s.submit(user, _push_submission(user, job, holder))
+    assert (got.verdict, got.presence) == ("holder", f"{holder}.s1")
+    assert await s.get_job_state(user, job) is None
+    assert (await s.queue_info(user)).length == 0
+    await s.set_liveness(holder, 30)
+    got = await s.submit(user, _push_submission(user, job, holder))
+    assert (got.verdict, got.holder_alive) == ("queued", True)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+

@@ -112,6 +112,11 @@ class MemoryCallerCommands:
         holder, dot, _ = presence.rpartition(".")
         if dot and holder and holder != sub.alive_holder:
             return Submitted("holder", presence=presence)
+        consumer = None
+        if sub.alive_holder is not None:
+            consumer = self._get(proc_key(sub.alive_holder), now)
+            if consumer is None:  # that process is not alive (as the Redis script)
+                return Submitted("holder", presence=presence)
         if sub.catalogue_sha1 is not None:
             catalogue = self._get(tools_key(user_id), now)
             sha = "" if catalogue is None else _sha1_hex(catalogue)
@@ -131,20 +136,30 @@ class MemoryCallerCommands:
             self._set(owner_key(sub.job_id), sub.owner.encode(), now, sub.state_ttl_s)
         pushed = None
         if sub.alive_holder is not None:
-            pushed = self._push_read(user_id, sub, entry_id, presence, now)
+            pushed = self._push_read(user_id, sub, entry_id, presence, consumer, now)
             self._wake_now(sub.alive_holder, pushed or user_id, now, sub.wake_ttl_s)
-        return Submitted("queued", entry_id=entry_id, presence=presence, pushed=bool(pushed))
+        return Submitted(
+            "queued",
+            entry_id=entry_id,
+            presence=presence,
+            pushed=pushed is not None,
+            holder_alive=consumer is not None,
+        )
 
     def _push_read(
-        self, user_id: str, sub: Submission, entry_id: str, presence: str, now: float
+        self,
+        user_id: str,
+        sub: Submission,
+        entry_id: str,
+        presence: str,
+        consumer: str | None,
+        now: float,
     ) -> Pushed | None:
         """Push delivery (``Submission.delivered_ttl_s``), as the Redis script: read the
         new entry for the holder's registered consumer and mark it delivered, when it is
         the group's only undelivered entry."""
-        assert sub.alive_holder is not None
         if sub.delivered_ttl_s is None:
             return None
-        consumer = self._get(proc_key(sub.alive_holder), now)
         if consumer is None or consumer == "1" or self._lag(user_id) != 1:
             return None
         (entry,) = self._read_new_nowait(user_id, consumer, 1)

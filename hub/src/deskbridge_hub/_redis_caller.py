@@ -53,7 +53,10 @@ if TYPE_CHECKING:
 #: an indexed key is answered with the record and TIME. Order matters: the idempotency
 #: index first (a key whose job may still run is never answered "offline"), then presence
 #: and the process it names, the catalogue version, the job id claim, and only then any
-#: write. Push delivery (issue 10): when the holder's liveness key names its consumer and
+#: write. On a single Redis the script also reads the holder's liveness key: absent, it
+#: answers ``holder`` (the caller checks that process and answers offline: a dead
+#: process's presence is not written to); present, the reply says so and the caller's
+#: liveness cache is refreshed without a round trip of its own. Push delivery (issue 10): when the holder's liveness key names its consumer and
 #: the new entry is the group's only undelivered one (XINFO GROUPS lag 1: no backlog the
 #: holder left unread for want of room), the entry is read into that consumer's pending
 #: entries list and marked delivered here (``_MARK``, as ``read_new_delivered`` does), and
@@ -80,6 +83,11 @@ local presence = redis.call('GET', KEYS[1])
 if not presence then return {'offline'} end
 local holder = string.match(presence, '^(.+)%.[^.]*$')
 if holder and holder ~= ARGV[10] then return {'holder', presence} end
+local consumer = nil
+if KEYS[8] then
+  consumer = redis.call('GET', KEYS[8])
+  if not consumer then return {'holder', presence} end
+end
 if ARGV[1] ~= '-' then
   local catalogue = redis.call('GET', KEYS[2])
   local sha = ''
@@ -103,9 +111,7 @@ if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX
 local pushed = 0
 if KEYS[7] then
   local item = ARGV[12]
-  local consumer = nil
-  if ARGV[13] ~= '' then consumer = redis.call('GET', KEYS[8]) end
-  if consumer and consumer ~= '1' and only_new(KEYS[3], ARGV[14]) then
+  if ARGV[13] ~= '' and consumer ~= '1' and only_new(KEYS[3], ARGV[14]) then
     local read = redis.call('XREADGROUP', 'GROUP', ARGV[14], consumer, 'COUNT', 1,
       'STREAMS', KEYS[3], '>')
     local entry = read and read[1][2][1]
@@ -123,7 +129,9 @@ if KEYS[7] then
   redis.call('RPUSH', KEYS[7], item)
   redis.call('PEXPIRE', KEYS[7], ARGV[11])
 end
-return {'queued', id, presence, pushed}
+local alive = 0
+if consumer then alive = 1 end
+return {'queued', id, presence, pushed, alive}
 """
 )
 
@@ -219,7 +227,13 @@ class CallerCommands(RedisCommandBase):
             # an absent presence proves nothing while Redis cannot serve the hub
             self._absent_proves_nothing("presence")
         if verdict == "queued":
-            return Submitted("queued", entry_id=rest[0], presence=rest[1], pushed=rest[2] == 1)
+            return Submitted(
+                "queued",
+                entry_id=rest[0],
+                presence=rest[1],
+                pushed=rest[2] == 1,
+                holder_alive=rest[3] == 1,
+            )
         if verdict == "catalogue":
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":

@@ -202,8 +202,9 @@ class Submission:
         alive_holder: the hub process the caller knows to be alive (its liveness key
             checked within ``HOLDER_ALIVE_CACHE_S``), expected to hold the user's socket.
             The script enqueues only while the presence names that process (or names
-            none: older hubs); otherwise it answers ``holder`` and writes nothing, and the
-            caller checks the process the presence names. Its wake list
+            none: older hubs) and, on a single Redis, its liveness key is set; otherwise
+            it answers ``holder`` and writes nothing, and the caller checks the process
+            the presence names. Its wake list
             (``bridge:wake:{holder}``) gets the user id in the same write, so the holder
             reads the stream at once.
         wake_ttl_s: TTL of that wake list after the push.
@@ -255,6 +256,9 @@ class Submitted:
             may still start.
         pushed: ``queued`` and pushed to the holder already read and marked delivered
             (see ``Submission.delivered_ttl_s``).
+        holder_alive: ``queued`` and the step itself found ``alive_holder``'s liveness
+            key (single Redis; then an absent key answers ``holder``): the caller may
+            trust that process's liveness anew.
     """
 
     verdict: str
@@ -264,6 +268,7 @@ class Submitted:
     presence: str | None = None
     server_time: float | None = None
     pushed: bool = False
+    holder_alive: bool = False
 
 
 @attrs.frozen
