@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 #: write. On a single Redis the script also reads the holder's liveness key: absent, it
 #: answers ``holder`` (the caller checks that process and answers offline: a dead
 #: process's presence is not written to); present, the reply says so and the caller's
-#: liveness cache is refreshed without a round trip of its own. Push delivery (issue 10): when the holder's liveness key names its consumer and
+#: liveness cache is refreshed without a round trip of its own. Push delivery (issue 10):
+#: when the holder's liveness key names its consumer and
 #: the new entry is the group's only undelivered one (XINFO GROUPS lag 1: no backlog the
 #: holder left unread for want of room), the entry is read into that consumer's pending
 #: entries list and marked delivered here (``_MARK``, as ``read_new_delivered`` does), and
