@@ -226,10 +226,12 @@ class Meter:
     _hub_cpu0: float = 0.0
     _redis_cpu0: float = 0.0
     _snap0: Snapshot | None = None
+    _hub_ports0: set[int] = attrs.Factory(set)
 
     def start(self) -> None:
         import time
 
+        self._hub_ports0 = local_ports_to(group_pids(self.hub_pgid), self.info.port)
         self._snap0 = self.info.snapshot()
         self._hub_cpu0 = cpu_s(group_pids(self.hub_pgid))
         self._redis_cpu0 = cpu_s([self.redis_pid])
@@ -260,4 +262,9 @@ class Meter:
             - self._snap0.connections_received,
             "redis_connections_held": snap.connected_clients,
             "hub_redis_connections_held": connections_to(hub_pids, self.info.port),
+            # sockets the hub holds now and did not at the start (one opened and closed
+            # within the phase is not seen; redis_connections_opened counts every client)
+            "hub_redis_connections_opened": len(
+                local_ports_to(hub_pids, self.info.port) - self._hub_ports0
+            ),
         }
