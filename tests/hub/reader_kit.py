@@ -67,9 +67,12 @@ class Script:
         return reply
 
     async def set_liveness(
-        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+        self, holder_id: str, ttl_s: float, *, consumer: str | None = None, max_pending: int = 32
     ) -> bool:
-        return bool(await self._answer("set_liveness", True, holder_id, ttl_s, consumer=consumer))
+        reply = await self._answer(
+            "set_liveness", True, holder_id, ttl_s, consumer=consumer, max_pending=max_pending
+        )
+        return bool(reply)
 
     async def clear_liveness(self, holder_id: str) -> None:
         await self._answer("clear_liveness", None, holder_id)

@@ -61,7 +61,9 @@ async def test_run_writes_liveness_first_starts_the_workers_and_clears_liveness_
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.run)
-            assert script.calls[0][1:] == ("set_liveness", ("h1", 3.0), {"consumer": "c1"})
+            assert script.calls[0][1:] == (
+                "set_liveness", ("h1", 3.0), {"consumer": "c1", "max_pending": 32}
+            )
             assert script.calls[0][0] == 0.0 and reader.running is True
             await trio.testing.wait_all_tasks_blocked()
             assert reader._idle.statistics().tasks_waiting == WORKERS
@@ -180,7 +182,7 @@ async def test_liveness_is_refreshed_every_second_and_a_quarter_second_after_a_f
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._liveness_loop, 3.5)
     assert script.times("set_liveness") == [0.0, 1.0, 1.25, 2.25, 3.25]
-    assert script.of("set_liveness") == [(("h1", 3.0), {"consumer": "c1"})] * 5
+    assert script.of("set_liveness") == [(("h1", 3.0), {"consumer": "c1", "max_pending": 32})] * 5
     assert lines(caplog) == ["liveness refresh failed: boom"]
     assert script.of("get_presence") == []
 
@@ -327,6 +329,32 @@ async def test_pushed_entries_are_dispatched_in_order_without_a_read(autojump_cl
     assert [args[0] for args, _ in script.of("read_new")] == ["u2"]
     assert "read_new_delivered" not in script.names() and "read_pending" not in script.names()
     assert reader._pushed == {} and reader.inflight["u1"] == {"1-0", "2-0"}
+
+
+async def test_a_pushed_copy_of_an_entry_a_read_dispatched_first_is_not_sent_again(
+    autojump_clock,
+):
+    """A drain (after an outage) can find a pushed entry pending before its wake-up is
+    popped: the read serves it, and the copy that arrives later is dropped (its older
+    claim epoch would send the job out twice); a read skips a copy still waiting."""
+    script = Script()
+    reader = make_reader(script)
+    desk = Desk("u1")
+    beating(reader, desk)
+    marked = Marked("delivered", 5.0, 1)
+    script.queue("read_pending", entries("1-0"))
+    await reader._pump(desk.listener, {DRAIN})
+    reader.inflight["u1"].clear()  # served and answered meanwhile
+    reader._pushed["u1"] = [Entry("1-0", {"job_id": "job-1-0"}, marked)]
+    await reader._pump(desk.listener, {"pushed"})
+    assert desk.dispatched() == ["1-0"]
+    # the other way round: a copy waits, so the drain leaves the entry to it
+    reader._pushed["u1"] = [Entry("2-0", {"job_id": "job-2-0"}, marked)]
+    script.queue("read_pending", entries("2-0"))
+    await reader._pump(desk.listener, {DRAIN})
+    assert desk.dispatched() == ["1-0"]
+    await reader._pump(desk.listener, {"pushed"})
+    assert desk.dispatched() == ["1-0", "2-0"]
 
 
 async def test_a_failed_wake_up_wait_backs_off_warns_and_is_made_again(autojump_clock, caplog):

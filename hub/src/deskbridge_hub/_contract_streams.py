@@ -491,9 +491,10 @@ async def check_submit_pushes_the_read_and_marked_entry_to_a_registered_holder(
 async def check_submit_pushes_only_to_a_registered_holder_without_a_backlog(
     h: SubstrateHarness,
 ) -> None:
-    """No consumer registered (liveness ``1``), no ``delivered_ttl_s``, or an older entry
-    still undelivered (the holder left it for want of room): the wake list gets the user
-    id, and the new entry stays unread."""
+    """No consumer registered (liveness ``1``), no ``delivered_ttl_s``, an older entry
+    still undelivered (the holder left it for want of room), or as many entries pending
+    as the holder's sessions take at once: the wake list gets the user id, and the new
+    entry stays unread."""
     s, user = h.substrate, h.user()
     holder, consumer = f"h{secrets.token_hex(4)}", f"c-{secrets.token_hex(4)}"
     h.on_user(holder)
@@ -516,6 +517,32 @@ async def check_submit_pushes_only_to_a_registered_holder_without_a_backlog(
     assert (got.verdict, got.pushed) == ("queued", False)
     with trio.fail_after(3):
         assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+    # the session is full: as many entries pending as it takes at once
+    await s.read_new(user, consumer, count=10, block_ms=None)  # 3 pending now
+    await s.set_liveness(holder, 30, consumer=consumer, max_pending=3)
+    got = await s.submit(user, _push_submission(user, h.job(), holder))
+    assert (got.verdict, got.pushed) == ("queued", False)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
+
+
+@check
+async def check_submit_pushes_while_the_group_has_fewer_pending_than_the_holder_takes(
+    h: SubstrateHarness,
+) -> None:
+    s, user = h.substrate, h.user()
+    holder, consumer = f"h{secrets.token_hex(4)}", f"c-{secrets.token_hex(4)}"
+    h.on_user(holder)
+    await s.set_presence(user, f"{holder}.s1", 30)
+    await s.set_liveness(holder, 30, consumer=consumer, max_pending=2)
+    pushed = []
+    for _ in range(3):
+        pushed.append((await s.submit(user, _push_submission(user, h.job(), holder))).pushed)
+    assert pushed == [True, True, False]  # the third found 2 pending: the session is full
+    with trio.fail_after(3):
+        woken = await s.wait_wakes(holder, timeout_s=1.0, count=10)
+    assert [isinstance(w, Pushed) for w in woken] == [True, True, False] and woken[2] == user
+    assert len(await s.read_pending(user, consumer, count=10)) == 2
 
 
 @check

@@ -160,9 +160,12 @@ class MemoryCallerCommands:
         the group's only undelivered entry."""
         if sub.delivered_ttl_s is None:
             return None
-        if consumer is None or consumer == "1" or self._lag(user_id) != 1:
+        reader, _, most = (consumer or "").partition(" ")
+        if not most.isdigit() or self._lag(user_id) != 1:
             return None
-        (entry,) = self._read_new_nowait(user_id, consumer, 1)
+        if self._pending_count(user_id) >= int(most):  # the session is full
+            return None
+        (entry,) = self._read_new_nowait(user_id, reader, 1)
         marked = None
         if entry.entry_id == entry_id:
             state = JobState(Stage.DELIVERED, user_id, at=self.server_time(), session_id=presence)
@@ -171,6 +174,9 @@ class MemoryCallerCommands:
         return Pushed(user_id, Entry(entry.entry_id, entry.fields, marked))
 
     def _lag(self, user_id: str) -> int | None:
+        raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
+
+    def _pending_count(self, user_id: str) -> int:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     def _read_new_nowait(self, user_id: str, consumer: str, count: int) -> list[Entry]:

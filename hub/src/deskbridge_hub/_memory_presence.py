@@ -78,10 +78,15 @@ class MemoryPresenceCommands:
         return True
 
     async def set_liveness(
-        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+        self,
+        holder_id: str,
+        ttl_s: float,
+        *,
+        consumer: str | None = None,
+        max_pending: int = 32,
     ) -> bool:
         """Mark the hub process ``holder_id`` alive for ``ttl_s`` seconds (the value:
-        ``consumer``, None: ``1``).
+        ``"<consumer> <max_pending>"``, consumer None: ``1``).
 
         Returns:
             True if it was still marked alive (False: expired, or never set).
@@ -91,7 +96,8 @@ class MemoryPresenceCommands:
         """
         now = await self._enter()
         was = self._get(proc_key(holder_id), now) is not None
-        self._set(proc_key(holder_id), "1" if consumer is None else consumer, now, ttl_s)
+        value = "1" if consumer is None else f"{consumer} {max_pending}"
+        self._set(proc_key(holder_id), value, now, ttl_s)
         return was
 
     async def clear_liveness(self, holder_id: str) -> None:

@@ -238,6 +238,11 @@ class MemoryStreamCommands:
             return None
         return sum(1 for sid in stream.entries if sid > stream.last_delivered)
 
+    def _pending_count(self, user_id: str) -> int:
+        """Entries in the group's pending entries list (every consumer's)."""
+        stream = self._streams.get(user_id)
+        return 0 if stream is None else len(stream.pel)
+
     def _take_fresh(self, stream: _Stream, consumer: str, count: int) -> list[Entry]:
         fresh = [sid for sid in stream.entries if sid > stream.last_delivered][:count]
         now = anyio.current_time()

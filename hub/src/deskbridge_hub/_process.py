@@ -70,7 +70,7 @@ class HubState:
     def __attrs_post_init__(self) -> None:
         self.reader = ProcessReader(
             self.substrate, self.timings, self.consumer, self.holder_id, self.inflight,
-            timers=self.pacer,
+            timers=self.pacer, max_pending=self.max_inflight_per_session,
         )  # fmt: skip
 
     def add_session(self, session: HubSession) -> None:

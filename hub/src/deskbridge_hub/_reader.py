@@ -83,6 +83,9 @@ RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
 TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
 TAKEOVER = "takeover"  # record the session's daemon; claim what went to it elsewhere
 PUSHED = "pushed"  # entries a caller's step read for this process (push delivery)
+#: Entries whose dispatch this process remembers, to refuse a pushed copy of one it
+#: already served (a wake-up popped after a drain found the entry; bounded memory).
+DISPATCHED_REMEMBERED = 4096
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
@@ -98,6 +101,7 @@ class ProcessReader:
         inflight: per user, entry IDs being served in this process (shared with the
             sessions).
         timers: the process's session timers (``_pacer``), run alongside, or None.
+        max_pending: see the attribute.
     """
 
     substrate: Substrate
@@ -106,6 +110,9 @@ class ProcessReader:
     holder_id: str
     inflight: dict[str, set[str]]
     timers: Pacer | None = None
+    #: Most deliveries a session takes at once (``max_inflight_per_session``): callers
+    #: push an entry to this process only while the group has fewer pending.
+    max_pending: int = 32
     _listeners: dict[str, Listener] = attrs.field(factory=dict)
     _beating: dict[str, Listener] = attrs.field(factory=dict)
     _due: dict[str, set[str]] = attrs.field(factory=dict)
@@ -114,6 +121,8 @@ class ProcessReader:
     #: Per user, entries callers' steps read for this process and pushed onto its wake
     #: list (``Pushed``), not yet dispatched.
     _pushed: dict[str, list[Entry]] = attrs.field(factory=dict)
+    #: (user, entry ID) of the entries dispatched lately, oldest first (see ``_dispatch``).
+    _dispatched: dict[tuple[str, str], None] = attrs.field(factory=dict)
     #: Idle workers park here; each due user unparks exactly one (a shared Event woke
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -183,7 +192,8 @@ class ProcessReader:
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
                 await self.substrate.set_liveness(
-                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer
+                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer,
+                    max_pending=self.max_pending,
                 )
             except SubstrateMisconfigured:
                 raise  # no retry helps: the served hub refuses to start (``_app``)
@@ -218,7 +228,8 @@ class ProcessReader:
         while True:
             try:
                 kept = await self.substrate.set_liveness(
-                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer
+                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer,
+                    max_pending=self.max_pending,
                 )
             except SubstrateUnavailable as exc:
                 # DEBUG: it fails four times a second of an outage, and the other loops warn
@@ -399,7 +410,8 @@ class ProcessReader:
                 kinds = kinds - {DRAIN, RECLAIM, TRIMMED, NEW}
         if PUSHED in kinds:
             # read and marked delivered for this process by the callers' steps, in order
-            await self._dispatch(listener, inflight, self._pushed.pop(user_id, []))
+            pushed = self._pushed.pop(user_id, [])
+            await self._dispatch(listener, inflight, pushed, pushed=True)
         if DRAIN in kinds:
             # Own pending entries first (a restarted session's, or one whose serving task
             # ended without an answer); stop as soon as nothing unserved is pending.
@@ -449,10 +461,27 @@ class ProcessReader:
                 break
         return entries, deleted
 
-    async def _dispatch(self, listener: Listener, inflight: set[str], entries: list[Entry]) -> None:
+    async def _dispatch(
+        self, listener: Listener, inflight: set[str], entries: list[Entry], *, pushed: bool = False
+    ) -> None:
+        """Hand ``entries`` to the session, skipping those in flight. A pushed entry is
+        dispatched only if no read here dispatched it first (a drain after an outage can
+        find it pending before its wake-up is popped: its copy, marked with an older
+        claim epoch, must not go out again); a read skips entries whose pushed copy is
+        waiting to be dispatched."""
+        user_id = listener.user_id
+        waiting = {e.entry_id for e in self._pushed.get(user_id, ())}
         for entry in entries:
             if entry.entry_id in inflight or listener.stopped.is_set():
                 continue
+            key = (user_id, entry.entry_id)
+            if (pushed and key in self._dispatched) or (
+                not pushed and entry.entry_id in waiting
+            ):
+                continue
+            self._dispatched[key] = None
+            while len(self._dispatched) > DISPATCHED_REMEMBERED:
+                del self._dispatched[next(iter(self._dispatched))]
             inflight.add(entry.entry_id)
             listener.reads += 1  # its next beat looks at the entry index
             try:

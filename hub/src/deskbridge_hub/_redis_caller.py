@@ -56,21 +56,23 @@ if TYPE_CHECKING:
 #: write. On a single Redis the script also reads the holder's liveness key: absent, it
 #: answers ``holder`` (the caller checks that process and answers offline: a dead
 #: process's presence is not written to); present, the reply says so and the caller's
-#: liveness cache is refreshed without a round trip of its own. Push delivery (issue 10):
-#: when the holder's liveness key names its consumer and
-#: the new entry is the group's only undelivered one (XINFO GROUPS lag 1: no backlog the
-#: holder left unread for want of room), the entry is read into that consumer's pending
-#: entries list and marked delivered here (``_MARK``, as ``read_new_delivered`` does), and
-#: the wake list gets the read entry as JSON ``[user, id, fields, marked]`` instead of the
-#: user id: the holder forwards it without a read of its own.
+#: liveness cache is refreshed without a round trip of its own. Push delivery (issue
+#: 10): when the holder's liveness key names its consumer and its sessions' in-flight
+#: limit, the new entry is the group's only undelivered one (XINFO GROUPS lag 1: no
+#: backlog the holder left unread for want of room) and the group has fewer entries
+#: pending than that limit (else the session is full: the entry waits unread, as without
+#: push), the entry is read into that consumer's pending entries list and marked
+#: delivered here (``_MARK``, as ``read_new_delivered`` does), and the wake list gets the
+#: read entry as JSON ``[user, id, fields, marked]`` instead of the user id: the holder
+#: forwards it without a read of its own.
 SUBMIT = Script(
     _MARK
     + """
-local function only_new(key, group)
+local function room(key, group, most)
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
     local f = {}
     for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
-    if f['name'] == group then return f['lag'] == 1 end
+    if f['name'] == group then return f['lag'] == 1 and f['pending'] < most end
   end
   return false
 end
@@ -112,8 +114,9 @@ if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX
 local pushed = 0
 if KEYS[7] then
   local item = ARGV[12]
-  if ARGV[13] ~= '' and consumer ~= '1' and only_new(KEYS[3], ARGV[14]) then
-    local read = redis.call('XREADGROUP', 'GROUP', ARGV[14], consumer, 'COUNT', 1,
+  local reader, most = string.match(consumer, '^(%S+) (%d+)$')
+  if ARGV[13] ~= '' and reader and room(KEYS[3], ARGV[14], tonumber(most)) then
+    local read = redis.call('XREADGROUP', 'GROUP', ARGV[14], reader, 'COUNT', 1,
       'STREAMS', KEYS[3], '>')
     local entry = read and read[1][2][1]
     if entry then

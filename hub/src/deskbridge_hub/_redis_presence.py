@@ -194,9 +194,15 @@ class PresenceCommands(RedisCommandBase):
             return bool(await self._call(s, b"EVAL", _CLEAR_IF_HOLDER, 1, key, session_id))
 
     async def set_liveness(
-        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+        self,
+        holder_id: str,
+        ttl_s: float,
+        *,
+        consumer: str | None = None,
+        max_pending: int = 32,
     ) -> bool:
-        """SET ``bridge:proc:{holder_id}`` consumer (None: 1) PX ceil(ttl_s * 1000) GET.
+        """SET ``bridge:proc:{holder_id}`` ``"<consumer> <max_pending>"`` (consumer None:
+        ``1``) PX ceil(ttl_s * 1000) GET.
 
         Returns:
             True if the key was still set (False: it had expired, or Redis lost it).
@@ -207,7 +213,7 @@ class PresenceCommands(RedisCommandBase):
         """
         px = _ms(ttl_s)
         async with self._session("SET liveness") as s:
-            value = b"1" if consumer is None else consumer
+            value = b"1" if consumer is None else f"{consumer} {max_pending}"
             old = await self._call(s, b"SET", proc_key(holder_id), value, b"PX", px, b"GET")
         return old is not None
 

@@ -147,12 +147,18 @@ class PresenceSubstrate(Protocol):
         """Delete presence only if its value is still ``session_id`` (atomic). True if deleted."""
 
     async def set_liveness(
-        self, holder_id: str, ttl_s: float, *, consumer: str | None = None
+        self,
+        holder_id: str,
+        ttl_s: float,
+        *,
+        consumer: str | None = None,
+        max_pending: int = 32,
     ) -> bool:
         """SET ``bridge:proc:{holder_id}`` PX ttl_s GET: this hub process is alive
         (refreshed well within the TTL by the process itself; presence names the
-        process). Its value is the process's consumer name when given (callers then push
-        entries read for it: ``Submission.delivered_ttl_s``), else ``1``. Returns
+        process). Its value is ``"<consumer> <max_pending>"`` when ``consumer`` is given
+        (callers then push it entries they read for it while the user's group has fewer
+        than ``max_pending`` pending: ``Submission.delivered_ttl_s``), else ``1``. Returns
         whether the key was still set: False after the first call means it lapsed (the
         process stalled past the TTL) or the store lost it (Redis restarted empty, a
         failover), so presence may be gone too."""
