@@ -345,7 +345,10 @@ def _wake_item(item: str) -> str | Pushed:
     script's reply, ``{}`` when it did not mark)."""
     if not item.startswith("["):
         return item
-    user_id, entry_id, flat, marked = json.loads(item)
+    try:
+        user_id, entry_id, flat, marked = json.loads(item)
+    except ValueError:  # not one of ours: a user id never starts with "[" (_validate)
+        return item
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
     verdict = None
     if marked:
