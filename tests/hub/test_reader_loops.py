@@ -331,6 +331,32 @@ async def test_pushed_entries_are_dispatched_in_order_without_a_read(autojump_cl
     assert reader._pushed == {} and reader.inflight["u1"] == {"1-0", "2-0"}
 
 
+async def test_the_wake_up_loop_leaves_a_pushed_entry_to_a_worker_when_it_must_wait(
+    autojump_clock,
+):
+    """Dispatched from the wake-up loop only with room and nothing of the user's
+    waiting; else queued for a worker, in order (a full session, a due read)."""
+    script = Script()
+    reader = make_reader(script)
+    full, due = Desk("u1"), Desk("u2")
+    full.capacity = 0
+    beating(reader, full, due)
+    reader._queue.clear()
+    reader._due.clear()
+    reader._due["u2"] = {NEW}
+    marked = Marked("delivered", 5.0, 1)
+    one, two = Entry("1-0", {"job_id": "a"}, marked), Entry("2-0", {"job_id": "b"}, marked)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader._wake_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        await script.wakes_in.send([Pushed("u1", one), Pushed("u2", two)])
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert full.dispatched() == [] and due.dispatched() == []
+    assert reader._pushed == {"u1": [one], "u2": [two]}
+    assert reader._due == {"u1": {"pushed"}, "u2": {NEW, "pushed"}}
+
+
 async def test_a_pushed_copy_of_an_entry_a_read_dispatched_first_is_not_sent_again(
     autojump_clock,
 ):

@@ -286,14 +286,40 @@ class ProcessReader:
             for item in users:
                 if not isinstance(item, Pushed):
                     woken.append(item)
-                elif item.user_id in self._listeners:
-                    self._pushed.setdefault(item.user_id, []).append(item.entry)
-                    self.schedule(item.user_id, PUSHED)
-                # else the session is gone: the entry is pending on this consumer, and
-                # the next session's drain or its daemon's takeover serves it
+                elif not await self._dispatch_now(item):
+                    if item.user_id in self._listeners:
+                        self._pushed.setdefault(item.user_id, []).append(item.entry)
+                        self.schedule(item.user_id, PUSHED)
+                    # else the session is gone: the entry is pending on this consumer,
+                    # and the next session's drain or its daemon's takeover serves it
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+
+    async def _dispatch_now(self, pushed: Pushed) -> bool:
+        """Hand a pushed entry to its session from the wake-up loop itself, when nothing
+        of the user's waits for a worker and the session has room (the usual case: the
+        caller pushed only because it had): one task switch fewer than through a worker.
+        False: left to the workers (in order behind what waits), or the session is gone.
+        Never raises for the entry's fault (the worker's rule: one user's fault must not
+        stop reading for every user)."""
+        user_id = pushed.user_id
+        listener = self._listeners.get(user_id)
+        if (
+            listener is None
+            or listener.stopped.is_set()
+            or user_id in self._busy
+            or user_id in self._due
+            or self._pushed.get(user_id)
+            or listener.capacity() <= 0
+        ):
+            return False
+        inflight = self.inflight.setdefault(user_id, set())
+        try:
+            await self._dispatch(listener, inflight, [pushed.entry], pushed=True)
+        except Exception:
+            log.exception("dispatching a pushed entry for %s failed; it stays pending", user_id)
+        return True
 
     async def _beat_loop(self) -> None:
         t = self.timings
