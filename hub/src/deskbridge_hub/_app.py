@@ -1,14 +1,14 @@
 """The hub's ASGI app: the sidecar WebSocket and the dispatch HTTP API (Quart-Trio).
 
 ``create_app(config, substrate=None)`` builds it; the substrate is opened in
-``while_serving`` so its lifetime is the app's. Response/body helpers live in ``_http``,
-the ASGI middleware (access log, request tracking) in ``_middleware``.
+``while_serving`` so its lifetime is the app's. Response/body helpers live in ``_http``
+and ``_http_body``, the ASGI middleware (access log, request tracking) in ``_middleware``;
+the sidecar WebSocket (``_sidecar_asgi``), ``POST /v1/users/{user_id}/jobs``
+(``_jobs_asgi``) and MCP (``_mcp_mount``) are served as plain ASGI in front of Quart.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import os
 import socket
@@ -25,28 +25,25 @@ from werkzeug.exceptions import HTTPException
 from . import _admin, _connectors, _gcwatch, _metrics, _openapi, _tracing
 from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
-from ._errors import (
-    BadRequest,
-    IdempotencyKeyReused,
-    JobIdInUse,
-    SubstrateMisconfigured,
-    SubstrateUnavailable,
-    UnknownJob,
-)
+from ._errors import SubstrateMisconfigured, SubstrateUnavailable, UnknownJob
 from ._events import add_event_routes
-from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
 from ._http import (
+    BRIDGE_ERRORS,
+    UNAUTHORIZED,
     _draining,
     _error,
-    _field,
     _json,
     _json_body,
     _needs_key,
-    _no_other_fields,
     _outcome_response,
-    _presented_key,
-    _timeout_s,
+    _respond,
+    bridge_error_answer,
+    http_error_answer,
+    key_accepted,
 )
+from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
+from ._http_body import _no_other_fields, _timeout_s, parse_job
+from ._jobs_asgi import mount_jobs
 from ._mcp_mount import mount_mcp
 from ._middleware import _access_log, _tracking_http
 from ._process import HubState
@@ -173,66 +170,35 @@ def create_app(
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 
-    def _authorised() -> bool:
-        if not config.api_keys:
-            return True
-        given = _presented_key(request.headers.get("Authorization", ""))
-        if not given:
-            return False
-        ok = False
-        for key in config.api_keys:  # compare with every key: constant time overall
-            ok |= hmac.compare_digest(given.encode(), key.encode())
-        return ok
-
     @app.before_request
     async def _check_api_key():  # type: ignore[no-untyped-def]
-        if _needs_key(request.path) and not _authorised():
-            response = _error(
-                401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
-            )
+        if _needs_key(request.path) and not key_accepted(
+            request.headers.get("Authorization", ""), config.api_keys
+        ):
+            response = _error(401, "unauthorized", UNAUTHORIZED)
             if request.path.startswith("/admin"):  # a browser asks for the key once
                 response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
             return response
         return None
 
-    @app.errorhandler(SubstrateUnavailable)
-    async def _unavailable(exc: SubstrateUnavailable):  # type: ignore[no-untyped-def]
-        body: dict[str, Any] = {
-            "status": "unavailable",
-            "error": {"code": "unavailable", "message": str(exc)},
-        }
-        if exc.job_id is not None:  # it was enqueued: its outcome is unknown
-            body = {"job_id": exc.job_id, **body, "detail": {"stage": "unknown"}}
-        return _json(body, 503)
+    async def _bridge_error(exc: Any):  # type: ignore[no-untyped-def]
+        """503 / 422 / 409 / 400 (``_http.bridge_error_answer``)."""
+        return _respond(bridge_error_answer(exc))
 
-    @app.errorhandler(IdempotencyKeyReused)
-    async def _key_reused(exc: IdempotencyKeyReused):  # type: ignore[no-untyped-def]
-        return _error(
-            422, "idempotency_key_reused", str(exc), field="idempotency_key", job_id=exc.job_id
-        )
-
-    @app.errorhandler(JobIdInUse)
-    async def _job_id_in_use(exc: JobIdInUse):  # type: ignore[no-untyped-def]
-        return _error(409, "job_id_in_use", str(exc), field="job_id")
-
-    @app.errorhandler(BadRequest)
-    async def _bad_request(exc: BadRequest):  # type: ignore[no-untyped-def]
-        return _error(400, "bad_request", str(exc), field=exc.field)
+    for kind in BRIDGE_ERRORS:
+        app.register_error_handler(kind, _bridge_error)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
         """Unmatched routes, wrong methods and the like answer JSON, as every other
         error of the API does (Quart's default is an HTML page)."""
-        status = exc.code or 500
-        code = (exc.name or "error").lower().replace(" ", "_").replace("'", "")
         # a WebSocket upgrade to an unknown path has no request context: reading
         # ``request`` there raised, and every attempt was a 500 with two tracebacks
         if has_request_context():
             where = f"{request.method} {request.path}"
         else:
             where = f"WebSocket {websocket.path}"
-        message = f"{exc.name}: {where}"
-        response = _error(status, code, message)
+        response = _respond(http_error_answer(exc.code, exc.name, where))
         allowed = getattr(exc, "valid_methods", None)
         if allowed:
             response.headers["Allow"] = ", ".join(sorted(allowed))
@@ -275,15 +241,13 @@ def create_app(
 
     @app.post("/v1/users/<user_id>/jobs")
     async def jobs(user_id: str):  # type: ignore[no-untyped-def]
-        body = await _json_body()
-        name = _field(body, "name", str, required=True)
-        args = _field(body, "args", dict, required=False, default={})
-        key = _field(body, "idempotency_key", str, required=False)
-        job_id = _field(body, "job_id", str, required=False)
-        timeout_s = _timeout_s(body, default=None)
-        _no_other_fields(body, {"name", "args", "idempotency_key", "timeout_s", "job_id"})
-        if len(json.dumps(args)) > config.max_args_bytes:
-            raise BadRequest(f"args larger than {config.max_args_bytes} bytes", field="args")
+        """Served by ``_jobs_asgi`` in front of Quart, the same way; this route answers
+        only what that one hands on (a request under a ``root_path``) and gives the path
+        its 405 ``Allow: POST`` for other methods."""
+        job = parse_job(
+            await request.get_data(cache=True, as_text=False, parse_form_data=False),
+            config.max_args_bytes,
+        )
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()
@@ -291,7 +255,12 @@ def create_app(
         headers = request.headers
         with _tracing.extracted(headers):  # type: ignore[arg-type]  # W3C traceparent, if any
             outcome = await holder["bridge"].dispatch(
-                user_id, name, args, idempotency_key=key, timeout_s=timeout_s, job_id=job_id
+                user_id,
+                job.name,
+                job.args,
+                idempotency_key=job.idempotency_key,
+                timeout_s=job.timeout_s,
+                job_id=job.job_id,
             )
         return _outcome_response(outcome)
 
@@ -335,6 +304,9 @@ def create_app(
         return _json(_openapi.document(__version__))
 
     add_event_routes(app, holder)
+    # Innermost first: the job route is served inside the request tracking and the
+    # access log, as Quart's routes are.
+    app.asgi_app = mount_jobs(app.asgi_app, app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_sidecar(app.asgi_app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]

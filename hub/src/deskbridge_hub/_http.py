@@ -1,21 +1,27 @@
-"""The HTTP API's plumbing, shared by its routes: JSON responses and error bodies, the
-outcome -> status mapping (``HTTP_STATUS``), strict parsing of a request's JSON body and
-its fields (400 naming the field), and which paths need the API key and how it is
-presented (bearer, or HTTP Basic's password)."""
+"""The HTTP API's plumbing, shared by its Quart routes and the plain-ASGI job route
+(``_jobs_asgi``): answers as ``(status, JSON body)`` and as Quart responses, error bodies,
+the outcome -> status mapping (``HTTP_STATUS``), the bridge errors -> status mapping, and
+which paths need the API key, how it is presented (bearer, or HTTP Basic's password) and
+checked. The strict parsing of a request's body is ``_http_body``."""
 
 from __future__ import annotations
 
 import base64
+import hmac
 import json
-import math
 from typing import Any
 
-from deskbridge_common import _strict_json as strict_json
 from quart import Response, request
 
-from ._bridge import MAX_TIMEOUT_S
-from ._errors import BadRequest
+from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
+from ._http_body import parse_json_body
 from ._outcome import Outcome
+
+#: An answer: (HTTP status, JSON body); ``_respond`` makes it a Quart response.
+Answer = tuple[int, dict[str, Any]]
+
+#: The message of a 401 for a missing or wrong API key.
+UNAUTHORIZED = "missing or wrong API key (Authorization: Bearer <key>)"
 
 #: HTTP status for each outcome (DESIGN.md, public interface).
 HTTP_STATUS = {
@@ -32,24 +38,70 @@ HTTP_STATUS = {
 }
 
 
-def _draining() -> Response:
+def draining_answer() -> Answer:
     """A replica that is shutting down refuses new work before enqueueing anything, so
-    the caller can retry on another replica at once."""
-    return _json(
-        {
-            "status": "unavailable",
-            "error": {"code": "draining", "message": "this hub replica is restarting; retry"},
-        },
-        503,
-    )
+    the caller can retry on another replica at once: 503 ``draining``."""
+    return 503, {
+        "status": "unavailable",
+        "error": {"code": "draining", "message": "this hub replica is restarting; retry"},
+    }
+
+
+def _draining() -> Response:
+    return _respond(draining_answer())
 
 
 def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, content_type="application/json")
 
 
+def _respond(answer: Answer) -> Response:
+    return _json(answer[1], answer[0])
+
+
+def error_answer(status: int, code: str, message: str, **extra: Any) -> Answer:
+    """``(status, {"error": {"code", "message", **extra}})``: every error body's shape."""
+    return status, {"error": {"code": code, "message": message, **extra}}
+
+
 def _error(status: int, code: str, message: str, **extra: Any) -> Response:
-    return _json({"error": {"code": code, "message": message, **extra}}, status)
+    return _respond(error_answer(status, code, message, **extra))
+
+
+#: The dispatch API's errors that have an answer of their own (``bridge_error_answer``).
+BRIDGE_ERRORS = (SubstrateUnavailable, IdempotencyKeyReused, JobIdInUse, BadRequest)
+
+
+def bridge_error_answer(
+    exc: SubstrateUnavailable | IdempotencyKeyReused | JobIdInUse | BadRequest,
+) -> Answer:
+    """The answer to an error of ``BRIDGE_ERRORS``: ``SubstrateUnavailable`` -> 503
+    ``unavailable`` (naming the job if it was enqueued: its outcome is unknown),
+    ``IdempotencyKeyReused`` -> 422, ``JobIdInUse`` -> 409, ``BadRequest`` -> 400 naming
+    the field."""
+    if isinstance(exc, SubstrateUnavailable):
+        body: dict[str, Any] = {
+            "status": "unavailable",
+            "error": {"code": "unavailable", "message": str(exc)},
+        }
+        if exc.job_id is not None:  # it was enqueued: its outcome is unknown
+            body = {"job_id": exc.job_id, **body, "detail": {"stage": "unknown"}}
+        return 503, body
+    if isinstance(exc, IdempotencyKeyReused):
+        return error_answer(
+            422, "idempotency_key_reused", str(exc), field="idempotency_key", job_id=exc.job_id
+        )
+    if isinstance(exc, JobIdInUse):
+        return error_answer(409, "job_id_in_use", str(exc), field="job_id")
+    return error_answer(400, "bad_request", str(exc), field=exc.field)
+
+
+def http_error_answer(status: int | None, name: str | None, where: str) -> Answer:
+    """The JSON answer to an HTTP error (Werkzeug's ``HTTPException``: its ``code`` and
+    ``name``) for the request ``where`` ("POST /path"), e.g. 404 ``not_found`` "Not
+    Found: GET /x" (Quart's default is an HTML page)."""
+    code = (name or "error").lower().replace(" ", "_").replace("'", "")
+    return error_answer(status or 500, code, f"{name}: {where}")
 
 
 def _presented_key(header: str) -> str:
@@ -67,94 +119,35 @@ def _presented_key(header: str) -> str:
     return ""
 
 
+def key_accepted(header: str, api_keys: tuple[str, ...]) -> bool:
+    """Whether the ``Authorization`` header ``header`` presents one of ``api_keys``
+    (always, when none is configured); compared with every key, in constant time."""
+    if not api_keys:
+        return True
+    given = _presented_key(header)
+    if not given:
+        return False
+    ok = False
+    for key in api_keys:  # compare with every key: constant time overall
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    return ok
+
+
 def _needs_key(path: str) -> bool:
     """Routes behind the API key: the dispatch API, metrics and the admin pages."""
     return path.startswith(("/v1/", "/admin")) or path == "/metrics"
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as inf
-        raise ValueError(f"number {text[:32]} is out of range")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 async def _json_body(*, empty: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
-    number that overflows a float), so everything accepted can be re-encoded for the
-    stream and the job frame (which refuse non-finite numbers), and no object with a
-    repeated key (400 naming the key and the top-level field holding it).
-
-    Args:
-        empty: what an empty body stands for (None: an empty body is refused).
-
-    Raises:
-        BadRequest: not JSON, not an object, or a repeated key (``field`` names it).
-    """
-    raw = await request.get_data(as_text=False)
-    if not raw.strip() and empty is not None:
-        return dict(empty)
-    try:
-        body = strict_json.loads(
-            raw or b"null", parse_constant=_no_constant, parse_float=_finite
-        )
-    except strict_json.DuplicateKey as exc:  # {"name": "echo", "name": "sleep"}
-        raise BadRequest(str(exc), field=exc.field) from None
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object", field="$")
-    return body
+    """The current Quart request's body as a JSON object (``parse_json_body``)."""
+    return parse_json_body(
+        await request.get_data(cache=True, as_text=False, parse_form_data=False), empty=empty
+    )
 
 
-_KIND_NAMES: dict[Any, str] = {
-    dict: "a JSON object",
-    str: "a string",
-    (int, float): "a number",
-}
-
-
-def _field(
-    body: dict[str, Any], name: str, kind: Any, *, required: bool, default: Any = None
-) -> Any:
-    if name not in body or body[name] is None:
-        if required:
-            raise BadRequest(f"{name} is required", field=name)
-        return default
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise BadRequest(f"{name} must be {_KIND_NAMES.get(kind, 'of another type')}", field=name)
-    return value
-
-
-def _timeout_s(body: dict[str, Any], *, default: float | None) -> float | None:
-    """``timeout_s`` of a request body: seconds in (0, ``MAX_TIMEOUT_S``], or ``default``.
-
-    Raises:
-        BadRequest: not a number, or out of range (``field`` is ``timeout_s``).
-    """
-    value = _field(body, "timeout_s", (int, float), required=False)
-    if value is None:
-        return default
-    if not (0 < value <= MAX_TIMEOUT_S):
-        raise BadRequest(
-            f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]", field="timeout_s"
-        )
-    return float(value)
-
-
-def _no_other_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    """Raises BadRequest naming the first (sorted) field of ``body`` not in ``allowed``."""
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise BadRequest(f"unexpected field {unknown[0]!r}", field=unknown[0])
-
-
-def _outcome_response(outcome: Outcome) -> Response:
+def outcome_answer(outcome: Outcome) -> Answer:
+    """A call's answer: ``{"job_id", "status", "result" | "error", "detail"?,
+    "elapsed_ms"}`` with the status's HTTP code (``HTTP_STATUS``; 500 if unknown)."""
     body: dict[str, Any] = {"job_id": outcome.job_id, "status": outcome.status}
     if outcome.status == "completed":
         body["result"] = outcome.result
@@ -163,4 +156,8 @@ def _outcome_response(outcome: Outcome) -> Response:
     if outcome.detail:
         body["detail"] = outcome.detail
     body["elapsed_ms"] = round(outcome.elapsed_s * 1000, 3)
-    return _json(body, HTTP_STATUS.get(outcome.status, 500))
+    return HTTP_STATUS.get(outcome.status, 500), body
+
+
+def _outcome_response(outcome: Outcome) -> Response:
+    return _respond(outcome_answer(outcome))

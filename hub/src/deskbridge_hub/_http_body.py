@@ -1,0 +1,129 @@
+"""Strict parsing of an HTTP request's JSON body and its fields, shared by the Quart
+routes (``_http._json_body``) and the plain-ASGI job route (``_jobs_asgi``): every
+refusal is a ``BadRequest`` naming the field (the API answers 400)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, NamedTuple
+
+from deskbridge_common import _strict_json as strict_json
+
+from ._bridge import MAX_TIMEOUT_S
+from ._errors import BadRequest
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json_body(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
+    number that overflows a float), so everything accepted can be re-encoded for the
+    stream and the job frame (which refuse non-finite numbers), and no object with a
+    repeated key (400 naming the key and the top-level field holding it).
+
+    Args:
+        raw: the body's bytes (UTF-8 JSON).
+        empty: what an empty body stands for (None: an empty body is refused).
+
+    Raises:
+        BadRequest: not JSON, not an object, or a repeated key (``field`` names it).
+    """
+    if not raw.strip() and empty is not None:
+        return dict(empty)
+    try:
+        body = strict_json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite)
+    except strict_json.DuplicateKey as exc:  # {"name": "echo", "name": "sleep"}
+        raise BadRequest(str(exc), field=exc.field) from None
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object", field="$")
+    return body
+
+
+_KIND_NAMES: dict[Any, str] = {
+    dict: "a JSON object",
+    str: "a string",
+    (int, float): "a number",
+}
+
+
+def _field(
+    body: dict[str, Any], name: str, kind: Any, *, required: bool, default: Any = None
+) -> Any:
+    if name not in body or body[name] is None:
+        if required:
+            raise BadRequest(f"{name} is required", field=name)
+        return default
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise BadRequest(f"{name} must be {_KIND_NAMES.get(kind, 'of another type')}", field=name)
+    return value
+
+
+def _timeout_s(body: dict[str, Any], *, default: float | None) -> float | None:
+    """``timeout_s`` of a request body: seconds in (0, ``MAX_TIMEOUT_S``], or ``default``.
+
+    Raises:
+        BadRequest: not a number, or out of range (``field`` is ``timeout_s``).
+    """
+    value = _field(body, "timeout_s", (int, float), required=False)
+    if value is None:
+        return default
+    if not (0 < value <= MAX_TIMEOUT_S):
+        raise BadRequest(
+            f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]", field="timeout_s"
+        )
+    return float(value)
+
+
+def _no_other_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    """Raises BadRequest naming the first (sorted) field of ``body`` not in ``allowed``."""
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unexpected field {unknown[0]!r}", field=unknown[0])
+
+
+class JobRequest(NamedTuple):
+    """The fields of a ``POST /v1/users/{user_id}/jobs`` body (docs/outcomes.md)."""
+
+    name: str
+    args: dict[str, Any]
+    idempotency_key: str | None
+    job_id: str | None
+    timeout_s: float | None  # seconds; None: the bridge's default
+
+
+def parse_job(raw: bytes, max_args_bytes: int) -> JobRequest:
+    """Parse a job request's body: ``{"name", "args"?, "idempotency_key"?, "job_id"?,
+    "timeout_s"?}``, nothing else.
+
+    Args:
+        raw: the body's bytes.
+        max_args_bytes: the most ``args`` may take, JSON-encoded (``json.dumps``), bytes.
+
+    Raises:
+        BadRequest: not a JSON object, a field missing, of the wrong type or out of
+            range, an unknown field, or ``args`` too large (``field`` names it; "$": the
+            body as a whole). Identifiers are checked by ``Bridge.dispatch``.
+    """
+    body = parse_json_body(raw)
+    name = _field(body, "name", str, required=True)
+    args = _field(body, "args", dict, required=False, default={})
+    key = _field(body, "idempotency_key", str, required=False)
+    job_id = _field(body, "job_id", str, required=False)
+    timeout_s = _timeout_s(body, default=None)
+    _no_other_fields(body, {"name", "args", "idempotency_key", "timeout_s", "job_id"})
+    if len(json.dumps(args)) > max_args_bytes:
+        raise BadRequest(f"args larger than {max_args_bytes} bytes", field="args")
+    return JobRequest(name, args, key, job_id, timeout_s)
