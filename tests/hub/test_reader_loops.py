@@ -14,7 +14,15 @@ import trio.testing
 from deskbridge_common import Timings
 from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._errors import SubstrateMisconfigured
-from deskbridge_hub._reader import DRAIN, NEW, READ_BATCH, TAKEOVER, WAKE_BATCH, WORKERS
+from deskbridge_hub._reader import (
+    DISPATCHED_REMEMBERED,
+    DRAIN,
+    NEW,
+    READ_BATCH,
+    TAKEOVER,
+    WAKE_BATCH,
+    WORKERS,
+)
 from deskbridge_hub._retry import (
     CLEANUP_TIMEOUT_S,
     HEARTBEAT_RETRY_S,
@@ -62,7 +70,9 @@ async def test_run_writes_liveness_first_starts_the_workers_and_clears_liveness_
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.run)
             assert script.calls[0][1:] == (
-                "set_liveness", ("h1", 3.0), {"consumer": "c1", "max_pending": 32}
+                "set_liveness",
+                ("h1", 3.0),
+                {"consumer": "c1", "max_pending": 32},
             )
             assert script.calls[0][0] == 0.0 and reader.running is True
             await trio.testing.wait_all_tasks_blocked()
@@ -666,3 +676,29 @@ async def test_a_user_is_queued_once_per_time_it_becomes_due(autojump_clock):
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
     assert queue.appended == ["u1", "u1"] and reader._due == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="push delivery: the memory of dispatched entries is one process-wide bound "
+    "(DISPATCHED_REMEMBERED); other users' dispatches evict it and a pushed copy goes "
+    "out again",
+)
+async def test_a_pushed_copy_is_not_sent_again_after_other_users_dispatches(autojump_clock):
+    """After an outage every user's drain runs while the wake list still holds the
+    pushed copies (the wake-up loop is backing off). A drain serves u1's pushed entry;
+    other users' drains dispatch more than ``DISPATCHED_REMEMBERED`` entries before u1's
+    copy is popped: the copy (its older claim epoch) must still not be sent again."""
+    script = Script()
+    reader = make_reader(script)
+    desk, other = Desk("u1"), Desk("u2")
+    beating(reader, desk)
+    beating(reader, other)
+    script.queue("read_pending", entries("1-0"))
+    await reader._pump(desk.listener, {DRAIN})
+    reader.inflight["u1"].clear()  # served and answered meanwhile
+    burst = [Entry(f"{n}-0", {"job_id": f"job-{n}"}) for n in range(DISPATCHED_REMEMBERED + 1)]
+    await reader._dispatch(other.listener, reader.inflight.setdefault("u2", set()), burst)
+    reader._pushed["u1"] = [Entry("1-0", {"job_id": "job-1-0"}, Marked("delivered", 5.0, 1))]
+    await reader._pump(desk.listener, {"pushed"})
+    assert desk.dispatched() == ["1-0"]
