@@ -678,12 +678,6 @@ async def test_a_user_is_queued_once_per_time_it_becomes_due(autojump_clock):
     assert queue.appended == ["u1", "u1"] and reader._due == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="push delivery: the memory of dispatched entries is one process-wide bound "
-    "(DISPATCHED_REMEMBERED); other users' dispatches evict it and a pushed copy goes "
-    "out again",
-)
 async def test_a_pushed_copy_is_not_sent_again_after_other_users_dispatches(autojump_clock):
     """After an outage every user's drain runs while the wake list still holds the
     pushed copies (the wake-up loop is backing off). A drain serves u1's pushed entry;

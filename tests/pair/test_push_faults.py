@@ -9,7 +9,6 @@ at most one execution, no start after the deadline, a terminal and truthful answ
 
 from __future__ import annotations
 
-import pytest
 import trio
 import trio.testing
 from deskbridge_hub._substrate import Pushed
@@ -50,11 +49,6 @@ async def after_push(pair, fault):
     return fired
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="push delivery: a pushed entry's time left is counted from its mark at submit "
-    "(Redis TIME then), so a late forward gives the desktop a fresh budget",
-)
 async def test_a_pushed_job_forwarded_after_its_deadline_never_starts(autojump_clock):
     """The holder stalls 10 s between the push and the forward (a busy or paused
     process: the wake-up's reply waits unread). The caller's deadline is 5 s. Before

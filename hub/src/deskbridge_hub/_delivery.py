@@ -200,9 +200,21 @@ class EntryServer:
                 envelope=envelope, epoch=marked.epoch,
             )  # fmt: skip
             return
+        server_time = marked.server_time
+        if entry.received_at is not None:
+            # Pushed: marked in the caller's step at submit, popped at ``received_at``;
+            # the time this process has held it since counts against the deadline (a
+            # stalled holder must not hand the desktop a fresh budget).
+            server_time += max(0.0, trio.current_time() - entry.received_at)
+            if server_time >= envelope.deadline:  # never forwarded: it did not run
+                await self.finish(
+                    entry.entry_id, job_id, "expired", expired_payload(),
+                    envelope=envelope, epoch=marked.epoch,
+                )  # fmt: skip
+                return
         # The sidecar gets the time left as a duration (its clock may be anything);
         # ``deadline`` is that duration on this hub's clock, for older sidecars.
-        left_s = max(0.0, envelope.deadline - marked.server_time)
+        left_s = max(0.0, envelope.deadline - server_time)
         epoch = marked.epoch
         try:
             job = Job(
@@ -214,9 +226,9 @@ class EntryServer:
                 deadline=self.wall_clock() + left_s,
                 timeout_s=left_s,
                 traceparent=envelope.traceparent,
-                waited_s=max(0.0, marked.server_time - envelope.enqueued_at),
+                waited_s=max(0.0, server_time - envelope.enqueued_at),
             )
-            _metrics.job_dispatched(envelope.name, marked.server_time - envelope.enqueued_at)
+            _metrics.job_dispatched(envelope.name, server_time - envelope.enqueued_at)
             result = await executor.execute(job, epoch=epoch)
         except LocalProtocolError as exc:
             # An entry no sidecar could accept (written by a buggy producer): answer it

@@ -9,10 +9,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import attrs
 
 from ._memory_caller import _WakeList
 from ._memory_streams import StreamID, _deadline, _Stream
 from ._substrate import Beat, BeatReply, Pushed, presence_key, proc_key, tools_key
+
+
+def _received(item: str | Pushed) -> str | Pushed:
+    """A popped wake list item; a pushed entry dated with the local clock now (as the
+    Redis substrate's ``wait_wakes``)."""
+    if isinstance(item, str):
+        return item
+    entry = attrs.evolve(item.entry, received_at=anyio.current_time())
+    return Pushed(item.user_id, entry)
 
 
 class MemoryPresenceCommands:
@@ -167,7 +177,10 @@ class MemoryPresenceCommands:
                     del self._wakes[holder_id]
                     wakes = None
                 if wakes is not None and wakes.items:
-                    out = [wakes.items.popleft() for _ in range(min(count, len(wakes.items)))]
+                    out = [
+                        _received(wakes.items.popleft())
+                        for _ in range(min(count, len(wakes.items)))
+                    ]
                     if not wakes.items:
                         del self._wakes[holder_id]
                     return out

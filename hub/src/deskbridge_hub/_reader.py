@@ -83,9 +83,11 @@ RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
 TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
 TAKEOVER = "takeover"  # record the session's daemon; claim what went to it elsewhere
 PUSHED = "pushed"  # entries a caller's step read for this process (push delivery)
-#: Entries whose dispatch this process remembers, to refuse a pushed copy of one it
-#: already served (a wake-up popped after a drain found the entry; bounded memory).
-DISPATCHED_REMEMBERED = 4096
+#: Entries of one user whose dispatch this process remembers, to refuse a pushed copy of
+#: one it already served (a wake-up popped after a drain found the entry). Per user, so
+#: other users' traffic cannot evict it; a user's pushed copies are at most its sessions'
+#: in-flight limit behind, far fewer than this.
+DISPATCHED_REMEMBERED = 1024
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
@@ -121,8 +123,8 @@ class ProcessReader:
     #: Per user, entries callers' steps read for this process and pushed onto its wake
     #: list (``Pushed``), not yet dispatched.
     _pushed: dict[str, list[Entry]] = attrs.field(factory=dict)
-    #: (user, entry ID) of the entries dispatched lately, oldest first (see ``_dispatch``).
-    _dispatched: dict[tuple[str, str], None] = attrs.field(factory=dict)
+    #: Per user, the entry IDs dispatched lately, oldest first (see ``_dispatch``).
+    _dispatched: dict[str, dict[str, None]] = attrs.field(factory=dict)
     #: Idle workers park here; each due user unparks exactly one (a shared Event woke
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -157,6 +159,7 @@ class ProcessReader:
             # pending on this consumer: the next session's drain (or its daemon's
             # takeover elsewhere) serves them
             self._pushed.pop(listener.user_id, None)
+            self._dispatched.pop(listener.user_id, None)
 
     def stop_beating(self, listener: Listener) -> None:
         """The session hands over: its presence is no longer refreshed."""
@@ -497,17 +500,17 @@ class ProcessReader:
         waiting to be dispatched."""
         user_id = listener.user_id
         waiting = {e.entry_id for e in self._pushed.get(user_id, ())}
+        seen = self._dispatched.setdefault(user_id, {})
         for entry in entries:
             if entry.entry_id in inflight or listener.stopped.is_set():
                 continue
-            key = (user_id, entry.entry_id)
-            if (pushed and key in self._dispatched) or (
+            if (pushed and entry.entry_id in seen) or (
                 not pushed and entry.entry_id in waiting
             ):
                 continue
-            self._dispatched[key] = None
-            while len(self._dispatched) > DISPATCHED_REMEMBERED:
-                del self._dispatched[next(iter(self._dispatched))]
+            seen[entry.entry_id] = None
+            while len(seen) > DISPATCHED_REMEMBERED:
+                del seen[next(iter(seen))]
             inflight.add(entry.entry_id)
             listener.reads += 1  # its next beat looks at the entry index
             try:

@@ -9,6 +9,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+import anyio
 from coredis.exceptions import (
     NoScriptError,
 )
@@ -283,7 +284,8 @@ class PresenceCommands(RedisCommandBase):
             )  # fmt: skip
         if not reply:
             return []
-        return [_wake_item(item) for item in reply[1]]
+        now = anyio.current_time()
+        return [_wake_item(item, now) for item in reply[1]]
 
     async def heartbeat(
         self,
@@ -339,7 +341,7 @@ class PresenceCommands(RedisCommandBase):
         return replies
 
 
-def _wake_item(item: str) -> str | Pushed:
+def _wake_item(item: str, received_at: float) -> str | Pushed:
     """One wake list item: a user id (user ids never start with ``[``), or a pushed
     entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the mark
     script's reply, ``{}`` when it did not mark)."""
@@ -353,4 +355,4 @@ def _wake_item(item: str) -> str | Pushed:
     verdict = None
     if marked:
         verdict = Marked(str(marked[0]), float(marked[1]), *map(int, marked[2:]))
-    return Pushed(user_id, Entry(entry_id, fields, verdict))
+    return Pushed(user_id, Entry(entry_id, fields, verdict, received_at=received_at))

@@ -126,11 +126,16 @@ class Entry:
             pending entries list but its body was trimmed (MAXLEN) or deleted (XDEL).
         marked: the delivery verdict when the read also marked it delivered
             (:meth:`StreamSubstrate.read_new_delivered`), else None.
+        received_at: for an entry a caller's step read and pushed (:class:`Pushed`), the
+            local clock (``anyio.current_time()``, seconds) when ``wait_wakes`` popped it:
+            its mark was taken at submit, so the holder counts the time it has held it
+            since from here (the deadline); None otherwise.
     """
 
     entry_id: str
     fields: Mapping[str, str] | None
     marked: Marked | None = None
+    received_at: float | None = None
 
 
 @attrs.frozen
