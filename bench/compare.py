@@ -315,6 +315,11 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
         row(f"{label} p50 ms", lambda r, ph=phase: r[ph]["p50_ms"])
         row(f"{label} p99 ms", lambda r, ph=phase: r[ph]["p99_ms"])
         row(f"{label} hub CPU ms/call", lambda r, ph=phase: r[ph]["hub_cpu_ms_per_call"], 3)
+        row(
+            f"{label} caller CPU ms/call",
+            lambda r, ph=phase: r[ph].get("caller_cpu_ms_per_call", float("nan")),
+            3,
+        )
         row(f"{label} redis cmds/call", lambda r, ph=phase: r[ph]["redis_commands_per_call"])
         row(f"{label} redis conns opened", lambda r, ph=phase: r[ph]["redis_connections_opened"], 0)
         row(f"{label} errors", lambda r, ph=phase: r[ph]["errors"], 0)
@@ -324,6 +329,11 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
         row(f"{u}x{c} p50 ms", lambda r, k=k: r[k]["p50_ms"])
         row(f"{u}x{c} p99 ms", lambda r, k=k: r[k]["p99_ms"])
         row(f"{u}x{c} hub CPU ms/call", lambda r, k=k: r[k]["hub_cpu_ms_per_call"], 3)
+        row(
+            f"{u}x{c} caller CPU ms/call",
+            lambda r, k=k: r[k].get("caller_cpu_ms_per_call", float("nan")),
+            3,
+        )
         row(f"{u}x{c} redis cmds/call", lambda r, k=k: r[k]["redis_commands_per_call"])
         row(f"{u}x{c} redis conns opened", lambda r, k=k: r[k]["redis_connections_opened"], 0)
         row(f"{u}x{c} redis conns held (hub)", lambda r, k=k: r[k]["hub_redis_connections_held"], 0)

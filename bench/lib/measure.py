@@ -215,6 +215,12 @@ class Snapshot:
         return out
 
 
+def _own_cpu_s() -> float:
+    """User + system CPU seconds of this process so far."""
+    t = os.times()
+    return t.user + t.system
+
+
 @attrs.define
 class Meter:
     """CPU of the hub (and Redis) plus Redis counters across one measured phase."""
@@ -227,11 +233,13 @@ class Meter:
     _redis_cpu0: float = 0.0
     _snap0: Snapshot | None = None
     _hub_ports0: set[int] = attrs.Factory(set)
+    _caller_cpu0: float = 0.0
 
     def start(self) -> None:
         import time
 
         self._hub_ports0 = local_ports_to(group_pids(self.hub_pgid), self.info.port)
+        self._caller_cpu0 = _own_cpu_s()
         self._snap0 = self.info.snapshot()
         self._hub_cpu0 = cpu_s(group_pids(self.hub_pgid))
         self._redis_cpu0 = cpu_s([self.redis_pid])
@@ -253,6 +261,8 @@ class Meter:
             "elapsed_s": elapsed,
             "jobs": jobs,
             "hub_cpu_ms_per_call": hub_cpu * 1000 / per,
+            # this process (the callers: Bridge.call, or the peer's client), all threads
+            "caller_cpu_ms_per_call": (_own_cpu_s() - self._caller_cpu0) * 1000 / per,
             "hub_cpu_pct": 100 * hub_cpu / elapsed if elapsed else 0.0,
             "redis_cpu_ms_per_call": redis_cpu * 1000 / per,
             "redis_commands": total,

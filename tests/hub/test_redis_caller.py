@@ -6,6 +6,7 @@ unique ids, every wait bounded, keys deleted afterwards."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -194,3 +195,35 @@ async def test_under_cluster_a_registered_holder_gets_the_user_id_not_a_pushed_e
             assert await substrate.read_pending(user, "c1", count=10) == []
     finally:
         await raw_redis("DEL", f"bridge:proc:{{{holder}}}", f"bridge:wake:{{{holder}}}")
+
+
+async def test_a_script_sent_alone_goes_as_evalsha_and_as_eval_after_noscript(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The submit script alone in its write goes as EVALSHA; Redis without it cached (a
+    restart, SCRIPT FLUSH) answers NOSCRIPT, nothing ran, and it goes again as EVAL."""
+    sent: list[bytes] = []
+    alone = functools.partial(attrs.evolve, write_owner=False)  # nothing after it
+    await substrate.set_presence(user, "s1", 30)
+    with trio.fail_after(5):
+        first = f"job-{secrets.token_hex(6)}"
+        assert (await substrate.submit(user, alone(_submission(user, first)))).verdict == "queued"
+
+        async with substrate._session("probe") as session:
+            execute = session.execute
+
+            async def recording(*commands: Any, **kw: Any) -> list[Any]:
+                sent.extend(c[0] for c in commands)
+                return await execute(*commands, **kw)
+
+            monkeypatch.setattr(
+                type(session), "execute", lambda self, *c, **kw: recording(*c, **kw)
+            )
+            await raw_redis("SCRIPT", "FLUSH")
+            job = f"job-{secrets.token_hex(6)}"
+            assert (await substrate.submit(user, alone(_submission(user, job)))).verdict == "queued"
+            again = f"job-{secrets.token_hex(6)}"
+            sub = alone(_submission(user, again))
+            assert (await substrate.submit(user, sub)).verdict == "queued"
+    assert sent == [b"EVALSHA", b"EVAL", b"EVALSHA"], sent
+    assert (await substrate.queue_info(user)).length == 3  # each enqueued once

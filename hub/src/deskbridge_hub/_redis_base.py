@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
+from coredis.exceptions import NoScriptError
 
 from ._substrate import Entry
 
@@ -110,6 +111,15 @@ class RedisCommandBase:
         script) comes back after they already ran, and resending the write would apply
         them twice (a second notification, wake-up or progress outcome). Redis caches the
         compiled script under its SHA-1 either way; the text costs a few KiB of loopback
-        bandwidth per call and no extra round trip."""
-        commands = (*before, script.eval(keys, args), *after)
-        return await s.execute(*commands, timeout_s=self._command_timeout_s)
+        bandwidth per call and no extra round trip.
+
+        A script sent alone goes as EVALSHA (issue 10: the submit and finishing scripts
+        are 2-4 KiB, which every call packed, sent, and Redis hashed again); a NOSCRIPT
+        reply means nothing ran, so it is sent once more as EVAL (which caches it)."""
+        if before or after:
+            commands = (*before, script.eval(keys, args), *after)
+            return await s.execute(*commands, timeout_s=self._command_timeout_s)
+        replies = await s.execute(script.evalsha(keys, args), timeout_s=self._command_timeout_s)
+        if isinstance(replies[0], NoScriptError):
+            replies = await s.execute(script.eval(keys, args), timeout_s=self._command_timeout_s)
+        return replies
