@@ -11,9 +11,9 @@ import trio
 import trio.testing
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
-from ._idempotency import IndexRecord
+from ._contract_caller import _submission
 from ._jobstate import JobState, Stage
-from ._substrate import Beat, Claimed, Entry, JobOwner, Pushed, Submission, jobs_key
+from ._substrate import Beat, Claimed, Entry, Pushed, Submission, jobs_key
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -433,18 +433,10 @@ async def check_read_new_without_block_answers_at_once(h: SubstrateHarness) -> N
 
 
 def _push_submission(user: str, job: str, holder: str) -> Submission:
-    return Submission(
-        job_id=job,
-        fields={"job_id": job, "name": "echo", "args": "{}", "idempotency_key": job},
-        start_within_s=30.0,
-        state=JobState(Stage.QUEUED, user, at=1.0, reply_to="box"),
-        state_ttl_s=60.0,
-        maxlen=100,
-        catalogue_sha1=None,
-        idempotency_key=None,
-        index_value=IndexRecord(job, "echo", "d1").encode(),
-        index_ttl_s=60.0,
-        owner=JobOwner(user, "box"),
+    """The Bridge's submission shape (no owner record, no catalogue check), to ``holder``."""
+    return attrs.evolve(
+        _submission(user, job, sha1=None),
+        write_owner=False,
         alive_holder=holder,
         wake_ttl_s=30.0,
         delivered_ttl_s=60.0,
