@@ -28,7 +28,7 @@ from deskbridge_hub._errors import SocketClosed
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._progress import ProgressRelay
 from deskbridge_hub._session import HubState, serve_sidecar
-from deskbridge_sidecar import ConnectFailed, Daemon, ToolRegistry, TransportClosed
+from deskbridge_sidecar import ConnectFailed, Daemon, ToolRegistry, TransportClosed, tool
 
 EPOCH = 1_700_000_000.0
 USER = "u1"
@@ -162,4 +162,18 @@ async def sidecar_pair(
         nursery.cancel_scope.cancel()
 
 
-__all__ = ["EPOCH", "Pair", "PairConnector", "sidecar_pair", "wall"]
+def counting_tool(seconds: float) -> tuple[Any, list[float]]:
+    """A side-effecting ``submit(form)`` tool that runs ``seconds`` (MockClock) and the
+    list of the (trio) times it started: one entry per execution."""
+    calls: list[float] = []
+
+    @tool(side_effects=True)
+    async def submit(form: str) -> dict[str, Any]:
+        calls.append(trio.current_time())
+        await trio.sleep(seconds)
+        return {"submitted": form, "n": len(calls)}
+
+    return submit, calls
+
+
+__all__ = ["EPOCH", "Pair", "PairConnector", "counting_tool", "sidecar_pair", "wall"]

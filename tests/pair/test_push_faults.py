@@ -12,21 +12,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 from deskbridge_hub._substrate import Pushed
-from deskbridge_sidecar import tool
 
-from tests.pair import sidecar_pair
-
-
-def counting_tool(seconds: float):
-    calls: list[float] = []
-
-    @tool(side_effects=True)
-    async def submit(form: str) -> dict:
-        calls.append(trio.current_time())
-        await trio.sleep(seconds)
-        return {"submitted": form, "n": len(calls)}
-
-    return submit, calls
+from tests.pair import counting_tool, sidecar_pair
 
 
 async def after_push(pair, fault):

@@ -11,21 +11,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 from deskbridge_common import CLOSE_SERVICE_RESTART
-from deskbridge_sidecar import tool
 
-from tests.pair import sidecar_pair
-
-
-def counting_tool(seconds: float):
-    calls: list[float] = []
-
-    @tool(side_effects=True)
-    async def submit(form: str) -> dict:
-        calls.append(trio.current_time())
-        await trio.sleep(seconds)
-        return {"submitted": form, "n": len(calls)}
-
-    return submit, calls
+from tests.pair import counting_tool, sidecar_pair
 
 
 async def test_socket_dropped_mid_job_is_redelivered_and_answered_from_the_cache(

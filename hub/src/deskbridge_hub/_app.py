@@ -254,14 +254,7 @@ def create_app(
         # werkzeug's Headers is mapping-like (case-insensitive get) but not a Mapping.
         headers = request.headers
         with _tracing.extracted(headers):  # type: ignore[arg-type]  # W3C traceparent, if any
-            outcome = await holder["bridge"].dispatch(
-                user_id,
-                job.name,
-                job.args,
-                idempotency_key=job.idempotency_key,
-                timeout_s=job.timeout_s,
-                job_id=job.job_id,
-            )
+            outcome = await job.dispatch(holder["bridge"], user_id)
         return _outcome_response(outcome)
 
     @app.get("/v1/users/<user_id>/tools")

@@ -103,6 +103,18 @@ class JobRequest(NamedTuple):
     job_id: str | None
     timeout_s: float | None  # seconds; None: the bridge's default
 
+    async def dispatch(self, bridge: Any, user_id: str) -> Any:
+        """``bridge.dispatch(user_id, ...)`` with these fields; returns its ``Outcome``
+        and raises what it raises (the routes map the errors to answers)."""
+        return await bridge.dispatch(
+            user_id,
+            self.name,
+            self.args,
+            idempotency_key=self.idempotency_key,
+            timeout_s=self.timeout_s,
+            job_id=self.job_id,
+        )
+
 
 def parse_job(raw: bytes, max_args_bytes: int) -> JobRequest:
     """Parse a job request's body: ``{"name", "args"?, "idempotency_key"?, "job_id"?,

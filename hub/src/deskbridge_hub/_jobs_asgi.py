@@ -108,14 +108,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
     ) -> Answer:
         try:
             with _tracing.extracted(headers):  # W3C traceparent, if any
-                outcome = await holder["bridge"].dispatch(
-                    user_id,
-                    job.name,
-                    job.args,
-                    idempotency_key=job.idempotency_key,
-                    timeout_s=job.timeout_s,
-                    job_id=job.job_id,
-                )
+                outcome = await job.dispatch(holder["bridge"], user_id)
         except Exception as exc:
             return _error_answer(exc, where)
         return outcome_answer(outcome)

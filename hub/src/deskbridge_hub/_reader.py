@@ -499,7 +499,8 @@ class ProcessReader:
         claim epoch, must not go out again); a read skips entries whose pushed copy is
         waiting to be dispatched."""
         user_id = listener.user_id
-        waiting = {e.entry_id for e in self._pushed.get(user_id, ())}
+        queued = self._pushed.get(user_id)
+        waiting = {e.entry_id for e in queued} if queued else set()
         seen = self._dispatched.setdefault(user_id, {})
         for entry in entries:
             if entry.entry_id in inflight or listener.stopped.is_set():
