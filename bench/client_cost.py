@@ -49,7 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lib.measure import start_private_redis  # noqa: E402
 
 CLIENTS = (
-    "deskbridge", "coredis-trio", "coredis-asyncio", "redis-py-asyncio", "raw-trio", "raw-asyncio",
+    "deskbridge",
+    "coredis-trio",
+    "coredis-asyncio",
+    "redis-py-asyncio",
+    "raw-trio",
+    "raw-asyncio",
 )
 _GET = b"*2\r\n$3\r\nGET\r\n$5\r\nbench\r\n"
 _VALUE = b"0123456789abcdef"
@@ -281,30 +286,49 @@ def main() -> int:
         try:
             for name in names:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", name, "--redis-port",
-                     str(args.redis_port), "--n", str(args.n), "--concurrency",
-                     str(args.concurrency)],
-                    check=True, capture_output=True, text=True,
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        name,
+                        "--redis-port",
+                        str(args.redis_port),
+                        "--n",
+                        str(args.n),
+                        "--concurrency",
+                        str(args.concurrency),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
                 )
                 results[name] = json.loads(out.stdout.strip().splitlines()[-1])
         finally:
             redis.stop()
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
-    print(f"Redis GET from the client's process, n={args.n}, concurrency={args.concurrency}, "
-          f"load {load}")
-    print(f"{'client':<18} {'seq p50 us':>10} {'seq p99 us':>10} {'seq CPU us/cmd':>15} "
-          f"{'conc cmd/s':>11} {'conc CPU us/cmd':>16} {'calls/cmd':>10}")
+    print(
+        f"Redis GET from the client's process, n={args.n}, concurrency={args.concurrency}, "
+        f"load {load}"
+    )
+    print(
+        f"{'client':<18} {'seq p50 us':>10} {'seq p99 us':>10} {'seq CPU us/cmd':>15} "
+        f"{'conc cmd/s':>11} {'conc CPU us/cmd':>16} {'calls/cmd':>10}"
+    )
     for name, r in results.items():
-        print(f"{name:<18} {r['seq_p50_us']:>10.0f} {r['seq_p99_us']:>10.0f} "
-              f"{r['seq_cpu_us']:>15.1f} {r['conc_per_s']:>11.0f} {r['conc_cpu_us']:>16.1f} "
-              f"{r['calls_per_cmd']:>10.0f}")
+        print(
+            f"{name:<18} {r['seq_p50_us']:>10.0f} {r['seq_p99_us']:>10.0f} "
+            f"{r['seq_cpu_us']:>15.1f} {r['conc_per_s']:>11.0f} {r['conc_cpu_us']:>16.1f} "
+            f"{r['calls_per_cmd']:>10.0f}"
+        )
     base = results.get("redis-py-asyncio")
     if base:
         print("ratios to redis-py-asyncio (CPU per command, seq / conc):")
         for name, r in results.items():
-            print(f"  {name:<18} {r['seq_cpu_us'] / base['seq_cpu_us']:.2f}x / "
-                  f"{r['conc_cpu_us'] / base['conc_cpu_us']:.2f}x")
+            print(
+                f"  {name:<18} {r['seq_cpu_us'] / base['seq_cpu_us']:.2f}x / "
+                f"{r['conc_cpu_us'] / base['conc_cpu_us']:.2f}x"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"load": load, "results": results}, indent=2))
     return 0

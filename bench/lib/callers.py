@@ -156,13 +156,18 @@ def last_call_timeline(lines: list[str], caller_ports: set[int], hub_ports: set[
             role = "caller" if port in caller_ports else "hub" if port in hub_ports else "other"
         words = rest.split(" ")
         rows.append((float(stamp), role, " ".join(w.strip('"') for w in words[:2])))
-    # the last call starts after the second-to-last caller command that waits for a result
+    # the last call starts after the second-to-last caller command that waits for a
+    # result; a caller that waits with no command (pub/sub: subscribed once) sends one
+    # command per call, so its last call starts at its last command
     waits = [
         i
         for i, r in enumerate(rows)
         if r[1] == "caller"
         and r[2].split(" ")[0].lower() in ("blpop", "blmpop", "brpop", "subscribe")
     ]
+    if len(waits) < 2:
+        callers = [i for i, r in enumerate(rows) if r[1] == "caller"]
+        waits = [callers[-1] - 1] * 2 if callers else []
     start = waits[-2] + 1 if len(waits) >= 2 else 0
     start = next((i for i in range(start, len(rows)) if rows[i][1] == "caller"), start)
     rows = rows[start:]

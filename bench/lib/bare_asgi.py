@@ -1,0 +1,45 @@
+"""The floor under the hub's HTTP figure: Hypercorn's trio worker serving an ASGI app that
+reads the request body and answers a fixed JSON body at once (no routing, no middleware,
+no Redis). ``bench/compare.py`` measures its CPU per request in the same run, so "HTTP
+adds N ms of hub CPU" can be read against what Hypercorn itself costs on this machine.
+
+Usage: python bench/lib/bare_asgi.py PORT
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+BODY = b'{"status":"completed","result":{}}'
+
+
+async def app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    while (await receive()).get("more_body"):
+        pass
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": BODY})
+
+
+def main() -> None:
+    config = Config()
+    config.bind = [f"127.0.0.1:{int(sys.argv[1])}"]
+    config.accesslog = None
+    trio.run(serve, app, config)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()
