@@ -29,7 +29,9 @@ command on the wire. Under trio, on a plain (not TLS) socket, a write first goes
 to the socket (non-blocking ``send``); only what the kernel does not take at once goes
 through the stream (the shielded, bounded path). That skips, per command, two cancel
 scopes and the stream's post-send scheduler pass, which is latency on the critical path
-(trio's ``send`` yields after every successful write).
+(trio's ``send`` yields after every successful write). The reader, likewise, waits for
+the socket to be readable and then reads it, without the stream's first ``recv`` that
+answers EAGAIN after every reply.
 """
 
 from __future__ import annotations
@@ -303,9 +305,13 @@ class WireConnection:
         assert self._stream is not None
         stream, parser, requests = self._stream, self._parser, self._requests
         decode, encoding = self._decode, self._encoding
+        raw = self._raw
         while True:
             try:
-                data = await stream.receive(_RECEIVE_BYTES)
+                if raw is not None:
+                    data = await _receive_direct(raw)
+                else:
+                    data = await stream.receive(_RECEIVE_BYTES)
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._terminated = True
                 return
@@ -421,6 +427,28 @@ class WireConnection:
                 yield await self._push_out.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise RedisConnectionError("Connection lost while waiting for push messages") from exc
+
+
+async def _receive_direct(sock: socket.socket) -> bytes:
+    """The next bytes on ``sock`` (under trio): wait until it is readable, then read. The
+    reader has just parsed everything it had, so waiting first saves the ``recv`` that
+    would answer EAGAIN (trio's stream reads first, then waits).
+
+    Raises:
+        anyio.EndOfStream: the peer closed the connection.
+        OSError: the socket failed.
+    """
+    import trio  # only reached under trio (``_direct_socket``)
+
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            data = sock.recv(_RECEIVE_BYTES)
+        except BlockingIOError:
+            continue
+        if not data:
+            raise anyio.EndOfStream
+        return data
 
 
 def _direct_socket(stream: anyio.abc.ByteStream) -> socket.socket | None:
