@@ -54,6 +54,9 @@ MAX_TIMEOUT_S = 24 * 3600.0
 MAX_SUBMIT_RETRIES = 4
 #: Users whose holder process one Bridge remembers (for the wake-up sent with the enqueue).
 MAX_CACHED_HOLDERS = 10_000
+#: How a job's args are written on its stream entry (compact; NaN and infinities refused,
+#: as JSON has none).
+_ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 @attrs.define(eq=False)
@@ -170,7 +173,7 @@ class Bridge(JobControl):
         if not isinstance(args, dict):
             raise BadRequest("args must be a JSON object", field="args")
         try:
-            json.dumps(args, allow_nan=False)
+            args_json = _ARGS_ENCODER.encode(args)  # once: checked here, sent below
         except (TypeError, ValueError, RecursionError):
             raise BadRequest(
                 "args must be JSON-serialisable (finite numbers, bounded nesting)", field="args"
@@ -216,6 +219,7 @@ class Bridge(JobControl):
                     idempotency_key,
                     current_traceparent(),
                     reply_to=self.waiters.mailbox,
+                    args_json=args_json,
                 ),
                 start_within_s=start_within_s,
                 state=JobState(Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox),

@@ -101,13 +101,15 @@ def job_fields(
     idempotency_key: str,
     traceparent: str | None = None,
     reply_to: str | None = None,
+    args_json: str | None = None,
 ) -> dict[str, str]:
     """The stream fields of a job without ``deadline`` and ``enqueued_at``, which the
-    substrate adds from its own clock (``enqueue(..., start_within_s=...)``)."""
+    substrate adds from its own clock (``enqueue(..., start_within_s=...)``).
+    ``args_json``: ``args`` already encoded (compact JSON), if the caller has it."""
     fields = {
         "job_id": job_id,
         "name": name,
-        "args": json.dumps(args, separators=(",", ":")),
+        "args": json.dumps(args, separators=(",", ":")) if args_json is None else args_json,
         "idempotency_key": idempotency_key,
     }
     if traceparent:

@@ -194,7 +194,7 @@ def job_served(
     if envelope is not None:
         job_id, tool = envelope.job_id, envelope.name
     tool = tool or "unknown"
-    SERVED.labels(tool, outcome).inc()
+    _served_child(tool, outcome).inc()
     if outcome == "lost":
         LOST.inc()
     elif outcome == "expired":
@@ -232,15 +232,35 @@ def substrate_error(operation: str) -> None:
     SUBSTRATE_ERRORS.labels(operation).inc()
 
 
+# The labelled children of the per-job metrics, looked up once per label set (``labels()``
+# takes a lock and builds a key on every call; these run once or twice per job). As many
+# label sets as the metrics themselves have: tools x outcomes.
+@functools.lru_cache(maxsize=4096)
+def _jobs_child(tool: str, outcome: str) -> Any:
+    return JOBS.labels(tool, outcome)
+
+
+@functools.lru_cache(maxsize=4096)
+def _job_seconds_child(tool: str) -> Any:
+    return JOB_SECONDS.labels(tool)
+
+
+@functools.lru_cache(maxsize=4096)
+def _served_child(tool: str, outcome: str) -> Any:
+    return SERVED.labels(tool, outcome)
+
+
 def job_answered(
     tool: str, outcome: str, elapsed_s: float, *, user_id: str, job_id: str | None
 ) -> None:
     """A dispatch call's answer: count it, observe its latency, and log it. The job's
     INFO line is written here only for answers no holder logged (offline, timeout,
     unavailable); a finished job's INFO line is the holder's ("job ... finished")."""
-    JOBS.labels(tool, outcome).inc()
-    JOB_SECONDS.labels(tool).observe(elapsed_s)
+    _jobs_child(tool, outcome).inc()
+    _job_seconds_child(tool).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
+    if not jobs_log.isEnabledFor(level):
+        return
     jobs_log.log(
         level,
         "job %s answered: %s (%s for %s)",

@@ -87,7 +87,7 @@ class WireRequest:
         self.raise_exceptions = raise_exceptions
         self.disconnect_on_cancellation = disconnect_on_cancellation
         self._done = False
-        self._event: anyio.Event | None = None
+        self._event: anyio.Event | Any = None
         self._value: Any = None
 
     def _resolve(self, value: Any) -> None:
@@ -105,12 +105,21 @@ class WireRequest:
             if self._conn._out:
                 await self._conn._flush()
             if not self._done:
-                self._event = anyio.Event()
-                if self.timeout_s is None:
-                    await self._event.wait()
-                else:
-                    with anyio.move_on_after(self.timeout_s):
+                if self._conn._trio is not None:  # trio's own: no anyio layer per request
+                    trio = self._conn._trio
+                    self._event = trio.Event()
+                    if self.timeout_s is None:
                         await self._event.wait()
+                    else:
+                        with trio.move_on_after(self.timeout_s):
+                            await self._event.wait()
+                else:
+                    self._event = anyio.Event()
+                    if self.timeout_s is None:
+                        await self._event.wait()
+                    else:
+                        with anyio.move_on_after(self.timeout_s):
+                            await self._event.wait()
                 if not self._done:
                     self._resolve(
                         TimeoutError(
@@ -179,6 +188,8 @@ class WireConnection:
         self._stream: anyio.abc.ByteStream | None = None
         #: The plain socket under ``_stream`` when writes may go to it directly.
         self._raw: socket.socket | None = None
+        #: The trio module when running under trio (its primitives, not anyio's wrappers).
+        self._trio: Any = None
         self._requests: deque[WireRequest] = deque()
         self._out: list[bytes] = []
         self._sending = False
@@ -220,6 +231,10 @@ class WireConnection:
                         self._stream = await self._connect()
                         await self._handshake()
                     self._raw = _direct_socket(self._stream)
+                    if sniffio.current_async_library() == "trio":
+                        import trio
+
+                        self._trio = trio
                 except OSError as exc:
                     raise RedisConnectionError(
                         f"Unable to establish a connection to {self.location}: {exc}"
