@@ -314,15 +314,32 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: Types that go to ``json.dumps`` as they are (most frame fields are strings).
+_PLAIN = frozenset({str, int, float, bool, dict, list, type(None)})
+#: Field names of each attrs class met here, in definition order (``attrs.fields``).
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _items(value: Any) -> list[tuple[str, Any]]:
+    """``attrs.asdict(value, recurse=False).items()`` without building the dict: the
+    field names are looked up once per class."""
+    cls = type(value)
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(a.name for a in attrs.fields(cls))
+    return [(name, getattr(value, name)) for name in names]
+
+
 def _to_wire(value: Any) -> Any:
     """A frame field as JSON-ready data: attrs values (ToolSpec, JobError) become objects,
     tuples of them arrays. Plain data (``args``, ``result``) is left for ``json.dumps``,
     not walked here (a deeply nested result must not recurse in Python)."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, RawJSON):
         return json.loads(value.text)
     if attrs.has(type(value)):  # a nested value's unset optional fields are left out
-        items = attrs.asdict(value, recurse=False).items()
-        return {k: _to_wire(v) for k, v in items if v is not None}
+        return {k: _to_wire(v) for k, v in _items(value) if v is not None}
     if isinstance(value, tuple):
         return [_to_wire(v) for v in value]
     return value
@@ -330,7 +347,7 @@ def _to_wire(value: Any) -> Any:
 
 def _body(frame: Frame) -> dict[str, Any]:
     body: dict[str, Any] = {}
-    for key, value in attrs.asdict(frame, recurse=False).items():
+    for key, value in _items(frame):
         if value is None and isinstance(frame, Progress | JobResult | Job | Hello):
             continue  # optional fields left out when unset
         plain = isinstance(value, RawJSON) or key in ("args", "result", "args_schema")

@@ -66,6 +66,12 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
     root.addHandler(handler)
+    # Neither format prints the caller's file and line, the thread or the multiprocessing
+    # process name: do not compute them for every record (the logging HOWTO's
+    # "Optimization" switches; the holder writes one INFO line per job).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     root.setLevel(level)
     for problem in problems:
         logging.getLogger("deskbridge.hub").warning("%s", problem)
