@@ -25,9 +25,11 @@ then reads until the connection is lost, ``invalidate()`` is called, or its task
 cancelled; every way out closes the socket *before* ``run()`` returns and fails the
 requests still waiting with coredis's ``ConnectionError``. A write is shielded from
 cancellation (at most ``write_timeout_s``), so a cancelled task never leaves half a
-command on the wire. Under trio, on a plain (not TLS) socket, a write first goes straight
-to the socket (non-blocking ``send``); only what the kernel does not take at once goes
-through the stream (the shielded, bounded path). That skips, per command, two cancel
+command on the wire. Under trio, on a plain (not TLS) socket, a write on a connection with
+at most ``_DIRECT_MAX_OUTSTANDING`` requests outstanding (sequential use: latency counts)
+first goes straight to the socket (non-blocking ``send``); only what the kernel does not
+take at once goes through the stream (the shielded, bounded path), as does every write on
+a busier connection (batching counts). That skips, per command, two cancel
 scopes and the stream's post-send scheduler pass, which is latency on the critical path
 (trio's ``send`` yields after every successful write). The reader, likewise, waits for
 the socket to be readable and then reads it, without the stream's first ``recv`` that
@@ -55,6 +57,11 @@ from coredis.parser import NotEnoughData, Parser
 
 #: Bytes asked of the socket per receive.
 _RECEIVE_BYTES = 65536
+#: Most requests outstanding (written or not) for a write to go straight to the socket.
+#: More means other tasks are using the connection: the stream's write, which yields once
+#: after sending, lets their commands join the next write (fewer, larger writes under
+#: load) instead of one send per command.
+_DIRECT_MAX_OUTSTANDING = 2
 #: Push frames (pub/sub) buffered before the reader waits for their consumer.
 _PUSH_BUFFER = 4096
 
@@ -403,7 +410,12 @@ class WireConnection:
         if self._sending:
             return
         raw = self._raw
-        if raw is not None and self._out and not self._terminated:
+        if (
+            raw is not None
+            and self._out
+            and not self._terminated
+            and len(self._requests) <= _DIRECT_MAX_OUTSTANDING
+        ):
             data = b"".join(self._out)
             self._out.clear()
             try:

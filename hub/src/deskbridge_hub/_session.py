@@ -333,6 +333,20 @@ class HubSession(SessionTimers):
 
     # -- tasks -------------------------------------------------------------------------
 
+    async def _queue(self, text: str) -> None:
+        """Hand ``text`` to the writer; wait only while the send queue is full (a peer
+        not reading). With room, no scheduler pass: the caller's next await is one. A
+        cancelled caller queues nothing (as ``send`` would).
+
+        Raises:
+            trio.ClosedResourceError, trio.BrokenResourceError: the writer is gone.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing is queued
+        try:
+            self._send.send_nowait(text)
+        except trio.WouldBlock:
+            await self._send.send(text)
+
     async def _writer(self) -> None:
         async for text in self._recv:
             await self.socket.send(text)
@@ -358,7 +372,7 @@ class HubSession(SessionTimers):
         elif isinstance(event, Ping):
             # Blocks when the send queue is full: a peer flooding pings without
             # reading stalls only its own session, and the pinger's deadline ends it.
-            await self._send.send(self._encode(Pong(nonce=event.nonce)))
+            await self._queue(self._encode(Pong(nonce=event.nonce)))
         elif isinstance(event, Pong):
             pass  # the Connection has cleared its ping's deadline
         elif isinstance(event, Sleeping) and self.sleep is not None and self._nursery:
@@ -392,7 +406,11 @@ class HubSession(SessionTimers):
         self, entry: Entry, serve: Callable[[Entry, HubSession], Awaitable[None]]
     ) -> None:
         assert self._nursery is not None
-        await self._limiter.acquire_on_behalf_of(entry.entry_id)
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing is started
+        try:  # room now (the usual case): no scheduler pass before the job is served
+            self._limiter.acquire_on_behalf_of_nowait(entry.entry_id)
+        except trio.WouldBlock:
+            await self._limiter.acquire_on_behalf_of(entry.entry_id)
         self._nursery.start_soon(self._serve_entry, entry, serve)
 
     async def _serve_entry(
@@ -418,7 +436,7 @@ class HubSession(SessionTimers):
         delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id)
         record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id, epoch)
         try:
-            await self._send.send(frame)
+            await self._queue(frame)
             self.probe()  # a job into a socket silent for a while: is anyone there?
             return await delivery.wait(record)
         finally:
@@ -439,7 +457,7 @@ class HubSession(SessionTimers):
                     job_id,
                     delivery_id,
                 )
-                await self._send.send(self._encode(Cancel(id=delivery_id)))
+                await self._queue(self._encode(Cancel(id=delivery_id)))
 
 
 async def serve_sidecar(
