@@ -31,9 +31,8 @@ first goes straight to the socket (non-blocking ``send``); only what the kernel 
 take at once goes through the stream (the shielded, bounded path), as does every write on
 a busier connection (batching counts). That skips, per command, two cancel
 scopes and the stream's post-send scheduler pass, which is latency on the critical path
-(trio's ``send`` yields after every successful write). The reader, likewise, waits for
-the socket to be readable and then reads it, without the stream's first ``recv`` that
-answers EAGAIN after every reply.
+(trio's ``send`` yields after every successful write). The reader reads the socket
+itself too (the stream's reads, without its wrappers).
 """
 
 from __future__ import annotations
@@ -457,9 +456,10 @@ class WireConnection:
 
 
 async def _receive_direct(sock: socket.socket) -> bytes:
-    """The next bytes on ``sock`` (under trio): wait until it is readable, then read. The
-    reader has just parsed everything it had, so waiting first saves the ``recv`` that
-    would answer EAGAIN (trio's stream reads first, then waits).
+    """The next bytes on ``sock`` (under trio), as trio's socket stream reads them (read;
+    if nothing is there, wait until readable and read again; after a read that did not
+    wait, one scheduler pass, so a reader with data always there cannot starve the
+    loop) without the stream's wrappers around each read.
 
     Raises:
         anyio.EndOfStream: the peer closed the connection.
@@ -467,15 +467,21 @@ async def _receive_direct(sock: socket.socket) -> bytes:
     """
     import trio  # only reached under trio (``_direct_socket``)
 
-    while True:
-        await trio.lowlevel.wait_readable(sock)
-        try:
-            data = sock.recv(_RECEIVE_BYTES)
-        except BlockingIOError:
-            continue
-        if not data:
-            raise anyio.EndOfStream
-        return data
+    try:
+        data = sock.recv(_RECEIVE_BYTES)
+    except BlockingIOError:
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                data = sock.recv(_RECEIVE_BYTES)
+                break
+            except BlockingIOError:
+                continue
+    else:
+        await trio.lowlevel.checkpoint()  # cancelled (the connection is closing): raises
+    if not data:
+        raise anyio.EndOfStream
+    return data
 
 
 def _direct_socket(stream: anyio.abc.ByteStream) -> socket.socket | None:
