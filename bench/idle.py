@@ -208,7 +208,8 @@ def main() -> int:
         "--profile",
         default="",
         metavar="FILE",
-        help="py-spy the hub during the idle window; raw stacks to FILE, summary printed",
+        help="py-spy the hub during the idle window (samples holding the GIL: CPU, not syscall "
+        "wall time); raw stacks to FILE, summary printed",
     )
     args = p.parse_known_args()[0]
     nofile = raise_nofile()
@@ -288,7 +289,7 @@ def main() -> int:
             if args.profile:
                 from bench.lib.profile import Profiler
 
-                profiler = Profiler(max(hub_pids), Path(args.profile))
+                profiler = Profiler(max(hub_pids), Path(args.profile), gil=True)
                 profiler.start()
             held_max = 0
             end = w0 + args.duration_s

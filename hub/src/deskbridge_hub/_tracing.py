@@ -27,7 +27,13 @@ def current_traceparent() -> str | None:
 @contextlib.contextmanager
 def extracted(headers: Mapping[str, Any]) -> Iterator[None]:
     """Make the trace context in ``headers`` (``traceparent``, ``tracestate``) current
-    for the block; headers without one (or a malformed one) change nothing."""
+    for the block; headers without one (or a malformed one) change nothing.
+
+    ``headers`` with lower-case names (ASGI's) and no ``traceparent`` skip the
+    propagator (most requests carry none)."""
+    if "traceparent" not in headers and "Traceparent" not in headers:
+        yield
+        return
     token = context.attach(propagate.extract(headers))
     try:
         yield
