@@ -111,21 +111,14 @@ class WireRequest:
             if self._conn._out:
                 await self._conn._flush()
             if not self._done:
-                if self._conn._trio is not None:  # trio's own: no anyio layer per request
-                    trio = self._conn._trio
-                    self._event = trio.Event()
-                    if self.timeout_s is None:
-                        await self._event.wait()
-                    else:
-                        with trio.move_on_after(self.timeout_s):
-                            await self._event.wait()
+                # under trio, trio's own primitives: no anyio layer per request
+                lib = self._conn._trio or anyio
+                self._event = lib.Event()
+                if self.timeout_s is None:
+                    await self._event.wait()
                 else:
-                    self._event = anyio.Event()
-                    if self.timeout_s is None:
+                    with lib.move_on_after(self.timeout_s):
                         await self._event.wait()
-                    else:
-                        with anyio.move_on_after(self.timeout_s):
-                            await self._event.wait()
                 if not self._done:
                     self._resolve(
                         TimeoutError(
