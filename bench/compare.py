@@ -33,7 +33,11 @@ issue-10 targets this run can judge are printed as MET / NOT MET.
 
 Usage:
   ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
-      [--redis-port 6408] [--json out.json] [--profile DIR [--profile-gil]]
+      [--redis-port 6408] [--json out.json] [--profile DIR [--profile-gil]] [--rounds N]
+
+``--rounds N`` measures every system N times, interleaved, and reports the median of each
+figure: the systems run one after another, so on a machine whose speed drifts a slow
+spell otherwise falls on one system's phase and skews its ratios.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import json
 import os
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -237,6 +242,28 @@ def hypercorn_floor(tmp: Path, calls: int) -> float:
             return (cpu_s([proc.pid]) - before) / calls * 1000
     finally:
         proc.stop(timeout_s=5)
+
+
+def median_results(runs: list[dict]) -> dict:
+    """One result from ``runs`` of the same system: the median of every number found at
+    the same place in each (the first run's value for anything else)."""
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    out: dict = {}
+    for key, value in first.items():
+        same = [run.get(key) for run in runs]
+        if isinstance(value, dict) and all(isinstance(v, dict) for v in same):
+            out[key] = median_results(same)
+        elif (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and all(isinstance(v, int | float) for v in same)
+        ):
+            out[key] = statistics.median(same)
+        else:
+            out[key] = value
+    return out
 
 
 def fmt(v: float, digits: int = 2) -> str:
@@ -437,6 +464,14 @@ def main() -> int:
     p.add_argument("--redis-port", type=int, default=6408, help="first of 3 ports")
     p.add_argument("--json", default="", help="also write every figure to this file")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every system this many times, interleaved (d, p, s, d, p, s, ...), "
+        "and report each figure's median: a slow spell of the machine then hits every "
+        "system alike (default 1)",
+    )
+    p.add_argument(
         "--profile",
         default="",
         metavar="DIR",
@@ -452,16 +487,25 @@ def main() -> int:
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
     started = time.time()
+    rounds: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
-        for i, system in enumerate(args.systems.split(",")):
-            t0 = time.time()
-            try:
-                results[system] = run_system(system, args, Path(tmp), args.redis_port + i)
-            except Exception as exc:  # noqa: BLE001 - report it, measure the others
-                failed[system] = f"{type(exc).__name__}: {exc}"[-3000:]
-                print(f"# {system}: FAILED after {time.time() - t0:.0f} s", file=sys.stderr)
-                continue
-            print(f"# {system}: measured in {time.time() - t0:.0f} s", file=sys.stderr)
+        for r in range(args.rounds):
+            for i, system in enumerate(args.systems.split(",")):
+                if system in failed:
+                    continue
+                t0 = time.time()
+                try:
+                    got = run_system(system, args, Path(tmp), args.redis_port + i)
+                except Exception as exc:  # noqa: BLE001 - report it, measure the others
+                    failed[system] = f"{type(exc).__name__}: {exc}"[-3000:]
+                    print(f"# {system}: FAILED after {time.time() - t0:.0f} s", file=sys.stderr)
+                    continue
+                rounds.setdefault(system, []).append(got)
+                print(
+                    f"# {system}: round {r + 1} measured in {time.time() - t0:.0f} s",
+                    file=sys.stderr,
+                )
+        results = {system: median_results(runs) for system, runs in rounds.items()}
         if "deskbridge" in results:
             try:
                 results["deskbridge"]["hypercorn_floor_ms"] = hypercorn_floor(Path(tmp), args.calls)
@@ -470,6 +514,7 @@ def main() -> int:
     load = os.getloadavg()
     print(
         f"compare: {args.calls} sequential calls, {args.load_s:g} s per shape, "
+        f"{args.rounds} round(s) (medians), "
         f"{args.users} desktops connected; load average {load[0]:.2f} {load[1]:.2f}, "
         f"{os.cpu_count()} CPUs; {time.time() - started:.0f} s in all"
     )
