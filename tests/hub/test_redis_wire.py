@@ -6,21 +6,26 @@ stream. Every wait bounded."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
+from pathlib import Path
 
 import anyio
 import pytest
 import trio
 from coredis.connection import TCPLocation
+from coredis.exceptions import ConnectionError as RedisConnectionError
 from deskbridge_hub._redis_wire import WireConnection
 
 from ..conftest import REDIS_URL
+from ..procs import RedisServer
 
 HOST, PORT = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
 
 
-async def _with_connection(body) -> None:  # type: ignore[no-untyped-def]
-    conn = WireConnection(TCPLocation(HOST, int(PORT)), connect_timeout=5.0)
+async def _with_connection(body, host=HOST, port=PORT, **kw) -> None:  # type: ignore[no-untyped-def]
+    conn = WireConnection(TCPLocation(host, int(port)), connect_timeout=5.0, **kw)
     async with anyio.create_task_group() as tg:
         await tg.start(conn.run)
         try:
@@ -80,3 +85,112 @@ def test_under_asyncio_writes_go_through_the_stream(backend: str) -> None:
         await _with_connection(body)
 
     anyio.run(main, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_timeout_already_over_answers_timeout_error_on_both_backends(backend: str) -> None:
+    got: list[object] = []
+
+    async def main() -> None:
+        async def body(conn: WireConnection) -> None:
+            with anyio.fail_after(10):
+                for timeout in (-0.5, 0.0, float("nan")):
+                    got.append(
+                        await conn.create_request(b"BLPOP", f"none-{secrets.token_hex(4)}", 5,
+                                                  raise_exceptions=False, timeout=timeout)
+                    )  # fmt: skip
+
+        await _with_connection(body)
+
+    anyio.run(main, backend=backend)
+    assert [type(g) for g in got] == [TimeoutError] * 3, got
+
+
+async def test_a_connection_killed_under_a_waiting_request_fails_it() -> None:
+    async def body(conn: WireConnection) -> None:
+        with trio.fail_after(10):
+            my_id = await conn.create_request(b"CLIENT ID")
+            waiting = conn.create_request(b"BLPOP", f"none-{secrets.token_hex(4)}", 0)
+
+            async def kill() -> None:
+                await trio.sleep(0.2)
+                other = WireConnection(TCPLocation(HOST, int(PORT)), connect_timeout=5.0)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(other.run)
+                    await other.create_request(b"CLIENT KILL", b"ID", my_id)
+                    other.invalidate()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(kill)
+                with pytest.raises(RedisConnectionError):
+                    await waiting
+            assert not conn.usable
+
+    await _with_connection(body)
+
+
+async def test_a_cancelled_large_write_still_arrives_whole_and_in_order() -> None:
+    key = f"test-wire-{secrets.token_hex(4)}"
+    big = secrets.token_hex(8 * 1024 * 1024)
+
+    async def body(conn: WireConnection) -> None:
+        with trio.fail_after(30):
+            with trio.CancelScope() as scope:
+                large = conn.create_request(b"SET", key, big)
+                scope.cancel()  # the awaiting task is cancelled as it writes
+                await large
+            assert await conn.create_request(b"SET", key + ":b", "small") == "OK"
+            assert await conn.create_request(b"GET", key + ":b") == "small"
+            assert await conn.create_request(b"STRLEN", key) == len(big)
+            await conn.create_request(b"DEL", key, key + ":b")
+
+    await _with_connection(body)
+
+
+async def test_the_reader_lets_other_tasks_run_during_a_large_reply() -> None:
+    key = f"test-wire-{secrets.token_hex(4)}"
+    big = "y" * (32 * 1024 * 1024)
+    ticks = 0
+
+    async def body(conn: WireConnection) -> None:
+        nonlocal ticks
+        with trio.fail_after(30):
+            await conn.create_request(b"SET", key, big)
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await trio.lowlevel.checkpoint()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ticker)
+                assert len(await conn.create_request(b"GET", key)) == len(big)
+                nursery.cancel_scope.cancel()
+            await conn.create_request(b"DEL", key)
+        assert ticks > 10, ticks
+
+    await _with_connection(body)
+
+
+async def test_a_write_to_a_stalled_redis_is_bounded_and_closes_the_connection(
+    tmp_path: Path,
+) -> None:
+    redis = RedisServer(tmp_path)
+    redis.wait_ready()
+    big = secrets.token_hex(16 * 1024 * 1024)  # more than the kernel takes at once
+
+    async def body(conn: WireConnection) -> None:
+        os.kill(redis.pid, signal.SIGSTOP)
+        try:
+            with trio.fail_after(15):
+                got = await conn.create_request(b"SET", "k", big, raise_exceptions=False)
+            assert isinstance(got, RedisConnectionError), got
+            assert not conn.usable
+        finally:
+            os.kill(redis.pid, signal.SIGCONT)
+
+    try:
+        await _with_connection(body, host="127.0.0.1", port=redis.port, write_timeout_s=1.0)
+    finally:
+        redis.stop()

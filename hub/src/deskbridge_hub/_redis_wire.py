@@ -117,7 +117,10 @@ class WireRequest:
                 if self.timeout_s is None:
                     await self._event.wait()
                 else:
-                    with lib.move_on_after(self.timeout_s):
+                    # a timeout already over (<= 0, NaN) answers TimeoutError at once, as
+                    # anyio's does (trio's refuses a negative one)
+                    over = not self.timeout_s > 0
+                    with lib.move_on_after(0 if over else self.timeout_s):
                         await self._event.wait()
                 if not self._done:
                     self._resolve(
