@@ -1,7 +1,9 @@
-"""The floor under the hub's HTTP figure: Hypercorn's trio worker serving an ASGI app that
-reads the request body and answers a fixed JSON body at once (no routing, no middleware,
-no Redis). ``bench/compare.py`` measures its CPU per request in the same run, so "HTTP
-adds N ms of hub CPU" can be read against what Hypercorn itself costs on this machine.
+"""The floors under the hub's figures: Hypercorn's trio worker serving an ASGI app that
+reads an HTTP request's body and answers a fixed JSON body at once, and echoes every
+WebSocket text message back (no routing, no middleware, no Redis). ``bench/compare.py``
+measures its CPU per HTTP request and per WebSocket round trip in the same run, so "HTTP
+adds N ms of hub CPU" and the hub's CPU per call (one job frame out, one result frame in)
+can be read against what Hypercorn itself costs on this machine.
 
 Usage: python bench/lib/bare_asgi.py PORT
 """
@@ -19,6 +21,15 @@ BODY = b'{"status":"completed","result":{}}'
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "websocket":  # accept, then echo every text message back
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.connect":
+                await send({"type": "websocket.accept"})
+            elif message["type"] == "websocket.receive":
+                await send({"type": "websocket.send", "text": message.get("text") or ""})
+            else:
+                return
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
