@@ -194,7 +194,7 @@ def job_served(
     if envelope is not None:
         job_id, tool = envelope.job_id, envelope.name
     tool = tool or "unknown"
-    _served_child(tool, outcome).inc()
+    _child(SERVED, tool, outcome).inc()
     if outcome == "lost":
         LOST.inc()
     elif outcome == "expired":
@@ -232,22 +232,12 @@ def substrate_error(operation: str) -> None:
     SUBSTRATE_ERRORS.labels(operation).inc()
 
 
-# The labelled children of the per-job metrics, looked up once per label set (``labels()``
-# takes a lock and builds a key on every call; these run once or twice per job). As many
-# label sets as the metrics themselves have: tools x outcomes.
 @functools.lru_cache(maxsize=4096)
-def _jobs_child(tool: str, outcome: str) -> Any:
-    return JOBS.labels(tool, outcome)
-
-
-@functools.lru_cache(maxsize=4096)
-def _job_seconds_child(tool: str) -> Any:
-    return JOB_SECONDS.labels(tool)
-
-
-@functools.lru_cache(maxsize=4096)
-def _served_child(tool: str, outcome: str) -> Any:
-    return SERVED.labels(tool, outcome)
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, looked up once per label set (``labels()`` takes a lock
+    and builds a key on every call; the per-job metrics use it once or twice per job). As
+    many entries as the metrics themselves have children: tools x outcomes."""
+    return metric.labels(*labels)
 
 
 def job_answered(
@@ -256,8 +246,8 @@ def job_answered(
     """A dispatch call's answer: count it, observe its latency, and log it. The job's
     INFO line is written here only for answers no holder logged (offline, timeout,
     unavailable); a finished job's INFO line is the holder's ("job ... finished")."""
-    _jobs_child(tool, outcome).inc()
-    _job_seconds_child(tool).observe(elapsed_s)
+    _child(JOBS, tool, outcome).inc()
+    _child(JOB_SECONDS, tool).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
     if not jobs_log.isEnabledFor(level):
         return

@@ -46,6 +46,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import sniffio
+import trio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from coredis._packer import Packer
 from coredis.connection import TCPLocation, UnixDomainSocketLocation
@@ -112,7 +113,7 @@ class WireRequest:
                 await self._conn._flush()
             if not self._done:
                 # under trio, trio's own primitives: no anyio layer per request
-                lib = self._conn._trio or anyio
+                lib: Any = trio if self._conn._on_trio else anyio
                 self._event = lib.Event()
                 if self.timeout_s is None:
                     await self._event.wait()
@@ -190,8 +191,8 @@ class WireConnection:
         self._stream: anyio.abc.ByteStream | None = None
         #: The plain socket under ``_stream`` when writes may go to it directly.
         self._raw: socket.socket | None = None
-        #: The trio module when running under trio (its primitives, not anyio's wrappers).
-        self._trio: Any = None
+        #: Running under trio (its primitives, not anyio's wrappers, per request).
+        self._on_trio = False
         self._requests: deque[WireRequest] = deque()
         self._out: list[bytes] = []
         self._sending = False
@@ -232,11 +233,8 @@ class WireConnection:
                     with anyio.fail_after(self._connect_timeout):
                         self._stream = await self._connect()
                         await self._handshake()
-                    self._raw = _direct_socket(self._stream)
-                    if sniffio.current_async_library() == "trio":
-                        import trio
-
-                        self._trio = trio
+                    self._on_trio = sniffio.current_async_library() == "trio"
+                    self._raw = _direct_socket(self._stream) if self._on_trio else None
                 except OSError as exc:
                     raise RedisConnectionError(
                         f"Unable to establish a connection to {self.location}: {exc}"
@@ -452,7 +450,7 @@ class WireConnection:
 
 
 async def _receive_direct(sock: socket.socket) -> bytes:
-    """The next bytes on ``sock`` (under trio), as trio's socket stream reads them (read;
+    """The next bytes on ``sock`` (only under trio), as trio's socket stream reads them (read;
     if nothing is there, wait until readable and read again; after a read that did not
     wait, one scheduler pass, so a reader with data always there cannot starve the
     loop) without the stream's wrappers around each read.
@@ -461,8 +459,6 @@ async def _receive_direct(sock: socket.socket) -> bytes:
         anyio.EndOfStream: the peer closed the connection.
         OSError: the socket failed.
     """
-    import trio  # only reached under trio (``_direct_socket``)
-
     try:
         data = sock.recv(_RECEIVE_BYTES)
     except BlockingIOError:
@@ -481,11 +477,10 @@ async def _receive_direct(sock: socket.socket) -> bytes:
 
 
 def _direct_socket(stream: anyio.abc.ByteStream) -> socket.socket | None:
-    """The socket a write may go to directly: under trio, for a plain TCP or Unix socket
-    stream (not TLS, whose stream encrypts; not asyncio, whose transport buffers)."""
-    if sniffio.current_async_library() != "trio" or not isinstance(
-        stream, anyio.abc.SocketStream
-    ):
+    """The socket a write may go to directly (the caller runs under trio; not asyncio,
+    whose transport buffers): a plain TCP or Unix socket stream's, not TLS (whose stream
+    encrypts)."""
+    if not isinstance(stream, anyio.abc.SocketStream):
         return None
     raw: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
     return raw

@@ -29,9 +29,10 @@ def extracted(headers: Mapping[str, Any]) -> Iterator[None]:
     """Make the trace context in ``headers`` (``traceparent``, ``tracestate``) current
     for the block; headers without one (or a malformed one) change nothing.
 
-    ``headers`` with lower-case names (ASGI's) and no ``traceparent`` skip the
-    propagator (most requests carry none)."""
-    if "traceparent" not in headers and "Traceparent" not in headers:
+    Headers without ``traceparent`` (looked up as the mapping looks names up: ASGI's
+    are lower-case, Werkzeug's ignore case) skip the propagator (most requests carry
+    none)."""
+    if "traceparent" not in headers:
         yield
         return
     token = context.attach(propagate.extract(headers))
