@@ -113,10 +113,13 @@ async def test_a_connection_killed_under_a_waiting_request_fails_it() -> None:
             waiting = conn.create_request(b"BLPOP", f"none-{secrets.token_hex(4)}", 0)
 
             async def kill() -> None:
-                await trio.sleep(0.2)
                 other = WireConnection(TCPLocation(HOST, int(PORT)), connect_timeout=5.0)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(other.run)
+                    # once Redis has the BLPOP blocked (bounded polling, not a guess)
+                    listing = (b"CLIENT", b"LIST", b"ID", my_id)
+                    while "cmd=blpop" not in await other.create_request(*listing):  # noqa: ASYNC110 - polling Redis' own view
+                        await trio.sleep(0.01)
                     await other.create_request(b"CLIENT KILL", b"ID", my_id)
                     other.invalidate()
 
