@@ -62,7 +62,10 @@ from tests.procs import (  # noqa: E402
 )
 
 
-def start_swarm(tmp: Path, ws: str, prefix: str, n: int, concurrency: int) -> tuple[Proc, Path]:
+def start_swarm(
+    tmp: Path, ws: str, prefix: str, n: int, concurrency: int, *, own_pings: bool = True
+) -> tuple[Proc, Path]:
+    """N fake desktops (``bench/lib/desktop.py``) pinging as the real sidecar does."""
     status = tmp / f"swarm-{prefix}.json"
     proc = Proc(
         [
@@ -82,6 +85,7 @@ def start_swarm(tmp: Path, ws: str, prefix: str, n: int, concurrency: int) -> tu
             str(concurrency),
             "--reconnect-s",
             "5",
+            *(["--own-pings"] if own_pings else []),
         ],
         {"PYTHONPATH": str(ROOT)},
         tmp / f"swarm-{prefix}.log",
@@ -332,6 +336,20 @@ def main() -> int:
                 * (swarm1.get("cpu_s", 0) - swarm0.get("cpu_s", 0))
                 / max(1e-9, swarm1.get("t", 0) - swarm0.get("t", 0)),
                 "welcomed_now": swarm1.get("welcomed", 0),
+                # per desktop per minute: the swarm's own pings (answered by the hub)
+                # and the hub's pings (answered by the swarm); a real sidecar is never
+                # pinged by the hub once it has pinged itself
+                "own_pings_per_desktop_min": (
+                    swarm1.get("own_pings", 0) - swarm0.get("own_pings", 0)
+                )
+                / max(1, args.n)
+                / elapsed
+                * 60,
+                "hub_pings_per_desktop_min": (swarm1.get("pings", 0) - swarm0.get("pings", 0))
+                / max(1, args.n)
+                / elapsed
+                * 60,
+                "pong_timeouts": swarm1.get("pong_timeouts", 0) - swarm0.get("pong_timeouts", 0),
             }
             out["hub_rss_mib"] = rss_bytes(hub_pids) / 2**20
             out["hub_rss_per_conn_kib"] = (
@@ -394,6 +412,12 @@ def report(out: dict, args: argparse.Namespace) -> None:
         (
             "swarm sockets closed / re-welcomed",
             f"{idle['swarm_closes']} / {idle['swarm_welcomes']}",
+        ),
+        (
+            "pings per desktop-minute: own / hub's",
+            f"{idle.get('own_pings_per_desktop_min', 0):.2f} / "
+            f"{idle.get('hub_pings_per_desktop_min', 0):.2f} "
+            f"({idle.get('pong_timeouts', 0)} pong timeouts)",
         ),
         ("hub CPU % of one core", f"{idle['hub_cpu_pct']:.1f}"),
         ("hub RSS MiB before / with N", f"{out['hub_rss0_mib']:.1f} / {out['hub_rss_mib']:.1f}"),

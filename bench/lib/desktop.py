@@ -2,26 +2,32 @@
 
 Each one speaks the real v1 wire protocol (docs/protocol.md) over its own WebSocket:
 ``hello`` with one ``echo`` tool, then it answers ``job`` with a ``job_result`` that
-returns the args, and ``ping`` with ``pong``. It sends nothing else (no pings of its own,
-no status), keeps no dedupe ledger and runs no tools: it is the cheapest thing that a
-hub must treat as a connected desktop. The same process serves every system compared
-(deskbridge's hub and the peers in this folder speak the same frames).
+returns the args, and ``ping`` with ``pong``. With ``--own-pings`` each one also pings as
+the real sidecar does (every welcome's ``ping_interval_s`` after its last pong; no pong
+within ``ping_timeout_s`` drops the socket): ``bench/idle.py`` uses it, so the idle figures
+are those of a real population. It sends nothing else (no status), keeps no dedupe
+ledger and runs no tools: it is the cheapest thing that a hub must treat as a connected
+desktop. The same process serves every system compared (deskbridge's hub and the peers in
+this folder speak the same frames; the peers do not answer pings, so ``compare.py`` runs
+without ``--own-pings``).
 
 Runs until killed; every second it rewrites ``--status-file`` with counters (JSON):
 ``connected`` (sockets open now), ``welcomed`` (sockets past welcome now),
-``welcomes`` (total), ``closes`` (total sockets that ended), ``jobs``, ``pings``,
+``welcomes`` (total), ``closes`` (total sockets that ended), ``jobs``, ``pings`` (the
+hub's, answered), ``own_pings`` (sent), ``pong_timeouts``,
 ``failures`` (connect attempts that failed), ``failure_kinds`` (why: exception name
 plus HTTP status or close code), ``cpu_s`` (this process).
 
 Usage (started by compare.py / idle.py):
   python bench/lib/desktop.py --url ws://127.0.0.1:PORT --prefix u --count N \
-      --secret S --status-file F [--connect-concurrency 64] [--reconnect-s 0.5]
+      --secret S --status-file F [--connect-concurrency 64] [--reconnect-s 0.5] [--own-pings]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -30,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 HELLO = json.dumps(
@@ -52,7 +58,18 @@ HELLO = json.dumps(
 #: Why connection attempts failed before welcome: exception name + HTTP status / close code.
 FAILURE_KINDS: dict[str, int] = {}
 COUNTERS = dict.fromkeys(
-    ("connected", "welcomed", "welcomes", "closes", "jobs", "pings", "failures"), 0
+    (
+        "connected",
+        "welcomed",
+        "welcomes",
+        "closes",
+        "jobs",
+        "pings",
+        "own_pings",
+        "pong_timeouts",
+        "failures",
+    ),
+    0,
 )
 
 
@@ -64,10 +81,33 @@ def raise_nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-async def desktop(url: str, token: str, reconnect_s: float, gate: asyncio.Semaphore) -> None:
+async def pinger(ws: ClientConnection, welcome: dict, pongs: dict[str, asyncio.Event]) -> None:
+    """Ping as the real sidecar does (``deskbridge_sidecar._session``): sleep an interval,
+    ping, wait for the pong (at most the timeout, else drop the socket), again."""
+    interval_s, timeout_s = float(welcome["ping_interval_s"]), float(welcome["ping_timeout_s"])
+    for n in itertools.count():
+        await asyncio.sleep(interval_s)
+        nonce = f"s{n}"
+        answered = pongs[nonce] = asyncio.Event()
+        COUNTERS["own_pings"] += 1
+        await ws.send(json.dumps({"type": "ping", "nonce": nonce}))
+        try:
+            await asyncio.wait_for(answered.wait(), timeout_s)
+        except TimeoutError:
+            COUNTERS["pong_timeouts"] += 1
+            await ws.close()
+            return
+        finally:
+            pongs.pop(nonce, None)
+
+
+async def desktop(
+    url: str, token: str, reconnect_s: float, gate: asyncio.Semaphore, own_pings: bool
+) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     while True:
         welcomed = False
+        pinging: asyncio.Task[None] | None = None
         try:
             async with gate:
                 ws = await connect(
@@ -88,6 +128,9 @@ async def desktop(url: str, token: str, reconnect_s: float, gate: asyncio.Semaph
                 welcomed = True
                 COUNTERS["welcomed"] += 1
                 COUNTERS["welcomes"] += 1
+                pongs: dict[str, asyncio.Event] = {}
+                if own_pings:
+                    pinging = asyncio.create_task(pinger(ws, first, pongs))
                 async for raw in ws:
                     frame = json.loads(raw)
                     kind = frame.get("type")
@@ -106,7 +149,13 @@ async def desktop(url: str, token: str, reconnect_s: float, gate: asyncio.Semaph
                     elif kind == "ping":
                         COUNTERS["pings"] += 1
                         await ws.send(json.dumps({"type": "pong", "nonce": frame["nonce"]}))
+                    elif kind == "pong":
+                        answered = pongs.get(frame.get("nonce", ""))
+                        if answered is not None:
+                            answered.set()
             finally:
+                if pinging is not None:
+                    pinging.cancel()
                 COUNTERS["connected"] -= 1
                 if welcomed:
                     COUNTERS["welcomed"] -= 1
@@ -146,7 +195,9 @@ async def main(args: argparse.Namespace) -> None:
     tasks = [asyncio.create_task(report(args.status_file))]
     for i in range(args.count):
         token = issue_token(args.secret, f"{args.prefix}{i:05d}", lifetime_s=24 * 3600)
-        tasks.append(asyncio.create_task(desktop(args.url, token, args.reconnect_s, gate)))
+        tasks.append(
+            asyncio.create_task(desktop(args.url, token, args.reconnect_s, gate, args.own_pings))
+        )
     await asyncio.gather(*tasks)
 
 
@@ -159,6 +210,7 @@ if __name__ == "__main__":
     p.add_argument("--status-file", required=True)
     p.add_argument("--connect-concurrency", type=int, default=64)
     p.add_argument("--reconnect-s", type=float, default=0.5)
+    p.add_argument("--own-pings", action="store_true", help="ping as the real sidecar does")
     a = p.parse_args()
     raise_nofile()
     try:

@@ -49,22 +49,52 @@ class Peer:
 
 
 async def test_a_sidecar_that_pings_every_interval_is_never_pinged_by_the_hub(autojump_clock):
+    """The real sidecar pings an interval after its last pong, so its pings arrive an
+    interval *plus a round trip* apart: the hub must not read that round trip as silence
+    (it did: every idle desktop was pinged both ways, four frames an interval)."""
     state = make_state()
-    interval = state.timings.ping_interval_s
+    t = state.timings
     async with trio.open_nursery() as nursery:
         peer, _ = await connect(nursery, state)
         side = Peer(peer)
         nursery.start_soon(side.run)
-        await side.ping_every(interval * 0.9, 10)  # a sidecar whose clock runs a bit fast
+        for period_s in (t.ping_interval_s * 0.9, t.ping_interval_s + 0.2, t.ping_interval_s + 5):
+            await side.ping_every(period_s, 5)  # fast clock, a round trip, a slow link
         await trio.testing.wait_all_tasks_blocked()
         pongs = [f for _, f in side.frames if isinstance(f, Pong)]
-        assert len(pongs) == 10  # every sidecar ping answered
+        assert len(pongs) == 15  # every sidecar ping answered
         assert side.hub_pings() == []  # and none of the hub's own
         assert not peer.closed.is_set()
-        # once the sidecar falls silent, the hub pings after one interval of silence
+        # once a sidecar that pings falls silent, the hub does not ping it: the session
+        # ends after an interval and a timeout of silence (the window of an unanswered
+        # ping of the hub's), with 4002
         silent_from = trio.current_time()
-        await trio.sleep(interval + 1)
-        assert [round(at - silent_from, 3) for at in side.hub_pings()] == [interval]
+        with trio.fail_after(t.ping_interval_s + t.ping_timeout_s + 1):
+            await peer.closed.wait()
+        assert trio.current_time() - silent_from == t.ping_interval_s + t.ping_timeout_s
+        assert peer.close_code == CLOSE_PING_TIMEOUT
+        assert side.hub_pings() == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_never_pings_is_pinged_after_an_interval_of_silence(autojump_clock):
+    """The first time half a ping timeout later (a sidecar's first ping, due an interval
+    after its welcome arrived, must not cross the hub's), then every interval."""
+    state = make_state()
+    t = state.timings
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        side = Peer(peer)
+        nursery.start_soon(side.run)
+        start = trio.current_time()
+        first_s = t.ping_interval_s + t.ping_timeout_s / 2
+        await trio.sleep(first_s + 2 * t.ping_interval_s + 1)
+        assert [round(at - start, 3) for at in side.hub_pings()] == [
+            first_s,
+            first_s + t.ping_interval_s,
+            first_s + 2 * t.ping_interval_s,
+        ]
+        assert not peer.closed.is_set()  # answered
         nursery.cancel_scope.cancel()
 
 

@@ -63,3 +63,16 @@ async def test_presence_clears_when_the_sidecar_goes_away_and_returns_with_it(au
         assert (await pair.bridge.presence("u1")).online
         echo = await pair.bridge.dispatch("u1", "echo", {"back": True})
         assert echo.status == "completed" and echo.result == {"back": True}
+
+
+async def test_an_idle_real_sidecar_is_never_pinged_by_the_hub(autojump_clock):
+    """Two frames an interval per idle desktop, not four: the real sidecar pings an
+    interval after its last pong, and the hub takes those pings as proof of life
+    instead of pinging back (it did, every interval: issue 10's idle cost)."""
+    async with sidecar_pair() as pair:
+        t = pair.state.timings
+        await trio.sleep(10 * t.ping_interval_s + 1)
+        (session,) = pair.state.sessions.values()
+        assert session._pings_sent == 0
+        assert session._peer_pings
+        assert pair.daemon.statistics().sessions_started == 1  # and the session stands

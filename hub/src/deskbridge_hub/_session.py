@@ -115,6 +115,7 @@ class HubSession(SessionTimers):
     _heard_s: float = 0.0  # when the sidecar's last message arrived (trio clock)
     _probing: bool = False
     _pings_sent: int = 0
+    _peer_pings: bool = False  # the sidecar pings on its own (``_session_timers``)
     _timed_out: EndSession | None = None
     _time_is_up: trio.Event = attrs.field(factory=trio.Event)
     _done: bool = False
@@ -160,7 +161,9 @@ class HubSession(SessionTimers):
                 nursery.start_soon(self._watch_timers)
                 self._heard_s = trio.current_time()
                 self._next_ping_s = self._heard_s + self.state.timings.ping_interval_s
-                self.state.pacer.add(self, self._next_ping_s)
+                # visited now: ``pace`` plans from the ping *and* the token's expiry (a
+                # first visit at the ping closed a 3 s token 30 s late)
+                self.state.pacer.add(self, self._heard_s)
                 # Reading this user's stream is the process reader's (``_reader``).
                 self._listener = Listener(
                     self.user_id, self.session_id, presence.catalogue,
@@ -370,6 +373,7 @@ class HubSession(SessionTimers):
                 if self.on_progress is not None:
                     self.on_progress(delivery.job_id, event)
         elif isinstance(event, Ping):
+            self._peer_pings = True  # its pings keep it alive: the hub stops pinging it
             # Blocks when the send queue is full: a peer flooding pings without
             # reading stalls only its own session, and the pinger's deadline ends it.
             await self._queue(self._encode(Pong(nonce=event.nonce)))

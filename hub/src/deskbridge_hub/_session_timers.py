@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
-from deskbridge_common import CLOSE_TOKEN_EXPIRED, Connection, Frame, Ping, RemoteProtocolError
+from deskbridge_common import (
+    CLOSE_PING_TIMEOUT,
+    CLOSE_TOKEN_EXPIRED,
+    Connection,
+    Frame,
+    Ping,
+    RemoteProtocolError,
+)
 
 from ._errors import EndSession
 
@@ -35,6 +42,7 @@ class SessionTimers:
     _heard_s: float
     _probing: bool
     _pings_sent: int
+    _peer_pings: bool
     _timed_out: EndSession | None
     _time_is_up: trio.Event
     _done: bool
@@ -45,13 +53,23 @@ class SessionTimers:
     def pace(self, now_s: float) -> float | None:
         """The pacer's visit: end the session if its pong is late (4002) or its token
         expired (4003; the wall clock is checked at most every ``heartbeat_s``, so a
-        wall-clock jump is noticed too); queue a ping once the socket has been silent
-        for ``ping_interval_s`` (nothing received from the sidecar, whose own pings
-        count: a sidecar that pings keeps the hub from pinging it too), or at once when
-        :meth:`probe` asked, while none is outstanding. The Connection starts a ping's
-        deadline (``ping_timeout_s``) when it is queued: a peer that stops reading fills
-        the send queue (the ping is then dropped) and is timed out all the same. Never
-        blocks, never raises.
+        wall-clock jump is noticed too). A sidecar that has pinged on its own
+        (``_peer_pings``) is never pinged on a schedule: its pings prove it alive, and
+        the session ends (4002) once nothing has come from it for ``ping_interval_s +
+        ping_timeout_s``, the same window as an unanswered ping of the hub's. A peer
+        that has not pinged gets a ping once the socket has been silent for
+        ``ping_interval_s`` (the first one half of ``ping_timeout_s`` later, so that a
+        sidecar's first ping, due an interval after its welcome, arrives first). Either
+        way a ping goes out at once when :meth:`probe` asked, while none is outstanding.
+        The Connection starts a ping's deadline (``ping_timeout_s``) when it is queued: a
+        peer that stops reading fills the send queue (the ping is then dropped) and is
+        timed out all the same. Never blocks, never raises.
+
+        Why not "ping after ``ping_interval_s`` of silence" for every peer: a real
+        sidecar pings every ``ping_interval_s`` *after its last pong*, so its pings
+        arrive an interval plus a round trip apart, and the hub's silence check always
+        fell that round trip earlier: every idle desktop was pinged both ways, four
+        frames an interval where two prove the same.
 
         Args:
             now_s: the trio clock now.
@@ -75,10 +93,22 @@ class SessionTimers:
                 self._end_now(EndSession(CLOSE_TOKEN_EXPIRED, "token expired; issue a new one"))
                 return None
             visit.append(now_s + min(left, t.heartbeat_s))
-        if not self._conn.pending_pings:
+        if self._peer_pings and not self._probing:
+            # its own pings keep it: only silence past an interval and a timeout ends it
+            silent_until_s = self._heard_s + t.ping_interval_s + t.ping_timeout_s
+            if now_s >= silent_until_s and not self._conn.pending_pings:
+                waited = t.ping_interval_s + t.ping_timeout_s
+                why = f"nothing from the sidecar (its pings stopped) for {waited:g} s"
+                self._end_now(EndSession(CLOSE_PING_TIMEOUT, why))
+                return None
+            visit.append(silent_until_s)
+        elif not self._conn.pending_pings:
             due_s = self._next_ping_s
             if not self._probing:
-                due_s = max(due_s, self._heard_s + t.ping_interval_s)
+                # the first ping waits half a timeout longer: a sidecar's first ping comes
+                # an interval after its welcome arrived, after the hub's count started
+                grace_s = t.ping_timeout_s / 2 if self._pings_sent == 0 else 0.0
+                due_s = max(due_s, self._heard_s + t.ping_interval_s + grace_s)
             if now_s >= due_s:
                 self._pings_sent += 1
                 self._probing = False
