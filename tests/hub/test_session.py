@@ -386,6 +386,35 @@ async def test_newest_session_wins_and_the_older_finishes_its_job_first(autojump
         nursery.cancel_scope.cancel()
 
 
+async def test_a_newer_session_on_another_process_supersedes_the_older_at_once(autojump_clock):
+    """Newest wins on every process at once, not at the older one's next heartbeat: the
+    newer session's handshake pushes a notice onto the older one's process wake list.
+    (Before, with two hub workers, a newer sidecar that left within the heartbeat
+    cleared presence, the connected older one read offline until its heartbeat put it
+    back, and it was never told it had been replaced.)"""
+    from deskbridge_common import CLOSE_SUPERSEDED
+
+    first = make_state()
+    second = HubState(
+        substrate=first.substrate, timings=first.timings, consumer="hub-2", wall_clock=wall
+    )
+    bridge = Bridge(first.substrate, first.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        old, _ = await connect(nursery, first)
+        nursery.start_soon(answer_jobs, old, [])
+        await trio.sleep(1)
+        new, welcome = await connect(nursery, second)
+        taken = trio.current_time()
+        with trio.fail_after(first.timings.heartbeat_s):
+            await old.closed.wait()
+        assert old.close_code == CLOSE_SUPERSEDED
+        assert trio.current_time() - taken < 1.0  # at once, not at the next heartbeat
+        await new.disconnect()  # the newer sidecar leaves too: nobody is connected
+        await trio.sleep(2 * first.timings.heartbeat_s)
+        assert not (await bridge.presence("u1")).online  # and nobody says so
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_newer_session_refused_for_redis_down_does_not_supersede_the_older(
     autojump_clock,
 ):

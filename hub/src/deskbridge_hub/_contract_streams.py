@@ -13,7 +13,7 @@ import trio.testing
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
 from ._contract_caller import _submission
 from ._jobstate import JobState, Stage
-from ._substrate import Beat, Claimed, Entry, Pushed, Submission, jobs_key
+from ._substrate import Beat, Claimed, Entry, Pushed, Submission, Superseded, jobs_key
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -306,7 +306,7 @@ async def check_a_wake_wakes_a_blocked_waiter_and_a_cancelled_wait_pops_nothing(
 ) -> None:
     s, holder = h.substrate, f"holder-{h.user()}"
     h.on_user(holder)
-    got: list[list[str | Pushed]] = []
+    got: list[list[str | Pushed | Superseded]] = []
 
     async def waiter() -> None:
         got.append(await s.wait_wakes(holder, timeout_s=10, count=10))
@@ -323,6 +323,31 @@ async def check_a_wake_wakes_a_blocked_waiter_and_a_cancelled_wait_pops_nothing(
             nursery.cancel_scope.cancel()
         await s.wake(holder, "u2", ttl_s=30)
         assert await s.wait_wakes(holder, timeout_s=1, count=10) == ["u2"]
+
+
+@check
+async def check_a_supersede_notice_is_popped_in_push_order_with_the_wakes(
+    h: SubstrateHarness,
+) -> None:
+    s, holder = h.substrate, f"holder-{h.user()}"
+    h.on_user(holder)
+    await s.wake(holder, "u1", ttl_s=30)
+    await s.notify_superseded(holder, "u1", "h1.s1", ttl_s=30)
+    await s.wake(holder, "u2", ttl_s=30)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1, count=10) == [
+            "u1",
+            Superseded("u1", "h1.s1"),
+            "u2",
+        ]
+
+
+@check
+async def check_set_presence_returns_the_session_it_replaced(h: SubstrateHarness) -> None:
+    s, user = h.substrate, h.user()
+    assert await s.set_presence(user, "h1.s1", 30) is None
+    assert await s.set_presence(user, "h2.s2", 30) == "h1.s1"
+    assert await s.get_presence(user) == "h2.s2"
 
 
 @check
@@ -558,4 +583,3 @@ async def check_submit_to_a_holder_whose_liveness_is_gone_writes_nothing(
     assert (got.verdict, got.holder_alive) == ("queued", True)
     with trio.fail_after(3):
         assert await s.wait_wakes(holder, timeout_s=1.0, count=10) == [user]
-

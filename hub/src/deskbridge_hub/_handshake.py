@@ -92,7 +92,8 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         for other in older:
             # Only once presence names this session: a newer sidecar refused with 1013
             # (Redis down) must not close the working one with 4001, which makes it stop
-            # for good. Same process: at once; other processes: their next heartbeat.
+            # for good. Same process: at once; other processes: at once too, by the notice
+            # ``PresenceKeeper.announce`` pushes onto their wake list.
             other.supersede(local=True)
             # The same daemon is back on this socket: its older socket is dead (a daemon
             # holds one session at a time; a half-open cut sent no FIN). End it now,

@@ -20,6 +20,7 @@ from ._substrate import (
     Pushed,
     Submission,
     Submitted,
+    Superseded,
     idem_key,
     owner_key,
     presence_key,
@@ -38,10 +39,10 @@ class _ResultList:
 
 @attrs.define(eq=False)
 class _WakeList:
-    """A holder process's wake list (``bridge:wake:{holder}``): user ids and pushed
-    entries."""
+    """A holder process's wake list (``bridge:wake:{holder}``): user ids, pushed
+    entries and supersede notices."""
 
-    items: deque[str | Pushed]
+    items: deque[str | Pushed | Superseded]
     expires_at: float
 
 
@@ -193,7 +194,9 @@ class MemoryCallerCommands:
     ) -> Marked:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
-    def _wake_now(self, holder_id: str, item: str | Pushed, now: float, ttl_s: float) -> None:
+    def _wake_now(
+        self, holder_id: str, item: str | Pushed | Superseded, now: float, ttl_s: float
+    ) -> None:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     def _enqueue_now(self, user_id: str, sub: Submission) -> str:

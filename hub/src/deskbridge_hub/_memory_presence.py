@@ -13,13 +13,21 @@ import attrs
 
 from ._memory_caller import _WakeList
 from ._memory_streams import StreamID, _deadline, _Stream
-from ._substrate import Beat, BeatReply, Pushed, presence_key, proc_key, tools_key
+from ._substrate import (
+    Beat,
+    BeatReply,
+    Pushed,
+    Superseded,
+    presence_key,
+    proc_key,
+    tools_key,
+)
 
 
-def _received(item: str | Pushed) -> str | Pushed:
+def _received(item: str | Pushed | Superseded) -> str | Pushed | Superseded:
     """A popped wake list item; a pushed entry dated with the local clock now (as the
     Redis substrate's ``wait_wakes``)."""
-    if isinstance(item, str):
+    if not isinstance(item, Pushed):
         return item
     entry = attrs.evolve(item.entry, received_at=anyio.current_time())
     return Pushed(item.user_id, entry)
@@ -40,14 +48,20 @@ class MemoryPresenceCommands:
 
     # -- presence ----------------------------------------------------------------------
 
-    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> str | None:
         """SET presence = session_id with a TTL of ``ttl_s`` seconds (> 0).
+
+        Returns:
+            The session id it replaced (live), or None.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: marked unavailable.
         """
-        self._set(presence_key(user_id), session_id, await self._enter(), ttl_s)
+        now = await self._enter()
+        old = self._get(presence_key(user_id), now)
+        self._set(presence_key(user_id), session_id, now, ttl_s)
+        return old
 
     async def get_presence(self, user_id: str) -> str | None:
         """The holder session id, or None when absent or expired.
@@ -145,7 +159,22 @@ class MemoryPresenceCommands:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
         self._wake_now(holder_id, user_id, now, ttl_s)
 
-    def _wake_now(self, holder_id: str, item: str | Pushed, now: float, ttl_s: float) -> None:
+    async def notify_superseded(
+        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+    ) -> None:
+        """Append a :class:`Superseded` notice to the holder's wake list (as :meth:`wake`).
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._wake_now(holder_id, Superseded(user_id, session_id), now, ttl_s)
+
+    def _wake_now(
+        self, holder_id: str, item: str | Pushed | Superseded, now: float, ttl_s: float
+    ) -> None:
         wakes = self._wakes.get(holder_id)
         if wakes is None or now >= wakes.expires_at:
             wakes = self._wakes[holder_id] = _WakeList(deque(), now + ttl_s)
@@ -155,13 +184,13 @@ class MemoryPresenceCommands:
 
     async def wait_wakes(
         self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed]:
+    ) -> list[str | Pushed | Superseded]:
         """Pop up to ``count`` items from the holder's wake list, waiting up to
         ``timeout_s`` seconds (0 = forever) for the first.
 
         Returns:
-            The user ids and pushed entries (:class:`Pushed`) in push order, or [] on
-            timeout.
+            The user ids, pushed entries (:class:`Pushed`) and supersede notices
+            (:class:`Superseded`) in push order, or [] on timeout.
 
         Raises:
             SubstrateUnavailable: marked unavailable (also while waiting).

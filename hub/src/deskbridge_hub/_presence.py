@@ -21,6 +21,7 @@ from deskbridge_common import CLOSE_SUPERSEDED, Timings
 
 from . import _metrics
 from ._errors import EndSession, SubstrateUnavailable
+from ._keys import holder_of
 from ._retry import CLEANUP_TIMEOUT_S
 from ._substrate import Substrate
 
@@ -66,13 +67,30 @@ class PresenceKeeper:
         """
         try:
             await self.substrate.set_catalogue(self.user_id, self.catalogue)
-            await self.substrate.set_presence(
+            replaced = await self.substrate.set_presence(
                 self.user_id, self.session_id, self.timings.presence_ttl_s
             )
         except SubstrateUnavailable:
             _metrics.presence_failed("unavailable")
             raise
         _metrics.presence_written("set")
+        older = holder_of(replaced) if replaced and replaced != self.session_id else None
+        if replaced and older is not None and older != holder_of(self.session_id):
+            # Newest wins at once on every process: the older session's process learns
+            # it from its wake list now, not at its next heartbeat (up to heartbeat_s,
+            # meanwhile a connected desktop read offline if this session ended first).
+            # Best effort: that heartbeat stays the fallback. (This process's own older
+            # sessions are told directly by the handshake.)
+            try:
+                await self.substrate.notify_superseded(
+                    older, self.user_id, replaced, ttl_s=self.timings.presence_ttl_s
+                )
+            except SubstrateUnavailable as exc:
+                log.info(
+                    "session %s: could not tell %s's process it was superseded (%s); its "
+                    "heartbeat will",
+                    self.session_id, replaced, exc,
+                )  # fmt: skip
 
     def supersede(self) -> None:
         """A newer session of this user started in this process: hand over at once."""

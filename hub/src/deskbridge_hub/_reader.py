@@ -54,7 +54,7 @@ from ._retry import (
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
 )
-from ._substrate import Beat, BeatReply, Entry, Pushed, Substrate
+from ._substrate import Beat, BeatReply, Entry, Pushed, Substrate, Superseded
 
 __all__ = ["Listener", "ProcessReader"]
 
@@ -195,7 +195,9 @@ class ProcessReader:
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
                 await self.substrate.set_liveness(
-                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer,
+                    self.holder_id,
+                    PROCESS_LIVENESS_TTL_S,
+                    consumer=self.consumer,
                     max_pending=self.max_pending,
                 )
             except SubstrateMisconfigured:
@@ -231,7 +233,9 @@ class ProcessReader:
         while True:
             try:
                 kept = await self.substrate.set_liveness(
-                    self.holder_id, PROCESS_LIVENESS_TTL_S, consumer=self.consumer,
+                    self.holder_id,
+                    PROCESS_LIVENESS_TTL_S,
+                    consumer=self.consumer,
                     max_pending=self.max_pending,
                 )
             except SubstrateUnavailable as exc:
@@ -287,7 +291,9 @@ class ProcessReader:
             self._recovered()
             woken: list[str] = []
             for item in users:
-                if not isinstance(item, Pushed):
+                if isinstance(item, Superseded):
+                    self._superseded(item)
+                elif not isinstance(item, Pushed):
                     woken.append(item)
                 elif not await self._dispatch_now(item):
                     if item.user_id in self._listeners:
@@ -298,6 +304,20 @@ class ProcessReader:
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+
+    def _superseded(self, notice: Superseded) -> None:
+        """A newer session of the user took presence from one of ours (on another
+        process: its handshake pushed the notice): hand it over now, as its next
+        heartbeat would have on finding presence taken (that stays the fallback when the
+        notice is lost)."""
+        listener = self._listeners.get(notice.user_id)
+        if listener is None or listener.session_id != notice.session_id:
+            return  # gone already, or a newer session of ours holds the user here
+        if self._beating.get(listener.session_id) is not listener:
+            return  # handing over already
+        _metrics.presence_failed("not_holder")
+        self.stop_beating(listener)
+        listener.on_superseded()
 
     async def _dispatch_now(self, pushed: Pushed) -> bool:
         """Hand a pushed entry to its session from the wake-up loop itself, when nothing
@@ -505,9 +525,7 @@ class ProcessReader:
         for entry in entries:
             if entry.entry_id in inflight or listener.stopped.is_set():
                 continue
-            if (pushed and entry.entry_id in seen) or (
-                not pushed and entry.entry_id in waiting
-            ):
+            if (pushed and entry.entry_id in seen) or (not pushed and entry.entry_id in waiting):
                 continue
             seen[entry.entry_id] = None
             while len(seen) > DISPATCHED_REMEMBERED:

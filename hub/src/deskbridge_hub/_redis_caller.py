@@ -143,7 +143,6 @@ return {'queued', id, presence, pushed, alive}
 class CallerCommands(RedisCommandBase):
     """The caller-path commands of ``RedisSubstrate`` (see the module docstring)."""
 
-
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step: EVAL ``SUBMIT`` (which also pushes the wake-up of
         ``alive_holder`` on a single Redis), (unless already claimed) SET the owner

@@ -85,7 +85,6 @@ return {'done', acked}
 class FinishCommands(RedisCommandBase):
     """The holder's finishing step (and ``publish_result``) of ``RedisSubstrate``."""
 
-
     async def finish(
         self,
         user_id: str,

@@ -22,6 +22,7 @@ from ._substrate import (
     Entry,
     Marked,
     Pushed,
+    Superseded,
     index_key,
     jobs_key,
     presence_key,
@@ -141,8 +142,11 @@ _HEARTBEAT_CHUNK = 250
 class PresenceCommands(RedisCommandBase):
     """Presence, liveness, wake-ups and heartbeats of ``RedisSubstrate``."""
 
-    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
-        """SET ``bridge:presence:{user_id}`` = session_id PX ceil(ttl_s * 1000).
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> str | None:
+        """SET ``bridge:presence:{user_id}`` = session_id PX ceil(ttl_s * 1000) GET.
+
+        Returns:
+            The session id it replaced, or None if there was none.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -150,7 +154,8 @@ class PresenceCommands(RedisCommandBase):
         """
         px = _ms(ttl_s)
         async with self._session("SET presence") as s:
-            await self._call(s, b"SET", presence_key(user_id), session_id, b"PX", px)
+            old = await self._call(s, b"SET", presence_key(user_id), session_id, b"PX", px, b"GET")
+        return None if old is None else str(old)
 
     async def get_presence(self, user_id: str) -> str | None:
         """GET the presence key: the holder session id, or None.
@@ -258,15 +263,40 @@ class PresenceCommands(RedisCommandBase):
                 if isinstance(reply, BaseException):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
 
+    async def notify_superseded(
+        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+    ) -> None:
+        """MULTI, RPUSH ``bridge:wake:{holder_id}`` the notice (JSON ``{"superseded":
+        session_id, "user": user_id}``), PEXPIRE ceil(ttl_s * 1000), EXEC.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        notice = json.dumps({"superseded": session_id, "user": user_id})
+        px = _ms(ttl_s)
+        key = wake_key(holder_id)
+        async with self._session("RPUSH superseded") as s:
+            replies = await s.execute(
+                (b"MULTI",),
+                (b"RPUSH", key, notice),
+                (b"PEXPIRE", key, px),
+                (b"EXEC",),
+                timeout_s=self._command_timeout_s,
+            )
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply  # inside the session: mapped to SubstrateUnavailable
+
     async def wait_wakes(
         self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed]:
+    ) -> list[str | Pushed | Superseded]:
         """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
 
         Returns:
-            What was popped, in order: user ids, and entries the submit script read for
-            this process (:class:`Pushed`, from its JSON ``[user, id, fields, marked]``);
-            [] on timeout.
+            What was popped, in order: user ids, entries the submit script read for
+            this process (:class:`Pushed`, from its JSON ``[user, id, fields, marked]``)
+            and supersede notices (:class:`Superseded`); [] on timeout.
 
         Raises:
             ValueError: negative ``timeout_s``. SubstrateUnavailable: Redis unreachable.
@@ -341,10 +371,17 @@ class PresenceCommands(RedisCommandBase):
         return replies
 
 
-def _wake_item(item: str, received_at: float) -> str | Pushed:
-    """One wake list item: a user id (user ids never start with ``[``), or a pushed
-    entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the mark
-    script's reply, ``{}`` when it did not mark)."""
+def _wake_item(item: str, received_at: float) -> str | Pushed | Superseded:
+    """One wake list item: a user id (user ids never start with ``[`` or ``{``), a
+    pushed entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the
+    mark script's reply, ``{}`` when it did not mark), or a supersede notice's JSON
+    ``{"superseded": session id, "user": user id}``."""
+    if item.startswith("{"):
+        try:
+            notice = json.loads(item)
+            return Superseded(str(notice["user"]), str(notice["superseded"]))
+        except (ValueError, KeyError, TypeError):  # not one of ours
+            return item
     if not item.startswith("["):
         return item
     try:

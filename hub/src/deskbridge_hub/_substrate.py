@@ -127,14 +127,18 @@ from ._substrate_values import (
 from ._substrate_values import (
     Submitted as Submitted,
 )
+from ._substrate_values import (
+    Superseded as Superseded,
+)
 
 
 class PresenceSubstrate(Protocol):
     """Presence: one key per user naming the holder session, with a TTL (invariant 1)."""
 
-    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> None:
+    async def set_presence(self, user_id: str, session_id: str, ttl_s: float) -> str | None:
         """SET presence = session_id with a TTL of ttl_s (> 0) seconds (heartbeat).
-        Gone from set time + ttl_s on."""
+        Gone from set time + ttl_s on. Returns the session id it replaced (None if
+        absent), read in the same step (``SET ... GET``)."""
 
     async def get_presence(self, user_id: str) -> str | None:
         """Holder session id, or None when no live presence."""
@@ -259,13 +263,21 @@ class ReaderSubstrate(Protocol):
         (one round trip): the holder process reads the user's stream now instead of at
         its next heartbeat."""
 
+    async def notify_superseded(
+        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+    ) -> None:
+        """RPUSH onto ``bridge:wake:{holder_id}`` a notice that ``session_id`` (of
+        ``user_id``) no longer holds presence, and PEXPIRE it ``ttl_s`` (one round
+        trip): the holder process hands that session over now instead of at its next
+        heartbeat (:class:`Superseded` from ``wait_wakes``)."""
+
     async def wait_wakes(
         self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed]:
+    ) -> list[str | Pushed | Superseded]:
         """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:
-        in push order, the user ids pushed (possibly repeated) and the entries callers
-        read for this process (:class:`Pushed`), or [] on timeout. A cancelled wait pops
-        nothing."""
+        in push order, the user ids pushed (possibly repeated), the entries callers
+        read for this process (:class:`Pushed`) and the supersede notices
+        (:class:`Superseded`), or [] on timeout. A cancelled wait pops nothing."""
 
     async def heartbeat(
         self,

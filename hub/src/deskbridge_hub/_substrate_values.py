@@ -289,3 +289,19 @@ class Pushed:
 
     user_id: str
     entry: Entry
+
+
+@attrs.frozen
+class Superseded:
+    """A notice on a holder process's wake list: a newer session of ``user_id`` took
+    presence from ``session_id``, one of this process's sessions (the newer one's
+    handshake pushes it, so the older one hands over at once instead of at its next
+    heartbeat), as ``wait_wakes`` returns it.
+
+    Attributes:
+        user_id: whose presence was taken.
+        session_id: the session that no longer holds it.
+    """
+
+    user_id: str
+    session_id: str
