@@ -271,6 +271,8 @@ BAD_BODIES = [
     ("key-control", b'{"name": "echo", "idempotency_key": "a\\u0000b"}', "idempotency_key"),
     ("key-too-long", json.dumps({"name": "echo", "idempotency_key": "k" * 201}).encode(),
      "idempotency_key"),
+    ("job-id-space", b'{"name": "echo", "job_id": "my job"}', "job_id"),
+    ("job-id-too-long", json.dumps({"name": "echo", "job_id": "j" * 201}).encode(), "job_id"),
     # the same key twice: json keeps the last silently (a log keeping the first would
     # show another call than the one run); 400 naming the top-level field holding it
     ("duplicate-name", b'{"name": "echo", "name": "sleep", "args": {"seconds": 1}}', "name"),
@@ -299,6 +301,8 @@ async def test_bad_job_body_is_400_naming_the_field_and_enqueues_nothing(
         assert error["code"] == "bad_request"
         assert error["field"] == field
         assert error["message"]
+        if field in ("job_id", "idempotency_key"):  # one rule, each message names its own
+            assert error["message"].startswith(f"{field} must be"), error["message"]
         assert sub.entries(ONLINE) == 0
         assert sub.writes() == []
 

@@ -47,7 +47,7 @@ def _int_arg(name: str, default: int, low: int, high: int) -> int:
 
 def _check(validator: Any, value: str, field: str) -> None:
     try:
-        validator(value)
+        validator(value, field)  # the message names the field that was wrong
     except ValueError as exc:
         raise BadRequest(str(exc), field=field) from None
 

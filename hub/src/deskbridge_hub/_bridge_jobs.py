@@ -128,6 +128,6 @@ def _valid_user(user_id: str) -> bool:
 
 def _check(validator: Callable[..., Any], value: Any, field: str) -> None:
     try:
-        validator(value)
+        validator(value, field)  # the message names the field that was wrong
     except ValueError as exc:
         raise BadRequest(str(exc), field=field) from None

@@ -49,7 +49,7 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
     @app.get("/v1/jobs/<job_id>/events")
     async def job_events(job_id: str):  # type: ignore[no-untyped-def]
         try:
-            validate_key(job_id)
+            validate_key(job_id, "job_id")
         except ValueError as exc:
             raise BadRequest(str(exc), field="job_id") from None
         bridge = holder["bridge"]

@@ -9,26 +9,32 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
 
-def validate_user_id(user_id: object) -> str:
+def validate_user_id(user_id: object, field: str = "user_id") -> str:
     """Return ``user_id`` if it is 1-128 of ``[A-Za-z0-9_.@:-]``.
+
+    Args:
+        user_id: the value to check.
+        field: the name the error message gives it.
 
     Raises:
         ValueError: it is not a string or has other characters or length.
     """
     if not isinstance(user_id, str) or not _USER_ID.fullmatch(user_id):
-        raise ValueError("user_id must be 1-128 characters of A-Z a-z 0-9 _ . @ : -")
+        raise ValueError(f"{field} must be 1-128 characters of A-Z a-z 0-9 _ . @ : -")
     return user_id
 
 
-def validate_tool_name(name: object) -> str:
-    """Return ``name`` if it is 1-64 of ``[A-Za-z0-9_.-]``; else raise ValueError."""
+def validate_tool_name(name: object, field: str = "name") -> str:
+    """Return ``name`` if it is 1-64 of ``[A-Za-z0-9_.-]``; else raise ValueError (its
+    message names ``field``)."""
     if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-        raise ValueError("name must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        raise ValueError(f"{field} must be 1-64 characters of A-Z a-z 0-9 _ . -")
     return name
 
 
 def validate_key(key: object, field: str = "idempotency_key") -> str:
-    """Return ``key`` if it is 1-200 printable ASCII characters without spaces."""
+    """Return ``key`` if it is 1-200 printable ASCII characters without spaces; else raise
+    ValueError (its message names ``field``: a job id is checked by the same rule)."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ValueError(f"{field} must be 1-200 printable ASCII characters without spaces")
     return key
