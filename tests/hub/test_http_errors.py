@@ -56,3 +56,19 @@ def _leaves(group: BaseExceptionGroup) -> list:
     for exc in group.exceptions:
         out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
     return out
+
+
+async def test_a_plain_request_to_the_sidecar_endpoint_is_426_not_an_api_key_error(
+    autojump_clock,
+) -> None:
+    # it answered "missing or wrong API key", which sent a newcomer looking for a key
+    app = create_app(
+        HubConfig(secrets=("s" * 40,), api_keys=("k1",)), substrate=MemorySubstrate()
+    )
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        for method in (client.get, client.post):
+            r = await method("/v1/sidecar")
+            assert r.status_code == 426
+            assert r.headers["Upgrade"] == "websocket"
+            assert (await r.get_json())["error"]["code"] == "upgrade_required"

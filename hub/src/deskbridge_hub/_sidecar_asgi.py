@@ -91,6 +91,20 @@ async def _refuse(
     await send({"type": "websocket.http.response.body", "body": body})
 
 
+async def _upgrade_required(send: Any) -> None:
+    """426 with the JSON error body: ``/v1/sidecar`` takes WebSocket upgrades only."""
+    message = "this is the sidecar's WebSocket endpoint: connect with a WebSocket upgrade"
+    body = json.dumps({"error": {"code": "upgrade_required", "message": message}}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"upgrade", b"websocket"),
+        (b"connection", b"Upgrade"),
+    ]
+    await send({"type": "http.response.start", "status": 426, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
     """Wrap ``asgi_app`` so ``/v1/sidecar`` WebSockets are served here (module docstring).
 
@@ -106,6 +120,11 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "websocket" or scope.get("path") != SIDECAR_PATH:
+            if scope["type"] == "http" and scope.get("path") == SIDECAR_PATH:
+                # a plain request to the WebSocket endpoint: say what it is (it used to
+                # reach the API key check and answer "missing or wrong API key")
+                await _upgrade_required(send)
+                return
             await asgi_app(scope, receive, send)
             return
         # The ``websocket.connect`` message is left queued (Quart does the same, and its

@@ -143,15 +143,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+#: The longest ``token --lifetime-s`` (seconds): 10 years. Beyond it a number is a typo
+#: (``1e300`` was accepted, and so was the token it made).
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 86_400.0
+
+
 def _token(args: argparse.Namespace) -> int:
     secret = os.environ.get("DESKBRIDGE_SECRET", "")
     if not secret:
         print("deskbridge-hub token: DESKBRIDGE_SECRET is not set", file=sys.stderr)
         return 2
-    if not (math.isfinite(args.lifetime_s) and args.lifetime_s > 0):
+    if not (math.isfinite(args.lifetime_s) and 0 < args.lifetime_s <= MAX_TOKEN_LIFETIME_S):
         print(
-            "deskbridge-hub token: --lifetime-s must be a positive, finite number of seconds "
-            "(the hub tolerates DESKBRIDGE_TOKEN_LEEWAY_S, 300 s, past it)",
+            "deskbridge-hub token: --lifetime-s must be a positive number of seconds, at "
+            f"most {MAX_TOKEN_LIFETIME_S:.0f} (10 years; the hub tolerates "
+            "DESKBRIDGE_TOKEN_LEEWAY_S, 300 s, past it)",
             file=sys.stderr,
         )
         return 2
@@ -198,6 +204,8 @@ def _call(args: argparse.Namespace) -> int:
             return 0
     except urllib.error.HTTPError as exc:
         print(exc.read().decode())
+        if exc.code == 401 and not key:
+            print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
         reason = _inspect_cli.unreachable_reason(exc)
