@@ -8,11 +8,13 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import trio
 from deskbridge_common import Hello, Job, JobResult, Welcome, decode_frame, encode_frame
+from deskbridge_sidecar import _status, cli
 from deskbridge_sidecar.cli import build_parser, load_registry, main
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
@@ -192,6 +194,15 @@ async def test_a_second_sidecar_on_one_ledger_exits_2_with_one_line(tmp_path):
     from deskbridge_sidecar._ledger import LEDGER_FILE, Ledger
 
     holder = Ledger.open(tmp_path / "data" / LEDGER_FILE)  # the first sidecar
+    # ... which is connected and says so in its status file
+    status_file = tmp_path / "data" / "status.json"
+    first_status = {
+        "pid": os.getpid(), "version": "0.1.0", "hub": "ws://h", "connected": True,
+        "session_id": "s-first", "since": time.time(), "last_error": None, "tools": ["echo"],
+        "running": None, "updated_at": time.time(),
+    }  # fmt: skip
+    _status.write(status_file, first_status)
+    before = status_file.read_bytes()
     try:
         with trio.fail_after(DEADLINE_S):
             result = await trio.run_process(
@@ -213,6 +224,52 @@ async def test_a_second_sidecar_on_one_ledger_exits_2_with_one_line(tmp_path):
     assert result.returncode == 2
     assert b"another sidecar is using the ledger" in result.stderr
     assert b"Traceback" not in result.stderr
+    # The refused sidecar never held the data directory: it left the first one's status
+    # alone (it used to write its own "stopped" record over it: `status` said not running).
+    assert status_file.read_bytes() == before
+    assert _status.report(status_file)[0] == 0
+    assert not list((tmp_path / "data").glob("status.json.*.tmp"))
+
+
+def _unusable_data_dirs(tmp_path: Path) -> list[Path]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    dirs = [a_file, a_file / "below"]
+    if Path("/proc/self").is_dir():  # a directory nobody can create anything in
+        dirs.append(Path("/proc/deskbridge-no-such-dir"))
+    return dirs
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["a-file", "below-a-file", "in-proc"])
+async def test_a_data_dir_that_cannot_be_used_is_one_error_line_and_exit_2(tmp_path, which):
+    dirs = _unusable_data_dirs(tmp_path)
+    if which >= len(dirs):
+        pytest.skip("no /proc here")
+    data_dir = dirs[which]
+    with trio.fail_after(DEADLINE_S):
+        result = await trio.run_process(
+            [str(BIN), "run", "--hub", "ws://127.0.0.1:9", "--token", "t",
+             "--data-dir", str(data_dir)],
+            capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "Traceback" not in err and "Exception Group" not in err, err
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "cannot create the data directory" in errors[0], err
+    assert str(data_dir) in errors[0]
+    assert (tmp_path / "a-file").read_text() == "not a directory"  # untouched
+
+
+def test_a_log_file_that_cannot_be_opened_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_configure_logging", lambda *a: None)  # leave pytest's alone
+    (tmp_path / "a-file").write_text("")
+    log_file = tmp_path / "a-file" / "sidecar.log"
+    argv = ["run", "--hub", "ws://h:1", "--token", "t", "--log-file", str(log_file)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--log-file {log_file}: " in err and "Traceback" not in err
 
 
 def test_help_names_the_data_dir(capsys):

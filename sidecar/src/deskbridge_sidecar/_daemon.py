@@ -36,7 +36,7 @@ from ._backoff import Backoff
 from ._consent import ApprovalDesk, file_desk
 from ._daemon_stats import DaemonStatistics
 from ._dedupe import DedupeCache
-from ._errors import ConnectFailed, HandshakeRejected, Superseded, TokenRefused
+from ._errors import ConnectFailed, HandshakeRejected, LedgerError, Superseded, TokenRefused
 from ._graceful import ANSWER_FLUSH_S as ANSWER_FLUSH_S  # re-exported
 from ._graceful import give_up_gracefully
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
@@ -56,6 +56,7 @@ from ._reconnect import TRANSIENT_REFUSAL_CODES as TRANSIENT_REFUSAL_CODES  # re
 from ._runner import ToolRunner
 from ._session import ASLEEP, INTERNAL_ERROR, Session, SessionEnd
 from ._sleep import SLEEP_PAUSE_S, wait_for_wake, watch_sleep_notifications
+from ._status import write_loop as write_status_loop
 from ._tools import STATUS_SPEC, ToolRegistry
 from ._transport import Connector, WebSocketConnector, WebSocketSettings, sidecar_url
 from ._version import __version__
@@ -105,6 +106,12 @@ class Daemon:
             (``_consent``; default: files in ``<data_dir>/approvals``, decided by
             ``deskbridge-sidecar approve|decline``; with neither, such tools are
             answered ``declined``).
+        status_file: where to keep the status read by ``deskbridge-sidecar status``
+            (``_status``; the CLI passes ``<data_dir>/status.json``), or None. It is
+            written only while this daemon holds its ledger: from just after the
+            ledger is opened (and locked) to a final ``stopped`` record just before it
+            is released, so a sidecar refused the ledger (another one holds it, the
+            directory cannot be used) never touches the holder's status.
 
     Raises:
         ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
@@ -126,6 +133,7 @@ class Daemon:
     isolate_sync_tools: bool = attrs.field(default=False, kw_only=True)
     sleep_notifications: bool = attrs.field(default=False, kw_only=True)
     approvals: ApprovalDesk | None = attrs.field(default=None, kw_only=True)
+    status_file: Path | None = attrs.field(default=None, kw_only=True)
     url: str = attrs.field(init=False)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _ran: bool = attrs.field(default=False, init=False)
@@ -175,7 +183,7 @@ class Daemon:
         if self._ran:
             raise RuntimeError("Daemon.run() was already called; create a new Daemon")
         self._ran = True
-        refused: TokenRefused | Superseded | None = None
+        failure: TokenRefused | Superseded | LedgerError | None = None
         t = self.timings
         if self.ledger is not None:
             ledger = self.ledger
@@ -208,21 +216,36 @@ class Daemon:
                         if self.approvals is None
                         else self.approvals,
                     )
-                    await self._runner.load()
-                    self._daemon_id = ledger.instance_id
-                    work.start_soon(self._prune_loop, self._runner)
-                    if self.sleep_notifications:
-                        work.start_soon(watch_sleep_notifications, self.going_to_sleep)
                     try:
-                        await self._connect_loop(task_status)
-                    except (TokenRefused, Superseded) as exc:
-                        refused = exc
+                        await self._runner.load()
+                    except LedgerError as exc:  # raised below, not in an exception group
+                        failure = exc
+                    else:
+                        self._daemon_id = ledger.instance_id
+                        try:
+                            await self._run_with_ledger(work, task_status)
+                        except (TokenRefused, Superseded) as exc:
+                            failure = exc
                     work.cancel_scope.cancel()
         finally:
+            # The status writer's final record is written when the work nursery is
+            # cancelled, above: before the ledger (and with it the data directory) is
+            # released here, so it never lands over a successor's status.
             if ledger is not self.ledger:
                 ledger.close()
-        if refused is not None:
-            raise refused
+        if failure is not None:
+            raise failure
+
+    async def _run_with_ledger(self, work: trio.Nursery, task_status: trio.TaskStatus[str]) -> None:
+        """The ledger is open and loaded: write the status, prune, watch for sleep, and
+        run the connect loop (which raises TokenRefused or Superseded to stop)."""
+        assert self._runner is not None
+        if self.status_file is not None:  # the ledger is ours, and so is the status
+            work.start_soon(self._write_status, self.status_file)
+        work.start_soon(self._prune_loop, self._runner)
+        if self.sleep_notifications:
+            work.start_soon(watch_sleep_notifications, self.going_to_sleep)
+        await self._connect_loop(task_status)
 
     def going_to_sleep(self) -> None:
         """The machine is about to sleep: send ``sleeping`` and close the socket (1000),
@@ -279,6 +302,10 @@ class Daemon:
         )
 
     # -- internals ---------------------------------------------------------------------
+
+    async def _write_status(self, path: Path) -> None:
+        tools = [STATUS_SPEC.name, *self.registry.names()]
+        await write_status_loop(self, path, self.url, tools)
 
     @staticmethod
     async def _prune_loop(runner: ToolRunner) -> None:

@@ -194,18 +194,25 @@ class Ledger:
                 conn = _connect(path)
             except _Corrupt as exc2:
                 raise LedgerError(f"cannot create a fresh ledger at {path}: {exc2}") from exc2
-        ledger = cls(
-            path,
-            conn,
-            max_entries=max_entries,
-            min_keep_s=min_keep_s,
-            wall_clock=wall_clock,
-            moved_aside=moved,
-            instance_id=_instance_id(conn),
-        )
-        now = wall_clock() if now is None else now
-        ledger._recover(now)
-        ledger._prune(now)
+        with contextlib.ExitStack() as on_failure:
+            on_failure.callback(conn.close)  # a failed open never keeps the lock
+            try:
+                instance_id = _instance_id(conn)
+            except sqlite3.Error as exc:
+                raise LedgerError(f"cannot open the ledger {path}: {exc}") from exc
+            ledger = cls(
+                path,
+                conn,
+                max_entries=max_entries,
+                min_keep_s=min_keep_s,
+                wall_clock=wall_clock,
+                moved_aside=moved,
+                instance_id=instance_id,
+            )
+            now = wall_clock() if now is None else now
+            ledger._recover(now)  # LedgerError on failure
+            ledger._prune(now)
+            on_failure.pop_all()
         return ledger
 
     @classmethod

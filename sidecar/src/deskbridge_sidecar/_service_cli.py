@@ -161,11 +161,3 @@ def log_to_file(path: str) -> None:
     )
     handler.setFormatter(make_formatter())
     logging.getLogger().addHandler(handler)
-
-
-async def write_status(daemon: Any) -> None:
-    """Keep the status file of this daemon current until cancelled (``_status``)."""
-    if daemon.data_dir is None:
-        return  # an in-memory daemon (tests): no status file
-    tools = ["status", *daemon.registry.names()]
-    await _status.write_loop(daemon, Path(daemon.data_dir) / STATUS_FILE, daemon.url, tools)

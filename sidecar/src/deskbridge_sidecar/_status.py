@@ -11,12 +11,15 @@ state), ``last_error`` (how the previous session or attempt ended), ``tools``,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import trio
+
+log = logging.getLogger("deskbridge.sidecar.status")
 
 #: How often the daemon rewrites the status file, seconds.
 WRITE_INTERVAL_S = 1.0
@@ -52,22 +55,39 @@ def snapshot(daemon: Any, hub: str, tools: list[str], since: float) -> dict[str,
 def write(path: Path, body: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(body, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 async def write_loop(daemon: Any, path: Path, hub: str, tools: list[str]) -> None:
     """Run until cancelled: rewrite the status file every :data:`WRITE_INTERVAL_S`;
-    on cancellation (the daemon stopping) write a final ``stopped`` record."""
+    on cancellation (the daemon stopping) write a final ``stopped`` record.
+
+    Only a daemon that holds the data directory's ledger runs this (``Daemon.status_file``):
+    the file is shared by every process pointed at that directory. A write that fails
+    (a full disk) is one WARNING, then retried every interval; it never stops the daemon.
+    """
     since = time.time()
     connected: bool | None = None
+    failing = False
     try:
         while True:
             body = snapshot(daemon, hub, tools, since)
             if body["connected"] != connected:
                 connected, since = body["connected"], time.time()
                 body["since"] = since
-            await trio.to_thread.run_sync(write, path, body)
+            try:
+                await trio.to_thread.run_sync(write, path, body)
+            except OSError as exc:
+                if not failing:
+                    log.warning("cannot write the status file %s: %s", path, exc)
+                failing = True
+            else:
+                failing = False
             await trio.sleep(WRITE_INTERVAL_S)
     finally:
         body = snapshot(daemon, hub, tools, time.time())

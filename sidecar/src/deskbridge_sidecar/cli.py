@@ -183,9 +183,7 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 def _consent_command(args: argparse.Namespace) -> int:
     from ._consent import decide, pending
 
-    data_dir = Path(
-        args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
-    )
+    data_dir = Path(args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir())
     if args.command == "pending":
         requests = pending(data_dir)
         for request in requests:
@@ -265,7 +263,6 @@ async def _serve(daemon: Daemon) -> int:
     stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signals, daemon, stopped_by)
-        nursery.start_soon(_service_cli.write_status, daemon)  # for `deskbridge-sidecar status`
         try:
             await daemon.run()
         except TokenRefused:
@@ -389,7 +386,10 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         run_parser.error(str(exc))
     _configure_logging(args.verbose, args.log_level)
     if args.log_file:
-        _service_cli.log_to_file(args.log_file)
+        try:
+            _service_cli.log_to_file(args.log_file)
+        except OSError as exc:
+            run_parser.error(f"--log-file {args.log_file}: {exc}")
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
     log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))
@@ -402,6 +402,8 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         data_dir=Path(data_dir),
         isolate_sync_tools=args.isolate_sync_tools,
         sleep_notifications=not args.no_sleep_notifications,
+        # for `deskbridge-sidecar status`; written only while this daemon holds the ledger
+        status_file=Path(data_dir) / _service_cli.STATUS_FILE,
     )
 
 
