@@ -10,7 +10,7 @@ import time
 
 import pytest
 import trio
-from deskbridge_sidecar import ToolRegistry, invoke
+from deskbridge_sidecar import ToolError, ToolRegistry, invoke
 from deskbridge_sidecar.toolsets import BrowserToolset
 from deskbridge_sidecar.toolsets.browser import OriginPolicy, origin_of
 
@@ -151,3 +151,76 @@ def test_origin_policy():
         BrowserToolset(["https://portal.example.com/login"], executable_path="/bin/true")
     with pytest.raises(ValueError, match="at least one"):
         BrowserToolset([], executable_path="/bin/true")
+
+
+#: URLs that used to crash browser_open (``crashed``, a ValueError and a traceback in the
+#: log): no browser is needed, they are refused before the tool runs.
+MALFORMED_URLS = [
+    "http://127.0.0.1:18123.evil.com/",  # a port that is not a number
+    "http://[::1",  # an unclosed bracket
+    "http://127.0.0.1:99999/",  # a port out of range
+    "http://127.0.0.1:18123:1/",  # two ports
+    "http://evil.test\\@127.0.0.1:18123/",  # evil.test to a browser, 127.0.0.1 to urllib
+    "http://127.0.0.1:18123\t.evil.test/",  # a browser drops the tab
+    "http:///landing",  # no host
+]
+
+
+@pytest.fixture
+def offline_tools():
+    """The browser tools with no browser behind them: any launch would fail."""
+    toolset = BrowserToolset(["http://127.0.0.1:18123"], executable_path="/bin/false")
+    yield toolset, ToolRegistry(toolset.tools(), builtins=False)
+    toolset.close()
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+async def test_a_malformed_url_is_refused_bad_args_before_anything_runs(offline_tools, url):
+    toolset, tools = offline_tools
+    tool = tools.get("browser_open")
+    problem = tool.check_args({"url": url})  # the daemon's check before queueing the job
+    assert problem is not None and "url: Value error, not a valid URL: " in problem
+    outcome = await call(tools, "browser_open", url=url)
+    assert outcome.code == "bad_args" and "not a valid URL" in outcome.error.message
+    assert toolset._context is None  # no browser was started
+    # Called directly (no argument check), it is not an allowed origin: never a crash.
+    with pytest.raises(ToolError) as refused:
+        await toolset.browser_open(url)
+    assert refused.value.code == "origin_not_allowed"
+    assert not toolset.policy.allows(url) and origin_of(url) is None
+
+
+def test_the_published_url_schema_is_still_a_plain_string(offline_tools):
+    _, tools = offline_tools
+    schema = tools.get("browser_open").args_schema
+    assert schema["properties"]["url"]["type"] == "string"
+    assert "allow-list" in schema["properties"]["url"]["description"]
+    assert tools.get("browser_open").check_args({"url": "http://127.0.0.1:18123/x y"}) is None
+
+
+async def test_the_route_blocks_a_malformed_navigation_instead_of_failing():
+    toolset = BrowserToolset(["http://127.0.0.1:18123"], executable_path="/bin/false")
+
+    class Route:
+        aborted: str | None = None
+
+        class request:  # noqa: N801 - Playwright's shape
+            url = "http://127.0.0.1:99999/"
+
+            @staticmethod
+            def is_navigation_request() -> bool:
+                return True
+
+        async def abort(self, reason: str) -> None:
+            self.aborted = reason
+
+    route = Route()
+    await toolset._route(route)
+    assert route.aborted == "aborted" and toolset._blocked == ["http://127.0.0.1:99999/"]
+
+
+def test_a_malformed_allowed_origin_is_a_one_line_configuration_error():
+    for bad in ("http://h:99999", "http://[::1", "http://h:1:2"):
+        with pytest.raises(ValueError, match="must look like https://host"):
+            BrowserToolset([bad], executable_path="/bin/true")
+    assert origin_of("http://h:0/") == "http://h:0"  # port 0 is not the default port

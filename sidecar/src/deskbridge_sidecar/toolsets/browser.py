@@ -15,6 +15,11 @@ and closed with the daemon; its operations run on one asyncio thread
 (:mod:`._asyncio_host`), after the daemon's tool lock. Tabs have small integer ids; a tool
 without ``tab`` acts on the current tab (the last one opened or used).
 
+A malformed URL argument (a port that is not a number in 0-65535, an unclosed ``[``, a
+backslash or a control character) is refused ``bad_args`` by the argument check, before
+the tool runs; a direct call gets ``origin_not_allowed`` (:meth:`OriginPolicy.allows` and
+:func:`origin_of` never raise, so the request route denies such a URL too).
+
 Error codes (``ToolError.code``): ``origin_not_allowed``, ``no_tab``, ``timeout``,
 ``browser_error`` (Playwright's message: element not found, detached mid-click,
 navigation failed...), ``too_large`` (a screenshot over ``MAX_SCREENSHOT_BYTES``),
@@ -30,13 +35,14 @@ import logging
 import os
 import struct
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
+from pydantic import AfterValidator
 
 from .._tools import Tool, ToolError
 from ._asyncio_host import AsyncioHost
-from ._origins import EXECUTABLES, OriginPolicy, find_browser, origin_of
+from ._origins import EXECUTABLES, OriginPolicy, check_url, find_browser, origin_of
 
 log = logging.getLogger("deskbridge.sidecar.browser")
 
@@ -51,6 +57,9 @@ BASE_ARGS = ("--no-first-run", "--disable-background-networking", "--disable-com
 DEFAULT_PROFILE = os.path.join("~", ".deskbridge", "browser-profile")
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
+#: A tool's URL argument: a malformed one (:func:`._origins.url_problem`) is refused
+#: ``bad_args`` by the sidecar's argument check, before the tool (or the browser) runs.
+Url = Annotated[str, AfterValidator(check_url)]
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -141,12 +150,13 @@ class BrowserToolset:
     # -- tools (run in trio; each operation runs on the browser's asyncio thread) ----------
 
     async def browser_open(
-        self, url: str, new_tab: bool = False, wait_until: WaitUntil = "load", timeout_s: float = 30
+        self, url: Url, new_tab: bool = False, wait_until: WaitUntil = "load", timeout_s: float = 30
     ) -> dict[str, Any]:
         """Open a URL (an allowed origin) in the current tab or a new one.
 
         Args:
-            url: http(s) URL whose origin is on the allow-list.
+            url: http(s) URL whose origin is on the allow-list (a malformed one is
+                refused bad_args).
             new_tab: open in a new tab instead of the current one.
             wait_until: which load event to wait for.
             timeout_s: give up after this many seconds.
