@@ -190,6 +190,69 @@ async def test_entry_point_exits_2_when_the_token_is_refused(nursery, tmp_path):
     )
 
 
+async def test_under_launchd_a_refused_token_exits_0_and_status_says_why(nursery, tmp_path):
+    data_dir = tmp_path / "data"
+    with trio.fail_after(DEADLINE_S):
+        port = await _serve(nursery, CliHub("right-token"))
+        result = await trio.run_process(
+            [str(BIN), "run", "--hub", f"ws://127.0.0.1:{port}", "--token", "wrong-token",
+             "--data-dir", str(data_dir), "--launchd"],
+            capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 0, err  # launchd's KeepAlive restarts any non-zero exit
+    assert "token refused by hub (401)" in err
+    assert "stopped for good (exit status 2); exiting 0 instead (--launchd)" in err
+    code, text = _status.report(data_dir / "status.json")
+    assert code == 3 and "last error: rejected" in text and "token refused" in text, text
+
+
+class SupersedingHub:
+    """Welcomes the sidecar, then closes it with 4001 as when a newer one connects."""
+
+    def __init__(self) -> None:
+        self.sessions = 0
+
+    async def handle(self, request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.get_message()  # hello
+        self.sessions += 1
+        welcome = Welcome(
+            session_id=f"s-{self.sessions}", heartbeat_s=10, ping_interval_s=10, ping_timeout_s=10
+        )
+        await ws.send_message(encode_frame(welcome))
+        await trio.sleep(0.2)
+        await ws.aclose(code=4001, reason="superseded by a newer sidecar session")
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], 3), (["--launchd"], 0)])
+async def test_a_superseded_sidecar_exits_3_or_0_under_launchd(nursery, tmp_path, flags, expected):
+    hub = SupersedingHub()
+    with trio.fail_after(DEADLINE_S):
+        server = await nursery.start(
+            functools.partial(serve_websocket, hub.handle, "127.0.0.1", 0, ssl_context=None)
+        )
+        result = await trio.run_process(
+            [str(BIN), "run", "--hub", f"ws://127.0.0.1:{server.port}", "--token", "t",
+             "--data-dir", str(tmp_path / "data"), *flags],
+            capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == expected, err
+    assert hub.sessions == 1  # not reconnected
+    assert ("exiting 0 instead (--launchd)" in err) == bool(flags)
+
+
+def test_under_launchd_a_usage_error_exits_0_and_a_crash_does_not(capsys):
+    assert main(["run", "--launchd", "--hub", "ws://h:1"]) == 0  # no token anywhere
+    err = capsys.readouterr().err
+    assert "a token is required" in err and "stopped for good (exit status 2)" in err
+    assert main(["run", "--hub", "ws://h:1"]) == 2  # without the flag: as documented
+    assert [cli._for_launchd(s) for s in (0, 1, 2, 3, 130)] == [0, 1, 0, 0, 130]
+
+
 async def test_a_second_sidecar_on_one_ledger_exits_2_with_one_line(tmp_path):
     from deskbridge_sidecar._ledger import LEDGER_FILE, Ledger
 

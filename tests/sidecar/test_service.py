@@ -102,10 +102,22 @@ def test_launchd_agent_is_a_valid_plist(home: Path) -> None:
     agent = plistlib.loads(path.read_bytes())
     assert agent["Label"] == "dev.deskbridge.sidecar"
     assert agent["ProgramArguments"][1:] == [
-        "run", "--config", str(home / "c.toml"), "--log-file", str(home / "s.log")
+        "run", "--config", str(home / "c.toml"), "--log-file", str(home / "s.log"), "--launchd"
     ]  # fmt: skip
+    # launchd restarts on any non-zero exit: only crashes exit non-zero under --launchd
+    # (token refused, superseded: 0), so the two sidecars of one user do not take turns.
     assert agent["KeepAlive"] == {"SuccessfulExit": False}
+    assert agent["ThrottleInterval"] == 5 and agent["ExitTimeOut"] == 30
+    assert agent["RunAtLoad"] is True
     assert commands[0][:2] == ["launchctl", "bootstrap"]
+    if shutil.which("plutil"):  # macOS
+        done = subprocess.run(["plutil", "-lint", str(path)], capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stdout
+    # the arguments it runs are the CLI's own
+    from deskbridge_sidecar.cli import build_parser
+
+    parsed = build_parser().parse_args(agent["ProgramArguments"][1:])
+    assert parsed.launchd is True and parsed.config == str(home / "c.toml")
 
 
 def test_status_report(home: Path) -> None:

@@ -382,6 +382,10 @@ class Daemon:
                         exc.status_code,
                         f" (hub says: {exc.message})" if exc.message else "",
                     )
+                    # kept for `deskbridge-sidecar status`: the final status record says why
+                    self._last_end = self._failed(
+                        REJECTED, f"token refused: hub answered {exc.describe()}", started_at
+                    )
                     raise TokenRefused(exc.status_code) from None
                 rejected_status = exc.status_code
                 retry_after_s = exc.retry_after_s

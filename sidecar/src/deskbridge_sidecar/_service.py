@@ -5,11 +5,19 @@ Linux: a systemd **user** unit, ``~/.config/systemd/user/deskbridge-sidecar.serv
 keeps it running without a login session). macOS: a launchd agent,
 ``~/Library/LaunchAgents/dev.deskbridge.sidecar.plist`` (``launchctl bootstrap gui/$UID``).
 Both run ``deskbridge-sidecar run --config CONFIG --log-file LOG`` with this Python's
-absolute path and restart it when it fails, but not after exit status 2 (token refused,
-usage error) or 3 (superseded by a newer sidecar of the same user): a restart loop would
-not fix those, and ``status`` shows the last error. What is written is printed, with the
-commands that enable it; nothing is enabled behind the user's back unless
-``--now`` is given.
+absolute path and restart it when it fails, but not when it stopped for good — token
+refused, usage error, ledger unusable (exit status 2), superseded by a newer sidecar of
+the same user (3): a restart loop would not fix those (two sidecars of one user would take
+it from each other in turn), and ``status`` shows the last error.
+
+systemd says so per exit status (``RestartPreventExitStatus=2 3``). launchd cannot: its
+``KeepAlive`` restarts on any non-zero exit (``SuccessfulExit: false``) or never, with no
+rule per status. So the agent runs ``run --launchd``, which exits 0 instead of 2 or 3
+(one line on stderr names the status it stands for); a crash (an uncaught error, exit 1;
+or a signal) still exits non-zero and is restarted after ``ThrottleInterval``.
+
+What is written is printed, with the commands that enable it; nothing is enabled behind
+the user's back unless ``--now`` is given.
 """
 
 from __future__ import annotations
@@ -70,10 +78,14 @@ def launchd_plist(config: Path, log_file: Path) -> bytes:
             str(config),
             "--log-file",
             str(log_file),
+            "--launchd",  # exit 0, not 2 or 3, when a restart would not help
         ],
         "RunAtLoad": True,
+        # Restarted after a non-zero exit (a crash) only; "stop for good" exits 0 (above).
         "KeepAlive": {"SuccessfulExit": False},
         "ThrottleInterval": 5,
+        # SIGTERM lets a running tool finish within the grace (20 s), as TimeoutStopSec=30
+        "ExitTimeOut": 30,
         "StandardOutPath": str(log_file),
         "StandardErrorPath": str(log_file),
         "ProcessType": "Interactive",

@@ -6,7 +6,8 @@ Exit status: 0 after SIGTERM, 130 after Ctrl-C, 3 when superseded by a newer sid
 the same user (4001), 2 for a usage error, when the hub
 refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``), or
 when the ledger cannot be used (another sidecar holds it, or its directory is not
-writable).
+writable). Under ``--launchd`` (the launchd agent) 2 and 3 exit 0 instead: launchd restarts
+on any non-zero exit and has no per-status rule (see ``_service``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ exit status:
   3    superseded: a newer sidecar for this user connected (the hub closed this one
        with 4001); not restarted, so the two do not take the user from each other
   130  interrupted (Ctrl-C; same grace as SIGTERM, Ctrl-C again stops at once)
+  With --launchd (the launchd agent of install-service), 2 and 3 are reported as 0:
+  launchd restarts on any non-zero exit, and restarting would not help.
 """
 
 _RUN_DESCRIPTION = """\
@@ -156,6 +159,13 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="PATH",
         help="also log to PATH, rotated at 5 MiB, 3 old files kept (default: log_file in the "
         "config file)",
+    )
+    run.add_argument(
+        "--launchd",
+        action="store_true",
+        help="run as the launchd agent (install-service on macOS): exit 0 instead of 2 or 3 "
+        "when restarting would not help, since launchd's KeepAlive restarts on any non-zero "
+        "exit; a crash still exits non-zero and is restarted",
     )
     toolset_options.add_arguments(run)
     verbs = (("approve", "let it run"), ("decline", "refuse it (its caller is answered declined)"))
@@ -308,9 +318,29 @@ async def _stop_on_signals(daemon: Daemon, stopped_by: list[int]) -> None:
                 nursery.start_soon(functools.partial(daemon.shutdown, grace_s, why=why, now=now))
 
 
+#: Exit statuses meaning "stopped for good: restarting would not help" (usage error, token
+#: refused, ledger unusable; superseded), reported as 0 under ``--launchd``.
+FINAL_EXIT_STATUSES = frozenset({2, EXIT_SUPERSEDED})
+
+
+def _for_launchd(status: int) -> int:
+    """0 for a final ``status`` (:data:`FINAL_EXIT_STATUSES`), with one line on stderr; else
+    ``status``. launchd's ``KeepAlive`` has no per-status rule: ``SuccessfulExit: false``
+    restarts on any non-zero exit, so "stopped for good" must exit 0 under it."""
+    if status not in FINAL_EXIT_STATUSES:
+        return status
+    print(
+        f"deskbridge-sidecar: stopped for good (exit status {status}); exiting 0 instead "
+        "(--launchd), so that launchd does not restart it",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``deskbridge-sidecar``; returns the exit status."""
     parser, run_parser = _build_parsers()
+    args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
         if args.command in ("approve", "decline", "pending"):
@@ -322,14 +352,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         daemon = _daemon_from_args(run_parser, args)
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
-        return exc.code if isinstance(exc.code, int) else 2
+        status = exc.code if isinstance(exc.code, int) else 2
+        return _for_launchd(status) if getattr(args, "launchd", False) else status
     try:
-        return trio.run(_serve, daemon)
+        status = trio.run(_serve, daemon)
     except KeyboardInterrupt:  # Ctrl-C before the signal receiver was installed
         return EXIT_INTERRUPTED
     finally:
         for close in _CLOSERS:
             close()
+    return _for_launchd(status) if getattr(args, "launchd", False) else status
 
 
 #: Toolset clean-ups to run once the daemon has stopped (the browser).
