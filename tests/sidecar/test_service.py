@@ -4,6 +4,9 @@ it (keyring, else a 0600 file), the systemd unit / launchd agent it installs (ch
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import os
 import plistlib
 import shutil
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from deskbridge_sidecar import _config, _service, _status
+from deskbridge_sidecar.cli import main
 
 
 def UNIT_NAME_IN(output: str) -> list[str]:  # noqa: N802 - reads as a constant check
@@ -137,3 +141,65 @@ def test_status_report(home: Path) -> None:
     assert code == 1 and "NOT connected" in text and "4003 expired" in text
     _status.write(path, {**body, "pid": 2**22 + 12345})  # no such process
     assert _status.report(path)[0] == 3
+
+
+def _jwt(header: object, payload: object, signature: str = "c2ln") -> str:
+    def part(value: object) -> str:
+        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    return f"{part(header)}.{part(payload)}.{signature}"
+
+
+HEADER = {"alg": "HS256", "typ": "JWT", "kid": "0123456789abcdef"}
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("tok-abc", "expected a JWT, three base64url parts"),
+        ("a.b", "expected a JWT, three base64url parts"),
+        ("a.b.c.d", "expected a JWT, three base64url parts"),
+        ("Bearer x.y.z", "expected a JWT, three base64url parts"),
+        ("a..c", "expected a JWT, three base64url parts"),
+        ("a+b.c/d.e", "expected a JWT, three base64url parts"),  # base64, not base64url
+        ("e30.e30.!!", "expected a JWT, three base64url parts"),
+        ("bm90IGpzb24.e30.c2ln", "its header is not a base64url JSON object"),
+        (_jwt([1], {"sub": "alice", "exp": 4_000_000_000}), "header is not a base64url JSON"),
+        (_jwt(HEADER, b"\xff\xfe"), "its payload is not a base64url JSON object"),
+        (_jwt({"typ": "JWT"}, {"sub": "alice", "exp": 4_000_000_000}), "names no alg"),
+        (_jwt(HEADER, {"exp": 4_000_000_000}), "no user id (sub claim)"),
+        (_jwt(HEADER, {"sub": "", "exp": 4_000_000_000}), "no user id (sub claim)"),
+        (_jwt(HEADER, {"sub": "alice"}), "no expiry (exp claim)"),
+        (_jwt(HEADER, {"sub": "alice", "exp": "soon"}), "no expiry (exp claim)"),
+        (_jwt(HEADER, {"sub": "alice", "exp": True}), "no expiry (exp claim)"),
+        (_jwt(HEADER, {"sub": "alice", "exp": 1_000_000}), "expired at"),
+    ],
+)
+def test_set_token_refuses_what_is_not_a_sidecar_token(
+    home: Path, capsys: pytest.CaptureFixture[str], token: str, message: str
+) -> None:
+    assert main(["set-token", token]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "nothing stored" in err
+    assert token not in err  # never echoed: it may be a real secret pasted wrongly
+    assert _config.load_token() is None
+
+
+def test_set_token_stores_a_token_the_hub_issued(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deskbridge_hub._tokens import issue_token
+
+    token = issue_token("s" * 32, "alice")
+    assert main(["set-token", token]) == 0
+    out = capsys.readouterr().out
+    assert "token for user 'alice' (valid until " in out and "stored in" in out
+    assert _config.load_token() == token
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"  {token}\n"))  # pasted on stdin
+    assert main(["set-token"]) == 0 and _config.load_token() == token
+    claims = _config.check_token(token)
+    assert claims.user_id == "alice" and claims.expires_at > time.time()
+    # within the hub's leeway an expired token is still accepted, as the hub does
+    just_expired = issue_token("s" * 32, "bob", lifetime_s=1, now=time.time() - 60)
+    assert _config.check_token(just_expired).user_id == "bob"

@@ -18,8 +18,14 @@ keyring backend is usable, in ``token`` beside the config file with permissions 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import json
+import math
 import os
+import re
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -122,6 +128,65 @@ def _keyring() -> Any | None:
     except ImportError:
         return None
     return keyring
+
+
+#: Clock skew the hub tolerates on a token's ``exp`` (its ``TOKEN_LEEWAY_S``), seconds.
+TOKEN_LEEWAY_S = 300.0
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@attrs.frozen
+class TokenClaims:
+    """What a sidecar token says about itself (read, not verified: only the hub holds the
+    secret that signs it)."""
+
+    user_id: str
+    expires_at: float
+
+
+def check_token(token: str, *, now: float | None = None) -> TokenClaims:
+    """Check that ``token`` looks like a sidecar token from ``deskbridge-hub token
+    USER_ID``: a compact JWT (three base64url parts separated by dots) whose header and
+    payload are JSON objects, the header naming its ``alg``, the payload holding a
+    non-empty string ``sub`` (the user id) and a numeric ``exp`` not already past (with
+    the hub's leeway, :data:`TOKEN_LEEWAY_S`). The signature is not verified: the sidecar
+    has no secret; the hub does that when the sidecar connects.
+
+    Raises:
+        ValueError: why it is not one (the message never contains the token).
+    """
+    parts = token.split(".")
+    if len(parts) != 3 or not all(_BASE64URL.fullmatch(p) for p in parts):
+        raise ValueError(
+            "not a sidecar token: expected a JWT, three base64url parts separated by dots "
+            "(copy the whole output of `deskbridge-hub token USER_ID`)"
+        )
+    decoded = []
+    for name, part in (("header", parts[0]), ("payload", parts[1])):
+        try:
+            raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+            value = json.loads(raw)
+        except (ValueError, binascii.Error):
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"not a sidecar token: its {name} is not a base64url JSON object")
+        decoded.append(value)
+    header, payload = decoded
+    if not isinstance(header.get("alg"), str):
+        raise ValueError("not a sidecar token: its header names no alg")
+    sub, exp = payload.get("sub"), payload.get("exp")
+    if not isinstance(sub, str) or not sub:
+        raise ValueError("not a sidecar token: no user id (sub claim)")
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or not math.isfinite(exp):
+        raise ValueError("not a sidecar token: no expiry (exp claim)")
+    current = time.time() if now is None else now
+    if exp + TOKEN_LEEWAY_S < current:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(exp))
+        raise ValueError(
+            f"the token of user {sub!r} expired at {when}: issue a new one with "
+            f"`deskbridge-hub token {sub}`"
+        )
+    return TokenClaims(user_id=sub, expires_at=float(exp))
 
 
 def store_token(token: str) -> str:

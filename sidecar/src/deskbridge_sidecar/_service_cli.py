@@ -11,6 +11,7 @@ import logging
 import logging.handlers
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ def add_commands(commands: Any) -> None:
         "set-token",
         help="store the token in the OS keyring (else a 0600 file), not in the config",
         description="Store the sidecar token (from `deskbridge-hub token USER_ID`). Reads it "
-        "from standard input when TOKEN is not given (arguments show in ps).",
+        "from standard input when TOKEN is not given (arguments show in ps). A string that is "
+        "not such a token (a JWT with a user id and an expiry not past) is refused with exit "
+        "status 2 and nothing is stored; its signature is checked by the hub, not here.",
     )
     t.add_argument("token", nargs="?", metavar="TOKEN")
 
@@ -113,7 +116,16 @@ def _set_token(args: argparse.Namespace) -> int:
     if not token:
         print("deskbridge-sidecar set-token: no token given", file=sys.stderr)
         return 2
-    print(f"token stored in {_config.store_token(token)}")
+    try:
+        claims = _config.check_token(token)
+    except ValueError as exc:
+        print(f"deskbridge-sidecar set-token: {exc}; nothing stored", file=sys.stderr)
+        return 2
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(claims.expires_at))
+    print(
+        f"token for user {claims.user_id!r} (valid until {until}) stored in "
+        f"{_config.store_token(token)}"
+    )
     return 0
 
 
