@@ -31,12 +31,14 @@ def test_every_option_of_every_hub_command_has_help() -> None:
 def test_serve_gives_its_log_level_to_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # `serve --workers 2 --log-level WARNING` logged INFO from both workers: they set up
     # their logging from DESKBRIDGE_LOG_LEVEL, which still said INFO
-    import hypercorn.run
+    from deskbridge_hub import _supervisor
 
     seen: list[str | None] = []
     monkeypatch.setattr(_logging, "setup_logging", lambda *a, **k: None)
     monkeypatch.setattr(
-        hypercorn.run, "run", lambda config: seen.append(os.environ["DESKBRIDGE_LOG_LEVEL"]) or 0
+        _supervisor,
+        "run",
+        lambda config, workers, grace_s: seen.append(os.environ["DESKBRIDGE_LOG_LEVEL"]) or 0,
     )
     monkeypatch.setenv("DESKBRIDGE_LOG_LEVEL", "INFO")
     monkeypatch.setenv("DESKBRIDGE_SECRET", "s" * 32)

@@ -68,11 +68,16 @@ from ._frames import (
     ToolSpec,
     Welcome,
 )
+from ._logtext import MAX_MESSAGE_CHARS, MAX_VALUE_CHARS, TextFormatter, safe_text
 from ._timings import Timings
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
+    "MAX_VALUE_CHARS",
+    "TextFormatter",
+    "safe_text",
     "BAD_ARGS",
     "BAD_JOB",
     "BAD_RESULT",

@@ -11,6 +11,7 @@ import hmac
 import json
 from typing import Any
 
+from deskbridge_common import safe_text
 from quart import Response, request
 
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
@@ -99,9 +100,10 @@ def bridge_error_answer(
 def http_error_answer(status: int | None, name: str | None, where: str) -> Answer:
     """The JSON answer to an HTTP error (Werkzeug's ``HTTPException``: its ``code`` and
     ``name``) for the request ``where`` ("POST /path"), e.g. 404 ``not_found`` "Not
-    Found: GET /x" (Quart's default is an HTML page)."""
+    Found: GET /x" (Quart's default is an HTML page). The request's path is the
+    client's: capped, its control characters escaped (a decoded ``%0a`` is not echoed)."""
     code = (name or "error").lower().replace(" ", "_").replace("'", "")
-    return error_answer(status or 500, code, f"{name}: {where}")
+    return error_answer(status or 500, code, f"{name}: {safe_text(where)}")
 
 
 def _presented_key(header: str) -> str:

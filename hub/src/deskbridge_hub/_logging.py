@@ -6,6 +6,10 @@ JSON lines come from python-json-logger: ``time``, ``level``, ``logger``, ``proc
 ``session_id``, ``tool``, ``outcome``, ``elapsed_ms``; the access log adds ``method``,
 ``path``, ``status``, ``client``). :func:`fields` builds those ``extra`` mappings so the
 names are the same everywhere.
+
+Text lines escape control characters and cap long values (``deskbridge_common``'s
+``TextFormatter``): a URL path, a user id or a sidecar's error message cannot start a
+line of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import logging
 import os
 import sys
 from typing import Any
+
+from deskbridge_common import TextFormatter
 
 #: Values of ``DESKBRIDGE_LOG_FORMAT``.
 FORMATS = ("text", "json")
@@ -28,7 +34,7 @@ def make_formatter(fmt: str) -> logging.Formatter:
         ValueError: an unknown format (the message names the variable and the choices).
     """
     if fmt == "text":
-        return logging.Formatter(TEXT_FORMAT)
+        return TextFormatter(TEXT_FORMAT)  # one line per record, client text escaped
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -22,6 +24,8 @@ import trio
 from deskbridge_common import CLOSE_SERVICE_RESTART
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from ._process import HubState
 
 log = logging.getLogger("deskbridge.hub.shutdown")
@@ -92,34 +96,105 @@ async def drain(state: HubState, grace_s: float) -> None:
     log.info("drained %d sessions in %.3f s", len(sessions), waited)
 
 
+_supervisor_pipe: Connection[bytes, bytes] | None = None
+"""The read end of the supervisor's requests when this process is one of
+``serve --workers N``'s workers (``_supervisor.worker_main`` sets it); None otherwise."""
+
+
+def supervised_by(pipe: Connection[bytes, bytes]) -> None:
+    """Mark this process as a supervised worker: :func:`drain_on_sigterm` also takes
+    the supervisor's requests (``drain SIGNAME`` / ``stop SIGNAME`` lines) from ``pipe``."""
+    global _supervisor_pipe
+    _supervisor_pipe = pipe
+
+
+@attrs.frozen
+class _Request:
+    """A request to stop: a signal to this process, or a line from the supervisor."""
+
+    kind: str  # "signal", "drain", "stop" or "gone" (the supervisor's pipe ended)
+    name: str  # the signal's name (SIGTERM, SIGINT), or what the supervisor said
+
+
 async def drain_on_sigterm(
     state: HubState, grace_s: float, exit_process: Callable[[], None]
 ) -> None:
-    """Wait for SIGTERM or SIGINT (Ctrl-C), then :func:`drain` and call ``exit_process``.
+    """Wait for SIGTERM or SIGINT (Ctrl-C), or the supervisor's request to drain, then
+    :func:`drain` and call ``exit_process``.
 
     Ctrl-C drains like SIGTERM (sockets closed with 1012, so sidecars reconnect at once,
-    not after a back-off); a second signal during the drain exits at once.
+    not after a back-off). One operator action is one drain: a Ctrl-C to the process
+    group of ``serve --workers N`` reaches this worker both as its own SIGINT and as the
+    supervisor's ``drain``; that is one request, not two. A second *signal* to this
+    process, or the supervisor's ``stop`` (it got a second signal), exits at once.
     Must run in the main thread's trio run (Hypercorn worker processes do).
     """
+    send, receive = trio.open_memory_channel[_Request](math.inf)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            again = "; Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
-            log.info("%s: draining (grace %.1f s)%s", name, grace_s, again)
+        async with trio.open_nursery() as watchers:
+            watchers.start_soon(_pass_signals, signals, send.clone())
+            if _supervisor_pipe is not None:
+                watchers.start_soon(_pass_supervisor, _supervisor_pipe, send.clone())
+            first = await receive.receive()
+            if first.kind == "signal":
+                again = "; Ctrl-C again to stop at once" if first.name == "SIGINT" else ""
+                log.info("%s: draining (grace %.1f s)%s", first.name, grace_s, again)
+            elif first.kind == "gone":
+                log.warning("the supervisor is gone: draining (grace %.1f s)", grace_s)
+            else:  # "drain"; a "stop" first (not sent so) drains too
+                log.info("the supervisor asks (%s): draining (grace %.1f s)", first.name, grace_s)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_exit_on_next_signal, signals, exit_process)
+                nursery.start_soon(_exit_on_second_request, receive, first, exit_process)
                 await drain(state, grace_s)
                 nursery.cancel_scope.cancel()
             exit_process()
-            return
+            watchers.cancel_scope.cancel()  # exit_process returned: a test's
 
 
-async def _exit_on_next_signal(
-    signals: AsyncIterator[int], exit_process: Callable[[], None]
+async def _pass_signals(
+    signals: AsyncIterator[int], send: trio.MemorySendChannel[_Request]
 ) -> None:
-    async for signum in signals:
-        log.warning(
-            "%s again: stopping without waiting for running jobs", signal.Signals(signum).name
-        )
+    async with send:
+        async for signum in signals:
+            await send.send(_Request("signal", signal.Signals(signum).name))
+
+
+async def _pass_supervisor(
+    pipe: Connection[bytes, bytes], send: trio.MemorySendChannel[_Request]
+) -> None:
+    async with send, trio.lowlevel.FdStream(os.dup(pipe.fileno())) as stream:
+        buffered = b""
+        while chunk := await stream.receive_some():
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                kind, _, name = line.decode(errors="replace").partition(" ")
+                if kind in ("drain", "stop"):
+                    await send.send(_Request(kind, name))
+                else:
+                    log.warning("the supervisor said %r: ignored", line[:80])
+        await send.send(_Request("gone", ""))
+
+
+async def _exit_on_second_request(
+    requests: trio.MemoryReceiveChannel[_Request],
+    first: _Request,
+    exit_process: Callable[[], None],
+) -> None:
+    signals = int(first.kind == "signal")
+    async for request in requests:
+        if request.kind == "signal":
+            signals += 1
+            if signals < 2:  # the group's Ctrl-C after the supervisor's drain: the same
+                log.debug("%s: already draining (the supervisor asked first)", request.name)
+                continue
+            log.warning("%s again: stopping without waiting for running jobs", request.name)
+        elif request.kind == "stop":
+            log.warning(
+                "the supervisor got %s again: stopping without waiting for running jobs",
+                request.name,
+            )
+        else:  # the supervisor's drain (or its end) while draining already: the same
+            continue
         exit_process()
         return

@@ -235,6 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
     from hypercorn.config import Config
     from hypercorn.run import run
 
+    from . import _supervisor
     from ._config import HubConfig
     from ._envcheck import warn_unknown_variables
     from ._logging import setup_logging
@@ -295,7 +296,8 @@ def _serve(args: argparse.Namespace) -> int:
     config.worker_class = "trio"
     # One worker runs in this process (Hypercorn's workers=0 mode), so SIGTERM to it (a
     # pod's PID 1) drains gracefully: finish jobs, close sockets 1012, exit. With N > 1
-    # Hypercorn's supervisor forks N workers; SIGTERM one worker to restart it gracefully.
+    # our supervisor (``_supervisor``, not Hypercorn's) starts N workers, drains each once
+    # on SIGTERM/Ctrl-C and waits for them; SIGTERM one worker to restart it gracefully.
     config.workers = 0 if args.workers == 1 else args.workers
     config.bind = [args.bind]
     config.graceful_timeout = (
@@ -312,7 +314,11 @@ def _serve(args: argparse.Namespace) -> int:
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # our handler, printed once
     try:
-        return run(config)
+        if args.workers == 1:
+            return run(config)
+        return _supervisor.run(
+            config, args.workers, max(hub.timings.grace_s, config.graceful_timeout)
+        )
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             print(

@@ -3,6 +3,9 @@
 JSON lines come from python-json-logger: ``time``, ``level``, ``logger``, ``message`` and
 the fields a call passes with ``extra=`` (``job_id``, ``tool``, ``outcome``,
 ``elapsed_ms``, ``session_id``), the same names as the hub's (deskbridge_hub._logging).
+Text lines escape control characters and cap long values (``deskbridge_common``'s
+``TextFormatter``): a close reason or error message the hub sent cannot start a line
+of its own.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import logging
 import os
 import sys
 from typing import Any
+
+from deskbridge_common import TextFormatter
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -21,7 +26,7 @@ def make_formatter(fmt: str | None = None) -> logging.Formatter:
     unknown format gets one warning on stderr naming it, and text."""
     fmt = (fmt or os.environ.get("DESKBRIDGE_LOG_FORMAT") or "text").strip().lower()
     if fmt == "text":
-        return logging.Formatter(TEXT_FORMAT)
+        return TextFormatter(TEXT_FORMAT)
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 
@@ -34,7 +39,7 @@ def make_formatter(fmt: str | None = None) -> logging.Formatter:
         f"{', '.join(FORMATS)}; using text",
         file=sys.stderr,
     )
-    return logging.Formatter(TEXT_FORMAT)
+    return TextFormatter(TEXT_FORMAT)
 
 
 def fields(**values: Any) -> dict[str, Any]:

@@ -1,0 +1,215 @@
+"""The supervisor of ``deskbridge-hub serve --workers N`` (N > 1): N Hypercorn trio
+workers sharing the listening sockets, and one graceful drain per operator action.
+
+Why not Hypercorn's own supervisor (``hypercorn.run.run``, 0.17): on SIGINT/SIGTERM it
+sets a shared event that starts Hypercorn's graceful shutdown in each worker (not the
+hub's drain), waits for the *first* worker to exit, then SIGTERMs the others. A worker
+already draining (a Ctrl-C reaches the whole process group) counted that SIGTERM as a
+second Ctrl-C and stopped at once: the call in flight lost its answer, the socket closed
+1006 instead of 1012. An idle worker drains in milliseconds, so this was the rule.
+
+Here one operator action is one drain in every worker:
+
+* SIGINT or SIGTERM to the supervisor: each worker is asked to drain over its pipe
+  (``drain SIGNAME``). A worker takes that request and a signal of its own (a Ctrl-C to
+  the process group reaches it too) as the same request (``_shutdown``); only a second
+  signal to the worker, or ``stop`` (the supervisor got a second signal), stops it at
+  once. The supervisor waits for every worker; one still running ``grace_s`` +
+  :data:`STOP_MARGIN_S` after the first request is killed (SIGKILL).
+* SIGTERM to one worker: it drains and exits 0; the supervisor starts a replacement.
+* SIGHUP: every worker drains and is replaced (what Hypercorn's supervisor called reload).
+* A worker that exits otherwise (killed by a signal, the OOM killer, a crash at start)
+  makes the supervisor drain the others and exit 1, as Hypercorn's did.
+* A worker whose pipe ends (the supervisor is gone, e.g. SIGKILLed) drains and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from hypercorn.config import Config, Sockets
+
+log = logging.getLogger("deskbridge.hub.supervisor")
+
+STOP_MARGIN_S = 10.0
+"""Seconds a worker gets beyond the grace to close its sockets and exit before the
+supervisor kills it (closing is bounded in the worker; this only catches a wedged one)."""
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@attrs.define(eq=False)
+class _Worker:
+    process: BaseProcess
+    pipe: Connection[bytes, bytes]  # the write end; the worker reads the other (``_shutdown``)
+
+    def tell(self, line: str) -> None:
+        with contextlib.suppress(OSError):  # gone already: nothing left to tell
+            os.write(self.pipe.fileno(), line.encode() + b"\n")
+
+
+def worker_main(config: Config, sockets: Sockets, pipe: Connection[bytes, bytes]) -> None:
+    """The target of each worker process: Hypercorn's trio worker, told where the
+    supervisor's requests arrive (``_shutdown.supervised_by``), with no shutdown event of
+    Hypercorn's (the hub's drain is the only shutdown)."""
+    from hypercorn.trio.run import trio_worker
+
+    from . import _shutdown
+
+    # The supervisor blocks SIGINT (and ignores it) around the start: unblock it here,
+    # the drain listens for it once the app serves.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _shutdown.supervised_by(pipe)
+    trio_worker(config, sockets)
+
+
+def run(config: Config, workers: int, grace_s: float) -> int:
+    """Serve with ``workers`` worker processes until an operator stops them.
+
+    Args:
+        config: Hypercorn's configuration (``worker_class`` trio); must pickle.
+        workers (int): how many worker processes; at least 2.
+        grace_s (float): seconds a worker's drain may wait for running jobs
+            (``DESKBRIDGE_GRACE_S``); bounds how long the supervisor waits.
+
+    Returns:
+        0 once every worker drained and exited 0 after SIGINT/SIGTERM; 1 when a worker
+        exited otherwise or had to be killed.
+
+    Raises:
+        OSError: the listening sockets could not be created (address in use, ...).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    sockets = config.create_sockets()
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    handled = (*_STOP_SIGNALS, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, _note) for signum in handled}
+    previous_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+    live: list[_Worker] = []
+    status = 0
+    kill_at: float | None = None  # monotonic; set when the drain is requested
+    killed = False
+    stop_signals = 0
+
+    def start_one() -> None:
+        reader, writer = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=worker_main, kwargs={"config": config, "sockets": sockets, "pipe": reader}
+        )
+        # Ignored (and blocked, so none is lost here) while the child starts: a Ctrl-C
+        # during its imports would be a KeyboardInterrupt traceback, not a drain.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            process.start()
+        finally:
+            signal.signal(signal.SIGINT, _note)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        reader.close()
+        live.append(_Worker(process, writer))
+
+    try:
+        for _ in range(workers):
+            start_one()
+        while live:
+            timeout = None if kill_at is None or killed else max(0.0, kill_at - time.monotonic())
+            ready = wait([wake_r, *(w.process.sentinel for w in live)], timeout)
+            if wake_r in ready:
+                for signum in _received(wake_r):
+                    name = signal.Signals(signum).name
+                    if signum == signal.SIGHUP:
+                        if kill_at is None:
+                            log.info("SIGHUP: every worker drains and is replaced")
+                            for worker in live:
+                                worker.tell(f"drain {name}")
+                        continue
+                    stop_signals += 1
+                    if stop_signals == 1:
+                        again = "; Ctrl-C again to stop at once" if name == "SIGINT" else ""
+                        log.info(
+                            "%s: draining %d workers (grace %.1f s)%s",
+                            name,
+                            len(live),
+                            grace_s,
+                            again,
+                        )
+                        if kill_at is None:
+                            kill_at = time.monotonic() + grace_s + STOP_MARGIN_S
+                        for worker in live:
+                            worker.tell(f"drain {name}")
+                    else:
+                        log.warning("%s again: workers stop without waiting for running jobs", name)
+                        for worker in live:
+                            worker.tell(f"stop {name}")
+            for worker in [w for w in live if not w.process.is_alive()]:
+                worker.process.join()
+                worker.pipe.close()
+                live.remove(worker)
+                code = worker.process.exitcode
+                if code == 0 and kill_at is None:
+                    start_one()  # a worker restarted on its own (SIGTERM to it, SIGHUP)
+                elif code != 0:
+                    status = 1
+                    log.error("worker %d exited with %s", worker.process.pid, _describe(code))
+                    if kill_at is None:
+                        kill_at = time.monotonic() + grace_s + STOP_MARGIN_S
+                        log.error("stopping: draining the other %d workers", len(live))
+                        for other in live:
+                            other.tell("drain worker-exit")
+            if kill_at is not None and not killed and live and time.monotonic() >= kill_at:
+                log.error(
+                    "%d workers still running %.1f s after the drain began: killing them",
+                    len(live),
+                    grace_s + STOP_MARGIN_S,
+                )
+                for worker in live:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(worker.process.pid or 0, signal.SIGKILL)
+                killed = True
+                status = 1
+    finally:
+        signal.set_wakeup_fd(previous_wakeup)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        wake_r.close()
+        wake_w.close()
+        for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
+            sock.close()
+    return status
+
+
+def _note(signum: int, frame: Any) -> None:
+    """The Python-level handler: the signal number reaches the loop through the wakeup
+    fd (``signal.set_wakeup_fd``); nothing to do here."""
+
+
+def _received(wake: socket.socket) -> list[int]:
+    signums: list[int] = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            data = wake.recv(64)
+            if not data:
+                break
+            signums.extend(data)
+    return signums
+
+
+def _describe(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"status {code}"
