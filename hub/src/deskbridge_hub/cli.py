@@ -300,9 +300,14 @@ def _serve(args: argparse.Namespace) -> int:
     # on SIGTERM/Ctrl-C and waits for them; SIGTERM one worker to restart it gracefully.
     config.workers = 0 if args.workers == 1 else args.workers
     config.bind = [args.bind]
-    config.graceful_timeout = (
-        args.graceful_timeout_s if args.graceful_timeout_s is not None else hub.timings.grace_s
-    )
+    grace_s = hub.timings.grace_s
+    if args.graceful_timeout_s is not None:
+        # the drain's grace is the workers' DESKBRIDGE_GRACE_S (``_shutdown``): the option
+        # sets it for them (it used to set only Hypercorn's timeout, which the drain
+        # does not use)
+        grace_s = args.graceful_timeout_s
+        os.environ["DESKBRIDGE_GRACE_S"] = repr(grace_s)
+    config.graceful_timeout = grace_s
     # Liveness is ours (application-level ping both ways); Hypercorn's own keep-alive
     # settings are spelled out so nothing is inherited silently.
     config.websocket_max_message_size = 2 * 1024 * 1024  # bytes; frames are capped at 1 MiB
@@ -316,9 +321,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if args.workers == 1:
             return run(config)
-        return _supervisor.run(
-            config, args.workers, max(hub.timings.grace_s, config.graceful_timeout)
-        )
+        return _supervisor.run(config, args.workers, grace_s)
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             print(
