@@ -254,3 +254,58 @@ def test_a_repeated_key_is_named_with_the_top_level_field_holding_it():
     text = '{"type":"job_result","id":"x","ok":true,"result":[{"a":1},{"a":{"a":2}}]}'
     frame = decode_frame(text)
     assert frame.result == [{"a": 1}, {"a": {"a": 2}}]
+
+
+# -- the canonical ping/pong shortcut (issue 10: an idle desktop is a ping and a pong) --
+
+import json as _json  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _general_decode(text: str):
+    """What the general path makes of ``text`` (the shortcut defeated by a space)."""
+    obj = _json.loads(text)
+    return decode_frame(_json.dumps(obj, separators=(", ", ": ")))
+
+
+@given(
+    kind=st.sampled_from([Ping, Pong]),
+    nonce=st.one_of(
+        st.text(min_size=0, max_size=210),
+        st.from_regex(r"[A-Za-z0-9_.:\-]{1,200}", fullmatch=True),  # the shortcut's own
+    ),
+)
+def test_a_ping_or_pong_decodes_and_encodes_as_the_general_path_does(kind, nonce):
+    frame = kind(nonce)
+    try:
+        text = encode_frame(frame)
+    except LocalProtocolError:
+        assert not nonce or len(nonce) > 200  # refused as the general path refuses it
+        return
+    # the text is what the JSON encoder writes, shortcut or not
+    assert text == _json.dumps({"type": frame.type, "nonce": nonce}, separators=(",", ":"))
+    assert decode_frame(text) == frame == _general_decode(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type":"ping","nonce":""}',  # empty nonce: refused
+        '{"type":"ping","nonce":"' + "n" * 201 + '"}',  # too long: refused
+        '{"type":"ping","nonce":"a","x":1}',  # extra field: refused
+        '{"type":"ping","nonce":"a"} ',  # trailing space: the general path decides
+        '{"type":"ping","nonce":"a\\u0041"}',  # an escape: the general path
+    ],
+)
+def test_texts_near_the_canonical_form_get_the_general_paths_answer(text):
+    try:
+        expected = _general_decode(text)
+    except (RemoteProtocolError, ValueError) as exc:
+        expected = type(exc)
+    try:
+        got = decode_frame(text)
+    except RemoteProtocolError as exc:
+        got = type(exc)
+    assert got == expected

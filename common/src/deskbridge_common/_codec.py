@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -247,6 +248,16 @@ def _fields(
     return out
 
 
+#: The canonical text of a ping or pong whose nonce needs no JSON escaping (what
+#: :func:`encode_frame` writes for it, and what both ends send): decoded and encoded
+#: without the JSON parser, the checks and the frame table. An idle desktop is a ping
+#: and a pong every interval; at 10,000 desktops the general path was ~10 % of an idle
+#: hub's CPU (issue 10). Any other text of a ping takes the general path, with the same
+#: result (``tests/common/test_codec.py`` checks both ways).
+_CANONICAL_PING_PONG = re.compile(r'\{"type":"(ping|pong)","nonce":"([A-Za-z0-9_.:\-]{1,200})"\}')
+_PLAIN_NONCE = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+
+
 def decode_frame(data: str | bytes) -> Frame:
     """Parse one WebSocket message into a frame.
 
@@ -262,6 +273,11 @@ def decode_frame(data: str | bytes) -> Frame:
             (1007), or has an unknown ``type``, an unexpected or a missing field (1008).
             ``field`` names the culprit.
     """
+    if type(data) is str and len(data) <= 240:  # noqa: E721 - exactly str, not a subclass
+        canonical = _CANONICAL_PING_PONG.fullmatch(data)
+        if canonical is not None:
+            kind, nonce = canonical.groups()
+            return Ping(nonce) if kind == "ping" else Pong(nonce)
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > MAX_FRAME_BYTES:
         raise RemoteProtocolError(
@@ -381,6 +397,8 @@ def encode_frame(frame: Frame) -> str:
             or would be refused by :func:`decode_frame` (``field`` names why, and
             ``close_code`` is the code the peer would close with).
     """
+    if isinstance(frame, Ping | Pong) and _PLAIN_NONCE.fullmatch(frame.nonce):
+        return f'{{"type":"{frame.type}","nonce":"{frame.nonce}"}}'  # see _CANONICAL_PING_PONG
     body = _body(frame)
     raw = body.pop("result", None) if isinstance(body.get("result"), RawJSON) else None
     _cls, spec = _SPECS[frame.type]
