@@ -160,9 +160,10 @@ def session_closed() -> None:
     SESSIONS_OPEN.dec()
 
 
-def presence_written(kind: str) -> None:
-    """``kind``: ``set`` (handshake) or ``refresh`` (heartbeat)."""
-    PRESENCE_WRITES.labels(kind).inc()
+def presence_written(kind: str, count: int = 1) -> None:
+    """``kind``: ``set`` (handshake) or ``refresh`` (heartbeat); ``count`` writes (a
+    pipelined heartbeat counts its refreshes once)."""
+    _child(PRESENCE_WRITES, kind).inc(count)
 
 
 def presence_failed(reason: str) -> None:

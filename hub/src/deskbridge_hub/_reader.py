@@ -387,13 +387,14 @@ class ProcessReader:
         reads: list[int],
         replies: list[BeatReply],
     ) -> None:
+        refreshed = 0
         for listener, beat, n, reply in zip(listeners, beats, reads, replies, strict=True):
             if not reply.ours:
                 _metrics.presence_failed("not_holder")
                 self.stop_beating(listener)
                 listener.on_superseded()
                 continue
-            _metrics.presence_written("refresh")
+            refreshed += 1
             listener.answered(beat, n, taken=reply.taken)
             if self._beating.get(listener.session_id) is listener:
                 if listener.catalogue_due:  # presence was lost: the catalogue may be too
@@ -405,6 +406,8 @@ class ProcessReader:
             kinds += [TRIMMED] * reply.trimmed_due
             if kinds:
                 self.schedule(listener.user_id, *kinds)
+        if refreshed:
+            _metrics.presence_written("refresh", refreshed)  # once per pipelined beat
 
     async def _worker(self) -> None:
         while True:
