@@ -89,25 +89,14 @@ async def handshake(session: HubSession) -> PresenceKeeper:
             raise EndSession(
                 CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
             ) from None
-        for other in older:
-            # Only once presence names this session: a newer sidecar refused with 1013
-            # (Redis down) must not close the working one with 4001, which makes it stop
-            # for good. Same process: at once; other processes: at once too, by the notice
-            # ``PresenceKeeper.announce`` pushes onto their wake list.
-            other.supersede(local=True)
-            # The same daemon is back on this socket: its older socket is dead (a daemon
-            # holds one session at a time; a half-open cut sent no FIN). End it now,
-            # after presence names this session (its cleanup must not clear ours),
-            # instead of after its ping deadline or the grace: its deliveries stay
-            # pending and this session's drain redelivers them to the daemon's ledger at
-            # once (issue 16).
-            same = other.hello is not None and other.hello.daemon_id == frame.daemon_id
-            if frame.daemon_id and same:
-                other.abandon()
-        session.sleep = SleepRecord(
-            session.state.substrate, session.user_id, session.state.wall_clock
-        )
-        await session.sleep.awake(frame)
+        try:
+            session.sleep = SleepRecord(
+                session.state.substrate, session.user_id, session.state.wall_clock
+            )
+            await session.sleep.awake(frame)
+        except BaseException:
+            await presence.clear()  # no presence for a session that never ran
+            raise
     # outside the admission: a peer that stops reading must not hold a slot
     welcome = Welcome(
         session_id=session.session_id,
@@ -115,7 +104,30 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         ping_interval_s=t.ping_interval_s,
         ping_timeout_s=t.ping_timeout_s,
     )
-    await session.socket.send(session._encode(welcome))
+    try:
+        await session.socket.send(session._encode(welcome))
+    except BaseException:
+        # Gone before its welcome (a reset, a cut): presence must not name a session
+        # that never ran (callers were told "delivered, may be running" for up to the
+        # presence TTL), and no older session is told it was superseded by it. An older
+        # session of another process writes presence again at its next heartbeat.
+        await presence.clear()
+        raise
+    for other in older:
+        # Only once this session is welcomed: a newer sidecar refused with 1013 (Redis
+        # down) or gone before its welcome must not close the working one with 4001,
+        # which makes it stop for good. Same process: at once; other processes: at once
+        # too, by the notice below.
+        other.supersede(local=True)
+        # The same daemon is back on this socket: its older socket is dead (a daemon
+        # holds one session at a time; a half-open cut sent no FIN). End it now, after
+        # presence names this session (its cleanup must not clear ours), instead of
+        # after its ping deadline or the grace: its deliveries stay pending and this
+        # session's drain redelivers them to the daemon's ledger at once (issue 16).
+        same = other.hello is not None and other.hello.daemon_id == frame.daemon_id
+        if frame.daemon_id and same:
+            other.abandon()
+    await presence.notify_replaced()
     log.info(
         "session %s: %s online (sidecar %s)",
         session.session_id,

@@ -57,6 +57,8 @@ class PresenceKeeper:
     session_id: str
     catalogue: str
     on_superseded: Callable[[], None] = lambda: None
+    #: The session :meth:`announce` took presence from (None: none, or this one).
+    replaced: str | None = attrs.field(default=None, init=False)
     _superseded: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     async def announce(self) -> None:
@@ -74,23 +76,30 @@ class PresenceKeeper:
             _metrics.presence_failed("unavailable")
             raise
         _metrics.presence_written("set")
-        older = holder_of(replaced) if replaced and replaced != self.session_id else None
-        if replaced and older is not None and older != holder_of(self.session_id):
-            # Newest wins at once on every process: the older session's process learns
-            # it from its wake list now, not at its next heartbeat (up to heartbeat_s,
-            # meanwhile a connected desktop read offline if this session ended first).
-            # Best effort: that heartbeat stays the fallback. (This process's own older
-            # sessions are told directly by the handshake.)
-            try:
-                await self.substrate.notify_superseded(
-                    older, self.user_id, replaced, ttl_s=self.timings.presence_ttl_s
-                )
-            except SubstrateUnavailable as exc:
-                log.info(
-                    "session %s: could not tell %s's process it was superseded (%s); its "
-                    "heartbeat will",
-                    self.session_id, replaced, exc,
-                )  # fmt: skip
+        self.replaced = replaced if replaced != self.session_id else None
+
+    async def notify_replaced(self) -> None:
+        """Tell the process of the session :meth:`announce` replaced, if it is another
+        process, that its session is superseded: newest wins at once on every process,
+        not at that session's next heartbeat (up to ``heartbeat_s``; meanwhile a
+        connected desktop read offline if this newer session ended first). Called once
+        this session is welcomed (a socket gone before its welcome must not end a
+        working one). Best effort: that heartbeat stays the fallback. (This process's own
+        older sessions are told directly by the handshake.)"""
+        replaced = self.replaced
+        older = holder_of(replaced) if replaced else None
+        if not replaced or older is None or older == holder_of(self.session_id):
+            return
+        try:
+            await self.substrate.notify_superseded(
+                older, self.user_id, replaced, ttl_s=self.timings.presence_ttl_s
+            )
+        except SubstrateUnavailable as exc:
+            log.info(
+                "session %s: could not tell %s's process it was superseded (%s); its "
+                "heartbeat will",
+                self.session_id, replaced, exc,
+            )  # fmt: skip
 
     def supersede(self) -> None:
         """A newer session of this user started in this process: hand over at once."""

@@ -266,6 +266,11 @@ class HubSession(SessionTimers):
             extra=fields(user_id=self.user_id, session_id=self.session_id),
         )
         self._abandoned = True
+        # A supersede told earlier (another process's notice: the daemon passed through
+        # there first) no longer says what happens to the running deliveries: the same
+        # daemon is back here, so they stay pending for it, never a final ``in_doubt``.
+        self._ending = None
+        self._handed_over = False
         self._end_note = self._end_note or (None, "abandoned: its daemon is back on a newer socket")
         self.stop_reading()
         if self._nursery is not None:
