@@ -125,3 +125,30 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path) -> None:
         assert "SIGINT again: stopping without waiting for running jobs" in hub.output()
         with contextlib.suppress(httpx.HTTPError):
             assert call.result(timeout=10).status_code != 200
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_to_the_group_while_the_workers_start_drains_and_exits_0(tmp_path, signum):
+    """systemd stops the whole group; a worker still importing died of SIGTERM's default
+    action (the supervisor then exited 1, a crash). Found by a review of the supervisor."""
+    import os
+    from pathlib import Path
+
+    hub = Hub(tmp_path, workers=2, env={"DESKBRIDGE_GRACE_S": "3"})
+
+    def workers() -> list[int]:
+        try:
+            kids = Path(f"/proc/{hub.pid}/task/{hub.pid}/children").read_text().split()
+        except FileNotFoundError:
+            return []
+        return [int(k) for k in kids]
+
+    try:
+        wait_until(lambda: len(workers()) >= 2, timeout_s=30, what="both workers spawned")
+        os.killpg(hub.pid, signum)  # while they import
+        code = hub.popen.wait(timeout=60)
+        out = hub.output()
+    finally:
+        hub.stop(timeout_s=5)
+    assert "exited with signal" not in out, out[-3000:]
+    assert code == 0, out[-3000:]

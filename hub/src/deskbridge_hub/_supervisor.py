@@ -69,9 +69,10 @@ def worker_main(config: Config, sockets: Sockets, pipe: Connection[bytes, bytes]
 
     from . import _shutdown
 
-    # The supervisor blocks SIGINT (and ignores it) around the start: unblock it here,
-    # the drain listens for it once the app serves.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # The supervisor blocks SIGINT and SIGTERM (and ignores them) around the start:
+    # unblock them here; they stay ignored until the drain listens for them, once the
+    # app serves (the supervisor, reached by the same group signal, asks over the pipe).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_STOP_SIGNALS))
     _shutdown.supervised_by(pipe)
     trio_worker(config, sockets)
 
@@ -111,15 +112,21 @@ def run(config: Config, workers: int, grace_s: float) -> int:
         process = ctx.Process(
             target=worker_main, kwargs={"config": config, "sockets": sockets, "pipe": reader}
         )
-        # Ignored (and blocked, so none is lost here) while the child starts: a Ctrl-C
-        # during its imports would be a KeyboardInterrupt traceback, not a drain.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # Ignored by the child (and blocked here, so none is lost by the supervisor)
+        # while it starts: a Ctrl-C during its imports would be a KeyboardInterrupt
+        # traceback, and a SIGTERM (systemd stops the whole group) would kill it by the
+        # default action, not drain it; the supervisor, reached by the same signal, asks
+        # it to drain over the pipe once it serves.
+        stops = set(_STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
             process.start()
         finally:
-            signal.signal(signal.SIGINT, _note)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, _note)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         reader.close()
         live.append(_Worker(process, writer))
 
