@@ -194,3 +194,60 @@ async def test_a_sidecar_that_pings_but_never_reads_is_still_timed_out(autojump_
         took = trio.current_time() - start
         assert took <= fill_s + t.ping_interval_s + t.ping_timeout_s + 1
         nursery.cancel_scope.cancel()
+
+
+class SlowLink:
+    """The hub's side of a socket whose uplink writes ``rate_bytes_s``."""
+
+    def __init__(self, inner, rate_bytes_s: float) -> None:
+        self.inner, self.rate_bytes_s = inner, rate_bytes_s
+
+    async def receive(self):
+        return await self.inner.receive()
+
+    async def send(self, data) -> None:
+        await trio.sleep(len(data) / self.rate_bytes_s)
+        await self.inner.send(data)
+
+    async def close(self, code, reason) -> None:
+        await self.inner.close(code, reason)
+
+
+async def test_a_backlog_written_slowly_does_not_time_out_the_probe_behind_it(autojump_clock):
+    """Eight 200 KB jobs at 80 KB/s take 20 s to write; the probe ping queued behind
+    them counted its 10 s from the queue and ended a healthy, answering sidecar (4002),
+    interrupting all eight. A ping's timeout counts from when it is written, and the
+    frames written ahead of it restart it. Found by a review of the probe."""
+    from deskbridge_common import Hello, Welcome
+    from deskbridge_hub._session import serve_sidecar
+    from deskbridge_hub.testing import socket_pair
+
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    outcomes = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
+        hub_side, peer = socket_pair()
+        nursery.start_soon(serve_sidecar, state, SlowLink(hub_side, 80_000), "u1")
+        await peer.send(Hello(protocol_version=1, sidecar_version="t"))
+        assert isinstance(await peer.receive(), Welcome)
+        side = Peer(peer)
+        nursery.start_soon(side.run)
+        await trio.sleep(5)  # silent: the first job is probed
+
+        async def call(i: int) -> None:
+            outcomes.append(
+                await bridge.dispatch(
+                    "u1", "echo", {"blob": "x" * 200_000}, idempotency_key=f"k{i}",
+                    timeout_s=120,
+                )
+            )  # fmt: skip
+
+        async with trio.open_nursery() as calls:
+            for i in range(8):
+                calls.start_soon(call, i)
+        assert [o.status for o in outcomes] == ["completed"] * 8, outcomes
+        await trio.sleep(1)  # the probe, written after the eight jobs, and its pong
+        assert len(side.hub_pings()) == 1  # the probe went out, and was answered
+        assert not peer.closed.is_set()
+        nursery.cancel_scope.cancel()

@@ -321,6 +321,19 @@ class Connection:
 
     # -- deadlines and closing -----------------------------------------------------------
 
+    def restart_ping_deadline(self, nonce: str, now_s: float) -> None:
+        """Count an outstanding ping's ``ping_timeout_s`` from ``now_s`` instead of from
+        its :meth:`send` (a caller whose sends wait in a queue: the ping was written
+        only now, or the frames ahead of it were still being written). No-op for a
+        nonce not outstanding or a ping without a deadline.
+
+        Args:
+            nonce: the ping's nonce.
+            now_s: the caller's clock now, seconds.
+        """
+        if self._pings.get(nonce) is not None and self.ping_timeout_s is not None:
+            self._pings[nonce] = now_s + self.ping_timeout_s
+
     def check_deadlines(self, now_s: float) -> None:
         """Fail the connection if a deadline has passed.
 

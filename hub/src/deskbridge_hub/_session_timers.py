@@ -43,6 +43,7 @@ class SessionTimers:
     _probing: bool
     _pings_sent: int
     _peer_pings: bool
+    _unsent_pings: dict[str, str]
     _timed_out: EndSession | None
     _time_is_up: trio.Event
     _done: bool
@@ -112,8 +113,11 @@ class SessionTimers:
             if now_s >= due_s:
                 self._pings_sent += 1
                 self._probing = False
-                try:  # a nonce only has to be unique on this socket
-                    self._send.send_nowait(self._encode(Ping(nonce=f"p{self._pings_sent:x}")))
+                nonce = f"p{self._pings_sent:x}"  # only has to be unique on this socket
+                try:
+                    text = self._encode(Ping(nonce=nonce))
+                    self._send.send_nowait(text)
+                    self._unsent_pings[text] = nonce  # its timeout starts when written
                 except EndSession:
                     return None  # closing: nothing more to ping
                 except trio.WouldBlock:
