@@ -74,6 +74,11 @@ class TextFormatter(logging.Formatter):
     the original arguments)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        if not (record.exc_info or record.exc_text or record.stack_info):
+            message = record.getMessage()
+            if len(message) <= MAX_VALUE_CHARS and message.isprintable():
+                # nothing to cap or escape (the usual line, e.g. one per job): as is
+                return super().format(record)
         safe = copy.copy(record)
         args = record.args
         if isinstance(args, tuple):
