@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import time
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,11 @@ def run(config: Config, workers: int, grace_s: float) -> int:
         OSError: the listening sockets could not be created (address in use, ...).
     """
     ctx = multiprocessing.get_context("spawn")
+    # multiprocessing starts its resource tracker with the first worker, blocking
+    # SIGINT/SIGTERM around that and *unblocking* them after: a stop pending then met
+    # our SIG_IGN of the start (below) and was lost; the workers were never asked to
+    # drain. Started here, before any of that, it is already running at each start.
+    resource_tracker.ensure_running()
     sockets = config.create_sockets()
     wake_r, wake_w = socket.socketpair()
     wake_r.setblocking(False)
@@ -119,14 +125,23 @@ def run(config: Config, workers: int, grace_s: float) -> int:
         # it to drain over the pipe once it serves.
         stops = set(_STOP_SIGNALS)
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        caught: list[signal.Signals] = []
         try:
             for signum in _STOP_SIGNALS:
+                # Setting SIG_IGN drops a pending signal (POSIX): take it first, so a
+                # stop that came just now is not lost (it was, about one start-up
+                # SIGTERM in twenty: the workers were never asked to drain). Blocked,
+                # one that comes after is kept pending (Linux) until the unblock.
+                if signal.sigtimedwait({signum}, 0) is not None:
+                    caught.append(signum)
                 signal.signal(signum, signal.SIG_IGN)
             process.start()
         finally:
             for signum in _STOP_SIGNALS:
                 signal.signal(signum, _note)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+            for signum in caught:
+                signal.raise_signal(signum)  # to ``_note``, as if it came now
         reader.close()
         live.append(_Worker(process, writer))
 
