@@ -11,12 +11,8 @@ from deskbridge_common import (
     CLOSE_SUPERSEDED,
     Hello,
     Job,
-    JobResult,
-    Ping,
-    Pong,
     Timings,
     Welcome,
-    decode_frame,
 )
 from deskbridge_hub import Bridge
 from deskbridge_hub._memory import MemorySubstrate
@@ -41,14 +37,13 @@ async def quiet(fn, *args):
         pass
 
 
-async def answering(peer, got):
-    async for raw in peer._inbox:
-        frame = decode_frame(raw)
-        if isinstance(frame, Ping):
-            await peer.send(Pong(frame.nonce))
-        elif isinstance(frame, Job):
-            got.append(frame)
-            await peer.send(JobResult(frame.id, True, {"from": "ledger"}))
+async def welcomed(nursery, state, daemon_id: str):
+    """A sidecar of daemon ``daemon_id`` for u1 on ``state``'s process, welcomed."""
+    hub_side, peer = socket_pair()
+    nursery.start_soon(quiet, serve_sidecar, state, hub_side, "u1")
+    await peer.send(Hello(protocol_version=1, sidecar_version="t", daemon_id=daemon_id))
+    assert isinstance(await peer.receive(), Welcome)
+    return peer
 
 
 async def _same_daemon_back(*, through_process_2: bool):
@@ -58,10 +53,7 @@ async def _same_daemon_back(*, through_process_2: bool):
     async with trio.open_nursery() as nursery:
         await nursery.start(s1.reader.run)
         await nursery.start(s2.reader.run)
-        hub_a, peer_a = socket_pair()
-        nursery.start_soon(quiet, serve_sidecar, s1, hub_a, "u1")
-        await peer_a.send(Hello(protocol_version=1, sidecar_version="t", daemon_id="d1"))
-        assert isinstance(await peer_a.receive(), Welcome)
+        peer_a = await welcomed(nursery, s1, "d1")
 
         async def call():
             outcome.append(
@@ -76,12 +68,9 @@ async def _same_daemon_back(*, through_process_2: bool):
             await peer_b.send(Hello(protocol_version=1, sidecar_version="t", daemon_id="d1"))
             await peer_b.disconnect()  # gone before its welcome: no takeover there
             await trio.sleep(1)
-        hub_c, peer_c = socket_pair()  # d1 back on process 1
-        nursery.start_soon(quiet, serve_sidecar, s1, hub_c, "u1")
-        await peer_c.send(Hello(protocol_version=1, sidecar_version="t", daemon_id="d1"))
-        assert isinstance(await peer_c.receive(), Welcome)
+        peer_c = await welcomed(nursery, s1, "d1")  # d1 back on process 1
         got: list[Job] = []
-        nursery.start_soon(answering, peer_c, got)
+        nursery.start_soon(answer_jobs, peer_c, got)
         with trio.fail_after(130):
             while not outcome:  # noqa: ASYNC110 - mock clock
                 await trio.sleep(0.5)
@@ -125,10 +114,7 @@ async def test_a_socket_gone_before_its_welcome_on_another_process_kicks_nobody(
     async with trio.open_nursery() as nursery:
         await nursery.start(s1.reader.run)
         await nursery.start(s2.reader.run)
-        hub_a, peer_a = socket_pair()
-        nursery.start_soon(quiet, serve_sidecar, s1, hub_a, "u1")
-        await peer_a.send(Hello(protocol_version=1, sidecar_version="t", daemon_id="d1"))
-        assert isinstance(await peer_a.receive(), Welcome)
+        peer_a = await welcomed(nursery, s1, "d1")
         nursery.start_soon(answer_jobs, peer_a, [])
         hub_b, peer_b = socket_pair()
         nursery.start_soon(quiet, serve_sidecar, s2, hub_b, "u1")

@@ -249,37 +249,28 @@ class PresenceCommands(RedisCommandBase):
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: Redis unreachable or refusing writes.
         """
-        px = _ms(ttl_s)
-        key = wake_key(holder_id)
-        async with self._session("RPUSH wake") as s:
-            replies = await s.execute(
-                (b"MULTI",),
-                (b"RPUSH", key, user_id),
-                (b"PEXPIRE", key, px),
-                (b"EXEC",),
-                timeout_s=self._command_timeout_s,
-            )
-            for reply in replies:
-                if isinstance(reply, BaseException):
-                    raise reply  # inside the session: mapped to SubstrateUnavailable
+        await self._push_wake("RPUSH wake", holder_id, user_id, ttl_s)
 
     async def notify_superseded(
         self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
     ) -> None:
-        """MULTI, RPUSH ``bridge:wake:{holder_id}`` the notice (JSON ``{"superseded":
-        session_id, "user": user_id}``), PEXPIRE ceil(ttl_s * 1000), EXEC.
+        """As :meth:`wake`, with the notice (JSON ``{"superseded": session_id, "user":
+        user_id}``) as the item.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: Redis unreachable or refusing writes.
         """
         notice = json.dumps({"superseded": session_id, "user": user_id})
+        await self._push_wake("RPUSH superseded", holder_id, notice, ttl_s)
+
+    async def _push_wake(self, operation: str, holder_id: str, item: str, ttl_s: float) -> None:
         px = _ms(ttl_s)
         key = wake_key(holder_id)
-        async with self._session("RPUSH superseded") as s:
+        async with self._session(operation) as s:
             replies = await s.execute(
                 (b"MULTI",),
-                (b"RPUSH", key, notice),
+                (b"RPUSH", key, item),
                 (b"PEXPIRE", key, px),
                 (b"EXEC",),
                 timeout_s=self._command_timeout_s,
