@@ -66,6 +66,33 @@ async def test_each_session_is_beaten_every_heartbeat_from_its_handshake(autojum
     assert not any(cat for _, beats in calls for _, cat, _ in beats)
 
 
+async def test_sessions_spread_over_time_are_beaten_in_one_write_per_batch_window(
+    autojump_clock,
+):
+    """Handshakes every 0.1 s (a population arriving over time): the beats go out at most
+    one write per batch window (each at most a window early, never late), not one write
+    per couple of sessions (issue 10: 10,000 idle desktops were ~150 writes a second)."""
+    state = make_state()  # heartbeat 30 s, batch window 1 s
+    calls = spy_beats(state)
+    welcomed: dict[str, float] = {}
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            peer, _ = await connect(nursery, state, f"u{i}")
+            welcomed[f"u{i}"] = trio.current_time()
+            nursery.start_soon(pong_only, peer)
+            await trio.sleep(0.1)
+        await trio.sleep(65)
+        nursery.cancel_scope.cancel()
+    times = [t for t, _ in calls]
+    assert all(b - a >= 1.0 for a, b in zip(times, times[1:], strict=False)), times
+    assert 6 <= len(calls) <= 12  # 40 sessions over 4 s, twice: ~5 writes each time
+    for user, at in welcomed.items():  # every session beaten each heartbeat, on time
+        beaten = [t - at for t, beats in calls for u, _, _ in beats if u == user]
+        assert len(beaten) == 2 and all(
+            0 <= n * 30 - b <= 1.0 for n, b in zip((1, 2), beaten, strict=True)
+        ), (user, beaten)
+
+
 async def test_presence_and_catalogue_lost_by_the_store_come_back_within_a_second(
     autojump_clock,
 ):

@@ -5,10 +5,12 @@ on time with no timer task of its own."""
 
 from __future__ import annotations
 
+import math
+
 import trio
 import trio.testing
 from deskbridge_common import Ping, Pong, decode_frame
-from deskbridge_hub._pacer import Pacer
+from deskbridge_hub._pacer import PACE_GRID_S, Pacer
 
 from .test_session import connect, make_state
 
@@ -88,3 +90,26 @@ async def test_a_sooner_visit_replaces_the_later_one_and_each_thing_keeps_one_vi
     # visited at 2 (the sooner), never at the replaced 10 or 20, then every 10 s
     assert [v - start for v in a.visits] == [2, 12, 22]
     assert len(pacer) == 0
+
+
+async def test_visits_due_within_one_grid_step_are_made_together_never_early(autojump_clock):
+    """At 10,000 desktops the visits fall at hundreds of distinct times a second: the
+    pacer wakes on its grid (``PACE_GRID_S``) and makes every visit due by then, at most
+    one step late; a visit asked for now is made at once."""
+    pacer = Pacer()
+    step = PACE_GRID_S
+    things = [Every(100, 1) for _ in range(4)]
+    now_thing = Every(100, 1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pacer.run)
+        base = math.ceil(trio.current_time() / step) * step + 10 * step  # a grid point
+        for n, thing in enumerate(things):
+            pacer.add(thing, base + step * (0.1 + 0.2 * n))  # all within one step
+        await trio.sleep_until(base - 0.5 * step)
+        pacer.add(now_thing, trio.current_time())  # off the grid, due now
+        asked_at = trio.current_time()
+        await trio.sleep(10)
+        nursery.cancel_scope.cancel()
+    visits = [thing.visits[0] for thing in things]
+    assert visits == [base + step] * 4  # together, at the next grid point
+    assert now_thing.visits == [asked_at]  # not held for the grid

@@ -15,6 +15,7 @@ import trio.testing
 from deskbridge_common import CLOSE_PING_TIMEOUT, Job, JobResult, Ping, Pong, decode_frame
 from deskbridge_hub import Bridge
 from deskbridge_hub._errors import SocketClosed
+from deskbridge_hub._pacer import PACE_GRID_S
 from deskbridge_hub._session_timers import PROBE_SILENCE_S
 
 from .test_session import connect, make_state, wall
@@ -71,7 +72,8 @@ async def test_a_sidecar_that_pings_every_interval_is_never_pinged_by_the_hub(au
         silent_from = trio.current_time()
         with trio.fail_after(t.ping_interval_s + t.ping_timeout_s + 1):
             await peer.closed.wait()
-        assert trio.current_time() - silent_from == t.ping_interval_s + t.ping_timeout_s
+        late_s = trio.current_time() - silent_from - (t.ping_interval_s + t.ping_timeout_s)
+        assert 0 <= late_s <= PACE_GRID_S  # the pacer's visits fall on its grid
         assert peer.close_code == CLOSE_PING_TIMEOUT
         assert side.hub_pings() == []
         nursery.cancel_scope.cancel()

@@ -389,6 +389,33 @@ async def check_heartbeat_finds_backlog_reclaim_and_trimmed_entries(h: Substrate
 
 
 @check
+async def check_heartbeat_of_many_users_answers_each_for_its_own_keys(
+    h: SubstrateHarness,
+) -> None:
+    """Hundreds of beats in one call (an implementation may cover many users per
+    script and per write) answer each user for its own keys, in the order given."""
+    s = h.substrate
+    users = [h.user() for _ in range(230)]
+    kinds = ["held", "theirs", "absent", "backlog"]
+    for n, user in enumerate(users):
+        kind = kinds[n % 4] if n % 7 else "backlog"
+        if kind != "absent":
+            await s.set_presence(user, "other" if kind == "theirs" else f"s{n}", 30)
+        if kind == "backlog":
+            await s.enqueue(user, {"job_id": h.job()}, maxlen=GROUP_MAXLEN)
+    beats = [Beat(user, f"s{n}", deep=n % 2 == 0) for n, user in enumerate(users)]
+    replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+    got = [(r.ours, r.backlog, r.taken) for r in replies]
+    want = []
+    for n in range(len(users)):
+        kind = kinds[n % 4] if n % 7 else "backlog"
+        want.append((kind != "theirs", kind == "backlog", kind == "absent"))
+    assert got == want
+    present = [await s.get_presence(user) for user in users[:8]]
+    assert present == ["s0", "other", "s2", "s3", "s4", "other", "s6", "s7"]
+
+
+@check
 async def check_heartbeat_writes_the_catalogue_only_when_given_and_says_it_took_presence(
     h: SubstrateHarness,
 ) -> None:

@@ -28,6 +28,15 @@ import trio
 
 log = logging.getLogger("deskbridge.hub.pacer")
 
+#: The pacer wakes for due visits on a grid of this many seconds (trio clock): visits
+#: due within one step are made together, at most this late. Every timer it drives is
+#: ten seconds or more (ping timeout, silence window, token expiry checks); at 10,000
+#: idle desktops their visits fall at ~330 distinct times a second, and waking for each
+#: was one event-loop pass per visit (issue 10, idle CPU). A visit asked for now
+#: (:meth:`Pacer.add` with the current time: a session's start, a probe after a job) is
+#: made at once, not on the grid.
+PACE_GRID_S = 0.25
+
 
 class Paced(Protocol):
     """What the pacer drives (``HubSession``)."""
@@ -65,8 +74,8 @@ class Pacer:
         due = self._due.get(paced)
         if due is not None and due <= at_s:
             return
-        if not self._heap or at_s < self._heap[0][0]:
-            self._sooner.set()
+        if not self._heap or at_s < _on_grid(self._heap[0][0]):
+            self._sooner.set()  # before the task's wake-up: it wakes to look again
         self._push(paced, at_s)
 
     def _push(self, paced: Paced, at_s: float) -> None:
@@ -87,7 +96,7 @@ class Pacer:
         task_status.started()
         try:
             while True:
-                with trio.move_on_at(self._heap[0][0] if self._heap else math.inf):
+                with trio.move_on_at(_on_grid(self._heap[0][0]) if self._heap else math.inf):
                     await self._sooner.wait()
                 self._sooner = trio.Event()
                 now = trio.current_time()
@@ -106,3 +115,8 @@ class Pacer:
                 await trio.lowlevel.checkpoint()
         finally:
             self.running = False
+
+
+def _on_grid(at_s: float) -> float:
+    """``at_s`` rounded up to the next point of the ``PACE_GRID_S`` grid (never earlier)."""
+    return max(math.ceil(at_s / PACE_GRID_S) * PACE_GRID_S, at_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 from coredis.exceptions import (
@@ -15,6 +16,7 @@ from coredis.exceptions import (
 )
 
 from ._redis_base import RedisCommandBase, _ms
+from ._redis_slots import key_slot
 from ._substrate import (
     GROUP,
     Beat,
@@ -41,20 +43,28 @@ _REFRESH_IF_HOLDER = (
     "if v == false or v == ARGV[1] then "
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0"
 )
-#: Lua, one user's heartbeat (all keys in the user's {slot}). KEYS: presence, tools,
-#: jobs, index. ARGV: session id, presence TTL ms, catalogue ("" = leave it), group,
-#: this consumer, reclaim idle ms, "1" to prune consumers, "1" for a deep beat.
-#: Returns {ours, backlog, reclaim_due, trimmed_due, taken} (see BeatReply).
+#: Lua, the heartbeat of up to ``_BEAT_USERS`` users in one script (all keys in one slot
+#: on a Cluster: there, those of users whose keys share a slot, usually one). KEYS: per
+#: user presence, tools, jobs, index. ARGV: presence TTL ms, group, this consumer,
+#: reclaim idle ms, "1" to prune consumers, then per user: session id, catalogue ("" =
+#: leave it), "1" for a deep beat. Returns per user {ours, backlog, reclaim_due,
+#: trimmed_due, taken} (see BeatReply).
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
-#: pending, one consumer) costs EVALSHA + GETEX + XINFO GROUPS = 3. Presence is refreshed
-#: with one GETEX ... PX (Redis >= 6.2), which also reads whose it is; a newer session's
-#: value stays and its TTL becomes ours (with every process on the same timings: its
-#: own), and our id is written only where presence is absent. The index is looked at
-#: (HLEN, then XRANGE + HKEYS) only when the group is not quiet or the beat is deep;
-#: XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when the group has
-#: another consumer.
+#: pending, one consumer) costs GETEX + XINFO GROUPS = 2, plus its share of one EVALSHA.
+#: Presence is refreshed with one GETEX ... PX (Redis >= 6.2), which also reads whose it
+#: is; a newer session's value stays and its TTL becomes ours (with every process on the
+#: same timings: its own), and our id is written only where presence is absent. The
+#: index is looked at (HLEN, then XRANGE + HKEYS) only when the group is not quiet or the
+#: beat is deep; XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when
+#: the group has another consumer.
+#:
+#: Why many users per script (issue 10, idle CPU): one EVALSHA per user cost the hub one
+#: request, one reply and 15 packed arguments per desktop and heartbeat, about an eighth
+#: of an idle hub's CPU at 10,000 desktops; batched, a user adds 7 arguments and a
+#: 5-integer reply. Each user's beat is what it was; users are independent (one's reply
+#: never depends on another's keys).
 _HEARTBEAT = """
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -70,73 +80,86 @@ local function record(flat)
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
 end
-local old = redis.call('GETEX', KEYS[1], 'PX', ARGV[2])
-if old and old ~= ARGV[1] then return {0, 0, 0, 0, 0} end
-local taken = 0
-if not old then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  taken = 1
-end
-if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
-local backlog, reclaim, trimmed = 0, 0, 0
-local function last_id()
-  local tail = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-  if tail[1] then return tail[1][1] end
-  return nil
-end
-local quiet = false
-local groups = redis.pcall('XINFO', 'GROUPS', KEYS[3])
-local exists = groups.err == nil
-if exists then
-  local group = nil
-  for _, g in ipairs(groups) do
-    local t = record(g)
-    if t['name'] == ARGV[4] then group = t end
+local px, grp, me, idle_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local prune = ARGV[5] == '1'
+local function beat(kp, kt, kj, ki, session, catalogue, deep)
+  local old = redis.call('GETEX', kp, 'PX', px)
+  if old and old ~= session then return {0, 0, 0, 0, 0} end
+  local taken = 0
+  if not old then
+    redis.call('SET', kp, session, 'PX', px)
+    taken = 1
   end
-  if group == nil then
-    if last_id() then backlog = 1 end
-  else
-    local lag = group['lag']
-    if not lag then
-      local tail = last_id()
-      if tail and older(group['last-delivered-id'], tail) then backlog = 1 end
-    elseif lag > 0 then
-      backlog = 1
+  if catalogue ~= '' then redis.call('SET', kt, catalogue) end
+  local backlog, reclaim, trimmed = 0, 0, 0
+  local function last_id()
+    local tail = redis.call('XREVRANGE', kj, '+', '-', 'COUNT', 1)
+    if tail[1] then return tail[1][1] end
+    return nil
+  end
+  local quiet = false
+  local groups = redis.pcall('XINFO', 'GROUPS', kj)
+  local exists = groups.err == nil
+  if exists then
+    local group = nil
+    for _, g in ipairs(groups) do
+      local t = record(g)
+      if t['name'] == grp then group = t end
     end
-    if group['pending'] > 0 then
-      local idle = redis.call('XPENDING', KEYS[3], ARGV[4], 'IDLE', ARGV[6], '-', '+', 1)
-      if idle[1] then reclaim = 1 end
+    if group == nil then
+      if last_id() then backlog = 1 end
+    else
+      local lag = group['lag']
+      if not lag then
+        local tail = last_id()
+        if tail and older(group['last-delivered-id'], tail) then backlog = 1 end
+      elseif lag > 0 then
+        backlog = 1
+      end
+      if group['pending'] > 0 then
+        local idle = redis.call('XPENDING', kj, grp, 'IDLE', idle_ms, '-', '+', 1)
+        if idle[1] then reclaim = 1 end
+      end
+      if prune and group['consumers'] > 1 then
+        for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', kj, grp)) do
+          local t = record(c)
+          if t['name'] ~= me and t['pending'] == 0 and t['idle'] >= tonumber(idle_ms) then
+            redis.call('XGROUP', 'DELCONSUMER', kj, grp, t['name'])
+          end
+        end
+      end
+      quiet = lag == 0 and group['pending'] == 0
     end
-    if ARGV[7] == '1' and group['consumers'] > 1 then
-      for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[4])) do
-        local t = record(c)
-        if t['name'] ~= ARGV[5] and t['pending'] == 0 and t['idle'] >= tonumber(ARGV[6]) then
-          redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[4], t['name'])
+  end
+  if (not quiet or deep) and redis.call('HLEN', ki) > 0 then
+    local head = {}
+    if exists then head = redis.call('XRANGE', kj, '-', '+', 'COUNT', 1) end
+    if head[1] == nil then
+      trimmed = 1
+    else
+      for _, id in ipairs(redis.call('HKEYS', ki)) do
+        if older(id, head[1][1]) then
+          trimmed = 1
+          break
         end
       end
     end
-    quiet = lag == 0 and group['pending'] == 0
   end
+  return {1, backlog, reclaim, trimmed, taken}
 end
-if (not quiet or ARGV[8] == '1') and redis.call('HLEN', KEYS[4]) > 0 then
-  local head = {}
-  if exists then head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1) end
-  if head[1] == nil then
-    trimmed = 1
-  else
-    for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do
-      if older(id, head[1][1]) then
-        trimmed = 1
-        break
-      end
-    end
-  end
+local out = {}
+for i = 0, #KEYS / 4 - 1 do
+  local a = 6 + i * 3
+  out[i + 1] = beat(KEYS[i * 4 + 1], KEYS[i * 4 + 2], KEYS[i * 4 + 3], KEYS[i * 4 + 4],
+    ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
 end
-return {1, backlog, reclaim, trimmed, taken}
+return out
 """
 _HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
-#: Heartbeats per pipelined write (bounds one write and its reply; 10,000 sessions -> 40).
-_HEARTBEAT_CHUNK = 250
+#: Users per heartbeat script (bounds how long one script holds Redis: about a ms).
+_BEAT_USERS = 100
+#: Heartbeat scripts per pipelined write (bounds one write and its reply).
+_BEAT_SCRIPTS_PER_WRITE = 10
 
 
 class PresenceCommands(RedisCommandBase):
@@ -317,49 +340,67 @@ class PresenceCommands(RedisCommandBase):
         reclaim_idle_ms: int,
         prune: bool = True,
     ) -> list[BeatReply]:
-        """One EVALSHA of the heartbeat script per beat, pipelined in writes of up to
-        250 (scripts loaded on NOSCRIPT). Each script touches only its user's slot.
+        """The heartbeat script (``_HEARTBEAT``) over up to ``_BEAT_USERS`` users a call,
+        pipelined in writes of up to ``_BEAT_SCRIPTS_PER_WRITE`` calls (scripts loaded on
+        NOSCRIPT). On a Cluster one call covers users whose keys share a slot (each
+        user's keys share its ``{user}`` tag).
+
+        Returns:
+            One reply per beat, in the order of ``beats``.
 
         Raises:
             ValueError: ``ttl_s`` not positive.
             SubstrateUnavailable: Redis unreachable or refusing writes (then no reply
                 is known; the caller retries every beat).
+            coredis ResponseError: the script failed (a key of the wrong type).
         """
         px = _ms(ttl_s)
-        replies: list[BeatReply] = []
+        shared = (px, GROUP, consumer, reclaim_idle_ms, b"1" if prune else b"0")
+        calls: list[tuple[list[int], tuple[Any, ...]]] = []
+        for indexes in _beat_groups(beats, by_slot=self._cluster):
+            keys: list[str] = []
+            args: list[Any] = []
+            for i in indexes:
+                b = beats[i]
+                u = b.user_id
+                keys += (presence_key(u), tools_key(u), jobs_key(u), index_key(u))
+                args += (b.session_id, b.catalogue or "", b"1" if b.deep else b"0")
+            calls.append((indexes, (b"EVALSHA", _HEARTBEAT_SHA, len(keys), *keys, *shared, *args)))
+        replies: list[BeatReply | None] = [None] * len(beats)
         async with self._session("heartbeat") as s:
-            for start in range(0, len(beats), _HEARTBEAT_CHUNK):
-                chunk = beats[start : start + _HEARTBEAT_CHUNK]
-                commands = [
-                    (
-                        b"EVALSHA",
-                        _HEARTBEAT_SHA,
-                        4,
-                        presence_key(b.user_id),
-                        tools_key(b.user_id),
-                        jobs_key(b.user_id),
-                        index_key(b.user_id),
-                        b.session_id,
-                        px,
-                        "" if b.catalogue is None else b.catalogue,
-                        GROUP,
-                        consumer,
-                        reclaim_idle_ms,
-                        b"1" if prune else b"0",
-                        b"1" if b.deep else b"0",
-                    )  # fmt: skip
-                    for b in chunk
-                ]
+            for start in range(0, len(calls), _BEAT_SCRIPTS_PER_WRITE):
+                chunk = calls[start : start + _BEAT_SCRIPTS_PER_WRITE]
+                commands = [command for _, command in chunk]
                 raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
                 if any(isinstance(r, NoScriptError) for r in raw):
                     await self._call(s, b"SCRIPT", b"LOAD", _HEARTBEAT)
                     raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
-                for reply in raw:
+                for (indexes, _), reply in zip(chunk, raw, strict=True):
                     if isinstance(reply, BaseException):
                         raise reply
-                    ours, backlog, reclaim, trimmed, taken = (bool(int(x)) for x in reply)
-                    replies.append(BeatReply(ours, backlog, reclaim, trimmed, taken))
-        return replies
+                    for i, one in zip(indexes, reply, strict=True):
+                        ours, backlog, reclaim, trimmed, taken = (bool(int(x)) for x in one)
+                        replies[i] = BeatReply(ours, backlog, reclaim, trimmed, taken)
+        return [r for r in replies if r is not None]
+
+
+def _beat_groups(beats: Sequence[Beat], *, by_slot: bool) -> list[list[int]]:
+    """The indexes of ``beats``, in groups of at most ``_BEAT_USERS`` that one script
+    call covers: any users on one Redis; on a Cluster (``by_slot``), users whose keys
+    share a slot."""
+    if not by_slot:
+        return [
+            list(range(i, min(i + _BEAT_USERS, len(beats))))
+            for i in range(0, len(beats), _BEAT_USERS)
+        ]
+    slots: dict[int, list[int]] = {}
+    for i, b in enumerate(beats):
+        slots.setdefault(key_slot(presence_key(b.user_id)), []).append(i)
+    return [
+        group[i : i + _BEAT_USERS]
+        for group in slots.values()
+        for i in range(0, len(group), _BEAT_USERS)
+    ]
 
 
 def _wake_item(item: str, received_at: float) -> str | Pushed | Superseded:
