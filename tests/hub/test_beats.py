@@ -181,3 +181,45 @@ async def test_a_lapsed_liveness_key_with_presence_intact_beats_nobody_early(aut
         await trio.sleep(20)
         assert calls == []  # the first beat is due at 30 s
         nursery.cancel_scope.cancel()
+
+
+async def test_a_beat_the_store_refused_for_one_user_leaves_the_others_and_the_loop(
+    autojump_clock, caplog
+):
+    """A user's keys of the wrong type (``BeatReply.error``) cost that user's beat only:
+    its session stays and is beaten again next interval; and a heartbeat that raises
+    something other than an outage (a bug) is logged and retried, never the end of the
+    process's heartbeat (a WRONGTYPE used to escape the beat loop and stop the reader)."""
+    from deskbridge_hub._substrate import BeatReply
+
+    state = make_state()
+    real = state.substrate.heartbeat
+    calls: list[tuple[float, list[str]]] = []
+    faults = {"raise_once": True}
+
+    async def heartbeat(beats, **kw):
+        calls.append((trio.current_time(), [b.user_id for b in beats]))
+        if len(calls) == 2 and faults.pop("raise_once", False):
+            raise RuntimeError("a bug in the beat")
+        replies = await real(beats, **kw)
+        return [
+            BeatReply(False, error="WRONGTYPE") if b.user_id == "bad" else r
+            for b, r in zip(beats, replies, strict=True)
+        ]
+
+    state.substrate.heartbeat = heartbeat
+    async with trio.open_nursery() as nursery:
+        for user in ("bad", "good"):
+            peer, _ = await connect(nursery, state, user)
+            nursery.start_soon(pong_only, peer)
+        await trio.sleep(100)
+        assert set(state.by_user) == {"bad", "good"}  # both still served
+        assert await state.substrate.get_presence("good") is not None
+        nursery.cancel_scope.cancel()
+    beaten = [users for _, users in calls]
+    assert beaten[0] == ["bad", "good"]
+    assert beaten[1] == ["bad", "good"]  # raised: retried as a full beat ...
+    assert calls[2][0] - calls[1][0] <= 1.01 and beaten[2] == ["bad", "good"]  # ... at once
+    assert all(users == ["bad", "good"] for users in beaten[3:]) and len(beaten) >= 4
+    assert "a bug in the beat" in caplog.text
+    assert "heartbeat of bad (session" in caplog.text

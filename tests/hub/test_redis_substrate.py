@@ -352,6 +352,64 @@ async def test_an_idle_users_heartbeat_costs_three_commands_as_redis_counts_them
         await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
 
 
+async def test_many_idle_users_are_beaten_in_one_script_call() -> None:
+    """One EVALSHA covers up to 100 users (issue 10, idle CPU); each user still costs
+    its own GETEX + XINFO GROUPS inside it."""
+    from deskbridge_hub._substrate import Beat, index_key, tools_key
+
+    raw = RawRedis(REDIS_URL)
+    users = [_ids()[0] for _ in range(3)]
+    try:
+        with trio.fail_after(10):
+            async with RedisSubstrate.from_url(REDIS_URL) as s:
+                for user in users:
+                    assert await s.read_new(user, "hub-1", count=1, block_ms=None) == []
+                    await s.set_presence(user, "s1", 90)
+                beats = [Beat(user, "s1") for user in users]
+                await s.heartbeat(beats, ttl_s=90, consumer="hub-1", reclaim_idle_ms=180_000)
+                before = await _command_calls(raw)
+                replies = await s.heartbeat(
+                    beats, ttl_s=90, consumer="hub-1", reclaim_idle_ms=180_000
+                )
+                after = await _command_calls(raw)
+        assert [r.ours for r in replies] == [True] * 3
+        spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        spent = {k: v for k, v in spent.items() if v and k not in ("info", "select")}
+        assert spent == {"evalsha": 1, "getex": 3, "xinfo|groups": 3}
+    finally:
+        for user in users:
+            await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
+
+
+async def test_a_key_of_the_wrong_type_fails_only_its_users_beat(raw_redis: RawRedis) -> None:
+    """Another program (or an operator) left a hash where a user's presence belongs, or
+    a string where its entry index belongs: that user's beat answers ``error``; the beats of
+    the users beside it in the same script call are refreshed as usual (a WRONGTYPE used
+    to fail the whole heartbeat, which stopped the process's reader)."""
+    from deskbridge_hub._substrate import Beat, index_key, tools_key
+
+    bad, good, index_bad = (_ids()[0] for _ in range(3))
+    await raw_redis("HSET", presence_key(bad), "x", "1")
+    await raw_redis("SET", index_key(index_bad), "not a hash")
+    try:
+        with trio.fail_after(10):
+            async with RedisSubstrate.from_url(REDIS_URL) as s:
+                beats = [Beat(bad, "s1"), Beat(good, "s2"), Beat(index_bad, "s3")]
+                replies = await s.heartbeat(
+                    beats, ttl_s=90, consumer="hub-1", reclaim_idle_ms=180_000
+                )
+                assert await s.get_presence(good) == "s2"
+        assert replies[0].error is not None and "WRONGTYPE" in replies[0].error.upper()
+        assert not replies[0].ours
+        assert (replies[1].ours, replies[1].taken, replies[1].error) == (True, True, None)
+        assert replies[2].error is not None
+    finally:
+        for user in (bad, good, index_bad):
+            await raw_redis(
+                "DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user)
+            )
+
+
 async def test_a_read_that_finds_the_group_gone_reads_what_the_stream_holds_at_once(
     raw_redis: RawRedis,
 ) -> None:

@@ -167,7 +167,8 @@ def presence_written(kind: str, count: int = 1) -> None:
 
 
 def presence_failed(reason: str) -> None:
-    """``reason``: ``unavailable`` or ``not_holder``."""
+    """``reason``: ``unavailable``, ``not_holder`` or ``error`` (the store refused one
+    user's beat: a key of the wrong type)."""
     PRESENCE_WRITE_FAILURES.labels(reason).inc()
 
 

@@ -43,6 +43,7 @@ from deskbridge_common import Timings
 from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
+from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
 from ._pacer import Pacer
@@ -377,6 +378,12 @@ class ProcessReader:
                     retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
                 )
                 continue
+            except Exception:  # a bug, never an outage: it must not stop every beat
+                log.exception("heartbeat of %d sessions failed; every one retried", len(beats))
+                self._schedule.all_now(
+                    retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
+                )
+                continue
             self._recovered(beaten=full)
             self._answered(listeners, beats, reads, replies)
 
@@ -389,6 +396,18 @@ class ProcessReader:
     ) -> None:
         refreshed = 0
         for listener, beat, n, reply in zip(listeners, beats, reads, replies, strict=True):
+            if reply.error is not None:
+                # this user's keys alone (a key of the wrong type): the session stays and
+                # is beaten again next interval; the other users' beats went on
+                _metrics.presence_failed("error")
+                log.warning(
+                    "heartbeat of %s (session %s) refused by the store: %s",
+                    listener.user_id, listener.session_id, reply.error[:200],
+                    extra=fields(user_id=listener.user_id, session_id=listener.session_id),
+                )  # fmt: skip
+                if self._beating.get(listener.session_id) is listener:
+                    self._schedule.again(listener)
+                continue
             if not reply.ours:
                 _metrics.presence_failed("not_holder")
                 self.stop_beating(listener)

@@ -48,7 +48,9 @@ _REFRESH_IF_HOLDER = (
 #: user presence, tools, jobs, index. ARGV: presence TTL ms, group, this consumer,
 #: reclaim idle ms, "1" to prune consumers, then per user: session id, catalogue ("" =
 #: leave it), "1" for a deep beat. Returns per user {ours, backlog, reclaim_due,
-#: trimmed_due, taken} (see BeatReply).
+#: trimmed_due, taken} (see BeatReply), or {-1, error} when the user's own keys made its
+#: beat fail (a key holding the wrong kind of value): one user's bad key never fails the
+#: others' beats (and, before, a WRONGTYPE here crashed the process's reader).
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
@@ -150,8 +152,13 @@ end
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
   local a = 6 + i * 3
-  out[i + 1] = beat(KEYS[i * 4 + 1], KEYS[i * 4 + 2], KEYS[i * 4 + 3], KEYS[i * 4 + 4],
-    ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
+  local ok, reply = pcall(beat, KEYS[i * 4 + 1], KEYS[i * 4 + 2], KEYS[i * 4 + 3],
+    KEYS[i * 4 + 4], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
+  if ok then
+    out[i + 1] = reply
+  else  -- this user's keys only (a key of the wrong type): the others go on
+    out[i + 1] = {-1, type(reply) == 'table' and reply.err or tostring(reply)}
+  end
 end
 return out
 """
@@ -346,7 +353,8 @@ class PresenceCommands(RedisCommandBase):
         user's keys share its ``{user}`` tag).
 
         Returns:
-            One reply per beat, in the order of ``beats``.
+            One reply per beat, in the order of ``beats``; a beat the store refused for
+            that user's keys alone (a key of the wrong type) has ``error`` set.
 
         Raises:
             ValueError: ``ttl_s`` not positive.
@@ -379,6 +387,9 @@ class PresenceCommands(RedisCommandBase):
                     if isinstance(reply, BaseException):
                         raise reply
                     for i, one in zip(indexes, reply, strict=True):
+                        if int(one[0]) < 0:
+                            replies[i] = BeatReply(False, error=str(one[1]))
+                            continue
                         ours, backlog, reclaim, trimmed, taken = (bool(int(x)) for x in one)
                         replies[i] = BeatReply(ours, backlog, reclaim, trimmed, taken)
         return [r for r in replies if r is not None]

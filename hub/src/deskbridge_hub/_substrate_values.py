@@ -48,6 +48,9 @@ class BeatReply:
         trimmed_due: the entry index names an entry older than the stream's first entry
             (or the stream is gone): look for entries trimmed before anyone read them.
             Checked when the group is not quiet, or the beat is ``deep``.
+        error: the store refused this user's beat (one of its keys holds the wrong kind
+            of value: another program wrote it, or an operator did), with its message;
+            nothing else is known (every flag False). Other users' beats are unaffected.
     """
 
     ours: bool
@@ -55,6 +58,7 @@ class BeatReply:
     reclaim_due: bool = False
     trimmed_due: bool = False
     taken: bool = False
+    error: str | None = None
 
 
 @attrs.frozen
