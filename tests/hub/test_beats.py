@@ -223,3 +223,45 @@ async def test_a_beat_the_store_refused_for_one_user_leaves_the_others_and_the_l
     assert all(users == ["bad", "good"] for users in beaten[3:]) and len(beaten) >= 4
     assert "a bug in the beat" in caplog.text
     assert "heartbeat of bad (session" in caplog.text
+
+
+async def test_a_heartbeat_that_keeps_failing_backs_off_and_logs_once(autojump_clock, caplog):
+    """A fault that persists (not an outage: a bug, a refusal the store keeps giving)
+    must not cost a full beat of every session and a traceback every second: the same
+    sessions are retried after 1 s, doubling up to a heartbeat, logged once; after it
+    clears, beats go back to one per session per heartbeat."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    state = make_state()  # heartbeat 30 s
+    real = state.substrate.heartbeat
+    calls: list[tuple[float, int, int]] = []
+    failing = {"on": True}
+
+    async def heartbeat(beats, **kw):
+        calls.append((trio.current_time(), len(beats), sum(b.catalogue is not None for b in beats)))
+        if failing["on"]:
+            raise RuntimeError("TRYAGAIN or a bug, every time")
+        return await real(beats, **kw)
+
+    state.substrate.heartbeat = heartbeat
+    async with trio.open_nursery() as nursery:
+        for user in ("a", "b", "c"):
+            peer, _ = await connect(nursery, state, user)
+            nursery.start_soon(pong_only, peer)
+        await trio.sleep(30 + 90)
+        failed = list(calls)
+        failing["on"] = False
+        await trio.sleep(65)
+        assert await state.substrate.get_presence("a") is not None  # written again
+        assert await state.substrate.get_catalogue("a") is not None
+        nursery.cancel_scope.cancel()
+    # 90 s of failures: retried after 1, 2, 4, 8, 16, 30, 30 ... s (each taken up to the
+    # 1 s batch window early), never a catalogue resent
+    gaps = [round(b[0] - a[0]) for a, b in zip(failed, failed[1:], strict=False)]
+    assert gaps[:5] == [1, 1, 3, 7, 15] and all(g == 29 for g in gaps[5:]), gaps
+    assert len(failed) <= 8 and not any(cats for _, _, cats in failed)
+    tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.WARNING]
+    assert len(tracebacks) == 1
+    after = calls[len(failed) :]
+    assert 2 <= len(after) <= 5 and all(n == 3 for _, n, _ in after)  # every session beaten

@@ -197,3 +197,40 @@ async def test_a_password_with_reserved_characters_is_percent_decoded(
     with trio.fail_after(10):
         await s.ping()
         assert password not in repr(s)
+
+
+@pytest.mark.parametrize(
+    "refusal", [("min-replicas-to-write", "1", "0"), ("replica-serve-stale-data", None, None)]
+)
+async def test_a_store_refusing_writes_fails_the_heartbeat_as_an_outage(
+    redis_server: RedisServer, refusal: tuple[str, str | None, str | None]
+) -> None:
+    """NOREPLICAS (too few replicas) or READONLY (a replica: after a failover) is the
+    store's refusal, not one user's bad key: the batched heartbeat (one script over many
+    users, each under ``pcall``) must fail as SubstrateUnavailable, so the reader retries
+    every session within a second and the outage is told once; a review found it answered
+    a per-user ``error`` for every user instead."""
+    from deskbridge_hub._substrate import Beat
+
+    setting, bad, good = refusal
+    users = [f"refuse-{secrets.token_hex(4)}" for _ in range(3)]
+    beats = [Beat(user, "s1") for user in users]
+    s = RedisSubstrate.from_url(redis_server.url)
+    with trio.fail_after(20):
+        async with s:
+            replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+            assert [r.ours for r in replies] == [True] * 3
+            if bad is not None:
+                redis_server.command("CONFIG", "SET", setting, bad)
+            else:  # a replica of a primary that is not there: writes are refused
+                redis_server.command("REPLICAOF", "127.0.0.1", "1")
+            try:
+                with pytest.raises(SubstrateUnavailable):
+                    await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+            finally:
+                if bad is not None:
+                    redis_server.command("CONFIG", "SET", setting, good)
+                else:
+                    redis_server.command("REPLICAOF", "NO", "ONE")
+            replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+            assert [(r.ours, r.error) for r in replies] == [(True, None)] * 3

@@ -130,6 +130,7 @@ class ProcessReader:
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _failures: int = 0
+    _beat_errors: int = 0  # heartbeats failed in a row for a reason other than an outage
     _check_presence: bool = False  # after an outage: is one presence intact?
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
@@ -378,14 +379,39 @@ class ProcessReader:
                     retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
                 )
                 continue
-            except Exception:  # a bug, never an outage: it must not stop every beat
-                log.exception("heartbeat of %d sessions failed; every one retried", len(beats))
-                self._schedule.all_now(
-                    retry_at=trio.current_time() + min(HEARTBEAT_RETRY_S, t.heartbeat_s)
-                )
+            except Exception:  # not an outage (a bug, a refusal): it must not stop every beat
+                self._beat_failed(listeners, full=full)
                 continue
+            self._beat_errors = 0
             self._recovered(beaten=full)
             self._answered(listeners, beats, reads, replies)
+
+    def _beat_failed(self, listeners: list[Listener], *, full: bool) -> None:
+        """A heartbeat raised something other than an outage: the same sessions are
+        beaten again after 1 s, doubling up to a heartbeat while it goes on (a full beat
+        stays full: its catalogues are still to be written). The first failure of a
+        run is logged with its traceback, the rest at DEBUG: a fault that persists must
+        cost neither a log line nor a full beat of every session each second."""
+        t = self.timings
+        delay_s = min(HEARTBEAT_RETRY_S * 2**self._beat_errors, t.heartbeat_s)
+        if self._beat_errors == 0:
+            log.exception(
+                "heartbeat of %d sessions failed; retried after %g s, backing off to %g s "
+                "while it fails (logged again only once it has succeeded)",
+                len(listeners), delay_s, t.heartbeat_s,
+            )  # fmt: skip
+        else:
+            log.debug("heartbeat of %d sessions failed again", len(listeners), exc_info=True)
+        self._beat_errors += 1
+        for _ in listeners:
+            _metrics.presence_failed("error")
+        retry_at = trio.current_time() + delay_s
+        if full:
+            self._schedule.all_now(retry_at=retry_at)
+            return
+        for listener in listeners:
+            if self._beating.get(listener.session_id) is listener:
+                self._schedule.at(listener, retry_at)
 
     def _answered(
         self,

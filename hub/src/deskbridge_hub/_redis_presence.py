@@ -49,8 +49,9 @@ _REFRESH_IF_HOLDER = (
 #: reclaim idle ms, "1" to prune consumers, then per user: session id, catalogue ("" =
 #: leave it), "1" for a deep beat. Returns per user {ours, backlog, reclaim_due,
 #: trimmed_due, taken} (see BeatReply), or {-1, error} when the user's own keys made its
-#: beat fail (a key holding the wrong kind of value): one user's bad key never fails the
-#: others' beats (and, before, a WRONGTYPE here crashed the process's reader).
+#: beat fail (WRONGTYPE: a key holding the wrong kind of value): one user's bad key never
+#: fails the others' beats. Any other error (READONLY, NOREPLICAS, MISCONF: the store
+#: refusing writes) fails the whole call, so it reads as the outage it is.
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
@@ -156,8 +157,12 @@ for i = 0, #KEYS / 4 - 1 do
     KEYS[i * 4 + 4], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
   if ok then
     out[i + 1] = reply
-  else  -- this user's keys only (a key of the wrong type): the others go on
-    out[i + 1] = {-1, type(reply) == 'table' and reply.err or tostring(reply)}
+  else
+    local why = type(reply) == 'table' and reply.err or tostring(reply)
+    -- only this user's keys (one of the wrong type) stay this user's: anything else (a
+    -- replica, writes refused, too few replicas) is the store's and fails the call
+    if string.sub(why, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(why) end
+    out[i + 1] = {-1, why}
   end
 end
 return out
@@ -380,9 +385,17 @@ class PresenceCommands(RedisCommandBase):
                 chunk = calls[start : start + _BEAT_SCRIPTS_PER_WRITE]
                 commands = [command for _, command in chunk]
                 raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
-                if any(isinstance(r, NoScriptError) for r in raw):
+                again = [n for n, r in enumerate(raw) if isinstance(r, NoScriptError)]
+                if again:
+                    # only the calls that did not run (on a Cluster, one node may have
+                    # forgotten the script while the others ran theirs: running those
+                    # twice would lose their ``taken``)
                     await self._call(s, b"SCRIPT", b"LOAD", _HEARTBEAT)
-                    raw = await s.execute(*commands, timeout_s=self._command_timeout_s)
+                    resent = await s.execute(
+                        *(commands[n] for n in again), timeout_s=self._command_timeout_s
+                    )
+                    for n, reply in zip(again, resent, strict=True):
+                        raw[n] = reply
                 for (indexes, _), reply in zip(chunk, raw, strict=True):
                     if isinstance(reply, BaseException):
                         raise reply
