@@ -248,6 +248,36 @@ async def test_a_user_keeps_working_while_its_slot_is_resharded(cluster: list[in
     await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
 
 
+async def test_one_node_that_forgot_the_heartbeat_script_costs_no_other_nodes_reply(
+    cluster: list[int],
+) -> None:
+    """One primary restarted (or failed over) and forgot its scripts while the others
+    kept theirs: the heartbeat resends only the calls that answered NOSCRIPT. Resending
+    the whole write ran the other nodes' scripts twice, and their second answer lost
+    ``taken`` (presence had been absent), so those sessions never rewrote their
+    catalogue."""
+    from deskbridge_hub._substrate import Beat
+
+    raw = ClusterRaw(cluster)
+    users = [f"forgot-{secrets.token_hex(4)}" for _ in range(24)]
+    slots = {key_slot(presence_key(u)) for u in users}
+    assert len(slots) > 3  # spread over slots, so over the three primaries
+    with trio.fail_after(30):
+        async with RedisSubstrate.from_url(_url(cluster)) as s:
+            await s.heartbeat(
+                [Beat(f"warm-{n}", "s") for n in range(12)], ttl_s=30, consumer="c1",
+                reclaim_idle_ms=60_000,
+            )  # fmt: skip
+            await RawRedis(f"redis://127.0.0.1:{cluster[1]}/0")("SCRIPT", "FLUSH")
+            replies = await s.heartbeat(
+                [Beat(u, "s1") for u in users], ttl_s=30, consumer="c1", reclaim_idle_ms=60_000
+            )
+    assert [(r.ours, r.taken) for r in replies] == [(True, True)] * len(users)
+    for user in users:
+        assert await raw("GET", presence_key(user)) == "s1"
+        await raw("DEL", presence_key(user))
+
+
 def test_a_job_runs_through_a_hub_on_the_cluster(
     cluster: list[int], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
