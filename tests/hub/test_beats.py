@@ -265,3 +265,32 @@ async def test_a_heartbeat_that_keeps_failing_backs_off_and_logs_once(autojump_c
     assert len(tracebacks) == 1
     after = calls[len(failed) :]
     assert 2 <= len(after) <= 5 and all(n == 3 for _, n, _ in after)  # every session beaten
+
+
+async def test_a_heartbeat_failing_for_hours_keeps_its_backoff_bounded(autojump_clock):
+    """Ten hours of failures (over a thousand in a row): the retry delay stays a
+    heartbeat (the doubling is capped before it could overflow a float) and the loop
+    beats again as soon as the fault clears."""
+    state = make_state()  # heartbeat 30 s
+    real = state.substrate.heartbeat
+    calls: list[float] = []
+    failing = {"on": True}
+
+    async def heartbeat(beats, **kw):
+        calls.append(trio.current_time())
+        if failing["on"]:
+            raise RuntimeError("still failing")
+        return await real(beats, **kw)
+
+    state.substrate.heartbeat = heartbeat
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state, "a")
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(10 * 3600)
+        failed = len(calls)
+        failing["on"] = False
+        await trio.sleep(40)
+        assert await state.substrate.get_presence("a") is not None
+        nursery.cancel_scope.cancel()
+    assert 1100 <= failed <= 1300  # ~one every heartbeat, after the first few
+    assert len(calls) > failed

@@ -393,7 +393,7 @@ class ProcessReader:
         run is logged with its traceback, the rest at DEBUG: a fault that persists must
         cost neither a log line nor a full beat of every session each second."""
         t = self.timings
-        delay_s = min(HEARTBEAT_RETRY_S * 2**self._beat_errors, t.heartbeat_s)
+        delay_s = min(HEARTBEAT_RETRY_S * 2 ** min(self._beat_errors, 20), t.heartbeat_s)
         if self._beat_errors == 0:
             log.exception(
                 "heartbeat of %d sessions failed; retried after %g s, backing off to %g s "
