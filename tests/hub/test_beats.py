@@ -222,7 +222,7 @@ async def test_a_beat_the_store_refused_for_one_user_leaves_the_others_and_the_l
     assert calls[2][0] - calls[1][0] <= 1.01 and beaten[2] == ["bad", "good"]  # ... at once
     assert all(users == ["bad", "good"] for users in beaten[3:]) and len(beaten) >= 4
     assert "a bug in the beat" in caplog.text
-    assert "heartbeat of bad (session" in caplog.text
+    assert "for 1 user(s) (their own keys), e.g. bad (session" in caplog.text
 
 
 async def test_a_heartbeat_that_keeps_failing_backs_off_and_logs_once(autojump_clock, caplog):
@@ -294,3 +294,36 @@ async def test_a_heartbeat_failing_for_hours_keeps_its_backoff_bounded(autojump_
         nursery.cancel_scope.cancel()
     assert 1100 <= failed <= 1300  # ~one every heartbeat, after the first few
     assert len(calls) > failed
+
+
+async def test_a_failing_batch_backs_off_while_other_batches_succeed(autojump_clock, caplog):
+    """Each session counts its own failures: another batch's success (sessions beaten at
+    other times) does not reset the backoff of the one that keeps failing, nor bring its
+    traceback back every heartbeat (found by a review)."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    state = make_state()  # heartbeat 30 s
+    real = state.substrate.heartbeat
+    bad_calls: list[float] = []
+
+    async def heartbeat(beats, **kw):
+        if any(b.user_id == "bad" for b in beats):
+            bad_calls.append(trio.current_time())
+            raise RuntimeError("persistent")
+        return await real(beats, **kw)
+
+    state.substrate.heartbeat = heartbeat
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state, "bad")
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(15)
+        peer, _ = await connect(nursery, state, "good")
+        nursery.start_soon(pong_only, peer)
+        await trio.sleep(300)
+        assert await state.substrate.get_presence("good") is not None
+        nursery.cancel_scope.cancel()
+    tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.WARNING]
+    assert len(tracebacks) == 1
+    gaps = [round(b - a) for a, b in zip(bad_calls, bad_calls[1:], strict=False)]
+    assert gaps[:5] == [1, 1, 3, 7, 15] and all(g >= 29 for g in gaps[5:]), gaps

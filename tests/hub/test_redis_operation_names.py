@@ -188,7 +188,9 @@ async def test_a_redis_that_stops_answering_fails_the_operation_after_the_comman
             with pytest.raises(SubstrateUnavailable):
                 await call(s)
         took = trio.current_time() - start
-        assert 0.2 <= took < 0.2 + 0.01 + 0.6, took  # (slack for a loaded machine)
+        assert 0.2 <= took < 0.2 + 0.01 + 1.5, took  # (slack for a loaded machine; a full
+        # suite run once measured over 0.81 s. The bound still tells the 0.2 s command
+        # timeout from the 3 s guard and from waiting for ever.)
         nursery.cancel_scope.cancel()
 
 

@@ -410,6 +410,36 @@ async def test_a_key_of_the_wrong_type_fails_only_its_users_beat(raw_redis: RawR
             )
 
 
+async def test_an_index_field_that_is_no_entry_id_fails_only_its_users_beat(
+    raw_redis: RawRedis,
+) -> None:
+    """Bad data that is no key type error: a field of a user's entry index that is not
+    an entry ID makes the script's comparison fail (a Lua runtime error). That stays the
+    user's own ``error`` too; the users after it in the same call are beaten (found by a
+    review: only WRONGTYPE was kept per user, this failed the whole call)."""
+    from deskbridge_hub._substrate import Beat, index_key, tools_key
+
+    users = [_ids()[0] for _ in range(3)]
+    await raw_redis("HSET", index_key(users[1]), "not-an-id", "x")
+    await raw_redis("XADD", jobs_key(users[1]), "*", "f", "v")  # not quiet: the index is read
+    try:
+        with trio.fail_after(10):
+            async with RedisSubstrate.from_url(REDIS_URL) as s:
+                replies = await s.heartbeat(
+                    [Beat(u, "s1") for u in users], ttl_s=30, consumer="c1",
+                    reclaim_idle_ms=60_000,
+                )  # fmt: skip
+                present = [await s.get_presence(u) for u in users]
+        assert replies[1].error is not None
+        assert [(r.ours, r.error) for r in (replies[0], replies[2])] == [(True, None)] * 2
+        assert present == ["s1", "s1", "s1"]
+    finally:
+        for user in users:
+            await raw_redis(
+                "DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user)
+            )
+
+
 async def test_a_read_that_finds_the_group_gone_reads_what_the_stream_holds_at_once(
     raw_redis: RawRedis,
 ) -> None:
@@ -432,3 +462,23 @@ async def test_a_read_that_finds_the_group_gone_reads_what_the_stream_holds_at_o
             assert [e.entry_id for e in read] == [second]
             assert await s.read_new_delivered(user, "c1", count=10, state=state, ttl_s=60) == []
     await raw_redis("DEL", jobs_key(user), f"bridge:index:{{{user}}}")
+
+
+def test_a_group_of_outages_is_an_outage_and_a_group_with_a_bug_is_not() -> None:
+    """A Cluster batch split over slots runs one task per node, and anyio wraps a
+    failure in an ExceptionGroup: one node's reset connection must still read as the
+    outage it is (the heartbeat retries every session within a second), never as a bug
+    (found by a review: the group was not mapped)."""
+    from coredis.exceptions import ConnectionError as RedisConnectionError
+    from deskbridge_hub._redis_conn import RedisConnections
+
+    conns = RedisConnections(
+        REDIS_URL, connect_timeout_s=1, command_timeout_s=1, max_connections=4, client_name=None
+    )
+    outage = ExceptionGroup("split", [OSError("reset"), RedisConnectionError("lost")])
+    mapped = conns.map_error("heartbeat", outage)
+    assert isinstance(mapped, SubstrateUnavailable) and "reset" in str(mapped)
+    assert (
+        conns.map_error("heartbeat", ExceptionGroup("split", [OSError("x"), KeyError(1)])) is None
+    )
+    assert conns.map_error("heartbeat", KeyError(1)) is None

@@ -130,7 +130,6 @@ class ProcessReader:
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _failures: int = 0
-    _beat_errors: int = 0  # heartbeats failed in a row for a reason other than an outage
     _check_presence: bool = False  # after an outage: is one presence intact?
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
@@ -382,19 +381,21 @@ class ProcessReader:
             except Exception:  # not an outage (a bug, a refusal): it must not stop every beat
                 self._beat_failed(listeners, full=full)
                 continue
-            self._beat_errors = 0
             self._recovered(beaten=full)
             self._answered(listeners, beats, reads, replies)
 
     def _beat_failed(self, listeners: list[Listener], *, full: bool) -> None:
         """A heartbeat raised something other than an outage: the same sessions are
-        beaten again after 1 s, doubling up to a heartbeat while it goes on (a full beat
-        stays full: its catalogues are still to be written). The first failure of a
-        run is logged with its traceback, the rest at DEBUG: a fault that persists must
-        cost neither a log line nor a full beat of every session each second."""
+        beaten again after 1 s, doubling up to a heartbeat while theirs keep failing
+        (each session counts its own failures in a row, so other batches' successes do
+        not reset it; a full beat stays full: its catalogues are still to be written).
+        A session's first failure is logged with its traceback, the rest at DEBUG: a
+        fault that persists must cost neither a log line nor a full beat of every
+        session each second."""
         t = self.timings
-        delay_s = min(HEARTBEAT_RETRY_S * 2 ** min(self._beat_errors, 20), t.heartbeat_s)
-        if self._beat_errors == 0:
+        streak = max((x.beat_errors for x in listeners), default=0)
+        delay_s = min(HEARTBEAT_RETRY_S * 2 ** min(streak, 20), t.heartbeat_s)
+        if streak == 0:
             log.exception(
                 "heartbeat of %d sessions failed; retried after %g s, backing off to %g s "
                 "while it fails (logged again only once it has succeeded)",
@@ -402,8 +403,8 @@ class ProcessReader:
             )  # fmt: skip
         else:
             log.debug("heartbeat of %d sessions failed again", len(listeners), exc_info=True)
-        self._beat_errors += 1
-        for _ in listeners:
+        for listener in listeners:
+            listener.beat_errors += 1
             _metrics.presence_failed("error")
         retry_at = trio.current_time() + delay_s
         if full:
@@ -421,16 +422,15 @@ class ProcessReader:
         replies: list[BeatReply],
     ) -> None:
         refreshed = 0
+        refused: list[tuple[Listener, str]] = []
         for listener, beat, n, reply in zip(listeners, beats, reads, replies, strict=True):
+            listener.beat_errors = 0
             if reply.error is not None:
-                # this user's keys alone (a key of the wrong type): the session stays and
-                # is beaten again next interval; the other users' beats went on
+                # this user's own keys (a key of the wrong type, an index field that is
+                # no entry ID): the session stays and is beaten again next interval; the
+                # other users' beats went on
                 _metrics.presence_failed("error")
-                log.warning(
-                    "heartbeat of %s (session %s) refused by the store: %s",
-                    listener.user_id, listener.session_id, reply.error[:200],
-                    extra=fields(user_id=listener.user_id, session_id=listener.session_id),
-                )  # fmt: skip
+                refused.append((listener, reply.error))
                 if self._beating.get(listener.session_id) is listener:
                     self._schedule.again(listener)
                 continue
@@ -453,6 +453,14 @@ class ProcessReader:
                 self.schedule(listener.user_id, *kinds)
         if refreshed:
             _metrics.presence_written("refresh", refreshed)  # once per pipelined beat
+        if refused:  # one line per write, however many users: bad data must not flood
+            first, why = refused[0]
+            log.warning(
+                "heartbeat refused by the store for %d user(s) (their own keys), e.g. %s "
+                "(session %s): %s",
+                len(refused), first.user_id, first.session_id, why[:200],
+                extra=fields(user_id=first.user_id, session_id=first.session_id),
+            )  # fmt: skip
 
     async def _worker(self) -> None:
         while True:

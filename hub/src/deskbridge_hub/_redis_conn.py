@@ -255,7 +255,14 @@ class RedisConnections:
     def map_error(self, what: str, exc: BaseException) -> SubstrateUnavailable | None:
         """The SubstrateUnavailable to raise instead of ``exc`` (an I/O fault or a
         refusing server state; counted, and the health monitor poked), or None when
-        ``exc`` is not one (it propagates unchanged)."""
+        ``exc`` is not one (it propagates unchanged). A group of exceptions (a Cluster
+        batch split over slots runs one task per node) maps when every member maps, to
+        its first member's: one node's outage is an outage, not a bug."""
+        if isinstance(exc, BaseExceptionGroup):
+            members = [self.map_error(what, e) for e in exc.exceptions]
+            if members and all(m is not None for m in members):
+                return members[0]
+            return None
         if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
             _metrics.substrate_error(what)
             return SubstrateMisconfigured(

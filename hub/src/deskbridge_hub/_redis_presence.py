@@ -49,9 +49,10 @@ _REFRESH_IF_HOLDER = (
 #: reclaim idle ms, "1" to prune consumers, then per user: session id, catalogue ("" =
 #: leave it), "1" for a deep beat. Returns per user {ours, backlog, reclaim_due,
 #: trimmed_due, taken} (see BeatReply), or {-1, error} when the user's own keys made its
-#: beat fail (WRONGTYPE: a key holding the wrong kind of value): one user's bad key never
-#: fails the others' beats. Any other error (READONLY, NOREPLICAS, MISCONF: the store
-#: refusing writes) fails the whole call, so it reads as the outage it is.
+#: beat fail (a key holding the wrong kind of value, an index field that is no entry ID):
+#: one user's bad data never fails the others' beats. The store refusing (READONLY,
+#: NOREPLICAS, MISCONF, OOM, NOPERM, ...: the codes that are an outage for every user)
+#: fails the whole call, so it reads as the outage it is.
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
@@ -150,6 +151,8 @@ local function beat(kp, kt, kj, ki, session, catalogue, deep)
   end
   return {1, backlog, reclaim, trimmed, taken}
 end
+local store_wide = {OOM = true, MISCONF = true, BUSY = true, MASTERDOWN = true,
+  NOREPLICAS = true, LOADING = true, NOPERM = true, READONLY = true, CLUSTERDOWN = true}
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
   local a = 6 + i * 3
@@ -159,9 +162,11 @@ for i = 0, #KEYS / 4 - 1 do
     out[i + 1] = reply
   else
     local why = type(reply) == 'table' and reply.err or tostring(reply)
-    -- only this user's keys (one of the wrong type) stay this user's: anything else (a
-    -- replica, writes refused, too few replicas) is the store's and fails the call
-    if string.sub(why, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(why) end
+    -- the store refusing (a replica, writes refused, too few replicas, no permission)
+    -- fails the whole call, as the outage it is; anything else came of this user's own
+    -- keys (one of the wrong type, an index field that is no entry ID) and stays its own
+    local code = string.match(why, '^(%u+) ')
+    if code and store_wide[code] then return redis.error_reply(why) end
     out[i + 1] = {-1, why}
   end
 end
