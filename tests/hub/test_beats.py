@@ -31,6 +31,26 @@ def spy_beats(state):
     return calls
 
 
+class FailingBeats:
+    """The substrate's heartbeat, wrapped: records each call as (trio time, beats) and
+    raises (a fault that is no outage) while ``failing(beats)`` says so."""
+
+    def __init__(self, state, failing) -> None:
+        self.real, self.failing = state.substrate.heartbeat, failing
+        self.calls: list[tuple[float, list]] = []
+        state.substrate.heartbeat = self.heartbeat
+
+    async def heartbeat(self, beats, **kw):
+        self.calls.append((trio.current_time(), list(beats)))
+        if self.failing(beats):
+            raise RuntimeError("a fault that persists")
+        return await self.real(beats, **kw)
+
+    def times(self, user: str) -> list[float]:
+        """When ``user`` was in a call."""
+        return [t for t, beats in self.calls if any(b.user_id == user for b in beats)]
+
+
 async def pong_only(peer):
     async for raw in peer._inbox:
         frame = decode_frame(raw)
@@ -234,23 +254,18 @@ async def test_a_heartbeat_that_keeps_failing_backs_off_and_logs_once(autojump_c
 
     caplog.set_level(logging.DEBUG)
     state = make_state()  # heartbeat 30 s
-    real = state.substrate.heartbeat
-    calls: list[tuple[float, int, int]] = []
     failing = {"on": True}
+    spy = FailingBeats(state, lambda beats: failing["on"])
 
-    async def heartbeat(beats, **kw):
-        calls.append((trio.current_time(), len(beats), sum(b.catalogue is not None for b in beats)))
-        if failing["on"]:
-            raise RuntimeError("TRYAGAIN or a bug, every time")
-        return await real(beats, **kw)
+    def calls() -> list[tuple[float, int, int]]:
+        return [(t, len(b), sum(x.catalogue is not None for x in b)) for t, b in spy.calls]
 
-    state.substrate.heartbeat = heartbeat
     async with trio.open_nursery() as nursery:
         for user in ("a", "b", "c"):
             peer, _ = await connect(nursery, state, user)
             nursery.start_soon(pong_only, peer)
         await trio.sleep(30 + 90)
-        failed = list(calls)
+        failed = calls()
         failing["on"] = False
         await trio.sleep(65)
         assert await state.substrate.get_presence("a") is not None  # written again
@@ -263,7 +278,7 @@ async def test_a_heartbeat_that_keeps_failing_backs_off_and_logs_once(autojump_c
     assert len(failed) <= 8 and not any(cats for _, _, cats in failed)
     tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.WARNING]
     assert len(tracebacks) == 1
-    after = calls[len(failed) :]
+    after = calls()[len(failed) :]
     assert 2 <= len(after) <= 5 and all(n == 3 for _, n, _ in after)  # every session beaten
 
 
@@ -272,28 +287,19 @@ async def test_a_heartbeat_failing_for_hours_keeps_its_backoff_bounded(autojump_
     heartbeat (the doubling is capped before it could overflow a float) and the loop
     beats again as soon as the fault clears."""
     state = make_state()  # heartbeat 30 s
-    real = state.substrate.heartbeat
-    calls: list[float] = []
     failing = {"on": True}
-
-    async def heartbeat(beats, **kw):
-        calls.append(trio.current_time())
-        if failing["on"]:
-            raise RuntimeError("still failing")
-        return await real(beats, **kw)
-
-    state.substrate.heartbeat = heartbeat
+    spy = FailingBeats(state, lambda beats: failing["on"])
     async with trio.open_nursery() as nursery:
         peer, _ = await connect(nursery, state, "a")
         nursery.start_soon(pong_only, peer)
         await trio.sleep(10 * 3600)
-        failed = len(calls)
+        failed = len(spy.calls)
         failing["on"] = False
         await trio.sleep(40)
         assert await state.substrate.get_presence("a") is not None
         nursery.cancel_scope.cancel()
     assert 1100 <= failed <= 1300  # ~one every heartbeat, after the first few
-    assert len(calls) > failed
+    assert len(spy.calls) > failed
 
 
 async def test_a_failing_batch_backs_off_while_other_batches_succeed(autojump_clock, caplog):
@@ -304,16 +310,7 @@ async def test_a_failing_batch_backs_off_while_other_batches_succeed(autojump_cl
 
     caplog.set_level(logging.DEBUG)
     state = make_state()  # heartbeat 30 s
-    real = state.substrate.heartbeat
-    bad_calls: list[float] = []
-
-    async def heartbeat(beats, **kw):
-        if any(b.user_id == "bad" for b in beats):
-            bad_calls.append(trio.current_time())
-            raise RuntimeError("persistent")
-        return await real(beats, **kw)
-
-    state.substrate.heartbeat = heartbeat
+    spy = FailingBeats(state, lambda beats: any(b.user_id == "bad" for b in beats))
     async with trio.open_nursery() as nursery:
         peer, _ = await connect(nursery, state, "bad")
         nursery.start_soon(pong_only, peer)
@@ -325,5 +322,6 @@ async def test_a_failing_batch_backs_off_while_other_batches_succeed(autojump_cl
         nursery.cancel_scope.cancel()
     tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.WARNING]
     assert len(tracebacks) == 1
+    bad_calls = spy.times("bad")
     gaps = [round(b - a) for a, b in zip(bad_calls, bad_calls[1:], strict=False)]
     assert gaps[:5] == [1, 1, 3, 7, 15] and all(g >= 29 for g in gaps[5:]), gaps
