@@ -248,6 +248,48 @@ async def test_a_user_keeps_working_while_its_slot_is_resharded(cluster: list[in
     await raw("DEL", presence_key(user), jobs_key(user), index_key(user), tools_key(user))
 
 
+async def test_a_redirected_batch_sends_again_only_what_did_not_run(cluster: list[int]) -> None:
+    """While a slot migrates, one batch meets a key still on the source (runs there), a
+    key already moved (ASK) and a multi-key command over both (TRYAGAIN until the
+    migration ends). Every command that ran must have run once: resending the whole
+    batch to the ASK node ran the first INCR twice (once per node), and every TRYAGAIN
+    pause ran it again."""
+    raw = ClusterRaw(cluster)
+    tag = secrets.token_hex(4)
+    here, moved = f"test:{{{tag}}}:here", f"test:{{{tag}}}:moved"
+    slot = key_slot(here)
+    await raw("SET", here, 0)
+    await raw("SET", moved, 0)
+    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in cluster}
+    source = [p for p in cluster if await _owns(raw, p, slot)][0]
+    target = next(p for p in cluster if p != source)
+    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
+    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    try:
+        await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", moved, port=source)
+        with trio.fail_after(30):
+            async with RedisSubstrate.from_url(_url(cluster)) as s, s._session("test") as session:
+                first = await session.execute(
+                    (b"INCR", here), (b"INCR", moved), (b"INCR", here), timeout_s=5
+                )
+                second = await session.execute((b"INCR", here), (b"MGET", here, moved), timeout_s=5)
+        assert first == [1, 1, 2]
+        assert second[0] == 3
+        assert type(second[1]).__name__ == "TryAgainError"
+        on_source = RawRedis(f"redis://127.0.0.1:{source}/0")
+        assert await on_source("GET", here) == "3"
+        on_target = RawRedis(f"redis://127.0.0.1:{target}/0")
+        on_target._setup.append(("ASKING",))
+        assert await on_target("GET", moved) == "1"
+        assert await on_target("EXISTS", here) == 0  # never ran on the ASK node
+    finally:
+        while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
+            await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
+        for p in cluster:
+            await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
+        await raw("DEL", here, moved)
+
+
 async def test_one_node_that_forgot_the_heartbeat_script_costs_no_other_nodes_reply(
     cluster: list[int],
 ) -> None:

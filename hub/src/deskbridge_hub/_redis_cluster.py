@@ -10,10 +10,14 @@ bounded as ``_redis_session`` describes (so the bound is per node). A batch of c
 goes to the primary owning the slot of its keys (``_redis_slots``: a batch or script
 with keys of two slots is refused as a programming error); keyless batches (PING, INFO,
 PUBLISH) go to any node. A MOVED reply (resharding moved the slot) updates the map and
-sends the batch to the named node; ASK (slot being migrated, key already moved) sends it
+sends the command to the named node; ASK (slot being migrated, key already moved) sends it
 once to the named node behind ASKING; TRYAGAIN (a multi-key command during migration) and
-CLUSTERDOWN are retried after a short pause. Redirections are followed at most
-``_MAX_REDIRECTS`` times per batch. Pub/sub uses the first node's subscriber (PUBLISH is
+CLUSTERDOWN are retried after a short pause. Only the commands (or MULTI ... EXEC blocks)
+that were redirected are sent again: the others of the batch ran, and running a command
+twice is not harmless (a script that takes entries would take a second batch and lose the
+first). A batch is therefore not ordered across a redirection: what must run together is
+one script or one MULTI block. Redirections are followed at most ``_MAX_REDIRECTS`` times
+per batch. Pub/sub uses the first node's subscriber (PUBLISH is
 broadcast to every node of a cluster).
 """
 
@@ -173,29 +177,50 @@ class ClusterSession:
             return await self._everywhere(commands, timeout_s)
         if slot is not None and self._slots[slot] is None:
             await self.refresh_slots()
-        asking: tuple[str, int] | None = None
-        replies: list[Any] = []
+        units = _units(commands)
+        replies: list[Any] = [None] * len(commands)
+        owned: list[list[int]] = units  # units to send to the slot's owner
+        asked: list[list[int]] = []  # units to send behind ASKING to ``ask_node``
+        ask_node: tuple[str, int] | None = None
+        pause = False
         for _ in range(_MAX_REDIRECTS):
-            if asking is not None:
-                node, batch = await self._get(asking), ((b"ASKING",), *commands)
-            else:
+            if asked and ask_node is not None:
+                sending, asked, asking = asked, [], True
+                node = await self._get(ask_node)
+            elif owned:
+                if pause:
+                    await anyio.sleep(_RETRY_PAUSE_S)
+                    pause = False
+                sending, owned, asking = owned, [], False
                 owner = self._slots[slot] if slot is not None else self._seeds[0]
-                node, batch = await self._get(owner or self._seeds[0]), commands
-            replies = await node.execute(*batch, timeout_s=timeout_s)
-            if asking is not None:
-                replies, asking = replies[1:], None
-            redirect = next((r for r in replies if isinstance(r, AskError)), None)
-            if isinstance(redirect, MovedError):
-                self._slots[redirect.slot_id] = redirect.node_addr
-                self.groups.clear()  # a moved stream may need its group checked again
-                continue
-            if redirect is not None:
-                asking = redirect.node_addr
-                continue
-            if any(isinstance(r, TryAgainError | ClusterDownError) for r in replies):
-                await anyio.sleep(_RETRY_PAUSE_S)
-                continue
-            return replies
+                node = await self._get(owner or self._seeds[0])
+            else:
+                return replies
+            batch: list[tuple[Any, ...]] = []
+            for unit in sending:  # ASKING holds for one command, or for one MULTI block
+                batch += [(b"ASKING",)] if asking else []
+                batch += [commands[i] for i in unit]
+            got = iter(await node.execute(*batch, timeout_s=timeout_s))
+            for unit in sending:
+                if asking:
+                    next(got)
+                mine = [next(got) for _ in unit]
+                for i, reply in zip(unit, mine, strict=True):
+                    replies[i] = reply
+                # Only a unit that did not run is sent again: the others ran (a unit that
+                # ran twice would, e.g., take a second batch of entries and lose the first).
+                moved = next((r for r in mine if isinstance(r, MovedError)), None)
+                ask = next((r for r in mine if isinstance(r, AskError)), None)
+                if moved is not None:
+                    self._slots[moved.slot_id] = moved.node_addr
+                    self.groups.clear()  # a moved stream may need its group checked again
+                    owned.append(unit)
+                elif ask is not None:
+                    ask_node = ask.node_addr
+                    asked.append(unit)
+                elif any(isinstance(r, TryAgainError | ClusterDownError) for r in mine):
+                    owned.append(unit)
+                    pause = True
         return replies
 
     async def _split(
@@ -206,16 +231,9 @@ class ClusterSession:
         block, must be in one slot itself (a script or transaction over two users' keys
         is still refused: CrossSlot)."""
         groups: dict[int | None, list[int]] = {}
-        unit: list[int] = []
-        for i, command in enumerate(commands):  # a MULTI ... EXEC block is one unit
-            unit.append(i)
-            if _name(commands[unit[0]]) == b"MULTI" and _name(command) not in (b"EXEC", b"DISCARD"):
-                continue
+        for unit in _units(commands):
             slot = batch_slot(tuple(commands[j] for j in unit))  # CrossSlot if it spans
             groups.setdefault(slot, []).extend(unit)
-            unit = []
-        if unit:
-            raise CrossSlot("MULTI without EXEC in a batch")
         replies: list[Any] = [None] * len(commands)
 
         async def run(indexes: list[int]) -> None:
@@ -239,6 +257,25 @@ class ClusterSession:
             replies = await (await self._get(address)).execute(*commands, timeout_s=timeout_s)
             first = first or replies
         return first
+
+
+def _units(commands: tuple[tuple[Any, ...], ...]) -> list[list[int]]:
+    """The indexes of ``commands`` by unit: one command, or one MULTI ... EXEC block.
+
+    Raises:
+        CrossSlot: a MULTI without its EXEC (or DISCARD) in the batch.
+    """
+    units: list[list[int]] = []
+    unit: list[int] = []
+    for i, command in enumerate(commands):
+        unit.append(i)
+        if _name(commands[unit[0]]) == b"MULTI" and _name(command) not in (b"EXEC", b"DISCARD"):
+            continue
+        units.append(unit)
+        unit = []
+    if unit:
+        raise CrossSlot("MULTI without EXEC in a batch")
+    return units
 
 
 def _name(command: tuple[Any, ...]) -> bytes:
