@@ -18,8 +18,15 @@ Here one operator action is one drain in every worker:
   :data:`STOP_MARGIN_S` after the first request is killed (SIGKILL).
 * SIGTERM to one worker: it drains and exits 0; the supervisor starts a replacement.
 * SIGHUP: every worker drains and is replaced (what Hypercorn's supervisor called reload).
-* A worker that exits otherwise (killed by a signal, the OOM killer, a crash at start)
-  makes the supervisor drain the others and exit 1, as Hypercorn's did.
+* A worker killed (a signal, the OOM killer) or crashed after it had run
+  :data:`START_S` is replaced, as gunicorn's arbiter does: the other workers keep their
+  sockets and calls (draining them all, as Hypercorn's supervisor did, cut every desktop
+  of the pod for one lost process). Its desktops reconnect to the others; the jobs it
+  held are the recovery's (docs/outcomes.md). A worker that exits otherwise within
+  :data:`START_S` of its start (it could not start: a configuration error, Redis
+  refusing) or more than ``workers`` + :data:`RESTART_SPARE` times within
+  :data:`RESTART_WINDOW_S` (a crash loop) makes the supervisor drain the others and exit
+  1: a restart would fail the same way, and the process manager above should see it.
 * A worker whose pipe ends (the supervisor is gone, e.g. SIGKILLed) drains and exits.
 """
 
@@ -49,13 +56,46 @@ STOP_MARGIN_S = 10.0
 """Seconds a worker gets beyond the grace to close its sockets and exit before the
 supervisor kills it (closing is bounded in the worker; this only catches a wedged one)."""
 
+START_S = 10.0
+"""Seconds a worker must have run for its abnormal exit to count as a crash to recover
+from (it is replaced) rather than a failure to start (the supervisor stops)."""
+
+RESTART_WINDOW_S = 60.0
+RESTART_SPARE = 2
+"""More than ``workers`` + ``RESTART_SPARE`` abnormal exits within ``RESTART_WINDOW_S``
+seconds is a crash loop: the supervisor stops (room for every worker OOM-killed at once,
+and two more)."""
+
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@attrs.define
+class Restarts:
+    """Whether a worker's abnormal exit is replaced or stops the supervisor (pure: the
+    times are the caller's ``time.monotonic()`` seconds).
+
+    Args:
+        workers (int): the number of worker processes (sets the crash-loop bound).
+    """
+
+    workers: int
+    _exits: list[float] = attrs.Factory(list)
+
+    def replace(self, now_s: float, lived_s: float) -> bool:
+        """Note an abnormal exit at ``now_s`` of a worker that had run ``lived_s``
+        seconds; True: start a replacement, False: stop (it never started, or the
+        workers keep crashing)."""
+        self._exits = [t for t in self._exits if now_s - t < RESTART_WINDOW_S] + [now_s]
+        if lived_s < START_S:
+            return False
+        return len(self._exits) <= self.workers + RESTART_SPARE
 
 
 @attrs.define(eq=False)
 class _Worker:
     process: BaseProcess
     pipe: Connection[bytes, bytes]  # the write end; the worker reads the other (``_shutdown``)
+    started_s: float = attrs.Factory(time.monotonic)
 
     def tell(self, line: str) -> None:
         with contextlib.suppress(OSError):  # gone already: nothing left to tell
@@ -88,8 +128,9 @@ def run(config: Config, workers: int, grace_s: float) -> int:
             (``DESKBRIDGE_GRACE_S``); bounds how long the supervisor waits.
 
     Returns:
-        0 once every worker drained and exited 0 after SIGINT/SIGTERM; 1 when a worker
-        exited otherwise or had to be killed.
+        0 once every worker drained and exited 0 after SIGINT/SIGTERM (workers killed
+        and replaced before that do not count); 1 when a worker could not start or kept
+        crashing (:class:`Restarts`), or had to be killed.
 
     Raises:
         OSError: the listening sockets could not be created (address in use, ...).
@@ -112,6 +153,7 @@ def run(config: Config, workers: int, grace_s: float) -> int:
     kill_at: float | None = None  # monotonic; set when the drain is requested
     killed = False
     stop_signals = 0
+    restarts = Restarts(workers)
 
     def start_one() -> None:
         reader, writer = ctx.Pipe(duplex=False)
@@ -186,9 +228,27 @@ def run(config: Config, workers: int, grace_s: float) -> int:
                 if code == 0 and kill_at is None:
                     start_one()  # a worker restarted on its own (SIGTERM to it, SIGHUP)
                 elif code != 0:
+                    now = time.monotonic()
+                    lived_s = now - worker.started_s
+                    pid, how = worker.process.pid, _describe(code)
+                    if kill_at is None and restarts.replace(now, lived_s):
+                        log.error(
+                            "worker %d exited with %s after %.1f s: starting a replacement "
+                            "(its desktops reconnect; the jobs it held are recovered)",
+                            pid, how, lived_s,
+                        )  # fmt: skip
+                        start_one()
+                        continue
                     status = 1
-                    log.error("worker %d exited with %s", worker.process.pid, _describe(code))
+                    log.error("worker %d exited with %s after %.1f s", pid, how, lived_s)
                     if kill_at is None:
+                        if lived_s < START_S:
+                            log.error("it did not start (see its output above)")
+                        else:
+                            log.error(
+                                "more than %d worker exits within %.0f s: a crash loop",
+                                workers + RESTART_SPARE, RESTART_WINDOW_S,
+                            )  # fmt: skip
                         kill_at = time.monotonic() + grace_s + STOP_MARGIN_S
                         log.error("stopping: draining the other %d workers", len(live))
                         for other in live:
