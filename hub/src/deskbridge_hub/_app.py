@@ -49,7 +49,7 @@ from ._middleware import _access_log, _tracking_http
 from ._process import HubState
 from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S
-from ._shutdown import drain_on_sigterm
+from ._shutdown import announce_serving, drain_on_sigterm
 from ._sidecar_asgi import mount_sidecar
 from ._substrate import Substrate
 
@@ -161,6 +161,7 @@ def create_app(
         relaying = trio.CancelScope()  # one scope per task: a scope enters one with-block
         app.add_background_task(_run_in, relaying, relay.run)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
+        announce_serving()  # to ``serve --workers N``'s supervisor: a crash from now on
         try:
             yield
         finally:

@@ -25,6 +25,7 @@ from deskbridge_common import CLOSE_SERVICE_RESTART
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
+    from multiprocessing.synchronize import Event
 
     from ._process import HubState
 
@@ -101,11 +102,24 @@ _supervisor_pipe: Connection[bytes, bytes] | None = None
 ``serve --workers N``'s workers (``_supervisor.worker_main`` sets it); None otherwise."""
 
 
-def supervised_by(pipe: Connection[bytes, bytes]) -> None:
+_serving: Event | None = None
+"""Set once this worker serves, so the supervisor tells a crash (replace it) from a
+failure to start (stop); None when not supervised."""
+
+
+def supervised_by(pipe: Connection[bytes, bytes], serving: Event | None = None) -> None:
     """Mark this process as a supervised worker: :func:`drain_on_sigterm` also takes
-    the supervisor's requests (``drain SIGNAME`` / ``stop SIGNAME`` lines) from ``pipe``."""
-    global _supervisor_pipe
-    _supervisor_pipe = pipe
+    the supervisor's requests (``drain SIGNAME`` / ``stop SIGNAME`` lines) from ``pipe``,
+    and :func:`announce_serving` sets ``serving``."""
+    global _supervisor_pipe, _serving
+    _supervisor_pipe, _serving = pipe, serving
+
+
+def announce_serving() -> None:
+    """Tell the supervisor, if any, that this worker serves: an abnormal exit from now on
+    is a crash to recover from (``_supervisor.Restarts``), not a failure to start."""
+    if _serving is not None:
+        _serving.set()
 
 
 @attrs.frozen

@@ -18,15 +18,16 @@ Here one operator action is one drain in every worker:
   :data:`STOP_MARGIN_S` after the first request is killed (SIGKILL).
 * SIGTERM to one worker: it drains and exits 0; the supervisor starts a replacement.
 * SIGHUP: every worker drains and is replaced (what Hypercorn's supervisor called reload).
-* A worker killed (a signal, the OOM killer) or crashed after it had run
-  :data:`START_S` is replaced, as gunicorn's arbiter does: the other workers keep their
-  sockets and calls (draining them all, as Hypercorn's supervisor did, cut every desktop
-  of the pod for one lost process). Its desktops reconnect to the others; the jobs it
-  held are the recovery's (docs/outcomes.md). A worker that exits otherwise within
-  :data:`START_S` of its start (it could not start: a configuration error, Redis
-  refusing) or more than ``workers`` + :data:`RESTART_SPARE` times within
-  :data:`RESTART_WINDOW_S` (a crash loop) makes the supervisor drain the others and exit
-  1: a restart would fail the same way, and the process manager above should see it.
+* A worker killed (a signal, the OOM killer) or crashed after it served (it tells the
+  supervisor once its app serves: ``_shutdown.announce_serving``) is replaced at once,
+  as gunicorn's arbiter does: the other workers keep their sockets and calls (draining
+  them all, as Hypercorn's supervisor did, cut every desktop of the pod for one lost
+  process). Its desktops reconnect to the others; the jobs it held are the recovery's
+  (docs/outcomes.md). A worker that exits before it served (a configuration error, an
+  import failing), or more than ``workers`` + :data:`RESTART_SPARE` workers in a row
+  that each exit within :data:`STABLE_S` of their start (a crash loop, :class:`Restarts`),
+  make the supervisor drain the others and exit 1: a restart would fail the same way,
+  and the process manager above should see it.
 * A worker whose pipe ends (the supervisor is gone, e.g. SIGKILLed) drains and exits.
 """
 
@@ -47,6 +48,7 @@ import attrs
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
+    from multiprocessing.synchronize import Event
 
     from hypercorn.config import Config, Sockets
 
@@ -56,45 +58,44 @@ STOP_MARGIN_S = 10.0
 """Seconds a worker gets beyond the grace to close its sockets and exit before the
 supervisor kills it (closing is bounded in the worker; this only catches a wedged one)."""
 
-START_S = 10.0
-"""Seconds a worker must have run for its abnormal exit to count as a crash to recover
-from (it is replaced) rather than a failure to start (the supervisor stops)."""
+STABLE_S = 60.0
+"""Seconds a worker must run for its abnormal exit to end a crash loop's count."""
 
-RESTART_WINDOW_S = 60.0
 RESTART_SPARE = 2
-"""More than ``workers`` + ``RESTART_SPARE`` abnormal exits within ``RESTART_WINDOW_S``
-seconds is a crash loop: the supervisor stops (room for every worker OOM-killed at once,
-and two more)."""
+"""More than ``workers`` + ``RESTART_SPARE`` abnormal exits in a row, each of a worker
+that ran less than :data:`STABLE_S`, is a crash loop (room for every worker OOM-killed at
+once, and two more)."""
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @attrs.define
 class Restarts:
-    """Whether a worker's abnormal exit is replaced or stops the supervisor (pure: the
-    times are the caller's ``time.monotonic()`` seconds).
+    """Whether a worker's abnormal exit is replaced or stops the supervisor (pure).
 
     Args:
         workers (int): the number of worker processes (sets the crash-loop bound).
     """
 
     workers: int
-    _exits: list[float] = attrs.Factory(list)
+    #: Abnormal exits in a row of workers that ran less than ``STABLE_S``.
+    short: int = 0
 
-    def replace(self, now_s: float, lived_s: float) -> bool:
-        """Note an abnormal exit at ``now_s`` of a worker that had run ``lived_s``
-        seconds; True: start a replacement, False: stop (it never started, or the
-        workers keep crashing)."""
-        self._exits = [t for t in self._exits if now_s - t < RESTART_WINDOW_S] + [now_s]
-        if lived_s < START_S:
+    def replace(self, *, served: bool, lived_s: float) -> bool:
+        """Note an abnormal exit of a worker that had run ``lived_s`` seconds and had
+        (``served``) or had not yet announced that it serves. True: start a
+        replacement; False: stop (it never started, or the workers crash in a loop)."""
+        if not served:
             return False
-        return len(self._exits) <= self.workers + RESTART_SPARE
+        self.short = self.short + 1 if lived_s < STABLE_S else 0
+        return self.short <= self.workers + RESTART_SPARE
 
 
 @attrs.define(eq=False)
 class _Worker:
     process: BaseProcess
     pipe: Connection[bytes, bytes]  # the write end; the worker reads the other (``_shutdown``)
+    serving: Event  # set by the worker once its app serves (``_shutdown.announce_serving``)
     started_s: float = attrs.Factory(time.monotonic)
 
     def tell(self, line: str) -> None:
@@ -102,10 +103,13 @@ class _Worker:
             os.write(self.pipe.fileno(), line.encode() + b"\n")
 
 
-def worker_main(config: Config, sockets: Sockets, pipe: Connection[bytes, bytes]) -> None:
+def worker_main(
+    config: Config, sockets: Sockets, pipe: Connection[bytes, bytes], serving: Event
+) -> None:
     """The target of each worker process: Hypercorn's trio worker, told where the
-    supervisor's requests arrive (``_shutdown.supervised_by``), with no shutdown event of
-    Hypercorn's (the hub's drain is the only shutdown)."""
+    supervisor's requests arrive and what to set once it serves
+    (``_shutdown.supervised_by``), with no shutdown event of Hypercorn's (the hub's drain
+    is the only shutdown)."""
     from hypercorn.trio.run import trio_worker
 
     from . import _shutdown
@@ -114,7 +118,7 @@ def worker_main(config: Config, sockets: Sockets, pipe: Connection[bytes, bytes]
     # unblock them here; they stay ignored until the drain listens for them, once the
     # app serves (the supervisor, reached by the same group signal, asks over the pipe).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_STOP_SIGNALS))
-    _shutdown.supervised_by(pipe)
+    _shutdown.supervised_by(pipe, serving)
     trio_worker(config, sockets)
 
 
@@ -157,8 +161,10 @@ def run(config: Config, workers: int, grace_s: float) -> int:
 
     def start_one() -> None:
         reader, writer = ctx.Pipe(duplex=False)
+        serving = ctx.Event()
         process = ctx.Process(
-            target=worker_main, kwargs={"config": config, "sockets": sockets, "pipe": reader}
+            target=worker_main,
+            kwargs={"config": config, "sockets": sockets, "pipe": reader, "serving": serving},
         )
         # Ignored by the child (and blocked here, so none is lost by the supervisor)
         # while it starts: a Ctrl-C during its imports would be a KeyboardInterrupt
@@ -185,7 +191,7 @@ def run(config: Config, workers: int, grace_s: float) -> int:
             for signum in caught:
                 signal.raise_signal(signum)  # to ``_note``, as if it came now
         reader.close()
-        live.append(_Worker(process, writer))
+        live.append(_Worker(process, writer, serving))
 
     try:
         for _ in range(workers):
@@ -228,10 +234,10 @@ def run(config: Config, workers: int, grace_s: float) -> int:
                 if code == 0 and kill_at is None:
                     start_one()  # a worker restarted on its own (SIGTERM to it, SIGHUP)
                 elif code != 0:
-                    now = time.monotonic()
-                    lived_s = now - worker.started_s
+                    lived_s = time.monotonic() - worker.started_s
+                    served = worker.serving.is_set()
                     pid, how = worker.process.pid, _describe(code)
-                    if kill_at is None and restarts.replace(now, lived_s):
+                    if kill_at is None and restarts.replace(served=served, lived_s=lived_s):
                         log.error(
                             "worker %d exited with %s after %.1f s: starting a replacement "
                             "(its desktops reconnect; the jobs it held are recovered)",
@@ -242,12 +248,13 @@ def run(config: Config, workers: int, grace_s: float) -> int:
                     status = 1
                     log.error("worker %d exited with %s after %.1f s", pid, how, lived_s)
                     if kill_at is None:
-                        if lived_s < START_S:
-                            log.error("it did not start (see its output above)")
+                        if not served:
+                            log.error("it exited before it served: see its output above")
                         else:
                             log.error(
-                                "more than %d worker exits within %.0f s: a crash loop",
-                                workers + RESTART_SPARE, RESTART_WINDOW_S,
+                                "%d workers in a row exited within %.0f s of their start: "
+                                "a crash loop",
+                                restarts.short, STABLE_S,
                             )  # fmt: skip
                         kill_at = time.monotonic() + grace_s + STOP_MARGIN_S
                         log.error("stopping: draining the other %d workers", len(live))
