@@ -62,6 +62,9 @@ def test_no_command_is_a_usage_error(capsys):
         (["run", "--hub", "ws://h:1", "--token", "t"], {"DESKBRIDGE_PING_TIMEOUT_S": "soon"},
          "DESKBRIDGE_PING_TIMEOUT_S"),
         (["run", "--hub", "ws://h:1", "--token", "t", "--log-level", "LOUD"], {}, "invalid choice"),
+        (["run", "--hub", "ws://h:1", "--token", "ab c"], {}, "has whitespace at position 3 of 4"),
+        (["run", "--hub", "ws://h:1"], {"DESKBRIDGE_TOKEN": "ab\x01c"}, "U+0001 at position 3"),
+        (["run", "--hub", "ws://h:1"], {"DESKBRIDGE_TOKEN": " \n"}, "a token is required"),
     ],
 )  # fmt: skip
 def test_usage_errors_exit_2(capsys, monkeypatch, argv, env, message):
@@ -150,7 +153,8 @@ async def test_entry_point_runs_tools_from_cwd_and_stops_on_sigterm(nursery, tmp
         hub = CliHub("cli-token")
         port = await _serve(nursery, hub)
         env = {**os.environ, "DESKBRIDGE_HUB_URL": f"ws://127.0.0.1:{port}",
-               "DESKBRIDGE_TOKEN": "cli-token", "DESKBRIDGE_PING_INTERVAL_S": "5"}  # fmt: skip
+               "DESKBRIDGE_TOKEN": "cli-token\n",  # a paste's newline is stripped
+               "DESKBRIDGE_PING_INTERVAL_S": "5"}  # fmt: skip
         with log_path.open("wb") as log_file:
             proc = await trio.lowlevel.open_process(
                 [str(BIN), "run", "--tools", "cli_tools_b"],

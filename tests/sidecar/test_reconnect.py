@@ -197,6 +197,21 @@ async def test_other_http_statuses_are_retried(autojump_clock, nursery, hub, wal
     assert daemon.statistics().last_end.cause == "rejected"
 
 
+async def test_a_404_says_where_the_sidecar_endpoint_is_and_is_retried(
+    autojump_clock, nursery, hub, wall, caplog
+):
+    """``--hub ws://host/wrong``: the hub answers 404; the log says which path serves
+    sidecars (a proxy's route may still appear, so it keeps trying, with backoff)."""
+    hub.reject_status, hub.reject_code = 404, "not_found"
+    daemon = make_daemon(hub, wall)
+    with caplog.at_level(logging.WARNING, logger="deskbridge.sidecar"):
+        nursery.start_soon(daemon.run)
+        attempts = await hub.wait_attempts(2)
+    assert [a.outcome for a in attempts] == ["rejected 404"] * 2
+    assert "HTTP 404 (not_found" in caplog.text
+    assert "check --hub (the hub's is /v1/sidecar" in caplog.text
+
+
 async def test_clock_jump_drops_the_socket_and_reconnects(
     autojump_clock, start_daemon, hub, wall, caplog
 ):
@@ -354,3 +369,40 @@ async def test_other_refusals_keep_the_growing_window(autojump_clock, nursery, h
     attempts = await hub.wait_attempts(8)
     gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
     assert gaps == pytest.approx([0.999 * w for w in [0.5, 1, 2, 4, 8, 16, 30]])
+
+
+@pytest.mark.parametrize("token", ["", "abc\n", " abc", "a b", "abc\x00", "abcé"])
+async def test_a_token_no_header_may_carry_is_refused_at_construction(hub, wall, token):
+    with pytest.raises(ValueError, match="token") as caught:
+        make_daemon(hub, wall, token=token)
+    if token.strip():
+        assert "abc" not in str(caught.value)  # never quoted
+
+
+async def test_an_internal_error_is_logged_without_the_token(
+    autojump_clock, nursery, hub, wall, caplog
+):
+    """A library's exception may quote the upgrade's headers (h11 does); the log line of
+    an unexpected connection failure never shows the token."""
+    secret = "eyJhbGciOi.secret-part.signature"
+
+    class QuotingConnector:
+        def __init__(self) -> None:
+            self.failed = trio.Event()
+
+        def connect(self, url, headers):
+            self.failed.set()
+            raise RuntimeError(f"Illegal header value {dict(headers)['Authorization']!r}")
+
+    connector = QuotingConnector()
+    daemon = make_daemon(hub, wall, token=secret)
+    daemon.connector = connector
+    with caplog.at_level(logging.ERROR, logger="deskbridge.sidecar"):
+        nursery.start_soon(daemon.run)
+        await connector.failed.wait()
+        await trio.lowlevel.checkpoint()
+    text = caplog.text
+    assert "failed with an internal error" in text and "Illegal header value" in text
+    assert "Bearer <token>" in text
+    assert secret not in text
+    nursery.cancel_scope.cancel()

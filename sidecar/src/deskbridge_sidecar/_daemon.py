@@ -16,6 +16,7 @@ import logging
 import random as _random
 import ssl
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,6 +73,31 @@ def _default_timings(value: Timings | None) -> Timings:
     return Timings() if value is None else value
 
 
+def token_problem(token: str) -> str | None:
+    """What makes ``token`` unusable in an ``Authorization`` header (whitespace, a
+    control or non-ASCII character: a paste with a newline, a quoted copy), or None.
+    Never quotes the token."""
+    if not token:
+        return "the token is empty"
+    for i, ch in enumerate(token):
+        if not ch.isascii() or not ch.isprintable() or ch.isspace():
+            what = "whitespace" if ch.isspace() else f"the character U+{ord(ch):04X}"
+            return (
+                f"the token has {what} at position {i + 1} of {len(token)}: pass it exactly "
+                "as `deskbridge-hub token USER_ID` printed it"
+            )
+    return None
+
+
+def _check_token(instance: object, attribute: object, token: str) -> None:
+    if (problem := token_problem(token)) is not None:
+        raise ValueError(problem)
+
+
+def _redacted(text: str, secret: str) -> str:
+    return text.replace(secret, "<token>") if secret else text
+
+
 @attrs.define(eq=False)
 class Daemon:
     """The sidecar daemon. Construct, then ``await daemon.run(task_status=...)``.
@@ -114,12 +140,14 @@ class Daemon:
             directory cannot be used) never touches the holder's status.
 
     Raises:
-        ValueError: ``hub_url`` is not a ws/wss URL with a host, or the catalogue does
-            not fit in a ``hello`` frame (more than 256 tools, a schema that is not JSON).
+        ValueError: ``hub_url`` is not a ws/wss URL with a host, ``token`` has
+            whitespace or a character no HTTP header may carry (:func:`token_problem`),
+            or the catalogue does not fit in a ``hello`` frame (more than 256 tools, a
+            schema that is not JSON).
     """
 
     hub_url: str
-    token: str = attrs.field(repr=False)
+    token: str = attrs.field(repr=False, validator=_check_token)
     registry: ToolRegistry = attrs.field(default=None, converter=_default_registry, kw_only=True)
     timings: Timings = attrs.field(default=None, converter=_default_timings, kw_only=True)
     wall_clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True)
@@ -389,13 +417,22 @@ class Daemon:
                     raise TokenRefused(exc.status_code) from None
                 rejected_status = exc.status_code
                 retry_after_s = exc.retry_after_s
-                end = self._failed(
-                    REJECTED, f"hub refused the upgrade with {exc.describe()}", started_at
-                )
+                why = f"hub refused the upgrade with {exc.describe()}"
+                if exc.status_code == 404:  # a wrong path: say which one serves sidecars
+                    why += (
+                        f"; no sidecar endpoint at {self.url}: check --hub (the hub's is "
+                        "/v1/sidecar, which a URL without a path gets)"
+                    )
+                end = self._failed(REJECTED, why, started_at)
             except ConnectFailed as exc:
                 end = self._failed(CONNECT_FAILED, str(exc), started_at)
             except Exception:  # a bug or an unmapped library error: log it, keep going
-                log.exception("connection to %s failed with an internal error", self.url)
+                # the traceback of an HTTP library may quote the Authorization header
+                log.error(
+                    "connection to %s failed with an internal error\n%s",
+                    self.url,
+                    _redacted(traceback.format_exc().rstrip(), self.token),
+                )
                 end = self._failed(INTERNAL_ERROR, "internal error", started_at)
             self._last_end = end
             slept_s = None if end.welcomed else slept_s

@@ -28,7 +28,7 @@ import trio
 from deskbridge_common import Timings
 
 from . import _config, _service_cli
-from ._daemon import Daemon
+from ._daemon import Daemon, token_problem
 from ._errors import Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, LedgerError
 from ._logformat import make_formatter
@@ -384,10 +384,13 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     args.data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or cfg.data_dir
     if not hub:
         run_parser.error("the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL")
+    token = (token or "").strip()  # a pasted token's newline or a stray space
     if not token:
         run_parser.error(
             "a token is required: --token TOKEN, DESKBRIDGE_TOKEN or `deskbridge-sidecar set-token`"
         )
+    if (problem := token_problem(token)) is not None:
+        run_parser.error(f"--token / DESKBRIDGE_TOKEN: {problem}")
     try:
         url = sidecar_url(hub)
     except ValueError as exc:
