@@ -15,11 +15,14 @@ and the swarm). It measures:
                Redis connections the hub holds (its sockets, /proc) and opened (INFO),
                the swarm's sockets closed and reconnected
   loaded echo  the extra user's echo p50 while the N are connected
+  baseline     the extra user's echo p50 again once the N have left; the loaded figure
+  again        is judged against the mean of the two baselines (this machine's speed
+               drifts within the minutes between them)
 
 and prints hub RSS per connection ((RSS with N - RSS before) / N) and the swarm
 process's own CPU (so you can tell whether the swarm, not the hub, was the limit).
 
-Usage: ./dev bench idle [--n 1000] [--duration-s 60] [--ramp-s 300] [--echo-calls 200]
+Usage: ./dev bench idle [--n 1000] [--duration-s 60] [--ramp-s 300] [--echo-calls 500]
        [--profile FILE]   (py-spy on the hub during the idle window)
        [--profile-ramp FILE]   (py-spy on the hub during the ramp: the handshake path)
        [--keep-logs DIR]   (the hub's, Redis' and the swarms' logs, kept)
@@ -185,7 +188,7 @@ def main() -> int:
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--ramp-s", type=float, default=300.0)
     p.add_argument("--sample-s", type=float, default=1.0)
-    p.add_argument("--echo-calls", type=int, default=200)
+    p.add_argument("--echo-calls", type=int, default=500)
     p.add_argument("--connect-concurrency", type=int, default=64)
     p.add_argument("--redis-port", type=int, default=6411)
     p.add_argument("--json", default="")
@@ -366,6 +369,13 @@ def main() -> int:
             out["swarm_cpu_s_total"] = swarm_status(status).get("cpu_s", 0)
             out["hub_log_warnings"] = log_summary(hub.output())
             info.close()
+            # The baseline again with the N gone: this machine's speed drifts within the
+            # minutes between the two, so the ratio is against both ends' mean.
+            swarm.stop(timeout_s=30)
+            procs.remove(swarm)
+            time.sleep(10.0)  # the hub ends N sessions
+            p50, p99, errs = trio.run(echo_p50, redis.url, extra_user, args.echo_calls)
+            out["echo_idle0_after"] = {"p50_ms": p50, "p99_ms": p99, "errors": errs}
         finally:
             for proc in reversed(procs):
                 proc.stop(timeout_s=10)
@@ -390,6 +400,12 @@ def main() -> int:
         print("\nhub CPU profile during the idle window (py-spy):")
         print(summarise(Path(args.profile)))
     return 0
+
+
+def baseline_p50(out: dict) -> float:
+    """The extra user's echo p50 with no idle desktops: the mean of the runs before the
+    N connected and after they left (ms)."""
+    return (out["echo_idle0"]["p50_ms"] + out["echo_idle0_after"]["p50_ms"]) / 2
 
 
 def report(out: dict, args: argparse.Namespace) -> None:
@@ -438,8 +454,12 @@ def report(out: dict, args: argparse.Namespace) -> None:
         (
             f"extra user's echo p50/p99 ms, {args.n} idle",
             f"{out['echo_idleN']['p50_ms']:.2f} / {out['echo_idleN']['p99_ms']:.2f} "
-            f"({out['echo_idleN']['p50_ms'] / out['echo_idle0']['p50_ms']:.2f}x; "
+            f"({out['echo_idleN']['p50_ms'] / baseline_p50(out):.2f}x of the 0-idle mean; "
             f"{out['echo_idleN']['errors']} errors)",
+        ),
+        (
+            "extra user's echo ms, 0 idle after",
+            f"{out['echo_idle0_after']['p50_ms']:.2f} / {out['echo_idle0_after']['p99_ms']:.2f}",
         ),
         (
             "swarm process CPU % (window) / s total",
@@ -448,7 +468,7 @@ def report(out: dict, args: argparse.Namespace) -> None:
     ]
     for label, value in rows:
         print(f"  {label:<40} {value}")
-    ratio = out["echo_idleN"]["p50_ms"] / out["echo_idle0"]["p50_ms"]
+    ratio = out["echo_idleN"]["p50_ms"] / baseline_p50(out)
     # per-desktop costs mean something only when every desktop is connected and present
     whole = idle["welcomed_now"] >= args.n and idle["present_min"] >= args.n
     partial = " (not all N connected and present: not judged)"
