@@ -273,6 +273,10 @@ BAD_BODIES = [
      "idempotency_key"),
     ("job-id-space", b'{"name": "echo", "job_id": "my job"}', "job_id"),
     ("job-id-too-long", json.dumps({"name": "echo", "job_id": "j" * 201}).encode(), "job_id"),
+    # a path segment: /v1/jobs/a/b matches no route, clients drop dot segments
+    ("job-id-slash", b'{"name": "echo", "job_id": "a/b"}', "job_id"),
+    ("job-id-dot", b'{"name": "echo", "job_id": "."}', "job_id"),
+    ("job-id-dot-dot", b'{"name": "echo", "job_id": ".."}', "job_id"),
     # the same key twice: json keeps the last silently (a log keeping the first would
     # show another call than the one run); 400 naming the top-level field holding it
     ("duplicate-name", b'{"name": "echo", "name": "sleep", "args": {"seconds": 1}}', "name"),
@@ -281,6 +285,10 @@ BAD_BODIES = [
     ("duplicate-timeout", b'{"name": "echo", "timeout_s": 5, "timeout_s": 500}', "timeout_s"),
     ("args-too-big", json.dumps({"name": "echo", "args": {"x": "a" * MAX_ARGS_BYTES}}).encode(),
      "args"),
+    # a lone surrogate parses to a str UTF-8 cannot hold (was a 500 from the digest)
+    ("lone-surrogate", b'{"name": "echo", "args": {"s": "\\ud800"}}', "args"),
+    ("lone-surrogate-key", b'{"name": "echo", "args": {"\\udfff": 1}}', "args"),
+    ("lone-surrogate-nested", b'{"name": "echo", "args": {"a": ["\\udc00x"]}}', "args"),
 ]  # fmt: skip
 
 
@@ -325,12 +333,13 @@ async def test_longest_valid_user_id_is_accepted(autojump_clock):
 
 
 async def test_args_size_limit_is_exact_and_configurable(autojump_clock):
-    """``max_args_bytes`` (DESKBRIDGE_MAX_ARGS_BYTES) bounds the JSON-encoded args."""
+    """``max_args_bytes`` (DESKBRIDGE_MAX_ARGS_BYTES) bounds the args' compact JSON
+    (non-ASCII escaped: what goes on the stream)."""
     limit = 64
     async with running_hub(max_args_bytes=limit) as (client, sub):
         await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)
-        at_limit = {"x": "a" * (limit - len('{"x": ""}'))}
-        assert len(json.dumps(at_limit)) == limit
+        at_limit = {"x": "\u00e9" + "a" * (limit - len('{"x":""}') - 6)}
+        assert len(json.dumps(at_limit, separators=(",", ":"))) == limit
         over = {"x": at_limit["x"] + "a"}
 
         r = await post_job(client, {"name": "echo", "args": over, "timeout_s": 1})

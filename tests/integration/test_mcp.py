@@ -393,3 +393,74 @@ def test_initialize_advertises_tools_list_changed(hub):
     data = [line[5:] for line in r.text.splitlines() if line.startswith("data:")]
     result = json.loads(data[0])["result"]
     assert result["capabilities"]["tools"]["listChanged"] is True
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_call_tool_input_the_http_api_refuses_is_refused_over_mcp_too(hub, tmp_path, mode):
+    """A hostile tester found the MCP path skipping what POST /jobs checks: a reused
+    idempotency key was "Internal server error", a non-string key was dropped (the call
+    ran again), and args over the 256 KiB limit reached the stream."""
+    user = "mcp-in-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=ledger.env())
+    with running(sidecar):
+        wait_online(hub, user)
+        run(_refused_input, hub, user, mode, ledger)
+    assert ledger.counts() == {f"once-{mode}": 1}
+
+
+async def _refused_input(hub: Hub, user: str, mode: str, ledger: Ledger) -> None:
+    key = {"deskbridge/idempotency_key": f"key-{mode}"}
+    with anyio.fail_after(60):
+        async with mcp_client(hub, user, mode=mode) as client:
+            done = await client.call_tool("record", {"key": f"once-{mode}"}, meta=key)
+            assert not done.is_error
+            again = await client.call_tool("record", {"key": f"once-{mode}"}, meta=key)
+            assert again.structured_content == done.structured_content  # joined, not rerun
+            with pytest.raises(MCPError) as reused:
+                await client.call_tool("record", {"key": "other"}, meta=key)
+            assert reused.value.code == types.INVALID_PARAMS
+            assert "deskbridge/idempotency_key" in reused.value.message
+            assert reused.value.error.data["code"] == "idempotency_key_reused"
+            assert reused.value.error.data["job_id"]  # the job the key names
+            for bad in (5, ["k"], {"k": 1}):
+                with pytest.raises(MCPError) as typed:
+                    await client.call_tool(
+                        "record", {"key": "never"}, meta={"deskbridge/idempotency_key": bad}
+                    )
+                assert typed.value.code == types.INVALID_PARAMS
+                assert "must be a string" in typed.value.message
+            big = await client.call_tool("echo", {"s": "x" * (256 * 1024)})
+            assert big.is_error and big.structured_content["error"]["code"] == "bad_args"
+            assert "args larger than 262144 bytes" in big.content[0].text
+
+
+def test_a_repeated_json_key_is_refused_not_picked(hub):
+    """``{"name": "echo", "name": "sleep"}`` ran sleep (the SDK keeps the last value); the
+    HTTP API refuses it, and so does MCP now: a JSON-RPC parse error, HTTP 400."""
+    headers = {
+        "Authorization": f"Bearer {API_KEY}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+    url = f"{hub.http}/v1/users/someone/mcp"
+    for body in (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+        b'"params":{"name":"echo","name":"sleep","arguments":{}}}',
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call",'
+        b'"params":{"name":"echo","arguments":{"a":1,"a":2}}}',
+        b'{"jsonrpc":"2.0","id":3,"id":4,"method":"tools/list","params":{}}',
+    ):
+        r = httpx.post(url, content=body, headers=headers)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == -32700 and "duplicate key" in error["message"], r.text
+    # and a well-formed request still goes through the replayed body
+    ok = {"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    r = httpx.post(url, json=ok, headers=headers)
+    assert r.status_code == 200 and "listChanged" in r.text, r.text
+    r = httpx.post(url, content=b"x" * (4 * 1024 * 1024 + 1), headers=headers)
+    assert r.status_code == 413

@@ -145,7 +145,7 @@ def create_app(
             wall_clock=time.time,
             max_inflight_per_session=config.max_inflight_per_session,
         )
-        bridge = Bridge(sub, config.timings)
+        bridge = Bridge(sub, config.timings, max_args_bytes=config.max_args_bytes)
         relay = ProgressRelay(sub, config.timings.result_ttl_s)
         holder.update(state=state, bridge=bridge, progress=relay)
         app.extensions["deskbridge"] = holder
@@ -245,10 +245,7 @@ def create_app(
         """Served by ``_jobs_asgi`` in front of Quart, the same way; this route answers
         only what that one hands on (a request under a ``root_path``) and gives the path
         its 405 ``Allow: POST`` for other methods."""
-        job = parse_job(
-            await request.get_data(cache=True, as_text=False, parse_form_data=False),
-            config.max_args_bytes,
-        )
+        job = parse_job(await request.get_data(cache=True, as_text=False, parse_form_data=False))
         state: HubState = holder["state"]
         if state.drain.active:
             return _draining()

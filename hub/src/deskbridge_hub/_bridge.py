@@ -36,7 +36,7 @@ from ._progress import ProgressReport, parse_progress
 from ._retry import HOLDER_ALIVE_CACHE_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
 from ._tracing import current_traceparent
-from ._validate import validate_key, validate_tool_name, validate_user_id
+from ._validate import validate_job_id, validate_key, validate_tool_name, validate_user_id
 from ._waiting import ResultWaiters, Waiter
 
 log = logging.getLogger("deskbridge.hub.bridge")
@@ -57,6 +57,8 @@ MAX_CACHED_HOLDERS = 10_000
 #: How a job's args are written on its stream entry (compact; NaN and infinities refused,
 #: as JSON has none).
 _ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+#: Default bound on one job's ``args`` (``Bridge.max_args_bytes``), bytes.
+MAX_ARGS_BYTES = 256 * 1024
 
 
 @attrs.define(eq=False)
@@ -69,11 +71,16 @@ class Bridge(JobControl):
             wait, ``result_ttl_s`` bounds how long a result is kept.
         wall_clock: Unix time source, only to turn ``dispatch(deadline=...)`` into a
             duration and to stamp states (injectable for tests).
+        max_args_bytes: the largest ``args`` :meth:`dispatch` accepts, bytes of its
+            compact JSON with non-ASCII escaped (what goes on the stream); 256 KiB,
+            ``DESKBRIDGE_MAX_ARGS_BYTES`` for the hub. Every way in (HTTP, MCP, Python)
+            is bounded here.
     """
 
     substrate: Substrate
     timings: Timings = attrs.field(factory=Timings)
     wall_clock: Callable[[], float] = time.time
+    max_args_bytes: int = attrs.field(default=MAX_ARGS_BYTES, kw_only=True)
     waiters: ResultWaiters = attrs.field(init=False)
     catalogues: CatalogueCache = attrs.field(init=False, factory=CatalogueCache)
     _holders: dict[str, str] = attrs.field(init=False, factory=dict)
@@ -178,6 +185,15 @@ class Bridge(JobControl):
             raise BadRequest(
                 "args must be JSON-serialisable (finite numbers, bounded nesting)", field="args"
             ) from None
+        if len(args_json) > self.max_args_bytes:
+            raise BadRequest(f"args larger than {self.max_args_bytes} bytes", field="args")
+        try:
+            digest = args_digest(args)
+        except UnicodeEncodeError:  # JSON's "\ud800" parses to a str UTF-8 cannot hold
+            raise BadRequest(
+                "args must be valid Unicode text (a lone surrogate \\ud800-\\udfff is not)",
+                field="args",
+            ) from None
         timeout_s = self.timings.call_timeout_s if timeout_s is None else timeout_s
         if isinstance(timeout_s, bool) or not (
             isinstance(timeout_s, int | float) and 0 < timeout_s <= MAX_TIMEOUT_S
@@ -190,7 +206,7 @@ class Bridge(JobControl):
             # A hub-minted id names its user, so a cancel by id needs no lookup record.
             job_id = f"{uuid.uuid4().hex}{USER_SEPARATOR}{user_id}"
         else:
-            _check(validate_key, job_id, "job_id")
+            _check(validate_job_id, job_id, "job_id")
         indexed_key = idempotency_key
         if idempotency_key is None:
             idempotency_key = job_id
@@ -200,7 +216,6 @@ class Bridge(JobControl):
         now = self.wall_clock()
         start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
-        digest = args_digest(args)
         owner = JobOwner(user_id, self.waiters.mailbox)
         owner_claimed = job_id_given is not None
         if owner_claimed and not await self.substrate.claim_job_id(

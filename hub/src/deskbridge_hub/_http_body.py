@@ -4,7 +4,6 @@ refusal is a ``BadRequest`` naming the field (the API answers 400)."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, NamedTuple
 
@@ -116,18 +115,18 @@ class JobRequest(NamedTuple):
         )
 
 
-def parse_job(raw: bytes, max_args_bytes: int) -> JobRequest:
+def parse_job(raw: bytes) -> JobRequest:
     """Parse a job request's body: ``{"name", "args"?, "idempotency_key"?, "job_id"?,
     "timeout_s"?}``, nothing else.
 
     Args:
         raw: the body's bytes.
-        max_args_bytes: the most ``args`` may take, JSON-encoded (``json.dumps``), bytes.
 
     Raises:
         BadRequest: not a JSON object, a field missing, of the wrong type or out of
-            range, an unknown field, or ``args`` too large (``field`` names it; "$": the
-            body as a whole). Identifiers are checked by ``Bridge.dispatch``.
+            range, or an unknown field (``field`` names it; "$": the body as a whole).
+            Identifiers and the size of ``args`` are checked by ``Bridge.dispatch``
+            (the same for HTTP, MCP and Python callers).
     """
     body = parse_json_body(raw)
     name = _field(body, "name", str, required=True)
@@ -136,6 +135,4 @@ def parse_job(raw: bytes, max_args_bytes: int) -> JobRequest:
     job_id = _field(body, "job_id", str, required=False)
     timeout_s = _timeout_s(body, default=None)
     _no_other_fields(body, {"name", "args", "idempotency_key", "timeout_s", "job_id"})
-    if len(json.dumps(args)) > max_args_bytes:
-        raise BadRequest(f"args larger than {max_args_bytes} bytes", field="args")
     return JobRequest(name, args, key, job_id, timeout_s)

@@ -62,7 +62,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             ``BODY_TIMEOUT`` and ``RESPONSE_TIMEOUT`` seconds, read per request) and its
             ``logger`` (unexpected errors).
         holder: the app's holder: ``state`` (``HubState``) and ``bridge`` once serving.
-        config: the ``HubConfig``: ``api_keys`` and ``max_args_bytes``.
+        config: the ``HubConfig``: ``api_keys``.
 
     Returns:
         The wrapping ASGI callable.
@@ -91,7 +91,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             raw = await _read_body(receive, headers, app.config)
             if raw is None:
                 return None
-            job = parse_job(raw, config.max_args_bytes)
+            job = parse_job(raw)
             if holder["state"].drain.active:
                 return draining_answer()
         except Exception as exc:

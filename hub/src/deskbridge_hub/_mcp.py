@@ -59,7 +59,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ._bridge import MAX_TIMEOUT_S, Bridge
-from ._errors import BadRequest, JobIdInUse, SubstrateUnavailable
+from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._outcome import Outcome
 from ._progress import ProgressReport
 
@@ -181,6 +181,22 @@ class UserEndpoint:
     bus: InMemorySubscriptionBus = attrs.field(init=False, factory=InMemorySubscriptionBus)
     _connections: weakref.WeakSet[Connection] = attrs.field(init=False, factory=weakref.WeakSet)
     _digest: str | None = attrs.field(init=False, default=None)
+    #: HTTP requests being served now (a listening stream stays open), and when the last
+    #: one ended (trio clock, seconds): kept by ``_mcp_mount``.
+    open_requests: int = attrs.field(init=False, default=0)
+    last_used_s: float = attrs.field(init=False, default=0.0)
+
+    def unused_since(self, now_s: float, idle_s: float) -> bool:
+        """True when no request is open, no handshake-era session is left and the last
+        request ended ``idle_s`` seconds or more before ``now_s``."""
+        return (
+            self.open_requests == 0 and not self._connections and now_s - self.last_used_s >= idle_s
+        )
+
+    def listened_to(self) -> bool:
+        """Someone could hear a change: a request is open (a ``subscriptions/listen``
+        stream, a standalone GET stream) or a handshake-era session is alive."""
+        return self.open_requests > 0 or bool(self._connections)
 
     def __attrs_post_init__(self) -> None:
         self.server = Server(
@@ -246,6 +262,8 @@ class UserEndpoint:
             return _error_result("unavailable", "draining", "this hub replica is restarting; retry")
         meta = (ctx.params or {}).get("_meta") or {}
         key = meta.get(META_IDEMPOTENCY_KEY)
+        if key is not None and not isinstance(key, str):  # dropped, it would run twice
+            raise MCPError(types.INVALID_PARAMS, f"_meta.{META_IDEMPOTENCY_KEY} must be a string")
         timeout_s = meta.get(META_TIMEOUT_S)
         if timeout_s is not None and (
             isinstance(timeout_s, bool)
@@ -267,7 +285,7 @@ class UserEndpoint:
                 self.user_id,
                 params.name,
                 params.arguments or {},
-                idempotency_key=key if isinstance(key, str) else None,
+                idempotency_key=key,
                 timeout_s=timeout_s,
                 job_id=job_id,
                 on_progress=on_progress,
@@ -275,7 +293,14 @@ class UserEndpoint:
         except BadRequest as exc:
             if exc.field == "args":  # the model can correct its arguments (SEP-1303)
                 return _error_result("failed", "bad_args", str(exc))
-            raise MCPError(types.INVALID_PARAMS, f"{exc.field}: {exc}") from None
+            field = f"_meta.{META_IDEMPOTENCY_KEY}" if exc.field == "idempotency_key" else exc.field
+            raise MCPError(types.INVALID_PARAMS, f"{field}: {exc}") from None
+        except IdempotencyKeyReused as exc:  # HTTP's 422: the caller's key, not the model's args
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"_meta.{META_IDEMPOTENCY_KEY}: {exc}",
+                data={"code": exc.status, "job_id": exc.job_id},
+            ) from None
         except JobIdInUse as exc:  # a fresh UUID: practically impossible
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
         except SubstrateUnavailable as exc:
@@ -296,6 +321,8 @@ class UserEndpoint:
     async def _watch_catalogue(self) -> None:
         while True:
             await anyio.sleep(self.poll_s)
+            if not self.listened_to():  # nobody to tell: no Redis reads for nothing
+                continue
             try:
                 digest = _digest(await self.bridge.tools(self.user_id))
             except Exception as exc:  # noqa: BLE001 - Redis down: try again next round

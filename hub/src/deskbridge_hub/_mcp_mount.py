@@ -16,17 +16,19 @@ app stops serving.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import importlib
 import json
 import logging
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
+from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
 from ._validate import validate_user_id
@@ -37,11 +39,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("deskbridge.hub.mcp")
 
 _PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
+#: The largest MCP request body, bytes (the SDK's own default, 4 MiB).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+#: JSON-RPC's "Parse error".
+PARSE_ERROR = -32700
+#: An endpoint with no request for this long, seconds, and no handshake-era session
+#: left (the SDK closes those after 30 minutes idle) is stopped; the next request starts
+#: it again (its only state is the catalogue digest). 10 minutes.
+EVICT_IDLE_S = 600.0
+#: How often unused endpoints are looked for, seconds.
+REAP_EVERY_S = 60.0
 
 
 @attrs.define(eq=False)
 class McpEndpoints:
-    """Every user's MCP endpoint in this process, created on first use.
+    """Every user's MCP endpoint in this process, created on first use and stopped once
+    unused for ``EVICT_IDLE_S`` (no request open, no handshake-era session left), so user
+    ids that came and went (a typo, a one-off agent) cost nothing for good.
 
     Args:
         get_nursery: the nursery endpoints run in (quart-trio's ``app.nursery``).
@@ -53,14 +67,28 @@ class McpEndpoints:
     get_bridge: Callable[[], Bridge | None]
     is_draining: Callable[[], bool]
     _endpoints: dict[str, UserEndpoint] = attrs.field(factory=dict)
+    _scopes: dict[str, anyio.CancelScope] = attrs.field(factory=dict)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock)
+    _reaping: bool = False
 
-    async def endpoint(self, user_id: str) -> UserEndpoint | None:
-        """The running endpoint for ``user_id`` (started if new), or None while the app
-        is not serving."""
-        found = self._endpoints.get(user_id)
-        if found is not None:
-            return found
+    @contextlib.asynccontextmanager
+    async def using(self, user_id: str) -> AsyncIterator[UserEndpoint | None]:
+        """The running endpoint for ``user_id`` (started if new) for one request, or None
+        while the app is not serving. It is not stopped while a request uses it."""
+        endpoint = self._endpoints.get(user_id)
+        if endpoint is None:
+            endpoint = await self._start(user_id)
+        if endpoint is None:
+            yield None
+            return
+        endpoint.open_requests += 1  # no await since the lookup: the reaper cannot cut in
+        try:
+            yield endpoint
+        finally:
+            endpoint.open_requests -= 1
+            endpoint.last_used_s = anyio.current_time()
+
+    async def _start(self, user_id: str) -> UserEndpoint | None:
         bridge = self.get_bridge()
         if bridge is None:
             return None
@@ -69,15 +97,39 @@ class McpEndpoints:
             if found is None:
                 mcp = await _mcp_module()
                 found = mcp.UserEndpoint(user_id, bridge, is_draining=self.is_draining)
+                found.last_used_s = anyio.current_time()
                 await self.get_nursery().start(self._run, found)
+                if not self._reaping:
+                    self._reaping = True
+                    self.get_nursery().start_soon(self._reap)
             return found
 
     async def _run(self, endpoint: UserEndpoint, *, task_status: Any) -> None:
         self._endpoints[endpoint.user_id] = endpoint
+        scope = self._scopes[endpoint.user_id] = anyio.CancelScope()
         try:
-            await endpoint.run(task_status=task_status)
+            with scope:
+                await endpoint.run(task_status=task_status)
         finally:
-            self._endpoints.pop(endpoint.user_id, None)
+            if self._endpoints.get(endpoint.user_id) is endpoint:  # not a successor's
+                del self._endpoints[endpoint.user_id]
+                del self._scopes[endpoint.user_id]
+
+    async def _reap(self) -> None:
+        """Every ``REAP_EVERY_S``, stop the endpoints unused for ``EVICT_IDLE_S``."""
+        while True:
+            await anyio.sleep(REAP_EVERY_S)
+            self.reap(anyio.current_time())
+
+    def reap(self, now_s: float) -> list[str]:
+        """Stop the endpoints unused for ``EVICT_IDLE_S`` at ``now_s``; returns whose."""
+        gone = [u for u, e in self._endpoints.items() if e.unused_since(now_s, EVICT_IDLE_S)]
+        for user_id in gone:
+            del self._endpoints[user_id]
+            self._scopes.pop(user_id).cancel()
+        if gone:
+            log.debug("stopped %d unused MCP endpoints", len(gone))
+        return gone
 
 
 async def _mcp_module() -> Any:
@@ -134,13 +186,76 @@ def mount_mcp(
         except ValueError as exc:
             await _send_json(send, 400, "bad_request", str(exc), field="user_id")
             return
-        endpoint = await endpoints.endpoint(user_id)
-        if endpoint is None:
-            await _send_json(send, 503, "unavailable", "the hub is not serving yet")
-            return
-        await endpoint.manager.handle_request(scope, receive, send)
+        if scope.get("method") == "POST":
+            raw = await _read_body(receive)
+            if raw is None:
+                await _send_json(
+                    send, 413, "payload_too_large",
+                    f"MCP request bodies are limited to {MAX_BODY_BYTES} bytes",
+                )  # fmt: skip
+                return
+            repeated = _repeated_key(raw)
+            if repeated is not None:  # {"name": "echo", "name": "sleep"}: refuse, never pick
+                await _send_jsonrpc_error(send, PARSE_ERROR, f"Parse error: {repeated}")
+                return
+            receive = _replayed(raw, receive)
+        async with endpoints.using(user_id) as endpoint:
+            if endpoint is None:
+                await _send_json(send, 503, "unavailable", "the hub is not serving yet")
+                return
+            await endpoint.manager.handle_request(scope, receive, send)
 
     return mcp_app
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The request's whole body, or None once it passes ``MAX_BODY_BYTES`` (or the
+    client left)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replayed(raw: bytes, receive: Any) -> Callable[[], Awaitable[Any]]:
+    """A ``receive`` that hands the SDK the body read already, then the client's own."""
+    pending = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def replay() -> Any:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def _repeated_key(raw: bytes) -> str | None:
+    """What is repeated if the body is JSON with an object holding a key twice (the SDK's
+    parser would keep the last value: a ``name`` or an argument chosen by position, the
+    HTTP API refuses it); None otherwise (malformed JSON is the SDK's to answer)."""
+    try:
+        strict_json.loads(raw, parse_float=float, parse_constant=float)
+    except strict_json.DuplicateKey as exc:
+        return str(exc)
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+async def _send_jsonrpc_error(send: Any, code: int, message: str) -> None:
+    """A JSON-RPC error with no id (the request could not be read), HTTP 400."""
+    error = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    body = json.dumps(error).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _draining(holder: dict[str, Any]) -> bool:

@@ -38,3 +38,15 @@ def validate_key(key: object, field: str = "idempotency_key") -> str:
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ValueError(f"{field} must be 1-200 printable ASCII characters without spaces")
     return key
+
+
+def validate_job_id(job_id: object, field: str = "job_id") -> str:
+    """Return a caller-chosen ``job_id`` if it is an idempotency key (:func:`validate_key`)
+    that can also be a URL path segment: no ``/``, not ``.`` or ``..`` (``/v1/jobs/a/b``
+    matches no route and clients resolve dot segments away, so such a job could never be
+    read, cancelled or followed); else raise ValueError naming ``field``."""
+    validate_key(job_id, field)
+    assert isinstance(job_id, str)
+    if "/" in job_id or job_id in (".", ".."):
+        raise ValueError(f"{field} must be a URL path segment: no /, not . or ..")
+    return job_id

@@ -1,0 +1,63 @@
+"""The per-user MCP endpoints of one process (``_mcp_mount.McpEndpoints``): a user id
+that came and went costs nothing for good (a hostile loop over 500 user ids left 500
+endpoints polling Redis every 2 s, ~250 commands a second, forever)."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_hub import Bridge
+from deskbridge_hub._mcp_mount import EVICT_IDLE_S, McpEndpoints
+from deskbridge_hub._memory import MemorySubstrate
+
+
+def _endpoints(nursery: trio.Nursery, bridge: Bridge) -> McpEndpoints:
+    return McpEndpoints(
+        get_nursery=lambda: nursery, get_bridge=lambda: bridge, is_draining=lambda: False
+    )
+
+
+async def test_an_unused_endpoint_is_stopped_and_starts_again(autojump_clock, nursery):
+    endpoints = _endpoints(nursery, Bridge(MemorySubstrate()))
+    async with endpoints.using("ghost") as first:
+        assert first is not None
+    now = trio.current_time()
+    assert endpoints.reap(now + EVICT_IDLE_S - 1) == []
+    assert endpoints.reap(now + EVICT_IDLE_S) == ["ghost"]
+    await trio.testing.wait_all_tasks_blocked()  # its task ended
+    async with endpoints.using("ghost") as second:
+        assert second is not None and second is not first
+        await trio.testing.wait_all_tasks_blocked()
+        # the stopped one's end did not take its successor's place
+        assert endpoints.reap(trio.current_time() + 10 * EVICT_IDLE_S) == []  # in use
+    assert endpoints.reap(trio.current_time() + EVICT_IDLE_S) == ["ghost"]
+
+
+async def test_an_endpoint_in_use_is_never_stopped(autojump_clock, nursery):
+    endpoints = _endpoints(nursery, Bridge(MemorySubstrate()))
+    async with endpoints.using("busy") as endpoint:
+        assert endpoint is not None
+        await trio.sleep(3 * EVICT_IDLE_S)  # a listening stream held open for 30 minutes
+        assert endpoints.reap(trio.current_time()) == []
+    await trio.sleep(EVICT_IDLE_S + 60)  # the reaper task, not a direct call
+    assert "busy" not in endpoints._endpoints
+
+
+async def test_the_catalogue_is_read_only_while_someone_listens(autojump_clock, nursery):
+    bridge = Bridge(MemorySubstrate())
+    reads: list[str] = []
+    real_tools = bridge.tools
+
+    async def counting_tools(user_id: str):  # type: ignore[no-untyped-def]
+        reads.append(user_id)
+        return await real_tools(user_id)
+
+    bridge.tools = counting_tools  # type: ignore[method-assign]
+    endpoints = _endpoints(nursery, bridge)
+    async with endpoints.using("quiet") as endpoint:
+        assert endpoint is not None
+        await trio.sleep(10 * endpoint.poll_s)
+        assert len(reads) >= 9  # a request is open: a listener may be there
+        del reads[:]
+    await trio.sleep(10 * endpoint.poll_s)
+    assert reads == []
