@@ -50,6 +50,16 @@ def test_call_args_with_a_repeated_key_is_a_usage_error(capsys):
     assert "--args has a duplicate key 'b' in a" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("user", ["a b", "é", "bob/../alice", ""])
+def test_call_refuses_a_user_id_the_hub_would_in_one_line(capsys, user):
+    # a space or an é was a urllib traceback (exit 1); a / went into the path unescaped
+    assert cli.main(["call", user, "echo", "--hub", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "deskbridge-hub call: USER_ID must be 1-128 characters of A-Z a-z 0-9 _ . @ : -\n"
+    )
+
+
 @pytest.mark.parametrize("command", [["call", "alice", "echo"], ["inspect", "desktops"]])
 def test_hub_not_running_is_one_plain_line(capsys, command):
     hub = f"http://127.0.0.1:{_closed_port()}"

@@ -105,6 +105,39 @@ async def test_oversize_binary_missing_and_wrong_kind(tree):
     assert (await call(reg, "files_read", path=5)).code == "bad_args"
 
 
+@pytest.mark.parametrize("tool", ["files_read", "files_list", "files_write"])
+async def test_a_nul_in_a_path_is_bad_path_not_a_crash(tree, tool):
+    root, _ = tree
+    args = {"path": "docs/a.txt\x00x"}
+    if tool == "files_write":
+        args["content"] = "x"
+    outcome = await call(registry(root), tool, **args)
+    assert outcome.code == "bad_path", outcome  # was crashed: ValueError('embedded null byte')
+
+
+async def test_a_file_whose_json_text_overflows_a_frame_is_too_large(tree):
+    """Under 1 MiB on disk, but 900 KB of quotes are 1.8 MB as JSON text: the answer could
+    not be sent (``bad_result``); it is ``too_large``, saying why."""
+    root, _ = tree
+    (root / "quotes.txt").write_text('"' * 900_000)
+    (root / "plain.txt").write_text("a" * 900_000)
+    quoted = await call(registry(root), "files_read", path="quotes.txt")
+    assert quoted.code == "too_large" and "as JSON text" in quoted.error.message
+    plain = await call(registry(root), "files_read", path="plain.txt")
+    assert plain.ok and plain.result["bytes"] == 900_000
+
+
+async def test_overwriting_keeps_the_mode_and_a_new_file_is_private(tree):
+    root, _ = tree
+    (root / "docs" / "a.txt").chmod(0o644)
+    reg = registry(root)
+    done = await call(reg, "files_write", path="docs/a.txt", content="new", overwrite=True)
+    assert done.ok and (root / "docs" / "a.txt").read_text() == "new"
+    assert (root / "docs" / "a.txt").stat().st_mode & 0o777 == 0o644  # was made 0600
+    assert (await call(reg, "files_write", path="b.txt", content="x")).ok
+    assert (root / "b.txt").stat().st_mode & 0o777 == 0o600
+
+
 def test_roots_must_exist(tmp_path):
     with pytest.raises(ValueError, match="at least one root"):
         FilesToolset([])

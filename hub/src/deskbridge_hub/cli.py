@@ -19,6 +19,7 @@ from deskbridge_common import _strict_json as strict_json
 from . import _inspect_cli
 from ._config import MEMORY_URL, redis_url_problem
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
+from ._validate import validate_user_id
 
 EPILOG = """environment:
   DESKBRIDGE_REDIS_URL   Redis URL (redis://host:port/db); memory:// (or absent, with
@@ -186,12 +187,17 @@ def _call(args: argparse.Namespace) -> int:
     if problem:
         print(f"deskbridge-hub call: {problem}", file=sys.stderr)
         return 2
+    try:  # the hub's rule, said here (a space or an é was a urllib traceback)
+        validate_user_id(args.user_id, "USER_ID")
+    except ValueError as exc:
+        print(f"deskbridge-hub call: {exc}", file=sys.stderr)
+        return 2
     body: dict[str, object] = {"name": args.tool, "args": tool_args}
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
     if args.timeout_s is not None:  # 0 goes to the hub, which refuses it (400)
         body["timeout_s"] = args.timeout_s
-    url = f"{args.hub.rstrip('/')}/v1/users/{args.user_id}/jobs"
+    url = f"{args.hub.rstrip('/')}/v1/users/{urllib.parse.quote(args.user_id, safe='')}/jobs"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
     key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()

@@ -12,12 +12,14 @@ the same folder, then ``os.replace``) and never replace a symlink.
 
 Paths given to the tools may be absolute, or relative to the first root.
 
-Error codes (``ToolError.code``): ``outside_roots``, ``not_found``, ``not_a_directory``,
-``is_a_directory``, ``too_large``, ``not_text``, ``exists``, ``io_error``.
+Error codes (``ToolError.code``): ``bad_path`` (a NUL character: no file system takes
+it), ``outside_roots``, ``not_found``, ``not_a_directory``, ``is_a_directory``,
+``too_large``, ``not_text``, ``exists``, ``io_error``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -27,11 +29,15 @@ from typing import Annotated, Any
 
 import attrs
 import pydantic
+from deskbridge_common import MAX_FRAME_BYTES
 
 from .._tools import Tool, ToolError
 
 #: Largest file ``files_read`` returns, bytes (1 MiB: it must fit in a result frame).
 MAX_READ_BYTES = 1024 * 1024
+#: The most a file's text may take as JSON (escapes included) in a ``files_read`` answer:
+#: one frame (``MAX_FRAME_BYTES``, 1 MiB) less room for the rest of the answer.
+_TEXT_ROOM = MAX_FRAME_BYTES - 16 * 1024
 #: Largest content ``files_write`` writes, bytes.
 MAX_WRITE_BYTES = 1024 * 1024
 #: Most entries ``files_list`` returns.
@@ -81,8 +87,11 @@ class FilesToolset:
         """The real path of ``path`` (absolute, or relative to the first root).
 
         Raises:
-            ToolError: ``outside_roots`` if it resolves outside every root.
+            ToolError: ``bad_path`` if it holds a NUL character; ``outside_roots`` if it
+                resolves outside every root.
         """
+        if "\x00" in path:  # os.path.realpath raises ValueError: was a "crashed" job
+            raise ToolError(f"{path!r} contains a NUL character", code="bad_path")
         given = Path(os.path.expanduser(path))
         candidate = given if given.is_absolute() else self._resolved[0] / given
         real = Path(os.path.realpath(candidate))
@@ -160,6 +169,13 @@ class FilesToolset:
             raise ToolError(
                 f"{path!r} is not UTF-8 text (byte {exc.start})", code="not_text"
             ) from None
+        encoded = len(json.dumps(text))  # as the answer's frame carries it: escapes count
+        if encoded > _TEXT_ROOM:
+            raise ToolError(
+                f"{path!r} is {len(data)} bytes, {encoded} as JSON text (escapes count): more "
+                f"than one answer carries ({_TEXT_ROOM})",
+                code="too_large",
+            )
         return {"path": str(real), "text": text, "bytes": len(data)}
 
     def files_write(
@@ -207,10 +223,14 @@ class FilesToolset:
             parent.mkdir(parents=True, exist_ok=True)
             self.resolve(str(parent))  # still inside after creation
         try:
+            # a replaced file keeps its mode; a new one is the temporary file's 0600
+            mode = stat.S_IMODE(final.stat().st_mode) if final.exists() else None
             fd, tmp = tempfile.mkstemp(prefix=".deskbridge-", dir=parent)
             try:
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
+                    if mode is not None:
+                        os.chmod(tmp, mode)
                 os.replace(tmp, final)
             except BaseException:
                 os.unlink(tmp)
