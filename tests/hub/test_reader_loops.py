@@ -592,7 +592,7 @@ async def test_a_users_fault_is_logged_and_the_workers_read_on(autojump_clock, c
             reader.attach(good.listener)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
-    assert "reading for u1 failed; its session reads again on reconnect" in lines(
+    assert "reading for u1 failed; read again when its heartbeat finds a backlog" in lines(
         caplog, logging.ERROR
     )
     assert reader._busy == set() and "u1" not in reader._due

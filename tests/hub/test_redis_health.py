@@ -234,3 +234,44 @@ async def test_a_store_refusing_writes_fails_the_heartbeat_as_an_outage(
                     redis_server.command("REPLICAOF", "NO", "ONE")
             replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
             assert [(r.ours, r.error) for r in replies] == [(True, None)] * 3
+
+
+@pytest.mark.parametrize(
+    "refusal", [("maxmemory", "1", "0"), ("min-replicas-to-write", "1", "0")]
+)
+async def test_a_lapsed_holder_under_a_store_refusing_writes_is_unavailable_not_offline(
+    redis_server: RedisServer, refusal: tuple[str, str, str]
+) -> None:
+    """While Redis refuses writes (out of memory, too few replicas) the holder's liveness
+    refresh is refused too, and its key lapses within 3 s: callers were told the
+    connected desktop was ``offline`` (a fault-injection helper saw 119-139 such answers
+    in 6 s). A lapsed key now reads "dead holder" only if the store takes a write."""
+    from deskbridge_hub import Bridge
+    from deskbridge_hub._keys import proc_key
+
+    setting, bad, good = refusal
+    user, holder = f"lapse-{secrets.token_hex(4)}", f"h{secrets.token_hex(4)}"
+    s = RedisSubstrate.from_url(redis_server.url)
+    bridge = Bridge(s)
+    with trio.fail_after(20):
+        async with s:
+            await s.set_liveness(holder, 30, consumer="c1", max_pending=32)
+            await s.set_presence(user, f"{holder}.s1", 30)
+            assert await s.holder_alive(holder) is True
+            redis_server.command("CONFIG", "SET", setting, bad)
+            try:
+                assert await s.holder_alive(holder) is True  # a read: still answered
+                redis_server.command("CONFIG", "SET", setting, good)
+                redis_server.command("DEL", proc_key(holder))  # as if it lapsed, refused
+                redis_server.command("CONFIG", "SET", setting, bad)
+                with pytest.raises(SubstrateUnavailable):
+                    await s.holder_alive(holder)
+                with pytest.raises(SubstrateUnavailable):
+                    await bridge.presence(user)
+                with pytest.raises(SubstrateUnavailable):
+                    await bridge.dispatch(user, "echo", {}, timeout_s=1)
+            finally:
+                redis_server.command("CONFIG", "SET", setting, good)
+            # the store takes writes: a lapsed key is a dead holder, the desktop offline
+            assert await s.holder_alive(holder) is False
+            assert (await bridge.presence(user)).online is False

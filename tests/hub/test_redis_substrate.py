@@ -482,3 +482,28 @@ def test_a_group_of_outages_is_an_outage_and_a_group_with_a_bug_is_not() -> None
         conns.map_error("heartbeat", ExceptionGroup("split", [OSError("x"), KeyError(1)])) is None
     )
     assert conns.map_error("heartbeat", KeyError(1)) is None
+
+
+def test_a_clusters_redirections_and_retries_past_their_budget_are_an_outage() -> None:
+    """CLUSTERDOWN (a primary down past its node timeout), TRYAGAIN (a slot migrating key
+    by key), MOVED/ASK still bouncing: ``_redis_cluster`` retries them for a few seconds,
+    then they are the caller's SubstrateUnavailable (503). Unmapped, they were a 500 with
+    a traceback per submit, and CLUSTERDOWN escaped the reader's loops and ended every
+    hub process (found by a fault-injection helper)."""
+    from coredis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+    from deskbridge_hub._redis_conn import RedisConnections
+
+    conns = RedisConnections(
+        REDIS_URL, connect_timeout_s=1, command_timeout_s=1, max_connections=4, client_name=None
+    )
+    for exc in (
+        ClusterDownError("CLUSTERDOWN The cluster is down"),
+        ClusterDownError("CLUSTERDOWN Hash slot not served"),
+        TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+        MovedError("3999 127.0.0.1:6381"),
+        AskError("3999 127.0.0.1:6381"),
+    ):
+        mapped = conns.map_error("submit", exc)
+        assert isinstance(mapped, SubstrateUnavailable), exc
+    group = ExceptionGroup("split", [ClusterDownError("CLUSTERDOWN x"), OSError("reset")])
+    assert isinstance(conns.map_error("heartbeat", group), SubstrateUnavailable)

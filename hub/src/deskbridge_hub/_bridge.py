@@ -165,9 +165,11 @@ class Bridge(JobControl):
         Raises:
             BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
             JobIdInUse: the caller-chosen ``job_id`` already names another job.
-            SubstrateUnavailable: Redis unreachable; the job may or may not be enqueued
-                if this happens after the presence check. Raised while waiting for the
-                answer of an enqueued job, its ``job_id`` names that job.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the job may or
+                may not be enqueued if this happens after the presence check. Raised
+                while waiting for the answer of an enqueued job, its ``job_id`` names
+                that job. Also when the desktop's catalogue or session kept changing over
+                the submit's retries (nothing enqueued; retry).
 
         Cancellation: stops waiting; the job stays queued and runs unless its deadline
         passes first.
@@ -300,8 +302,12 @@ class Bridge(JobControl):
                     return await offline_outcome(self.substrate, user_id, started)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
-                raise BadRequest(  # the catalogue kept changing under us
-                    "the desktop's tool catalogue is changing; try again", field="name"
+                # The catalogue (or the holder) kept changing under us, the request is
+                # not at fault: a 503 to retry, not a 400 (seen while Redis refused writes:
+                # the desktop's session and catalogue came and went).
+                raise SubstrateUnavailable(
+                    f"the desktop's session or tool catalogue kept changing during the call "
+                    f"(last: {submitted.verdict}); retry"
                 )
             try:
                 if on_progress is None:

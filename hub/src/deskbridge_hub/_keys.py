@@ -73,6 +73,12 @@ def proc_key(holder_id: str) -> str:
     return f"bridge:proc:{{{holder_id}}}"
 
 
+def probe_key(holder_id: str) -> str:
+    """A throwaway key in the holder's slot: written to learn whether the store (that
+    node, under Cluster) takes writes (``holder_alive``)."""
+    return f"bridge:probe:{{{holder_id}}}"
+
+
 def wake_key(holder_id: str) -> str:
     return f"bridge:wake:{{{holder_id}}}"
 

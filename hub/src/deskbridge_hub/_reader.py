@@ -70,6 +70,9 @@ RECLAIM_MAX_BATCHES = 100
 WORKERS = 8
 #: Most wake-ups popped per BLMPOP.
 WAKE_BATCH = 1000
+#: Longest pause, seconds, between retries of a process-wide loop whose step keeps
+#: failing unexpectedly (``ProcessReader._unexpected``; 1 s doubling).
+UNEXPECTED_BACKOFF_MAX_S = 30.0
 #: Most entries one session start takes over from its daemon's dead sockets (issue 12.4;
 #: more wait for the reclaim idle).
 TAKEOVER_BATCH = 256
@@ -130,6 +133,8 @@ class ProcessReader:
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _failures: int = 0
+    #: Unexpected failures in a row of each process-wide loop (``_unexpected``).
+    _unexpected_streaks: dict[str, int] = attrs.field(factory=dict)
     _check_presence: bool = False  # after an outage: is one presence intact?
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
@@ -244,6 +249,10 @@ class ProcessReader:
                 log.debug("liveness refresh failed: %s", exc)
                 await trio.sleep(PROCESS_LIVENESS_RETRY_S)  # rewrite it as Redis returns
                 continue
+            except Exception:  # not an outage (a bug, an unmapped refusal): keep the process
+                await self._unexpected("liveness refresh")
+                continue
+            self._expected("liveness refresh")
             recovered, self._check_presence = self._check_presence, False
             if (not kept or recovered) and self._beating:
                 await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
@@ -289,6 +298,10 @@ class ProcessReader:
             except SubstrateUnavailable as exc:
                 await self._failed("wake-up wait", exc)
                 continue
+            except Exception:  # not an outage (a bug, an unmapped refusal): keep the process
+                await self._unexpected("wake-up wait")
+                continue
+            self._expected("wake-up wait")
             self._recovered()
             woken: list[str] = []
             for item in users:
@@ -480,7 +493,7 @@ class ProcessReader:
                 await self._failed(f"read for {user_id}", exc)
             except Exception:  # one user's fault must not stop reading for every user
                 log.exception(
-                    "reading for %s failed; its session reads again on reconnect", user_id
+                    "reading for %s failed; read again when its heartbeat finds a backlog", user_id
                 )
             finally:
                 self._busy.discard(user_id)
@@ -595,6 +608,25 @@ class ProcessReader:
                 # in-flight mark would hide the entry from every drain and reclaim here.
                 inflight.discard(entry.entry_id)
                 raise
+
+    async def _unexpected(self, what: str) -> None:
+        """A process-wide loop's step raised something other than an outage (called in its
+        ``except``): it must not end the process (it did: a Cluster error coredis raised
+        unmapped stopped every hub of a cluster whose primary was down for seconds). The
+        traceback is logged once per streak; the loop retries after 1 s, doubling to
+        ``UNEXPECTED_BACKOFF_MAX_S``."""
+        streak = self._unexpected_streaks.get(what, 0)
+        self._unexpected_streaks[what] = streak + 1
+        if streak == 0:
+            log.exception("%s failed unexpectedly; retrying (logged once until it works)", what)
+        delay_s = min(UNEXPECTED_BACKOFF_MAX_S, 2.0 ** min(streak, 10))
+        log.debug("%s failed %d times in a row; retrying in %g s", what, streak + 1, delay_s)
+        await trio.sleep(delay_s)
+
+    def _expected(self, what: str) -> None:
+        """``what``'s step worked: a later unexpected failure is logged again."""
+        if self._unexpected_streaks and self._unexpected_streaks.pop(what, 0):
+            log.info("%s works again", what)
 
     async def _failed(self, what: str, exc: SubstrateUnavailable) -> None:
         delay = READ_ERROR_BACKOFF_S[min(self._failures, len(READ_ERROR_BACKOFF_S) - 1)]

@@ -12,7 +12,11 @@ with keys of two slots is refused as a programming error); keyless batches (PING
 PUBLISH) go to any node. A MOVED reply (resharding moved the slot) updates the map and
 sends the command to the named node; ASK (slot being migrated, key already moved) sends it
 once to the named node behind ASKING; TRYAGAIN (a multi-key command during migration) and
-CLUSTERDOWN are retried after a short pause. Only the commands (or MULTI ... EXEC blocks)
+CLUSTERDOWN are retried with growing pauses for about 4.5 s (``_RETRY_PAUSES_S``), the slot
+map read again after a CLUSTERDOWN (a node removed from the cluster answers "Hash slot not
+served" for the slots it had) and after a node could not be reached (failed over,
+removed), at most once a second; what outlives that is the caller's SubstrateUnavailable
+(``_redis_conn``). Only the commands (or MULTI ... EXEC blocks)
 that were redirected are sent again: the others of the batch ran, and running a command
 twice is not harmless (a script that takes entries would take a second batch and lose the
 first). A batch is therefore not ordered across a redirection: what must run together is
@@ -23,22 +27,32 @@ broadcast to every node of a cluster).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 from coredis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from ._redis_pubsub import Subscriber
 from ._redis_session import ConnectionStatistics, _Session
 from ._redis_slots import SLOTS, CrossSlot, batch_slot
 
-#: Redirections (MOVED / ASK / TRYAGAIN) followed for one batch before giving up.
+#: Redirections (MOVED / ASK) followed for one batch before giving up.
 _MAX_REDIRECTS = 8
-#: Pause (seconds) before retrying TRYAGAIN / CLUSTERDOWN: a migration step or a
-#: failover settles in milliseconds to a few seconds.
-_RETRY_PAUSE_S = 0.05
+#: Pauses (seconds) before the retries of TRYAGAIN / CLUSTERDOWN, about 4.5 s in all: a
+#: migration step settles in milliseconds, a key by key migration or a failover in
+#: seconds. Past them the error is the caller's SubstrateUnavailable (was 8 x 50 ms: a
+#: slow migration failed every submit of its users, a primary down a few seconds every
+#: command).
+_RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)
+#: The slot map is read again at most this often, seconds (on CLUSTERDOWN and on a node
+#: that cannot be reached: a node removed or failed over is named by a stale map).
+_REFRESH_EVERY_S = 1.0
 
 
 def is_cluster_url(url: str) -> bool:
@@ -80,6 +94,7 @@ class ClusterSession:
         self.closed = False
         self._ready: dict[tuple[str, int], anyio.Event] = {}
         self._opened = False
+        self._refreshed_at = -math.inf
         self._first = self._node(self._seeds[0])
         self.subscriber: Subscriber = self._first.subscriber
 
@@ -143,17 +158,28 @@ class ClusterSession:
             polls_total=sum(s.polls_total for s in stats),
         )
 
-    async def refresh_slots(self) -> None:
-        """Read the slot map (CLUSTER SLOTS) from the first node that answers."""
+    async def refresh_slots(self, prefer: tuple[str, int] | None = None) -> None:
+        """Read the slot map (CLUSTER SLOTS) from the first node that answers with one
+        (``prefer`` first: a node that just answered). A node that serves no slot (removed
+        from the cluster, reset) is not asked about the map.
+
+        Raises:
+            the last node's error when none answers with a map.
+        """
         async with self._map_lock:
+            self._refreshed_at = anyio.current_time()
             errors: list[BaseException] = []
-            for address in [*self._seeds, *self._nodes]:
+            first = [prefer] if prefer is not None else []
+            for address in dict.fromkeys([*first, *self._seeds, *self._nodes]):
                 node = await self._get(address)
                 (reply,) = await node.execute(
                     (b"CLUSTER", b"SLOTS"), timeout_s=self.connect_timeout_s
                 )
                 if isinstance(reply, BaseException):
                     errors.append(reply)
+                    continue
+                if not reply:
+                    errors.append(ClusterDownError(f"{address[0]}:{address[1]} serves no slot"))
                     continue
                 for start, end, primary, *_ in reply:
                     owner = (str(primary[0]) or address[0], int(primary[1]))
@@ -162,6 +188,15 @@ class ClusterSession:
                         self._slots[slot] = owner
                 return
             raise errors[-1]
+
+    async def _refresh_soon(self, prefer: tuple[str, int] | None = None) -> None:
+        """Read the slot map again unless it was read within ``_REFRESH_EVERY_S``; a
+        failure leaves the map as it was (the commands report the outage)."""
+        if anyio.current_time() - self._refreshed_at < _REFRESH_EVERY_S:
+            return
+        self._refreshed_at = anyio.current_time()  # the others asking meanwhile wait it out
+        with contextlib.suppress(Exception):
+            await self.refresh_slots(prefer)
 
     async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
         """As ``_Session.execute``, on the primary owning the batch's slot.
@@ -182,20 +217,28 @@ class ClusterSession:
         owned: list[list[int]] = units  # units to send to the slot's owner
         asked: list[list[int]] = []  # units to send behind ASKING to ``ask_node``
         ask_node: tuple[str, int] | None = None
-        pause = False
-        for _ in range(_MAX_REDIRECTS):
+        pause = down = False
+        pauses = iter(_RETRY_PAUSES_S)
+        address: tuple[str, int] = self._seeds[0]
+        for _ in range(_MAX_REDIRECTS + len(_RETRY_PAUSES_S)):
             if asked and ask_node is not None:
                 sending, asked, asking = asked, [], True
-                node = await self._get(ask_node)
+                address = ask_node
             elif owned:
                 if pause:
-                    await anyio.sleep(_RETRY_PAUSE_S)
-                    pause = False
+                    pause_s = next(pauses, None)
+                    if pause_s is None:
+                        return replies  # TRYAGAIN / CLUSTERDOWN outlived the retries
+                    await anyio.sleep(pause_s)
+                    if down:  # a node removed, or the map moved on: read it again
+                        await self._refresh_soon(prefer=address)
+                    pause = down = False
                 sending, owned, asking = owned, [], False
                 owner = self._slots[slot] if slot is not None else self._seeds[0]
-                node = await self._get(owner or self._seeds[0])
+                address = owner or self._seeds[0]
             else:
                 return replies
+            node = await self._get(address)
             batch: list[tuple[Any, ...]] = []
             for unit in sending:  # ASKING holds for one command, or for one MULTI block
                 batch += [(b"ASKING",)] if asking else []
@@ -221,6 +264,11 @@ class ClusterSession:
                 elif any(isinstance(r, TryAgainError | ClusterDownError) for r in mine):
                     owned.append(unit)
                     pause = True
+                    down = down or any(isinstance(r, ClusterDownError) for r in mine)
+                elif any(isinstance(r, RedisConnectionError | OSError) for r in mine):
+                    # a node gone (killed, removed, failed over): its slots may be served
+                    # elsewhere now; the caller's retry finds out from a fresh map
+                    self.start_soon(functools.partial(self._refresh_soon))
         return replies
 
     async def _split(

@@ -68,12 +68,15 @@ from urllib.parse import parse_qsl, urlsplit
 import anyio
 import anyio.lowlevel
 from coredis.exceptions import (
+    AskError,
     AuthenticationError,
     AuthenticationRequiredError,
     AuthorizationError,
+    ClusterDownError,
     NoScriptError,
     ReadOnlyError,
     ResponseError,
+    TryAgainError,
 )
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
@@ -93,6 +96,8 @@ _UNAVAILABLE_CODES = (
     "LOADING",
     "NOSCRIPT",
     "NOPERM",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
 )
 _UNAVAILABLE_ERRORS = (
     RedisConnectionError,
@@ -102,6 +107,11 @@ _UNAVAILABLE_ERRORS = (
     AuthorizationError,
     ReadOnlyError,
     NoScriptError,
+    # a Cluster's redirections and retries that outlived ``_redis_cluster``'s budget
+    # (a slot migrating for long, a node down past its timeout): an outage, not a bug
+    AskError,  # and MovedError, its subclass
+    TryAgainError,
+    ClusterDownError,
 )
 
 

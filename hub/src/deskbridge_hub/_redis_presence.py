@@ -15,7 +15,8 @@ from coredis.exceptions import (
     NoScriptError,
 )
 
-from ._redis_base import RedisCommandBase, _ms
+from ._keys import probe_key
+from ._redis_base import RedisCommandBase, Script, _ms
 from ._redis_slots import key_slot
 from ._substrate import (
     GROUP,
@@ -173,6 +174,16 @@ end
 return out
 """
 _HEARTBEAT_SHA = hashlib.sha1(_HEARTBEAT.encode()).hexdigest()
+#: KEYS: the holder's liveness key, a probe key in its slot. 1: the holder is alive; 0:
+#: its key is gone and the store takes writes (so the holder could have refreshed it:
+#: it is dead); a refused write (OOM, READONLY, NOREPLICAS, MISCONF) fails the call.
+_HOLDER_ALIVE = Script(
+    """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+redis.call('SET', KEYS[2], '1', 'PX', 1000)
+return 0
+"""
+)
 #: Users per heartbeat script (bounds how long one script holds Redis: about a ms).
 _BEAT_USERS = 100
 #: Heartbeat scripts per pipelined write (bounds one write and its reply).
@@ -273,13 +284,21 @@ class PresenceCommands(RedisCommandBase):
             await self._call(s, b"DEL", proc_key(holder_id))
 
     async def holder_alive(self, holder_id: str) -> bool:
-        """EXISTS ``bridge:proc:{holder_id}``.
+        """EXISTS ``bridge:proc:{holder_id}``; when it is gone, a write (``_HOLDER_ALIVE``)
+        tells a dead holder from a store that refuses writes.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or refusing writes (out of memory,
+                a read-only replica, too few replicas): then the holder's liveness key
+                lapsed because its refresh was refused too, and "offline" would be
+                untrue of a connected desktop.
         """
         async with self._session("EXISTS liveness") as s:
-            return bool(await self._call(s, b"EXISTS", proc_key(holder_id)))
+            keys = (proc_key(holder_id), probe_key(holder_id))
+            (reply,) = await self._script(s, _HOLDER_ALIVE, keys, ())
+            if isinstance(reply, BaseException):
+                raise reply
+            return bool(reply)
 
     async def wake(self, holder_id: str, user_id: str, *, ttl_s: float) -> None:
         """MULTI, RPUSH ``bridge:wake:{holder_id}`` user_id, PEXPIRE ceil(ttl_s * 1000),
