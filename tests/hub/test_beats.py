@@ -6,6 +6,7 @@ is found within one heartbeat, and beats look at the entry index after reads."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 from deskbridge_common import Ping, Pong, decode_frame
@@ -325,3 +326,49 @@ async def test_a_failing_batch_backs_off_while_other_batches_succeed(autojump_cl
     bad_calls = spy.times("bad")
     gaps = [round(b - a) for a, b in zip(bad_calls, bad_calls[1:], strict=False)]
     assert gaps[:5] == [1, 1, 3, 7, 15] and all(g >= 29 for g in gaps[5:]), gaps
+
+
+async def test_a_beat_that_met_an_outage_of_its_node_is_retried_soon_alone(
+    autojump_clock, caplog
+):
+    """On a Cluster, one node down fails only the script calls of its users
+    (``BeatReply.unavailable``); the others' answers count (their ``taken`` kept: the
+    whole write used to raise, losing them and failing every session of it). The missed
+    session is beaten again after 1 s, doubling, alone; the rest keep their interval."""
+    from deskbridge_hub._substrate import BeatReply
+
+    state = make_state()  # heartbeat 30 s
+    real = state.substrate.heartbeat
+    calls: list[tuple[float, list[str]]] = []
+    down = {"on": True}
+
+    async def heartbeat(beats, **kw):
+        calls.append((trio.current_time(), [b.user_id for b in beats]))
+        replies = await real(beats, **kw)
+        return [
+            BeatReply(False, unavailable="CLUSTERDOWN The cluster is down")
+            if down["on"] and b.user_id == "far" else r
+            for b, r in zip(beats, replies, strict=True)
+        ]  # fmt: skip
+
+    state.substrate.heartbeat = heartbeat
+    async with trio.open_nursery() as nursery:
+        for user in ("far", "near"):
+            peer, _ = await connect(nursery, state, user)
+            nursery.start_soon(pong_only, peer)
+        start = trio.current_time()
+        await trio.sleep(40)
+        down["on"] = False
+        await trio.sleep(70)
+        assert set(state.by_user) == {"far", "near"}
+        nursery.cancel_scope.cancel()
+    near = [round(t - start) for t, users in calls if "near" in users]
+    far = [round(t - start, 1) for t, users in calls if users == ["far"]]
+    assert len(near) <= 5  # its interval: not dragged into the far one's retries
+    # 1 s, 2 s, 4 s, 8 s after each miss (a beat may go up to 1 s early: the batch window)
+    assert far[0] == pytest.approx(31, abs=0.1)
+    gaps = [b - a for a, b in zip(far[:3], far[1:4], strict=True)]
+    assert gaps == sorted(gaps) and gaps[-1] >= 6, far
+    assert "Traceback" not in caplog.text and "failed unexpectedly" not in caplog.text
+    # once its node is back, it is beaten on its interval again
+    assert all(b - a >= 29 for a, b in zip(far[4:-1], far[5:], strict=True))

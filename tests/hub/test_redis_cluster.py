@@ -356,6 +356,49 @@ async def test_one_node_that_forgot_the_heartbeat_script_costs_no_other_nodes_re
         await raw("DEL", presence_key(user))
 
 
+async def test_a_beat_call_that_outlives_its_retries_fails_only_its_users(
+    cluster: list[int],
+) -> None:
+    """One user's slot stays mid-migration (its keys split over two nodes: TRYAGAIN past
+    the retries): the heartbeat answers ``unavailable`` for that user and the others'
+    replies as they are (``taken`` included). It raised, losing the answers of the calls
+    that ran (a fault-injection helper saw a whole batch of 9 sessions fail)."""
+    from deskbridge_hub._substrate import Beat
+
+    raw = ClusterRaw(cluster)
+    users = [f"part-{secrets.token_hex(4)}" for _ in range(12)]
+    victim = users[0]
+    slot = key_slot(presence_key(victim))
+    assert all(key_slot(presence_key(u)) != slot for u in users[1:])
+    await raw("SET", presence_key(victim), "s0")
+    await raw("SET", tools_key(victim), "[]")
+    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in cluster}
+    source = [p for p in cluster if await _owns(raw, p, slot)][0]
+    target = next(p for p in cluster if p != source)
+    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
+    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    try:
+        await raw(
+            "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", tools_key(victim), port=source
+        )
+        with trio.fail_after(30):
+            async with RedisSubstrate.from_url(_url(cluster)) as s:
+                replies = await s.heartbeat(
+                    [Beat(u, "s0") for u in users], ttl_s=30, consumer="c1",
+                    reclaim_idle_ms=60_000,
+                )  # fmt: skip
+        assert replies[0].unavailable is not None and "rehashing" in replies[0].unavailable
+        assert not replies[0].ours
+        assert [(r.ours, r.taken, r.unavailable) for r in replies[1:]] == [(True, True, None)] * 11
+    finally:
+        while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
+            await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
+        for p in cluster:
+            await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
+        for user in users:
+            await raw("DEL", presence_key(user), tools_key(user))
+
+
 def test_a_job_runs_through_a_hub_on_the_cluster(
     cluster: list[int], tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -394,7 +394,8 @@ class ProcessReader:
             except Exception:  # not an outage (a bug, a refusal): it must not stop every beat
                 self._beat_failed(listeners, full=full)
                 continue
-            self._recovered(beaten=full)
+            if not any(r.unavailable for r in replies):  # else a part is still out
+                self._recovered(beaten=full)
             self._answered(listeners, beats, reads, replies)
 
     def _beat_failed(self, listeners: list[Listener], *, full: bool) -> None:
@@ -427,6 +428,22 @@ class ProcessReader:
             if self._beating.get(listener.session_id) is listener:
                 self._schedule.at(listener, retry_at)
 
+    def _beats_missed(self, missed: list[tuple[Listener, str]]) -> None:
+        """Beats that met an outage of their part of the store (a Cluster node) while the
+        others of the write ran: those sessions are beaten again after 1 s, doubling to a
+        heartbeat while theirs keep failing; the outage is told once (``_outage``)."""
+        t = self.timings
+        now = trio.current_time()
+        outage_log().failed("heartbeat", SubstrateUnavailable(missed[0][1]))
+        log.debug("heartbeat of %d sessions met an outage: %s", len(missed), missed[0][1])
+        for listener, _ in missed:
+            _metrics.presence_failed("unavailable")
+            streak = listener.beat_errors
+            listener.beat_errors += 1
+            if self._beating.get(listener.session_id) is listener:
+                delay_s = min(HEARTBEAT_RETRY_S * 2 ** min(streak, 20), t.heartbeat_s)
+                self._schedule.at(listener, now + delay_s)
+
     def _answered(
         self,
         listeners: list[Listener],
@@ -436,7 +453,11 @@ class ProcessReader:
     ) -> None:
         refreshed = 0
         refused: list[tuple[Listener, str]] = []
+        missed: list[tuple[Listener, str]] = []
         for listener, beat, n, reply in zip(listeners, beats, reads, replies, strict=True):
+            if reply.unavailable is not None:  # its Cluster node is out: not beaten
+                missed.append((listener, reply.unavailable))
+                continue
             listener.beat_errors = 0
             if reply.error is not None:
                 # this user's own keys (a key of the wrong type, an index field that is
@@ -466,6 +487,8 @@ class ProcessReader:
                 self.schedule(listener.user_id, *kinds)
         if refreshed:
             _metrics.presence_written("refresh", refreshed)  # once per pipelined beat
+        if missed:
+            self._beats_missed(missed)
         if refused:  # one line per write, however many users: bad data must not flood
             first, why = refused[0]
             log.warning(

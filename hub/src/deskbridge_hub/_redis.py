@@ -28,6 +28,7 @@ from coredis.exceptions import (
 )
 
 from ._directory import RedisDirectory
+from ._errors import SubstrateUnavailable
 from ._redis_caller import CallerCommands
 from ._redis_cluster import is_cluster_url
 from ._redis_conn import RedisConnections
@@ -182,6 +183,9 @@ class RedisSubstrate(
         one-shot one; I/O faults inside map to SubstrateUnavailable naming ``what``.
         ``s.execute(*commands, timeout_s=...)`` pipelines commands on one connection."""
         return self._connections.session(what)
+
+    def _outage(self, what: str, exc: BaseException) -> SubstrateUnavailable | None:
+        return self._connections.map_error(what, exc)
 
     async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
         """One command; server errors raise. ``block_s``: its own blocking time (None:

@@ -19,6 +19,7 @@ from coredis.exceptions import NoScriptError
 from ._substrate import Entry
 
 if TYPE_CHECKING:
+    from ._errors import SubstrateUnavailable
     from ._redis_session import _Session
 
 
@@ -92,6 +93,10 @@ class RedisCommandBase:
 
     def _absent_proves_nothing(self, what: str) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def _outage(self, what: str, exc: BaseException) -> SubstrateUnavailable | None:
+        """``exc`` as the SubstrateUnavailable it stands for, or None (not an outage)."""
+        raise NotImplementedError  # pragma: no cover
 
     async def _script(
         self,

@@ -383,7 +383,9 @@ class PresenceCommands(RedisCommandBase):
 
         Returns:
             One reply per beat, in the order of ``beats``; a beat the store refused for
-            that user's keys alone (a key of the wrong type) has ``error`` set.
+            that user's keys alone (a key of the wrong type) has ``error`` set; on a
+            Cluster, the beats of a call that met an outage of its node while other
+            calls ran have ``unavailable`` set.
 
         Raises:
             ValueError: ``ttl_s`` not positive.
@@ -404,6 +406,7 @@ class PresenceCommands(RedisCommandBase):
                 args += (b.session_id, b.catalogue or "", b"1" if b.deep else b"0")
             calls.append((indexes, (b"EVALSHA", _HEARTBEAT_SHA, len(keys), *keys, *shared, *args)))
         replies: list[BeatReply | None] = [None] * len(beats)
+        failed: list[tuple[list[int], BaseException]] = []
         async with self._session("heartbeat") as s:
             for start in range(0, len(calls), _BEAT_SCRIPTS_PER_WRITE):
                 chunk = calls[start : start + _BEAT_SCRIPTS_PER_WRITE]
@@ -422,13 +425,25 @@ class PresenceCommands(RedisCommandBase):
                         raw[n] = reply
                 for (indexes, _), reply in zip(chunk, raw, strict=True):
                     if isinstance(reply, BaseException):
-                        raise reply
+                        failed.append((indexes, reply))
+                        continue
                     for i, one in zip(indexes, reply, strict=True):
                         if int(one[0]) < 0:
                             replies[i] = BeatReply(False, error=str(one[1]))
                             continue
                         ours, backlog, reclaim, trimmed, taken = (bool(int(x)) for x in one)
                         replies[i] = BeatReply(ours, backlog, reclaim, trimmed, taken)
+            if failed and len(failed) == len(calls):
+                raise failed[0][1]  # every call: an outage (or a bug), as one error
+            for indexes, exc in failed:
+                # Some calls ran, this one did not (its Cluster node is down, its slot
+                # still migrating after the retries): raising would throw away the others'
+                # answers (their ``taken``: catalogues not rewritten) and fail them all.
+                outage = self._outage("heartbeat", exc)
+                if outage is None:
+                    raise exc  # not an outage: the reader's bug path, as before
+                for i in indexes:
+                    replies[i] = BeatReply(False, unavailable=str(outage)[:200])
         return [r for r in replies if r is not None]
 
 

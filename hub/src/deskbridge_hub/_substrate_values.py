@@ -51,6 +51,10 @@ class BeatReply:
         error: the store refused this user's beat (one of its keys holds the wrong kind
             of value: another program wrote it, or an operator did), with its message;
             nothing else is known (every flag False). Other users' beats are unaffected.
+        unavailable: this user's beat met an outage of the part of the store holding
+            its keys (a Cluster node down, its slot migrating) while other users' beats
+            ran, with the outage's message; nothing else is known (every flag False):
+            beat it again soon. A whole-store outage raises instead.
     """
 
     ours: bool
@@ -59,6 +63,7 @@ class BeatReply:
     trimmed_due: bool = False
     taken: bool = False
     error: str | None = None
+    unavailable: str | None = None
 
 
 @attrs.frozen
