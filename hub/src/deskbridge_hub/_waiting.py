@@ -28,6 +28,7 @@ import uuid
 import anyio
 import attrs
 
+from ._errors import SubstrateUnavailable
 from ._substrate import Substrate
 
 log = logging.getLogger("deskbridge.hub.waiting")
@@ -47,6 +48,12 @@ CHECK_MAX_S = 10.0
 #: the answer reaches it within 0.25 s (the soak measured 1 s steps costing 0.5 s a retry).
 ATTACHED_CHECK_FIRST_S = 0.05
 ATTACHED_CHECK_MAX_S = 0.25
+#: A waiter rides out substrate failures for this long, seconds, retrying every
+#: ``FAILURE_RETRY_S``, before it reports the outage: one connection killed under the
+#: mailbox read (a proxy's idle cut, CLIENT KILL) failed the caller at once while its
+#: job completed; an outage that lasts is still told within seconds, with the job's id.
+FAILURE_PATIENCE_S = 2.0
+FAILURE_RETRY_S = 0.1
 
 
 @attrs.define(eq=False)
@@ -109,8 +116,8 @@ class ResultWaiters:
             The payload, or None if there was none when the time was up.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable (while reading the mailbox or the
-                result list).
+            SubstrateUnavailable: Redis unreachable (reading the mailbox or the result
+                list failed for ``FAILURE_PATIENCE_S`` in a row, or when the time was up).
 
         Cancellation: stops waiting; a read of the mailbox in progress is abandoned
         (its connection closed) and another waiter takes the reading over.
@@ -123,19 +130,32 @@ class ResultWaiters:
         deadline = anyio.current_time() + timeout_s
         interval = first
         next_check = anyio.current_time() + (0.0 if attached else first)
+        failing_since: float | None = None
         try:
             with anyio.move_on_after(timeout_s):
                 while waiter.payload is None:
                     now = anyio.current_time()
-                    if now >= next_check:
-                        payload = await self.substrate.get_result(waiter.user_id, waiter.job_id)
-                        if payload is not None:
-                            return payload
-                        interval = min(interval * 2, most)
-                        next_check = anyio.current_time() + interval
-                        continue
-                    if self._reader is None:
-                        await self._read_once(waiter, until=min(next_check, deadline))
+                    try:
+                        if now >= next_check:
+                            payload = await self.substrate.get_result(
+                                waiter.user_id, waiter.job_id
+                            )
+                            if payload is not None:
+                                return payload
+                            interval = min(interval * 2, most)
+                            next_check = anyio.current_time() + interval
+                            failing_since = None
+                            continue
+                        if self._reader is None:
+                            await self._read_once(waiter, until=min(next_check, deadline))
+                            failing_since = None
+                            continue
+                    except SubstrateUnavailable:
+                        failing_since = now if failing_since is None else failing_since
+                        if anyio.current_time() - failing_since >= FAILURE_PATIENCE_S:
+                            raise
+                        await anyio.sleep(FAILURE_RETRY_S)
+                        next_check = min(next_check, anyio.current_time())  # read it next
                         continue
                     with anyio.move_on_after(next_check - now):
                         await waiter.wake.wait()

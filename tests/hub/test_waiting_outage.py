@@ -1,0 +1,61 @@
+"""A waiting caller rides out a short substrate failure (``_waiting.ResultWaiters``, MockClock):
+one connection killed under the process's mailbox read failed the caller reading it at
+once while its job completed (a fault-injection helper: 2 of 12 callers, CLIENT KILL of
+the BLMPOP); an outage that lasts is still reported within ``FAILURE_PATIENCE_S``."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from deskbridge_hub import SubstrateUnavailable
+from deskbridge_hub._waiting import FAILURE_PATIENCE_S, ResultWaiters
+
+
+class Flaky:
+    """The two calls ResultWaiters makes; fails while ``down`` (until ``up_at``)."""
+
+    def __init__(self, up_at: float) -> None:
+        self.up_at = up_at
+        self.results: dict[str, str] = {}
+        self.calls = 0
+
+    def _check(self) -> None:
+        self.calls += 1
+        if trio.current_time() < self.up_at:
+            raise SubstrateUnavailable("Redis at x unavailable (BLMPOP notify): connection lost")
+
+    async def read_notifications(self, mailbox, *, count, block_ms):  # type: ignore[no-untyped-def]
+        self._check()
+        await trio.sleep(block_ms / 1000)
+        return []
+
+    async def get_result(self, user_id, job_id):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.results.get(job_id)
+
+
+async def test_a_connection_killed_under_the_read_is_ridden_out(autojump_clock):
+    start = trio.current_time()
+    substrate = Flaky(up_at=start + 0.5)
+    substrate.results["j1"] = '{"ok": true}'
+    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
+    waiter = waiters.register("u1", "j1")
+    try:
+        assert await waiters.wait(waiter, timeout_s=30) == '{"ok": true}'
+    finally:
+        waiters.unregister(waiter)
+    assert trio.current_time() - start < 1.0  # read again at once once it works
+    assert substrate.calls > 2
+
+
+async def test_an_outage_that_lasts_is_reported_within_the_patience(autojump_clock):
+    start = trio.current_time()
+    substrate = Flaky(up_at=start + 3600)
+    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
+    waiter = waiters.register("u1", "j1")
+    try:
+        with pytest.raises(SubstrateUnavailable):
+            await waiters.wait(waiter, timeout_s=90)
+    finally:
+        waiters.unregister(waiter)
+    assert FAILURE_PATIENCE_S <= trio.current_time() - start <= FAILURE_PATIENCE_S + 0.5
