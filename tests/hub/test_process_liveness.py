@@ -11,7 +11,12 @@ from __future__ import annotations
 import trio
 import trio.testing
 from deskbridge_hub import Bridge
-from deskbridge_hub._retry import HOLDER_ALIVE_CACHE_S, PROCESS_LIVENESS_TTL_S
+from deskbridge_hub._retry import (
+    HOLDER_ALIVE_CACHE_S,
+    LIVENESS_RECHECK_S,
+    PROCESS_LIVENESS_RETRY_S,
+    PROCESS_LIVENESS_TTL_S,
+)
 
 from tests.hub.test_session import answer_jobs, connect, make_state, wall
 
@@ -26,11 +31,32 @@ async def test_a_dead_holders_presence_stops_counting_within_its_liveness_ttl(au
     while (await bridge.presence("u1")).online:  # noqa: ASYNC110 - mock clock
         await trio.sleep(0.1)
     gone_after = trio.current_time() - killed_at
-    assert gone_after <= PROCESS_LIVENESS_TTL_S + HOLDER_ALIVE_CACHE_S + 0.1
+    assert gone_after <= PROCESS_LIVENESS_TTL_S + HOLDER_ALIVE_CACHE_S + LIVENESS_RECHECK_S + 0.1
     assert await state.substrate.get_presence("u1") == "deadbeef.0123"  # the key is still there
     outcome = await bridge.dispatch("u1", "echo", {})
     assert outcome.status == "offline" and outcome.job_id is None
     assert state.substrate.pending_count("u1") == 0
+
+
+async def test_a_holder_whose_key_lapsed_in_an_outage_is_alive_once_it_rewrites_it(
+    autojump_clock,
+):
+    """Redis refused writes past the liveness TTL, then takes them again: the holder's
+    key is gone for up to ``PROCESS_LIVENESS_RETRY_S`` until its retry rewrites it. A
+    caller in that instant read the holder dead and its desktop ``offline`` (a
+    fault-injection helper: 6-7 per outage's end); the second look finds it alive."""
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    await state.substrate.set_presence("u1", "cafe.0123", 30.0)  # its key lapsed
+
+    async def rewrite() -> None:
+        await trio.sleep(PROCESS_LIVENESS_RETRY_S)  # the holder's retry
+        await state.substrate.set_liveness("cafe", PROCESS_LIVENESS_TTL_S)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rewrite)
+        presence = await bridge.presence("u1")
+    assert presence.online and presence.session_id == "cafe.0123"
 
 
 async def test_a_live_holder_keeps_its_presence_for_many_liveness_ttls(autojump_clock):

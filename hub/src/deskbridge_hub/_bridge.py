@@ -33,7 +33,7 @@ from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
 from ._outcome import Outcome, Presence, offline_outcome, timeout_outcome
 from ._progress import ProgressReport, parse_progress
-from ._retry import HOLDER_ALIVE_CACHE_S
+from ._retry import HOLDER_ALIVE_CACHE_S, HOLDER_DEAD_CACHE_S, LIVENESS_RECHECK_S
 from ._substrate import JobOwner, Submission, Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_job_id, validate_key, validate_tool_name, validate_user_id
@@ -90,6 +90,7 @@ class Bridge(JobControl):
         return ResultWaiters(self.substrate)
 
     _alive: dict[str, float] = attrs.field(factory=dict, init=False)  # holder -> until
+    _dead: dict[str, float] = attrs.field(factory=dict, init=False)  # holder -> until
 
     async def presence(self, user_id: str) -> Presence:
         """Is the user's desktop connected, as every replica sees it?
@@ -118,7 +119,7 @@ class Bridge(JobControl):
         now = anyio.current_time()
         if self._alive.get(holder, -math.inf) > now:
             return session_id
-        if not await self.substrate.holder_alive(holder):
+        if not await self._alive_after_all(holder):
             return None
         if len(self._alive) > _ALIVE_CACHE_MAX:
             self._alive.clear()
@@ -356,7 +357,7 @@ class Bridge(JobControl):
         """EXISTS the process's liveness key (cached ``HOLDER_ALIVE_CACHE_S``); remember
         it as the user's holder."""
         if self._alive.get(holder, -math.inf) <= anyio.current_time():
-            if not await self.substrate.holder_alive(holder):
+            if not await self._alive_after_all(holder):
                 return False
             if len(self._alive) > MAX_CACHED_HOLDERS:
                 self._alive.clear()
@@ -365,6 +366,28 @@ class Bridge(JobControl):
         while len(self._holders) > MAX_CACHED_HOLDERS:
             self._holders.pop(next(iter(self._holders)))
         return True
+
+    async def _alive_after_all(self, holder: str) -> bool:
+        """Whether ``holder``'s liveness key exists, looked at a second time
+        ``LIVENESS_RECHECK_S`` later when it is gone (a live process rewrites it as soon
+        as Redis takes writes again); a holder found dead is believed dead for
+        ``HOLDER_DEAD_CACHE_S``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        now = anyio.current_time()
+        if self._dead.get(holder, -math.inf) > now:
+            return False
+        if await self.substrate.holder_alive(holder):
+            return True
+        await anyio.sleep(LIVENESS_RECHECK_S)
+        if await self.substrate.holder_alive(holder):
+            return True
+        if len(self._dead) > _ALIVE_CACHE_MAX:
+            self._dead.clear()
+        self._dead[holder] = anyio.current_time() + HOLDER_DEAD_CACHE_S
+        return False
 
     async def _wake(self, session_id: str, user_id: str) -> None:
         """Tell the process holding the user's socket to read the stream now (its

@@ -52,6 +52,16 @@ PROCESS_LIVENESS_RETRY_S = 0.25
 #: A caller trusts a holder's liveness it checked this recently, seconds (saves a round
 #: trip per call; adds at most this much to the window in which a dead holder counts).
 HOLDER_ALIVE_CACHE_S = 1.0
+#: A holder whose liveness key is gone is looked at once more this much later, seconds,
+#: before its desktops read offline: a live process whose refreshes Redis refused (out of
+#: memory, a Cluster node down) rewrites the key within ``PROCESS_LIVENESS_RETRY_S`` of
+#: Redis taking writes again (within a retry pause, at most 1 s, under Cluster); without
+#: the second look the calls of that instant were told ``offline`` (a fault-injection
+#: helper: 6-7 per outage's end). A dead holder's desktops read offline this much later.
+LIVENESS_RECHECK_S = 1.0
+#: A holder found dead is not looked at again for this long, seconds (its users' calls
+#: do not each wait ``LIVENESS_RECHECK_S``).
+HOLDER_DEAD_CACHE_S = 1.0
 
 #: Retry a failed heartbeat this soon (seconds, or the heartbeat if shorter): after Redis
 #: comes back (possibly empty) the desktop must read online again within a second.
