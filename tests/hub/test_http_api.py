@@ -277,6 +277,9 @@ BAD_BODIES = [
     ("job-id-slash", b'{"name": "echo", "job_id": "a/b"}', "job_id"),
     ("job-id-dot", b'{"name": "echo", "job_id": "."}', "job_id"),
     ("job-id-dot-dot", b'{"name": "echo", "job_id": ".."}', "job_id"),
+    ("job-id-query", b'{"name": "echo", "job_id": "a?b"}', "job_id"),
+    ("job-id-fragment", b'{"name": "echo", "job_id": "a#b"}', "job_id"),
+    ("job-id-percent", b'{"name": "echo", "job_id": "%2e%2e"}', "job_id"),
     # the same key twice: json keeps the last silently (a log keeping the first would
     # show another call than the one run); 400 naming the top-level field holding it
     ("duplicate-name", b'{"name": "echo", "name": "sleep", "args": {"seconds": 1}}', "name"),

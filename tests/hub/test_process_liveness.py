@@ -174,3 +174,14 @@ async def test_sidecars_taking_over_from_each_other_are_warned_about_once(autoju
     records = [r for r in caplog.records if r.name == "deskbridge.hub.presence"]
     assert [r.levelno for r in records].count(logging.WARNING) == 1, records
     assert len(records) == 3
+
+
+async def test_the_second_look_at_a_dead_holder_keeps_within_the_callers_time(autojump_clock):
+    """A review: the 1 s second look made ``dispatch(timeout_s=0.2)`` answer after 1 s."""
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    await state.substrate.set_presence("u1", "deadbeef.0123", 30.0)  # its key long gone
+    start = trio.current_time()
+    outcome = await bridge.dispatch("u1", "echo", {}, timeout_s=0.2)
+    assert outcome.status == "offline"
+    assert trio.current_time() - start <= 0.21

@@ -326,6 +326,38 @@ async def test_a_slot_migrating_for_a_second_is_waited_out(cluster: list[int]) -
         await raw("DEL", here, moved)
 
 
+async def test_a_node_that_cannot_be_reached_is_passed_over_and_the_map_read_again(
+    cluster: list[int],
+) -> None:
+    """A dead seed listed first, and a slot the map still gives to a dead node (a primary
+    killed and replaced): a refused connect raised out of the slot-map read and out of
+    the command, so the map was never read again and every command of that slot failed
+    until the hub restarted (a review found it). Now the dead node is passed over, its
+    commands answer its error as a value, and the map is read again within a second."""
+    from coredis.exceptions import ConnectionError as RedisConnectionError
+
+    raw = ClusterRaw(cluster)
+    dead = ("127.0.0.1", _ports(1)[0])
+    url = f"redis+cluster://{dead[0]}:{dead[1]}," + _url(cluster).split("://", 1)[1]
+    key = f"test:{{{secrets.token_hex(4)}}}:k"
+    await raw("SET", key, "v")
+    try:
+        with trio.fail_after(30):
+            async with RedisSubstrate.from_url(url) as s, s._session("t") as session:
+                assert await session.execute((b"GET", key), timeout_s=5) == ["v"]
+                slot = key_slot(key)
+                live_owner = session._slots[slot]
+                session._slots[slot] = dead  # the map still names a node that is gone
+                (failed,) = await session.execute((b"GET", key), timeout_s=5)
+                assert isinstance(failed, RedisConnectionError | OSError), failed
+                while session._slots[slot] == dead:  # noqa: ASYNC110 - the background read
+                    await trio.sleep(0.05)
+                assert session._slots[slot] == live_owner
+                assert await session.execute((b"GET", key), timeout_s=5) == ["v"]
+    finally:
+        await raw("DEL", key)
+
+
 async def test_one_node_that_forgot_the_heartbeat_script_costs_no_other_nodes_reply(
     cluster: list[int],
 ) -> None:

@@ -59,3 +59,30 @@ async def test_an_outage_that_lasts_is_reported_within_the_patience(autojump_clo
     finally:
         waiters.unregister(waiter)
     assert FAILURE_PATIENCE_S <= trio.current_time() - start <= FAILURE_PATIENCE_S + 0.5
+
+
+async def test_a_mailbox_that_keeps_failing_is_reported_though_the_results_answer(
+    autojump_clock,
+):
+    """Under Cluster the mailbox and the result list may be on different nodes: the
+    results answering must not hide a mailbox that keeps failing (a review found the
+    waiter then waited its whole timeout, polling both ten times a second)."""
+
+    class MailboxDown(Flaky):
+        async def read_notifications(self, mailbox, *, count, block_ms):  # type: ignore[no-untyped-def]
+            self.calls += 1
+            raise SubstrateUnavailable("Redis at x unavailable (BLMPOP notify): node down")
+
+        async def get_result(self, user_id, job_id):  # type: ignore[no-untyped-def]
+            return None
+
+    start = trio.current_time()
+    substrate = MailboxDown(up_at=start + 3600)
+    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
+    waiter = waiters.register("u1", "j1")
+    try:
+        with pytest.raises(SubstrateUnavailable):
+            await waiters.wait(waiter, timeout_s=60)
+    finally:
+        waiters.unregister(waiter)
+    assert trio.current_time() - start <= FAILURE_PATIENCE_S + 0.5

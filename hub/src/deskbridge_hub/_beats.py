@@ -57,6 +57,8 @@ class Listener:
         on_retaken: called when a beat found presence had been lost and wrote it again
             (Redis lost its data, or presence lapsed): the session records itself in the
             admin directory again, which went with it.
+        beat_misses: its beats missed in a row because its Cluster node was out
+            (``BeatReply.unavailable``): their retry backs off.
         beat_errors: its beats that failed in a row for a reason other than an outage
             (the heartbeat raised): they back off, and only its own success resets it.
     """
@@ -79,6 +81,7 @@ class Listener:
     daemon_id: str | None = None
     on_retaken: Callable[[], None] | None = None
     beat_errors: int = 0  # its beats failed in a row for a reason other than an outage
+    beat_misses: int = 0  # its beats missed in a row for an outage of its Cluster node
 
     def beat(self, *, full: bool) -> Beat:
         """This session's next beat (``full``: with its catalogue)."""

@@ -116,14 +116,13 @@ class Bridge(JobControl):
         holder = None if session_id is None else holder_of(session_id)
         if holder is None:
             return session_id
-        now = anyio.current_time()
-        if self._alive.get(holder, -math.inf) > now:
+        if self._alive.get(holder, -math.inf) > anyio.current_time():
             return session_id
         if not await self._alive_after_all(holder):
             return None
         if len(self._alive) > _ALIVE_CACHE_MAX:
             self._alive.clear()
-        self._alive[holder] = now + HOLDER_ALIVE_CACHE_S
+        self._alive[holder] = anyio.current_time() + HOLDER_ALIVE_CACHE_S
         return session_id
 
     @_metrics.timed_dispatch
@@ -267,7 +266,10 @@ class Bridge(JobControl):
                     # Presence names a hub process we have not seen alive lately: check it
                     # (issue 16.2: a dead process's presences do not count).
                     holder = holder_of(submitted.presence or "")
-                    if holder is None or not await self._holder_alive(user_id, holder):
+                    time_left_s = started + timeout_s - anyio.current_time()
+                    if holder is None or not await self._holder_alive(
+                        user_id, holder, within_s=time_left_s
+                    ):
                         submitted = attrs.evolve(submitted, verdict="offline")
                         break
                     submission = attrs.evolve(submission, alive_holder=holder)
@@ -306,6 +308,11 @@ class Bridge(JobControl):
                 # The catalogue (or the holder) kept changing under us, the request is
                 # not at fault: a 503 to retry, not a 400 (seen while Redis refused writes:
                 # the desktop's session and catalogue came and went).
+                log.warning(  # a check that can never pass would show here, not vanish
+                    "submit for %s gave up after %d tries: its verdict kept changing "
+                    "(last: %s); answered unavailable",
+                    user_id, MAX_SUBMIT_RETRIES + 1, submitted.verdict,
+                )  # fmt: skip
                 raise SubstrateUnavailable(
                     f"the desktop's session or tool catalogue kept changing during the call "
                     f"(last: {submitted.verdict}); retry"
@@ -353,11 +360,12 @@ class Bridge(JobControl):
             return holder
         return None
 
-    async def _holder_alive(self, user_id: str, holder: str) -> bool:
-        """EXISTS the process's liveness key (cached ``HOLDER_ALIVE_CACHE_S``); remember
-        it as the user's holder."""
+    async def _holder_alive(self, user_id: str, holder: str, *, within_s: float = math.inf) -> bool:
+        """EXISTS the process's liveness key (cached ``HOLDER_ALIVE_CACHE_S``; a second
+        look within ``within_s``, :meth:`_alive_after_all`); remember it as the user's
+        holder."""
         if self._alive.get(holder, -math.inf) <= anyio.current_time():
-            if not await self._alive_after_all(holder):
+            if not await self._alive_after_all(holder, within_s=within_s):
                 return False
             if len(self._alive) > MAX_CACHED_HOLDERS:
                 self._alive.clear()
@@ -367,11 +375,11 @@ class Bridge(JobControl):
             self._holders.pop(next(iter(self._holders)))
         return True
 
-    async def _alive_after_all(self, holder: str) -> bool:
+    async def _alive_after_all(self, holder: str, *, within_s: float = math.inf) -> bool:
         """Whether ``holder``'s liveness key exists, looked at a second time
-        ``LIVENESS_RECHECK_S`` later when it is gone (a live process rewrites it as soon
-        as Redis takes writes again); a holder found dead is believed dead for
-        ``HOLDER_DEAD_CACHE_S``.
+        ``LIVENESS_RECHECK_S`` later (at most ``within_s``: the caller's time left) when
+        it is gone (a live process rewrites it as soon as Redis takes writes again); a
+        holder found dead is believed dead for ``HOLDER_DEAD_CACHE_S``.
 
         Raises:
             SubstrateUnavailable: Redis unreachable or refusing writes.
@@ -381,7 +389,7 @@ class Bridge(JobControl):
             return False
         if await self.substrate.holder_alive(holder):
             return True
-        await anyio.sleep(LIVENESS_RECHECK_S)
+        await anyio.sleep(max(0.0, min(LIVENESS_RECHECK_S, within_s)))
         if await self.substrate.holder_alive(holder):
             return True
         if len(self._dead) > _ALIVE_CACHE_MAX:

@@ -117,9 +117,12 @@ class McpEndpoints:
 
     async def _reap(self) -> None:
         """Every ``REAP_EVERY_S``, stop the endpoints unused for ``EVICT_IDLE_S``."""
-        while True:
-            await anyio.sleep(REAP_EVERY_S)
-            self.reap(anyio.current_time())
+        try:
+            while True:
+                await anyio.sleep(REAP_EVERY_S)
+                self.reap(anyio.current_time())
+        finally:  # the app stopped serving: the next serve starts a reaper again
+            self._reaping = False
 
     def reap(self, now_s: float) -> list[str]:
         """Stop the endpoints unused for ``EVICT_IDLE_S`` at ``now_s``; returns whose."""
@@ -188,6 +191,8 @@ def mount_mcp(
             return
         if scope.get("method") == "POST":
             raw = await _read_body(receive)
+            if raw is _GONE:  # the client left mid-body: nobody to answer
+                return
             if raw is None:
                 await _send_json(
                     send, 413, "payload_too_large",
@@ -208,15 +213,19 @@ def mount_mcp(
     return mcp_app
 
 
+#: What :func:`_read_body` returns when the client disconnected before the body ended.
+_GONE = b"\x00gone"
+
+
 async def _read_body(receive: Any) -> bytes | None:
-    """The request's whole body, or None once it passes ``MAX_BODY_BYTES`` (or the
-    client left)."""
+    """The request's whole body, None once it passes ``MAX_BODY_BYTES``, or ``_GONE``
+    (the very object) when the client left first."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return None
+            return _GONE
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:

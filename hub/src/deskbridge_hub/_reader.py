@@ -250,7 +250,8 @@ class ProcessReader:
                 await trio.sleep(PROCESS_LIVENESS_RETRY_S)  # rewrite it as Redis returns
                 continue
             except Exception:  # not an outage (a bug, an unmapped refusal): keep the process
-                await self._unexpected("liveness refresh")
+                # at most a second apart: past its 3 s TTL every desktop here reads offline
+                await self._unexpected("liveness refresh", max_s=PROCESS_LIVENESS_REFRESH_S)
                 continue
             self._expected("liveness refresh")
             recovered, self._check_presence = self._check_presence, False
@@ -438,8 +439,8 @@ class ProcessReader:
         log.debug("heartbeat of %d sessions met an outage: %s", len(missed), missed[0][1])
         for listener, _ in missed:
             _metrics.presence_failed("unavailable")
-            streak = listener.beat_errors
-            listener.beat_errors += 1
+            streak = listener.beat_misses
+            listener.beat_misses += 1
             if self._beating.get(listener.session_id) is listener:
                 delay_s = min(HEARTBEAT_RETRY_S * 2 ** min(streak, 20), t.heartbeat_s)
                 self._schedule.at(listener, now + delay_s)
@@ -458,7 +459,7 @@ class ProcessReader:
             if reply.unavailable is not None:  # its Cluster node is out: not beaten
                 missed.append((listener, reply.unavailable))
                 continue
-            listener.beat_errors = 0
+            listener.beat_errors = listener.beat_misses = 0
             if reply.error is not None:
                 # this user's own keys (a key of the wrong type, an index field that is
                 # no entry ID): the session stays and is beaten again next interval; the
@@ -632,17 +633,17 @@ class ProcessReader:
                 inflight.discard(entry.entry_id)
                 raise
 
-    async def _unexpected(self, what: str) -> None:
+    async def _unexpected(self, what: str, *, max_s: float = UNEXPECTED_BACKOFF_MAX_S) -> None:
         """A process-wide loop's step raised something other than an outage (called in its
         ``except``): it must not end the process (it did: a Cluster error coredis raised
         unmapped stopped every hub of a cluster whose primary was down for seconds). The
         traceback is logged once per streak; the loop retries after 1 s, doubling to
-        ``UNEXPECTED_BACKOFF_MAX_S``."""
+        ``max_s`` (``UNEXPECTED_BACKOFF_MAX_S``)."""
         streak = self._unexpected_streaks.get(what, 0)
         self._unexpected_streaks[what] = streak + 1
         if streak == 0:
             log.exception("%s failed unexpectedly; retrying (logged once until it works)", what)
-        delay_s = min(UNEXPECTED_BACKOFF_MAX_S, 2.0 ** min(streak, 10))
+        delay_s = min(max_s, 2.0 ** min(streak, 10))
         log.debug("%s failed %d times in a row; retrying in %g s", what, streak + 1, delay_s)
         await trio.sleep(delay_s)
 

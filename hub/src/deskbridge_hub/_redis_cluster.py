@@ -95,6 +95,7 @@ class ClusterSession:
         self._ready: dict[tuple[str, int], anyio.Event] = {}
         self._opened = False
         self._refreshed_at = -math.inf
+        self._refresh_pending = False
         self._first = self._node(self._seeds[0])
         self.subscriber: Subscriber = self._first.subscriber
 
@@ -158,10 +159,11 @@ class ClusterSession:
             polls_total=sum(s.polls_total for s in stats),
         )
 
-    async def refresh_slots(self, prefer: tuple[str, int] | None = None) -> None:
-        """Read the slot map (CLUSTER SLOTS) from the first node that answers with one
-        (``prefer`` first: a node that just answered). A node that serves no slot (removed
-        from the cluster, reset) is not asked about the map.
+    async def refresh_slots(self, avoid: tuple[str, int] | None = None) -> None:
+        """Read the slot map (CLUSTER SLOTS) from the first node that answers with one,
+        ``avoid`` last (a node that just refused: cut off from the others, it may still
+        name itself). A node that serves no slot (removed from the cluster, reset), or
+        cannot be reached, is passed over.
 
         Raises:
             the last node's error when none answers with a map.
@@ -169,12 +171,16 @@ class ClusterSession:
         async with self._map_lock:
             self._refreshed_at = anyio.current_time()
             errors: list[BaseException] = []
-            first = [prefer] if prefer is not None else []
-            for address in dict.fromkeys([*first, *self._seeds, *self._nodes]):
-                node = await self._get(address)
-                (reply,) = await node.execute(
-                    (b"CLUSTER", b"SLOTS"), timeout_s=self.connect_timeout_s
-                )
+            last = [avoid] if avoid is not None else []
+            order = [a for a in dict.fromkeys([*self._seeds, *self._nodes]) if a != avoid]
+            for address in [*order, *last]:
+                try:
+                    node = await self._get(address)
+                    (reply,) = await node.execute(
+                        (b"CLUSTER", b"SLOTS"), timeout_s=self.connect_timeout_s
+                    )
+                except (RedisConnectionError, OSError) as exc:  # a refused connect raises
+                    reply = exc
                 if isinstance(reply, BaseException):
                     errors.append(reply)
                     continue
@@ -189,14 +195,21 @@ class ClusterSession:
                 return
             raise errors[-1]
 
-    async def _refresh_soon(self, prefer: tuple[str, int] | None = None) -> None:
-        """Read the slot map again unless it was read within ``_REFRESH_EVERY_S``; a
-        failure leaves the map as it was (the commands report the outage)."""
-        if anyio.current_time() - self._refreshed_at < _REFRESH_EVERY_S:
+    async def _refresh_soon(self, avoid: tuple[str, int] | None = None) -> None:
+        """Read the slot map again, at most once per ``_REFRESH_EVERY_S`` (a request
+        meanwhile waits for that); a failure leaves the map as it was (the commands
+        report the outage)."""
+        if self._refresh_pending:  # one is on its way: it reads the map for us all
             return
-        self._refreshed_at = anyio.current_time()  # the others asking meanwhile wait it out
-        with contextlib.suppress(Exception):
-            await self.refresh_slots(prefer)
+        self._refresh_pending = True
+        try:
+            wait_s = self._refreshed_at + _REFRESH_EVERY_S - anyio.current_time()
+            if wait_s > 0:  # read lately: once more when allowed, not never
+                await anyio.sleep(wait_s)
+            with contextlib.suppress(Exception):
+                await self.refresh_slots(avoid)
+        finally:
+            self._refresh_pending = False
 
     async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
         """As ``_Session.execute``, on the primary owning the batch's slot.
@@ -231,19 +244,26 @@ class ClusterSession:
                         return replies  # TRYAGAIN / CLUSTERDOWN outlived the retries
                     await anyio.sleep(pause_s)
                     if down:  # a node removed, or the map moved on: read it again
-                        await self._refresh_soon(prefer=address)
+                        await self._refresh_soon(avoid=address)
                     pause = down = False
                 sending, owned, asking = owned, [], False
                 owner = self._slots[slot] if slot is not None else self._seeds[0]
                 address = owner or self._seeds[0]
             else:
                 return replies
-            node = await self._get(address)
             batch: list[tuple[Any, ...]] = []
             for unit in sending:  # ASKING holds for one command, or for one MULTI block
                 batch += [(b"ASKING",)] if asking else []
                 batch += [commands[i] for i in unit]
-            got = iter(await node.execute(*batch, timeout_s=timeout_s))
+            try:
+                node = await self._get(address)
+                answered = await node.execute(*batch, timeout_s=timeout_s)
+            except (RedisConnectionError, OSError) as exc:
+                # the node cannot be reached (a refused connect raises): every command
+                # of the batch has it as its reply, as a transport failure would, so the
+                # map is read again below and a split batch's other nodes keep theirs
+                answered = [exc] * len(batch)
+            got = iter(answered)
             for unit in sending:
                 if asking:
                     next(got)

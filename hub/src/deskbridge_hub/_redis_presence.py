@@ -12,7 +12,12 @@ from typing import Any
 
 import anyio
 from coredis.exceptions import (
+    AskError,
+    ClusterDownError,
     NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
 )
 
 from ._keys import probe_key
@@ -436,15 +441,32 @@ class PresenceCommands(RedisCommandBase):
             if failed and len(failed) == len(calls):
                 raise failed[0][1]  # every call: an outage (or a bug), as one error
             for indexes, exc in failed:
-                # Some calls ran, this one did not (its Cluster node is down, its slot
-                # still migrating after the retries): raising would throw away the others'
-                # answers (their ``taken``: catalogues not rewritten) and fail them all.
-                outage = self._outage("heartbeat", exc)
+                # Some calls ran, this one was refused before it ran (its slot still
+                # migrating after the retries, its node down for the cluster): raising
+                # would throw away the others' answers (their ``taken``: catalogues not
+                # rewritten) and fail them all. A call whose outcome is unknown (a
+                # timeout, a connection lost: it may have run and taken presence) still
+                # raises: the reader's full retry rewrites catalogues.
+                outage = self._outage("heartbeat", exc) if _refused_unrun(exc) else None
                 if outage is None:
-                    raise exc  # not an outage: the reader's bug path, as before
+                    raise exc
                 for i in indexes:
                     replies[i] = BeatReply(False, unavailable=str(outage)[:200])
         return [r for r in replies if r is not None]
+
+
+def _refused_unrun(exc: BaseException) -> bool:
+    """``exc`` is a refusal Redis gives before it runs a command: a Cluster redirection
+    or retry that outlived its budget, or a store-wide refusal (OOM, READONLY, ...)."""
+    if isinstance(exc, AskError | TryAgainError | ClusterDownError | ReadOnlyError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _REFUSALS
+
+
+#: Error codes of a store that refuses to run a command at all (none of it ran).
+_REFUSALS = frozenset(
+    {"OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING", "READONLY", "NOPERM"}
+)
 
 
 def _beat_groups(beats: Sequence[Beat], *, by_slot: bool) -> list[list[int]]:

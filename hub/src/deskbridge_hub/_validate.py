@@ -40,13 +40,19 @@ def validate_key(key: object, field: str = "idempotency_key") -> str:
     return key
 
 
+_JOB_ID = re.compile(r"[A-Za-z0-9._~:@!$&'()*+,;=-]{1,200}")
+
+
 def validate_job_id(job_id: object, field: str = "job_id") -> str:
-    """Return a caller-chosen ``job_id`` if it is an idempotency key (:func:`validate_key`)
-    that can also be a URL path segment: no ``/``, not ``.`` or ``..`` (``/v1/jobs/a/b``
-    matches no route and clients resolve dot segments away, so such a job could never be
-    read, cancelled or followed); else raise ValueError naming ``field``."""
-    validate_key(job_id, field)
-    assert isinstance(job_id, str)
-    if "/" in job_id or job_id in (".", ".."):
-        raise ValueError(f"{field} must be a URL path segment: no /, not . or ..")
+    """Return a caller-chosen ``job_id`` if it is 1-200 characters a URL path segment
+    carries as they are (RFC 3986 ``pchar`` without ``%``: ``A-Z a-z 0-9 . _ ~ : @ ! $ &
+    ' ( ) * + , ; = -``) and not ``.`` or ``..``; else raise ValueError naming ``field``.
+    ``/v1/jobs/a/b`` matches no route, ``?`` and ``#`` end the path, ``%2e%2e`` and dot
+    segments are resolved away by clients: such a job could never be read, cancelled or
+    followed."""
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or job_id in (".", ".."):
+        raise ValueError(
+            f"{field} must be 1-200 characters of A-Z a-z 0-9 . _ ~ : @ ! $ & ' ( ) * + , ; = -"
+            " (a URL path segment as it is), not . or .."
+        )
     return job_id

@@ -130,32 +130,36 @@ class ResultWaiters:
         deadline = anyio.current_time() + timeout_s
         interval = first
         next_check = anyio.current_time() + (0.0 if attached else first)
-        failing_since: float | None = None
+        # When each of the two reads began failing in a row (the mailbox and the result
+        # list may be on different Cluster nodes: one's success says nothing of the other)
+        failing: dict[str, float] = {}
         try:
             with anyio.move_on_after(timeout_s):
                 while waiter.payload is None:
                     now = anyio.current_time()
+                    what = "result" if now >= next_check else "mailbox"
                     try:
-                        if now >= next_check:
+                        if what == "result":
                             payload = await self.substrate.get_result(
                                 waiter.user_id, waiter.job_id
                             )
+                            failing.pop(what, None)
                             if payload is not None:
                                 return payload
                             interval = min(interval * 2, most)
                             next_check = anyio.current_time() + interval
-                            failing_since = None
                             continue
                         if self._reader is None:
                             await self._read_once(waiter, until=min(next_check, deadline))
-                            failing_since = None
+                            failing.pop(what, None)
                             continue
                     except SubstrateUnavailable:
-                        failing_since = now if failing_since is None else failing_since
-                        if anyio.current_time() - failing_since >= FAILURE_PATIENCE_S:
+                        since = failing.setdefault(what, now)
+                        if anyio.current_time() - since >= FAILURE_PATIENCE_S:
                             raise
                         await anyio.sleep(FAILURE_RETRY_S)
-                        next_check = min(next_check, anyio.current_time())  # read it next
+                        if what == "mailbox":  # the result list is the truth: look at it
+                            next_check = min(next_check, anyio.current_time())
                         continue
                     with anyio.move_on_after(next_check - now):
                         await waiter.wake.wait()
