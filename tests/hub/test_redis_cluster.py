@@ -204,17 +204,34 @@ async def _reshard(raw: ClusterRaw, key: str, ports: list[int], *, pause: Any) -
     """Move ``key``'s slot to another primary by hand; returns the new owner's port.
     ``pause`` runs between the migration steps (the substrate works meanwhile)."""
     slot = key_slot(key)
+    ids, source, target = await _start_migration(raw, slot, ports)
+    await pause()
+    await _finish_migration(raw, slot, ids, source, target, ports)
+    return target
+
+
+async def _start_migration(
+    raw: ClusterRaw, slot: int, ports: list[int]
+) -> tuple[dict[int, str], int, int]:
+    """Set ``slot`` IMPORTING on another primary and MIGRATING on its owner; returns the
+    node ids by port, the owner's port and the other's."""
     ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
     source = [p for p in ports if await _owns(raw, p, slot)][0]
     target = next(p for p in ports if p != source)
     await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
     await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
-    await pause()
+    return ids, source, target
+
+
+async def _finish_migration(
+    raw: ClusterRaw, slot: int, ids: dict[int, str], source: int, target: int, ports: list[int]
+) -> None:
+    """MIGRATE the keys of ``slot`` left on ``source``, then give the slot to ``target``
+    on every node."""
     while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
         await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
     for p in ports:
         await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
-    return target
 
 
 async def _owns(raw: ClusterRaw, port: int, slot: int) -> bool:
@@ -260,11 +277,7 @@ async def test_a_redirected_batch_sends_again_only_what_did_not_run(cluster: lis
     slot = key_slot(here)
     await raw("SET", here, 0)
     await raw("SET", moved, 0)
-    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in cluster}
-    source = [p for p in cluster if await _owns(raw, p, slot)][0]
-    target = next(p for p in cluster if p != source)
-    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
-    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    ids, source, target = await _start_migration(raw, slot, cluster)
     try:
         await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", moved, port=source)
         with trio.fail_after(30):
@@ -283,10 +296,7 @@ async def test_a_redirected_batch_sends_again_only_what_did_not_run(cluster: lis
         assert await on_target("GET", moved) == "1"
         assert await on_target("EXISTS", here) == 0  # never ran on the ASK node
     finally:
-        while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
-            await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
-        for p in cluster:
-            await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
+        await _finish_migration(raw, slot, ids, source, target, cluster)
         await raw("DEL", here, moved)
 
 
@@ -301,19 +311,12 @@ async def test_a_slot_migrating_for_a_second_is_waited_out(cluster: list[int]) -
     slot = key_slot(here)
     await raw("SET", here, "1")
     await raw("SET", moved, "2")
-    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in cluster}
-    source = [p for p in cluster if await _owns(raw, p, slot)][0]
-    target = next(p for p in cluster if p != source)
-    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
-    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    ids, source, target = await _start_migration(raw, slot, cluster)
     await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", moved, port=source)
 
     async def finish_migration() -> None:
         await trio.sleep(1.0)
-        while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
-            await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
-        for p in cluster:
-            await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
+        await _finish_migration(raw, slot, ids, source, target, cluster)
 
     try:
         with trio.fail_after(30):
@@ -404,11 +407,7 @@ async def test_a_beat_call_that_outlives_its_retries_fails_only_its_users(
     assert all(key_slot(presence_key(u)) != slot for u in users[1:])
     await raw("SET", presence_key(victim), "s0")
     await raw("SET", tools_key(victim), "[]")
-    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in cluster}
-    source = [p for p in cluster if await _owns(raw, p, slot)][0]
-    target = next(p for p in cluster if p != source)
-    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
-    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    ids, source, target = await _start_migration(raw, slot, cluster)
     try:
         await raw(
             "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", tools_key(victim), port=source
@@ -423,10 +422,7 @@ async def test_a_beat_call_that_outlives_its_retries_fails_only_its_users(
         assert not replies[0].ours
         assert [(r.ours, r.taken, r.unavailable) for r in replies[1:]] == [(True, True, None)] * 11
     finally:
-        while keys := await raw("CLUSTER", "GETKEYSINSLOT", slot, 100, port=source):
-            await raw("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys, port=source)
-        for p in cluster:
-            await raw("CLUSTER", "SETSLOT", slot, "NODE", ids[target], port=p)
+        await _finish_migration(raw, slot, ids, source, target, cluster)
         for user in users:
             await raw("DEL", presence_key(user), tools_key(user))
 

@@ -34,16 +34,21 @@ class Flaky:
         return self.results.get(job_id)
 
 
+async def _wait(substrate: Flaky, *, timeout_s: float) -> str | None:
+    """One caller's wait for job ``j1`` of ``u1`` through ``ResultWaiters``."""
+    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
+    waiter = waiters.register("u1", "j1")
+    try:
+        return await waiters.wait(waiter, timeout_s=timeout_s)
+    finally:
+        waiters.unregister(waiter)
+
+
 async def test_a_connection_killed_under_the_read_is_ridden_out(autojump_clock):
     start = trio.current_time()
     substrate = Flaky(up_at=start + 0.5)
     substrate.results["j1"] = '{"ok": true}'
-    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
-    waiter = waiters.register("u1", "j1")
-    try:
-        assert await waiters.wait(waiter, timeout_s=30) == '{"ok": true}'
-    finally:
-        waiters.unregister(waiter)
+    assert await _wait(substrate, timeout_s=30) == '{"ok": true}'
     assert trio.current_time() - start < 1.0  # read again at once once it works
     assert substrate.calls > 2
 
@@ -51,13 +56,8 @@ async def test_a_connection_killed_under_the_read_is_ridden_out(autojump_clock):
 async def test_an_outage_that_lasts_is_reported_within_the_patience(autojump_clock):
     start = trio.current_time()
     substrate = Flaky(up_at=start + 3600)
-    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
-    waiter = waiters.register("u1", "j1")
-    try:
-        with pytest.raises(SubstrateUnavailable):
-            await waiters.wait(waiter, timeout_s=90)
-    finally:
-        waiters.unregister(waiter)
+    with pytest.raises(SubstrateUnavailable):
+        await _wait(substrate, timeout_s=90)
     assert FAILURE_PATIENCE_S <= trio.current_time() - start <= FAILURE_PATIENCE_S + 0.5
 
 
@@ -78,11 +78,6 @@ async def test_a_mailbox_that_keeps_failing_is_reported_though_the_results_answe
 
     start = trio.current_time()
     substrate = MailboxDown(up_at=start + 3600)
-    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
-    waiter = waiters.register("u1", "j1")
-    try:
-        with pytest.raises(SubstrateUnavailable):
-            await waiters.wait(waiter, timeout_s=60)
-    finally:
-        waiters.unregister(waiter)
+    with pytest.raises(SubstrateUnavailable):
+        await _wait(substrate, timeout_s=60)
     assert trio.current_time() - start <= FAILURE_PATIENCE_S + 0.5
