@@ -86,8 +86,9 @@ from ._redis_cluster import ClusterSession, is_cluster_url, seeds
 from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
 from ._redis_session import ConnectionStatistics, _Session, _split
 
-#: Server error codes that mean "cannot serve now", not "bad command".
-_UNAVAILABLE_CODES = (
+#: Server error codes that mean "cannot serve now", not "bad command" (refused before
+#: the command ran).
+UNAVAILABLE_CODES = (
     "OOM",
     "MISCONF",
     "BUSY",
@@ -297,7 +298,7 @@ class RedisConnections:
             return SubstrateUnavailable(
                 f"Redis at {self.address} unavailable ({what}): {coded(exc)}"
             )
-        if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _UNAVAILABLE_CODES:
+        if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES:
             _metrics.substrate_error(what)
             self.monitor.poke()
             return SubstrateUnavailable(f"Redis at {self.address} refused {what}: {exc}")

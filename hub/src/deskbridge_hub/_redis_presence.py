@@ -22,6 +22,7 @@ from coredis.exceptions import (
 
 from ._keys import probe_key
 from ._redis_base import RedisCommandBase, Script, _ms
+from ._redis_conn import UNAVAILABLE_CODES
 from ._redis_slots import key_slot
 from ._substrate import (
     GROUP,
@@ -460,13 +461,7 @@ def _refused_unrun(exc: BaseException) -> bool:
     or retry that outlived its budget, or a store-wide refusal (OOM, READONLY, ...)."""
     if isinstance(exc, AskError | TryAgainError | ClusterDownError | ReadOnlyError):
         return True
-    return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _REFUSALS
-
-
-#: Error codes of a store that refuses to run a command at all (none of it ran).
-_REFUSALS = frozenset(
-    {"OOM", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING", "READONLY", "NOPERM"}
-)
+    return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES
 
 
 def _beat_groups(beats: Sequence[Beat], *, by_slot: bool) -> list[list[int]]:
