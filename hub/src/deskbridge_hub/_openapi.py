@@ -45,7 +45,33 @@ _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 def document(version: str) -> dict[str, Any]:
-    """The OpenAPI document for hub ``version``."""
+    """The OpenAPI document for hub ``version``: the routes below, each with the answers
+    every route of its kind gives (``_with_common_answers``)."""
+    return _with_common_answers(_routes(version))
+
+
+def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
+    """Add the answers a route gives for reasons not its own, where it does not describe
+    them itself: 401 (an API key is required: ``security``), 400 (a path value that is
+    not a valid user id or job id), 413 (a body over ``MAX_CONTENT_LENGTH``) and 503
+    (Redis unavailable: every ``/v1/`` route reads or writes it).
+    ``tests/hub/test_openapi.py`` probes each route for these and fails on a status the
+    document does not list."""
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            answers = op["responses"]
+            if op.get("security"):
+                answers.setdefault("401", _err("missing or wrong API key"))
+            if op.get("parameters") and any(p["in"] == "path" for p in op["parameters"]):
+                answers.setdefault("400", _err("a path value is not valid: `error.field` names it"))
+            if "requestBody" in op:
+                answers.setdefault("413", _err("body over the size limit"))
+            if path.startswith("/v1/"):
+                answers.setdefault("503", _err("Redis unavailable"))
+    return doc
+
+
+def _routes(version: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
@@ -208,7 +234,7 @@ def document(version: str) -> dict[str, Any]:
                             }
                         },
                     },
-                    "responses": _OUTCOME_CODES,
+                    "responses": dict(_OUTCOME_CODES),
                 }
             },
             "/v1/users/{user_id}/tools": {
@@ -235,7 +261,7 @@ def document(version: str) -> dict[str, Any]:
                             }
                         },
                     },
-                    "responses": _OUTCOME_CODES,
+                    "responses": dict(_OUTCOME_CODES),
                 }
             },
             "/v1/jobs/{job_id}": {
