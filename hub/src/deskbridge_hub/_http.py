@@ -17,6 +17,7 @@ from quart import Response, request
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._http_body import parse_json_body
 from ._outcome import Outcome
+from ._unavailable_log import note_unavailable
 
 #: An answer: (HTTP status, JSON body); ``_respond`` makes it a Quart response.
 Answer = tuple[int, dict[str, Any]]
@@ -81,6 +82,7 @@ def bridge_error_answer(
     ``IdempotencyKeyReused`` -> 422, ``JobIdInUse`` -> 409, ``BadRequest`` -> 400 naming
     the field."""
     if isinstance(exc, SubstrateUnavailable):
+        note_unavailable(str(exc))
         body: dict[str, Any] = {
             "status": "unavailable",
             "error": {"code": "unavailable", "message": str(exc)},
@@ -155,6 +157,8 @@ def outcome_answer(outcome: Outcome) -> Answer:
         body["result"] = outcome.result
     else:
         body["error"] = outcome.error
+        if outcome.status == "unavailable":
+            note_unavailable(str((outcome.error or {}).get("message", "")))
     if outcome.detail:
         body["detail"] = outcome.detail
     body["elapsed_ms"] = round(outcome.elapsed_s * 1000, 3)

@@ -62,6 +62,7 @@ from ._bridge import MAX_TIMEOUT_S, Bridge
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._outcome import Outcome
 from ._progress import ProgressReport
+from ._unavailable_log import note_unavailable
 
 log = logging.getLogger("deskbridge.hub.mcp")
 
@@ -123,6 +124,8 @@ def outcome_result(outcome: Outcome) -> types.CallToolResult:
             structured_content=value if isinstance(value, dict) else {"result": value},
         )
     error = outcome.error or {"code": outcome.status, "message": outcome.status}
+    if outcome.status == "unavailable":
+        note_unavailable(str(error.get("message")))
     text = f"{outcome.status}: {error.get('code')}: {error.get('message')}"
     return types.CallToolResult(
         content=[types.TextContent(text=text)],
