@@ -9,10 +9,12 @@ that follows MOVED itself; it shares no code with the substrate."""
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,12 +52,22 @@ def test_a_batch_across_slots_is_refused() -> None:
         batch_slot(((b"EVAL", "return 1", 2, jobs_key("alice"), index_key("bob")),))
 
 
+def _port_range() -> tuple[int, int]:
+    """The ports the Cluster tests may use: ``$DESKBRIDGE_TEST_CLUSTER_PORTS``
+    (``LOW-HIGH``, both included; for runs beside another suite), else 7100-7199."""
+    low, _, high = os.environ.get("DESKBRIDGE_TEST_CLUSTER_PORTS", "7100-7199").partition("-")
+    return int(low), int(high)
+
+
 def _ports(n: int) -> list[int]:
-    """``n`` ports in 7100-7199 free together with their cluster bus port (+10000)."""
+    """``n`` ports of ``_port_range()`` free together with their cluster bus port
+    (+10000)."""
+    low, high = _port_range()
+    size = high - low + 1
     found: list[int] = []
-    start = 7100 + secrets.randbelow(100)
-    for i in range(100):
-        port = 7100 + (start - 7100 + i) % 100
+    start = low + secrets.randbelow(size)
+    for i in range(size):
+        port = low + (start - low + i) % size
         with socket.socket() as a, socket.socket() as b:
             try:
                 a.bind(("127.0.0.1", port))
@@ -65,7 +77,7 @@ def _ports(n: int) -> list[int]:
         found.append(port)
         if len(found) == n:
             return found
-    raise RuntimeError("not enough free ports in 7100-7199")
+    raise RuntimeError(f"not enough free ports in {low}-{high}")
 
 
 class ClusterRaw:
@@ -96,30 +108,46 @@ class ClusterRaw:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
-    tmp = tmp_path_factory.mktemp("cluster")
-    ports = _ports(3)
-    procs = []
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as (ports, _):
+        yield ports
+
+
+@contextlib.contextmanager
+def running_cluster(
+    tmp: Path, n: int = 3, *options: str, spare: int = 0
+) -> Iterator[tuple[list[int], dict[int, Proc]]]:
+    """A Cluster of ``n`` primaries (no replicas) on ports of ``_port_range()``, started
+    with the extra redis-server ``options``, and ``spare`` more primaries that joined it
+    serving no slot (their ports last); yields the ports and each node's process (a test
+    may stop one). Stops every node on exit."""
+    ports = _ports(n + spare)
+    procs: dict[int, Proc] = {}
     try:
         for port in ports:
             workdir = tmp / str(port)
             workdir.mkdir()
             argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                    "--save", "", "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
-            procs.append(Proc(argv, {}, tmp / f"node-{port}.log"))
+                    "--save", "", "--appendonly", "no", "--dir", str(workdir),
+                    *options]  # fmt: skip
+            procs[port] = Proc(argv, {}, tmp / f"node-{port}.log")
         for port in ports:
             wait_until(lambda p=port: _ping(p), timeout_s=10, what=f"cluster node {port} up")
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports[:n]),
              "--cluster-replicas", "0", "--cluster-yes"],
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
+        for port in ports[n:]:
+            _cli(port, "CLUSTER", "MEET", "127.0.0.1", str(ports[0]))
         wait_until(
-            lambda: all(_cluster_ok(p) for p in ports), timeout_s=30, what="cluster_state:ok"
+            lambda: all(_cluster_ok(p) and _knows(p, ports) for p in ports),
+            timeout_s=30,
+            what="cluster_state:ok, every node known to every node",
         )
-        yield ports
+        yield ports, procs
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.stop()
 
 
@@ -136,6 +164,11 @@ def _ping(port: int) -> bool:
 
 def _cluster_ok(port: int) -> bool:
     return "cluster_state:ok" in _cli(port, "CLUSTER", "INFO")
+
+
+def _knows(port: int, ports: list[int]) -> bool:
+    listing = _cli(port, "CLUSTER", "NODES")
+    return all(f"127.0.0.1:{p}@" in listing for p in ports)
 
 
 def _url(ports: list[int]) -> str:
