@@ -187,11 +187,15 @@ class ClusterSession:
                 if not reply:
                     errors.append(ClusterDownError(f"{address[0]}:{address[1]} serves no slot"))
                     continue
+                slots: list[tuple[str, int] | None] = [None] * SLOTS
                 for start, end, primary, *_ in reply:
                     owner = (str(primary[0]) or address[0], int(primary[1]))
                     self._node(owner)
                     for slot in range(int(start), int(end) + 1):
-                        self._slots[slot] = owner
+                        slots[slot] = owner
+                # a fresh map, not the old one patched: a slot the answer leaves out (its
+                # node removed) must not stay with a node that no longer serves it
+                self._slots = slots
                 return
             raise errors[-1]
 
@@ -317,14 +321,41 @@ class ClusterSession:
     async def _everywhere(
         self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
     ) -> list[Any]:
-        """SCRIPT LOAD / FLUSH on every primary (scripts are cached per node); the
-        replies of the first node are returned."""
+        """SCRIPT LOAD / FLUSH on every primary of the slot map (scripts are cached per
+        node), concurrently; returns the replies (values or exception instances, as
+        ``execute``) of the first primary of the map that could be reached.
+
+        A primary that cannot be reached (dead, removed, cut off) is passed over: it is
+        no reason to fail a user whose slot lives on a healthy node. It runs the script
+        later anyway: EVALSHA answers NOSCRIPT there, and the caller loads it again (the
+        heartbeat) or sends it as EVAL (``RedisCommandBase._script``). When no primary
+        could be reached, every reply is the last connection error (the caller's
+        SubstrateUnavailable). A node that answers (an error reply included) counts as
+        reached: its replies are returned as they are.
+        """
         await self.refresh_slots()
-        first: list[Any] = []
-        for address in list(self._nodes):
-            replies = await (await self._get(address)).execute(*commands, timeout_s=timeout_s)
-            first = first or replies
-        return first
+        owners = list(dict.fromkeys(a for a in self._slots if a is not None))
+        answers: dict[tuple[str, int], list[Any]] = {}
+
+        async def one(address: tuple[str, int]) -> None:
+            try:
+                node = await self._get(address)
+                answers[address] = await node.execute(*commands, timeout_s=timeout_s)
+            except (RedisConnectionError, OSError) as exc:  # a refused connect raises
+                answers[address] = [exc] * len(commands)
+
+        async with anyio.create_task_group() as tg:
+            for address in owners:
+                tg.start_soon(one, address)
+        unreached: list[Any] = []
+        for address in owners:
+            replies = answers[address]
+            if all(isinstance(r, RedisConnectionError | OSError) for r in replies):
+                unreached = replies
+                self.start_soon(functools.partial(self._refresh_soon, address))
+                continue
+            return replies
+        return unreached or [RedisConnectionError("no primary in the slot map")] * len(commands)
 
 
 def _units(commands: tuple[tuple[Any, ...], ...]) -> list[list[int]]:
