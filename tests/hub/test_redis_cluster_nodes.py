@@ -71,3 +71,18 @@ async def test_the_heartbeat_loads_its_script_while_another_primary_is_dead(
             )
     assert (reply.ours, reply.taken, reply.unavailable) == (True, True, None)
     assert await raw("GET", presence_key(user)) == "s1"
+
+
+async def test_ping_and_publish_answer_while_the_first_seed_is_dead(
+    nodes: tuple[list[int], dict[int, Proc]],
+) -> None:
+    """Keyless commands (PING for /healthz, PUBLISH) went to the first seed only: with
+    that one node dead, readiness failed and every PUBLISH raised, though the other
+    seeds serve the cluster."""
+    ports, procs = nodes
+    procs[ports[0]].signal_group(signal.SIGKILL)
+    with trio.fail_after(20):
+        async with RedisSubstrate.from_url(_seeded(*ports)) as s:
+            await s.ping()
+            assert await s.publish("bridge:test:keyless", "x") == 0
+            await s.ping()

@@ -16,13 +16,16 @@ CLUSTERDOWN are retried with growing pauses for about 4.5 s (``_RETRY_PAUSES_S``
 map read again after a CLUSTERDOWN (a node removed from the cluster answers "Hash slot not
 served" for the slots it had) and after a node could not be reached (failed over,
 removed), at most once a second; what outlives that is the caller's SubstrateUnavailable
-(``_redis_conn``). Only the commands (or MULTI ... EXEC blocks)
-that were redirected are sent again: the others of the batch ran, and running a command
-twice is not harmless (a script that takes entries would take a second batch and lose the
-first). A batch is therefore not ordered across a redirection: what must run together is
-one script or one MULTI block. Redirections are followed at most ``_MAX_REDIRECTS`` times
-per batch. Pub/sub uses the first node's subscriber (PUBLISH is
-broadcast to every node of a cluster).
+(``_redis_conn``). Only the commands (or MULTI ... EXEC blocks) that were redirected
+are sent again: the others of the batch ran, and running a command twice is not
+harmless (a script that takes entries would take a second batch and lose the first). A
+batch is therefore not ordered across a redirection: what must run together is one
+script or one MULTI block. Redirections are followed at most ``_MAX_REDIRECTS`` times
+per batch. A keyless batch whose node cannot be reached (a refused connect: it did not
+run) goes to the next known node, which later keyless batches keep using (it went to
+the first seed only: with that node down, /healthz failed and every PUBLISH raised).
+Pub/sub uses the first node's subscriber (PUBLISH is broadcast to every node of a
+cluster).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class ClusterSession:
         self._refreshed_at = -math.inf
         self._refresh_pending = False
         self._first = self._node(self._seeds[0])
+        #: Where keyless batches go: the first seed until it cannot be reached.
+        self._keyless: tuple[str, int] = self._seeds[0]
         self.subscriber: Subscriber = self._first.subscriber
 
     def _node(self, address: tuple[str, int]) -> _Session:
@@ -236,8 +241,9 @@ class ClusterSession:
         ask_node: tuple[str, int] | None = None
         pause = down = False
         pauses = iter(_RETRY_PAUSES_S)
-        address: tuple[str, int] = self._seeds[0]
-        for _ in range(_MAX_REDIRECTS + len(_RETRY_PAUSES_S)):
+        address: tuple[str, int] = self._keyless
+        tried = 0  # other nodes tried for a keyless batch whose node could not be reached
+        for _ in range(_MAX_REDIRECTS + len(_RETRY_PAUSES_S) + len(self._seeds) + len(self._nodes)):
             if asked and ask_node is not None:
                 sending, asked, asking = asked, [], True
                 address = ask_node
@@ -251,8 +257,8 @@ class ClusterSession:
                         await self._refresh_soon(avoid=address)
                     pause = down = False
                 sending, owned, asking = owned, [], False
-                owner = self._slots[slot] if slot is not None else self._seeds[0]
-                address = owner or self._seeds[0]
+                owner = self._slots[slot] if slot is not None else self._keyless
+                address = owner or self._keyless
             else:
                 return replies
             batch: list[tuple[Any, ...]] = []
@@ -267,6 +273,14 @@ class ClusterSession:
                 # of the batch has it as its reply, as a transport failure would, so the
                 # map is read again below and a split batch's other nodes keep theirs
                 answered = [exc] * len(batch)
+                if slot is None and not asking and tried < len(self._seeds) + len(self._nodes):
+                    # a keyless batch (PING, INFO, PUBLISH) that did not run: any node
+                    # may answer it, so the next known one does (it stayed on the first
+                    # seed: /healthz failed while that one node was down or removed)
+                    tried += 1
+                    self._keyless = self._next_keyless(address)
+                    owned += sending
+                    continue
             got = iter(answered)
             for unit in sending:
                 if asking:
@@ -294,6 +308,15 @@ class ClusterSession:
                     # elsewhere now; the caller's retry finds out from a fresh map
                     self.start_soon(functools.partial(self._refresh_soon))
         return replies
+
+    def _next_keyless(self, failed: tuple[str, int]) -> tuple[str, int]:
+        """The node after ``failed`` among the primaries of the map, then the seeds and
+        the other known nodes (in that order, wrapping round)."""
+        owners = [a for a in self._slots if a is not None]
+        order = list(dict.fromkeys([*owners, *self._seeds, *self._nodes]))
+        if failed not in order:
+            return order[0]
+        return order[(order.index(failed) + 1) % len(order)]
 
     async def _split(
         self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
