@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._redis_pubsub import Message, Subscription
 from deskbridge_hub._redis_slots import key_slot
 from deskbridge_hub._substrate import Beat, presence_key
 
@@ -22,6 +23,7 @@ from ..conftest import RawRedis
 from ..procs import Proc
 from .test_redis_cluster import (
     ClusterRaw,
+    _finish_migration,
     _owns,
     running_cluster,
 )
@@ -86,3 +88,87 @@ async def test_ping_and_publish_answer_while_the_first_seed_is_dead(
             await s.ping()
             assert await s.publish("bridge:test:keyless", "x") == 0
             await s.ping()
+
+
+async def _until_message(s: RedisSubstrate, sub: Subscription, publish_port: int) -> list[Message]:
+    """Publish on ``publish_port`` every 0.2 s until ``sub`` gets a message with data;
+    returns what ``sub`` got (gaps included)."""
+    got: list[Message] = []
+    publisher = RawRedis(f"redis://127.0.0.1:{publish_port}/0")
+    async with trio.open_nursery() as nursery:
+
+        async def publish() -> None:
+            n = 0
+            while True:
+                n += 1
+                await publisher("PUBLISH", sub.name, f"m{n}")
+                await trio.sleep(0.2)
+
+        nursery.start_soon(publish)
+        async for message in sub:
+            got.append(message)
+            if message.data is not None:
+                break
+        nursery.cancel_scope.cancel()
+    return got
+
+
+async def test_a_subscription_follows_the_cluster_when_its_node_dies(
+    nodes: tuple[list[int], dict[int, Proc]],
+) -> None:
+    """The subscriber was the first seed's and reconnected only there: with that node
+    dead, messages published through the others never arrived. Now it reconnects to
+    another node, and the subscription gets a gap (re-read the durable state) before
+    the messages."""
+    ports, procs = nodes
+    channel = f"bridge:test:{secrets.token_hex(4)}"
+    with trio.fail_after(30):
+        async with (
+            RedisSubstrate.from_url(_seeded(*ports)) as s,
+            s.subscribe(channel) as sub,
+        ):
+            assert (await _until_message(s, sub, ports[1]))[-1].data is not None
+            procs[ports[0]].signal_group(signal.SIGKILL)
+            got = await _until_message(s, sub, ports[1])
+    assert got[0].data is None  # the gap: what was published meanwhile is lost
+    assert got[-1].data is not None
+
+
+async def test_a_subscription_leaves_a_node_removed_from_the_cluster(tmp_path: Path) -> None:
+    """The subscriber's node gives its slots away and the others forget it (CLUSTER
+    FORGET, as ``--cluster del-node`` does before it shuts the node down): the node
+    still runs and the connection stays open, but it hears nothing published through
+    the others. The subscriber stayed there; now the map read every few seconds moves
+    it to a node that serves slots."""
+    # an empty primary stays a primary (it would become a replica of the node that
+    # took its last slot, and SETSLOT is for primaries)
+    options = (*_PARTIAL, "--cluster-allow-replica-migration", "no")
+    with running_cluster(tmp_path, 3, *options, spare=1) as (ports, _):
+        raw = ClusterRaw(ports[:3])
+        spare = ports[3]
+        ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
+        source = [p for p in ports[:3] if await _owns(raw, p, 0)][0]
+        # the spare takes slot 0, the first of the map: the subscriber's node
+        await _give_slot(raw, 0, source, spare, ids, ports)
+        channel = f"bridge:test:{secrets.token_hex(4)}"
+        with trio.fail_after(60):
+            async with (
+                RedisSubstrate.from_url(_seeded(spare, ports[0])) as s,
+                s.subscribe(channel) as sub,
+            ):
+                assert (await _until_message(s, sub, ports[1]))[-1].data is not None
+                await _give_slot(raw, 0, spare, source, ids, ports)
+                for port in ports[:3]:
+                    await raw("CLUSTER", "FORGET", ids[spare], port=port)
+                got = await _until_message(s, sub, ports[1])
+        assert got[0].data is None
+        assert got[-1].data is not None
+
+
+async def _give_slot(
+    raw: ClusterRaw, slot: int, source: int, target: int, ids: dict[int, str], ports: list[int]
+) -> None:
+    """Move the empty ``slot`` from ``source`` to ``target`` (every node told)."""
+    await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
+    await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
+    await _finish_migration(raw, slot, ids, source, target, ports)

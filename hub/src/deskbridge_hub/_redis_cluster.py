@@ -24,8 +24,13 @@ script or one MULTI block. Redirections are followed at most ``_MAX_REDIRECTS`` 
 per batch. A keyless batch whose node cannot be reached (a refused connect: it did not
 run) goes to the next known node, which later keyless batches keep using (it went to
 the first seed only: with that node down, /healthz failed and every PUBLISH raised).
-Pub/sub uses the first node's subscriber (PUBLISH is broadcast to every node of a
-cluster).
+Pub/sub has one subscriber connection, on any primary of the map (PUBLISH is broadcast
+to every node of a cluster), and it follows the cluster (:class:`ClusterSubscriberHost`):
+when its connection breaks it connects to the next node, and while it is held the map is
+read every ``_MEMBERSHIP_CHECK_S`` (from another node first) and a subscriber whose node
+serves no slot any more (removed, forgotten) is moved; each move delivers a gap to every
+subscription (``_redis_pubsub``). It stayed on the first seed's connection: with that node
+dead or removed, messages published through the others never arrived.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from coredis.exceptions import AskError, ClusterDownError, MovedError, TryAgainE
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from ._redis_pubsub import Subscriber
-from ._redis_session import ConnectionStatistics, _Session
+from ._redis_session import ConnectionStatistics, _Conn, _Session
 from ._redis_slots import SLOTS, CrossSlot, batch_slot
 
 #: Redirections (MOVED / ASK) followed for one batch before giving up.
@@ -56,6 +61,11 @@ _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)
 #: The slot map is read again at most this often, seconds (on CLUSTERDOWN and on a node
 #: that cannot be reached: a node removed or failed over is named by a stale map).
 _REFRESH_EVERY_S = 1.0
+#: While the subscriber connection is held, the slot map is read this often, seconds, to
+#: learn whether the subscriber's node still serves slots (a node removed from the
+#: cluster but still running keeps the connection open and hears no PUBLISH of the
+#: others): one CLUSTER SLOTS per process each time.
+_MEMBERSHIP_CHECK_S = 5.0
 
 
 def is_cluster_url(url: str) -> bool:
@@ -100,9 +110,10 @@ class ClusterSession:
         self._refreshed_at = -math.inf
         self._refresh_pending = False
         self._first = self._node(self._seeds[0])
+        self._subscriber_host = ClusterSubscriberHost(self)
         #: Where keyless batches go: the first seed until it cannot be reached.
         self._keyless: tuple[str, int] = self._seeds[0]
-        self.subscriber: Subscriber = self._first.subscriber
+        self.subscriber = Subscriber(self._subscriber_host, session_kwargs["command_timeout_s"])
 
     def _node(self, address: tuple[str, int]) -> _Session:
         """The session of one node (created on first mention, opened in the cluster
@@ -160,7 +171,7 @@ class ClusterSession:
             blocking=sum(s.blocking for s in stats),
             blocking_busy=sum(s.blocking_busy for s in stats),
             blocking_waiting=sum(s.blocking_waiting for s in stats),
-            subscriber=sum(s.subscriber for s in stats),
+            subscriber=int(self.subscriber.connected),
             polls_total=sum(s.polls_total for s in stats),
         )
 
@@ -403,3 +414,89 @@ def _units(commands: tuple[tuple[Any, ...], ...]) -> list[list[int]]:
 def _name(command: tuple[Any, ...]) -> bytes:
     head = command[0]
     return (head if isinstance(head, bytes) else str(head).encode()).split()[0].upper()
+
+
+class ClusterSubscriberHost:
+    """The subscriber connection of a :class:`ClusterSession`, on any node (the
+    ``SubscriberHost`` of ``_redis_pubsub``'s :class:`Subscriber`).
+
+    ``connect`` tries the primaries of the slot map, starting after the node of the last
+    connection (whose connection broke, or which was moved away from), then the seeds
+    and the other known nodes; the first that accepts a connection holds it. While a
+    connection is held, a task reads the slot map every ``_MEMBERSHIP_CHECK_S`` seconds
+    (asking other nodes before the subscriber's) and closes the connection when its node
+    serves no slot: the subscriber then reconnects elsewhere and every subscription gets
+    a gap (``Message(channel, None)``), as after any reconnection.
+    """
+
+    def __init__(self, cluster: ClusterSession) -> None:
+        self._cluster = cluster
+        self.connect_timeout_s = cluster.connect_timeout_s
+        #: The node of the connection held (or last held), and the connection.
+        self.address: tuple[str, int] | None = None
+        self._conn: _Conn | None = None
+        self._hosts: dict[_Conn, _Session] = {}
+        self._watching = False
+
+    def start_soon(self, fn: Callable[[], Coroutine[object, object, None]]) -> None:
+        self._cluster.start_soon(fn)
+
+    def _candidates(self) -> list[tuple[str, int]]:
+        cluster = self._cluster
+        owners = list(dict.fromkeys(a for a in cluster._slots if a is not None))
+        if self.address in owners:  # the next one first: the last one just failed us
+            i = owners.index(self.address)
+            owners = owners[i + 1 :] + owners[: i + 1]
+        return list(dict.fromkeys([*owners, *cluster._seeds, *cluster._nodes]))
+
+    async def connect(self) -> _Conn:
+        """A subscriber connection to the first node that accepts one.
+
+        Raises:
+            TimeoutError / coredis ConnectionError / ...: the last node's error when no
+                node accepted (the subscriber retries with its backoff).
+        """
+        cluster = self._cluster
+        if all(a is None for a in cluster._slots):
+            with contextlib.suppress(Exception):  # no map yet: the seeds will do
+                await cluster.refresh_slots()
+        error: BaseException | None = None
+        for address in self._candidates():
+            try:
+                node = await cluster._get(address)
+                c = await node.connect()
+            except Exception as exc:  # noqa: BLE001 - this node refused: try the next one
+                error = exc
+                if address in cluster._slots:  # a primary of the map is gone: read it again
+                    cluster.start_soon(functools.partial(cluster._refresh_soon, address))
+                continue
+            self.address, self._conn = address, c
+            self._hosts[c] = node
+            if not self._watching:
+                self._watching = True
+                cluster.start_soon(self._watch)
+            return c
+        raise error or RedisConnectionError("no Cluster node known")
+
+    async def discard(self, c: _Conn) -> None:
+        """Close ``c`` (on the node that hosts it) and wait for the close."""
+        node = self._hosts.pop(c, None)
+        if self._conn is c:
+            self._conn = None
+        if node is not None:
+            await node.discard(c)
+
+    async def _watch(self) -> None:
+        """Every ``_MEMBERSHIP_CHECK_S``: close the held connection when a fresh slot map
+        no longer names its node (the subscriber reconnects elsewhere)."""
+        while True:
+            await anyio.sleep(_MEMBERSHIP_CHECK_S)
+            c, address = self._conn, self.address
+            if c is None or address is None or not c.usable:
+                continue
+            try:
+                await self._cluster.refresh_slots(avoid=address)
+            except Exception:  # noqa: BLE001, S112 - no map: keep what we have
+                continue
+            if self._conn is c and address not in self._cluster._slots:
+                c.scope.cancel()  # its reader ends; the subscriber connects elsewhere

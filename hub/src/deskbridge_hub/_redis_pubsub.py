@@ -22,8 +22,8 @@ confirmation is a push frame too, not a reply).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import attrs
@@ -31,7 +31,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
 if TYPE_CHECKING:
-    from ._redis_session import _Conn, _Session
+    from ._redis_session import _Conn
 
 #: Default messages a subscription buffers before it drops (and later reports a gap).
 DEFAULT_BUFFER = 1024
@@ -100,11 +100,24 @@ class Subscription:
         self._receive.close()
 
 
+class SubscriberHost(Protocol):
+    """Where a :class:`Subscriber` gets its connection: one node's ``_Session``, or a
+    Cluster's ``ClusterSubscriberHost`` (which picks a node on each connect)."""
+
+    connect_timeout_s: float
+
+    def start_soon(self, fn: Callable[[], Coroutine[object, object, None]]) -> None: ...
+
+    async def connect(self) -> _Conn: ...
+
+    async def discard(self, c: _Conn) -> None: ...
+
+
 class Subscriber:
     """The pub/sub connection of one session and its reader task (started on the first
     subscription, then kept, reconnecting with backoff while anything is subscribed)."""
 
-    def __init__(self, session: _Session, command_timeout_s: float) -> None:
+    def __init__(self, session: SubscriberHost, command_timeout_s: float) -> None:
         self._session = session
         self._command_timeout_s = command_timeout_s
         self._subs: dict[tuple[bool, str], set[Subscription]] = {}
