@@ -172,3 +172,40 @@ async def _give_slot(
     await raw("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source], port=target)
     await raw("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target], port=source)
     await _finish_migration(raw, slot, ids, source, target, ports)
+
+
+async def _clients_named(port: int, name: str) -> int:
+    listing = await RawRedis(f"redis://127.0.0.1:{port}/0")("CLIENT", "LIST")
+    return sum(f" name={name} " in f" {line} " for line in listing.splitlines())
+
+
+async def test_connections_to_a_node_removed_from_the_cluster_are_closed(tmp_path: Path) -> None:
+    """A node that served a user's slot gives it away and is forgotten by the others (it
+    still runs): the hub's connections to it stayed open for the life of the process
+    (and the node was still asked for maps). Now the MOVED that follows makes the hub
+    read the whole map, and the sessions of nodes it no longer names are closed."""
+    options = (*_PARTIAL, "--cluster-allow-replica-migration", "no")
+    with running_cluster(tmp_path, 3, *options, spare=1) as (ports, _):
+        raw = ClusterRaw(ports[:3])
+        spare = ports[3]
+        key = f"test:{{{secrets.token_hex(4)}}}:k"
+        slot = key_slot(key)
+        ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
+        source = [p for p in ports[:3] if await _owns(raw, p, slot)][0]
+        await _give_slot(raw, slot, source, spare, ids, ports)
+        name = f"deskbridge-test-{secrets.token_hex(4)}"
+        with trio.fail_after(30):
+            async with (
+                RedisSubstrate.from_url(_seeded(*ports[:2]), client_name=name) as s,
+                s._session("t") as session,
+            ):
+                assert await session.execute((b"SET", key, "v"), timeout_s=5) == ["OK"]
+                assert await _clients_named(spare, name) > 0
+                await _give_slot(raw, slot, spare, source, ids, ports)
+                for port in ports[:3]:
+                    await raw("CLUSTER", "FORGET", ids[spare], port=port)
+                assert await session.execute((b"GET", key), timeout_s=5) == ["v"]
+                while await _clients_named(spare, name) > 0:  # noqa: ASYNC110 - Redis' view
+                    await trio.sleep(0.1)
+                assert await session.execute((b"GET", key), timeout_s=5) == ["v"]
+        await raw("DEL", key)

@@ -106,9 +106,12 @@ class ClusterSession:
         self.groups: set[str] = set()
         self.closed = False
         self._ready: dict[tuple[str, int], anyio.Event] = {}
+        #: Per hosted node: the scope that ends its hosting (``_prune``).
+        self._hosting: dict[tuple[str, int], anyio.CancelScope] = {}
         self._opened = False
         self._refreshed_at = -math.inf
         self._refresh_pending = False
+        self._mapped = False  # a slot map was read
         self._first = self._node(self._seeds[0])
         self._subscriber_host = ClusterSubscriberHost(self)
         #: Where keyless batches go: the first seed until it cannot be reached.
@@ -135,12 +138,32 @@ class ClusterSession:
 
     async def _host(self, address: tuple[str, int]) -> None:
         node = self._nodes[address]
+        ready = self._ready[address]
         await node.open()  # no I/O: enters the node's task group in this task
-        self._ready[address].set()
+        scope = self._hosting[address] = anyio.CancelScope()
+        ready.set()
         try:
-            await anyio.sleep_forever()
+            with scope:
+                await anyio.sleep_forever()
         finally:
+            if self._hosting.get(address) is scope:
+                del self._hosting[address]
             await node.close()  # exits the node's task group, entered above in this task
+
+    def _prune(self) -> None:
+        """Close the sessions of the nodes the map no longer names (removed from the
+        cluster, or primaries no more), seeds excepted: their connections stayed open
+        for as long as the process ran, and a removed node was still asked for maps and
+        keyless commands. Commands in flight there fail as from an unreachable node (a
+        removed node would have redirected them anyway); a node named again (MOVED, a
+        later map) gets a new session."""
+        owners = set(self._slots)
+        for address in list(self._nodes):
+            scope = self._hosting.get(address)
+            if address in owners or address in self._seeds or scope is None:
+                continue  # in the map, a seed, or not hosted yet (the next map decides)
+            del self._nodes[address], self._ready[address], self._hosting[address]
+            scope.cancel()
 
     async def open(self) -> None:
         await self._tg.__aenter__()
@@ -212,6 +235,8 @@ class ClusterSession:
                 # a fresh map, not the old one patched: a slot the answer leaves out (its
                 # node removed) must not stay with a node that no longer serves it
                 self._slots = slots
+                self._mapped = True
+                self._prune()
                 return
             raise errors[-1]
 
@@ -243,8 +268,8 @@ class ClusterSession:
             return await self._split(commands, timeout_s)
         if slot is None and commands and _name(commands[0]) == b"SCRIPT":
             return await self._everywhere(commands, timeout_s)
-        if slot is not None and self._slots[slot] is None:
-            await self.refresh_slots()
+        if slot is not None and self._slots[slot] is None and not self._mapped:
+            await self.refresh_slots()  # no map yet (with one: a slot nobody serves)
         units = _units(commands)
         replies: list[Any] = [None] * len(commands)
         owned: list[list[int]] = units  # units to send to the slot's owner
@@ -307,6 +332,9 @@ class ClusterSession:
                     self._slots[moved.slot_id] = moved.node_addr
                     self.groups.clear()  # a moved stream may need its group checked again
                     owned.append(unit)
+                    # resharding, or a node given up: the whole map (at most once a
+                    # second), so that nodes that serve nothing any more are let go
+                    self.start_soon(functools.partial(self._refresh_soon))
                 elif ask is not None:
                     ask_node = ask.node_addr
                     asked.append(unit)
