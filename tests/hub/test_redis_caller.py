@@ -20,7 +20,7 @@ from deskbridge_hub._contract_caller import _submission
 from deskbridge_hub._jobstate import JobState, Stage
 from deskbridge_hub._redis import RedisSubstrate
 from deskbridge_hub._redis_slots import key_slot
-from deskbridge_hub._substrate import jobs_key, mailbox_key
+from deskbridge_hub._substrate import GROUP, jobs_key, mailbox_key
 
 from ..conftest import REDIS_URL, RawRedis
 from .redis_kit import delete_tagged
@@ -39,34 +39,61 @@ async def user(raw_redis: RawRedis) -> AsyncIterator[str]:
     await delete_tagged(raw_redis, user_id)
 
 
-async def test_submit_creates_the_group_once_per_session_and_user(
-    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch
+async def test_submit_makes_sure_of_the_group_once_per_session_and_user(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[tuple[Any, ...]] = []
+    """The script is asked to make the group (ARGV 15) until a submit of this session
+    enqueued for the user; a refused one does not count (it made nothing)."""
+    flags: list[str] = []
     script = substrate._script
 
     async def recording(*args: Any, **kwargs: Any) -> list[Any]:
-        sent.extend(kwargs.get("before", ()))
+        flags.append(args[3][14])
         return await script(*args, **kwargs)
 
     monkeypatch.setattr(substrate, "_script", recording)
-    await substrate.set_presence(user, "s1", 30)
     with trio.fail_after(5):
+        offline = await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+        assert offline.verdict == "offline"
+        await substrate.set_presence(user, "s1", 30)
         for _ in range(3):
             job = f"job-{secrets.token_hex(6)}"
             assert (await substrate.submit(user, _submission(user, job))).verdict == "queued"
-    assert [c[0] for c in sent] == [b"XGROUP CREATE"], sent
-    assert sent[0][1] == jobs_key(user)
+    assert flags == ["1", "1", "", ""]
+    groups = await raw_redis("XINFO", "GROUPS", jobs_key(user))
+    assert [g[1] for g in groups] == [GROUP]
+
+
+async def test_a_stream_deleted_under_the_session_gets_its_group_again(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis
+) -> None:
+    """The session believes in the group, but the stream is gone (evicted, Redis
+    restarted empty): the script makes stream and group again before the XADD, so the
+    entry is read as new at once, without a NOGROUP round of its own."""
+    await substrate.set_presence(user, "s1", 30)
+    with trio.fail_after(5):
+        assert (await substrate.submit(user, _submission(user, "job-a"))).verdict == "queued"
+        assert await raw_redis("DEL", jobs_key(user)) == 1
+        assert (await substrate.submit(user, _submission(user, "job-b"))).verdict == "queued"
+        groups = await raw_redis("XINFO", "GROUPS", jobs_key(user))
+        assert [g[1] for g in groups] == [GROUP]
+        (entry,) = await substrate.read_new(user, "c1", count=5, block_ms=None)
+    assert entry.fields is not None and entry.fields["job_id"] == "job-b"
 
 
 async def test_a_stream_key_of_another_type_fails_the_submit_with_redis_error(
     substrate: RedisSubstrate, user: str, raw_redis: RawRedis
 ) -> None:
-    """The XGROUP CREATE's own error, not the script's answer (here "offline")."""
+    """The XGROUP CREATE's own error, raised before the script wrote anything; while
+    the user is offline the stream is not looked at (nothing would be written)."""
     await raw_redis("SET", jobs_key(user), "not a stream")
+    job = f"job-{secrets.token_hex(6)}"
     with trio.fail_after(5):
+        assert (await substrate.submit(user, _submission(user, job))).verdict == "offline"
+        await substrate.set_presence(user, "s1", 30)
         with pytest.raises(ResponseError, match="wrong kind of value"):
-            await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+            await substrate.submit(user, _submission(user, job))
+        assert await substrate.get_job_state(user, job) is None
 
 
 async def test_an_absent_presence_proves_nothing_while_redis_cannot_serve_the_hub(

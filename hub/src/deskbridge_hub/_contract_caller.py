@@ -15,7 +15,7 @@ import trio
 from ._contract import SubstrateHarness, check
 from ._idempotency import IndexRecord
 from ._jobstate import JobState, Stage
-from ._substrate import JobOwner, Submission, idem_key, result_key
+from ._substrate import JobOwner, Submission, idem_key, presence_key, result_key
 
 
 def _submission(
@@ -47,6 +47,47 @@ async def check_submit_offline_writes_nothing(h: SubstrateHarness) -> None:
     await s.set_presence(user, "s1", 30)
     # the key was not indexed by the offline attempt: a retry enqueues
     assert (await s.submit(user, _submission(user, job, key="k1"))).verdict == "queued"
+
+
+async def _keys(h: SubstrateHarness, user: str) -> list[str] | None:
+    return None if h.keys_of is None else sorted(await h.keys_of(user))
+
+
+@check
+async def check_refused_submits_leave_no_key_behind(h: SubstrateHarness) -> None:
+    """A submit answered anything but ``queued`` (or ``indexed``) writes nothing that
+    outlives it: not the user's stream or consumer group, not a state, index or
+    idempotency record, not the owner record (``write_owner``). A caller trying many
+    unknown user ids must not leave keys without a TTL behind."""
+    s, user, job = h.substrate, h.user(), h.job()
+    got = await s.submit(user, _submission(user, job, key="k1"))
+    assert got.verdict == "offline"
+    assert await _keys(h, user) in (None, []), "an offline submit left keys behind"
+    assert await s.job_owner(job) is None
+    # online, but every check refuses: each answer leaves the keys as they were
+    await s.set_presence(user, "p1.s1", 30)
+    text = '[{"name": "echo"}]'
+    await s.set_catalogue(user, text)
+    sha1 = hashlib.sha1(text.encode()).hexdigest()
+    before = await _keys(h, user)
+    # presence names a process the caller has not seen alive
+    held = await s.submit(user, _submission(user, job, key="k2", sha1=sha1))
+    assert held.verdict == "holder"
+    await s.clear_presence(user, "p1.s1")
+    await s.set_presence(user, "s2", 30)  # no process named: the catalogue decides
+    stale = await s.submit(user, _submission(user, job, key="k2", sha1="0" * 40))
+    assert stale.verdict == "catalogue"
+    assert await _keys(h, user) == before, "a refused submit left keys behind"
+    assert await s.job_owner(job) is None
+    assert (await s.queue_info(user)).length == 0
+    # a job id already in use: refused, and the job's own records are left as they were
+    assert (await s.submit(user, _submission(user, job, sha1=sha1))).verdict == "queued"
+    before = await _keys(h, user)
+    again = attrs.evolve(_submission(user, job, key="k3", sha1=sha1), owner=JobOwner(user, "b2"))
+    assert (await s.submit(user, again)).verdict == "job_id_in_use"
+    assert await _keys(h, user) == before
+    assert await s.job_owner(job) == JobOwner(user, "box")
+    assert (await s.queue_info(user)).length == 1
 
 
 @check

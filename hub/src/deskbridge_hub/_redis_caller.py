@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from coredis.exceptions import StreamDuplicateConsumerGroupError
-
 from ._redis_base import RedisCommandBase, Script, _ms
 from ._redis_jobs import _MARK
 from ._substrate import (
@@ -49,11 +47,15 @@ if TYPE_CHECKING:
 #: ARGV: catalogue SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state
 #: TTL ms, index flag ('' none), index record, index TTL ms, the hub process known alive
 #: ('' none), wake TTL ms, user id, delivered-state TTL ms ('': no push delivery), group,
-#: then the entry's fields. The index record is stored with the job's deadline appended;
+#: whether to make sure the group exists ('1': the caller's session has not seen it;
+#: '': only when the stream is missing), then the entry's fields. The index record is stored with the job's deadline appended;
 #: an indexed key is answered with the record and TIME. Order matters: the idempotency
 #: index first (a key whose job may still run is never answered "offline"), then presence
 #: and the process it names, the catalogue version, the job id claim, and only then any
-#: write. On a single Redis the script also reads the holder's liveness key: absent, it
+#: other write: the stream's consumer group is made here (``XGROUP CREATE ... MKSTREAM``,
+#: BUSYGROUP ignored) just before the XADD, so a refused submit (offline, a dead holder, a
+#: stale catalogue, a job id in use) writes nothing at all (it was made before the script,
+#: in the same write: every unknown user id called left an empty stream without a TTL). On a single Redis the script also reads the holder's liveness key: absent, it
 #: answers ``holder`` (the caller checks that process and answers offline: a dead
 #: process's presence is not written to); present, the reply says so and the caller's
 #: liveness cache is refreshed without a round trip of its own. Push delivery (issue
@@ -97,11 +99,18 @@ if ARGV[1] ~= '-' then
   if catalogue then sha = redis.sha1hex(catalogue) end
   if sha ~= ARGV[1] then return {'catalogue', catalogue} end
 end
+if ARGV[15] == '1' or redis.call('EXISTS', KEYS[3]) == 0 then
+  -- the group only now, on the path that enqueues: a refused submit leaves no stream
+  local made = redis.pcall('XGROUP', 'CREATE', KEYS[3], ARGV[14], '0', 'MKSTREAM')
+  if type(made) == 'table' and made.err and not string.find(made.err, 'BUSYGROUP', 1, true) then
+    return made
+  end
+end
 if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
   return {'job_id_in_use'}
 end
 local fields = {}
-for i = 15, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 16, #ARGV do fields[#fields + 1] = ARGV[i] end
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
 fields[#fields + 1] = 'deadline'
@@ -145,10 +154,10 @@ class CallerCommands(RedisCommandBase):
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step: EVAL ``SUBMIT`` (which also pushes the wake-up of
-        ``alive_holder`` on a single Redis), (unless already claimed) SET the owner
-        record, and under Cluster the wake-up, in one write;
-        XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
-        session enqueues for ``user_id``.
+        ``alive_holder`` on a single Redis, and makes the consumer group when it
+        enqueues), and under Cluster the wake-up, in one write; with ``write_owner``,
+        SET the owner record in a second write once queued (nothing uses it on the hot
+        path: the Bridge's job ids name their user or were claimed first).
 
         Returns:
             :class:`Submitted` (its ``verdict`` says what happened).
@@ -195,12 +204,10 @@ class CallerCommands(RedisCommandBase):
             user_id,
             "" if sub.delivered_ttl_s is None else _ms(sub.delivered_ttl_s),
             GROUP,
+            "",  # whether to make sure of the group: set below, per connection session
             *flat,
         )
         after: tuple[tuple[Any, ...], ...] = ()
-        if sub.write_owner:
-            owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
-            after = (owner,)
         if sub.alive_holder is not None and in_script is None:
             wake = wake_key(sub.alive_holder)
             after += (
@@ -210,22 +217,19 @@ class CallerCommands(RedisCommandBase):
                 (b"EXEC",),
             )
         async with self._session("submit") as s:
-            create = (
-                ()
-                if user_id in s.groups
-                else ((b"XGROUP CREATE", jobs_key(user_id), GROUP, "0", b"MKSTREAM"),)
-            )
-            replies = await self._script(s, SUBMIT, keys, args, before=create, after=after)
-            if create:
-                if isinstance(replies[0], BaseException) and not isinstance(
-                    replies[0], StreamDuplicateConsumerGroupError
-                ):
-                    raise replies[0]
-                s.groups.add(user_id)
-            for reply in replies[len(create) :]:
+            if user_id not in s.groups:  # the script makes sure of the group if it enqueues
+                args = (*args[:14], "1", *args[15:])
+            replies = await self._script(s, SUBMIT, keys, args, after=after)
+            for reply in replies:
                 if isinstance(reply, BaseException):
                     raise reply
-        verdict, *rest = replies[len(create)]
+            verdict, *rest = replies[0]
+            if verdict == "queued":
+                s.groups.add(user_id)
+                if sub.write_owner:
+                    owner = owner_key(sub.job_id)
+                    encoded = sub.owner.encode()
+                    await self._call(s, b"SET", owner, encoded, b"PX", _ms(sub.state_ttl_s))
         if verdict == "offline":
             # an absent presence proves nothing while Redis cannot serve the hub
             self._absent_proves_nothing("presence")
