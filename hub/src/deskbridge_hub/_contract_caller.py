@@ -15,7 +15,7 @@ import trio
 from ._contract import SubstrateHarness, check
 from ._idempotency import IndexRecord
 from ._jobstate import JobState, Stage
-from ._substrate import JobOwner, Submission, idem_key, presence_key, result_key
+from ._substrate import JobOwner, Submission, idem_key, result_key
 
 
 def _submission(
@@ -111,6 +111,30 @@ async def check_submit_enqueues_with_state_index_owner_and_server_deadline(
     # the same job id again (a racing caller): refused, nothing enqueued
     assert (await s.submit(user, _submission(user, job))).verdict == "job_id_in_use"
     assert await s.read_new(user, "c1", count=10, block_ms=1) == []
+
+
+@check
+async def check_submit_with_the_callers_time_counts_the_window_from_the_call(
+    h: SubstrateHarness,
+) -> None:
+    """``give_up_s``: a step that runs at once enqueues as without it, the job's window
+    counted from the call (a lower bound of the substrate's clock then: at most the
+    step's own ``TIME``, a round trip earlier at worst); a non-positive one is refused."""
+    s, user, job = h.substrate, h.user(), h.job()
+    await s.set_presence(user, "s1", 30)
+    got = await s.submit(user, attrs.evolve(_submission(user, job), give_up_s=5.0))
+    assert got.verdict == "queued"
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
+    assert entry.fields is not None
+    window = float(entry.fields["deadline"]) - float(entry.fields["enqueued_at"])
+    assert 30.0 - 1.0 < window <= 30.0 + 0.002
+    try:
+        await s.submit(user, attrs.evolve(_submission(user, h.job()), give_up_s=0.0))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("give_up_s = 0 was accepted")
+    assert (await s.queue_info(user)).length == 1
 
 
 @check
