@@ -43,12 +43,12 @@ import attrs
 
 from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
+from ._keys import daemons_key, index_key, jobs_key
 from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters, _WakeList
 from ._memory_desktop import MemoryDesktopCommands
 from ._memory_finish import MemoryFinishCommands
 from ._memory_jobs import MemoryJobCommands, _ProgressLog
 from ._memory_presence import MemoryPresenceCommands
-from ._keys import daemons_key, index_key, jobs_key
 from ._memory_streams import (
     MemoryStreamCommands,
     StreamID,
