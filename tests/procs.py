@@ -278,9 +278,16 @@ def _resp_read(reader):
 class RedisServer(Proc):
     """A private ``redis-server`` on a free port that keeps nothing on disk (no RDB, no
     AOF): a restart on the same port comes back empty. A missing ``redis-server`` fails
-    loudly (FileNotFoundError), it never skips."""
+    loudly (FileNotFoundError), it never skips. ``extra``: more of its arguments."""
 
-    def __init__(self, tmp: Path, *, port: int | None = None, name: str = "redis"):
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        port: int | None = None,
+        name: str = "redis",
+        extra: tuple[str, ...] = (),
+    ):
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         workdir = tmp / f"{name}-{self.port}"
@@ -297,6 +304,7 @@ class RedisServer(Proc):
             "no",
             "--dir",
             str(workdir),
+            *extra,
         ]
         super().__init__(argv, {}, tmp / f"{name}-{self.port}.log")
 

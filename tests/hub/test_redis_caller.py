@@ -1,8 +1,10 @@
-"""The caller's path on Redis beyond the shared contract: the consumer group is created
-once per session and user, a stream key of another type fails the submit with Redis'
-own error, an absent presence proves nothing while Redis cannot serve the hub, and the
-mailbox read's server and client block times. Real Redis (``DESKBRIDGE_TEST_REDIS_URL``),
-unique ids, every wait bounded, keys deleted afterwards."""
+"""The caller's path on Redis beyond the shared contract: the consumer group is made by
+the script when it enqueues (asked once per session and user, and again for a stream
+gone), a stream key of another type fails the submit with Redis' own error, an absent
+presence proves nothing while Redis cannot serve the hub, the caller's instant on
+Redis' clock (``RedisClock``: a script that runs after it writes nothing, a job's window
+counts from it), and the mailbox read's server and client block times. Real Redis
+(``DESKBRIDGE_TEST_REDIS_URL``), unique ids, every wait bounded, keys deleted afterwards."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._contract_caller import _submission
 from deskbridge_hub._jobstate import JobState, Stage
 from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._redis_caller import CLOCK_DRIFT, RedisClock
 from deskbridge_hub._redis_slots import key_slot
-from deskbridge_hub._substrate import jobs_key, mailbox_key
+from deskbridge_hub._substrate import GROUP, idem_key, jobs_key, mailbox_key, state_key
 
 from ..conftest import REDIS_URL, RawRedis
 from .redis_kit import delete_tagged
@@ -39,34 +42,61 @@ async def user(raw_redis: RawRedis) -> AsyncIterator[str]:
     await delete_tagged(raw_redis, user_id)
 
 
-async def test_submit_creates_the_group_once_per_session_and_user(
-    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch
+async def test_submit_makes_sure_of_the_group_once_per_session_and_user(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[tuple[Any, ...]] = []
+    """The script is asked to make the group (ARGV 15) until a submit of this session
+    enqueued for the user; a refused one does not count (it made nothing)."""
+    flags: list[str] = []
     script = substrate._script
 
     async def recording(*args: Any, **kwargs: Any) -> list[Any]:
-        sent.extend(kwargs.get("before", ()))
+        flags.append(args[3][14])
         return await script(*args, **kwargs)
 
     monkeypatch.setattr(substrate, "_script", recording)
-    await substrate.set_presence(user, "s1", 30)
     with trio.fail_after(5):
+        offline = await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+        assert offline.verdict == "offline"
+        await substrate.set_presence(user, "s1", 30)
         for _ in range(3):
             job = f"job-{secrets.token_hex(6)}"
             assert (await substrate.submit(user, _submission(user, job))).verdict == "queued"
-    assert [c[0] for c in sent] == [b"XGROUP CREATE"], sent
-    assert sent[0][1] == jobs_key(user)
+    assert flags == ["1", "1", "", ""]
+    groups = await raw_redis("XINFO", "GROUPS", jobs_key(user))
+    assert [g[1] for g in groups] == [GROUP]
+
+
+async def test_a_stream_deleted_under_the_session_gets_its_group_again(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis
+) -> None:
+    """The session believes in the group, but the stream is gone (evicted, Redis
+    restarted empty): the script makes stream and group again before the XADD, so the
+    entry is read as new at once, without a NOGROUP round of its own."""
+    await substrate.set_presence(user, "s1", 30)
+    with trio.fail_after(5):
+        assert (await substrate.submit(user, _submission(user, "job-a"))).verdict == "queued"
+        assert await raw_redis("DEL", jobs_key(user)) == 1
+        assert (await substrate.submit(user, _submission(user, "job-b"))).verdict == "queued"
+        groups = await raw_redis("XINFO", "GROUPS", jobs_key(user))
+        assert [g[1] for g in groups] == [GROUP]
+        (entry,) = await substrate.read_new(user, "c1", count=5, block_ms=None)
+    assert entry.fields is not None and entry.fields["job_id"] == "job-b"
 
 
 async def test_a_stream_key_of_another_type_fails_the_submit_with_redis_error(
     substrate: RedisSubstrate, user: str, raw_redis: RawRedis
 ) -> None:
-    """The XGROUP CREATE's own error, not the script's answer (here "offline")."""
+    """The XGROUP CREATE's own error, raised before the script wrote anything; while
+    the user is offline the stream is not looked at (nothing would be written)."""
     await raw_redis("SET", jobs_key(user), "not a stream")
+    job = f"job-{secrets.token_hex(6)}"
     with trio.fail_after(5):
+        assert (await substrate.submit(user, _submission(user, job))).verdict == "offline"
+        await substrate.set_presence(user, "s1", 30)
         with pytest.raises(ResponseError, match="wrong kind of value"):
-            await substrate.submit(user, _submission(user, f"job-{secrets.token_hex(6)}"))
+            await substrate.submit(user, _submission(user, job))
+        assert await substrate.get_job_state(user, job) is None
 
 
 async def test_an_absent_presence_proves_nothing_while_redis_cannot_serve_the_hub(
@@ -227,3 +257,76 @@ async def test_a_script_sent_alone_goes_as_evalsha_and_as_eval_after_noscript(
             assert (await substrate.submit(user, sub)).verdict == "queued"
     assert sent == [b"EVALSHA", b"EVAL", b"EVALSHA"], sent
     assert (await substrate.queue_info(user)).length == 3  # each enqueued once
+
+
+async def test_a_submit_that_runs_after_the_callers_instant_writes_nothing(
+    substrate: RedisSubstrate, user: str, raw_redis: RawRedis
+) -> None:
+    """The script compares ``TIME`` with the caller's give-up instant (its call instant
+    on Redis' clock, from ``RedisClock``, plus ``give_up_s``): here the clock reading is
+    made 10 s early, as if the script ran 10 s after the call (a stall)."""
+    await substrate.set_presence(user, "s1", 30)
+    sub = attrs.evolve(_submission(user, "job-late"), give_up_s=1.0)
+    with trio.fail_after(5):
+        assert (await substrate.submit(user, _submission(user, "job-a"))).verdict == "queued"
+        clock = substrate._redis_clock
+        assert clock.offset_s is not None  # learnt from the reply
+        clock.offset_s -= 10.0
+        assert (await substrate.submit(user, sub)).verdict == "late"
+    assert await raw_redis("XLEN", jobs_key(user)) == 1
+    assert await raw_redis("EXISTS", state_key(user, "job-late")) == 0
+    assert await raw_redis("EXISTS", idem_key(user, "job-late")) == 0
+
+
+async def test_a_late_submit_within_the_callers_time_counts_the_window_from_the_call(
+    substrate: RedisSubstrate, user: str
+) -> None:
+    """The script ran 2 s after the call (as the reading says): the job's deadline is
+    the call instant plus ``start_within_s``, not ``TIME`` plus it."""
+    await substrate.set_presence(user, "s1", 30)
+    with trio.fail_after(5):
+        assert (await substrate.submit(user, _submission(user, "job-a"))).verdict == "queued"
+        substrate._redis_clock.offset_s -= 2.0  # type: ignore[operator]
+        sub = attrs.evolve(_submission(user, "job-b"), give_up_s=30.0)
+        assert (await substrate.submit(user, sub)).verdict == "queued"
+        entries = await substrate.read_new(user, "c1", count=5, block_ms=None)
+    fields = entries[-1].fields
+    assert fields is not None and fields["job_id"] == "job-b"
+    window = float(fields["deadline"]) - float(fields["enqueued_at"])
+    assert 30.0 - 2.0 - 0.1 < window <= 30.0 - 2.0 + 0.002
+
+
+async def test_the_first_submit_reads_redis_clock_before_the_script(
+    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a reading, one TIME round trip first (a stall there sends no script);
+    then every reply's TIME keeps it, with no round trip of its own."""
+    calls: list[tuple[Any, ...]] = []
+    call = substrate._call
+
+    async def recording(session: Any, *command: Any, block_s: float | None = 0.0) -> Any:
+        calls.append(command)
+        return await call(session, *command, block_s=block_s)
+
+    monkeypatch.setattr(substrate, "_call", recording)
+    await substrate.set_presence(user, "s1", 30)
+    calls.clear()
+    with trio.fail_after(5):
+        for job in ("job-a", "job-b"):
+            sub = attrs.evolve(_submission(user, job), give_up_s=30.0, write_owner=False)
+            assert (await substrate.submit(user, sub)).verdict == "queued"
+    assert calls == [(b"TIME",)]
+    with pytest.raises(ValueError, match="give_up_s"):
+        await substrate.submit(user, attrs.evolve(_submission(user, "job-c"), give_up_s=0.0))
+
+
+def test_the_clock_keeps_the_largest_lower_bound_and_widens_it_with_age() -> None:
+    clock = RedisClock()
+    assert clock.at_least(5.0) is None
+    clock.learn(1000.0, received_at=10.0)  # quick round trip: Redis = local + 990
+    assert clock.at_least(10.0) == 1000.0
+    clock.learn(1003.0, received_at=15.0)  # a reply late by 2 s: a worse bound, not taken
+    assert clock.offset_s == 990.0
+    assert clock.at_least(20.0) == pytest.approx(1010.0 - CLOCK_DRIFT * 10)
+    clock.learn(1020.5, received_at=30.0)  # Redis' clock stepped forward: taken at once
+    assert clock.at_least(30.0) == 1020.5

@@ -198,6 +198,12 @@ async def cluster_harness(ports: list[int], *, entered: bool) -> AsyncIterator[S
     async def delete_stream(user_id: str) -> None:
         assert await raw("DEL", jobs_key(user_id)) == 1
 
+    async def keys_of(user_id: str) -> list[str]:
+        found: list[str] = []
+        for port in ports:  # the user's keys are on one node; look at every one
+            found += await raw("KEYS", f"bridge:*{{{user_id}}}*", port=port)
+        return found
+
     closed = _ports(1)[0]
     harness = SubstrateHarness(
         substrate,
@@ -208,6 +214,7 @@ async def cluster_harness(ports: list[int], *, entered: bool) -> AsyncIterator[S
         unavailable_mentions=f"127.0.0.1:{closed}",
         unavailable_secret="hunter2",
         raw=raw,
+        keys_of=keys_of,
     )
     if entered:
         async with substrate:

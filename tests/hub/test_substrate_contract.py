@@ -49,8 +49,16 @@ async def memory_harness() -> AsyncIterator[SubstrateHarness]:
         substrate.set_unavailable(True)
         return substrate
 
+    async def keys_of(user_id: str) -> list[str]:
+        return substrate.keys_of(user_id)
+
     yield SubstrateHarness(
-        substrate, delete_stream, wait_blocked, make_unavailable, spoil_key=substrate.spoil_key
+        substrate,
+        delete_stream,
+        wait_blocked,
+        make_unavailable,
+        spoil_key=substrate.spoil_key,
+        keys_of=keys_of,
     )
 
 
@@ -81,6 +89,15 @@ async def redis_harness(
     async def delete_stream(user_id: str) -> None:
         assert await raw("DEL", jobs_key(user_id)) == 1
 
+    async def keys_of(user_id: str) -> list[str]:
+        found: list[str] = []
+        cursor = "0"
+        while True:
+            cursor, some = await raw("SCAN", cursor, "MATCH", f"bridge:*{{{user_id}}}*")
+            found.extend(some)
+            if cursor == "0":
+                return found
+
     harness = SubstrateHarness(
         substrate,
         delete_stream,
@@ -93,6 +110,7 @@ async def redis_harness(
         on_user=users.append,
         on_job=lambda j: keys.append(owner_key(j)),
         on_mailbox=lambda m: keys.append(mailbox_key(m)),
+        keys_of=keys_of,
     )
     try:
         if entered:

@@ -31,10 +31,15 @@ from ._errors import (
 from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
-from ._outcome import Outcome, Presence, offline_outcome, timeout_outcome
+from ._outcome import Outcome, Presence, offline_outcome, plain_offline, timeout_outcome
 from ._progress import ProgressReport, parse_progress
-from ._retry import HOLDER_ALIVE_CACHE_S, HOLDER_DEAD_CACHE_S, LIVENESS_RECHECK_S
-from ._substrate import JobOwner, Submission, Substrate, holder_of
+from ._retry import (
+    ANSWER_GRACE_S,
+    HOLDER_ALIVE_CACHE_S,
+    HOLDER_DEAD_CACHE_S,
+    LIVENESS_RECHECK_S,
+)
+from ._substrate import JobOwner, Submission, Submitted, Substrate, holder_of
 from ._tracing import current_traceparent
 from ._validate import validate_job_id, validate_key, validate_tool_name, validate_user_id
 from ._waiting import ResultWaiters, Waiter
@@ -59,6 +64,21 @@ MAX_CACHED_HOLDERS = 10_000
 _ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 #: Default bound on one job's ``args`` (``Bridge.max_args_bytes``), bytes.
 MAX_ARGS_BYTES = 256 * 1024
+
+
+@attrs.define
+class _Step:
+    """What one dispatch's submit step has done so far.
+
+    Attributes:
+        claimed: the caller-chosen job id is claimed (its owner record is ours).
+        in_doubt: a submit was sent and has not answered: it may have enqueued the job.
+        submitted: the last submit's answer, once one answered.
+    """
+
+    claimed: bool = False
+    in_doubt: bool = False
+    submitted: Submitted | None = None
 
 
 @attrs.define(eq=False)
@@ -146,8 +166,10 @@ class Bridge(JobControl):
             args: keyword arguments for the tool (a JSON object; default ``{}``).
             idempotency_key: stable key for deduplication across redeliveries; default is
                 the fresh job id (a retry by the caller with the same key runs once).
-            timeout_s: how long to wait for the answer, seconds (default
-                ``timings.call_timeout_s`` = 90 s); it is the server-side BLPOP timeout.
+            timeout_s: how long the call may take, seconds (default
+                ``timings.call_timeout_s`` = 90 s): the enqueue step and the wait for the
+                answer; it answers by then, plus at most ``ANSWER_GRACE_S`` (0.25 s) for
+                its last looks, also while Redis stalls.
             deadline: absolute Unix time, by this process's ``wall_clock``, after which the
                 job must not start (default now + timeout_s). It is turned into a
                 duration here and the job's deadline is set on the substrate's clock, so
@@ -161,15 +183,21 @@ class Bridge(JobControl):
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
             cancelled, timeout or offline. It never returns "unavailable": that raises.
+            ``timeout`` with ``detail == {"stage": "unknown"}`` and the ``job_id`` when
+            the time ran out before the enqueue step answered (enqueued or not: it will
+            not start later, docs/outcomes.md).
 
         Raises:
             BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
             JobIdInUse: the caller-chosen ``job_id`` already names another job.
-            SubstrateUnavailable: Redis unreachable or refusing writes; the job may or
-                may not be enqueued if this happens after the presence check. Raised
-                while waiting for the answer of an enqueued job, its ``job_id`` names
-                that job. Also when the desktop's catalogue or session kept changing over
-                the submit's retries (nothing enqueued; retry).
+            SubstrateUnavailable: Redis unreachable or refusing writes. With ``job_id``
+                set the job may be enqueued (the enqueue step failed after it may have
+                written, or the wait for an enqueued job's answer failed): look it up;
+                without, nothing was enqueued. Also when the desktop's catalogue or
+                session kept changing over the submit's retries (nothing enqueued; retry).
+
+        A refused call (any of these but a ``job_id`` one) leaves its caller-chosen
+        ``job_id`` free again.
 
         Cancellation: stops waiting; the job stays queued and runs unless its deadline
         passes first.
@@ -219,68 +247,71 @@ class Bridge(JobControl):
         start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         owner = JobOwner(user_id, self.waiters.mailbox)
-        owner_claimed = job_id_given is not None
-        if owner_claimed and not await self.substrate.claim_job_id(
-            job_id, owner, ttl_s=state_ttl_s
-        ):
-            raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
+        # Every step is bounded by the caller's time: a Redis that stalls (it answers
+        # within the 5 s command timeout, but later than the caller wanted) does not make
+        # the call outlast its timeout_s (plus ANSWER_GRACE_S for the looks once it is up).
+        give_up = started + timeout_s
+        step = _Step()
         waiter = self.waiters.register(user_id, job_id)
         try:
-            submission = Submission(
-                job_id=job_id,
-                # the caller's trace context goes on to the tool
-                fields=job_fields(
-                    job_id,
-                    name,
-                    args,
-                    idempotency_key,
-                    current_traceparent(),
-                    reply_to=self.waiters.mailbox,
-                    args_json=args_json,
-                ),
-                start_within_s=start_within_s,
-                state=JobState(Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox),
-                state_ttl_s=state_ttl_s,
-                maxlen=self.timings.jobs_maxlen,
-                catalogue_sha1=await self._validated(user_id, name, args),
-                idempotency_key=indexed_key,
-                index_value=IndexRecord(job_id, name, digest).encode(),
-                index_ttl_s=state_ttl_s,
-                owner=owner,
-                # the holder process we know alive; the same write wakes it
-                alive_holder=self._known_alive(user_id),
-                wake_ttl_s=self.timings.presence_ttl_s,
-                # push delivery: the holder forwards without a read of its own
-                delivered_ttl_s=self.timings.result_ttl_s,
-            )
-            submitted = await self.substrate.submit(user_id, submission)
-            for _ in range(MAX_SUBMIT_RETRIES):
-                if submitted.verdict == "catalogue":
-                    # The desktop's catalogue changed since we cached it: validate again.
-                    known = self.catalogues.put(user_id, submitted.catalogue)
-                    problem = known.problem(name, args)
-                    if problem is not None:
-                        raise problem
-                    submission = attrs.evolve(submission, catalogue_sha1=known.sha1)
-                elif submitted.verdict == "holder":
-                    # Presence names a hub process we have not seen alive lately: check it
-                    # (issue 16.2: a dead process's presences do not count).
-                    holder = holder_of(submitted.presence or "")
-                    time_left_s = started + timeout_s - anyio.current_time()
-                    if holder is None or not await self._holder_alive(
-                        user_id, holder, within_s=time_left_s
-                    ):
-                        submitted = attrs.evolve(submitted, verdict="offline")
-                        break
-                    submission = attrs.evolve(submission, alive_holder=holder)
-                else:
-                    if submitted.holder_alive and submission.alive_holder is not None:
-                        # the step found the holder's liveness key: trust it anew
-                        self._alive[submission.alive_holder] = (
-                            anyio.current_time() + HOLDER_ALIVE_CACHE_S
+            # (the looks of the submit step, e.g. a holder's second look at the end of
+            # the caller's time, may take the grace too; no submit is sent after give_up)
+            with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
+                if job_id_given is not None:
+                    # (a claim cut short by the caller's time is not undone: it may have
+                    # failed, the id another call's; its TTL ends it)
+                    step.claimed = await self.substrate.claim_job_id(
+                        job_id, owner, ttl_s=state_ttl_s
+                    )
+                    if not step.claimed:
+                        raise JobIdInUse(
+                            f"job_id {job_id!r} already names another job", job_id=job_id
                         )
-                    break
-                submitted = await self.substrate.submit(user_id, submission)
+                submission = Submission(
+                    job_id=job_id,
+                    # the caller's trace context goes on to the tool
+                    fields=job_fields(
+                        job_id,
+                        name,
+                        args,
+                        idempotency_key,
+                        current_traceparent(),
+                        reply_to=self.waiters.mailbox,
+                        args_json=args_json,
+                    ),
+                    start_within_s=start_within_s,
+                    state=JobState(Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox),
+                    state_ttl_s=state_ttl_s,
+                    maxlen=self.timings.jobs_maxlen,
+                    catalogue_sha1=await self._validated(user_id, name, args),
+                    idempotency_key=indexed_key,
+                    index_value=IndexRecord(job_id, name, digest).encode(),
+                    index_ttl_s=state_ttl_s,
+                    owner=owner,
+                    # the holder process we know alive; the same write wakes it
+                    alive_holder=self._known_alive(user_id),
+                    wake_ttl_s=self.timings.presence_ttl_s,
+                    # push delivery: the holder forwards without a read of its own
+                    delivered_ttl_s=self.timings.result_ttl_s,
+                )
+                step.submitted = await self._submit(
+                    user_id, submission, name, args, step, started=started, give_up=give_up
+                )
+            submitted = step.submitted
+            if submitted is None or submitted.verdict == "late":
+                # The caller's time ran out before the submit step answered. With a
+                # submit sent and unanswered (step.in_doubt) the job may be enqueued; the
+                # step carried the caller's instant (give_up_s), so it was refused if it
+                # ran later, and a job it enqueued has its deadline at the caller's, not
+                # later: it will not start after this answer.
+                if not step.in_doubt:
+                    await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
+                return timeout_outcome(
+                    job_id,
+                    "unknown",
+                    timeout_s=timeout_s,
+                    elapsed_s=anyio.current_time() - started,
+                )
             attached, start_until = False, None
             if submitted.verdict == "indexed":
                 record = IndexRecord.decode(submitted.index_value or "")
@@ -292,6 +323,7 @@ class Bridge(JobControl):
                         job_id=record.job_id,
                     )
                 # A retry: attach to the job the key started, wherever it was enqueued.
+                await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)  # names no job
                 self.waiters.unregister(waiter)
                 job_id, attached = record.job_id, True
                 waiter = self.waiters.register(user_id, job_id)
@@ -299,10 +331,11 @@ class Bridge(JobControl):
                     # that job's own deadline: the time left on the substrate's clock
                     start_until = anyio.current_time() + record.deadline - submitted.server_time
             elif submitted.verdict != "queued":
-                if owner_claimed:
-                    await self.substrate.forget_job_id(job_id)
                 if submitted.verdict == "offline":
-                    return await offline_outcome(self.substrate, user_id, started)
+                    await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
+                    with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
+                        return await offline_outcome(self.substrate, user_id, started)
+                    return plain_offline(user_id, started)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
                 # The catalogue (or the holder) kept changing under us, the request is
@@ -317,30 +350,48 @@ class Bridge(JobControl):
                     f"the desktop's session or tool catalogue kept changing during the call "
                     f"(last: {submitted.verdict}); retry"
                 )
+            payload = None
             try:
-                if on_progress is None:
-                    payload = await self.waiters.wait(
-                        waiter, timeout_s=timeout_s, attached=attached
-                    )
-                else:
-                    payload = await self._wait_reporting(waiter, timeout_s, attached, on_progress)
+                with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
+                    left_s = give_up - anyio.current_time()
+                    if left_s <= 0:
+                        pass  # the submit took the caller's time: the stage says the rest
+                    elif on_progress is None:
+                        payload = await self.waiters.wait(
+                            waiter, timeout_s=left_s, attached=attached
+                        )
+                    else:
+                        payload = await self._wait_reporting(waiter, left_s, attached, on_progress)
             except SubstrateUnavailable as exc:
                 # enqueued: the caller gets its id (to look it up, cancel it, or retry with
                 # the same key), not the short answer of a call that enqueued nothing
                 exc.job_id = exc.job_id or job_id
                 raise
+        except BaseException as exc:
+            if step.in_doubt:
+                if isinstance(exc, SubstrateUnavailable):
+                    # raised by a submit that may have enqueued the job: not the short
+                    # answer of a call that enqueued nothing, but the job's id to look up
+                    exc.job_id = exc.job_id or job_id
+            elif step.submitted is None or step.submitted.verdict != "queued":
+                # refused, or failed before anything was enqueued: the id is free again
+                await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
+            raise
         finally:
             self.waiters.unregister(waiter)
         elapsed = anyio.current_time() - started
         if payload is None:
-            left_s = None if start_until is None else start_until - anyio.current_time()
+            may_start_s = None if start_until is None else start_until - anyio.current_time()
+            stage = "unknown"
+            with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
+                stage = await self._stage(user_id, job_id)
             return timeout_outcome(
                 job_id,
-                await self._stage(user_id, job_id),
+                stage,
                 timeout_s=timeout_s,
                 elapsed_s=elapsed,
                 attached=attached,
-                may_start_within_s=left_s,
+                may_start_within_s=may_start_s,
             )
         body = parse_result(payload)
         return Outcome(
@@ -351,6 +402,84 @@ class Bridge(JobControl):
             detail=body.get("detail") or {},
             elapsed_s=elapsed,
         )
+
+    async def _submit(
+        self,
+        user_id: str,
+        submission: Submission,
+        name: str,
+        args: dict[str, Any],
+        step: _Step,
+        *,
+        started: float,
+        give_up: float,
+    ) -> Submitted:
+        """The submit step with its retries (a catalogue that changed, a holder process
+        to check); ``step.in_doubt`` is True while a submit is out unanswered. Each
+        submit carries the caller's time left (``give_up_s``) and the job's start window
+        counted from the call's start (``started``; ``give_up`` is when the caller stops
+        waiting, both on ``anyio.current_time()``), so a step that runs late (Redis
+        stalled) is refused and a job's deadline is the caller's, not that much later."""
+        original_within_s = submission.start_within_s
+
+        async def once(sub: Submission) -> Submitted:
+            now = anyio.current_time()
+            left_s = give_up - now
+            if left_s <= 0:
+                return Submitted("late")
+            sub = attrs.evolve(
+                sub,
+                start_within_s=max(0.0, original_within_s - (now - started)),
+                give_up_s=left_s,
+            )
+            step.in_doubt = True
+            got = await self.substrate.submit(user_id, sub)
+            step.in_doubt = False
+            return got
+
+        submitted = await once(submission)
+        for _ in range(MAX_SUBMIT_RETRIES):
+            if submitted.verdict == "catalogue":
+                # The desktop's catalogue changed since we cached it: validate again.
+                known = self.catalogues.put(user_id, submitted.catalogue)
+                problem = known.problem(name, args)
+                if problem is not None:
+                    raise problem
+                submission = attrs.evolve(submission, catalogue_sha1=known.sha1)
+            elif submitted.verdict == "holder":
+                # Presence names a hub process we have not seen alive lately: check it
+                # (issue 16.2: a dead process's presences do not count).
+                holder = holder_of(submitted.presence or "")
+                if holder is None:
+                    return attrs.evolve(submitted, verdict="offline")
+                time_left_s = give_up - anyio.current_time()
+                alive = await self._holder_alive(user_id, holder, within_s=time_left_s)
+                if not alive:
+                    return attrs.evolve(submitted, verdict="offline")
+                submission = attrs.evolve(submission, alive_holder=holder)
+            else:
+                if submitted.holder_alive and submission.alive_holder is not None:
+                    # the step found the holder's liveness key: trust it anew
+                    self._alive[submission.alive_holder] = (
+                        anyio.current_time() + HOLDER_ALIVE_CACHE_S
+                    )
+                return submitted
+            submitted = await once(submission)
+        return submitted
+
+    async def _unclaim(self, job_id: str, step: _Step, *, until: float) -> None:
+        """Drop a caller-chosen job id's owner record (``claim_job_id``) that names no
+        enqueued job, so the id is free again at once (a refused call, an unknown tool,
+        a reused key, a call answered offline), best effort, by ``until`` (the caller's
+        clock) at most; its TTL ends it otherwise."""
+        if not step.claimed:
+            return
+        step.claimed = False
+        with anyio.CancelScope(shield=True), anyio.move_on_after(until - anyio.current_time()):
+            try:
+                await self.substrate.forget_job_id(job_id)
+            except SubstrateUnavailable:
+                pass
 
     def _known_alive(self, user_id: str) -> str | None:
         """The hub process holding ``user_id``'s socket as of this Bridge's last call,
@@ -486,7 +615,7 @@ class Bridge(JobControl):
             JobLost: the entry was trimmed or deleted before it ran.
             JobCancelled: the job was cancelled.
             JobTimeout: no answer within ``timeout_s``; ``details['stage']`` says what is
-                known.
+                known (``unknown`` also when the enqueue step had not answered).
             SubstrateUnavailable: Redis unreachable.
             BadRequest: malformed input.
         """

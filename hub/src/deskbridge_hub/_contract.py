@@ -49,6 +49,9 @@ class SubstrateHarness:
             mailbox a check creates (cleanup).
         spoil_key: make a key hold a string (so a list write to it fails, as Redis'
             WRONGTYPE); None: ``raw("SET", key, ...)``.
+        keys_of: the names of every key the store holds in a user's hash tag (Redis:
+            ``SCAN MATCH bridge:*{<user>}*``), or None: the checks that a refused request
+            leaves nothing behind then skip that part.
     """
 
     substrate: Substrate
@@ -63,6 +66,7 @@ class SubstrateHarness:
     on_job: Callable[[str], None] = lambda job_id: None
     on_mailbox: Callable[[str], None] = lambda mailbox: None
     spoil_key: Callable[[str], None] | None = None
+    keys_of: Callable[[str], Awaitable[list[str]]] | None = None
 
     def user(self) -> str:
         user_id = f"test-{secrets.token_hex(6)}"

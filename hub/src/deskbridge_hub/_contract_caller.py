@@ -49,6 +49,47 @@ async def check_submit_offline_writes_nothing(h: SubstrateHarness) -> None:
     assert (await s.submit(user, _submission(user, job, key="k1"))).verdict == "queued"
 
 
+async def _keys(h: SubstrateHarness, user: str) -> list[str] | None:
+    return None if h.keys_of is None else sorted(await h.keys_of(user))
+
+
+@check
+async def check_refused_submits_leave_no_key_behind(h: SubstrateHarness) -> None:
+    """A submit answered anything but ``queued`` (or ``indexed``) writes nothing that
+    outlives it: not the user's stream or consumer group, not a state, index or
+    idempotency record, not the owner record (``write_owner``). A caller trying many
+    unknown user ids must not leave keys without a TTL behind."""
+    s, user, job = h.substrate, h.user(), h.job()
+    got = await s.submit(user, _submission(user, job, key="k1"))
+    assert got.verdict == "offline"
+    assert await _keys(h, user) in (None, []), "an offline submit left keys behind"
+    assert await s.job_owner(job) is None
+    # online, but every check refuses: each answer leaves the keys as they were
+    await s.set_presence(user, "p1.s1", 30)
+    text = '[{"name": "echo"}]'
+    await s.set_catalogue(user, text)
+    sha1 = hashlib.sha1(text.encode()).hexdigest()
+    before = await _keys(h, user)
+    # presence names a process the caller has not seen alive
+    held = await s.submit(user, _submission(user, job, key="k2", sha1=sha1))
+    assert held.verdict == "holder"
+    await s.clear_presence(user, "p1.s1")
+    await s.set_presence(user, "s2", 30)  # no process named: the catalogue decides
+    stale = await s.submit(user, _submission(user, job, key="k2", sha1="0" * 40))
+    assert stale.verdict == "catalogue"
+    assert await _keys(h, user) == before, "a refused submit left keys behind"
+    assert await s.job_owner(job) is None
+    assert (await s.queue_info(user)).length == 0
+    # a job id already in use: refused, and the job's own records are left as they were
+    assert (await s.submit(user, _submission(user, job, sha1=sha1))).verdict == "queued"
+    before = await _keys(h, user)
+    again = attrs.evolve(_submission(user, job, key="k3", sha1=sha1), owner=JobOwner(user, "b2"))
+    assert (await s.submit(user, again)).verdict == "job_id_in_use"
+    assert await _keys(h, user) == before
+    assert await s.job_owner(job) == JobOwner(user, "box")
+    assert (await s.queue_info(user)).length == 1
+
+
 @check
 async def check_submit_enqueues_with_state_index_owner_and_server_deadline(
     h: SubstrateHarness,
@@ -70,6 +111,30 @@ async def check_submit_enqueues_with_state_index_owner_and_server_deadline(
     # the same job id again (a racing caller): refused, nothing enqueued
     assert (await s.submit(user, _submission(user, job))).verdict == "job_id_in_use"
     assert await s.read_new(user, "c1", count=10, block_ms=1) == []
+
+
+@check
+async def check_submit_with_the_callers_time_counts_the_window_from_the_call(
+    h: SubstrateHarness,
+) -> None:
+    """``give_up_s``: a step that runs at once enqueues as without it, the job's window
+    counted from the call (a lower bound of the substrate's clock then: at most the
+    step's own ``TIME``, a round trip earlier at worst); a non-positive one is refused."""
+    s, user, job = h.substrate, h.user(), h.job()
+    await s.set_presence(user, "s1", 30)
+    got = await s.submit(user, attrs.evolve(_submission(user, job), give_up_s=5.0))
+    assert got.verdict == "queued"
+    (entry,) = await s.read_new(user, "c1", count=10, block_ms=1)
+    assert entry.fields is not None
+    window = float(entry.fields["deadline"]) - float(entry.fields["enqueued_at"])
+    assert 30.0 - 1.0 < window <= 30.0 + 0.002
+    try:
+        await s.submit(user, attrs.evolve(_submission(user, h.job()), give_up_s=0.0))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("give_up_s = 0 was accepted")
+    assert (await s.queue_info(user)).length == 1
 
 
 @check

@@ -27,7 +27,7 @@ record, takeover, asleep) and ``_directory``; this
 module composes them and owns the shared state and its bookkeeping. Test helpers (not
 part of the contract): :meth:`MemorySubstrate.delete_stream`,
 :meth:`MemorySubstrate.set_unavailable`, :meth:`MemorySubstrate.pending_count`,
-:meth:`MemorySubstrate.spoil_key`.
+:meth:`MemorySubstrate.spoil_key`, :meth:`MemorySubstrate.keys_of`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import attrs
 
 from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
+from ._keys import daemons_key, index_key, jobs_key
 from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters, _WakeList
 from ._memory_desktop import MemoryDesktopCommands
 from ._memory_finish import MemoryFinishCommands
@@ -139,6 +140,25 @@ class MemorySubstrate(
         """Number of entries in the group's pending entries list (every consumer)."""
         stream = self._streams.get(user_id)
         return 0 if stream is None else len(stream.pel)
+
+    def keys_of(self, user_id: str) -> list[str]:
+        """The Redis names of the live keys this substrate holds in ``user_id``'s hash
+        tag (as ``SCAN MATCH bridge:*{<user_id>}*`` lists them on Redis), sorted: the
+        stream (with its group) once made, the entry index while it has entries, every
+        string key (presence, state, idempotency record, ...) and result list not
+        expired, the daemon record."""
+        now = anyio.current_time()
+        tag = f"{{{user_id}}}"
+        found = [k for k, (_, until) in self._kv.items() if tag in k and now < until]
+        found += [k for k, lst in self._results.items() if tag in k and now < lst.expires_at]
+        if user_id in self._streams:
+            found.append(jobs_key(user_id))
+        if self._index.get(user_id):
+            found.append(index_key(user_id))
+        held = self._daemon_records.get(user_id)
+        if held is not None and now < held[1]:
+            found.append(daemons_key(user_id))
+        return sorted(found)
 
     # -- internals ---------------------------------------------------------------------
 

@@ -102,6 +102,9 @@ class MemoryCallerCommands:
         sub = submission
         if not sub.start_within_s >= 0 or sub.maxlen < 1:
             raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
+        if sub.give_up_s is not None and not sub.give_up_s > 0:
+            raise ValueError(f"submit needs give_up_s > 0, got {sub.give_up_s!r}")
+        # atomic at the call's own instant: never ``late``, and the deadline counts from now
         ikey = idem_key(user_id, sub.idempotency_key or sub.job_id)
         if sub.idempotency_key is not None:
             record = self._get(ikey, now)

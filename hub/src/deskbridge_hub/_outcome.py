@@ -26,6 +26,7 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._substrate import DesktopSubstrate
+    from ._substrate_values import Asleep
 
 log = logging.getLogger("deskbridge.hub.bridge")
 
@@ -105,6 +106,12 @@ async def offline_outcome(substrate: DesktopSubstrate, user_id: str, started: fl
         asleep = await substrate.get_asleep(user_id)
     except SubstrateUnavailable:
         asleep = None
+    return plain_offline(user_id, started, asleep)
+
+
+def plain_offline(user_id: str, started: float, asleep: Asleep | None = None) -> Outcome:
+    """The ``offline`` answer of :func:`offline_outcome` with the asleep record given
+    (None: the plain answer, also when the record could not be read in time)."""
     message, detail = f"desktop of {user_id} is offline", {}
     if asleep is not None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(asleep.since))

@@ -29,7 +29,7 @@ from coredis.exceptions import (
 
 from ._directory import RedisDirectory
 from ._errors import SubstrateUnavailable
-from ._redis_caller import CallerCommands
+from ._redis_caller import CallerCommands, RedisClock
 from ._redis_cluster import is_cluster_url
 from ._redis_conn import RedisConnections
 from ._redis_desktop import DesktopCommands
@@ -99,6 +99,7 @@ class RedisSubstrate(
         self._command_timeout_s = command_timeout_s
         self._cluster = is_cluster_url(url)
         self.address = self._connections.address
+        self._redis_clock = RedisClock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisSubstrate:

@@ -13,9 +13,10 @@ user's hash slot (Redis Cluster).
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
-from coredis.exceptions import StreamDuplicateConsumerGroupError
+import attrs
 
 from ._redis_base import RedisCommandBase, Script, _ms
 from ._redis_jobs import _MARK
@@ -42,29 +43,81 @@ from ._substrate import (
 if TYPE_CHECKING:
     pass
 
+#: How far this process's monotonic clock and Redis' may drift apart, seconds per second
+#: (100 ppm: ten times what an NTP-disciplined clock drifts): an older reading's bound
+#: widens by it.
+CLOCK_DRIFT = 1e-4
+
+
+@attrs.define
+class RedisClock:
+    """What one process knows of Redis' clock (``TIME``), for a caller's instants.
+
+    A reading ``T`` received at local ``time.monotonic()`` ``r`` was taken at or before
+    ``r``, so Redis' time at local ``m`` is at least ``T + m - r`` (while both clocks run
+    at one rate; ``CLOCK_DRIFT`` widens it with the reading's age). The largest such bound
+    is kept: a reading on a quick round trip is exact to its round trip, one after a
+    stall (a late reply) is worse and replaces it only once the older one has aged as
+    much. A Redis clock stepped back keeps the old bound until it ages out: instants then
+    come out late (less protection, as with no reading), never early.
+
+    Attributes:
+        offset_s: the bound on (Redis time - local monotonic time), seconds, or None (no
+            reading yet).
+        taken_at: local monotonic time of that reading, seconds.
+    """
+
+    offset_s: float | None = None
+    taken_at: float = 0.0
+
+    def learn(self, server_time: float, received_at: float) -> None:
+        """A ``TIME`` reading (Unix s) received at local monotonic ``received_at``."""
+        low = server_time - received_at
+        if self.offset_s is None or low >= self._offset(received_at):
+            self.offset_s, self.taken_at = low, received_at
+
+    def _offset(self, at: float) -> float:
+        assert self.offset_s is not None
+        return self.offset_s - CLOCK_DRIFT * abs(at - self.taken_at)
+
+    def at_least(self, at: float) -> float | None:
+        """Redis' time at local monotonic ``at``, Unix s: a bound it is at least, or None
+        without a reading."""
+        return None if self.offset_s is None else at + self._offset(at)
+
 
 #: The caller's one step. KEYS: presence, tools, jobs, index, state, idem, and on a single
 #: Redis the holder's wake list (under Cluster it is in another slot: the wake follows in
-#: the same write instead), its liveness key, the job's cancel flag and claim epoch.
-#: ARGV: catalogue SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state
-#: TTL ms, index flag ('' none), index record, index TTL ms, the hub process known alive
-#: ('' none), wake TTL ms, user id, delivered-state TTL ms ('': no push delivery), group,
-#: then the entry's fields. The index record is stored with the job's deadline appended;
-#: an indexed key is answered with the record and TIME. Order matters: the idempotency
-#: index first (a key whose job may still run is never answered "offline"), then presence
-#: and the process it names, the catalogue version, the job id claim, and only then any
-#: write. On a single Redis the script also reads the holder's liveness key: absent, it
-#: answers ``holder`` (the caller checks that process and answers offline: a dead
-#: process's presence is not written to); present, the reply says so and the caller's
-#: liveness cache is refreshed without a round trip of its own. Push delivery (issue
-#: 10): when the holder's liveness key names its consumer and its sessions' in-flight
-#: limit, the new entry is the group's only undelivered one (XINFO GROUPS lag 1: no
-#: backlog the holder left unread for want of room) and the group has fewer entries
-#: pending than that limit (else the session is full: the entry waits unread, as without
-#: push), the entry is read into that consumer's pending entries list and marked
-#: delivered here (``_MARK``, as ``read_new_delivered`` does), and the wake list gets the
-#: read entry as JSON ``[user, id, fields, marked]`` instead of the user id: the holder
-#: forwards it without a read of its own.
+#: the same write instead), its liveness key, the job's cancel flag and claim epoch. ARGV:
+#: catalogue SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms,
+#: index flag ('' none), index record, index TTL ms, the hub process known alive ('' none),
+#: wake TTL ms, user id, delivered-state TTL ms ('': no push delivery), group, whether to
+#: make sure the group exists ('1': the caller's session has not seen it; '': only when the
+#: stream is missing), the caller's call instant and give-up instant (Redis ms, lower
+#: bounds from ``RedisClock``; '': unknown), then the entry's fields. Every reply starts
+#: with ``TIME`` (s, 6 decimals), which feeds ``RedisClock``. A step that runs at or after
+#: the give-up instant answers ``late`` before anything else (the caller has answered
+#: already; a Redis stall held the command); the job's deadline counts ``start_within``
+#: from the call instant when that is earlier than ``TIME``. The index record is stored
+#: with the job's deadline appended; an indexed key is answered with the record (TIME
+#: first, as every reply). Order matters: the idempotency index first (a key whose job may
+#: still run is never answered "offline"), then presence and the process it names, the
+#: catalogue version, the job id claim, and only then any other write: the stream's
+#: consumer group is made here (``XGROUP CREATE ... MKSTREAM``, BUSYGROUP ignored) just
+#: before the XADD, so a refused submit (offline, a dead holder, a stale catalogue, a job
+#: id in use) writes nothing at all (it was made before the script, in the same write:
+#: every unknown user id called left an empty stream without a TTL). On a single Redis the
+#: script also reads the holder's liveness key: absent, it answers ``holder`` (the caller
+#: checks that process and answers offline: a dead process's presence is not written to);
+#: present, the reply says so and the caller's liveness cache is refreshed without a round
+#: trip of its own. Push delivery (issue 10): when the holder's liveness key names its
+#: consumer and its sessions' in-flight limit, the new entry is the group's only
+#: undelivered one (XINFO GROUPS lag 1: no backlog the holder left unread for want of room)
+#: and the group has fewer entries pending than that limit (else the session is full: the
+#: entry waits unread, as without push), the entry is read into that consumer's pending
+#: entries list and marked delivered here (``_MARK``, as ``read_new_delivered`` does), and
+#: the wake list gets the read entry as JSON ``[user, id, fields, marked]`` instead of the
+#: user id: the holder forwards it without a read of its own.
 SUBMIT = Script(
     _MARK
     + """
@@ -76,34 +129,42 @@ local function room(key, group, most)
   end
   return false
 end
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[17] ~= '' and now_ms >= tonumber(ARGV[17]) then return {now, 'late'} end
 if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
-  if record then
-    return {'indexed', record, string.format('%.3f', tonumber(t[1]) + tonumber(t[2]) / 1000000)}
-  end
+  if record then return {now, 'indexed', record} end
 end
 local presence = redis.call('GET', KEYS[1])
-if not presence then return {'offline'} end
+if not presence then return {now, 'offline'} end
 local holder = string.match(presence, '^(.+)%.[^.]*$')
-if holder and holder ~= ARGV[10] then return {'holder', presence} end
+if holder and holder ~= ARGV[10] then return {now, 'holder', presence} end
 local consumer = nil
 if KEYS[8] then
   consumer = redis.call('GET', KEYS[8])
-  if not consumer then return {'holder', presence} end
+  if not consumer then return {now, 'holder', presence} end
 end
 if ARGV[1] ~= '-' then
   local catalogue = redis.call('GET', KEYS[2])
   local sha = ''
   if catalogue then sha = redis.sha1hex(catalogue) end
-  if sha ~= ARGV[1] then return {'catalogue', catalogue} end
+  if sha ~= ARGV[1] then return {now, 'catalogue', catalogue} end
+end
+if ARGV[15] == '1' or redis.call('EXISTS', KEYS[3]) == 0 then
+  -- the group only now, on the path that enqueues: a refused submit leaves no stream
+  local made = redis.pcall('XGROUP', 'CREATE', KEYS[3], ARGV[14], '0', 'MKSTREAM')
+  if type(made) == 'table' and made.err and not string.find(made.err, 'BUSYGROUP', 1, true) then
+    return made
+  end
 end
 if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
-  return {'job_id_in_use'}
+  return {now, 'job_id_in_use'}
 end
 local fields = {}
-for i = 15, #ARGV do fields[#fields + 1] = ARGV[i] end
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local deadline = string.format('%.3f', (now_ms + tonumber(ARGV[4])) / 1000)
+for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
+local from_ms = now_ms
+if ARGV[16] ~= '' then from_ms = math.min(now_ms, tonumber(ARGV[16])) end
+local deadline = string.format('%.3f', (from_ms + tonumber(ARGV[4])) / 1000)
 fields[#fields + 1] = 'deadline'
 fields[#fields + 1] = deadline
 fields[#fields + 1] = 'enqueued_at'
@@ -135,7 +196,7 @@ if KEYS[7] then
 end
 local alive = 0
 if consumer then alive = 1 end
-return {'queued', id, presence, pushed, alive}
+return {now, 'queued', id, presence, pushed, alive}
 """
 )
 
@@ -143,24 +204,38 @@ return {'queued', id, presence, pushed, alive}
 class CallerCommands(RedisCommandBase):
     """The caller-path commands of ``RedisSubstrate`` (see the module docstring)."""
 
+    #: this process's knowledge of Redis' clock (set by ``RedisSubstrate``)
+    _redis_clock: RedisClock
+
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step: EVAL ``SUBMIT`` (which also pushes the wake-up of
-        ``alive_holder`` on a single Redis), (unless already claimed) SET the owner
-        record, and under Cluster the wake-up, in one write;
-        XGROUP CREATE ... MKSTREAM goes first in the same write the first time this
-        session enqueues for ``user_id``.
+        ``alive_holder`` on a single Redis, and makes the consumer group when it
+        enqueues), and under Cluster the wake-up, in one write; with ``write_owner``,
+        SET the owner record in a second write once queued (nothing uses it on the hot
+        path: the Bridge's job ids name their user or were claimed first).
 
         Returns:
             :class:`Submitted` (its ``verdict`` says what happened).
 
+        With ``give_up_s``, the call's instant on Redis' clock is taken from
+        :class:`RedisClock` (a ``TIME`` round trip first when this substrate has never
+        read Redis' clock: before the script is sent, so a stall there leaves nothing
+        written), and every reply's ``TIME`` is learnt.
+
         Raises:
-            ValueError: ``start_within_s`` < 0 or ``maxlen`` < 1.
+            ValueError: ``start_within_s`` < 0, ``maxlen`` < 1 or ``give_up_s`` <= 0.
             SubstrateUnavailable: Redis unreachable or refusing writes; the job may or may
                 not have been enqueued.
+
+        Cancellation: as an unavailable Redis: the job may or may not be enqueued (with
+        ``give_up_s``, a script that runs after the caller's instant refuses, ``late``).
         """
+        called = time.monotonic()
         sub = submission
         if not sub.start_within_s >= 0 or sub.maxlen < 1:
             raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
+        if sub.give_up_s is not None and not sub.give_up_s > 0:
+            raise ValueError(f"submit needs give_up_s > 0, got {sub.give_up_s!r}")
         keys: tuple[str, ...] = (
             presence_key(user_id),
             tools_key(user_id),
@@ -195,12 +270,12 @@ class CallerCommands(RedisCommandBase):
             user_id,
             "" if sub.delivered_ttl_s is None else _ms(sub.delivered_ttl_s),
             GROUP,
+            "",  # whether to make sure of the group: set below, per connection session
+            "",  # the call's instant (Redis ms, a lower bound): set below
+            "",  # the caller's give-up instant (likewise)
             *flat,
         )
         after: tuple[tuple[Any, ...], ...] = ()
-        if sub.write_owner:
-            owner = (b"SET", owner_key(sub.job_id), sub.owner.encode(), b"PX", _ms(sub.state_ttl_s))
-            after = (owner,)
         if sub.alive_holder is not None and in_script is None:
             wake = wake_key(sub.alive_holder)
             after += (
@@ -210,22 +285,30 @@ class CallerCommands(RedisCommandBase):
                 (b"EXEC",),
             )
         async with self._session("submit") as s:
-            create = (
-                ()
-                if user_id in s.groups
-                else ((b"XGROUP CREATE", jobs_key(user_id), GROUP, "0", b"MKSTREAM"),)
-            )
-            replies = await self._script(s, SUBMIT, keys, args, before=create, after=after)
-            if create:
-                if isinstance(replies[0], BaseException) and not isinstance(
-                    replies[0], StreamDuplicateConsumerGroupError
-                ):
-                    raise replies[0]
-                s.groups.add(user_id)
-            for reply in replies[len(create) :]:
+            if user_id not in s.groups:  # the script makes sure of the group if it enqueues
+                args = (*args[:14], "1", *args[15:])
+            if sub.give_up_s is not None:
+                if self._redis_clock.offset_s is None:
+                    reply = await self._call(s, b"TIME")
+                    self._redis_clock.learn(int(reply[0]) + int(reply[1]) / 1e6, time.monotonic())
+                at = self._redis_clock.at_least(called)
+                assert at is not None
+                at_ms = math.floor(at * 1000)
+                give_up_ms = at_ms + math.floor(sub.give_up_s * 1000)
+                args = (*args[:15], at_ms, give_up_ms, *args[17:])
+            replies = await self._script(s, SUBMIT, keys, args, after=after)
+            received = time.monotonic()
+            for reply in replies:
                 if isinstance(reply, BaseException):
                     raise reply
-        verdict, *rest = replies[len(create)]
+            server_now, verdict, *rest = replies[0]
+            self._redis_clock.learn(float(server_now), received)
+            if verdict == "queued":
+                s.groups.add(user_id)
+                if sub.write_owner:
+                    owner = owner_key(sub.job_id)
+                    encoded = sub.owner.encode()
+                    await self._call(s, b"SET", owner, encoded, b"PX", _ms(sub.state_ttl_s))
         if verdict == "offline":
             # an absent presence proves nothing while Redis cannot serve the hub
             self._absent_proves_nothing("presence")
@@ -240,7 +323,7 @@ class CallerCommands(RedisCommandBase):
         if verdict == "catalogue":
             return Submitted("catalogue", catalogue=rest[0] if rest else None)
         if verdict == "indexed":
-            return Submitted("indexed", index_value=rest[0], server_time=float(rest[1]))
+            return Submitted("indexed", index_value=rest[0], server_time=float(server_now))
         if verdict == "holder":
             return Submitted("holder", presence=rest[0])
         return Submitted(str(verdict))

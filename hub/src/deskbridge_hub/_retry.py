@@ -32,6 +32,14 @@ DURABLE_RETRY_MAX_S = 1.0
 #: both writes are single round trips that take a millisecond when Redis is healthy.
 CLEANUP_TIMEOUT_S = 2.0
 
+#: What a call may take beyond its ``timeout_s`` for the looks it takes once its time is
+#: up (the result list once more, the job's stage, the desktop's asleep record), seconds.
+#: Each is one round trip of a millisecond; a Redis that does not answer them within this
+#: (stalled: ``DEBUG SLEEP``, a fork, a full client output buffer) is not waited for: the
+#: caller is answered with what is known (stage ``unknown``). A caller's ``timeout_s`` is
+#: the time it is answered by, not the Redis command timeout (5 s) on top of it.
+ANSWER_GRACE_S = 0.25
+
 #: Back-off after a substrate error in a read loop, seconds (bounded; no tight loop
 #: while Redis is down, and back within 1 s once it returns: a job enqueued as Redis
 #: returns waits for the read loops' next step; was up to 2 s).

@@ -230,6 +230,14 @@ class Submission:
             presence's session id, PX ceil(delivered_ttl_s * 1000); claim epoch raised),
             as ``read_new_delivered`` would, and pushes the read entry itself
             (:class:`Pushed`) onto the wake list instead of the user id. None: never.
+        give_up_s: the caller stops waiting this many seconds after it calls ``submit``
+            (> 0), or None: no bound. The substrate turns the moment of the call into an
+            instant on its own clock that is not later than the real one (Redis: from a
+            ``TIME`` read earlier, ``RedisSubstrate``'s clock reading), so that a step
+            that runs only after the caller gave up (Redis stalled with the command in
+            its input) answers ``late`` and writes nothing, and ``start_within_s`` counts
+            from that instant, not from when the step ran (a job enqueued late in a
+            caller's wait never starts after the wait).
     """
 
     job_id: str
@@ -247,6 +255,7 @@ class Submission:
     alive_holder: str | None = None
     wake_ttl_s: float = 30.0
     delivered_ttl_s: float | None = None
+    give_up_s: float | None = None
 
 
 @attrs.frozen
@@ -260,7 +269,8 @@ class Submitted:
             ``job_id_in_use`` (nothing written); ``indexed`` (the idempotency key already
             names a job: ``index_value`` is its record; nothing written); ``holder`` (the
             presence names a hub process other than ``alive_holder``: ``presence`` holds
-            it; nothing written).
+            it; nothing written); ``late`` (the step ran after the caller's
+            ``give_up_s``; nothing written).
         catalogue: see ``catalogue``.
         index_value: see ``indexed``.
         entry_id: the stream entry ID when ``queued``.
