@@ -283,6 +283,56 @@ def test_ping_deadline(role):
     assert me.state is S.CLOSING
 
 
+@pytest.mark.parametrize("role", [HUB, SIDECAR])
+def test_a_pings_deadline_counts_from_its_write_and_waits_for_the_write_ahead(role):
+    """Timeout 7 s. A ping queued behind a large frame is judged from its own write, not
+    its queueing; while the frame ahead is being written the ping waits for it, up to
+    ``ping_timeout_s + size / min_write_bytes_s`` from that write's start (the peer then
+    counts as having stopped reading); a dropped ping keeps its deadline from ``send``."""
+    hub, sidecar = open_pair()
+    me, peer = (hub, sidecar) if role is HUB else (sidecar, hub)
+    me.min_write_bytes_s = 1_000.0
+    big = "x" * 20_000  # 20 s at the floor rate
+    me.writing(big, 100.0)  # a large frame goes out (any text: only its size counts)
+    ping = me.send(Ping("n1"), now_s=101.0)
+    assert me.queued_pings == {"n1"}
+    assert me.write_deadline_s == 100.0 + 7.0 + 20.0
+    assert me.deadline_s == 127.0
+    me.check_deadlines(126.9)  # 25.9 s after the queueing: not the peer's silence
+    assert me.wrote(big, 126.0)  # the frame ahead is written: the ping counts from here
+    assert me.deadline_s == 133.0
+    me.writing(ping, 126.0)
+    assert me.wrote(ping, 130.0)  # written: its own 7 s from now
+    assert me.queued_pings == frozenset() and me.deadline_s == 137.0
+    me.check_deadlines(136.9)
+    assert me.receive(peer.send(Pong(peer.receive(ping)[0].nonce))) == [Pong("n1")]
+    assert me.deadline_s is None
+    assert not me.wrote(big, 140.0)  # no ping queued: nothing moved
+
+    # a write that stalls with a ping behind it ends the connection at its bound
+    me.writing(big, 200.0)
+    me.send(Ping("n2"), now_s=200.5)
+    me.check_deadlines(226.9)
+    with pytest.raises(RemoteProtocolError) as info:
+        me.check_deadlines(227.0)
+    assert info.value.close_code == CLOSE_PING_TIMEOUT
+    assert "a frame of 20000 bytes not written within 27 s" in info.value.reason
+    assert me.state is S.CLOSING
+
+
+def test_a_dropped_ping_keeps_its_deadline_from_send():
+    hub, _ = open_pair()
+    hub.writing("x" * 50_000, 0.0)
+    text = hub.send(Ping("n1"), now_s=1.0)
+    hub.dropped(text)  # never queued: writes no longer hold or restart it
+    assert hub.queued_pings == frozenset()
+    assert hub.deadline_s == 8.0
+    hub.wrote("x" * 50_000, 5.0)
+    assert hub.deadline_s == 8.0
+    with pytest.raises(RemoteProtocolError):
+        hub.check_deadlines(8.0)
+
+
 def test_ping_needs_now_and_a_fresh_nonce():
     hub, _ = open_pair()
     with pytest.raises(LocalProtocolError):

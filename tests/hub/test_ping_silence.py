@@ -253,3 +253,63 @@ async def test_a_backlog_written_slowly_does_not_time_out_the_probe_behind_it(au
         assert len(side.hub_pings()) == 1  # the probe went out, and was answered
         assert not peer.closed.is_set()
         nursery.cancel_scope.cancel()
+
+
+async def test_one_job_that_alone_takes_longer_than_the_ping_timeout_to_write(autojump_clock):
+    """A 250 KB job at 20 KB/s takes 12.5 s to write. The probe queued behind it counted
+    from the end of the previous write, so the hub ended a healthy sidecar (4002) before
+    the job had even arrived. Now a ping waits for the write in progress ahead of it
+    and counts from its own write: the job completes once and the session stays. The
+    same link then stops moving mid-frame (the sidecar stopped reading): the session
+    still ends (4002), within ``ping_timeout_s + size / MIN_WRITE_BYTES_S`` of that
+    write's start (and the pacer's grid)."""
+    from deskbridge_common import MIN_WRITE_BYTES_S, Hello, Welcome
+    from deskbridge_hub._session import serve_sidecar
+    from deskbridge_hub.testing import socket_pair
+
+    state = make_state()
+    t = state.timings
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    blob = 250_000
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
+        hub_side, peer = socket_pair()
+        nursery.start_soon(serve_sidecar, state, hub_side, "u1")
+        await peer.send(Hello(protocol_version=1, sidecar_version="t"))
+        assert isinstance(await peer.receive(), Welcome)
+        side = Peer(peer)
+        nursery.start_soon(side.run)
+        await trio.sleep(5)  # silent: the job is probed
+        hub_side.send_bytes_s = 20_000
+        with trio.fail_after(60):
+            outcome = await bridge.dispatch(
+                "u1", "echo", {"blob": "x" * blob}, idempotency_key="k1", timeout_s=120
+            )
+        assert outcome.status == "completed", outcome
+        await trio.sleep(1)  # the probe, written after the job, and its pong
+        assert len(side.hub_pings()) == 1
+        assert len([f for _, f in side.frames if isinstance(f, Job)]) == 1  # delivered once
+        assert not peer.closed.is_set()
+
+        # the sidecar stops reading 2 s into the next large job's write
+        await trio.sleep(5)  # silent again: this job is probed too
+        outcomes = []
+
+        async def call() -> None:
+            outcomes.append(
+                await bridge.dispatch(
+                    "u1", "echo", {"blob": "y" * blob}, idempotency_key="k2", timeout_s=600
+                )
+            )
+
+        nursery.start_soon(call)
+        await trio.sleep(2)
+        write_started = trio.current_time() - 2
+        hub_side.send_bytes_s = 0
+        with trio.fail_after(300):
+            await peer.closed.wait()
+        bound_s = t.ping_timeout_s + (blob + 1_000) / MIN_WRITE_BYTES_S + PACE_GRID_S
+        assert trio.current_time() - write_started <= bound_s
+        assert peer.close_code == CLOSE_PING_TIMEOUT
+        assert "not written within" in (peer.close_reason or "")
+        nursery.cancel_scope.cancel()

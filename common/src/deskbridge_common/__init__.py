@@ -46,7 +46,7 @@ from ._codes import (
     UNKNOWN_TOOL,
     close_reason,
 )
-from ._connection import Connection, ConnectionState, Ignored, Role
+from ._connection import MIN_WRITE_BYTES_S, Connection, ConnectionState, Ignored, Role
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._frames import (
     DESK_STAGES,
@@ -74,6 +74,7 @@ from ._timings import Timings
 __version__ = "0.1.0"
 
 __all__ = [
+    "MIN_WRITE_BYTES_S",
     "MAX_MESSAGE_CHARS",
     "MAX_VALUE_CHARS",
     "TextFormatter",

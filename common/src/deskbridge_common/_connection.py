@@ -11,7 +11,10 @@ text of every frame it sends (:meth:`Connection.send` -> text). The connection o
   receiving end checks the peer against the same table);
 * outstanding delivery ids (a ``job`` sent and not yet answered by ``job_result``):
   ``job_result``, ``progress`` and ``cancel`` must name one;
-* outstanding ping nonces and their deadlines, and the handshake's deadline;
+* outstanding ping nonces and their deadlines, and the handshake's deadline; a ping's
+  deadline counts from when the caller's writer *wrote* it (:meth:`Connection.writing`,
+  :meth:`Connection.wrote`), not from when it was queued: the time spent writing our own
+  frames ahead of it over a slow link is not the peer's silence;
 * the close code for every violation: a bad frame from the peer raises
   :class:`RemoteProtocolError` (close the socket with its ``close_code``), a frame this
   side must not send raises :class:`LocalProtocolError` (a bug here).
@@ -48,6 +51,13 @@ from ._frames import (
     Welcome,
 )
 
+#: The slowest link on which one frame's write still counts as the peer reading (bytes a
+#: second): a ping queued behind a write in progress waits for that write up to
+#: ``ping_timeout_s + len(frame) / MIN_WRITE_BYTES_S`` (a 1 MiB frame: 10 s + 128 s)
+#: before the peer counts as having stopped reading. Frames are ASCII (the codec escapes
+#: the rest), so a frame's length in characters is its size in bytes.
+MIN_WRITE_BYTES_S = 8 * 1024
+
 
 class Role(enum.Enum):
     """Which end of the socket a :class:`Connection` is."""
@@ -72,6 +82,9 @@ class ConnectionState(enum.Enum):
 
 
 _S = ConnectionState
+#: Longer than any ping's text (a nonce is at most 200 characters): longer texts are not
+#: looked up among the queued pings.
+_PING_TEXT_MAX = 256
 _HUB, _SIDECAR = Role.HUB, Role.SIDECAR
 
 #: Frame types each role may send in each state. The receiving end holds the peer to the
@@ -80,9 +93,7 @@ _HUB, _SIDECAR = Role.HUB, Role.SIDECAR
 SENDABLE: dict[tuple[Role, ConnectionState], frozenset[str]] = {
     (_SIDECAR, _S.AWAIT_HELLO): frozenset({"hello"}),
     (_SIDECAR, _S.AWAIT_WELCOME): frozenset({"pong", "error"}),
-    (_SIDECAR, _S.OPEN): frozenset(
-        {"job_result", "progress", "sleeping", "ping", "pong", "error"}
-    ),
+    (_SIDECAR, _S.OPEN): frozenset({"job_result", "progress", "sleeping", "ping", "pong", "error"}),
     (_SIDECAR, _S.CLOSING): frozenset({"error"}),
     (_HUB, _S.AWAIT_HELLO): frozenset({"error"}),
     (_HUB, _S.AWAIT_WELCOME): frozenset({"welcome", "ping", "error"}),
@@ -135,6 +146,8 @@ class Connection:
             the sidecar for welcome), seconds; None for no deadline.
         ping_timeout_s: how long a ping may go unanswered, seconds, until a welcome says
             otherwise (the welcome's ``ping_timeout_s`` then applies to both ends).
+        min_write_bytes_s: the slowest write (bytes a second) that still counts as the
+            peer reading, for a ping queued behind it (:data:`MIN_WRITE_BYTES_S`).
 
     Attributes:
         role: which end this is.
@@ -150,6 +163,7 @@ class Connection:
     now_s: float = 0.0
     handshake_timeout_s: float | None = None
     ping_timeout_s: float | None = None
+    min_write_bytes_s: float = MIN_WRITE_BYTES_S
     state: ConnectionState = attrs.field(default=_S.AWAIT_HELLO, init=False)
     hello: Hello | None = attrs.field(default=None, init=False)
     welcome: Welcome | None = attrs.field(default=None, init=False)
@@ -158,6 +172,11 @@ class Connection:
     _handshake_deadline_s: float | None = attrs.field(default=None, init=False)
     _outstanding: set[str] = attrs.field(factory=set, init=False)
     _pings: dict[str, float | None] = attrs.field(factory=dict, init=False)
+    #: our pings sent and not yet written (their text -> nonce), in the order sent
+    _queued: dict[str, str] = attrs.field(factory=dict, init=False)
+    #: the write in progress: when it started (caller's clock) and its size in bytes
+    _write_start_s: float | None = attrs.field(default=None, init=False)
+    _write_bytes: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.handshake_timeout_s is not None:
@@ -176,10 +195,43 @@ class Connection:
         return dict(self._pings)
 
     @property
+    def queued_pings(self) -> frozenset[str]:
+        """Nonces of our pings sent (:meth:`send`) and not yet written (:meth:`wrote`)."""
+        return frozenset(self._queued.values())
+
+    @property
+    def write_deadline_s(self) -> float | None:
+        """While a write is in progress (:meth:`writing`) and a ping waits behind it: when
+        that write counts as stalled, ``ping_timeout_s + size / min_write_bytes_s`` after
+        it started (caller's clock, seconds); else None."""
+        start_s = self._write_start_s
+        if start_s is None or not self._queued or self.ping_timeout_s is None:
+            return None
+        return start_s + self.ping_timeout_s + self._write_bytes / self.min_write_bytes_s
+
+    def _ping_deadlines(self) -> list[tuple[float, bool]]:
+        """Each ping's deadline as judged now, with True where it is the write's bound (a
+        queued ping waits for the write in progress ahead of it: never before it ends,
+        unless the write itself stalls)."""
+        write_s = self.write_deadline_s
+        queued = self._queued.values() if write_s is not None else ()
+        deadlines = []
+        for nonce, deadline_s in self._pings.items():
+            if deadline_s is None:
+                continue
+            if write_s is not None and write_s > deadline_s and nonce in queued:
+                deadlines.append((write_s, True))
+            else:
+                deadlines.append((deadline_s, False))
+        return deadlines
+
+    @property
     def deadline_s(self) -> float | None:
         """The earliest time :meth:`check_deadlines` would raise at, or None if nothing is
-        waiting on a deadline (caller's clock, seconds)."""
-        deadlines = [d for d in self._pings.values() if d is not None]
+        waiting on a deadline (caller's clock, seconds). It moves: later while a write
+        that a ping waits behind is in progress, and from the end of each write
+        (:meth:`wrote`) for the pings still queued."""
+        deadlines = [d for d, _ in self._ping_deadlines()] if self._pings else []
         if (
             self.state in (_S.AWAIT_HELLO, _S.AWAIT_WELCOME)
             and self._handshake_deadline_s is not None
@@ -267,6 +319,8 @@ class Connection:
             if frame.nonce not in self._pings:
                 return Ignored(frame, "pong for no outstanding ping")
             del self._pings[frame.nonce]
+            if self._queued:  # answered before we saw it written: it is no longer queued
+                self._queued = {t: n for t, n in self._queued.items() if n != frame.nonce}
         self._advance(frame)
         return frame
 
@@ -281,7 +335,10 @@ class Connection:
                 timeout is known (it starts the ping's deadline), ignored otherwise.
 
         Returns:
-            The text to send (the caller must send it, in the order of the calls).
+            The text to send (the caller must send it, in the order of the calls). A
+            ping's text is *queued* until the caller reports it written (:meth:`wrote`)
+            or not queued after all (:meth:`dropped`); its deadline counts from its
+            write.
 
         Raises:
             LocalProtocolError: this end may not send ``frame`` now (its direction or
@@ -316,8 +373,62 @@ class Connection:
             self._outstanding.discard(frame.id)
         elif isinstance(frame, Ping):
             self._pings[frame.nonce] = deadline_s
+            if deadline_s is not None:
+                self._queued[text] = frame.nonce
         self._advance(frame)
         return text
+
+    # -- writing: a ping's deadline counts from its write --------------------------------
+
+    def writing(self, text: str, now_s: float) -> None:
+        """The caller's writer starts writing ``text`` (one frame; call before the write,
+        for every frame). Pings queued behind it are not judged until it ends
+        (:meth:`wrote`), unless the write itself stalls: past
+        ``ping_timeout_s + len(text) / min_write_bytes_s`` from ``now_s``
+        (:attr:`write_deadline_s`) the peer counts as having stopped reading (4002).
+
+        Args:
+            text: the frame's text, as :meth:`send` returned it.
+            now_s: the caller's clock now, seconds.
+        """
+        self._write_start_s = now_s
+        self._write_bytes = len(text)
+
+    def wrote(self, text: str, now_s: float) -> bool:
+        """The caller's writer has written ``text`` (call after every write, in order).
+        A ping's timeout counts from its write; the pings still queued behind restart
+        theirs (writing the frames ahead of them over a slow link, a backlog of jobs or
+        one large result, is not the peer's silence). A writer stuck on one frame (a
+        peer that stops reading) never gets here: :attr:`write_deadline_s` ends it.
+
+        Args:
+            text: the frame's text, as :meth:`send` returned it.
+            now_s: the caller's clock now, seconds.
+
+        Returns:
+            True if a ping's deadline moved (:attr:`deadline_s` may now be earlier than
+            it was during the write: a caller that plans its next check from it plans
+            again), False if no ping was queued.
+        """
+        self._write_start_s = None
+        if not self._queued:
+            return False
+        written = self._queued.pop(text, None) if len(text) <= _PING_TEXT_MAX else None
+        if written is not None:
+            self.restart_ping_deadline(written, now_s)
+        for nonce in self._queued.values():
+            self.restart_ping_deadline(nonce, now_s)
+        return True
+
+    def dropped(self, text: str) -> None:
+        """A ping's ``text`` was not queued after all (the caller's send queue was full:
+        the peer stopped reading): its deadline stays counted from its :meth:`send`, and
+        writes no longer restart it.
+
+        Args:
+            text: the ping's text, as :meth:`send` returned it.
+        """
+        self._queued.pop(text, None)
 
     # -- deadlines and closing -----------------------------------------------------------
 
@@ -343,8 +454,11 @@ class Connection:
         Raises:
             RemoteProtocolError: the handshake did not finish in ``handshake_timeout_s``
                 (the hub closes with 1008 "no hello ...", the sidecar with 4002 "no
-                welcome ..."), or a ping went unanswered for ``ping_timeout_s`` (4002
-                "no pong ..."). The connection is then ``CLOSING``.
+                welcome ..."), or a ping went unanswered for ``ping_timeout_s`` from
+                its write (4002 "no pong ..."), or a write that a ping waits behind did
+                not end within ``ping_timeout_s + size / min_write_bytes_s`` (4002 "a
+                frame of ... bytes not written ...": the peer stopped reading). The
+                connection is then ``CLOSING``.
         """
         if self.state in (_S.CLOSING, _S.CLOSED):
             return
@@ -359,11 +473,15 @@ class Connection:
                 exc = RemoteProtocolError("", f"no welcome within {waited:g} s", CLOSE_PING_TIMEOUT)
             self._fail(exc)
             raise exc
-        for deadline_s in self._pings.values():
-            if deadline_s is not None and now_s >= deadline_s:
-                exc = RemoteProtocolError(
-                    "", f"no pong within {self.ping_timeout_s:g} s", CLOSE_PING_TIMEOUT
+        for deadline_s, stalled in self._ping_deadlines() if self._pings else ():
+            if now_s >= deadline_s:
+                why = (
+                    f"a frame of {self._write_bytes} bytes not written within "
+                    f"{deadline_s - (self._write_start_s or 0.0):g} s (the peer stopped reading)"
+                    if stalled
+                    else f"no pong within {self.ping_timeout_s:g} s"
                 )
+                exc = RemoteProtocolError("", why, CLOSE_PING_TIMEOUT)
                 self._fail(exc)
                 raise exc
 
@@ -401,4 +519,13 @@ class Connection:
         self.state = TRANSITIONS.get((frame.type, self.state), self.state)
 
 
-__all__ = ["SENDABLE", "TRANSITIONS", "Connection", "ConnectionState", "Event", "Ignored", "Role"]
+__all__ = [
+    "MIN_WRITE_BYTES_S",
+    "SENDABLE",
+    "TRANSITIONS",
+    "Connection",
+    "ConnectionState",
+    "Event",
+    "Ignored",
+    "Role",
+]

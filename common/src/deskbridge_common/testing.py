@@ -17,6 +17,11 @@ import trio
 
 from ._codes import CLOSE_ABNORMAL, CLOSE_NORMAL
 
+#: A throttled send (``MemorySocket.send_bytes_s``) moves this many bytes at a time.
+SEND_CHUNK_BYTES = 16 * 1024
+#: How often a stalled send (``send_bytes_s`` 0) looks again, seconds.
+STALL_POLL_S = 0.25
+
 #: Builds the exception an end raises once it is closed, from ``(code, reason)``.
 ClosedError = Callable[[int, str], Exception]
 
@@ -49,12 +54,17 @@ class MemorySocket:
 
     Attributes:
         closed: ``(code, reason)`` once this end is closed (by either side), else None.
+        send_bytes_s: this end's uplink, bytes a second (None: instant). A message of
+            ``n`` characters takes ``n / send_bytes_s`` seconds to send, in chunks of
+            ``SEND_CHUNK_BYTES``; set it to 0 mid-send to model a peer that stopped
+            reading (the send then waits until it is raised again or the socket closes).
     """
 
     _outbound: _Direction
     _inbound: _Direction
     _closed_error: ClosedError = MemorySocketClosed
     closed: tuple[int, str] | None = None
+    send_bytes_s: float | None = None
 
     @property
     def peer_closed(self) -> trio.Event:
@@ -80,10 +90,32 @@ class MemorySocket:
         if self.closed is not None:
             await trio.lowlevel.checkpoint()
             raise self._closed_error(*self.closed)
+        if self.send_bytes_s is not None:
+            await self._throttle(len(message))
         try:
             await self._outbound.send.send(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise self._error() from None
+
+    async def _throttle(self, size: int) -> None:
+        """Spend the time ``size`` bytes take on this end's uplink (``send_bytes_s``).
+
+        Raises:
+            Exception: this end's closed error, if it closes meanwhile.
+        """
+        left = size
+        while left > 0:
+            rate = self.send_bytes_s
+            if rate is None:
+                return
+            if self.closed is not None or self._inbound.ended.is_set():
+                raise self._error()
+            if rate <= 0:  # the peer stopped reading: nothing moves
+                await trio.sleep(STALL_POLL_S)
+                continue
+            chunk = min(left, SEND_CHUNK_BYTES)
+            await trio.sleep(chunk / rate)
+            left -= chunk
 
     async def receive(self) -> str | bytes:
         """The next message.
@@ -155,4 +187,11 @@ def memory_socket_pair(
     )
 
 
-__all__ = ["ClosedError", "MemorySocket", "MemorySocketClosed", "memory_socket_pair"]
+__all__ = [
+    "SEND_CHUNK_BYTES",
+    "STALL_POLL_S",
+    "ClosedError",
+    "MemorySocket",
+    "MemorySocketClosed",
+    "memory_socket_pair",
+]

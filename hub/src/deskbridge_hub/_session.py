@@ -116,9 +116,6 @@ class HubSession(SessionTimers):
     _probing: bool = False
     _pings_sent: int = 0
     _peer_pings: bool = False  # the sidecar pings on its own (``_session_timers``)
-    #: Pings queued and not yet written (text -> nonce): their deadlines restart while
-    #: the frames ahead of them are written (``_writer``).
-    _unsent_pings: dict[str, str] = attrs.field(factory=dict)
     _timed_out: EndSession | None = None
     _time_is_up: trio.Event = attrs.field(factory=trio.Event)
     _done: bool = False
@@ -359,22 +356,19 @@ class HubSession(SessionTimers):
             await self._send.send(text)
 
     async def _writer(self) -> None:
+        """The only sender. The Connection hears of every write (``writing``/``wrote``):
+        a ping's timeout counts from when it was written, and the pings still queued
+        behind restart theirs (a backlog of jobs on a slow link, or one large job, is not
+        the peer's silence); a write that stalls past its size-aware bound (a peer that
+        stopped reading) still ends the session (4002, at the pacer's visit)."""
+        conn = self._conn
         async for text in self._recv:
+            conn.writing(text, trio.current_time())
             await self.socket.send(text)
-            if self._unsent_pings:
-                self._written(text)
-
-    def _written(self, text: str) -> None:
-        """A frame went out while pings wait: a ping's timeout counts from when it was
-        written, and the pings still queued behind restart theirs (the time spent
-        writing the frames ahead of them, a backlog of jobs on a slow link, is not the
-        peer's silence). A writer stuck on one frame (a peer that stops reading) writes
-        nothing more: the queued ping's deadline passes and the session ends (4002)."""
-        now_s = trio.current_time()
-        nonce = self._unsent_pings.pop(text, None) if len(text) <= 256 else None
-        for queued in (nonce, *self._unsent_pings.values()):
-            if queued is not None:
-                self._conn.restart_ping_deadline(queued, now_s)
+            if conn.wrote(text, trio.current_time()):
+                deadline_s = conn.deadline_s  # may be sooner than the visit planned
+                if deadline_s is not None and not self._done:
+                    self.state.pacer.add(self, deadline_s)
 
     async def _reader(self) -> None:
         while True:

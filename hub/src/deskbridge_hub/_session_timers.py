@@ -43,7 +43,6 @@ class SessionTimers:
     _probing: bool
     _pings_sent: int
     _peer_pings: bool
-    _unsent_pings: dict[str, str]
     _timed_out: EndSession | None
     _time_is_up: trio.Event
     _done: bool
@@ -62,9 +61,11 @@ class SessionTimers:
         ``ping_interval_s`` (the first one half of ``ping_timeout_s`` later, so that a
         sidecar's first ping, due an interval after its welcome, arrives first). Either
         way a ping goes out at once when :meth:`probe` asked, while none is outstanding.
-        The Connection starts a ping's deadline (``ping_timeout_s``) when it is queued: a
-        peer that stops reading fills the send queue (the ping is then dropped) and is
-        timed out all the same. Never blocks, never raises.
+        A ping's deadline (``ping_timeout_s``, the Connection's) counts from when the
+        writer wrote it, and restarts while frames queued ahead of it are written; a
+        write that stalls past its size-aware bound, or a peer that stops reading and
+        fills the send queue (the ping is then dropped: its deadline counts from now),
+        is timed out all the same. Never blocks, never raises.
 
         Why not "ping after ``ping_interval_s`` of silence" for every peer: a real
         sidecar pings every ``ping_interval_s`` *after its last pong*, so its pings
@@ -115,13 +116,14 @@ class SessionTimers:
                 self._probing = False
                 nonce = f"p{self._pings_sent:x}"  # only has to be unique on this socket
                 try:
-                    text = self._encode(Ping(nonce=nonce))
-                    self._send.send_nowait(text)
-                    self._unsent_pings[text] = nonce  # its timeout starts when written
+                    text = self._encode(Ping(nonce=nonce))  # its timeout counts from its write
                 except EndSession:
                     return None  # closing: nothing more to ping
+                try:
+                    self._send.send_nowait(text)
                 except trio.WouldBlock:
-                    pass  # the peer stopped reading: this ping's deadline ends the session
+                    # the peer stopped reading: this ping's deadline, from now, ends it
+                    self._conn.dropped(text)
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     return None
                 due_s = self._next_ping_s = now_s + t.ping_interval_s

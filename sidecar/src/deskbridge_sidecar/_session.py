@@ -19,7 +19,11 @@ The session nursery owns every task of the socket:
   the daemon's :class:`ToolRunner` (there is one browser).
 * status worker — answers ``status`` jobs from live state; never waits behind a tool.
 * pinger — application-level ``ping`` every ``ping_interval_s``; no ``pong`` within
-  ``ping_timeout_s`` raises ``TooSlowError`` -> the socket is dropped (close 4002).
+  ``ping_timeout_s`` of the ping's *write* drops the socket (close 4002). The writer
+  tells the connection of every write, so a ping queued behind our own frames (a 1 MiB
+  ``job_result`` on a slow uplink) counts from the end of that write, not from when it
+  was queued; a write that stalls past its size-aware bound (the hub stopped reading)
+  still drops it (``Connection.writing``/``wrote``).
 * watchdog — a wall/monotonic clock gap over ``wedge_gap_s`` drops the socket (1001).
 
 The first task to decide the session is over records why (:class:`SessionEnd`) and
@@ -163,6 +167,8 @@ class Session(SessionJobs):
     _status_queue: trio.MemorySendChannel[Job] | None = attrs.field(default=None, init=False)
     _deliveries: dict[str, Job] = attrs.field(factory=dict, init=False)
     _pong: tuple[str, trio.Event] | None = attrs.field(default=None, init=False)
+    #: set (and replaced) when the pinger should look again: a pong, a write
+    _ping_news: trio.Event = attrs.field(factory=trio.Event, init=False)
     _unsent: int = attrs.field(default=0, init=False)  # queued for the writer, not yet sent
     _slept_s: float | None = attrs.field(default=None, init=False)
     _last_words: str | None = attrs.field(default=None, init=False)  # sent before the close
@@ -317,6 +323,7 @@ class Session(SessionJobs):
         elif isinstance(event, Pong):
             if self._pong is not None and self._pong[0] == event.nonce:
                 self._pong[1].set()
+                self._wake_pinger()
         elif isinstance(event, Job):
             await self._on_job(event)
         elif isinstance(event, Cancel):
@@ -372,7 +379,9 @@ class Session(SessionJobs):
             await trio.sleep(0.01)
 
     async def _writer(self, outbox: trio.MemoryReceiveChannel[str]) -> None:
+        conn = self._conn
         async for text in outbox:
+            conn.writing(text, trio.current_time())  # a ping behind it waits for it
             try:
                 await self.transport.send(text)
             except TransportClosed as exc:
@@ -380,11 +389,20 @@ class Session(SessionJobs):
                 return
             finally:
                 self._unsent -= 1
+            if conn.wrote(text, trio.current_time()):
+                self._wake_pinger()  # a ping's deadline moved
+
+    def _wake_pinger(self) -> None:
+        self._ping_news.set()
+        self._ping_news = trio.Event()
 
     async def _pinger(self, interval_s: float) -> None:
-        """A ping every ``interval_s``; the connection holds its deadline (the welcome's
-        ``ping_timeout_s``, counted from when the ping is queued, so a stalled socket
-        counts against the hub too)."""
+        """A ping every ``interval_s`` after the last pong; the connection holds its
+        deadline (the welcome's ``ping_timeout_s``), counted from when the writer wrote
+        the ping: the frames queued ahead of it restart it as each is written, and a
+        write in progress holds it until that write ends or stalls past its size-aware
+        bound (``Connection.write_deadline_s``). A stalled socket still counts against
+        the hub: a full outbox or a write that never ends drops the socket (4002)."""
         assert self._outbox is not None
         tag = secrets.token_hex(4)
         count = 0
@@ -396,12 +414,18 @@ class Session(SessionJobs):
             self._pong = (nonce, answered)
             try:
                 text = self._conn.send(Ping(nonce=nonce), now_s=trio.current_time())
-                deadline_s = self._conn.deadline_s
-                with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
-                    self._unsent += 1
-                    await self._outbox.send(text)
-                    await answered.wait()
-                self._conn.check_deadlines(trio.current_time())
+                self._unsent += 1
+                queued = False
+                while not answered.is_set():
+                    deadline_s = self._conn.deadline_s
+                    news = self._ping_news
+                    with trio.move_on_at(math.inf if deadline_s is None else deadline_s):
+                        if not queued:
+                            await self._outbox.send(text)
+                            queued = True
+                            continue
+                        await news.wait()
+                    self._conn.check_deadlines(trio.current_time())
             except RemoteProtocolError as exc:
                 log.warning("%s; dropping the socket", exc.reason)
                 self._finish(PING_TIMEOUT, exc.close_code, exc.reason)

@@ -135,6 +135,9 @@ class FakeHubSession:
         results: job results by delivery id (a list, in case an id is answered twice).
         pongs: trio arrival time of each pong, by nonce.
         closed: how the socket closed, None while open.
+        sidecar_end: the sidecar's end of the socket; its ``send_bytes_s`` is the
+            sidecar's uplink (set it to model a slow link, 0 for a hub that stopped
+            reading).
     """
 
     hub: FakeHub
@@ -142,6 +145,7 @@ class FakeHubSession:
     attempt: ConnectAttempt
     session_id: str
     answer_pings: bool
+    sidecar_end: MemoryTransport | None = None
     hello: Hello | None = None
     welcome: Welcome | None = None
     received: list[Frame] = attrs.field(factory=list)
@@ -323,6 +327,8 @@ class FakeHub:
         answer_pings: default for each new session's ``answer_pings``.
         wall_clock: Unix time for default job deadlines.
         buffer: messages each direction of a socket buffers.
+        uplink_bytes_s: each new socket's sidecar uplink, bytes a second (None: instant;
+            ``FakeHubSession.sidecar_end`` changes it for one socket).
 
     Attributes:
         down: connect attempts fail with ``ConnectFailed`` while True.
@@ -341,6 +347,7 @@ class FakeHub:
     answer_pings: bool = True
     wall_clock: Callable[[], float] = time.time
     buffer: int = 16
+    uplink_bytes_s: float | None = None
     down: bool = False
     reject_status: int | None = None
     reject_code: str = ""
@@ -398,12 +405,14 @@ class FakeHub:
                 status, self.reject_code, self.reject_message, self.reject_retry_after_s
             )
         client, server = memory_transport_pair(self.buffer)
+        client.send_bytes_s = self.uplink_bytes_s
         session = FakeHubSession(
             hub=self,
             transport=server,
             attempt=attempt,
             session_id=f"fake-{len(self.sessions) + 1}",
             answer_pings=self.answer_pings,
+            sidecar_end=client,
         )
         self.sessions.append(session)
         self._nursery.start_soon(session._serve)
