@@ -49,6 +49,7 @@ from ._outage import succeeded as outage_over
 from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
+    CUT_OFF_MIN_S,
     HEARTBEAT_RETRY_S,
     PROCESS_LIVENESS_REFRESH_S,
     PROCESS_LIVENESS_RETRY_S,
@@ -136,12 +137,24 @@ class ProcessReader:
     #: Unexpected failures in a row of each process-wide loop (``_unexpected``).
     _unexpected_streaks: dict[str, int] = attrs.field(factory=dict)
     _check_presence: bool = False  # after an outage: is one presence intact?
+    #: When this process's liveness key was last refreshed (trio clock; the reader's
+    #: start until then): see ``_cut_off_loop``.
+    _live_at: float = 0.0
+    #: Sessions were ended because the process was cut off from Redis (logged once).
+    _cut_off: bool = False
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
 
     def __attrs_post_init__(self) -> None:
         self._schedule = BeatSchedule(self.timings.heartbeat_s)
+
+    @property
+    def cut_off_s(self) -> float:
+        """How long this process may go without refreshing its liveness key before it
+        ends its sessions (``_cut_off_loop``): the presence TTL, at least
+        ``CUT_OFF_MIN_S``."""
+        return max(self.timings.presence_ttl_s, CUT_OFF_MIN_S)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -198,6 +211,7 @@ class ProcessReader:
         Cancellation: stops reading; entries being served are not affected (their tasks
         belong to the sessions).
         """
+        self._live_at = trio.current_time()
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
                 await self.substrate.set_liveness(
@@ -212,6 +226,7 @@ class ProcessReader:
                 pass
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._liveness_loop)
+            nursery.start_soon(self._cut_off_loop)
             nursery.start_soon(self._wake_loop)
             nursery.start_soon(self._beat_loop)
             if self.timers is not None:
@@ -254,10 +269,48 @@ class ProcessReader:
                 await self._unexpected("liveness refresh", max_s=PROCESS_LIVENESS_REFRESH_S)
                 continue
             self._expected("liveness refresh")
+            self._live_at = trio.current_time()
+            if self._cut_off:
+                self._cut_off = False
+                log.warning("this process reaches Redis again; it takes sessions again")
             recovered, self._check_presence = self._check_presence, False
             if (not kept or recovered) and self._beating:
                 await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
+
+    async def _cut_off_loop(self) -> None:
+        """End every session (1013) once this process has gone ``cut_off_s`` without
+        refreshing its liveness key: it is cut off from Redis (a partition, a dead NAT
+        entry: no reset, so every command only times out). Its liveness key lapsed
+        ``PROCESS_LIVENESS_TTL_S`` after the last refresh, so the other replicas tell
+        callers ``offline`` for its desktops; its sessions can neither receive jobs nor
+        publish answers, and kept their sockets for as long as the partition lasted. A
+        sidecar told 1013 after a healthy session reconnects within its first backoff
+        window (0.5 s), to a replica whose readiness (``/healthz``) still passes; its
+        running jobs stay pending on this consumer and its next session, on any process,
+        takes them over at once (issue 12.4: the daemon's ledger answers them).
+        Checked every ``PROCESS_LIVENESS_REFRESH_S``, apart from the refresh itself,
+        which is stuck in a command timing out while the partition lasts."""
+        while True:
+            await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
+            silent_s = trio.current_time() - self._live_at
+            if silent_s < self.cut_off_s:
+                continue
+            cut = [x for x in self._listeners.values() if x.on_cut_off is not None]
+            if not cut:
+                continue
+            if not self._cut_off:
+                self._cut_off = True
+                log.warning(
+                    "this process has not reached Redis for %.1f s (its liveness key lapsed "
+                    "long ago; other replicas read its desktops offline): ending its %d "
+                    "sessions with 1013 so that they reconnect to a replica that can serve them",
+                    silent_s, len(cut),
+                )  # fmt: skip
+            for listener in cut:
+                self.detach(listener)  # read and beat nothing more for it here
+                assert listener.on_cut_off is not None
+                listener.on_cut_off()
 
     async def _lapsed(self, why: str) -> None:
         """The liveness key had lapsed, or an outage ended (``why``): if Redis lost its
