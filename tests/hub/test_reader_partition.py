@@ -1,0 +1,54 @@
+"""The process reader when this hub process is partitioned from Redis (its connections
+black-holed: commands time out, nothing resets), on the scripted substrate of
+``reader_kit`` and trio's MockClock. The same faults with real processes:
+``tests/chaos/test_redis_partition.py``."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from .reader_kit import TIMINGS, Desk, Hang, Script, make_reader
+
+
+def _cut_desk(user: str = "u1") -> Desk:
+    desk = Desk(user)
+    desk.listener.on_cut_off = lambda: desk.events.append(("cut_off",))
+    return desk
+
+
+async def test_a_process_that_cannot_refresh_its_liveness_ends_its_sessions_after_the_presence_ttl(
+    autojump_clock,
+):
+    script = Script()
+    # run's first write and the loop's at 0 s, the loop's at 1 s; then every refresh hangs
+    script.queue("set_liveness", True, True, True, Hang())
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(1.5)  # refreshed at 0 and 1 s; the one at 2 s hangs
+            assert reader.cut_off_s == TIMINGS.presence_ttl_s == 90.0
+            await trio.sleep(89.0)  # 89.5 s after the last refresh: within the bound
+            assert ("cut_off",) not in desk.events
+            await trio.sleep(1.0)  # the check at 90 s after it
+            assert desk.events.count(("cut_off",)) == 1
+            assert desk.listener.stopped.is_set()  # detached: nothing read for it here
+            await trio.sleep(10)
+            assert desk.events.count(("cut_off",)) == 1  # told once
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_process_whose_liveness_refreshes_work_keeps_its_sessions(autojump_clock):
+    script = Script()
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(3 * reader.cut_off_s)
+            nursery.cancel_scope.cancel()
+    assert ("cut_off",) not in desk.events
