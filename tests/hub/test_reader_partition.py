@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+from deskbridge_hub import SubstrateUnavailable
+from deskbridge_hub._substrate_values import Entry
 
 from .reader_kit import TIMINGS, Desk, Hang, Script, make_reader
 
@@ -52,3 +54,33 @@ async def test_a_process_whose_liveness_refreshes_work_keeps_its_sessions(autoju
             await trio.sleep(3 * reader.cut_off_s)
             nursery.cancel_scope.cancel()
     assert ("cut_off",) not in desk.events
+
+
+async def test_a_failed_wake_up_wait_drains_every_attached_user_once_per_streak(autojump_clock):
+    """Redis may have popped wake-ups into a wait whose reply never came (its connection
+    black-holed with the BLMPOP in place): a pushed entry popped so is pending on this
+    consumer, and only a drain finds it before the reclaim idle (180 s)."""
+    script = Script()
+    lost = Entry("1-0", {"job_id": "a"})
+    script.queue("read_pending", [lost])
+    script.queue(
+        "wait_wakes",
+        SubstrateUnavailable("BLMPOP timed out"),
+        SubstrateUnavailable("connect timed out"),
+    )
+    reader = make_reader(script)
+    desk, other = Desk("u1"), Desk("u2")
+    reader.running = True
+    reader.attach(desk.listener)
+    reader.attach(other.listener)
+    reader._due.clear()
+    reader._queue.clear()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._wake_loop)
+            nursery.start_soon(reader._worker)
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+    drained = [args[0] for args, _ in script.of("read_pending")]
+    assert sorted(drained) == ["u1", "u2"]  # each once: one drain per streak of failures
+    assert desk.dispatched() == ["1-0"]

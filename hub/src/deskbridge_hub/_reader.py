@@ -344,17 +344,25 @@ class ProcessReader:
         self._beat_now.set()
 
     async def _wake_loop(self) -> None:
+        failing = False  # in a streak of failed waits
         while True:
             try:
                 users = await self.substrate.wait_wakes(
                     self.holder_id, timeout_s=self.timings.heartbeat_s, count=WAKE_BATCH
                 )
             except SubstrateUnavailable as exc:
+                if not failing:
+                    failing = True
+                    self._wait_lost()
                 await self._failed("wake-up wait", exc)
                 continue
             except Exception:  # not an outage (a bug, an unmapped refusal): keep the process
+                if not failing:
+                    failing = True
+                    self._wait_lost()
                 await self._unexpected("wake-up wait")
                 continue
+            failing = False
             self._expected("wake-up wait")
             self._recovered()
             woken: list[str] = []
@@ -372,6 +380,19 @@ class ProcessReader:
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+
+    def _wait_lost(self) -> None:
+        """A wake-up wait failed (timed out, its connection lost): Redis may have popped
+        wake-ups for it whose reply never arrived (a connection black-holed while its
+        BLMPOP was in place: Redis answers the BLMPOP into the hole). A lost user id
+        would wait for the next heartbeat's backlog (30 s), a lost pushed entry, already
+        pending on this consumer and marked delivered, for ``RECLAIM_IDLE_S`` (180 s),
+        its caller told "delivered, may be running". So every attached user is drained
+        (its own pending entries, then new ones), once per streak of failures; a user
+        whose read fails stays due and is read again with the workers' back-off. The
+        drain marks each entry again (the deadline judged on the server's clock)."""
+        for user_id in list(self._listeners):
+            self.schedule(user_id, DRAIN, NEW)
 
     def _superseded(self, notice: Superseded) -> None:
         """A newer session of the user took presence from one of ours (on another
