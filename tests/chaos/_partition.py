@@ -10,10 +10,11 @@ No iptables here, so the fault lives in the test process: the hub's
   connection the hub has given up on meanwhile is closed by the hub, as usual). New
   connections are accepted (the kernel does that) but not connected upstream until the
   heal: the hub's connect handshake (HELLO) gets no answer.
-* ``blackhole(only_blocking=True)``: the same for connections that have carried a
-  ``BLMPOP`` on a wake list (the hub's blocking wake-up read) only; the others work.
-* ``delay(seconds)``: every chunk is forwarded ``seconds`` after it was read (a slow
-  path: Redis answers this hub only after that long).
+* ``blackhole(only_blocking=True)``: the same for the connections that have carried a
+  ``BLMPOP`` on a wake list (the hub's blocking wake-up read) by then, only (a dead NAT
+  entry of that one flow); the others, and connections opened later, work.
+* ``delay(seconds)``: every chunk from Redis is forwarded ``seconds`` after it was read
+  (a slow path: Redis answers this hub only after that long; requests go at once).
 * ``heal()``: forward again (held bytes first, in order).
 
 Threads, bounded waits; ``close()`` closes everything.
@@ -36,8 +37,7 @@ class RedisPartitionProxy:
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port = self._listener.getsockname()[1]
         self._cond = threading.Condition()
-        self._holes = False  # every connection black-holed
-        self._only_blocking = False
+        self._holes = False  # every connection black-holed (else: those marked held)
         self._delay_s = 0.0
         self._closed = False
         self._conns: list[dict[str, Any]] = []
@@ -49,11 +49,19 @@ class RedisPartitionProxy:
 
     # -- control -----------------------------------------------------------------------
 
-    def blackhole(self, *, only_blocking: bool = False) -> None:
+    def blackhole(self, *, only_blocking: bool = False) -> int:
+        """Black-hole every connection (and new ones), or only those that carried the
+        wake-up BLMPOP so far; returns how many connections that covers now."""
         with self._cond:
-            self._holes = True
-            self._only_blocking = only_blocking
+            if only_blocking:
+                held = [c for c in self._conns if c["blocking"] and not c["gone"]]
+                for conn in held:
+                    conn["held"] = True
+            else:
+                self._holes = True
+                held = [c for c in self._conns if not c["gone"]]
             self._cond.notify_all()
+            return len(held)
 
     def delay(self, seconds: float) -> None:
         with self._cond:
@@ -63,8 +71,9 @@ class RedisPartitionProxy:
     def heal(self) -> None:
         with self._cond:
             self._holes = False
-            self._only_blocking = False
             self._delay_s = 0.0
+            for conn in self._conns:
+                conn["held"] = False
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -82,6 +91,10 @@ class RedisPartitionProxy:
                     except OSError:
                         pass
 
+    def blocking(self) -> int:
+        """Open connections that have carried the wake-up BLMPOP."""
+        return sum(1 for c in self._conns if c["blocking"] and not c["gone"])
+
     def live(self) -> int:
         """Connections whose client end is still open."""
         return sum(1 for c in self._conns if not c["gone"])
@@ -89,9 +102,9 @@ class RedisPartitionProxy:
     # -- plumbing ------------------------------------------------------------------------
 
     def _held(self, conn: dict[str, Any]) -> bool:
-        if self._closed or not self._holes:
+        if self._closed:
             return False
-        return not self._only_blocking or conn["blocking"]
+        return self._holes or conn["held"]
 
     def _wait_open(self, conn: dict[str, Any]) -> bool:
         """Wait while ``conn`` is black-holed; False once the proxy is closed."""
@@ -108,7 +121,7 @@ class RedisPartitionProxy:
                 return
             self.accepted += 1
             conn: dict[str, Any] = {"client": client, "upstream": None, "blocking": False}
-            conn["gone"] = False
+            conn["gone"] = conn["held"] = False
             self._conns.append(conn)
             threading.Thread(target=self._start, args=(conn,), daemon=True).start()
 
@@ -142,7 +155,7 @@ class RedisPartitionProxy:
             read_at = time.monotonic()
             if not self._wait_open(conn):
                 return
-            if data and self._delay_s:
+            if data and self._delay_s and src_end == "upstream":
                 left = read_at + self._delay_s - time.monotonic()
                 if left > 0:
                     time.sleep(left)

@@ -15,7 +15,15 @@ from concurrent.futures import Future
 import httpx
 import pytest
 
-from tests.chaos._harness import TIMINGS, Answer, new_user, post_job, presence, wait_online
+from tests.chaos._harness import (
+    TIMINGS,
+    Answer,
+    headers,
+    new_user,
+    post_job,
+    presence,
+    wait_online,
+)
 from tests.chaos._partition import RedisPartitionProxy
 from tests.procs import REDIS_URL, HAProxy, Ledger, Sidecar, holder, issue, log_times, wait_until
 
@@ -134,4 +142,67 @@ def test_a_hub_partitioned_from_redis_hands_its_desktop_to_a_healthy_replica(tmp
             f"{by_status}; pod A serving again {ready_s:.2f} s after the heal"
         )
     finally:
+        proxy.close()
+
+
+def _black_hole_the_wake_up_read(tmp_path, procs):
+    """Two pods with the production heartbeat (30 s: the wake-up BLMPOP's block was the
+    heartbeat); then only pod A's wake-up connection is black-holed, its other
+    connections work."""
+    env = {**TIMINGS, "DESKBRIDGE_HEARTBEAT_S": "30", "DESKBRIDGE_PRESENCE_TTL_S": "90"}
+    proxy, a, b, user, ledger, sidecar, sid = _two_pods(tmp_path, procs, env)
+    wait_until(proxy.blocking, timeout_s=10, what="pod A's wake-up BLMPOP")
+    time.sleep(1.0)  # the BLMPOP in place, inside its block
+    assert proxy.blackhole(only_blocking=True) >= 1
+    return proxy, b, user, ledger, sid, time.time()
+
+
+def test_a_black_holed_wake_up_read_delays_pushed_jobs_by_seconds_not_a_heartbeat(tmp_path, procs):
+    """Before: the BLMPOP blocked for the heartbeat (30 s) and was given up 5 s after
+    that, so every job pushed to pod A waited up to 35 s (a 25 s call timed out)."""
+    proxy, b, user, ledger, sid, cut_at = _black_hole_the_wake_up_read(tmp_path, procs)
+    try:
+        answer = procs.callers.post(
+            b.http, user, "record", {"key": "j1"}, key="j1", timeout_s=25
+        ).result(timeout=40)
+        assert answer.status == "completed", answer.body
+        delay_s = answer.at - cut_at
+        # the black-holed wait is given up after its block (2 s) + the command timeout
+        # (5 s); the next wait, on a new connection, pops the job
+        assert delay_s < 10.0, delay_s
+        assert ledger.counts() == {"j1": 1}, ledger.events()
+        code, body = presence(b.http, user)  # no session moved: the rest works
+        assert body["online"] and body["session_id"] == sid
+        print(f"\nwake-up connection black-holed: a pushed job completed {delay_s:.2f} s later")
+    finally:
+        proxy.heal()
+        proxy.close()
+
+
+def test_a_job_pushed_into_a_black_holed_wake_up_read_never_starts_after_its_deadline(
+    tmp_path, procs
+):
+    """The job is pushed to pod A while its wake-up wait is black-holed (popped into the
+    hole, or waiting in the list): it is served after the wait is given up, by the drain
+    that follows, marked again on the server's clock, so it reaches the desktop with no
+    time left and is answered ``expired``, never run after its caller was told
+    ``timeout`` (counting its deadline from a later pop would hand it a fresh budget)."""
+    proxy, b, user, ledger, sid, cut_at = _black_hole_the_wake_up_read(tmp_path, procs)
+    try:
+        answer = procs.callers.post(
+            b.http, user, "record", {"key": "short"}, key="short", timeout_s=3
+        ).result(timeout=20)
+        assert answer.status == "timeout", answer.body
+        job_id = answer.body["job_id"]
+
+        def settled():
+            with httpx.Client(headers=headers(), timeout=5) as client:
+                body = client.get(f"{b.http}/v1/jobs/{job_id}").json()
+            return body if "expired" in str(body) else None
+
+        state = wait_until(settled, timeout_s=20, what="the job answered expired")
+        assert ledger.counts().get("short", 0) == 0, (ledger.events(), state)
+        print(f"\nwake-up connection black-holed: the 3 s job ended {state} without running")
+    finally:
+        proxy.heal()
         proxy.close()

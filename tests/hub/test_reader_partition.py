@@ -8,6 +8,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 from deskbridge_hub import SubstrateUnavailable
+from deskbridge_hub._reader import WAKE_BLOCK_S
 from deskbridge_hub._substrate_values import Entry
 
 from .reader_kit import TIMINGS, Desk, Hang, Script, make_reader
@@ -84,3 +85,35 @@ async def test_a_failed_wake_up_wait_drains_every_attached_user_once_per_streak(
     drained = [args[0] for args, _ in script.of("read_pending")]
     assert sorted(drained) == ["u1", "u2"]  # each once: one drain per streak of failures
     assert desk.dispatched() == ["1-0"]
+
+
+async def _popped(script: Script) -> list[Entry]:
+    """Run the wake-up loop and a worker; return the entries dispatched to u1."""
+    reader = make_reader(script)
+    desk = Desk("u1")
+    reader.running = True
+    reader.attach(desk.listener)
+    reader._due.clear()
+    reader._queue.clear()
+    got: list[Entry] = []
+    real = desk.listener.dispatch
+
+    async def dispatch(entry: Entry) -> None:
+        got.append(entry)
+        await real(entry)
+
+    desk.listener.dispatch = dispatch
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._wake_loop)
+            nursery.start_soon(reader._worker)
+            await trio.sleep(10)
+            nursery.cancel_scope.cancel()
+    return got
+
+
+async def test_the_wake_up_wait_blocks_for_a_few_seconds_not_a_heartbeat(autojump_clock):
+    script = Script()
+    await _popped(script)
+    blocks = {kw["timeout_s"] for _, kw in script.of("wait_wakes")}
+    assert blocks == {WAKE_BLOCK_S} and WAKE_BLOCK_S < TIMINGS.heartbeat_s

@@ -71,6 +71,14 @@ RECLAIM_MAX_BATCHES = 100
 WORKERS = 8
 #: Most wake-ups popped per BLMPOP.
 WAKE_BATCH = 1000
+#: Longest block of the wake-up BLMPOP, seconds (the heartbeat if shorter). A wait whose
+#: connection is black-holed (a partition of that one connection, a dead NAT entry: no
+#: reset) is given up only when its reply is late by the command timeout (5 s), and
+#: every job pushed to this process meanwhile waits for that (and for the drain that
+#: follows, ``_wait_lost``): with the heartbeat (30 s) as the block it was up to 35 s,
+#: now 7 s. The price: an idle process sends one BLMPOP every 2 s instead of every 30 s
+#: (its liveness refresh alone is one command a second).
+WAKE_BLOCK_S = 2.0
 #: Longest pause, seconds, between retries of a process-wide loop whose step keeps
 #: failing unexpectedly (``ProcessReader._unexpected``; 1 s doubling).
 UNEXPECTED_BACKOFF_MAX_S = 30.0
@@ -344,11 +352,12 @@ class ProcessReader:
         self._beat_now.set()
 
     async def _wake_loop(self) -> None:
+        block_s = min(self.timings.heartbeat_s, WAKE_BLOCK_S)
         failing = False  # in a streak of failed waits
         while True:
             try:
                 users = await self.substrate.wait_wakes(
-                    self.holder_id, timeout_s=self.timings.heartbeat_s, count=WAKE_BATCH
+                    self.holder_id, timeout_s=block_s, count=WAKE_BATCH
                 )
             except SubstrateUnavailable as exc:
                 if not failing:
