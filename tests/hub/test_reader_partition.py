@@ -5,11 +5,13 @@ black-holed: commands time out, nothing resets), on the scripted substrate of
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 import trio.testing
 from deskbridge_hub import SubstrateUnavailable
-from deskbridge_hub._reader import WAKE_BLOCK_S
-from deskbridge_hub._substrate_values import Entry
+from deskbridge_hub._reader import WAKE_BLOCK_S, WAKE_LATE_S
+from deskbridge_hub._substrate_values import Entry, Marked, Pushed
 
 from .reader_kit import TIMINGS, Desk, Hang, Script, make_reader
 
@@ -117,3 +119,43 @@ async def test_the_wake_up_wait_blocks_for_a_few_seconds_not_a_heartbeat(autojum
     await _popped(script)
     blocks = {kw["timeout_s"] for _, kw in script.of("wait_wakes")}
     assert blocks == {WAKE_BLOCK_S} and WAKE_BLOCK_S < TIMINGS.heartbeat_s
+
+
+MARKED = Marked("delivered", 5.0, 1)
+
+
+async def test_pushed_entries_popped_after_a_failed_wait_are_marked_again_when_served(
+    autojump_clock,
+):
+    """They may have sat in the wake list all the while no wait was in place: their
+    submit-time mark (and the deadline counted from the pop) no longer says how long
+    they waited."""
+    script = Script()
+    old = Entry("1-0", {"job_id": "a"}, MARKED, received_at=0.0)
+    fresh = Entry("2-0", {"job_id": "b"}, MARKED, received_at=0.0)
+    script.queue(
+        "wait_wakes", SubstrateUnavailable("timed out"), [Pushed("u1", old)], [Pushed("u1", fresh)]
+    )
+    got = await _popped(script)
+    assert [e.entry_id for e in got] == ["1-0", "2-0"]
+    assert got[0].marked is None and got[0].received_at is None  # served: marked again
+    assert got[1] == fresh  # a wait after a working one: as pushed
+
+
+async def test_pushed_entries_in_a_late_reply_are_marked_again_when_served(autojump_clock):
+    script = Script()
+    entry = Entry("1-0", {"job_id": "a"}, MARKED, received_at=0.0)
+    calls: list[float] = []
+
+    async def wait_wakes(holder_id: str, *, timeout_s: float, count: int) -> list[Any]:
+        calls.append(trio.current_time())
+        if len(calls) == 1:  # the reply arrives well after the block: late in transit
+            await trio.sleep(timeout_s + WAKE_LATE_S + 1.0)
+            return [Pushed("u1", entry)]
+        await trio.sleep_forever()
+        raise AssertionError
+
+    script.wait_wakes = wait_wakes  # type: ignore[method-assign]
+    got = await _popped(script)
+    assert len(got) == 1 and got[0].entry_id == "1-0"
+    assert got[0].marked is None and got[0].received_at is None

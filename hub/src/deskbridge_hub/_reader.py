@@ -79,6 +79,9 @@ WAKE_BATCH = 1000
 #: now 7 s. The price: an idle process sends one BLMPOP every 2 s instead of every 30 s
 #: (its liveness refresh alone is one command a second).
 WAKE_BLOCK_S = 2.0
+#: A wake-up wait that answered later than its block plus this (seconds) was late in
+#: transit (a slow path): what it popped may have waited for that long.
+WAKE_LATE_S = 0.5
 #: Longest pause, seconds, between retries of a process-wide loop whose step keeps
 #: failing unexpectedly (``ProcessReader._unexpected``; 1 s doubling).
 UNEXPECTED_BACKOFF_MAX_S = 30.0
@@ -355,6 +358,7 @@ class ProcessReader:
         block_s = min(self.timings.heartbeat_s, WAKE_BLOCK_S)
         failing = False  # in a streak of failed waits
         while True:
+            sent_at = trio.current_time()
             try:
                 users = await self.substrate.wait_wakes(
                     self.holder_id, timeout_s=block_s, count=WAKE_BATCH
@@ -371,6 +375,14 @@ class ProcessReader:
                     self._wait_lost()
                 await self._unexpected("wake-up wait")
                 continue
+            # Pushed entries carry the mark (and the server time) of their submit, and
+            # their deadline counts the time this process holds them from the pop. What
+            # the first wait after failed ones pops may have sat in the wake list all
+            # the while, and a reply late in transit (a slow path) arrives that much
+            # after the pop: a 1 s job whose caller had been told "timeout" reached the
+            # desktop with a fresh budget and ran. Those are marked again on the
+            # server's clock when served (no time left: the desktop answers expired).
+            stale = failing or trio.current_time() - sent_at > block_s + WAKE_LATE_S
             failing = False
             self._expected("wake-up wait")
             self._recovered()
@@ -380,6 +392,8 @@ class ProcessReader:
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
                     woken.append(item)
+                elif stale and item.entry.marked is not None:
+                    self._remark(item)
                 elif not await self._dispatch_now(item):
                     if item.user_id in self._listeners:
                         self._pushed.setdefault(item.user_id, []).append(item.entry)
@@ -389,6 +403,16 @@ class ProcessReader:
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+
+    def _remark(self, item: Pushed) -> None:
+        """A pushed entry that may have waited long before it arrived (``_wake_loop``):
+        drop its submit-time mark, so that serving it marks it delivered again
+        (``mark_delivered``: its deadline judged on the server's clock, a new claim
+        epoch), and queue it in order behind what waits (a worker serves it)."""
+        entry = attrs.evolve(item.entry, marked=None, received_at=None)
+        if item.user_id in self._listeners:
+            self._pushed.setdefault(item.user_id, []).append(entry)
+            self.schedule(item.user_id, PUSHED)
 
     def _wait_lost(self) -> None:
         """A wake-up wait failed (timed out, its connection lost): Redis may have popped
