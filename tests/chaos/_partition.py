@@ -140,7 +140,16 @@ class RedisPartitionProxy:
         threading.Thread(target=self._pump, args=(conn, "upstream", "client"), daemon=True).start()
 
     def _pump(self, conn: dict[str, Any], src_end: str, dst_end: str) -> None:
-        src, dst = conn[src_end], conn[dst_end]
+        """Read ``src`` as fast as it sends (so a delay is a constant latency, not one
+        that grows chunk by chunk); the chunks are forwarded by ``_forward``."""
+        import collections
+
+        src = conn[src_end]
+        queue: collections.deque[tuple[float, bytes]] = collections.deque()
+        ready = threading.Condition()
+        threading.Thread(
+            target=self._forward, args=(conn, src_end, dst_end, queue, ready), daemon=True
+        ).start()
         tail = b""
         while True:
             try:
@@ -152,7 +161,26 @@ class RedisPartitionProxy:
                 if _WAKE_BLMPOP in seen and _WAKE_KEY in seen:
                     conn["blocking"] = True
                 tail = data[-64:]
-            read_at = time.monotonic()
+            with ready:
+                queue.append((time.monotonic(), data))
+                ready.notify()
+            if not data:
+                return
+
+    def _forward(
+        self,
+        conn: dict[str, Any],
+        src_end: str,
+        dst_end: str,
+        queue: Any,
+        ready: threading.Condition,
+    ) -> None:
+        dst = conn[dst_end]
+        while True:
+            with ready:
+                while not queue:
+                    ready.wait(0.2)
+                read_at, data = queue.popleft()
             if not self._wait_open(conn):
                 return
             if data and self._delay_s and src_end == "upstream":

@@ -206,3 +206,37 @@ def test_a_job_pushed_into_a_black_holed_wake_up_read_never_starts_after_its_dea
     finally:
         proxy.heal()
         proxy.close()
+
+
+@pytest.mark.parametrize("late_s", [4.0, 10.0])
+def test_a_hub_that_redis_answers_late_hands_its_desktop_to_a_healthy_replica(
+    tmp_path, procs, late_s
+):
+    """Redis answers pod A ``late_s`` late (requests arrive at once). 10 s: past the
+    command timeout, like a partition except that writes land. 4 s: every command
+    works, late; the liveness refresh (every second after the last reply) lands every
+    5 s, so the 3 s key lapsed 2 s in every 5: callers read the desktop offline 40 % of
+    the time, for as long as the slow path lasted, and it never moved."""
+    proxy, a, b, user, ledger, sidecar, sid = _two_pods(tmp_path, procs, dict(TIMINGS))
+    try:
+        proxy.delay(late_s)
+        cut_at = time.time()
+
+        def moved():
+            _, body = presence(b.http, user)
+            return body.get("online") and body["session_id"] != sid
+
+        wait_until(moved, timeout_s=CUT_OFF_S + 2 * late_s + 10, what="the desktop on pod B")
+        moved_s = time.time() - cut_at
+        # the cut-off (10 s) from the first refresh that found the key lapsed (sent at
+        # most a reply's lateness + 1 s after the delay began) + the reconnect
+        assert moved_s < CUT_OFF_S + late_s + 5.0, moved_s
+        new_sid = wait_online(b.http, user)
+        assert holder([b], user, new_sid) is b
+        answer = post_job(b.http, user, "record", {"key": "k"}, key="k", timeout_s=10)
+        assert answer.status == "completed", answer.body
+        assert ledger.counts() == {"k": 1}, ledger.events()
+        print(f"\nreplies {late_s:g} s late: the desktop moved to pod B after {moved_s:.2f} s")
+    finally:
+        proxy.heal()
+        proxy.close()

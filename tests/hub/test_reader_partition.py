@@ -159,3 +159,38 @@ async def test_pushed_entries_in_a_late_reply_are_marked_again_when_served(autoj
     got = await _popped(script)
     assert len(got) == 1 and got[0].entry_id == "1-0"
     assert got[0].marked is None and got[0].received_at is None
+
+
+async def test_refreshes_that_keep_finding_the_liveness_key_lapsed_end_the_sessions(
+    autojump_clock,
+):
+    """A slow path: every refresh works, but lands after the key lapsed (callers read
+    the desktops offline between): counted as no refresh at all."""
+    script = Script()
+    script.queue("set_liveness", True, True, *[False] * 200)
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(89.5)  # lapsing since the refresh at 1 s
+            assert ("cut_off",) not in desk.events
+            await trio.sleep(2.0)
+            assert desk.events == [("cut_off",)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_one_refresh_that_finds_the_key_lapsed_changes_nothing(autojump_clock):
+    """Redis restarted empty, or the process stalled once: the next refresh keeps it."""
+    script = Script()
+    script.queue("set_liveness", True, True, *([False] + [True] * 20) * 20)
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(3 * reader.cut_off_s)
+            nursery.cancel_scope.cancel()
+    assert ("cut_off",) not in desk.events

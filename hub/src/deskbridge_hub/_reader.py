@@ -151,6 +151,9 @@ class ProcessReader:
     #: When this process's liveness key was last refreshed (trio clock; the reader's
     #: start until then): see ``_cut_off_loop``.
     _live_at: float = 0.0
+    #: When the refreshes began to find the key lapsed, each of them (None: the last
+    #: one found it alive): see ``_cut_off_loop``.
+    _lapsing_since: float | None = None
     #: Sessions were ended because the process was cut off from Redis (logged once).
     _cut_off: bool = False
     _schedule: BeatSchedule = attrs.field(init=False)
@@ -263,6 +266,7 @@ class ProcessReader:
         its data (restarted empty, failed over) or this process stalled past the TTL:
         presence may be gone too, so every session is beaten at once."""
         while True:
+            sent_at = trio.current_time()
             try:
                 kept = await self.substrate.set_liveness(
                     self.holder_id,
@@ -281,7 +285,16 @@ class ProcessReader:
                 continue
             self._expected("liveness refresh")
             self._live_at = trio.current_time()
-            if self._cut_off:
+            # Refreshes that keep finding the key lapsed count as none (``_cut_off_loop``):
+            # on a slow path (replies seconds late, every command still working) the
+            # refreshes, a second after each reply, landed further apart than the TTL,
+            # and the key lapsed between every two of them, so callers read the
+            # desktops offline most of the time, for as long as it lasted.
+            if kept:
+                self._lapsing_since = None
+            elif self._lapsing_since is None:
+                self._lapsing_since = sent_at  # it had lapsed before this one was sent
+            if self._cut_off and kept:
                 self._cut_off = False
                 log.warning("this process reaches Redis again; it takes sessions again")
             recovered, self._check_presence = self._check_presence, False
@@ -291,8 +304,10 @@ class ProcessReader:
 
     async def _cut_off_loop(self) -> None:
         """End every session (1013) once this process has gone ``cut_off_s`` without
-        refreshing its liveness key: it is cut off from Redis (a partition, a dead NAT
-        entry: no reset, so every command only times out). Its liveness key lapsed
+        refreshing its liveness key in time (a refresh that finds it lapsed does not
+        count): it is cut off from Redis (a partition, a dead NAT entry: no reset, so
+        every command only times out), or Redis answers it so late that the key lapses
+        between its refreshes. Its liveness key lapsed
         ``PROCESS_LIVENESS_TTL_S`` after the last refresh, so the other replicas tell
         callers ``offline`` for its desktops; its sessions can neither receive jobs nor
         publish answers, and kept their sockets for as long as the partition lasted. A
@@ -304,7 +319,9 @@ class ProcessReader:
         which is stuck in a command timing out while the partition lasts."""
         while True:
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
-            silent_s = trio.current_time() - self._live_at
+            now = trio.current_time()
+            since = self._live_at if self._lapsing_since is None else self._lapsing_since
+            silent_s = now - since
             if silent_s < self.cut_off_s:
                 continue
             cut = [x for x in self._listeners.values() if x.on_cut_off is not None]
@@ -313,10 +330,13 @@ class ProcessReader:
             if not self._cut_off:
                 self._cut_off = True
                 log.warning(
-                    "this process has not reached Redis for %.1f s (its liveness key lapsed "
-                    "long ago; other replicas read its desktops offline): ending its %d "
-                    "sessions with 1013 so that they reconnect to a replica that can serve them",
-                    silent_s, len(cut),
+                    "this process has not kept its liveness key alive for %.1f s (%s; "
+                    "other replicas read its desktops offline): ending its %d sessions with "
+                    "1013 so that they reconnect to a replica that can serve them",
+                    silent_s,
+                    "Redis unreachable" if self._lapsing_since is None
+                    else "Redis answers so late that the key lapses between refreshes",
+                    len(cut),
                 )  # fmt: skip
             for listener in cut:
                 self.detach(listener)  # read and beat nothing more for it here
