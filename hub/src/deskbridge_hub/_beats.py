@@ -61,6 +61,9 @@ class Listener:
             (``BeatReply.unavailable``): their retry backs off.
         beat_errors: its beats that failed in a row for a reason other than an outage
             (the heartbeat raised): they back off, and only its own success resets it.
+        on_cut_off: called when this process has not reached Redis for
+            ``ProcessReader.cut_off_s`` (partitioned from it): the session ends with
+            1013 so that its sidecar reconnects, to a replica that can serve it.
     """
 
     user_id: str
@@ -82,6 +85,7 @@ class Listener:
     on_retaken: Callable[[], None] | None = None
     beat_errors: int = 0  # its beats failed in a row for a reason other than an outage
     beat_misses: int = 0  # its beats missed in a row for an outage of its Cluster node
+    on_cut_off: Callable[[], None] | None = None
 
     def beat(self, *, full: bool) -> Beat:
         """This session's next beat (``full``: with its catalogue)."""

@@ -49,6 +49,7 @@ from ._outage import succeeded as outage_over
 from ._pacer import Pacer
 from ._retry import (
     CLEANUP_TIMEOUT_S,
+    CUT_OFF_MIN_S,
     HEARTBEAT_RETRY_S,
     PROCESS_LIVENESS_REFRESH_S,
     PROCESS_LIVENESS_RETRY_S,
@@ -70,6 +71,17 @@ RECLAIM_MAX_BATCHES = 100
 WORKERS = 8
 #: Most wake-ups popped per BLMPOP.
 WAKE_BATCH = 1000
+#: Longest block of the wake-up BLMPOP, seconds (the heartbeat if shorter). A wait whose
+#: connection is black-holed (a partition of that one connection, a dead NAT entry: no
+#: reset) is given up only when its reply is late by the command timeout (5 s), and
+#: every job pushed to this process meanwhile waits for that (and for the drain that
+#: follows, ``_wait_lost``): with the heartbeat (30 s) as the block it was up to 35 s,
+#: now 7 s. The price: an idle process sends one BLMPOP every 2 s instead of every 30 s
+#: (its liveness refresh alone is one command a second).
+WAKE_BLOCK_S = 2.0
+#: A wake-up wait that answered later than its block plus this (seconds) was late in
+#: transit (a slow path): what it popped may have waited for that long.
+WAKE_LATE_S = 0.5
 #: Longest pause, seconds, between retries of a process-wide loop whose step keeps
 #: failing unexpectedly (``ProcessReader._unexpected``; 1 s doubling).
 UNEXPECTED_BACKOFF_MAX_S = 30.0
@@ -136,12 +148,27 @@ class ProcessReader:
     #: Unexpected failures in a row of each process-wide loop (``_unexpected``).
     _unexpected_streaks: dict[str, int] = attrs.field(factory=dict)
     _check_presence: bool = False  # after an outage: is one presence intact?
+    #: When this process's liveness key was last refreshed (trio clock; the reader's
+    #: start until then): see ``_cut_off_loop``.
+    _live_at: float = 0.0
+    #: When the refreshes began to find the key lapsed, each of them (None: the last
+    #: one found it alive): see ``_cut_off_loop``.
+    _lapsing_since: float | None = None
+    #: Sessions were ended because the process was cut off from Redis (logged once).
+    _cut_off: bool = False
     _schedule: BeatSchedule = attrs.field(init=False)
     _beat_now: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
 
     def __attrs_post_init__(self) -> None:
         self._schedule = BeatSchedule(self.timings.heartbeat_s)
+
+    @property
+    def cut_off_s(self) -> float:
+        """How long this process may go without refreshing its liveness key before it
+        ends its sessions (``_cut_off_loop``): the presence TTL, at least
+        ``CUT_OFF_MIN_S``."""
+        return max(self.timings.presence_ttl_s, CUT_OFF_MIN_S)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -198,6 +225,7 @@ class ProcessReader:
         Cancellation: stops reading; entries being served are not affected (their tasks
         belong to the sessions).
         """
+        self._live_at = trio.current_time()
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
                 await self.substrate.set_liveness(
@@ -212,6 +240,7 @@ class ProcessReader:
                 pass
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._liveness_loop)
+            nursery.start_soon(self._cut_off_loop)
             nursery.start_soon(self._wake_loop)
             nursery.start_soon(self._beat_loop)
             if self.timers is not None:
@@ -237,6 +266,7 @@ class ProcessReader:
         its data (restarted empty, failed over) or this process stalled past the TTL:
         presence may be gone too, so every session is beaten at once."""
         while True:
+            sent_at = trio.current_time()
             try:
                 kept = await self.substrate.set_liveness(
                     self.holder_id,
@@ -254,10 +284,64 @@ class ProcessReader:
                 await self._unexpected("liveness refresh", max_s=PROCESS_LIVENESS_REFRESH_S)
                 continue
             self._expected("liveness refresh")
+            self._live_at = trio.current_time()
+            # Refreshes that keep finding the key lapsed count as none (``_cut_off_loop``):
+            # on a slow path (replies seconds late, every command still working) the
+            # refreshes, a second after each reply, landed further apart than the TTL,
+            # and the key lapsed between every two of them, so callers read the
+            # desktops offline most of the time, for as long as it lasted.
+            if kept:
+                self._lapsing_since = None
+            elif self._lapsing_since is None:
+                self._lapsing_since = sent_at  # it had lapsed before this one was sent
+            if self._cut_off and kept:
+                self._cut_off = False
+                log.warning("this process reaches Redis again; it takes sessions again")
             recovered, self._check_presence = self._check_presence, False
             if (not kept or recovered) and self._beating:
                 await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
+
+    async def _cut_off_loop(self) -> None:
+        """End every session (1013) once this process has gone ``cut_off_s`` without
+        refreshing its liveness key in time (a refresh that finds it lapsed does not
+        count): it is cut off from Redis (a partition, a dead NAT entry: no reset, so
+        every command only times out), or Redis answers it so late that the key lapses
+        between its refreshes. Its liveness key lapsed
+        ``PROCESS_LIVENESS_TTL_S`` after the last refresh, so the other replicas tell
+        callers ``offline`` for its desktops; its sessions can neither receive jobs nor
+        publish answers, and kept their sockets for as long as the partition lasted. A
+        sidecar told 1013 after a healthy session reconnects within its first backoff
+        window (0.5 s), to a replica whose readiness (``/healthz``) still passes; its
+        running jobs stay pending on this consumer and its next session, on any process,
+        takes them over at once (issue 12.4: the daemon's ledger answers them).
+        Checked every ``PROCESS_LIVENESS_REFRESH_S``, apart from the refresh itself,
+        which is stuck in a command timing out while the partition lasts."""
+        while True:
+            await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
+            now = trio.current_time()
+            since = self._live_at if self._lapsing_since is None else self._lapsing_since
+            silent_s = now - since
+            if silent_s < self.cut_off_s:
+                continue
+            cut = [x for x in self._listeners.values() if x.on_cut_off is not None]
+            if not cut:
+                continue
+            if not self._cut_off:
+                self._cut_off = True
+                log.warning(
+                    "this process has not kept its liveness key alive for %.1f s (%s; "
+                    "other replicas read its desktops offline): ending its %d sessions with "
+                    "1013 so that they reconnect to a replica that can serve them",
+                    silent_s,
+                    "Redis unreachable" if self._lapsing_since is None
+                    else "Redis answers so late that the key lapses between refreshes",
+                    len(cut),
+                )  # fmt: skip
+            for listener in cut:
+                self.detach(listener)  # read and beat nothing more for it here
+                assert listener.on_cut_off is not None
+                listener.on_cut_off()
 
     async def _lapsed(self, why: str) -> None:
         """The liveness key had lapsed, or an outage ended (``why``): if Redis lost its
@@ -291,17 +375,35 @@ class ProcessReader:
         self._beat_now.set()
 
     async def _wake_loop(self) -> None:
+        block_s = min(self.timings.heartbeat_s, WAKE_BLOCK_S)
+        failing = False  # in a streak of failed waits
         while True:
+            sent_at = trio.current_time()
             try:
                 users = await self.substrate.wait_wakes(
-                    self.holder_id, timeout_s=self.timings.heartbeat_s, count=WAKE_BATCH
+                    self.holder_id, timeout_s=block_s, count=WAKE_BATCH
                 )
             except SubstrateUnavailable as exc:
+                if not failing:
+                    failing = True
+                    self._wait_lost()
                 await self._failed("wake-up wait", exc)
                 continue
             except Exception:  # not an outage (a bug, an unmapped refusal): keep the process
+                if not failing:
+                    failing = True
+                    self._wait_lost()
                 await self._unexpected("wake-up wait")
                 continue
+            # Pushed entries carry the mark (and the server time) of their submit, and
+            # their deadline counts the time this process holds them from the pop. What
+            # the first wait after failed ones pops may have sat in the wake list all
+            # the while, and a reply late in transit (a slow path) arrives that much
+            # after the pop: a 1 s job whose caller had been told "timeout" reached the
+            # desktop with a fresh budget and ran. Those are marked again on the
+            # server's clock when served (no time left: the desktop answers expired).
+            stale = failing or trio.current_time() - sent_at > block_s + WAKE_LATE_S
+            failing = False
             self._expected("wake-up wait")
             self._recovered()
             woken: list[str] = []
@@ -310,6 +412,8 @@ class ProcessReader:
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
                     woken.append(item)
+                elif stale and item.entry.marked is not None:
+                    self._remark(item)
                 elif not await self._dispatch_now(item):
                     if item.user_id in self._listeners:
                         self._pushed.setdefault(item.user_id, []).append(item.entry)
@@ -319,6 +423,29 @@ class ProcessReader:
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+
+    def _remark(self, item: Pushed) -> None:
+        """A pushed entry that may have waited long before it arrived (``_wake_loop``):
+        drop its submit-time mark, so that serving it marks it delivered again
+        (``mark_delivered``: its deadline judged on the server's clock, a new claim
+        epoch), and queue it in order behind what waits (a worker serves it)."""
+        entry = attrs.evolve(item.entry, marked=None, received_at=None)
+        if item.user_id in self._listeners:
+            self._pushed.setdefault(item.user_id, []).append(entry)
+            self.schedule(item.user_id, PUSHED)
+
+    def _wait_lost(self) -> None:
+        """A wake-up wait failed (timed out, its connection lost): Redis may have popped
+        wake-ups for it whose reply never arrived (a connection black-holed while its
+        BLMPOP was in place: Redis answers the BLMPOP into the hole). A lost user id
+        would wait for the next heartbeat's backlog (30 s), a lost pushed entry, already
+        pending on this consumer and marked delivered, for ``RECLAIM_IDLE_S`` (180 s),
+        its caller told "delivered, may be running". So every attached user is drained
+        (its own pending entries, then new ones), once per streak of failures; a user
+        whose read fails stays due and is read again with the workers' back-off. The
+        drain marks each entry again (the deadline judged on the server's clock)."""
+        for user_id in list(self._listeners):
+            self.schedule(user_id, DRAIN, NEW)
 
     def _superseded(self, notice: Superseded) -> None:
         """A newer session of the user took presence from one of ours (on another

@@ -71,6 +71,16 @@ LIVENESS_RECHECK_S = 1.0
 #: do not each wait ``LIVENESS_RECHECK_S``).
 HOLDER_DEAD_CACHE_S = 1.0
 
+#: Least time, seconds, a hub process must have gone without refreshing its liveness key
+#: before it ends its sessions (1013, so their sidecars reconnect elsewhere); the bound is
+#: the presence TTL, and never less than this (``ProcessReader.cut_off_s``). Why: a
+#: process partitioned from Redis (black-holed, no RST) kept its sockets for as long as
+#: the partition lasted while every other replica told its desktops' callers
+#: ``offline``; but a whole-Redis outage looks the same from inside, and there every
+#: hub dropping every socket would only cost a reconnect storm, so short outages (a
+#: restart, a few seconds) must stay below the bound.
+CUT_OFF_MIN_S = 10.0
+
 #: Retry a failed heartbeat this soon (seconds, or the heartbeat if shorter): after Redis
 #: comes back (possibly empty) the desktop must read online again within a second.
 HEARTBEAT_RETRY_S = 1.0

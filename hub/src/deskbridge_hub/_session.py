@@ -36,6 +36,7 @@ import attrs
 import trio
 from deskbridge_common import (
     CLOSE_NORMAL,
+    CLOSE_TRY_AGAIN_LATER,
     Cancel,
     Connection,
     Error,
@@ -175,6 +176,7 @@ class HubSession(SessionTimers):
                     delivered_state=server.delivered_state,
                     daemon_id=self.hello.daemon_id if self.hello else None,
                     on_retaken=self._record_again,
+                    on_cut_off=self._cut_off_soon,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
@@ -218,6 +220,29 @@ class HubSession(SessionTimers):
         self._end_note = self._end_note or (code, reason)
         self._conn.close(code, reason)
         await self._close(code, reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _cut_off_soon(self) -> None:
+        """The process reader says this process is cut off from Redis: end the
+        session (``cut_off``, in this session's nursery)."""
+        if self._nursery is not None and not self._done:
+            with contextlib.suppress(RuntimeError):  # the nursery is closing
+                self._nursery.start_soon(self.cut_off)
+
+    async def cut_off(self) -> None:
+        """End the session because this process cannot reach Redis (``_reader``'s
+        cut-off): the close frame (1013, try again later) first, so the sidecar
+        reconnects at once to a replica that can serve it, then the session's tasks are
+        cancelled. Not an end on purpose (no ``in_doubt`` answers: they could not be
+        published anyway): running deliveries are left as for a socket gone, pending on
+        this consumer, and the daemon's next session, on any process, takes them over
+        at once and its ledger answers them."""
+        reason = "hub cannot reach Redis; reconnect"
+        self._end_note = self._end_note or (CLOSE_TRY_AGAIN_LATER, reason)
+        self.stop_reading()
+        self._conn.close(CLOSE_TRY_AGAIN_LATER, reason)
+        await self._close(CLOSE_TRY_AGAIN_LATER, reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 

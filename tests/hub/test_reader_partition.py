@@ -1,0 +1,196 @@
+"""The process reader when this hub process is partitioned from Redis (its connections
+black-holed: commands time out, nothing resets), on the scripted substrate of
+``reader_kit`` and trio's MockClock. The same faults with real processes:
+``tests/chaos/test_redis_partition.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+from deskbridge_hub import SubstrateUnavailable
+from deskbridge_hub._reader import WAKE_BLOCK_S, WAKE_LATE_S
+from deskbridge_hub._substrate_values import Entry, Marked, Pushed
+
+from .reader_kit import TIMINGS, Desk, Hang, Script, make_reader
+
+
+def _cut_desk(user: str = "u1") -> Desk:
+    desk = Desk(user)
+    desk.listener.on_cut_off = lambda: desk.events.append(("cut_off",))
+    return desk
+
+
+async def test_a_process_that_cannot_refresh_its_liveness_ends_its_sessions_after_the_presence_ttl(
+    autojump_clock,
+):
+    script = Script()
+    # run's first write and the loop's at 0 s, the loop's at 1 s; then every refresh hangs
+    script.queue("set_liveness", True, True, True, Hang())
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(1.5)  # refreshed at 0 and 1 s; the one at 2 s hangs
+            assert reader.cut_off_s == TIMINGS.presence_ttl_s == 90.0
+            await trio.sleep(89.0)  # 89.5 s after the last refresh: within the bound
+            assert ("cut_off",) not in desk.events
+            await trio.sleep(1.0)  # the check at 90 s after it
+            assert desk.events.count(("cut_off",)) == 1
+            assert desk.listener.stopped.is_set()  # detached: nothing read for it here
+            await trio.sleep(10)
+            assert desk.events.count(("cut_off",)) == 1  # told once
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_process_whose_liveness_refreshes_work_keeps_its_sessions(autojump_clock):
+    script = Script()
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(3 * reader.cut_off_s)
+            nursery.cancel_scope.cancel()
+    assert ("cut_off",) not in desk.events
+
+
+async def test_a_failed_wake_up_wait_drains_every_attached_user_once_per_streak(autojump_clock):
+    """Redis may have popped wake-ups into a wait whose reply never came (its connection
+    black-holed with the BLMPOP in place): a pushed entry popped so is pending on this
+    consumer, and only a drain finds it before the reclaim idle (180 s)."""
+    script = Script()
+    lost = Entry("1-0", {"job_id": "a"})
+    script.queue("read_pending", [lost])
+    script.queue(
+        "wait_wakes",
+        SubstrateUnavailable("BLMPOP timed out"),
+        SubstrateUnavailable("connect timed out"),
+    )
+    reader = make_reader(script)
+    desk, other = Desk("u1"), Desk("u2")
+    reader.running = True
+    reader.attach(desk.listener)
+    reader.attach(other.listener)
+    reader._due.clear()
+    reader._queue.clear()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._wake_loop)
+            nursery.start_soon(reader._worker)
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+    drained = [args[0] for args, _ in script.of("read_pending")]
+    assert sorted(drained) == ["u1", "u2"]  # each once: one drain per streak of failures
+    assert desk.dispatched() == ["1-0"]
+
+
+async def _popped(script: Script) -> list[Entry]:
+    """Run the wake-up loop and a worker; return the entries dispatched to u1."""
+    reader = make_reader(script)
+    desk = Desk("u1")
+    reader.running = True
+    reader.attach(desk.listener)
+    reader._due.clear()
+    reader._queue.clear()
+    got: list[Entry] = []
+    real = desk.listener.dispatch
+
+    async def dispatch(entry: Entry) -> None:
+        got.append(entry)
+        await real(entry)
+
+    desk.listener.dispatch = dispatch
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._wake_loop)
+            nursery.start_soon(reader._worker)
+            await trio.sleep(10)
+            nursery.cancel_scope.cancel()
+    return got
+
+
+async def test_the_wake_up_wait_blocks_for_a_few_seconds_not_a_heartbeat(autojump_clock):
+    script = Script()
+    await _popped(script)
+    blocks = {kw["timeout_s"] for _, kw in script.of("wait_wakes")}
+    assert blocks == {WAKE_BLOCK_S} and WAKE_BLOCK_S < TIMINGS.heartbeat_s
+
+
+MARKED = Marked("delivered", 5.0, 1)
+
+
+async def test_pushed_entries_popped_after_a_failed_wait_are_marked_again_when_served(
+    autojump_clock,
+):
+    """They may have sat in the wake list all the while no wait was in place: their
+    submit-time mark (and the deadline counted from the pop) no longer says how long
+    they waited."""
+    script = Script()
+    old = Entry("1-0", {"job_id": "a"}, MARKED, received_at=0.0)
+    fresh = Entry("2-0", {"job_id": "b"}, MARKED, received_at=0.0)
+    script.queue(
+        "wait_wakes", SubstrateUnavailable("timed out"), [Pushed("u1", old)], [Pushed("u1", fresh)]
+    )
+    got = await _popped(script)
+    assert [e.entry_id for e in got] == ["1-0", "2-0"]
+    assert got[0].marked is None and got[0].received_at is None  # served: marked again
+    assert got[1] == fresh  # a wait after a working one: as pushed
+
+
+async def test_pushed_entries_in_a_late_reply_are_marked_again_when_served(autojump_clock):
+    script = Script()
+    entry = Entry("1-0", {"job_id": "a"}, MARKED, received_at=0.0)
+    calls: list[float] = []
+
+    async def wait_wakes(holder_id: str, *, timeout_s: float, count: int) -> list[Any]:
+        calls.append(trio.current_time())
+        if len(calls) == 1:  # the reply arrives well after the block: late in transit
+            await trio.sleep(timeout_s + WAKE_LATE_S + 1.0)
+            return [Pushed("u1", entry)]
+        await trio.sleep_forever()
+        raise AssertionError
+
+    script.wait_wakes = wait_wakes  # type: ignore[method-assign]
+    got = await _popped(script)
+    assert len(got) == 1 and got[0].entry_id == "1-0"
+    assert got[0].marked is None and got[0].received_at is None
+
+
+async def test_refreshes_that_keep_finding_the_liveness_key_lapsed_end_the_sessions(
+    autojump_clock,
+):
+    """A slow path: every refresh works, but lands after the key lapsed (callers read
+    the desktops offline between): counted as no refresh at all."""
+    script = Script()
+    script.queue("set_liveness", True, True, *[False] * 200)
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(89.5)  # lapsing since the refresh at 1 s
+            assert ("cut_off",) not in desk.events
+            await trio.sleep(2.0)
+            assert desk.events == [("cut_off",)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_one_refresh_that_finds_the_key_lapsed_changes_nothing(autojump_clock):
+    """Redis restarted empty, or the process stalled once: the next refresh keeps it."""
+    script = Script()
+    script.queue("set_liveness", True, True, *([False] + [True] * 20) * 20)
+    reader = make_reader(script)
+    desk = _cut_desk()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(desk.listener)
+            await trio.sleep(3 * reader.cut_off_s)
+            nursery.cancel_scope.cancel()
+    assert ("cut_off",) not in desk.events
