@@ -21,7 +21,7 @@ from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._contract_caller import _submission
 from deskbridge_hub._jobstate import JobState, Stage
 from deskbridge_hub._redis import RedisSubstrate
-from deskbridge_hub._redis_caller import CLOCK_DRIFT, RedisClock
+from deskbridge_hub._redis_caller import CLOCK_DRIFT, MAX_WIDENING_S, RedisClock
 from deskbridge_hub._redis_slots import key_slot
 from deskbridge_hub._substrate import GROUP, idem_key, jobs_key, mailbox_key, state_key
 
@@ -330,3 +330,49 @@ def test_the_clock_keeps_the_largest_lower_bound_and_widens_it_with_age() -> Non
     assert clock.at_least(20.0) == pytest.approx(1010.0 - CLOCK_DRIFT * 10)
     clock.learn(1020.5, received_at=30.0)  # Redis' clock stepped forward: taken at once
     assert clock.at_least(30.0) == 1020.5
+
+
+def test_a_bound_that_aged_is_read_again_and_the_fresh_reading_wins() -> None:
+    """Found by review: the bound widened by 100 us a second from its last reading, and
+    only submits refreshed it, so after an idle day a call with a timeout_s under 8.6 s
+    was answered ``late`` at once by a healthy Redis. A bound older than 100 s is stale
+    (the submit reads TIME first), and that fresh reading replaces it even when lower (a
+    Redis clock stepped back is followed, not kept for hours)."""
+    clock = RedisClock()
+    assert clock.stale(0.0)
+    clock.learn(1000.0, received_at=10.0)
+    assert not clock.stale(10.0 + MAX_WIDENING_S / CLOCK_DRIFT - 1)
+    assert clock.stale(10.0 + MAX_WIDENING_S / CLOCK_DRIFT + 1)
+    assert clock.stale(10.0 + 86_400)
+    clock.learn(1000.0 + 86_400 - 2.0, received_at=10.0 + 86_400, fresh=True)  # stepped back
+    assert clock.at_least(10.0 + 86_400) == 1000.0 + 86_400 - 2.0
+    assert not clock.stale(10.0 + 86_400)
+
+
+async def test_an_idle_process_reads_the_clock_again_before_its_next_submit(
+    substrate: RedisSubstrate, user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The submit after 100 s without a reading sends TIME first, and a healthy Redis
+    enqueues a call with a short timeout (before the fix it was answered ``late`` at once
+    after an idle day: the aged bound put the caller's instant 8.6 s in Redis' past)."""
+    import deskbridge_hub._redis_caller as caller_module
+
+    real, idle_s = caller_module.time.monotonic, [0.0]
+    monkeypatch.setattr(caller_module.time, "monotonic", lambda: real() + idle_s[0])
+    calls: list[bytes] = []
+    call = substrate._call
+
+    async def recording(session: Any, *command: Any, block_s: float | None = 0.0) -> Any:
+        calls.append(command[0])
+        return await call(session, *command, block_s=block_s)
+
+    monkeypatch.setattr(substrate, "_call", recording)
+    await substrate.set_presence(user, "s1", 30)
+    with trio.fail_after(5):
+        sub = attrs.evolve(_submission(user, "job-a"), give_up_s=1.0, write_owner=False)
+        assert (await substrate.submit(user, sub)).verdict == "queued"
+        calls.clear()
+        idle_s[0] = 86_400.0  # an idle day on this process's clock (Redis' is read again)
+        sub = attrs.evolve(_submission(user, "job-b"), give_up_s=1.0, write_owner=False)
+        assert (await substrate.submit(user, sub)).verdict == "queued"
+    assert calls == [b"TIME"]

@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 #: (100 ppm: ten times what an NTP-disciplined clock drifts): an older reading's bound
 #: widens by it.
 CLOCK_DRIFT = 1e-4
+#: A bound widened by more than this (seconds: 100 s since its reading at ``CLOCK_DRIFT``)
+#: is read again (one ``TIME`` round trip before the submit): after an idle hour it had
+#: widened by 0.36 s, after a day by 8.6 s, and a caller's instant that far in Redis'
+#: past made a healthy submit with a shorter ``timeout_s`` answer ``late`` at once.
+MAX_WIDENING_S = 0.01
 
 
 @attrs.define
@@ -58,8 +63,13 @@ class RedisClock:
     at one rate; ``CLOCK_DRIFT`` widens it with the reading's age). The largest such bound
     is kept: a reading on a quick round trip is exact to its round trip, one after a
     stall (a late reply) is worse and replaces it only once the older one has aged as
-    much. A Redis clock stepped back keeps the old bound until it ages out: instants then
-    come out late (less protection, as with no reading), never early.
+    much. A bound older than ``MAX_WIDENING_S / CLOCK_DRIFT`` (100 s) is read again
+    (:meth:`stale`), and that fresh reading replaces it whatever it says (:meth:`learn`
+    with ``fresh``): a Redis clock stepped back is followed within 100 s (until then,
+    instants come out late: less protection, as with no reading, never a false ``late``).
+    Under Cluster the readings come from the nodes that answer, whose clocks may differ
+    by their NTP error; the largest bound is kept, so for a user on a slower node an
+    instant may come out late by that difference (less protection, not a false refusal).
 
     Attributes:
         offset_s: the bound on (Redis time - local monotonic time), seconds, or None (no
@@ -70,11 +80,18 @@ class RedisClock:
     offset_s: float | None = None
     taken_at: float = 0.0
 
-    def learn(self, server_time: float, received_at: float) -> None:
-        """A ``TIME`` reading (Unix s) received at local monotonic ``received_at``."""
+    def learn(self, server_time: float, received_at: float, *, fresh: bool = False) -> None:
+        """A ``TIME`` reading (Unix s) received at local monotonic ``received_at``;
+        ``fresh``: a round trip of its own, taken because the bound was :meth:`stale`
+        (it replaces the bound even when lower: Redis' clock was stepped back)."""
         low = server_time - received_at
-        if self.offset_s is None or low >= self._offset(received_at):
+        if fresh or self.offset_s is None or low >= self._offset(received_at):
             self.offset_s, self.taken_at = low, received_at
+
+    def stale(self, at: float) -> bool:
+        """No reading yet, or the bound at local monotonic ``at`` has widened by more
+        than ``MAX_WIDENING_S``: read Redis' clock again before using it."""
+        return self.offset_s is None or CLOCK_DRIFT * abs(at - self.taken_at) > MAX_WIDENING_S
 
     def _offset(self, at: float) -> float:
         assert self.offset_s is not None
@@ -218,9 +235,10 @@ class CallerCommands(RedisCommandBase):
             :class:`Submitted` (its ``verdict`` says what happened).
 
         With ``give_up_s``, the call's instant on Redis' clock is taken from
-        :class:`RedisClock` (a ``TIME`` round trip first when this substrate has never
-        read Redis' clock: before the script is sent, so a stall there leaves nothing
-        written), and every reply's ``TIME`` is learnt.
+        :class:`RedisClock` (a ``TIME`` round trip first when this substrate has not
+        read Redis' clock in the last 100 s (``RedisClock.stale``): before the script is
+        sent, so a stall there leaves nothing written), and every reply's ``TIME`` is
+        learnt.
 
         Raises:
             ValueError: ``start_within_s`` < 0, ``maxlen`` < 1 or ``give_up_s`` <= 0.
@@ -288,9 +306,10 @@ class CallerCommands(RedisCommandBase):
             if user_id not in s.groups:  # the script makes sure of the group if it enqueues
                 args = (*args[:14], "1", *args[15:])
             if sub.give_up_s is not None:
-                if self._redis_clock.offset_s is None:
+                if self._redis_clock.stale(called):  # never read, or read > 100 s ago
                     reply = await self._call(s, b"TIME")
-                    self._redis_clock.learn(int(reply[0]) + int(reply[1]) / 1e6, time.monotonic())
+                    server_s = int(reply[0]) + int(reply[1]) / 1e6
+                    self._redis_clock.learn(server_s, time.monotonic(), fresh=True)
                 at = self._redis_clock.at_least(called)
                 assert at is not None
                 at_ms = math.floor(at * 1000)
