@@ -59,7 +59,9 @@ async def test_a_process_whose_liveness_refreshes_work_keeps_its_sessions(autoju
     assert ("cut_off",) not in desk.events
 
 
-async def test_a_failed_wake_up_wait_drains_every_attached_user_once_per_streak(autojump_clock):
+async def test_a_failed_wake_up_wait_drains_every_attached_user_at_the_start_and_end_of_a_streak(
+    autojump_clock,
+):
     """Redis may have popped wake-ups into a wait whose reply never came (its connection
     black-holed with the BLMPOP in place): a pushed entry popped so is pending on this
     consumer, and only a drain finds it before the reclaim idle (180 s)."""
@@ -85,7 +87,35 @@ async def test_a_failed_wake_up_wait_drains_every_attached_user_once_per_streak(
             await trio.sleep(5)
             nursery.cancel_scope.cancel()
     drained = [args[0] for args, _ in script.of("read_pending")]
-    assert sorted(drained) == ["u1", "u2"]  # each once: one drain per streak of failures
+    assert sorted(drained) == ["u1", "u1", "u2", "u2"]  # as the streak starts, and ends
+    assert desk.dispatched() == ["1-0"]
+
+
+async def test_what_a_later_wait_of_the_streak_popped_is_drained_when_it_ends(autojump_clock):
+    """Found by review: the drain ran only as a streak of failed waits began; a later
+    wait of the same streak that reached Redis and popped a pushed entry, its reply
+    lost, left that entry pending (marked delivered) until the reclaim idle (180 s)."""
+    script = Script()
+    lost = Entry("1-0", {"job_id": "a"})
+    # the first drain (at the first failure) finds nothing: the entry is popped later
+    script.queue("read_pending", [], [lost])
+    script.queue(
+        "wait_wakes",
+        SubstrateUnavailable("connect refused"),  # popped nothing
+        SubstrateUnavailable("BLMPOP timed out"),  # it popped the entry; its reply was lost
+    )
+    reader = make_reader(script)
+    desk = Desk("u1")
+    reader.running = True
+    reader.attach(desk.listener)
+    reader._due.clear()
+    reader._queue.clear()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._wake_loop)
+            nursery.start_soon(reader._worker)
+            await trio.sleep(30)  # far less than the reclaim idle
+            nursery.cancel_scope.cancel()
     assert desk.dispatched() == ["1-0"]
 
 
@@ -194,3 +224,28 @@ async def test_one_refresh_that_finds_the_key_lapsed_changes_nothing(autojump_cl
             await trio.sleep(3 * reader.cut_off_s)
             nursery.cancel_scope.cancel()
     assert ("cut_off",) not in desk.events
+
+
+async def test_a_session_attached_after_the_silence_began_is_cut_only_after_its_own_bound(
+    autojump_clock,
+):
+    """Found by review: the cut-off judged every session by the process's silence, so a
+    sidecar that reconnected right after a heal (its handshake wrote presence: Redis
+    answered) was cut again while the stuck liveness refresh was still timing out. A
+    session's silence counts from its attach at the earliest."""
+    script = Script()
+    script.queue("set_liveness", True, True, True, Hang())  # silent from 2 s on
+    reader = make_reader(script)
+    old, new = _cut_desk("u1"), _cut_desk("u2")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.attach(old.listener)
+            await trio.sleep(85.0)
+            reader.attach(new.listener)  # handshake done: it reached Redis at 85 s
+            await trio.sleep(7.0)  # 91 s: the process's bound passed, not the new one's
+            assert old.events.count(("cut_off",)) == 1
+            assert ("cut_off",) not in new.events
+            await trio.sleep(reader.cut_off_s - 7.0 + 2.0)  # its own bound, and the next check
+            assert new.events.count(("cut_off",)) == 1  # silent since: cut in its turn
+            nursery.cancel_scope.cancel()

@@ -209,3 +209,36 @@ async def test_connections_to_a_node_removed_from_the_cluster_are_closed(tmp_pat
                     await trio.sleep(0.1)
                 assert await session.execute((b"GET", key), timeout_s=5) == ["v"]
         await raw("DEL", key)
+
+
+async def test_keyless_commands_leave_a_first_seed_removed_from_the_cluster(tmp_path: Path) -> None:
+    """Found by review: a first seed that gave its slots away and was forgotten (it still
+    runs) kept every keyless batch (PING for /healthz, PUBLISH): /healthz passed and a
+    PUBLISH reached nobody in the cluster. Keyless batches move to a primary of the map."""
+    options = (*_PARTIAL, "--cluster-allow-replica-migration", "no")
+    with running_cluster(tmp_path, 3, *options, spare=1) as (ports, _):
+        raw = ClusterRaw(ports[:3])
+        spare = ports[3]
+        key = f"test:{{{secrets.token_hex(4)}}}:k"
+        slot = key_slot(key)
+        ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
+        source = [p for p in ports[:3] if await _owns(raw, p, slot)][0]
+        await _give_slot(raw, slot, source, spare, ids, ports)
+        with trio.fail_after(30):
+            async with (
+                RedisSubstrate.from_url(_seeded(spare, ports[0])) as s,
+                s._session("t") as session,
+            ):
+                assert await session.execute((b"SET", key, "v"), timeout_s=5) == ["OK"]
+                assert await session.execute((b"CLUSTER", b"MYID"), timeout_s=5) == [ids[spare]]
+                await _give_slot(raw, slot, spare, source, ids, ports)
+                for port in ports[:3]:
+                    await raw("CLUSTER", "FORGET", ids[spare], port=port)
+                assert await session.execute((b"GET", key), timeout_s=5) == ["v"]  # MOVED
+                while True:  # the MOVED's map read runs in the background
+                    (answered,) = await session.execute((b"CLUSTER", b"MYID"), timeout_s=5)
+                    if answered != ids[spare]:
+                        break
+                    await trio.sleep(0.1)
+                assert answered in {ids[p] for p in ports[:3]}
+        await raw("DEL", key)

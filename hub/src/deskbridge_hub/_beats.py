@@ -64,6 +64,9 @@ class Listener:
         on_cut_off: called when this process has not reached Redis for
             ``ProcessReader.cut_off_s`` (partitioned from it): the session ends with
             1013 so that its sidecar reconnects, to a replica that can serve it.
+        attached_at: when the reader attached it (trio clock, seconds): its handshake had
+            just written presence, so this process's silence counts for it from then at
+            the earliest (``ProcessReader._cut_off_loop``).
     """
 
     user_id: str
@@ -86,6 +89,7 @@ class Listener:
     beat_errors: int = 0  # its beats failed in a row for a reason other than an outage
     beat_misses: int = 0  # its beats missed in a row for an outage of its Cluster node
     on_cut_off: Callable[[], None] | None = None
+    attached_at: float = -math.inf
 
     def beat(self, *, full: bool) -> Beat:
         """This session's next beat (``full``: with its catalogue)."""

@@ -177,6 +177,7 @@ class ProcessReader:
         process): drain its own pending entries, reclaim and sweep at once."""
         if not self.running:
             raise RuntimeError("the process reader is not running (start ProcessReader.run)")
+        listener.attached_at = trio.current_time()
         self._listeners[listener.user_id] = listener
         self._beating[listener.session_id] = listener
         # the handshake has just written presence and the catalogue
@@ -324,7 +325,14 @@ class ProcessReader:
             silent_s = now - since
             if silent_s < self.cut_off_s:
                 continue
-            cut = [x for x in self._listeners.values() if x.on_cut_off is not None]
+            # A session attached since the silence began had its handshake write presence
+            # then (a review found sessions that reconnected right after a heal cut once
+            # more while the stuck refresh timed out): its silence counts from its attach.
+            cut = [
+                x
+                for x in self._listeners.values()
+                if x.on_cut_off is not None and now - max(since, x.attached_at) >= self.cut_off_s
+            ]
             if not cut:
                 continue
             if not self._cut_off:
@@ -403,6 +411,10 @@ class ProcessReader:
             # desktop with a fresh budget and ran. Those are marked again on the
             # server's clock when served (no time left: the desktop answers expired).
             stale = failing or trio.current_time() - sent_at > block_s + WAKE_LATE_S
+            if failing:
+                # the streak ends: drain again, for what a later failed wait of the streak
+                # popped (the first drain ran at its start, before those were popped)
+                self._wait_lost()
             failing = False
             self._expected("wake-up wait")
             self._recovered()
@@ -441,7 +453,9 @@ class ProcessReader:
         would wait for the next heartbeat's backlog (30 s), a lost pushed entry, already
         pending on this consumer and marked delivered, for ``RECLAIM_IDLE_S`` (180 s),
         its caller told "delivered, may be running". So every attached user is drained
-        (its own pending entries, then new ones), once per streak of failures; a user
+        (its own pending entries, then new ones) when a streak of failures starts and
+        again when it ends (a review found that a wait later in the streak may pop
+        entries too, after the first drain: they waited for the reclaim idle); a user
         whose read fails stays due and is read again with the workers' back-off. The
         drain marks each entry again (the deadline judged on the server's clock)."""
         for user_id in list(self._listeners):

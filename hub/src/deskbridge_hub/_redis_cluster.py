@@ -156,8 +156,13 @@ class ClusterSession:
         for as long as the process ran, and a removed node was still asked for maps and
         keyless commands. Commands in flight there fail as from an unreachable node (a
         removed node would have redirected them anyway); a node named again (MOVED, a
-        later map) gets a new session."""
+        later map) gets a new session. Keyless batches move to a primary of the map
+        when the node they went to is not one."""
         owners = set(self._slots)
+        if self._keyless not in owners:
+            # keyless batches (PING, PUBLISH) went on to a seed removed from the cluster
+            # but still running: /healthz passed and PUBLISH reached nobody (review)
+            self._keyless = next((a for a in self._slots if a is not None), self._keyless)
         for address in list(self._nodes):
             scope = self._hosting.get(address)
             if address in owners or address in self._seeds or scope is None:

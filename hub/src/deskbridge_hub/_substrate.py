@@ -456,9 +456,11 @@ class LedgerSubstrate(Protocol):
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step (one script, one round trip; see :class:`Submission`):
         idempotency index, presence, catalogue version, job id claim, XADD with the
-        deadline from the substrate's clock, entry index; and, in the same write, the
-        ``bridge:job:{job_id}`` owner record (if ``submission.write_owner``) and the
-        wake-up of ``submission.alive_holder``."""
+        deadline from the substrate's clock, entry index, and the wake-up of
+        ``submission.alive_holder`` (in the script, or under Cluster in the same write);
+        then, only once queued, the ``bridge:job:{job_id}`` owner record (if
+        ``submission.write_owner``: a second write; if it fails, this raises
+        ``SubstrateUnavailable`` with the job enqueued)."""
 
     async def set_catalogue(self, user_id: str, catalogue: str) -> None:
         """SET ``bridge:tools:{user_id}`` (JSON array of tool specs), no TTL."""

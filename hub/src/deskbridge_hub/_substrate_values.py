@@ -210,7 +210,7 @@ class Submission:
             substrate stores it with `` <deadline>`` appended (the job's, from its clock).
         index_ttl_s: how long the index record lives before the job's result is published.
         owner: the owner record (``bridge:job:{job_id}``).
-        write_owner: also SET the owner record in the same write (the Bridge does not
+        write_owner: also SET the owner record, once queued (a second write; the Bridge does not
             need it: a hub-minted job id names its user, a caller-chosen one was claimed
             with ``claim_job_id`` first).
         alive_holder: the hub process the caller knows to be alive (its liveness key
