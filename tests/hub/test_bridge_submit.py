@@ -32,6 +32,7 @@ class Stalling(MemorySubstrate):
 
     stall: trio.Event | None = None
     fail: bool = False
+    unsent: bool = False  # the failure is a connection that could not be made
     sent: list[Submission]
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
@@ -39,7 +40,9 @@ class Stalling(MemorySubstrate):
         if self.stall is not None:
             await self.stall.wait()
         if self.fail:
-            raise SubstrateUnavailable("Redis at 127.0.0.1:1 did not answer the submit")
+            exc = SubstrateUnavailable("Redis at 127.0.0.1:1 did not answer the submit")
+            exc.unsent = self.unsent
+            raise exc
         return await super().submit(user_id, submission)
 
 
@@ -86,6 +89,19 @@ async def test_a_submit_that_fails_after_it_may_have_run_names_its_job(
     assert info.value.job_id == "order-7"
     # its id stays claimed: the job may exist
     assert await substrate.job_owner("order-7") is not None
+
+
+async def test_a_submit_that_could_not_connect_names_no_job_and_frees_its_id(
+    autojump_clock: Any, substrate: Stalling, bridge: Bridge
+) -> None:
+    """Found by a newcomer: Redis down (connection refused) during the submit was
+    answered as "may have been enqueued", naming a job that could not exist. No
+    connection made, nothing sent: the short answer, and the caller's id is free."""
+    substrate.fail = substrate.unsent = True
+    with pytest.raises(SubstrateUnavailable) as info:
+        await bridge.dispatch("u1", "echo", {}, job_id="order-8")
+    assert info.value.job_id is None
+    assert await substrate.job_owner("order-8") is None
 
 
 async def test_the_job_starts_within_the_callers_time_not_after_the_submit(

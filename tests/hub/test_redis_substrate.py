@@ -507,3 +507,18 @@ def test_a_clusters_redirections_and_retries_past_their_budget_are_an_outage() -
         assert isinstance(mapped, SubstrateUnavailable), exc
     group = ExceptionGroup("split", [ClusterDownError("CLUSTERDOWN x"), OSError("reset")])
     assert isinstance(conns.map_error("heartbeat", group), SubstrateUnavailable)
+
+
+async def test_a_connection_that_could_not_be_made_is_told_unsent() -> None:
+    """``SubstrateUnavailable.unsent``: no connection could be made, so nothing of the
+    operation reached Redis (the Bridge answers a submit so as enqueueing nothing)."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with trio.fail_after(15):
+        async with RedisSubstrate.from_url(f"redis://127.0.0.1:{port}/0") as substrate:
+            with pytest.raises(SubstrateUnavailable) as info:
+                await substrate.get_presence("alice")
+    assert info.value.unsent is True

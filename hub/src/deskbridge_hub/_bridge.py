@@ -433,7 +433,14 @@ class Bridge(JobControl):
                 give_up_s=left_s,
             )
             step.in_doubt = True
-            got = await self.substrate.submit(user_id, sub)
+            try:
+                got = await self.substrate.submit(user_id, sub)
+            except SubstrateUnavailable as exc:
+                # no connection could be made: nothing was sent, nothing enqueued (the
+                # short answer, and a caller-chosen id is free again; a newcomer was told
+                # to look up a job that could not exist)
+                step.in_doubt = not exc.unsent
+                raise
             step.in_doubt = False
             return got
 

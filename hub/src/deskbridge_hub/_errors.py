@@ -28,9 +28,16 @@ class DesktopOffline(BridgeError):
 
 
 class SubstrateUnavailable(BridgeError):
-    """Redis (the substrate) could not be reached; the job may or may not be enqueued."""
+    """Redis (the substrate) could not be reached; the job may or may not be enqueued.
+
+    Attributes:
+        unsent: True when no connection to Redis could be made, so nothing of the
+            operation was sent (the Bridge then knows a submit enqueued nothing);
+            False when it may have reached Redis.
+    """
 
     status = "unavailable"
+    unsent = False
 
 
 class SubstrateMisconfigured(SubstrateUnavailable):

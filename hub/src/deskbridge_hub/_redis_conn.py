@@ -85,6 +85,7 @@ from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._redis_cluster import ClusterSession, is_cluster_url, seeds
 from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
 from ._redis_session import ConnectionStatistics, _Session, _split
+from ._redis_wire import ConnectFailed
 
 #: Server error codes that mean "cannot serve now", not "bad command" (refused before
 #: the command ran).
@@ -295,9 +296,11 @@ class RedisConnections:
         if isinstance(exc, _UNAVAILABLE_ERRORS):
             _metrics.substrate_error(what)
             self.monitor.poke()
-            return SubstrateUnavailable(
+            unavailable = SubstrateUnavailable(
                 f"Redis at {self.address} unavailable ({what}): {coded(exc)}"
             )
+            unavailable.unsent = isinstance(exc, ConnectFailed)  # nothing reached Redis
+            return unavailable
         if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES:
             _metrics.substrate_error(what)
             self.monitor.poke()

@@ -66,6 +66,11 @@ _DIRECT_MAX_OUTSTANDING = 2
 _PUSH_BUFFER = 4096
 
 
+class ConnectFailed(RedisConnectionError):
+    """No connection to Redis could be made (refused, unreachable, timed out before the
+    handshake ended): nothing was sent on it."""
+
+
 class WireRequest:
     """One command's reply; ``await`` it. Created by ``WireConnection.create_request``."""
 
@@ -236,7 +241,7 @@ class WireConnection:
                     self._on_trio = sniffio.current_async_library() == "trio"
                     self._raw = _direct_socket(self._stream) if self._on_trio else None
                 except OSError as exc:
-                    raise RedisConnectionError(
+                    raise ConnectFailed(
                         f"Unable to establish a connection to {self.location}: {exc}"
                     ) from exc
                 self._ready = True

@@ -140,9 +140,7 @@ class ResultWaiters:
                     what = "result" if now >= next_check else "mailbox"
                     try:
                         if what == "result":
-                            payload = await self.substrate.get_result(
-                                waiter.user_id, waiter.job_id
-                            )
+                            payload = await self.substrate.get_result(waiter.user_id, waiter.job_id)
                             failing.pop(what, None)
                             if payload is not None:
                                 return payload
