@@ -179,6 +179,27 @@ async def _clients_named(port: int, name: str) -> int:
     return sum(f" name={name} " in f" {line} " for line in listing.splitlines())
 
 
+async def _slot_on_spare(
+    raw: ClusterRaw, ports: list[int], key: str
+) -> tuple[int, dict[int, str], int]:
+    """Give ``key``'s slot to the spare node (``ports[3]``); its slot, the nodes' ids and
+    the primary that served it (``source``)."""
+    slot = key_slot(key)
+    ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
+    source = [p for p in ports[:3] if await _owns(raw, p, slot)][0]
+    await _give_slot(raw, slot, source, ports[3], ids, ports)
+    return slot, ids, source
+
+
+async def _remove_spare(
+    raw: ClusterRaw, ports: list[int], slot: int, ids: dict[int, str], source: int
+) -> None:
+    """The spare gives the slot back to ``source`` and the others forget it (it runs on)."""
+    await _give_slot(raw, slot, ports[3], source, ids, ports)
+    for port in ports[:3]:
+        await raw("CLUSTER", "FORGET", ids[ports[3]], port=port)
+
+
 async def test_connections_to_a_node_removed_from_the_cluster_are_closed(tmp_path: Path) -> None:
     """A node that served a user's slot gives it away and is forgotten by the others (it
     still runs): the hub's connections to it stayed open for the life of the process
@@ -189,10 +210,7 @@ async def test_connections_to_a_node_removed_from_the_cluster_are_closed(tmp_pat
         raw = ClusterRaw(ports[:3])
         spare = ports[3]
         key = f"test:{{{secrets.token_hex(4)}}}:k"
-        slot = key_slot(key)
-        ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
-        source = [p for p in ports[:3] if await _owns(raw, p, slot)][0]
-        await _give_slot(raw, slot, source, spare, ids, ports)
+        slot, ids, source = await _slot_on_spare(raw, ports, key)
         name = f"deskbridge-test-{secrets.token_hex(4)}"
         with trio.fail_after(30):
             async with (
@@ -201,9 +219,7 @@ async def test_connections_to_a_node_removed_from_the_cluster_are_closed(tmp_pat
             ):
                 assert await session.execute((b"SET", key, "v"), timeout_s=5) == ["OK"]
                 assert await _clients_named(spare, name) > 0
-                await _give_slot(raw, slot, spare, source, ids, ports)
-                for port in ports[:3]:
-                    await raw("CLUSTER", "FORGET", ids[spare], port=port)
+                await _remove_spare(raw, ports, slot, ids, source)
                 assert await session.execute((b"GET", key), timeout_s=5) == ["v"]
                 while await _clients_named(spare, name) > 0:  # noqa: ASYNC110 - Redis' view
                     await trio.sleep(0.1)
@@ -220,10 +236,7 @@ async def test_keyless_commands_leave_a_first_seed_removed_from_the_cluster(tmp_
         raw = ClusterRaw(ports[:3])
         spare = ports[3]
         key = f"test:{{{secrets.token_hex(4)}}}:k"
-        slot = key_slot(key)
-        ids = {p: await raw("CLUSTER", "MYID", port=p) for p in ports}
-        source = [p for p in ports[:3] if await _owns(raw, p, slot)][0]
-        await _give_slot(raw, slot, source, spare, ids, ports)
+        slot, ids, source = await _slot_on_spare(raw, ports, key)
         with trio.fail_after(30):
             async with (
                 RedisSubstrate.from_url(_seeded(spare, ports[0])) as s,
@@ -231,9 +244,7 @@ async def test_keyless_commands_leave_a_first_seed_removed_from_the_cluster(tmp_
             ):
                 assert await session.execute((b"SET", key, "v"), timeout_s=5) == ["OK"]
                 assert await session.execute((b"CLUSTER", b"MYID"), timeout_s=5) == [ids[spare]]
-                await _give_slot(raw, slot, spare, source, ids, ports)
-                for port in ports[:3]:
-                    await raw("CLUSTER", "FORGET", ids[spare], port=port)
+                await _remove_spare(raw, ports, slot, ids, source)
                 assert await session.execute((b"GET", key), timeout_s=5) == ["v"]  # MOVED
                 while True:  # the MOVED's map read runs in the background
                     (answered,) = await session.execute((b"CLUSTER", b"MYID"), timeout_s=5)
