@@ -173,6 +173,30 @@ def make_reader(
     )
 
 
+def attached(reader: ProcessReader, *desks: Desk) -> None:
+    """Start ``reader`` (``running``) with ``desks`` attached and nothing due or queued:
+    the reads an attach schedules are dropped, so a test sees only what it causes."""
+    reader.running = True
+    for desk in desks:
+        reader.attach(desk.listener)
+    reader._due.clear()
+    reader._queue.clear()
+
+
+def recorded(desk: Desk) -> list[Entry]:
+    """The entries dispatched to ``desk`` from now on, in order, as the session got them
+    (marks included); the desk still records and blocks as before."""
+    got: list[Entry] = []
+    real = desk.listener.dispatch
+
+    async def dispatch(entry: Entry) -> None:
+        got.append(entry)
+        await real(entry)
+
+    desk.listener.dispatch = dispatch
+    return got
+
+
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
@@ -197,9 +221,11 @@ __all__ = [
     "Desk",
     "Hang",
     "Script",
+    "attached",
     "entries",
     "levels",
     "lines",
     "make_reader",
+    "recorded",
     "sample",
 ]

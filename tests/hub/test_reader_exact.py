@@ -27,7 +27,7 @@ from deskbridge_hub._reader import (
 )
 from deskbridge_hub._substrate_values import Beat, BeatReply, Claimed
 
-from .reader_kit import READER_LOG, Desk, Script, entries, lines, make_reader, sample
+from .reader_kit import READER_LOG, Desk, Script, attached, entries, lines, make_reader, sample
 
 RECLAIMED = "deskbridge_reclaimed_entries_total"
 
@@ -115,11 +115,8 @@ async def test_served_drains_after_an_unanswered_entry_and_reads_when_the_sessio
     reader.served("ghost", answered=False)  # the entry is pending and ours
     assert reader._due == {"ghost": {DRAIN}}
 
-    reader.running = True
     desk = Desk()
-    reader.attach(desk.listener)
-    reader._due.clear()
-    reader._queue.clear()
+    attached(reader, desk)
     reader.served("u1", answered=True)  # not full: nothing
     assert reader._due == {}
     desk.listener.wants_more = True
@@ -134,14 +131,6 @@ async def test_served_drains_after_an_unanswered_entry_and_reads_when_the_sessio
 
 
 # -- a heartbeat's replies -------------------------------------------------------------------
-
-
-def attached(reader, *desks):
-    reader.running = True
-    for desk in desks:
-        reader.attach(desk.listener)
-    reader._due.clear()
-    reader._queue.clear()
 
 
 async def test_a_reply_naming_another_holder_hands_the_session_over(autojump_clock):

@@ -33,7 +33,19 @@ from deskbridge_hub._retry import (
 )
 from deskbridge_hub._substrate_values import Beat, BeatReply, Claimed, Entry, Marked, Pushed
 
-from .reader_kit import READER_LOG, Desk, Hang, Script, entries, levels, lines, make_reader, sample
+from .reader_kit import (
+    READER_LOG,
+    Desk,
+    Hang,
+    Script,
+    attached,
+    entries,
+    levels,
+    lines,
+    make_reader,
+    recorded,
+    sample,
+)
 
 UNAVAILABLE = "deskbridge_presence_write_failures_total"
 OUTAGE_LOG = "deskbridge.hub.outage"
@@ -292,9 +304,7 @@ async def test_an_outage_noticed_while_the_refresh_fails_is_checked_after_it(aut
 async def test_a_wake_up_schedules_a_read_for_each_attached_user_once(autojump_clock):
     script = Script()
     reader = make_reader(script)
-    beating(reader, Desk("u1"), Desk("u2"))
-    reader._due.clear()
-    reader._queue.clear()
+    attached(reader, Desk("u1"), Desk("u2"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader._wake_loop)
         await trio.testing.wait_all_tasks_blocked()
@@ -313,19 +323,10 @@ async def test_pushed_entries_are_dispatched_in_order_without_a_read(autojump_cl
     script = Script()
     reader = make_reader(script)
     desk = Desk("u1")
-    beating(reader, desk, Desk("u2"))
-    reader._due.clear()
-    reader._queue.clear()
+    attached(reader, desk, Desk("u2"))
     marked = Marked("delivered", 5.0, 1)
     first, second = Entry("1-0", {"job_id": "a"}, marked), Entry("2-0", {"job_id": "b"}, marked)
-    got: list[Entry] = []
-    real = desk.listener.dispatch
-
-    async def dispatch(entry: Entry) -> None:
-        got.append(entry)
-        await real(entry)
-
-    desk.listener.dispatch = dispatch
+    got = recorded(desk)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader._wake_loop)
         nursery.start_soon(reader._worker)
@@ -350,9 +351,7 @@ async def test_the_wake_up_loop_leaves_a_pushed_entry_to_a_worker_when_it_must_w
     reader = make_reader(script)
     full, due = Desk("u1"), Desk("u2")
     full.capacity = 0
-    beating(reader, full, due)
-    reader._queue.clear()
-    reader._due.clear()
+    attached(reader, full, due)
     reader._due["u2"] = {NEW}
     marked = Marked("delivered", 5.0, 1)
     one, two = Entry("1-0", {"job_id": "a"}, marked), Entry("2-0", {"job_id": "b"}, marked)
@@ -397,9 +396,7 @@ async def test_a_failed_wake_up_wait_backs_off_warns_and_is_made_again(autojump_
     script = Script()
     script.queue("wait_wakes", boom(), boom(), ["u1"])
     reader = make_reader(script)
-    beating(reader, Desk("u1"))
-    reader._due.clear()
-    reader._queue.clear()
+    attached(reader, Desk("u1"))
     with caplog.at_level(logging.DEBUG, logger=READER_LOG):
         await run_loop(reader._wake_loop, 1)
     assert script.times("wait_wakes")[:3] == [0.0, 0.1, 0.35]

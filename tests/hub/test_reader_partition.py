@@ -13,7 +13,7 @@ from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._reader import WAKE_BLOCK_S, WAKE_LATE_S
 from deskbridge_hub._substrate_values import Entry, Marked, Pushed
 
-from .reader_kit import TIMINGS, Desk, Hang, Script, make_reader
+from .reader_kit import TIMINGS, Desk, Hang, Script, attached, make_reader, recorded
 
 
 def _cut_desk(user: str = "u1") -> Desk:
@@ -79,11 +79,7 @@ async def test_a_failed_wake_up_wait_drains_every_attached_user_at_the_start_and
     )
     reader = make_reader(script)
     desk, other = Desk("u1"), Desk("u2")
-    reader.running = True
-    reader.attach(desk.listener)
-    reader.attach(other.listener)
-    reader._due.clear()
-    reader._queue.clear()
+    attached(reader, desk, other)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader._wake_loop)
@@ -110,10 +106,7 @@ async def test_what_a_later_wait_of_the_streak_popped_is_drained_when_it_ends(au
     )
     reader = make_reader(script)
     desk = Desk("u1")
-    reader.running = True
-    reader.attach(desk.listener)
-    reader._due.clear()
-    reader._queue.clear()
+    attached(reader, desk)
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader._wake_loop)
@@ -127,18 +120,8 @@ async def _popped(script: Script) -> list[Entry]:
     """Run the wake-up loop and a worker; return the entries dispatched to u1."""
     reader = make_reader(script)
     desk = Desk("u1")
-    reader.running = True
-    reader.attach(desk.listener)
-    reader._due.clear()
-    reader._queue.clear()
-    got: list[Entry] = []
-    real = desk.listener.dispatch
-
-    async def dispatch(entry: Entry) -> None:
-        got.append(entry)
-        await real(entry)
-
-    desk.listener.dispatch = dispatch
+    attached(reader, desk)
+    got = recorded(desk)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader._wake_loop)
