@@ -335,6 +335,11 @@ def main() -> int:
                 / elapsed,
                 "swarm_closes": swarm1.get("closes", 0) - swarm0.get("closes", 0),
                 "swarm_welcomes": swarm1.get("welcomes", 0) - swarm0.get("welcomes", 0),
+                "swarm_close_kinds": {
+                    k: v - swarm0.get("close_kinds", {}).get(k, 0)
+                    for k, v in swarm1.get("close_kinds", {}).items()
+                    if v - swarm0.get("close_kinds", {}).get(k, 0)
+                },
                 "swarm_cpu_pct": 100
                 * (swarm1.get("cpu_s", 0) - swarm0.get("cpu_s", 0))
                 / max(1e-9, swarm1.get("t", 0) - swarm0.get("t", 0)),
@@ -429,6 +434,7 @@ def report(out: dict, args: argparse.Namespace) -> None:
             "swarm sockets closed / re-welcomed",
             f"{idle['swarm_closes']} / {idle['swarm_welcomes']}",
         ),
+        ("why they closed (code reason)", f"{idle.get('swarm_close_kinds') or 'none'}"),
         (
             "pings per desktop-minute: own / hub's",
             f"{idle.get('own_pings_per_desktop_min', 0):.2f} / "

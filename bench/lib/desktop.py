@@ -16,7 +16,9 @@ Runs until killed; every second it rewrites ``--status-file`` with counters (JSO
 ``welcomes`` (total), ``closes`` (total sockets that ended), ``jobs``, ``pings`` (the
 hub's, answered), ``own_pings`` (sent), ``pong_timeouts``,
 ``failures`` (connect attempts that failed), ``failure_kinds`` (why: exception name
-plus HTTP status or close code), ``cpu_s`` (this process).
+plus HTTP status or close code), ``close_kinds`` (why a welcomed socket ended: the close
+code and reason received, ``pong timeout``, or the exception's name), ``cpu_s`` (this
+process).
 
 Usage (started by compare.py / idle.py):
   python bench/lib/desktop.py --url ws://127.0.0.1:PORT --prefix u --count N \
@@ -57,6 +59,7 @@ HELLO = json.dumps(
 
 #: Why connection attempts failed before welcome: exception name + HTTP status / close code.
 FAILURE_KINDS: dict[str, int] = {}
+CLOSE_KINDS: dict[str, int] = {}
 COUNTERS = dict.fromkeys(
     (
         "connected",
@@ -155,10 +158,24 @@ async def desktop(
                             answered.set()
             finally:
                 if pinging is not None:
+                    if pinging.done() and not pinging.cancelled():
+                        why = "pong timeout"  # the pinger closed the socket
+                    else:
+                        why = None
                     pinging.cancel()
+                else:
+                    why = None
                 COUNTERS["connected"] -= 1
                 if welcomed:
                     COUNTERS["welcomed"] -= 1
+                    if why is None:
+                        rcvd = ws.close_code
+                        why = (
+                            f"{rcvd} {ws.close_reason or ''}".strip()
+                            if rcvd is not None
+                            else type(sys.exc_info()[1]).__name__
+                        )
+                    CLOSE_KINDS[why] = CLOSE_KINDS.get(why, 0) + 1
                 COUNTERS["closes"] += 1
                 await ws.close()
         except (TimeoutError, OSError, WebSocketException, ConnectionError, ValueError) as exc:
@@ -179,6 +196,7 @@ async def report(path: str) -> None:
         data = {
             **COUNTERS,
             "failure_kinds": FAILURE_KINDS,
+            "close_kinds": CLOSE_KINDS,
             "cpu_s": t.user + t.system,
             "t": time.time(),
         }
