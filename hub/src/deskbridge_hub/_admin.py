@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deskbridge_common import _codes
 from quart import request
 from quart_trio import QuartTrio
 
@@ -164,7 +165,7 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
             return json_response(
                 {
                     "error": {
-                        "code": "not_found",
+                        "code": _codes.NOT_FOUND,
                         "message": f"no job {job_id!r} (unknown, or its state expired)",
                     }
                 },

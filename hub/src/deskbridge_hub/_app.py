@@ -18,6 +18,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import trio
+from deskbridge_common import _codes
 from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -176,7 +177,7 @@ def create_app(
         if _needs_key(request.path) and not key_accepted(
             request.headers.get("Authorization", ""), config.api_keys
         ):
-            response = _error(401, "unauthorized", UNAUTHORIZED)
+            response = _error(401, _codes.UNAUTHORIZED, UNAUTHORIZED)
             if request.path.startswith("/admin"):  # a browser asks for the key once
                 response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
             return response
@@ -266,7 +267,7 @@ def create_app(
         try:
             stage = await holder["bridge"].cancel(job_id)
         except UnknownJob as exc:
-            return _error(404, "not_found", str(exc))
+            return _error(404, _codes.NOT_FOUND, str(exc))
         if stage == "finished":
             return _json({"job_id": job_id, "cancel_requested": False, "stage": stage}, 409)
         return _json({"job_id": job_id, "cancel_requested": True, "stage": stage}, 202)

@@ -11,7 +11,7 @@ import hmac
 import json
 from typing import Any
 
-from deskbridge_common import safe_text
+from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
@@ -45,7 +45,7 @@ def draining_answer() -> Answer:
     the caller can retry on another replica at once: 503 ``draining``."""
     return 503, {
         "status": "unavailable",
-        "error": {"code": "draining", "message": "this hub replica is restarting; retry"},
+        "error": {"code": _codes.DRAINING, "message": "this hub replica is restarting; retry"},
     }
 
 
@@ -92,19 +92,23 @@ def bridge_error_answer(
         return 503, body
     if isinstance(exc, IdempotencyKeyReused):
         return error_answer(
-            422, "idempotency_key_reused", str(exc), field="idempotency_key", job_id=exc.job_id
+            422, _codes.IDEMPOTENCY_KEY_REUSED, str(exc), field="idempotency_key", job_id=exc.job_id
         )
     if isinstance(exc, JobIdInUse):
-        return error_answer(409, "job_id_in_use", str(exc), field="job_id")
-    return error_answer(400, "bad_request", str(exc), field=exc.field)
+        return error_answer(409, _codes.JOB_ID_IN_USE, str(exc), field="job_id")
+    return error_answer(400, _codes.BAD_REQUEST, str(exc), field=exc.field)
 
 
 def http_error_answer(status: int | None, name: str | None, where: str) -> Answer:
     """The JSON answer to an HTTP error (Werkzeug's ``HTTPException``: its ``code`` and
     ``name``) for the request ``where`` ("POST /path"), e.g. 404 ``not_found`` "Not
     Found: GET /x" (Quart's default is an HTML page). The request's path is the
-    client's: capped, its control characters escaped (a decoded ``%0a`` is not echoed)."""
-    code = (name or "error").lower().replace(" ", "_").replace("'", "")
+    client's: capped, its control characters escaped (a decoded ``%0a`` is not echoed).
+    The code is the one ``_codes.HTTP_STATUS_CODES`` lists for the status, whichever way
+    in; Werkzeug's name, in snake case, only for a status it does not list."""
+    code = _codes.HTTP_STATUS_CODES.get(status or 500) or (
+        (name or "error").lower().replace(" ", "_").replace("'", "")
+    )
     return error_answer(status or 500, code, f"{name}: {safe_text(where)}")
 
 

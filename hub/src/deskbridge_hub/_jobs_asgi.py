@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 import trio
+from deskbridge_common import _codes
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 from werkzeug.sansio.utils import get_content_length
 
@@ -78,7 +79,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             return
         headers = _headers(scope)
         if not key_accepted(headers.get("authorization", ""), config.api_keys):
-            await _send(send, error_answer(401, "unauthorized", UNAUTHORIZED), app.config)
+            await _send(send, error_answer(401, _codes.UNAUTHORIZED, UNAUTHORIZED), app.config)
             return
         answer = await _answer(receive, match.group(1), headers, f"POST {scope['path']}")
         if answer is not None:  # None: the client went away

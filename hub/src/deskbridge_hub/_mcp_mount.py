@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
+from deskbridge_common import _codes
 from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
@@ -181,13 +182,16 @@ def mount_mcp(
         user_id = match.group(1)
         if not _authorised(scope, api_keys):
             await _send_json(
-                send, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
+                send,
+                401,
+                _codes.UNAUTHORIZED,
+                "missing or wrong API key (Authorization: Bearer <key>)",
             )
             return
         try:
             validate_user_id(user_id)
         except ValueError as exc:
-            await _send_json(send, 400, "bad_request", str(exc), field="user_id")
+            await _send_json(send, 400, _codes.BAD_REQUEST, str(exc), field="user_id")
             return
         if scope.get("method") == "POST":
             raw = await _read_body(receive)
@@ -195,7 +199,7 @@ def mount_mcp(
                 return
             if raw is None:
                 await _send_json(
-                    send, 413, "payload_too_large",
+                    send, 413, _codes.REQUEST_ENTITY_TOO_LARGE,
                     f"MCP request bodies are limited to {MAX_BODY_BYTES} bytes",
                 )  # fmt: skip
                 return
@@ -206,7 +210,7 @@ def mount_mcp(
             receive = _replayed(raw, receive)
         async with endpoints.using(user_id) as endpoint:
             if endpoint is None:
-                await _send_json(send, 503, "unavailable", "the hub is not serving yet")
+                await _send_json(send, 503, _codes.UNAVAILABLE, "the hub is not serving yet")
                 return
             await endpoint.manager.handle_request(scope, receive, send)
 
