@@ -50,7 +50,8 @@ async def _asgi(app: Any, method: str, path: str, headers: dict[str, str], body:
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
         "scheme": "http", "path": urllib.parse.unquote(path), "raw_path": path.encode(),
-        "query_string": b"", "root_path": "", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+        "query_string": b"", "root_path": "", "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1),
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
         "extensions": {},
     }  # fmt: skip
