@@ -18,6 +18,7 @@ from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnav
 from ._http_body import parse_json_body
 from ._outcome import Outcome
 from ._unavailable_log import note_unavailable
+from ._validate import validate_job_id
 
 #: An answer: (HTTP status, JSON body); ``_respond`` makes it a Quart response.
 Answer = tuple[int, dict[str, Any]]
@@ -110,6 +111,23 @@ def http_error_answer(status: int | None, name: str | None, where: str) -> Answe
         (name or "error").lower().replace(" ", "_").replace("'", "")
     )
     return error_answer(status or 500, code, f"{name}: {safe_text(where)}")
+
+
+def with_chosen_job_id(answer: Answer, raw_body: bytes | None) -> Answer:
+    """``answer`` naming the ``job_id`` its caller chose in ``raw_body`` (a JSON object
+    whose ``job_id`` passes ``validate_job_id``) when the answer names none: a call
+    refused before anything was enqueued (offline, 400, 409, 422, an ``unavailable`` or
+    ``draining`` 503) echoes the caller's own id (docs/outcomes.md). It names no job.
+    A body that is not such an object (unreadable, the id malformed) adds nothing."""
+    status, body = answer
+    if not isinstance(body, dict) or body.get("job_id") is not None or not raw_body:
+        return answer
+    try:
+        request_body = json.loads(raw_body)
+        chosen = validate_job_id(request_body.get("job_id"))
+    except (ValueError, RecursionError, AttributeError):
+        return answer
+    return status, {"job_id": chosen, **{k: v for k, v in body.items() if k != "job_id"}}
 
 
 def _presented_key(header: str) -> str:

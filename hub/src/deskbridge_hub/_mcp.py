@@ -315,6 +315,8 @@ class UserEndpoint:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
                 await self._cancel_job(job_id)
             raise
+        if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
+            outcome = attrs.evolve(outcome, job_id=None)
         return outcome_result(outcome)
 
     async def _cancel_job(self, job_id: str) -> None:
