@@ -136,6 +136,11 @@ def _routes(version: str) -> dict[str, Any]:
                     "type": "object",
                     "required": ["error"],
                     "properties": {
+                        "job_id": {
+                            "type": "string",
+                            "description": "a refused call's caller-chosen job id, echoed "
+                            "(it names no job; docs/outcomes.md)",
+                        },
                         "error": {
                             "type": "object",
                             "required": ["code", "message"],
