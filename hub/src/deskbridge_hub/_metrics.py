@@ -185,8 +185,12 @@ def job_served(
     *,
     job_id: str | None = None,
     tool: str | None = None,
+    provisional: bool = False,
 ) -> None:
     """An entry answered by the socket holder: count it and log the job's one INFO line.
+    A ``provisional`` answer (``in_doubt`` with ``detail.pending``: the entry stays, and
+    its redelivery's real outcome is the job's line) is logged as what its caller was
+    told, on ``deskbridge.hub.calls`` (field ``answer``), not as the job's outcome.
 
     Args:
         session: the ``EntryServer`` serving it (``user_id``, ``session_id``,
@@ -206,6 +210,23 @@ def job_served(
     elapsed_s = None
     if envelope is not None:
         elapsed_s = max(session.wall_clock() - envelope.enqueued_at, 0.0)
+    if provisional:
+        calls_log.info(
+            "call for job %s answered: %s (provisional; %s for %s)",
+            job_id,
+            outcome,
+            tool,
+            session.user_id,
+            extra=fields(
+                user_id=session.user_id,
+                session_id=session.session_id,
+                job_id=job_id,
+                tool=tool,
+                answer=outcome,
+                elapsed_s=elapsed_s,
+            ),
+        )
+        return
     jobs_log.info(
         "job %s finished: %s (%s)",
         job_id,
