@@ -86,3 +86,37 @@ async def test_one_condition_one_code_whichever_way_in(autojump_clock, condition
     assert len(set(answers.values())) == 1, answers
     (_, code), *_ = answers.values()
     assert code in _codes.HTTP_ERROR_CODES, code
+
+
+async def test_a_wrong_method_is_method_not_allowed_whichever_way_in(autojump_clock) -> None:
+    """PUT on the MCP endpoint was the SDK's JSON-RPC ``-32600 Method Not Allowed`` with
+    no ``error.code`` of the hub's list; every other route answers ``method_not_allowed``
+    with ``Allow``."""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    answers = {}
+    async with app.test_app():
+        for way, (_, template) in WAYS_IN.items():
+            headers = {"Authorization": f"Bearer {KEY}"}
+            status, answer = await _asgi(app, "PUT", template.format(user="alice"), headers, b"")
+            answers[way] = (status, answer.get("error", {}).get("code"))
+    assert set(answers.values()) == {(405, _codes.METHOD_NOT_ALLOWED)}, answers
+
+
+async def test_the_key_as_basic_password_is_taken_whichever_way_in() -> None:
+    """/v1 takes the API key as HTTP Basic's password (the connectors page); the MCP
+    endpoint, also under /v1, answered 401 to it. (A real clock: the SDK's endpoint
+    starts on anyio, which MockClock's autojump would skip past; no sleep here.)"""
+    import base64
+
+    basic = "Basic " + base64.b64encode(f"anyone:{KEY}".encode()).decode()
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    statuses = {}
+    async with app.test_app():
+        for way, (method, template) in WAYS_IN.items():
+            headers = {"Authorization": basic, "Content-Type": "application/json"}
+            body = b"{" if method == "POST" else b""  # malformed: refused after the key
+            if way == "MCP":  # a GET without a session: the SDK's 400, at once
+                method, headers["Accept"] = "GET", "application/json, text/event-stream"
+            status, _ = await _asgi(app, method, template.format(user="alice"), headers, body)
+            statuses[way] = status
+    assert 401 not in statuses.values(), statuses
