@@ -87,3 +87,12 @@ async def test_bridge_offline_outcome_has_the_callers_job_id(autojump_clock):
     made = await bridge.dispatch("nobody", "echo", {})
     assert (made.status, made.job_id) == ("offline", None)  # no hub-made id is shown
     assert await bridge.job_state(MINE) is None  # it names no job
+
+
+@pytest.mark.parametrize("asgi_route", [True, False], ids=["asgi", "quart"])
+async def test_an_unexpected_error_does_not_echo_the_id(autojump_clock, monkeypatch, asgi_route):
+    # a 500 says nothing about what was enqueued: its id is not presented as naming nothing
+    async with hub(monkeypatch, asgi_route=asgi_route) as h:
+        await _raising(RuntimeError("boom"))(h)
+        r = await h.client.post(f"/v1/users/{ONLINE}/jobs", data=_body(), headers=JSON)
+        assert r.status_code == 500 and "job_id" not in await r.get_json()

@@ -118,9 +118,10 @@ def with_chosen_job_id(answer: Answer, raw_body: bytes | None) -> Answer:
     whose ``job_id`` passes ``validate_job_id``) when the answer names none: a call
     refused before anything was enqueued (offline, 400, 409, 422, an ``unavailable`` or
     ``draining`` 503) echoes the caller's own id (docs/outcomes.md). It names no job.
-    A body that is not such an object (unreadable, the id malformed) adds nothing."""
+    A body that is not such an object (unreadable, the id malformed) adds nothing, and
+    so does a 500 (an unexpected error: what it left behind is not known)."""
     status, body = answer
-    if not isinstance(body, dict) or body.get("job_id") is not None or not raw_body:
+    if status == 500 or body.get("job_id") is not None or not raw_body:
         return answer
     try:
         request_body = json.loads(raw_body)
