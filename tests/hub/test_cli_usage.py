@@ -38,6 +38,8 @@ DESKTOPS = ["inspect", "desktops", "--hub", HUB]
         ([*CALL, "--timeout-s", "nan"], "--timeout-s"),  # was a traceback
         ([*CALL, "--timeout-s", "inf"], "--timeout-s"),  # was a traceback
         ([*CALL, "--timeout-s", "86401"], "--timeout-s"),  # one day at most, as the hub says
+        ([*CALL, "--args", '{"a": NaN}'], "--args"),  # went to the hub: its 400, exit 1
+        ([*CALL, "--args", '{"a": 1e400}'], "--args"),  # the same (a float's overflow)
         ([*CALL, "--idempotency-key", ""], "--idempotency-key"),  # was dropped silently
         ([*CALL, "--idempotency-key", "a b"], "--idempotency-key"),
         (["call", "alice", "no tool", "--hub", HUB], "TOOL"),

@@ -20,6 +20,7 @@ from . import _inspect_cli
 from ._bridge import MAX_TIMEOUT_S
 from ._cli_args import checked, hub_url_problem, seconds
 from ._config import MEMORY_URL, redis_url_problem
+from ._http_body import finite_float, no_constant
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
@@ -191,7 +192,10 @@ def _token(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace) -> int:
     try:
-        tool_args = strict_json.loads(args.args, parse_float=float, parse_constant=float)
+        # the hub's own parser (no NaN, no overflowing number): what it would refuse
+        tool_args = strict_json.loads(
+            args.args, parse_float=finite_float, parse_constant=no_constant
+        )
     except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
