@@ -79,23 +79,20 @@ def test_two_workers_on_the_in_memory_substrate_ask_for_a_redis_url(monkeypatch,
     assert "set DESKBRIDGE_REDIS_URL to a redis:// URL" in capsys.readouterr().err
 
 
-def test_call_sends_a_zero_timeout_instead_of_dropping_it(capsys):
-    """``--timeout-s 0`` used to be dropped (falsy), so the call silently waited 90 s; the hub
-    must see it and refuse it like any other bad timeout."""
+def test_call_refuses_a_zero_timeout_without_sending_it(capsys):
+    """``--timeout-s 0`` used to be dropped (falsy), so the call silently waited 90 s; then
+    it went to the hub, whose 400 exited 1 where ``--help`` promises 2 for usage errors.
+    Now it is refused here, as argparse refuses ``abc``: exit 2, nothing sent."""
     import http.server
-    import json
     import threading
 
-    seen: list[dict] = []
+    seen: list[bytes] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = b'{"error": {"code": "bad_request", "field": "timeout_s"}}'
-            self.send_response(400)
-            self.send_header("Content-Length", str(len(body)))
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(500)
             self.end_headers()
-            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -105,12 +102,16 @@ def test_call_sends_a_zero_timeout_instead_of_dropping_it(capsys):
     thread.start()
     try:
         hub = f"http://127.0.0.1:{server.server_address[1]}"
-        assert cli.main(["call", "alice", "echo", "--timeout-s", "0", "--hub", hub]) == 1
+        assert cli.main(["call", "alice", "echo", "--timeout-s", "0", "--hub", hub]) == 2
     finally:
         server.shutdown()
         server.server_close()
         thread.join(5)
-    assert seen == [{"name": "echo", "args": {}, "timeout_s": 0.0}]
+    assert seen == []
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "deskbridge-hub call: error: argument --timeout-s: must be a number of seconds in "
+        "(0, 86400], got '0'"
+    )
 
 
 def test_a_reader_that_leaves_early_is_no_traceback():

@@ -3,7 +3,10 @@ path and method, both ways), so the document cannot fall behind the code."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from deskbridge_hub import HubConfig, SubstrateUnavailable, create_app
@@ -109,3 +112,135 @@ async def test_every_status_a_route_answers_is_documented(autojump_clock) -> Non
         if str(status) not in listed
     ]
     assert missing == [], "\n".join(missing)
+
+
+@contextlib.asynccontextmanager
+async def _document_and_client() -> AsyncIterator[tuple[dict[str, Any], Any]]:
+    """The served document and a test client of the same app (one key: ``KEY``)."""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        yield await (await client.get("/openapi.json")).get_json(), client
+
+
+def _probed(doc: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(path, method, url, operation) of every documented route but the event stream."""
+    return [
+        (path, method, path.replace("{user_id}", "alice").replace("{job_id}", "job-1"), op)
+        for path, ops in doc["paths"].items()
+        if not path.endswith("/events")
+        for method, op in ops.items()
+    ]
+
+
+async def test_every_auth_scheme_a_route_accepts_is_documented(autojump_clock) -> None:
+    """Present the API key in each scheme the document defines (bearer; HTTP Basic's
+    password): a route that takes it (no 401) must list the scheme in its ``security``,
+    and a route that lists it must take it. /v1 took Basic, documented bearer only."""
+    basic = "Basic " + base64.b64encode(f"anyone:{KEY}".encode()).decode()
+    headers = {"bearer": f"Bearer {KEY}", "basic": basic}
+    wrong = []
+    async with _document_and_client() as (doc, client):
+        assert set(doc["components"]["securitySchemes"]) == set(headers)
+        for path, method, url, op in _probed(doc):
+            if not op.get("security"):
+                continue  # open routes take no key at all
+            listed = {name for req in op["security"] for name in req}
+            for scheme, header in headers.items():
+                data = b"{}" if "requestBody" in op else None
+                r = await client.open(
+                    url,
+                    method=method.upper(),
+                    headers={"Authorization": header, "Content-Type": "application/json"},
+                    data=data,
+                )
+                if (r.status_code != 401) != (scheme in listed):
+                    wrong.append(f"{method.upper()} {path}: {scheme} -> {r.status_code}, "
+                                 f"documented {sorted(listed)}")  # fmt: skip
+    assert wrong == [], "\n".join(wrong)
+
+
+def _outside(schema: dict[str, Any]) -> list[str]:
+    values = ["x", "1.5"]
+    if "minimum" in schema:
+        values.append(str(schema["minimum"] - 1))
+    if "maximum" in schema:
+        values.append(str(schema["maximum"] + 1))
+    return values
+
+
+def _inside(schema: dict[str, Any]) -> list[str]:
+    return [str(schema[b]) for b in ("minimum", "maximum", "default") if b in schema]
+
+
+async def test_every_query_parameter_a_route_reads_is_documented_with_its_bounds(
+    autojump_clock,
+) -> None:
+    """Probe every GET route with every query parameter the document names anywhere, at
+    values outside its documented bounds and at them: a route that refuses a value (400)
+    must document the parameter, its bounds and the 400; one that documents it must refuse
+    exactly the values outside. /admin/api/desktops read offset and limit undocumented."""
+    wrong = []
+    async with _document_and_client() as (doc, client):
+        known: dict[str, dict[str, Any]] = {}
+        for ops in doc["paths"].values():
+            for op in ops.values():
+                for p in op.get("parameters", []):
+                    if p["in"] == "query":
+                        known.setdefault(p["name"], p["schema"])
+        assert known, "the document names no query parameter"
+        auth = {"Authorization": f"Bearer {KEY}"}
+        for path, method, url, op in _probed(doc):
+            if method != "get":
+                continue
+            documented = {p["name"]: p["schema"] for p in op.get("parameters", [])
+                          if p["in"] == "query"}  # fmt: skip
+            for name, schema in known.items():
+                schema = documented.get(name, schema)
+                for value in _outside(schema):
+                    r = await client.get(f"{url}?{name}={value}", headers=auth)
+                    refused = r.status_code == 400
+                    undocumented_400 = refused and "400" not in op["responses"]
+                    if refused != (name in documented) or undocumented_400:
+                        wrong.append(f"GET {path}?{name}={value} -> {r.status_code}, "
+                                     f"documented {sorted(documented)}")  # fmt: skip
+                for value in _inside(schema):
+                    r = await client.get(f"{url}?{name}={value}", headers=auth)
+                    if r.status_code == 400:
+                        wrong.append(f"GET {path}?{name}={value} (inside the bounds) -> 400")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_documented_patterns_are_the_rules_the_hub_applies() -> None:
+    """Each string the API checks (path values, body fields) is documented with a
+    ``pattern`` that accepts exactly what the hub accepts (they had none)."""
+    from deskbridge_hub import _validate
+    from deskbridge_hub._openapi import document
+
+    doc = document("test")
+    body = doc["components"]["schemas"]["JobRequest"]["properties"]
+    path = {
+        p["name"]: p["schema"]
+        for route in ("/v1/jobs/{job_id}", "/v1/admin/users/{user_id}")
+        for p in doc["paths"][route]["get"]["parameters"]
+    }
+    rules = {
+        "user_id": (path["user_id"], _validate.validate_user_id),
+        "job_id (path)": (path["job_id"], _validate.validate_job_id),
+        "job_id": (body["job_id"], _validate.validate_job_id),
+        "name": (body["name"], _validate.validate_tool_name),
+        "idempotency_key": (body["idempotency_key"], _validate.validate_key),
+    }
+    samples = ["a", "echo", "a b", "é", "a/b", ".", "..", "...", "a%2f", "~$!", "a?b", ""]
+    samples += ["k" * n for n in (64, 65, 128, 129, 200, 201)] + ["alice@x.example"]
+    wrong = []
+    for field, (schema, validator) in rules.items():
+        for sample in samples:
+            try:
+                validator(sample)
+                accepted = True
+            except ValueError:
+                accepted = False
+            if bool(re.search(schema["pattern"], sample)) != accepted:
+                wrong.append(f"{field}: {sample!r} hub {'accepts' if accepted else 'refuses'}")
+    assert wrong == [], "\n".join(wrong)

@@ -73,9 +73,12 @@ def test_json_logs_carry_the_job_fields(tmp_path: Path) -> None:
     assert re.fullmatch(r"[0-9a-f]{16}\.[0-9a-f]{32}", rec["session_id"]), rec["session_id"]
     assert isinstance(rec["elapsed_ms"], float) and rec["elapsed_ms"] >= 0
     assert {"time", "level", "logger", "message"} <= set(rec)
-    # The offline answer has its INFO line at the caller (no holder ever saw it).
-    offline = [r for r in hub_records if r.get("outcome") == "offline"]
+    # The offline answer has its INFO line at the caller (no holder ever saw it): what the
+    # caller was told (``answer``), never a job outcome (docs/operations.md, "Logs").
+    offline = [r for r in hub_records if r.get("answer") == "offline"]
     assert len(offline) == 1 and offline[0]["user_id"] == f"nobody-{user}"
+    assert offline[0]["logger"] == "deskbridge.hub.calls" and "outcome" not in offline[0]
+    assert [r for r in hub_records if r.get("outcome") == "offline"] == []
     assert offline[0]["tool"] == "echo" and "elapsed_ms" in offline[0]
     # The session's lines carry user and session.
     online = [r for r in hub_records if "online" in r["message"] and r.get("user_id") == user]

@@ -68,8 +68,65 @@ UNAVAILABLE = "unavailable"  #: the substrate (Redis) cannot be used right now
 #: Error codes that are also the job's outcome (every other error code means "failed").
 OUTCOME_ERROR_CODES = frozenset({EXPIRED, CANCELLED, IN_DOUBT, DECLINED})
 
+# -- request error codes (``error.code`` of a refused HTTP request) --------------------
+# One condition has one code whichever way the request came in: the HTTP API (its ASGI
+# fast path and its Quart routes), the admin API, the MCP endpoint, the sidecar handshake.
+BAD_REQUEST = "bad_request"  #: a malformed body, path value or query value (``field``)
+UNAUTHORIZED = "unauthorized"  #: a missing or wrong API key (or sidecar token)
+FORBIDDEN = "forbidden"  #: a sidecar token that is valid but not accepted here
+NOT_FOUND = "not_found"  #: no such route, job or user record
+METHOD_NOT_ALLOWED = "method_not_allowed"  #: the route exists; ``Allow`` lists its methods
+REQUEST_TIMEOUT = "request_timeout"  #: the body did not arrive within the body timeout
+#: a body over the size limit (Werkzeug's name of 413; MCP said ``payload_too_large``)
+REQUEST_ENTITY_TOO_LARGE = "request_entity_too_large"
+UPGRADE_REQUIRED = "upgrade_required"  #: plain HTTP on the WebSocket-only /v1/sidecar
+INTERNAL_SERVER_ERROR = "internal_server_error"  #: a bug: logged with its traceback
+DRAINING = "draining"  #: this replica is restarting: nothing was enqueued, retry elsewhere
+NOT_CONFIGURED = "not_configured"  #: the hub has no DESKBRIDGE_SECRET
+TOKEN_NOT_YET_VALID = "token_not_yet_valid"  #: a sidecar token issued in the future
+JOB_ID_IN_USE = "job_id_in_use"  #: a caller-chosen job id that names another job
+#: The code of each HTTP status whose answer is the status itself (not an outcome).
+HTTP_STATUS_CODES = {
+    400: BAD_REQUEST,
+    401: UNAUTHORIZED,
+    403: FORBIDDEN,
+    404: NOT_FOUND,
+    405: METHOD_NOT_ALLOWED,
+    408: REQUEST_TIMEOUT,
+    413: REQUEST_ENTITY_TOO_LARGE,
+    426: UPGRADE_REQUIRED,
+    500: INTERNAL_SERVER_ERROR,
+}
+#: Every code a refused request may carry (besides the job outcomes' codes above).
+HTTP_ERROR_CODES = frozenset(
+    {
+        *HTTP_STATUS_CODES.values(),
+        DRAINING,
+        NOT_CONFIGURED,
+        TOKEN_NOT_YET_VALID,
+        JOB_ID_IN_USE,
+        IDEMPOTENCY_KEY_REUSED,
+        UNAVAILABLE,
+    }
+)
+
 __all__ = [
     "BAD_ARGS",
+    "BAD_REQUEST",
+    "DRAINING",
+    "FORBIDDEN",
+    "HTTP_ERROR_CODES",
+    "HTTP_STATUS_CODES",
+    "INTERNAL_SERVER_ERROR",
+    "JOB_ID_IN_USE",
+    "METHOD_NOT_ALLOWED",
+    "NOT_CONFIGURED",
+    "NOT_FOUND",
+    "REQUEST_ENTITY_TOO_LARGE",
+    "REQUEST_TIMEOUT",
+    "TOKEN_NOT_YET_VALID",
+    "UNAUTHORIZED",
+    "UPGRADE_REQUIRED",
     "BAD_JOB",
     "BAD_RESULT",
     "DECLINED",

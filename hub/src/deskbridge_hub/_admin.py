@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deskbridge_common import _codes
 from quart import request
 from quart_trio import QuartTrio
 
@@ -28,6 +29,8 @@ from ._validate import validate_key, validate_user_id
 #: Most rows per desktops page, and the default.
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 100
+#: Largest ``offset`` of a desktops page (a bound, so a typo is a 400, not a huge ZRANGE).
+MAX_OFFSET = 10**9
 #: Most pending entries listed for one user.
 MAX_PENDING_LISTED = 100
 
@@ -100,7 +103,7 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
     @app.get("/v1/admin/desktops")
     @app.get("/admin/api/desktops")
     async def admin_desktops():  # type: ignore[no-untyped-def]
-        offset = _int_arg("offset", 0, 0, 10**9)
+        offset = _int_arg("offset", 0, 0, MAX_OFFSET)
         limit = _int_arg("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
         substrate = holder["state"].substrate
         page = await substrate.list_desktops(offset=offset, limit=limit)
@@ -162,7 +165,7 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
             return json_response(
                 {
                     "error": {
-                        "code": "not_found",
+                        "code": _codes.NOT_FOUND,
                         "message": f"no job {job_id!r} (unknown, or its state expired)",
                     }
                 },

@@ -18,6 +18,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import trio
+from deskbridge_common import _codes
 from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -38,8 +39,11 @@ from ._http import (
     _outcome_response,
     _respond,
     bridge_error_answer,
+    draining_answer,
     http_error_answer,
     key_accepted,
+    outcome_answer,
+    with_chosen_job_id,
 )
 from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
 from ._http_body import _no_other_fields, _timeout_s, parse_job
@@ -176,7 +180,7 @@ def create_app(
         if _needs_key(request.path) and not key_accepted(
             request.headers.get("Authorization", ""), config.api_keys
         ):
-            response = _error(401, "unauthorized", UNAUTHORIZED)
+            response = _error(401, _codes.UNAUTHORIZED, UNAUTHORIZED)
             if request.path.startswith("/admin"):  # a browser asks for the key once
                 response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
             return response
@@ -245,15 +249,19 @@ def create_app(
         """Served by ``_jobs_asgi`` in front of Quart, the same way; this route answers
         only what that one hands on (a request under a ``root_path``) and gives the path
         its 405 ``Allow: POST`` for other methods."""
-        job = parse_job(await request.get_data(cache=True, as_text=False, parse_form_data=False))
-        state: HubState = holder["state"]
-        if state.drain.active:
-            return _draining()
-        # werkzeug's Headers is mapping-like (case-insensitive get) but not a Mapping.
-        headers = request.headers
-        with _tracing.extracted(headers):  # type: ignore[arg-type]  # W3C traceparent, if any
-            outcome = await job.dispatch(holder["bridge"], user_id)
-        return _outcome_response(outcome)
+        raw = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+        try:
+            job = parse_job(raw)
+            state: HubState = holder["state"]
+            if state.drain.active:
+                return _respond(with_chosen_job_id(draining_answer(), raw))
+            # werkzeug's Headers is mapping-like (case-insensitive get) but not a Mapping.
+            headers = request.headers
+            with _tracing.extracted(headers):  # type: ignore[arg-type]  # W3C traceparent
+                outcome = await job.dispatch(holder["bridge"], user_id)
+        except BRIDGE_ERRORS as exc:  # refused: the caller's own job_id, echoed
+            return _respond(with_chosen_job_id(bridge_error_answer(exc), raw))
+        return _respond(with_chosen_job_id(outcome_answer(outcome), raw))
 
     @app.get("/v1/users/<user_id>/tools")
     async def tools(user_id: str):  # type: ignore[no-untyped-def]
@@ -266,7 +274,7 @@ def create_app(
         try:
             stage = await holder["bridge"].cancel(job_id)
         except UnknownJob as exc:
-            return _error(404, "not_found", str(exc))
+            return _error(404, _codes.NOT_FOUND, str(exc))
         if stage == "finished":
             return _json({"job_id": job_id, "cancel_requested": False, "stage": stage}, 409)
         return _json({"job_id": job_id, "cancel_requested": True, "stage": stage}, 202)

@@ -185,7 +185,8 @@ class Bridge(JobControl):
             cancelled, timeout or offline. It never returns "unavailable": that raises.
             ``timeout`` with ``detail == {"stage": "unknown"}`` and the ``job_id`` when
             the time ran out before the enqueue step answered (enqueued or not: it will
-            not start later, docs/outcomes.md).
+            not start later, docs/outcomes.md). ``offline`` (nothing enqueued) has the
+            ``job_id`` the caller chose, echoed, or None when it chose none.
 
         Raises:
             BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
@@ -334,8 +335,10 @@ class Bridge(JobControl):
                 if submitted.verdict == "offline":
                     await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
                     with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
-                        return await offline_outcome(self.substrate, user_id, started)
-                    return plain_offline(user_id, started)
+                        return await offline_outcome(
+                            self.substrate, user_id, started, job_id_given
+                        )
+                    return plain_offline(user_id, started, job_id=job_id_given)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
                 # The catalogue (or the holder) kept changing under us, the request is

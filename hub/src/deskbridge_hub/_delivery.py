@@ -433,7 +433,7 @@ class EntryServer:
         elif finished.verdict == "stale":
             self._refused(job_id, "in_doubt", epoch, finished)
         else:
-            _metrics.job_served(self, "in_doubt", envelope, job_id=job_id)
+            _metrics.job_served(self, "in_doubt", envelope, job_id=job_id, provisional=not final)
 
     async def _mark_interrupted(self, job_id: str, epoch: int | None) -> None:
         """Record the stage ``interrupted`` (fenced: a newer delivery's state stays)."""

@@ -29,6 +29,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from deskbridge_common import _codes
 from quart import Response
 from quart_trio import QuartTrio
 
@@ -55,7 +56,7 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
         bridge = holder["bridge"]
         substrate = bridge.substrate
         if await _stage(bridge, job_id) is None:
-            body = {"error": {"code": "not_found", "message": f"no job {job_id!r}"}}
+            body = {"error": {"code": _codes.NOT_FOUND, "message": f"no job {job_id!r}"}}
             return Response(json.dumps(body), status=404, content_type="application/json")
 
         async def is_over() -> bool:

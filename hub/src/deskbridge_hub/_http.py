@@ -11,13 +11,14 @@ import hmac
 import json
 from typing import Any
 
-from deskbridge_common import safe_text
+from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._http_body import parse_json_body
 from ._outcome import Outcome
 from ._unavailable_log import note_unavailable
+from ._validate import validate_job_id
 
 #: An answer: (HTTP status, JSON body); ``_respond`` makes it a Quart response.
 Answer = tuple[int, dict[str, Any]]
@@ -45,7 +46,7 @@ def draining_answer() -> Answer:
     the caller can retry on another replica at once: 503 ``draining``."""
     return 503, {
         "status": "unavailable",
-        "error": {"code": "draining", "message": "this hub replica is restarting; retry"},
+        "error": {"code": _codes.DRAINING, "message": "this hub replica is restarting; retry"},
     }
 
 
@@ -92,20 +93,42 @@ def bridge_error_answer(
         return 503, body
     if isinstance(exc, IdempotencyKeyReused):
         return error_answer(
-            422, "idempotency_key_reused", str(exc), field="idempotency_key", job_id=exc.job_id
+            422, _codes.IDEMPOTENCY_KEY_REUSED, str(exc), field="idempotency_key", job_id=exc.job_id
         )
     if isinstance(exc, JobIdInUse):
-        return error_answer(409, "job_id_in_use", str(exc), field="job_id")
-    return error_answer(400, "bad_request", str(exc), field=exc.field)
+        return error_answer(409, _codes.JOB_ID_IN_USE, str(exc), field="job_id")
+    return error_answer(400, _codes.BAD_REQUEST, str(exc), field=exc.field)
 
 
 def http_error_answer(status: int | None, name: str | None, where: str) -> Answer:
     """The JSON answer to an HTTP error (Werkzeug's ``HTTPException``: its ``code`` and
     ``name``) for the request ``where`` ("POST /path"), e.g. 404 ``not_found`` "Not
     Found: GET /x" (Quart's default is an HTML page). The request's path is the
-    client's: capped, its control characters escaped (a decoded ``%0a`` is not echoed)."""
-    code = (name or "error").lower().replace(" ", "_").replace("'", "")
+    client's: capped, its control characters escaped (a decoded ``%0a`` is not echoed).
+    The code is the one ``_codes.HTTP_STATUS_CODES`` lists for the status, whichever way
+    in; Werkzeug's name, in snake case, only for a status it does not list."""
+    code = _codes.HTTP_STATUS_CODES.get(status or 500) or (
+        (name or "error").lower().replace(" ", "_").replace("'", "")
+    )
     return error_answer(status or 500, code, f"{name}: {safe_text(where)}")
+
+
+def with_chosen_job_id(answer: Answer, raw_body: bytes | None) -> Answer:
+    """``answer`` naming the ``job_id`` its caller chose in ``raw_body`` (a JSON object
+    whose ``job_id`` passes ``validate_job_id``) when the answer names none: a call
+    refused before anything was enqueued (offline, 400, 409, 422, an ``unavailable`` or
+    ``draining`` 503) echoes the caller's own id (docs/outcomes.md). It names no job.
+    A body that is not such an object (unreadable, the id malformed) adds nothing, and
+    so does a 500 (an unexpected error: what it left behind is not known)."""
+    status, body = answer
+    if status == 500 or body.get("job_id") is not None or not raw_body:
+        return answer
+    try:
+        request_body = json.loads(raw_body)
+        chosen = validate_job_id(request_body.get("job_id"))
+    except (ValueError, RecursionError, AttributeError):
+        return answer
+    return status, {"job_id": chosen, **{k: v for k, v in body.items() if k != "job_id"}}
 
 
 def _presented_key(header: str) -> str:

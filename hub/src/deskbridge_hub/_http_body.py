@@ -13,14 +13,17 @@ from ._bridge import MAX_TIMEOUT_S
 from ._errors import BadRequest
 
 
-def _finite(text: str) -> float:
+def finite_float(text: str) -> float:
+    """``parse_float`` of the strict parser: the float of ``text``, or ValueError when it
+    overflows (``1e999``)."""
     value = float(text)
     if not math.isfinite(value):  # 1e999 parses as inf
         raise ValueError(f"number {text[:32]} is out of range")
     return value
 
 
-def _no_constant(name: str) -> Any:
+def no_constant(name: str) -> Any:
+    """``parse_constant`` of the strict parser: ``NaN`` and ``Infinity`` are not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 
@@ -40,7 +43,9 @@ def parse_json_body(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[
     if not raw.strip() and empty is not None:
         return dict(empty)
     try:
-        body = strict_json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite)
+        body = strict_json.loads(
+            raw or b"null", parse_constant=no_constant, parse_float=finite_float
+        )
     except strict_json.DuplicateKey as exc:  # {"name": "echo", "name": "sleep"}
         raise BadRequest(str(exc), field=exc.field) from None
     except (ValueError, RecursionError) as exc:

@@ -22,6 +22,10 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from ._admin import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET
+from ._cli_args import hub_url_problem, integer
+from ._validate import validate_job_id, validate_user_id
+
 
 def add_parser(sub: Any) -> None:
     """Add the ``inspect`` sub-command to ``sub`` (argparse sub-parsers)."""
@@ -33,8 +37,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("what", choices=["desktops", "user", "job"])
     p.add_argument("id", nargs="?", metavar="ID", help="USER_ID for user, JOB_ID for job")
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
-    p.add_argument("--offset", type=int, default=0, help="desktops: rows to skip")
-    p.add_argument("--limit", type=int, default=100, help="desktops: rows to show (<= 500)")
+    p.add_argument(
+        "--offset", type=integer(0, MAX_OFFSET), default=0, help="desktops: rows to skip (>= 0)"
+    )
+    p.add_argument(
+        "--limit",
+        type=integer(1, MAX_LIMIT),
+        default=DEFAULT_LIMIT,
+        help=f"desktops: rows to show (1-{MAX_LIMIT})",
+    )
     p.add_argument(
         "--hub",
         default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
@@ -46,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     """Run ``inspect``; returns the exit status."""
     if args.what != "desktops" and not args.id:
         print(f"deskbridge-hub inspect {args.what}: an ID is required", file=sys.stderr)
+        return 2
+    problem = _id_problem(args.what, args.id)
+    if problem:
+        print(f"deskbridge-hub inspect: {problem}", file=sys.stderr)
         return 2
     problem = hub_url_problem(args.hub)
     if problem:
@@ -84,13 +99,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def hub_url_problem(hub: str) -> str | None:
-    """Why ``hub`` (a ``--hub`` value) is not an http(s) base URL, or None when it is.
-
-    Without this, urllib answers ``127.0.0.1:8080`` with "unknown url type"."""
-    parts = urllib.parse.urlsplit(hub)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return f"--hub {hub!r}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8080"
+def _id_problem(what: str, id_: str | None) -> str | None:
+    """Why ``ID`` does not fit ``what`` (the hub's own rule, said before asking it)."""
+    if what == "desktops":
+        return None if id_ is None else f"inspect desktops takes no ID, got {id_!r}"
+    try:
+        if what == "user":
+            validate_user_id(id_, "USER_ID")
+        else:
+            validate_job_id(id_, "JOB_ID")
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

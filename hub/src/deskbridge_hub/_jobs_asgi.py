@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 import trio
+from deskbridge_common import _codes
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 from werkzeug.sansio.utils import get_content_length
 
@@ -45,6 +46,7 @@ from ._http import (
     http_error_answer,
     key_accepted,
     outcome_answer,
+    with_chosen_job_id,
 )
 from ._http_body import JobRequest, parse_job
 
@@ -78,7 +80,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             return
         headers = _headers(scope)
         if not key_accepted(headers.get("authorization", ""), config.api_keys):
-            await _send(send, error_answer(401, "unauthorized", UNAUTHORIZED), app.config)
+            await _send(send, error_answer(401, _codes.UNAUTHORIZED, UNAUTHORIZED), app.config)
             return
         answer = await _answer(receive, match.group(1), headers, f"POST {scope['path']}")
         if answer is not None:  # None: the client went away
@@ -87,19 +89,20 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
     async def _answer(
         receive: Any, user_id: str, headers: dict[str, str], where: str
     ) -> Answer | None:
+        raw: bytes | None = None
         try:
             raw = await _read_body(receive, headers, app.config)
             if raw is None:
                 return None
             job = parse_job(raw)
             if holder["state"].drain.active:
-                return draining_answer()
+                return with_chosen_job_id(draining_answer(), raw)
         except Exception as exc:
-            return _error_answer(exc, where)
+            return with_chosen_job_id(_error_answer(exc, where), raw)
         answer: Answer | None = None
         async with trio.open_nursery() as nursery:  # quart-trio's: cancelled on disconnect
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            answer = await _dispatch(user_id, job, headers, where)
+            answer = with_chosen_job_id(await _dispatch(user_id, job, headers, where), raw)
             nursery.cancel_scope.cancel()
         return answer
 

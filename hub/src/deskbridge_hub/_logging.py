@@ -3,8 +3,8 @@ format from ``DESKBRIDGE_LOG_FORMAT`` (``text``, the default, or ``json``).
 
 JSON lines come from python-json-logger: ``time``, ``level``, ``logger``, ``process``,
 ``message`` and every field a call passes with ``extra=`` (``user_id``, ``job_id``,
-``session_id``, ``tool``, ``outcome``, ``elapsed_ms``; the access log adds ``method``,
-``path``, ``status``, ``client``). :func:`fields` builds those ``extra`` mappings so the
+``session_id``, ``tool``, ``outcome``, ``answer``, ``elapsed_ms``; the access log adds
+``method``, ``path``, ``status``, ``client``). :func:`fields` builds those ``extra`` mappings so the
 names are the same everywhere.
 
 Text lines escape control characters and cap long values (``deskbridge_common``'s

@@ -50,6 +50,7 @@ from typing import Any
 import anyio
 import attrs
 import mcp_types as types
+from deskbridge_common import _codes
 from mcp.server import NotificationOptions, Server
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -262,7 +263,9 @@ class UserEndpoint:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         if self.is_draining():
-            return _error_result("unavailable", "draining", "this hub replica is restarting; retry")
+            return _error_result(
+                "unavailable", _codes.DRAINING, "this hub replica is restarting; retry"
+            )
         meta = (ctx.params or {}).get("_meta") or {}
         key = meta.get(META_IDEMPOTENCY_KEY)
         if key is not None and not isinstance(key, str):  # dropped, it would run twice
@@ -312,6 +315,8 @@ class UserEndpoint:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
                 await self._cancel_job(job_id)
             raise
+        if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
+            outcome = attrs.evolve(outcome, job_id=None)
         return outcome_result(outcome)
 
     async def _cancel_job(self, job_id: str) -> None:

@@ -17,7 +17,6 @@ app stops serving.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import importlib
 import json
 import logging
@@ -28,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
+from deskbridge_common import _codes, safe_text
 from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
+from ._http import key_accepted
 from ._validate import validate_user_id
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ log = logging.getLogger("deskbridge.hub.mcp")
 _PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
 #: The largest MCP request body, bytes (the SDK's own default, 4 MiB).
 MAX_BODY_BYTES = 4 * 1024 * 1024
+#: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
+_METHODS = frozenset({"GET", "POST", "DELETE"})
 #: JSON-RPC's "Parse error".
 PARSE_ERROR = -32700
 #: An endpoint with no request for this long, seconds, and no handshake-era session
@@ -179,15 +182,27 @@ def mount_mcp(
             await asgi_app(scope, receive, send)
             return
         user_id = match.group(1)
+        if scope.get("method") not in _METHODS:  # the SDK's was a JSON-RPC -32600 body
+            await _send_json(
+                send,
+                405,
+                _codes.METHOD_NOT_ALLOWED,
+                f"Method Not Allowed: {scope.get('method')} {safe_text(scope.get('path', ''))}",
+                allow=", ".join(sorted(_METHODS)),
+            )
+            return
         if not _authorised(scope, api_keys):
             await _send_json(
-                send, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"
+                send,
+                401,
+                _codes.UNAUTHORIZED,
+                "missing or wrong API key (Authorization: Bearer <key>)",
             )
             return
         try:
             validate_user_id(user_id)
         except ValueError as exc:
-            await _send_json(send, 400, "bad_request", str(exc), field="user_id")
+            await _send_json(send, 400, _codes.BAD_REQUEST, str(exc), field="user_id")
             return
         if scope.get("method") == "POST":
             raw = await _read_body(receive)
@@ -195,7 +210,7 @@ def mount_mcp(
                 return
             if raw is None:
                 await _send_json(
-                    send, 413, "payload_too_large",
+                    send, 413, _codes.REQUEST_ENTITY_TOO_LARGE,
                     f"MCP request bodies are limited to {MAX_BODY_BYTES} bytes",
                 )  # fmt: skip
                 return
@@ -206,7 +221,7 @@ def mount_mcp(
             receive = _replayed(raw, receive)
         async with endpoints.using(user_id) as endpoint:
             if endpoint is None:
-                await _send_json(send, 503, "unavailable", "the hub is not serving yet")
+                await _send_json(send, 503, _codes.UNAVAILABLE, "the hub is not serving yet")
                 return
             await endpoint.manager.handle_request(scope, receive, send)
 
@@ -273,21 +288,19 @@ def _draining(holder: dict[str, Any]) -> bool:
 
 
 def _authorised(scope: Any, api_keys: tuple[str, ...]) -> bool:
-    if not api_keys:
-        return True
+    """The API key as every /v1 route takes it (``_http.key_accepted``): bearer, or
+    HTTP Basic's password (Basic was refused here only)."""
     header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
-    scheme, _, given = header.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return False
-    ok = False
-    for key in api_keys:  # compare with every key: constant time overall
-        ok |= hmac.compare_digest(given.encode(), key.encode())
-    return ok
+    return key_accepted(header.decode("latin-1"), api_keys)
 
 
-async def _send_json(send: Any, status: int, code: str, message: str, **extra: Any) -> None:
+async def _send_json(
+    send: Any, status: int, code: str, message: str, *, allow: str | None = None, **extra: Any
+) -> None:
     body = json.dumps({"error": {"code": code, "message": message, **extra}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if allow is not None:
+        headers.append((b"allow", allow.encode()))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -57,6 +57,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable"})
 
 jobs_log = logging.getLogger("deskbridge.hub.jobs")
+#: What each dispatch call was answered (``job_answered``): not a job's outcome.
+calls_log = logging.getLogger("deskbridge.hub.calls")
 
 SESSIONS_OPEN = Gauge(
     "deskbridge_sessions_open",
@@ -183,8 +185,12 @@ def job_served(
     *,
     job_id: str | None = None,
     tool: str | None = None,
+    provisional: bool = False,
 ) -> None:
     """An entry answered by the socket holder: count it and log the job's one INFO line.
+    A ``provisional`` answer (``in_doubt`` with ``detail.pending``: the entry stays, and
+    its redelivery's real outcome is the job's line) is logged as what its caller was
+    told, on ``deskbridge.hub.calls`` (field ``answer``), not as the job's outcome.
 
     Args:
         session: the ``EntryServer`` serving it (``user_id``, ``session_id``,
@@ -204,6 +210,23 @@ def job_served(
     elapsed_s = None
     if envelope is not None:
         elapsed_s = max(session.wall_clock() - envelope.enqueued_at, 0.0)
+    if provisional:
+        calls_log.info(
+            "call for job %s answered: %s (provisional; %s for %s)",
+            job_id,
+            outcome,
+            tool,
+            session.user_id,
+            extra=fields(
+                user_id=session.user_id,
+                session_id=session.session_id,
+                job_id=job_id,
+                tool=tool,
+                answer=outcome,
+                elapsed_s=elapsed_s,
+            ),
+        )
+        return
     jobs_log.info(
         "job %s finished: %s (%s)",
         job_id,
@@ -245,23 +268,28 @@ def _child(metric: Any, *labels: str) -> Any:
 def job_answered(
     tool: str, outcome: str, elapsed_s: float, *, user_id: str, job_id: str | None
 ) -> None:
-    """A dispatch call's answer: count it, observe its latency, and log it. The job's
-    INFO line is written here only for answers no holder logged (offline, timeout,
-    unavailable); a finished job's INFO line is the holder's ("job ... finished")."""
+    """A dispatch call's answer: count it, observe its latency, and log it on
+    ``deskbridge.hub.calls`` ("call for job J answered: timeout (tool for user)", field
+    ``answer``, never ``outcome``): what the caller was told, not the job's outcome. INFO
+    for the answers no holder's line covers (``CALLER_ONLY_OUTCOMES``: offline, timeout,
+    unavailable), DEBUG for the rest. The job's outcome is the holder's one INFO line on
+    ``deskbridge.hub.jobs`` ("job J finished: ..."), also for a job whose caller was
+    answered timeout before it finished: a reader never sees two outcomes for one job."""
     _child(JOBS, tool, outcome).inc()
     _child(JOB_SECONDS, tool).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
-    if not jobs_log.isEnabledFor(level):
+    if not calls_log.isEnabledFor(level):
         return
-    jobs_log.log(
+    call = "call" if job_id is None else f"call for job {job_id}"
+    calls_log.log(
         level,
-        "job %s answered: %s (%s for %s)",
-        job_id or "-",
+        "%s answered: %s (%s for %s)",
+        call,
         outcome,
         tool,
         user_id,
         extra=fields(
-            user_id=user_id, job_id=job_id, tool=tool, outcome=outcome, elapsed_s=elapsed_s
+            user_id=user_id, job_id=job_id, tool=tool, answer=outcome, elapsed_s=elapsed_s
         ),
     )
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._admin import DEFAULT_LIMIT, MAX_LIMIT
+from ._admin import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET
+from ._bridge import MAX_TIMEOUT_S
+from ._validate import JOB_ID_PATTERN, KEY_PATTERN, TOOL_NAME_PATTERN, USER_ID_PATTERN
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -24,8 +26,18 @@ def _err(description: str) -> dict[str, Any]:
     return _json(_ERROR, description)
 
 
-_USER = {"name": "user_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_JOB = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_USER = {
+    "name": "user_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": USER_ID_PATTERN},
+}
+_JOB = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": JOB_ID_PATTERN},
+}
 _OUTCOME = {"$ref": "#/components/schemas/Outcome"}
 _OUTCOME_CODES = {
     "200": _json(_OUTCOME, "completed"),
@@ -41,7 +53,29 @@ _OUTCOME_CODES = {
         "retry's job may still start)",
     ),
 }
-_AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
+#: Every route behind the API key takes it either way (``_http.key_accepted``): as a
+#: bearer token, or as HTTP Basic's password (what a browser sends).
+_AUTH: list[dict[str, list[str]]] = [{"bearer": []}, {"basic": []}]
+#: The query parameters of a desktops page, with the bounds ``_admin`` enforces (400).
+_PAGING: list[dict[str, Any]] = [
+    {
+        "name": "offset",
+        "in": "query",
+        "description": "rows to skip",
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0},
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "description": "rows in the page",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_LIMIT,
+            "default": DEFAULT_LIMIT,
+        },
+    },
+]
 
 
 def document(version: str) -> dict[str, Any]:
@@ -53,8 +87,9 @@ def document(version: str) -> dict[str, Any]:
 def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
     """Add the answers a route gives for reasons not its own, where it does not describe
     them itself: 401 (an API key is required: ``security``), 400 (a path value that is
-    not a valid user id or job id), 413 (a body over ``MAX_CONTENT_LENGTH``) and 503
-    (Redis unavailable: every ``/v1/`` route reads or writes it).
+    not a valid user id or job id, a query value out of its bounds), 413 (a body over
+    ``MAX_CONTENT_LENGTH``) and 503 (Redis unavailable: every ``/v1/`` route reads or
+    writes it).
     ``tests/hub/test_openapi.py`` probes each route for these and fails on a status the
     document does not list."""
     for path, ops in doc["paths"].items():
@@ -64,6 +99,10 @@ def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
                 answers.setdefault("401", _err("missing or wrong API key"))
             if op.get("parameters") and any(p["in"] == "path" for p in op["parameters"]):
                 answers.setdefault("400", _err("a path value is not valid: `error.field` names it"))
+            if any(p["in"] == "query" for p in op.get("parameters", ())):
+                answers.setdefault(
+                    "400", _err("a query value is out of its bounds: `error.field` names it")
+                )
             if "requestBody" in op:
                 answers.setdefault("413", _err("body over the size limit"))
             if path.startswith("/v1/"):
@@ -97,6 +136,11 @@ def _routes(version: str) -> dict[str, Any]:
                     "type": "object",
                     "required": ["error"],
                     "properties": {
+                        "job_id": {
+                            "type": "string",
+                            "description": "a refused call's caller-chosen job id, echoed "
+                            "(it names no job; docs/outcomes.md)",
+                        },
                         "error": {
                             "type": "object",
                             "required": ["code", "message"],
@@ -113,11 +157,23 @@ def _routes(version: str) -> dict[str, Any]:
                     "required": ["name"],
                     "additionalProperties": False,
                     "properties": {
-                        "name": {"type": "string", "description": "tool name"},
+                        "name": {
+                            "type": "string",
+                            "pattern": TOOL_NAME_PATTERN,
+                            "description": "tool name",
+                        },
                         "args": {"type": "object", "default": {}},
-                        "idempotency_key": {"type": "string"},
-                        "job_id": {"type": "string", "description": "choose the job id"},
-                        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                        "idempotency_key": {"type": "string", "pattern": KEY_PATTERN},
+                        "job_id": {
+                            "type": "string",
+                            "pattern": JOB_ID_PATTERN,
+                            "description": "choose the job id (not . or ..)",
+                        },
+                        "timeout_s": {
+                            "type": "number",
+                            "exclusiveMinimum": 0,
+                            "maximum": MAX_TIMEOUT_S,
+                        },
                     },
                 },
                 "StatusRequest": {
@@ -128,7 +184,7 @@ def _routes(version: str) -> dict[str, Any]:
                         "timeout_s": {
                             "type": "number",
                             "exclusiveMinimum": 0,
-                            "maximum": 86400,
+                            "maximum": MAX_TIMEOUT_S,
                             "default": 5,
                         },
                     },
@@ -148,6 +204,8 @@ def _routes(version: str) -> dict[str, Any]:
                                 "timeout",
                                 "offline",
                                 "unavailable",
+                                "declined",
+                                "in_doubt",
                             ],
                         },  # fmt: skip
                         "result": {},
@@ -305,23 +363,7 @@ def _routes(version: str) -> dict[str, Any]:
                 "get": {
                     "summary": "Desktops, newest activity first (docs/operations.md)",
                     "security": _AUTH,
-                    "parameters": [
-                        {
-                            "name": "offset",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 0},
-                        },
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {
-                                "type": "integer",
-                                "minimum": 1,
-                                "maximum": MAX_LIMIT,
-                                "default": DEFAULT_LIMIT,
-                            },
-                        },
-                    ],
+                    "parameters": _PAGING,
                     "responses": {
                         "200": _json(
                             {
@@ -351,7 +393,12 @@ def _routes(version: str) -> dict[str, Any]:
                     "responses": {"200": _json({"$ref": "#/components/schemas/Desktop"}, "")},
                 }
             },
-            "/admin/api/desktops": {"get": _page("Same as /v1/admin/desktops (for the page)")},
+            "/admin/api/desktops": {
+                "get": {
+                    **_page("Same as /v1/admin/desktops (for the page)"),
+                    "parameters": _PAGING,
+                },
+            },
             "/admin/api/users/{user_id}": {
                 "get": {
                     **_page("Same as /v1/admin/users/{user_id} (for the page)"),
@@ -378,6 +425,6 @@ def _probe(summary: str) -> dict[str, Any]:
 def _page(summary: str) -> dict[str, Any]:
     return {
         "summary": summary,
-        "security": [{"basic": []}, {"bearer": []}],
+        "security": _AUTH,
         "responses": {"200": {"description": summary}, "401": _err("credentials required")},
     }

@@ -89,7 +89,9 @@ class Outcome:
         raise exc_type(message, job_id=self.job_id, **self.detail)
 
 
-async def offline_outcome(substrate: DesktopSubstrate, user_id: str, started: float) -> Outcome:
+async def offline_outcome(
+    substrate: DesktopSubstrate, user_id: str, started: float, job_id: str | None = None
+) -> Outcome:
     """The ``offline`` answer (nothing was enqueued). When the desktop went to sleep
     (issue 12.6, ``_asleep``) it says so: ``detail`` = ``{"reason": "asleep", "since":
     <Unix seconds>}``; the status stays ``offline`` (503), as the public interface has it.
@@ -98,6 +100,8 @@ async def offline_outcome(substrate: DesktopSubstrate, user_id: str, started: fl
         substrate: where the asleep record is read (one GET, only on this path).
         user_id: whose desktop.
         started: ``anyio.current_time()`` when the dispatch began (``elapsed_s``).
+        job_id: the id the caller chose, echoed (it names no job: nothing was
+            enqueued); None when the caller chose none (a hub-made id is not shown).
 
     Returns:
         The outcome. An unreadable asleep record gives the plain ``offline`` answer.
@@ -106,10 +110,12 @@ async def offline_outcome(substrate: DesktopSubstrate, user_id: str, started: fl
         asleep = await substrate.get_asleep(user_id)
     except SubstrateUnavailable:
         asleep = None
-    return plain_offline(user_id, started, asleep)
+    return plain_offline(user_id, started, asleep, job_id=job_id)
 
 
-def plain_offline(user_id: str, started: float, asleep: Asleep | None = None) -> Outcome:
+def plain_offline(
+    user_id: str, started: float, asleep: Asleep | None = None, *, job_id: str | None = None
+) -> Outcome:
     """The ``offline`` answer of :func:`offline_outcome` with the asleep record given
     (None: the plain answer, also when the record could not be read in time)."""
     message, detail = f"desktop of {user_id} is offline", {}
@@ -118,7 +124,7 @@ def plain_offline(user_id: str, started: float, asleep: Asleep | None = None) ->
         message = f"desktop of {user_id} is asleep (since {stamp})"
         detail = {"reason": "asleep", "since": asleep.since}
     return Outcome(
-        job_id=None,
+        job_id=job_id,
         status="offline",
         error={"code": "offline", "message": message},
         detail=detail,

@@ -21,6 +21,8 @@ import logging
 import math
 from typing import Any
 
+from deskbridge_common import _codes
+
 from ._errors import SocketClosed
 from ._session import serve_sidecar
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
@@ -94,7 +96,7 @@ async def _refuse(
 async def _upgrade_required(send: Any) -> None:
     """426 with the JSON error body: ``/v1/sidecar`` takes WebSocket upgrades only."""
     message = "this is the sidecar's WebSocket endpoint: connect with a WebSocket upgrade"
-    body = json.dumps({"error": {"code": "upgrade_required", "message": message}}).encode()
+    body = json.dumps({"error": {"code": _codes.UPGRADE_REQUIRED, "message": message}}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -134,17 +136,22 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
         state = holder.get("state")
         if not config.secrets:
             await _refuse(
-                send, 503, "not_configured", "hub has no DESKBRIDGE_SECRET; cannot verify tokens"
+                send,
+                503,
+                _codes.NOT_CONFIGURED,
+                "hub has no DESKBRIDGE_SECRET; cannot verify tokens",
             )
             return
         if scheme.lower() != "bearer" or not token:
-            await _refuse(send, 401, "unauthorized", "missing Authorization: Bearer <token>")
+            await _refuse(send, 401, _codes.UNAUTHORIZED, "missing Authorization: Bearer <token>")
             return
         if state is None:
             await _refuse(send, 503, "unavailable", "the hub is not serving yet")
             return
         if state.drain.active:  # graceful restart: send the sidecar to a live replica
-            await _refuse(send, 503, "draining", "hub is restarting; reconnect to another replica")
+            await _refuse(
+                send, 503, _codes.DRAINING, "hub is restarting; reconnect to another replica"
+            )
             return
         try:
             user_id, expires_at = verify_token_claims(
@@ -155,11 +162,11 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
             if isinstance(exc, TokenNotYetValid):
                 # Transient (the minting clock runs ahead): 503 so the sidecar retries.
                 wait_s = max(1, math.ceil(exc.valid_in_s))
-                await _refuse(send, 503, "token_not_yet_valid", str(exc), retry_after_s=wait_s)
+                await _refuse(send, 503, _codes.TOKEN_NOT_YET_VALID, str(exc), retry_after_s=wait_s)
             elif isinstance(exc, TokenExpired):
-                await _refuse(send, 401, "unauthorized", str(exc))
+                await _refuse(send, 401, _codes.UNAUTHORIZED, str(exc))
             else:
-                await _refuse(send, 403, "forbidden", str(exc))
+                await _refuse(send, 403, _codes.FORBIDDEN, str(exc))
             return
         await send({"type": "websocket.accept"})
         socket = AsgiSocket(receive, send)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import re
 
-_USER_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,128}")
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+#: The rules as anchored regular expressions (the OpenAPI document's ``pattern``s).
+USER_ID_PATTERN = r"^[A-Za-z0-9_.@:-]{1,128}$"
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
+#: A job id also is not ``.`` or ``..`` (``validate_job_id``).
+JOB_ID_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._~:@!$&'()*+,;=-]{1,200}$"
+_USER_ID = re.compile(USER_ID_PATTERN[1:-1])
+_TOOL_NAME = re.compile(TOOL_NAME_PATTERN[1:-1])
+_KEY = re.compile(KEY_PATTERN[1:-1])
 
 
 def validate_user_id(user_id: object, field: str = "user_id") -> str:
@@ -40,7 +46,7 @@ def validate_key(key: object, field: str = "idempotency_key") -> str:
     return key
 
 
-_JOB_ID = re.compile(r"[A-Za-z0-9._~:@!$&'()*+,;=-]{1,200}")
+_JOB_ID = re.compile(JOB_ID_PATTERN)
 
 
 def validate_job_id(job_id: object, field: str = "job_id") -> str:

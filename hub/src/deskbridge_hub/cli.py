@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from deskbridge_common import _strict_json as strict_json
 
 from . import _inspect_cli
+from ._bridge import MAX_TIMEOUT_S
+from ._cli_args import checked, hub_url_problem, seconds
 from ._config import MEMORY_URL, redis_url_problem
+from ._http_body import finite_float, no_constant
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
-from ._validate import validate_user_id
+from ._validate import validate_key, validate_tool_name, validate_user_id
 
 EPILOG = """environment:
   DESKBRIDGE_REDIS_URL   Redis URL (redis://host:port/db); memory:// (or absent, with
@@ -68,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
         "--graceful-timeout-s",
         type=float,
         default=None,
-        help="seconds running jobs get to finish on shutdown (default DESKBRIDGE_GRACE_S=20)",
+        help="seconds running jobs get to finish on shutdown, at most "
+        f"{MAX_GRACE_S:.0f} (default DESKBRIDGE_GRACE_S=20)",
     )
     s.add_argument(
         "--log-level",
@@ -99,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         "Exit 0 when completed, 1 for any other outcome, 2 for usage errors.",
     )
     c.add_argument("user_id", metavar="USER_ID")
-    c.add_argument("tool", metavar="TOOL")
+    c.add_argument("tool", metavar="TOOL", type=checked(validate_tool_name))
     c.add_argument("--args", default="{}", metavar="JSON", help="tool arguments as a JSON object")
     c.add_argument(
         "--hub",
@@ -109,9 +113,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--idempotency-key",
         default=None,
-        help="a retry with the same key gets the first call's job, never a second run",
+        type=checked(validate_key),
+        help="a retry with the same key gets the first call's job, never a second run "
+        "(1-200 printable ASCII characters without spaces)",
     )
-    c.add_argument("--timeout-s", type=float, default=None, help="seconds to wait (default 90)")
+    c.add_argument(
+        "--timeout-s",
+        type=seconds(MAX_TIMEOUT_S),
+        default=None,
+        help=f"seconds to wait, in (0, {MAX_TIMEOUT_S:.0f}] (default 90)",
+    )
     _inspect_cli.add_parser(sub)
     return p
 
@@ -128,7 +139,12 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Entry point of ``deskbridge-hub``; returns the exit status (2: a usage error, one
+    line naming the option, as argparse says it)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help, --version (0) and usage errors (2)
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command == "serve":
         return _serve(args)
     try:
@@ -143,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
+
+#: The longest ``serve --graceful-timeout-s`` (seconds): one day, the longest a call waits.
+#: ``inf`` was accepted: a drain that never gave up.
+MAX_GRACE_S = MAX_TIMEOUT_S
 
 #: The longest ``token --lifetime-s`` (seconds): 10 years. Beyond it a number is a typo
 #: (``1e300`` was accepted, and so was the token it made).
@@ -172,7 +192,10 @@ def _token(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace) -> int:
     try:
-        tool_args = strict_json.loads(args.args, parse_float=float, parse_constant=float)
+        # the hub's own parser (no NaN, no overflowing number): what it would refuse
+        tool_args = strict_json.loads(
+            args.args, parse_float=finite_float, parse_constant=no_constant
+        )
     except strict_json.DuplicateKey as exc:  # the hub would refuse it: say so here
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
@@ -183,7 +206,7 @@ def _call(args: argparse.Namespace) -> int:
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
         return 2
-    problem = _inspect_cli.hub_url_problem(args.hub)
+    problem = hub_url_problem(args.hub)
     if problem:
         print(f"deskbridge-hub call: {problem}", file=sys.stderr)
         return 2
@@ -193,9 +216,9 @@ def _call(args: argparse.Namespace) -> int:
         print(f"deskbridge-hub call: {exc}", file=sys.stderr)
         return 2
     body: dict[str, object] = {"name": args.tool, "args": tool_args}
-    if args.idempotency_key:
+    if args.idempotency_key is not None:
         body["idempotency_key"] = args.idempotency_key
-    if args.timeout_s is not None:  # 0 goes to the hub, which refuses it (400)
+    if args.timeout_s is not None:
         body["timeout_s"] = args.timeout_s
     url = f"{args.hub.rstrip('/')}/v1/users/{urllib.parse.quote(args.user_id, safe='')}/jobs"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
@@ -229,11 +252,28 @@ def _check_serve_args(args: argparse.Namespace) -> str | None:
     for path in filter(None, (args.certfile, args.keyfile)):
         if not os.path.isfile(path):
             return f"{path}: no such file"
-    if args.graceful_timeout_s is not None and not args.graceful_timeout_s > 0:
-        return "--graceful-timeout-s must be a positive number of seconds"
+    grace = args.graceful_timeout_s
+    if grace is not None and not (math.isfinite(grace) and 0 < grace <= MAX_GRACE_S):
+        return f"--graceful-timeout-s must be a positive number of seconds, at most {MAX_GRACE_S:g}"
+    if args.certfile and args.keyfile:
+        problem = _tls_problem(args.certfile, args.keyfile)
+        if problem:
+            return problem
     url = os.environ.get("DESKBRIDGE_REDIS_URL")
     if url and url != MEMORY_URL:
         return redis_url_problem(url)
+    return None
+
+
+def _tls_problem(certfile: str, keyfile: str) -> str | None:
+    """Why ``--certfile``/``--keyfile`` cannot serve TLS (Hypercorn's worker failed with a
+    traceback and exit 1), or None."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        return f"--certfile {certfile} / --keyfile {keyfile}: cannot load them for TLS: {exc}"
     return None
 
 

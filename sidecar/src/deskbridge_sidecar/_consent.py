@@ -264,10 +264,18 @@ def approvals_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "approvals"
 
 
-def _safe(job_id: str) -> str:
+def check_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it can name a request file (no ``/``, ``\\``, leading ``.``).
+
+    Raises:
+        ValueError: it cannot (the message quotes it).
+    """
     if not job_id or "/" in job_id or "\\" in job_id or job_id.startswith("."):
         raise ValueError(f"not a job id: {job_id!r}")
     return job_id
+
+
+_safe = check_job_id
 
 
 def decide(data_dir: Path, job_id: str, approve: bool) -> Path:

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import _config, _service, _status
 from ._logformat import make_formatter
+from ._transport import sidecar_url
 
 COMMANDS = frozenset({"status", "set-token", "install-service", "uninstall-service"})
 STATUS_FILE = "status.json"
@@ -103,8 +104,22 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return Path(chosen)
 
 
+def data_dir_problem(data_dir: Path) -> str | None:
+    """Why ``data_dir`` (``--data-dir``, ``$DESKBRIDGE_DATA_DIR`` or the config's) cannot be
+    a data directory: it exists and is not a directory. None otherwise (a missing one is
+    a sidecar that never ran there)."""
+    if data_dir.exists() and not data_dir.is_dir():
+        return f"--data-dir {data_dir}: not a directory"
+    return None
+
+
 def _status_cmd(args: argparse.Namespace) -> int:
-    code, text = _status.report(_data_dir(args) / STATUS_FILE, as_json=args.json)
+    data_dir = _data_dir(args)
+    problem = data_dir_problem(data_dir)
+    if problem:  # exit 1 would read "running but not connected"
+        print(f"deskbridge-sidecar status: {problem}", file=sys.stderr)
+        return 2
+    code, text = _status.report(data_dir / STATUS_FILE, as_json=args.json)
     print(text)
     return code
 
@@ -133,6 +148,11 @@ def _install(args: argparse.Namespace) -> int:
     config = Path(args.config).expanduser() if args.config else _config.default_config_path()
     config = config.absolute()
     if args.hub:
+        try:  # the daemon's own check: a bad URL made a unit that could never connect
+            sidecar_url(args.hub)
+        except ValueError as exc:
+            print(f"deskbridge-sidecar install-service: --hub: {exc}", file=sys.stderr)
+            return 2
         if config.exists():
             print(
                 f"deskbridge-sidecar install-service: {config} exists; edit its hub",

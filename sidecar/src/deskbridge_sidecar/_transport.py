@@ -80,9 +80,16 @@ def sidecar_url(hub_url: str) -> str:
     it. ``http``/``https`` are accepted as ``ws``/``wss``.
 
     Raises:
-        ValueError: not a ws/wss/http/https URL, or no host.
+        ValueError: not a ws/wss/http/https URL, no host, a port that is not a number in
+            1-65535, or an unclosed ``[`` (the message quotes the URL).
     """
-    parts = urllib.parse.urlsplit(hub_url.strip())
+    try:
+        parts = urllib.parse.urlsplit(hub_url.strip())
+        port = parts.port  # ValueError: not a number, or out of 0-65535
+    except ValueError as exc:
+        raise ValueError(f"hub URL {hub_url!r}: {exc}") from None
+    if port == 0:
+        raise ValueError(f"hub URL {hub_url!r}: port 0 cannot be dialled")
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme.lower(), parts.scheme.lower())
     if scheme not in ("ws", "wss"):
         raise ValueError(f"hub URL must start with ws:// or wss://, got {hub_url!r}")

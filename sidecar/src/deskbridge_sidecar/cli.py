@@ -191,9 +191,18 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 
 def _consent_command(args: argparse.Namespace) -> int:
-    from ._consent import decide, pending
+    from ._consent import check_job_id, decide, pending
 
     data_dir = Path(args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir())
+    problem = _service_cli.data_dir_problem(data_dir)
+    if problem is None and args.command != "pending":
+        try:
+            check_job_id(args.job_id)
+        except ValueError as exc:
+            problem = f"JOB_ID: {exc}"
+    if problem:
+        print(f"deskbridge-sidecar {args.command}: {problem}", file=sys.stderr)
+        return 2
     if args.command == "pending":
         requests = pending(data_dir)
         for request in requests:
@@ -394,7 +403,7 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     try:
         url = sidecar_url(hub)
     except ValueError as exc:
-        run_parser.error(str(exc))
+        run_parser.error(f"--hub: {exc}")
     try:
         timings = Timings.from_env()
     except ValueError as exc:

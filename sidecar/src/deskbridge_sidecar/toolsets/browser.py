@@ -113,6 +113,12 @@ class BrowserToolset:
             raise ValueError(
                 "the browser toolset needs Playwright: pip install 'deskbridge-sidecar[browser]'"
             )
+        if self.executable_path is not None and not (
+            os.path.isfile(self.executable_path) and os.access(self.executable_path, os.X_OK)
+        ):
+            raise ValueError(
+                f"--browser-executable {self.executable_path}: not an executable file"
+            )
         if self.executable_path is None:
             self.executable_path = find_browser()
         if self.executable_path is None:

@@ -1,0 +1,122 @@
+"""One condition, one ``error.code``, whichever way in: the HTTP API (its ASGI fast path
+for jobs and its Quart routes), the admin API and the MCP endpoint answer a refused
+request with the code ``deskbridge_common._codes`` lists for that condition (413 was
+``request_entity_too_large`` on /v1 and ``payload_too_large`` on MCP)."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from typing import Any
+
+import pytest
+import trio
+from deskbridge_common import _codes
+from deskbridge_hub import HubConfig, create_app
+from deskbridge_hub._mcp_mount import MAX_BODY_BYTES
+from deskbridge_hub._memory import MemorySubstrate
+
+KEY = "k" * 32
+#: (method, path template) of each way in; {user} is replaced per condition
+WAYS_IN = {
+    "jobs (ASGI fast path)": ("POST", "/v1/users/{user}/jobs"),
+    "status (Quart route)": ("POST", "/v1/users/{user}/status"),
+    "admin API": ("GET", "/v1/admin/users/{user}"),
+    "MCP": ("POST", "/v1/users/{user}/mcp"),
+}
+#: the largest body limit of the ways in: more than this is over every limit
+OVER = max(MAX_BODY_BYTES, 16 * 1024 * 1024) + 1
+
+
+async def _asgi(app: Any, method: str, path: str, headers: dict[str, str], body: bytes) -> Any:
+    """One request straight through the app's ASGI stack (the MCP mount included)."""
+    sent: list[dict[str, Any]] = []
+    chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
+
+    answered = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if chunks:
+            chunk = chunks.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+        await answered.wait()  # the client stays until the answer is complete
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": urllib.parse.unquote(path), "raw_path": path.encode(),
+        "query_string": b"", "root_path": "", "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "extensions": {},
+    }  # fmt: skip
+    with trio.fail_after(30):
+        await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(data)
+
+
+CONDITIONS = {
+    "no key": ("alice", {}, b"{}"),
+    "bad user id": ("a%20b", {"Authorization": f"Bearer {KEY}"}, b"{}"),
+    "body over the limit": ("alice", {"Authorization": f"Bearer {KEY}"}, b" " * OVER),
+}
+
+
+@pytest.mark.parametrize("condition", sorted(CONDITIONS))
+async def test_one_condition_one_code_whichever_way_in(autojump_clock, condition) -> None:
+    user, headers, body = CONDITIONS[condition]
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    answers: dict[str, tuple[int, str]] = {}
+    async with app.test_app():
+        for way, (method, template) in WAYS_IN.items():
+            if method == "GET" and condition == "body over the limit":
+                continue
+            with_body = body if method == "POST" else b""
+            hdrs = {**headers, "Content-Type": "application/json"}
+            path = template.format(user=user)
+            status, answer = await _asgi(app, method, path, hdrs, with_body)
+            answers[way] = (status, answer["error"]["code"])
+    assert len(set(answers.values())) == 1, answers
+    (_, code), *_ = answers.values()
+    assert code in _codes.HTTP_ERROR_CODES, code
+
+
+async def test_a_wrong_method_is_method_not_allowed_whichever_way_in(autojump_clock) -> None:
+    """PUT on the MCP endpoint was the SDK's JSON-RPC ``-32600 Method Not Allowed`` with
+    no ``error.code`` of the hub's list; every other route answers ``method_not_allowed``
+    with ``Allow``."""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    answers = {}
+    async with app.test_app():
+        for way, (_, template) in WAYS_IN.items():
+            headers = {"Authorization": f"Bearer {KEY}"}
+            status, answer = await _asgi(app, "PUT", template.format(user="alice"), headers, b"")
+            answers[way] = (status, answer.get("error", {}).get("code"))
+    assert set(answers.values()) == {(405, _codes.METHOD_NOT_ALLOWED)}, answers
+
+
+async def test_the_key_as_basic_password_is_taken_whichever_way_in() -> None:
+    """/v1 takes the API key as HTTP Basic's password (the connectors page); the MCP
+    endpoint, also under /v1, answered 401 to it. (A real clock: the SDK's endpoint
+    starts on anyio, which MockClock's autojump would skip past; no sleep here.)"""
+    import base64
+
+    basic = "Basic " + base64.b64encode(f"anyone:{KEY}".encode()).decode()
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    statuses = {}
+    async with app.test_app():
+        for way, (method, template) in WAYS_IN.items():
+            headers = {"Authorization": basic, "Content-Type": "application/json"}
+            body = b"{" if method == "POST" else b""  # malformed: refused after the key
+            if way == "MCP":  # a GET without a session: the SDK's 400, at once
+                method, headers["Accept"] = "GET", "application/json, text/event-stream"
+            status, _ = await _asgi(app, method, template.format(user="alice"), headers, body)
+            statuses[way] = status
+    assert 401 not in statuses.values(), statuses
