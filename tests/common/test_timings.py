@@ -27,7 +27,7 @@ def test_int_fields_stay_int():
     assert isinstance(Timings.from_env({"DESKBRIDGE_JOBS_MAXLEN": "42"}).jobs_maxlen, int)
 
 
-@pytest.mark.parametrize("raw", ["abc", "-1", "0"])
+@pytest.mark.parametrize("raw", ["abc", "-1", "0", "inf", "nan", "-inf"])
 def test_bad_values_name_the_variable(raw):
     with pytest.raises(ValueError, match="DESKBRIDGE_RECLAIM_IDLE_S"):
         Timings.from_env({"DESKBRIDGE_RECLAIM_IDLE_S": raw})
@@ -36,3 +36,15 @@ def test_bad_values_name_the_variable(raw):
 def test_presence_ttl_must_outlive_the_heartbeat():
     with pytest.raises(ValueError, match="DESKBRIDGE_PRESENCE_TTL_S"):
         Timings.from_env({"DESKBRIDGE_PRESENCE_TTL_S": "25"})  # heartbeat stays 30
+
+
+@pytest.mark.parametrize("name", ["grace_s", "heartbeat_s", "result_ttl_s", "ping_timeout_s"])
+def test_an_infinite_timing_is_refused_with_its_variable_named(name):
+    """DESKBRIDGE_GRACE_S=inf started a hub whose drain never gave up (a newcomer pass):
+    every timing is a positive finite number."""
+    var = "DESKBRIDGE_" + name.upper()
+    env = {var: "inf"}
+    if name == "heartbeat_s":
+        env["DESKBRIDGE_PRESENCE_TTL_S"] = "1e9"  # not the ordering check that refuses it
+    with pytest.raises(ValueError, match=f"^{var}: {name} must be a positive finite number"):
+        Timings.from_env(env)

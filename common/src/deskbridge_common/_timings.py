@@ -18,6 +18,7 @@ Every field can be overridden with ``DESKBRIDGE_<FIELD NAME IN UPPER CASE>``, fo
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import TypeVar
@@ -28,8 +29,10 @@ _Number = TypeVar("_Number", int, float)
 
 
 def _positive(instance: object, attribute: attrs.Attribute[_Number], value: _Number) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+    # finite too: an infinite timing (DESKBRIDGE_GRACE_S=inf) is a drain, a deadline or a
+    # TTL that never ends (and Redis refuses an infinite PEXPIRE at the first use)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -66,7 +69,8 @@ class Timings:
         """Build from ``DESKBRIDGE_<NAME>`` variables, defaults for the rest.
 
         Raises:
-            ValueError: a variable is not a number, or not positive; the message names it.
+            ValueError: a variable is not a number, or not positive and finite; the message
+                names it.
         """
         environ = os.environ if environ is None else environ
         values: dict[str, float | int] = {}
