@@ -21,6 +21,7 @@ from deskbridge_hub._reader import (
     READ_BATCH,
     RECLAIM,
     RECLAIM_MAX_BATCHES,
+    RECORD,
     TAKEOVER,
     TAKEOVER_BATCH,
     TRIMMED,
@@ -230,6 +231,8 @@ async def test_a_beat_that_took_presence_back_beats_again_at_once_with_the_catal
     assert desk.listener.catalogue_due and desk.listener.due_s == 29.0
     assert reader._beat_now.is_set()
     assert desk.listener.beat(full=False).catalogue == "[catalogue of u1]"
+    # and its daemon is recorded again: the record may have gone with presence
+    assert RECORD == "record" and reader._due == {"u1": {RECORD}}
 
 
 async def test_a_reply_for_a_session_that_stopped_beating_meanwhile_is_not_rescheduled(
@@ -243,7 +246,7 @@ async def test_a_reply_for_a_session_that_stopped_beating_meanwhile_is_not_resch
     reader._answered([desk.listener], [beat], [0], [BeatReply(ours=True, taken=True, backlog=True)])
     assert desk.listener.beats == 1 and desk.listener.due_s == 30.0
     assert len(reader._schedule) == 1 and not reader._beat_now.is_set()
-    assert reader._due == {"u1": {NEW}}  # its reads still happen
+    assert reader._due == {"u1": {NEW, RECORD}}  # its reads still happen
 
 
 async def test_fewer_replies_than_beats_is_an_error(autojump_clock):
@@ -269,7 +272,7 @@ async def test_a_session_start_records_its_daemon_and_takes_over_its_gone_socket
         await reader._pump(desk.listener, {TAKEOVER})
     assert script.of("take_over") == [
         (("u1", "c1"), {"daemon_id": "d1", "session_id": "h1.u1", "count": TAKEOVER_BATCH,
-                        "record_ttl_s": DAEMON_RECORD_TTL_S}),
+                        "record_ttl_s": DAEMON_RECORD_TTL_S, "again": False}),
     ]  # fmt: skip
     assert (TAKEOVER_BATCH, DAEMON_RECORD_TTL_S) == (256, 604_800.0)
     assert script.names() == ["take_over"]  # not quiet, but nothing else was due
@@ -279,6 +282,28 @@ async def test_a_session_start_records_its_daemon_and_takes_over_its_gone_socket
     assert lines(caplog) == [
         "session h1.u1 of u1: took over 3 entries from its daemon's gone sockets"
     ]
+
+
+async def test_a_record_again_is_the_takeover_step_with_again_and_takes_over_too(
+    autojump_clock, caplog
+):
+    """A running session whose beat wrote lost presence back records its daemon again
+    (Redis lost its data: without the record, this process's deliveries to the daemon
+    waited the reclaim idle when it died); what the step claims is served as at a start."""
+    script = Script()
+    script.queue("take_over", Claimed("0-0", tuple(entries("1-0")), ()))
+    reader = make_reader(script)
+    desk = Desk(daemon_id="d1")
+    with caplog.at_level(logging.INFO, logger=READER_LOG):
+        await reader._pump(desk.listener, {RECORD})
+    assert script.of("take_over") == [
+        (("u1", "c1"), {"daemon_id": "d1", "session_id": "h1.u1", "count": TAKEOVER_BATCH,
+                        "record_ttl_s": DAEMON_RECORD_TTL_S, "again": True}),
+    ]  # fmt: skip
+    assert desk.events == [("dispatch", "1-0")]
+    # due at a session's start as well: the start's rule (nothing recorded yet)
+    await reader._pump(desk.listener, {RECORD, TAKEOVER})
+    assert script.of("take_over")[1][1]["again"] is False
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,9 @@ NEW = "new"  # entries never delivered (>)
 RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
 TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
 TAKEOVER = "takeover"  # record the session's daemon; claim what went to it elsewhere
+#: the same for a running session whose beat wrote lost presence back: the store may
+#: have lost the daemon record with it (Redis restarted empty, FLUSHALL, an eviction)
+RECORD = "record"
 PUSHED = "pushed"  # entries a caller's step read for this process (push delivery)
 #: Entries of one user whose dispatch this process remembers, to refuse a pushed copy of
 #: one it already served (a wake-up popped after a drain found the entry). Per user, so
@@ -624,7 +627,7 @@ class ProcessReader:
                 else:
                     self._schedule.again(listener)
             kinds = [NEW] * reply.backlog + [RECLAIM] * reply.reclaim_due
-            kinds += [TRIMMED] * reply.trimmed_due
+            kinds += [TRIMMED] * reply.trimmed_due + [RECORD] * reply.taken
             if kinds:
                 self.schedule(listener.user_id, *kinds)
         if refreshed:
@@ -669,12 +672,16 @@ class ProcessReader:
     async def _pump(self, listener: Listener, kinds: set[str]) -> None:
         user_id, consumer = listener.user_id, self.consumer
         inflight = self.inflight.setdefault(user_id, set())
-        if TAKEOVER in kinds:
+        if kinds & {TAKEOVER, RECORD}:
             # First, before this session is handed anything: record its daemon, and take
             # over at once what went to that daemon on sockets that are gone (issue 12.4).
+            # RECORD: presence had been lost and a beat wrote it back; the record may have
+            # gone with it, and without it this daemon's deliveries here could not be
+            # taken over at once if this process died (they waited the reclaim idle).
             taken = await self.substrate.take_over(
                 user_id, consumer, daemon_id=listener.daemon_id, session_id=listener.session_id,
                 count=TAKEOVER_BATCH, record_ttl_s=DAEMON_RECORD_TTL_S,
+                again=TAKEOVER not in kinds,
             )  # fmt: skip
             if taken.entries or taken.deleted_ids:
                 log.info(
