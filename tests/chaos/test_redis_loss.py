@@ -9,6 +9,11 @@ long as the session lasted. The pod holding the socket then killed mid-job (kill
 the same daemon reconnecting to the survivor took nothing over: the job waited for the
 reclaim idle (180 s by default), and its caller with it. Now the beat that writes lost
 presence back records the daemon again, and the takeover is instant as before the loss.
+
+A store that lost only its *last* writes (a replica promoted without them, an older
+snapshot restored) can name the desktop's previous session again, on a pod since killed:
+the current session's beat took that for a newer sidecar and closed with 4001, and the
+sidecar stopped for good (exit status 3). Now the beat checks the holder first.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 
 import pytest
 
-from tests.chaos._harness import TIMINGS, new_user, presence, wait_online
+from tests.chaos._harness import TIMINGS, new_user, post_job, presence, wait_online
 from tests.procs import (
     HAProxy,
     Ledger,
@@ -89,3 +94,48 @@ def test_the_same_daemon_takes_over_at_once_after_redis_restarted_empty(tmp_path
     assert answer.at - killed_at < 15.0  # not the reclaim idle
     log = sidecar.output()
     assert len(log_times(log, f"job {answer.body['job_id']} (record): ok")) == 1, log[-3000:]
+
+
+def test_presence_rewound_to_the_previous_session_keeps_the_desktop(tmp_path, procs):
+    heartbeat_s = 2.0
+    redis = procs.add(RedisServer(tmp_path))
+    redis.wait_ready()
+    env = {
+        **TIMINGS, "DESKBRIDGE_REDIS_URL": redis.url, "DESKBRIDGE_PRESENCE_TTL_S": "60",
+        "DESKBRIDGE_HEARTBEAT_S": str(heartbeat_s),
+    }  # fmt: skip
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
+    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
+    lb.wait_ready()
+    sidecar = procs.add(
+        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
+    )
+    first = wait_online(lb.http, user)
+    doomed = wait_until(lambda: holder(pods, user, first), timeout_s=5, what="socket holder")
+    survivor = pods[1] if doomed is pods[0] else pods[0]
+    kill_group(doomed)  # the desktop moves to the survivor
+    second = wait_until(
+        lambda: (s := wait_online(survivor.http, user)) != first and s,
+        timeout_s=20,
+        what="the desktop on the survivor",
+    )
+    # the store names the previous session again, as the lost writes left it
+    redis.command("SET", f"bridge:presence:{{{user}}}", first, "PX", 60_000)
+    rewound_at = time.time()
+    time.sleep(heartbeat_s + 1.5)  # the next beat, and its check
+    back = wait_until(
+        lambda: presence(survivor.http, user)[1].get("session_id") == second,
+        timeout_s=5,
+        what="presence back on the current session",
+    )
+    back_s = time.time() - rewound_at
+    print(f"\nrewound presence: the current session holds it again {back_s:.1f} s on")
+    assert back and sidecar.popen.poll() is None, sidecar.output()[-2000:]
+    assert "superseded" not in sidecar.output()
+    key = "after-rewind-" + user
+    answer = post_job(survivor.http, user, "record", {"key": key}, key=key, timeout_s=10)
+    assert answer.status == "completed", answer.body
+    assert ledger.counts() == {key: 1}
+    assert "which" not in survivor.output() and "its process is gone" in survivor.output()

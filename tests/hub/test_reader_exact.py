@@ -15,7 +15,9 @@ import trio.testing
 from deskbridge_hub._jobstate import JobState
 from deskbridge_hub._reader import (
     ALL,
+    CHECK,
     DAEMON_RECORD_TTL_S,
+    DOUBT_ASKS,
     DRAIN,
     NEW,
     READ_BATCH,
@@ -145,10 +147,40 @@ def attached(reader, *desks):
     reader._queue.clear()
 
 
-async def test_a_reply_naming_another_holder_hands_the_session_over(autojump_clock):
+async def test_a_reply_naming_another_holder_checks_that_holder_before_handing_over(
+    autojump_clock,
+):
+    """The store may have lost its last writes and named an older session again: the
+    first such beat checks the holder (``CHECK``) and beats again a second on, without
+    handing over (that stopped a connected desktop for good: its sidecar exits on 4001)."""
     reader = make_reader()
     desk = Desk()
     attached(reader, desk)
+    await trio.sleep(5)
+    before = sample("deskbridge_presence_write_failures_total", reason="not_holder")
+    beat = desk.listener.beat(full=False)
+    reader._answered([desk.listener], [beat], [0], [BeatReply(ours=False, backlog=True)])
+    assert sample("deskbridge_presence_write_failures_total", reason="not_holder") == before + 1
+    assert (CHECK, DOUBT_ASKS) == ("check", 5)
+    assert desk.events == [] and desk.listener.checking and desk.listener.doubt == 0
+    assert reader._due == {"u1": {CHECK}} and desk.listener.due_s == 6.0
+    assert reader._beating == {"h1.u1": desk.listener}
+    # a second such beat while the check runs: no second check, beaten again a second on
+    reader._answered([desk.listener], [beat], [0], [BeatReply(ours=False)])
+    assert desk.events == [] and reader._due == {"u1": {CHECK}}
+    # a beat that finds presence ours again ends the doubt
+    desk.listener.doubt = DOUBT_ASKS - 1
+    reader._answered([desk.listener], [beat], [0], [BeatReply(ours=True)])
+    assert desk.listener.doubt == 0 and desk.events == []
+
+
+async def test_a_reply_naming_a_holder_found_possibly_real_hands_the_session_over(
+    autojump_clock,
+):
+    reader = make_reader()
+    desk = Desk()
+    attached(reader, desk)
+    desk.listener.doubt = DOUBT_ASKS
     before = sample("deskbridge_presence_write_failures_total", reason="not_holder")
     written = sample("deskbridge_presence_writes_total", kind="refresh")
     beat = desk.listener.beat(full=False)
@@ -165,6 +197,7 @@ async def test_a_handed_over_session_does_not_hold_up_the_replies_after_it(autoj
     reader = make_reader()
     gone, desk = Desk("u0"), Desk()
     attached(reader, gone, desk)
+    gone.listener.doubt = DOUBT_ASKS
     reader._answered(
         [gone.listener, desk.listener],
         [gone.listener.beat(full=False), desk.listener.beat(full=False)],

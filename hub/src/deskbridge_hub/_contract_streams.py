@@ -333,11 +333,13 @@ async def check_a_supersede_notice_is_popped_in_push_order_with_the_wakes(
     h.on_user(holder)
     await s.wake(holder, "u1", ttl_s=30)
     await s.notify_superseded(holder, "u1", "h1.s1", ttl_s=30)
+    await s.notify_superseded(holder, "u3", "h1.s3", ttl_s=30, check=True)
     await s.wake(holder, "u2", ttl_s=30)
     with trio.fail_after(3):
         assert await s.wait_wakes(holder, timeout_s=1, count=10) == [
             "u1",
             Superseded("u1", "h1.s1"),
+            Superseded("u3", "h1.s3", check=True),
             "u2",
         ]
 

@@ -160,7 +160,13 @@ class MemoryPresenceCommands:
         self._wake_now(holder_id, user_id, now, ttl_s)
 
     async def notify_superseded(
-        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+        self,
+        holder_id: str,
+        user_id: str,
+        session_id: str,
+        *,
+        ttl_s: float,
+        check: bool = False,
     ) -> None:
         """Append a :class:`Superseded` notice to the holder's wake list (as :meth:`wake`).
 
@@ -170,7 +176,7 @@ class MemoryPresenceCommands:
         now = await self._enter()
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        self._wake_now(holder_id, Superseded(user_id, session_id), now, ttl_s)
+        self._wake_now(holder_id, Superseded(user_id, session_id, check), now, ttl_s)
 
     def _wake_now(
         self, holder_id: str, item: str | Pushed | Superseded, now: float, ttl_s: float

@@ -47,6 +47,7 @@ from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
 from ._pacer import Pacer
+from ._presence_doubt import Verdict, check_holder, clear_unheld
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     CUT_OFF_MIN_S,
@@ -101,12 +102,19 @@ TAKEOVER = "takeover"  # record the session's daemon; claim what went to it else
 #: the same for a running session whose beat wrote lost presence back: the store may
 #: have lost the daemon record with it (Redis restarted empty, FLUSHALL, an eviction)
 RECORD = "record"
+#: a beat found presence held by another session: check that session is real before
+#: handing over (``_presence_doubt``)
+CHECK = "check"
 PUSHED = "pushed"  # entries a caller's step read for this process (push delivery)
 #: Entries of one user whose dispatch this process remembers, to refuse a pushed copy of
 #: one it already served (a wake-up popped after a drain found the entry). Per user, so
 #: other users' traffic cannot evict it; a user's pushed copies are at most its sessions'
 #: in-flight limit behind, far fewer than this.
 DISPATCHED_REMEMBERED = 1024
+#: Checks of a holder that was not ours before the session hands over (``_doubt``), a
+#: beat (about a second) apart: a dead holder process's liveness key lapses within 3 s,
+#: and a live one answers the ``check`` notice within its wake-up wait (2 s).
+DOUBT_ASKS = 5
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
@@ -423,7 +431,9 @@ class ProcessReader:
             self._recovered()
             woken: list[str] = []
             for item in users:
-                if isinstance(item, Superseded):
+                if isinstance(item, Superseded) and item.check:
+                    await self._clear_unheld(item)
+                elif isinstance(item, Superseded):
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
                     woken.append(item)
@@ -463,6 +473,14 @@ class ProcessReader:
         drain marks each entry again (the deadline judged on the server's clock)."""
         for user_id in list(self._listeners):
             self.schedule(user_id, DRAIN, NEW)
+
+    async def _clear_unheld(self, notice: Superseded) -> None:
+        """Another process's session asks whether this process holds
+        ``notice.session_id``, which presence names (``_presence_doubt``)."""
+        try:
+            await clear_unheld(self.substrate, notice, self._held)
+        except SubstrateUnavailable as exc:  # the asking session's next beat hands over
+            log.debug("clearing a presence nobody holds failed: %s", exc)
 
     def _superseded(self, notice: Superseded) -> None:
         """A newer session of the user took presence from one of ours (on another
@@ -615,9 +633,13 @@ class ProcessReader:
                 continue
             if not reply.ours:
                 _metrics.presence_failed("not_holder")
+                if listener.doubt < DOUBT_ASKS:
+                    self._doubt(listener)
+                    continue
                 self.stop_beating(listener)
                 listener.on_superseded()
                 continue
+            listener.doubt = 0  # a check may still run: its verdict is looked at afresh
             refreshed += 1
             listener.answered(beat, n, taken=reply.taken)
             if self._beating.get(listener.session_id) is listener:
@@ -642,6 +664,39 @@ class ProcessReader:
                 len(refused), first.user_id, first.session_id, why[:200],
                 extra=fields(user_id=first.user_id, session_id=first.session_id),
             )  # fmt: skip
+
+    def _doubt(self, listener: Listener) -> None:
+        """A beat found presence held by another session: check that session before
+        handing over (``CHECK``, a worker runs ``_presence_doubt.check_holder``) and beat
+        again a second on; the session hands over once the holder was found real, or
+        still possibly real after ``DOUBT_ASKS`` checks. The store may have lost its last
+        writes and named an older session."""
+        if not listener.checking:
+            listener.checking = True
+            self.schedule(listener.user_id, CHECK)
+        if self._beating.get(listener.session_id) is listener:
+            self._schedule.at(listener, trio.current_time() + HEARTBEAT_RETRY_S)
+
+    def _held(self, session_id: str) -> bool:
+        """This process holds session ``session_id`` (attached or beating)."""
+        return session_id in self._beating or any(
+            x.session_id == session_id for x in self._listeners.values()
+        )
+
+    async def _check(self, listener: Listener) -> None:
+        """The ``CHECK`` step of one user (see ``_doubt``)."""
+        verdict = await check_holder(
+            self.substrate, user_id=listener.user_id, session_id=listener.session_id,
+            holder_id=self.holder_id, held_here=self._held, ttl_s=self.timings.presence_ttl_s,
+        )  # fmt: skip
+        listener.checking = False
+        if verdict is Verdict.ASKED:
+            listener.doubt += 1
+        else:
+            listener.doubt = DOUBT_ASKS if verdict is Verdict.REAL else 0
+        if verdict is not Verdict.ASKED and self._beating.get(listener.session_id) is listener:
+            self._schedule.at(listener, trio.current_time())  # beat again now
+            self._beat_now.set()
 
     async def _worker(self) -> None:
         while True:
@@ -672,6 +727,11 @@ class ProcessReader:
     async def _pump(self, listener: Listener, kinds: set[str]) -> None:
         user_id, consumer = listener.user_id, self.consumer
         inflight = self.inflight.setdefault(user_id, set())
+        if CHECK in kinds:
+            try:
+                await self._check(listener)
+            finally:
+                listener.checking = False  # a failed check is scheduled again by a beat
         if kinds & {TAKEOVER, RECORD}:
             # First, before this session is handed anything: record its daemon, and take
             # over at once what went to that daemon on sockets that are gone (issue 12.4).

@@ -317,16 +317,22 @@ class PresenceCommands(RedisCommandBase):
         await self._push_wake("RPUSH wake", holder_id, user_id, ttl_s)
 
     async def notify_superseded(
-        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+        self,
+        holder_id: str,
+        user_id: str,
+        session_id: str,
+        *,
+        ttl_s: float,
+        check: bool = False,
     ) -> None:
         """As :meth:`wake`, with the notice (JSON ``{"superseded": session_id, "user":
-        user_id}``) as the item.
+        user_id}``; ``{"check": ...}`` with ``check``) as the item.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: Redis unreachable or refusing writes.
         """
-        notice = json.dumps({"superseded": session_id, "user": user_id})
+        notice = json.dumps({"check" if check else "superseded": session_id, "user": user_id})
         await self._push_wake("RPUSH superseded", holder_id, notice, ttl_s)
 
     async def _push_wake(self, operation: str, holder_id: str, item: str, ttl_s: float) -> None:
@@ -487,10 +493,12 @@ def _wake_item(item: str, received_at: float) -> str | Pushed | Superseded:
     """One wake list item: a user id (user ids never start with ``[`` or ``{``), a
     pushed entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the
     mark script's reply, ``{}`` when it did not mark), or a supersede notice's JSON
-    ``{"superseded": session id, "user": user id}``."""
+    ``{"superseded": session id, "user": user id}`` (``{"check": ...}``: a doubt)."""
     if item.startswith("{"):
         try:
             notice = json.loads(item)
+            if "check" in notice:
+                return Superseded(str(notice["user"]), str(notice["check"]), check=True)
             return Superseded(str(notice["user"]), str(notice["superseded"]))
         except (ValueError, KeyError, TypeError):  # not one of ours
             return item

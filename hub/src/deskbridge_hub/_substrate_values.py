@@ -320,7 +320,12 @@ class Superseded:
     Attributes:
         user_id: whose presence was taken.
         session_id: the session that no longer holds it.
+        check: not a supersede but a doubt: a session of another process found presence
+            naming ``session_id`` (the store may have lost its last writes and named an
+            older session again); clear it unless this process holds that session
+            (``_presence_doubt``).
     """
 
     user_id: str
     session_id: str
+    check: bool = False
