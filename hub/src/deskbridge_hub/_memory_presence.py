@@ -257,6 +257,9 @@ class MemoryPresenceCommands:
                 replies.append(BeatReply(False))
                 continue
             self._set(key, beat.session_id, now, ttl_s)
+            # a deep beat without a catalogue looks whether the store lost it
+            lost = beat.deep and beat.catalogue is None
+            lost = lost and self._get(tools_key(beat.user_id), now) is None
             if beat.catalogue is not None:
                 self._set(tools_key(beat.user_id), beat.catalogue, now, None)
             stream = self._streams.get(beat.user_id)
@@ -279,5 +282,5 @@ class MemoryPresenceCommands:
                 index = self._index.get(beat.user_id, {})
                 floor = min(stream.entries) if stream is not None and stream.entries else None
                 trimmed = any(floor is None or sid < floor for sid in index)
-            replies.append(BeatReply(True, backlog, reclaim, trimmed, taken=holder is None))
+            replies.append(BeatReply(True, backlog, reclaim, trimmed, taken=holder is None or lost))
         return replies

@@ -63,7 +63,9 @@ _REFRESH_IF_HOLDER = (
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
-#: pending, one consumer) costs GETEX + XINFO GROUPS = 2, plus its share of one EVALSHA.
+#: pending, one consumer) costs GETEX + XINFO GROUPS = 2, plus its share of one EVALSHA;
+#: a deep beat without a catalogue adds an EXISTS of the catalogue (a catalogue lost
+#: alone, e.g. evicted, is reported as ``taken`` so that it is written again).
 #: Presence is refreshed with one GETEX ... PX (Redis >= 6.2), which also reads whose it
 #: is; a newer session's value stays and its TTL becomes ours (with every process on the
 #: same timings: its own), and our id is written only where presence is absent. The
@@ -101,7 +103,11 @@ local function beat(kp, kt, kj, ki, session, catalogue, deep)
     redis.call('SET', kp, session, 'PX', px)
     taken = 1
   end
-  if catalogue ~= '' then redis.call('SET', kt, catalogue) end
+  if catalogue ~= '' then
+    redis.call('SET', kt, catalogue)
+  elseif deep and taken == 0 and redis.call('EXISTS', kt) == 0 then
+    taken = 1  -- the store lost the catalogue (an eviction): write it again, as after presence
+  end
   local backlog, reclaim, trimmed = 0, 0, 0
   local function last_id()
     local tail = redis.call('XREVRANGE', kj, '+', '-', 'COUNT', 1)
