@@ -367,8 +367,11 @@ class ProcessReader:
         data, presence went with it (beat every session now); if this process only
         stalled or Redis only paused, one presence still names its session and the beats
         due will do (a full beat of 10,000 sessions would only stall a busy process
-        further)."""
-        sample = next(iter(self._beating.values()))
+        further). The sample is the newest session's: a store that lost only its last
+        writes (a replica promoted without them) lost the newest handshakes' presence
+        and kept the older ones (the oldest, sampled before, read "intact", and the
+        newest desktops read offline until their next heartbeat, 30 s)."""
+        sample = next(reversed(self._beating.values()))
         try:
             intact = await self.substrate.get_presence(sample.user_id) == sample.session_id
         except SubstrateUnavailable:
