@@ -177,3 +177,34 @@ def test_a_restore_without_the_last_writes_brings_the_newest_desktop_back_at_onc
     )
     print(f"\nrestored without the last writes: newest desktop online again "
           f"{time.time() - restored_at:.1f} s on")
+
+
+def test_presence_rewound_to_an_ended_session_is_cleared_by_the_first_call(tmp_path, procs):
+    """The desktop stopped (its session ended, presence cleared), then the store named
+    that session again, on a process that is alive: every call was pushed to that
+    process, which holds no session of the user, and answered ``timeout`` "delivered,
+    may be running" after its whole wait, until the rewound presence expired (90 s).
+    The wake-up of the first call now makes the process clear it: the next calls are
+    answered ``offline`` at once. Nothing runs."""
+    redis = procs.add(RedisServer(tmp_path))
+    redis.wait_ready()
+    env = {
+        **TIMINGS, "DESKBRIDGE_REDIS_URL": redis.url, "DESKBRIDGE_PRESENCE_TTL_S": "60",
+        "DESKBRIDGE_HEARTBEAT_S": "20",
+    }  # fmt: skip
+    hub = procs.hub(tmp_path, env, name="pod")
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    sidecar = procs.add(
+        Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
+    )
+    sid = wait_online(hub.http, user)
+    sidecar.stop(timeout_s=10)
+    wait_until(lambda: not presence(hub.http, user)[1]["online"], timeout_s=5, what="offline")
+    redis.command("SET", f"bridge:presence:{{{user}}}", sid, "PX", 60_000)
+    answers = [post_job(hub.http, user, "record", {"key": f"r{i}"}, timeout_s=3) for i in range(3)]
+    print("\nafter the rewind:", [(a.status, a.body.get("detail")) for a in answers])
+    assert answers[-1].status == "offline", answers[-1].body
+    assert answers[1].status == "offline", answers[1].body
+    assert ledger.counts() == {}
+    assert "it ended in this process" in hub.output()

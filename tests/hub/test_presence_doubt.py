@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+import trio
 from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._reader import CHECK, DOUBT_ASKS
-from deskbridge_hub._substrate import Superseded
 from deskbridge_hub._substrate_values import BeatReply
 
 from .reader_kit import READER_LOG, Desk, Script, lines, make_reader
@@ -48,11 +48,27 @@ async def test_a_holder_whose_process_is_gone_is_cleared_and_the_session_beats_n
     ]
 
 
-async def test_a_session_of_this_process_it_does_not_hold_is_cleared(autojump_clock):
+async def test_a_session_that_ended_in_this_process_is_cleared(autojump_clock):
     script = Script()
-    reader, desk = await _check(script, "h1.gone")
+    reader = make_reader(script)
+    gone = Desk("u1", "h1.gone")
+    attached(reader, gone)
+    reader.detach(gone.listener)  # it ended here
+    desk = Desk()
+    attached(reader, desk)
+    script.presence["u1"] = "h1.gone"
+    await reader._pump(desk.listener, {CHECK})
     assert script.names() == ["get_presence", "clear_presence"]  # no liveness asked
-    assert desk.listener.doubt == 0
+    assert desk.listener.doubt == 0 and reader._beat_now.is_set()
+
+
+async def test_a_session_of_this_process_not_attached_yet_is_real(autojump_clock):
+    """Between its presence write and its attach (its welcome being sent) a newer
+    session of this process is held by nobody: it must not be cleared."""
+    script = Script()
+    reader, desk = await _check(script, "h1.starting")
+    assert script.names() == ["get_presence"]
+    assert desk.listener.doubt == DOUBT_ASKS
 
 
 async def test_a_session_this_process_holds_is_real(autojump_clock):
@@ -90,17 +106,43 @@ async def test_a_holder_without_a_process_is_real(autojump_clock):
     assert script.names() == ["get_presence"] and desk.listener.doubt == DOUBT_ASKS
 
 
-async def test_a_check_notice_clears_a_session_this_process_does_not_hold(autojump_clock):
+async def test_a_check_notice_clears_a_session_that_ended_in_this_process(autojump_clock):
     script = Script()
     reader = make_reader(script)
-    desk = Desk()
-    attached(reader, desk)
+    old, desk = Desk("u1", "h1.old"), Desk("u2")
+    attached(reader, old, desk)
+    reader.detach(old.listener)
     script.presence["u1"] = "h1.old"
-    await reader._clear_unheld(Superseded("u1", "h1.u1", check=True))  # ours: kept
+    await reader._clear_ended("u2", "h1.u2")  # held: kept
+    await reader._clear_ended("u1", "h1.never")  # not known to have ended: kept
     assert script.names() == []
-    await reader._clear_unheld(Superseded("u1", "h1.old", check=True))
+    await reader._clear_ended("u1", "h1.old")
     assert script.of("clear_presence") == [(("u1", "h1.old"), {})]
     assert "u1" not in script.presence
+
+
+async def test_a_wake_up_for_a_user_held_here_no_more_clears_its_ended_session(
+    autojump_clock, caplog
+):
+    """A store that lost its last writes names a session that ended here: callers were
+    pushed jobs no desktop received and told "delivered, may be running" until that
+    presence expired. The wake-up their submits send clears it."""
+    script = Script()
+    reader = make_reader(script)
+    old = Desk("u1", "h1.old")
+    attached(reader, old)
+    reader.detach(old.listener)
+    script.presence["u1"] = "h1.old"
+    script.queue("wait_wakes", ["u1"])
+    with caplog.at_level(logging.WARNING, logger=READER_LOG):
+        with trio.move_on_after(0.5):
+            await reader._wake_loop()
+    assert script.of("clear_presence") == [(("u1", "h1.old"), {})]
+    assert lines(caplog) == [
+        "presence of u1 named session h1.old, but it ended in this process (the store "
+        "lost its last writes: a replica promoted without them, an older snapshot "
+        "restored?): cleared, so the desktop's current session takes it back"
+    ]
 
 
 async def test_a_session_hands_over_after_its_holder_stayed_possibly_real_for_the_asks(

@@ -9,12 +9,17 @@ gone or that ended it. Handing over then stopped a connected desktop for good. S
 first beat that finds presence not ours checks first (:func:`check_holder`); only a
 holder that may be real supersedes the session:
 
-- a session of this process that it does not hold, or of a process whose liveness key
-  is gone (dead: it holds no socket), is no session at all: its presence is cleared
-  (only while it still names that session) and the next beat takes presence back;
+- a session of this process that has ended here, or of a process whose liveness key is
+  gone (dead: it holds no socket), is no session at all: its presence is cleared (only
+  while it still names that session) and the next beat takes presence back;
 - a session of another live process: that process is asked (a ``check`` notice on its
-  wake list) and clears it if it does not hold it (:func:`clear_unheld`); a session
-  still not ours at the beat after that hands over, as before.
+  wake list) and clears it if that session has ended there (:func:`clear_ended`); a
+  session still not ours after a few such checks hands over, as before.
+
+"Ended here", not "not held here": a session of this process between its presence write
+and its attach to the reader (its welcome being sent) is held by nobody yet, and is the
+newest. A process remembers the sessions that ended in it (bounded); one it forgot counts
+as possibly real.
 
 A newer session's own handshake still tells the older one at once (its ``superseded``
 notice); this check only delays the heartbeat's fallback by about a second.
@@ -28,7 +33,7 @@ from collections.abc import Callable
 
 from ._keys import holder_of
 from ._logging import fields
-from ._substrate import Substrate, Superseded
+from ._substrate import Substrate
 
 log = logging.getLogger("deskbridge.hub.reader")
 
@@ -49,6 +54,7 @@ async def check_holder(
     session_id: str,
     holder_id: str,
     held_here: Callable[[str], bool],
+    ended_here: Callable[[str], bool],
     ttl_s: float,
 ) -> Verdict:
     """Look at who holds ``user_id``'s presence instead of session ``session_id`` (of
@@ -56,6 +62,7 @@ async def check_holder(
 
     Args:
         held_here: whether this process holds a session id (its live sessions).
+        ended_here: whether a session id is one that ended in this process.
         ttl_s: the wake list's TTL for the ``check`` notice, seconds (> 0).
 
     Raises:
@@ -67,29 +74,33 @@ async def check_holder(
     process = holder_of(holder)
     if process is None or held_here(holder):
         return Verdict.REAL
-    if process != holder_id and await substrate.holder_alive(process):
+    if process == holder_id:
+        if not ended_here(holder):
+            return Verdict.REAL  # starting (not attached yet), or forgotten
+        why = "it ended in this process"
+    elif await substrate.holder_alive(process):
         await substrate.notify_superseded(process, user_id, holder, ttl_s=ttl_s, check=True)
         return Verdict.ASKED
+    else:
+        why = "its process is gone"
     if await substrate.clear_presence(user_id, holder):
-        why = "this process does not hold it" if process == holder_id else "its process is gone"
         _cleared(user_id, holder, why)
     return Verdict.CLEARED
 
 
-async def clear_unheld(
-    substrate: Substrate, notice: Superseded, held_here: Callable[[str], bool]
+async def clear_ended(
+    substrate: Substrate, user_id: str, session_id: str, ended_here: Callable[[str], bool]
 ) -> None:
-    """A ``check`` notice (another process's session found presence naming
-    ``notice.session_id``, one of ours): clear it unless this process holds it.
+    """Presence of ``user_id`` is said to name ``session_id``, one of this process's (a
+    ``check`` notice; a wake-up for a user this process holds no session of): clear it
+    if that session ended here (a store that lost its last writes names it again).
 
     Raises:
-        SubstrateUnavailable: Redis unreachable (the asking session's next beat hands
-            over, as it did before the check).
+        SubstrateUnavailable: Redis unreachable (the asking session hands over after its
+            checks, as it did before; a caller's next wake-up looks again).
     """
-    if held_here(notice.session_id):
-        return
-    if await substrate.clear_presence(notice.user_id, notice.session_id):
-        _cleared(notice.user_id, notice.session_id, "its process (this one) does not hold it")
+    if ended_here(session_id) and await substrate.clear_presence(user_id, session_id):
+        _cleared(user_id, session_id, "it ended in this process")
 
 
 def _cleared(user_id: str, session_id: str, why: str) -> None:

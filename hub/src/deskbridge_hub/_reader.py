@@ -47,7 +47,7 @@ from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
 from ._pacer import Pacer
-from ._presence_doubt import Verdict, check_holder, clear_unheld
+from ._presence_doubt import Verdict, check_holder, clear_ended
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     CUT_OFF_MIN_S,
@@ -115,6 +115,9 @@ DISPATCHED_REMEMBERED = 1024
 #: beat (about a second) apart: a dead holder process's liveness key lapses within 3 s,
 #: and a live one answers the ``check`` notice within its wake-up wait (2 s).
 DOUBT_ASKS = 5
+#: Sessions that ended in this process, remembered to tell a presence naming one of
+#: them (a store that lost its last writes) from a session still starting.
+ENDED_REMEMBERED = 4096
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
@@ -152,6 +155,8 @@ class ProcessReader:
     _pushed: dict[str, list[Entry]] = attrs.field(factory=dict)
     #: Per user, the entry IDs dispatched lately, oldest first (see ``_dispatch``).
     _dispatched: dict[str, dict[str, None]] = attrs.field(factory=dict)
+    #: Session ids that ended (detached) in this process, oldest first (bounded).
+    _ended: dict[str, None] = attrs.field(factory=dict)
     #: Idle workers park here; each due user unparks exactly one (a shared Event woke
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -198,6 +203,9 @@ class ProcessReader:
     def detach(self, listener: Listener) -> None:
         """Stop reading and beating for ``listener``."""
         listener.stopped.set()
+        self._ended[listener.session_id] = None
+        while len(self._ended) > ENDED_REMEMBERED:
+            del self._ended[next(iter(self._ended))]
         self._beating.pop(listener.session_id, None)
         if self._listeners.get(listener.user_id) is listener:
             del self._listeners[listener.user_id]
@@ -435,7 +443,7 @@ class ProcessReader:
             woken: list[str] = []
             for item in users:
                 if isinstance(item, Superseded) and item.check:
-                    await self._clear_unheld(item)
+                    await self._clear_ended(item.user_id, item.session_id)
                 elif isinstance(item, Superseded):
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
@@ -448,9 +456,13 @@ class ProcessReader:
                         self.schedule(item.user_id, PUSHED)
                     # else the session is gone: the entry is pending on this consumer,
                     # and the next session's drain or its daemon's takeover serves it
+                    else:
+                        woken.append(item.user_id)
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+                elif self._ended:  # presence may name a session that ended here
+                    await self._clear_ended(user_id)
 
     def _remark(self, item: Pushed) -> None:
         """A pushed entry that may have waited long before it arrived (``_wake_loop``):
@@ -477,13 +489,20 @@ class ProcessReader:
         for user_id in list(self._listeners):
             self.schedule(user_id, DRAIN, NEW)
 
-    async def _clear_unheld(self, notice: Superseded) -> None:
-        """Another process's session asks whether this process holds
-        ``notice.session_id``, which presence names (``_presence_doubt``)."""
+    async def _clear_ended(self, user_id: str, session_id: str | None = None) -> None:
+        """Presence of ``user_id`` names ``session_id`` of this process (a ``check``
+        notice), or may (a wake-up for a user this process holds no session of: presence
+        named a session here, read first): cleared if that session ended here
+        (``_presence_doubt``). A store that lost its last writes can name an ended
+        session again; callers were then told "delivered, may be running" about jobs
+        pushed here that no desktop received, until that presence expired (90 s)."""
         try:
-            await clear_unheld(self.substrate, notice, self._held)
-        except SubstrateUnavailable as exc:  # the asking session's next beat hands over
-            log.debug("clearing a presence nobody holds failed: %s", exc)
+            if session_id is None:
+                session_id = await self.substrate.get_presence(user_id)
+            if session_id is not None:
+                await clear_ended(self.substrate, user_id, session_id, self._ended_here)
+        except SubstrateUnavailable as exc:  # looked at again at the next such wake-up
+            log.debug("clearing a presence of an ended session failed: %s", exc)
 
     def _superseded(self, notice: Superseded) -> None:
         """A newer session of the user took presence from one of ours (on another
@@ -686,11 +705,16 @@ class ProcessReader:
             x.session_id == session_id for x in self._listeners.values()
         )
 
+    def _ended_here(self, session_id: str) -> bool:
+        """Session ``session_id`` ended in this process (and is not held again)."""
+        return session_id in self._ended and not self._held(session_id)
+
     async def _check(self, listener: Listener) -> None:
         """The ``CHECK`` step of one user (see ``_doubt``)."""
         verdict = await check_holder(
             self.substrate, user_id=listener.user_id, session_id=listener.session_id,
-            holder_id=self.holder_id, held_here=self._held, ttl_s=self.timings.presence_ttl_s,
+            holder_id=self.holder_id, held_here=self._held, ended_here=self._ended_here,
+            ttl_s=self.timings.presence_ttl_s,
         )  # fmt: skip
         listener.checking = False
         if verdict is Verdict.ASKED:
