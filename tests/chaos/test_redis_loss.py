@@ -195,8 +195,9 @@ def test_presence_rewound_to_an_ended_session_is_cleared_by_the_first_call(tmp_p
     hub = procs.hub(tmp_path, env, name="pod")
     user = new_user()
     ledger = Ledger(tmp_path / "ledger.jsonl")
+    sidecar_env = {**env, **ledger.env()}
     sidecar = procs.add(
-        Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
+        Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=sidecar_env)
     )
     sid = wait_online(hub.http, user)
     sidecar.stop(timeout_s=10)

@@ -181,3 +181,22 @@ async def test_a_check_that_fails_is_due_again_at_the_next_beat(autojump_clock):
     with pytest.raises(SubstrateUnavailable):
         await reader._pump(desk.listener, {CHECK})
     assert not desk.listener.checking and desk.listener.doubt == 0
+
+
+async def test_a_process_remembers_a_bounded_number_of_ended_sessions(autojump_clock):
+    from deskbridge_hub._reader import ENDED_REMEMBERED
+
+    reader = make_reader(Script())
+    assert ENDED_REMEMBERED == 4096
+    desks = [Desk(f"u{n}", f"h1.s{n}") for n in range(ENDED_REMEMBERED + 1)]
+    attached(reader, *desks)
+    for desk in desks:
+        reader.detach(desk.listener)
+    assert len(reader._ended) == ENDED_REMEMBERED
+    assert not reader._ended_here("h1.s0")  # the oldest is forgotten
+    assert reader._ended_here("h1.s1") and reader._ended_here(f"h1.s{ENDED_REMEMBERED}")
+    again = Desk("u1", "h1.s1")  # held again (a session id is never reused; defensive)
+    attached(reader, again)
+    assert not reader._ended_here("h1.s1")
+    reader.stop_beating(again.listener)
+    assert reader._held("h1.s1") and not reader._ended_here("h1.s1")  # still attached
