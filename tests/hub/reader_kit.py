@@ -81,6 +81,18 @@ class Script:
         reply = await self._answer("get_presence", self.presence.get(user_id), user_id)
         return reply  # type: ignore[no-any-return]
 
+    async def holder_alive(self, holder_id: str) -> bool:
+        return await self._answer("holder_alive", True, holder_id)  # type: ignore[no-any-return]
+
+    async def clear_presence(self, user_id: str, session_id: str) -> bool:
+        cleared = self.presence.get(user_id) == session_id
+        if cleared:
+            del self.presence[user_id]
+        return await self._answer("clear_presence", cleared, user_id, session_id)  # type: ignore[no-any-return]
+
+    async def notify_superseded(self, *args: Any, **kw: Any) -> None:
+        await self._answer("notify_superseded", None, *args, **kw)
+
     async def wait_wakes(
         self, holder_id: str, *, timeout_s: float, count: int
     ) -> list[str | Pushed]:

@@ -15,12 +15,15 @@ import trio.testing
 from deskbridge_hub._jobstate import JobState
 from deskbridge_hub._reader import (
     ALL,
+    CHECK,
     DAEMON_RECORD_TTL_S,
+    DOUBT_ASKS,
     DRAIN,
     NEW,
     READ_BATCH,
     RECLAIM,
     RECLAIM_MAX_BATCHES,
+    RECORD,
     TAKEOVER,
     TAKEOVER_BATCH,
     TRIMMED,
@@ -133,10 +136,40 @@ async def test_served_drains_after_an_unanswered_entry_and_reads_when_the_sessio
 # -- a heartbeat's replies -------------------------------------------------------------------
 
 
-async def test_a_reply_naming_another_holder_hands_the_session_over(autojump_clock):
+async def test_a_reply_naming_another_holder_checks_that_holder_before_handing_over(
+    autojump_clock,
+):
+    """The store may have lost its last writes and named an older session again: the
+    first such beat checks the holder (``CHECK``) and beats again a second on, without
+    handing over (that stopped a connected desktop for good: its sidecar exits on 4001)."""
     reader = make_reader()
     desk = Desk()
     attached(reader, desk)
+    await trio.sleep(5)
+    before = sample("deskbridge_presence_write_failures_total", reason="not_holder")
+    beat = desk.listener.beat(full=False)
+    reader._answered([desk.listener], [beat], [0], [BeatReply(ours=False, backlog=True)])
+    assert sample("deskbridge_presence_write_failures_total", reason="not_holder") == before + 1
+    assert (CHECK, DOUBT_ASKS) == ("check", 5)
+    assert desk.events == [] and desk.listener.checking and desk.listener.doubt == 0
+    assert reader._due == {"u1": {CHECK}} and desk.listener.due_s == 6.0
+    assert reader._beating == {"h1.u1": desk.listener}
+    # a second such beat while the check runs: no second check, beaten again a second on
+    reader._answered([desk.listener], [beat], [0], [BeatReply(ours=False)])
+    assert desk.events == [] and reader._due == {"u1": {CHECK}}
+    # a beat that finds presence ours again ends the doubt
+    desk.listener.doubt = DOUBT_ASKS - 1
+    reader._answered([desk.listener], [beat], [0], [BeatReply(ours=True)])
+    assert desk.listener.doubt == 0 and desk.events == []
+
+
+async def test_a_reply_naming_a_holder_found_possibly_real_hands_the_session_over(
+    autojump_clock,
+):
+    reader = make_reader()
+    desk = Desk()
+    attached(reader, desk)
+    desk.listener.doubt = DOUBT_ASKS
     before = sample("deskbridge_presence_write_failures_total", reason="not_holder")
     written = sample("deskbridge_presence_writes_total", kind="refresh")
     beat = desk.listener.beat(full=False)
@@ -153,6 +186,7 @@ async def test_a_handed_over_session_does_not_hold_up_the_replies_after_it(autoj
     reader = make_reader()
     gone, desk = Desk("u0"), Desk()
     attached(reader, gone, desk)
+    gone.listener.doubt = DOUBT_ASKS
     reader._answered(
         [gone.listener, desk.listener],
         [gone.listener.beat(full=False), desk.listener.beat(full=False)],
@@ -219,6 +253,8 @@ async def test_a_beat_that_took_presence_back_beats_again_at_once_with_the_catal
     assert desk.listener.catalogue_due and desk.listener.due_s == 29.0
     assert reader._beat_now.is_set()
     assert desk.listener.beat(full=False).catalogue == "[catalogue of u1]"
+    # and its daemon is recorded again: the record may have gone with presence
+    assert RECORD == "record" and reader._due == {"u1": {RECORD}}
 
 
 async def test_a_reply_for_a_session_that_stopped_beating_meanwhile_is_not_rescheduled(
@@ -232,7 +268,7 @@ async def test_a_reply_for_a_session_that_stopped_beating_meanwhile_is_not_resch
     reader._answered([desk.listener], [beat], [0], [BeatReply(ours=True, taken=True, backlog=True)])
     assert desk.listener.beats == 1 and desk.listener.due_s == 30.0
     assert len(reader._schedule) == 1 and not reader._beat_now.is_set()
-    assert reader._due == {"u1": {NEW}}  # its reads still happen
+    assert reader._due == {"u1": {NEW, RECORD}}  # its reads still happen
 
 
 async def test_fewer_replies_than_beats_is_an_error(autojump_clock):
@@ -258,7 +294,7 @@ async def test_a_session_start_records_its_daemon_and_takes_over_its_gone_socket
         await reader._pump(desk.listener, {TAKEOVER})
     assert script.of("take_over") == [
         (("u1", "c1"), {"daemon_id": "d1", "session_id": "h1.u1", "count": TAKEOVER_BATCH,
-                        "record_ttl_s": DAEMON_RECORD_TTL_S}),
+                        "record_ttl_s": DAEMON_RECORD_TTL_S, "again": False}),
     ]  # fmt: skip
     assert (TAKEOVER_BATCH, DAEMON_RECORD_TTL_S) == (256, 604_800.0)
     assert script.names() == ["take_over"]  # not quiet, but nothing else was due
@@ -268,6 +304,28 @@ async def test_a_session_start_records_its_daemon_and_takes_over_its_gone_socket
     assert lines(caplog) == [
         "session h1.u1 of u1: took over 3 entries from its daemon's gone sockets"
     ]
+
+
+async def test_a_record_again_is_the_takeover_step_with_again_and_takes_over_too(
+    autojump_clock, caplog
+):
+    """A running session whose beat wrote lost presence back records its daemon again
+    (Redis lost its data: without the record, this process's deliveries to the daemon
+    waited the reclaim idle when it died); what the step claims is served as at a start."""
+    script = Script()
+    script.queue("take_over", Claimed("0-0", tuple(entries("1-0")), ()))
+    reader = make_reader(script)
+    desk = Desk(daemon_id="d1")
+    with caplog.at_level(logging.INFO, logger=READER_LOG):
+        await reader._pump(desk.listener, {RECORD})
+    assert script.of("take_over") == [
+        (("u1", "c1"), {"daemon_id": "d1", "session_id": "h1.u1", "count": TAKEOVER_BATCH,
+                        "record_ttl_s": DAEMON_RECORD_TTL_S, "again": True}),
+    ]  # fmt: skip
+    assert desk.events == [("dispatch", "1-0")]
+    # due at a session's start as well: the start's rule (nothing recorded yet)
+    await reader._pump(desk.listener, {RECORD, TAKEOVER})
+    assert script.of("take_over")[1][1]["again"] is False
 
 
 @pytest.mark.parametrize(

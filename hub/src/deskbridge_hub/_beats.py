@@ -64,6 +64,7 @@ class Listener:
         on_cut_off: called when this process has not reached Redis for
             ``ProcessReader.cut_off_s`` (partitioned from it): the session ends with
             1013 so that its sidecar reconnects, to a replica that can serve it.
+        doubt: see the attribute.
         attached_at: when the reader attached it (trio clock, seconds): its handshake had
             just written presence, so this process's silence counts for it from then at
             the earliest (``ProcessReader._cut_off_loop``).
@@ -90,6 +91,11 @@ class Listener:
     beat_misses: int = 0  # its beats missed in a row for an outage of its Cluster node
     on_cut_off: Callable[[], None] | None = None
     attached_at: float = -math.inf
+    #: Beats found presence held by another session: how many checks of that holder
+    #: (``_presence_doubt``) found it possibly real; at ``_reader.DOUBT_ASKS`` the next
+    #: such beat hands over. 0 again at a beat that finds presence ours.
+    doubt: int = 0
+    checking: bool = False  # a check of the holder is due or running
 
     def beat(self, *, full: bool) -> Beat:
         """This session's next beat (``full``: with its catalogue)."""

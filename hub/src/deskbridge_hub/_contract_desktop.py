@@ -14,12 +14,18 @@ _RECORD_TTL_S = 60.0
 
 
 async def _take_over(
-    h: SubstrateHarness, user: str, consumer: str, daemon: str | None, *, count: int = 32
+    h: SubstrateHarness,
+    user: str,
+    consumer: str,
+    daemon: str | None,
+    *,
+    count: int = 32,
+    again: bool = False,
 ) -> Claimed:
     """The takeover step of a session ``<consumer>.<daemon>`` (presence not touched)."""
     return await h.substrate.take_over(
         user, consumer, daemon_id=daemon, session_id=f"{consumer}.{daemon}", count=count,
-        record_ttl_s=_RECORD_TTL_S,
+        record_ttl_s=_RECORD_TTL_S, again=again,
     )  # fmt: skip
 
 
@@ -98,6 +104,35 @@ async def check_unknown_or_mixed_daemons_are_never_taken_over(h: SubstrateHarnes
     assert [e.entry_id for e in await s.read_pending(user, "pod-b", count=10)] == ids[1:]
     if h.raw is not None:
         assert await h.raw("HGET", daemons_key(user), "pod-a") == "?"
+        assert await h.raw("HGET", daemons_key(user), "pod-b") == "?"
+
+
+@check
+async def check_take_over_again_records_a_consumer_whose_record_was_lost(
+    h: SubstrateHarness,
+) -> None:
+    """A running session's step ``again`` (its beat wrote lost presence back): a consumer
+    with no record left, entries pending on it, is recorded as this daemon's, so they
+    can be taken over at once; the session-start rule would say ``?`` (and does: the
+    step without ``again``), and a ``?`` still recorded stays ``?``."""
+    s, user = h.substrate, h.user()
+    ids = await _enqueue(h, user, 3)
+    # delivered on pod-a, whose record the store lost (never written, here)
+    await s.set_presence(user, "pod-a.daemon-1", 30)
+    await s.read_new(user, "pod-a", count=1, block_ms=None)
+    await _take_over(h, user, "pod-a", "daemon-1", again=True)
+    assert await _start(h, user, "pod-c", "daemon-1") == ids[:1]
+    # the same on pod-b (another daemon) without ``again``: unknown, nothing taken over
+    await s.set_presence(user, "pod-b.daemon-2", 30)
+    await s.read_new(user, "pod-b", count=1, block_ms=None)
+    await _take_over(h, user, "pod-b", "daemon-2")
+    assert await _start(h, user, "pod-d", "daemon-2") == []
+    # a recorded ``?`` is not overwritten by ``again``
+    await s.set_presence(user, "pod-b.daemon-2", 30)
+    await _take_over(h, user, "pod-b", "daemon-2", again=True)
+    assert await _start(h, user, "pod-e", "daemon-2") == []
+    assert [e.entry_id for e in await s.read_pending(user, "pod-b", count=10)] == ids[1:2]
+    if h.raw is not None:
         assert await h.raw("HGET", daemons_key(user), "pod-b") == "?"
 
 

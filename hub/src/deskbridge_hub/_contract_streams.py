@@ -333,11 +333,13 @@ async def check_a_supersede_notice_is_popped_in_push_order_with_the_wakes(
     h.on_user(holder)
     await s.wake(holder, "u1", ttl_s=30)
     await s.notify_superseded(holder, "u1", "h1.s1", ttl_s=30)
+    await s.notify_superseded(holder, "u3", "h1.s3", ttl_s=30, check=True)
     await s.wake(holder, "u2", ttl_s=30)
     with trio.fail_after(3):
         assert await s.wait_wakes(holder, timeout_s=1, count=10) == [
             "u1",
             Superseded("u1", "h1.s1"),
+            Superseded("u3", "h1.s3", check=True),
             "u2",
         ]
 
@@ -401,6 +403,7 @@ async def check_heartbeat_of_many_users_answers_each_for_its_own_keys(
         kind = kinds[n % 4] if n % 7 else "backlog"
         if kind != "absent":
             await s.set_presence(user, "other" if kind == "theirs" else f"s{n}", 30)
+            await s.set_catalogue(user, "[]")  # as the handshake does (else deep: taken)
         if kind == "backlog":
             await s.enqueue(user, {"job_id": h.job()}, maxlen=GROUP_MAXLEN)
     beats = [Beat(user, f"s{n}", deep=n % 2 == 0) for n, user in enumerate(users)]
@@ -425,8 +428,14 @@ async def check_heartbeat_writes_the_catalogue_only_when_given_and_says_it_took_
     assert await s.get_presence(mine) == "s1" and await s.get_catalogue(mine) is None
     (again,) = await s.heartbeat([Beat(mine, "s1")], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
     assert (again.ours, again.taken) == (True, False)
+    # a deep beat without a catalogue looks for the stored one: gone (evicted) is taken
+    deep = Beat(mine, "s1", deep=True)
+    (gone,) = await s.heartbeat([deep], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
+    assert (gone.ours, gone.taken) == (True, True)
     await s.heartbeat([Beat(mine, "s1", '["a"]')], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
     assert await s.get_catalogue(mine) == '["a"]'
+    (kept,) = await s.heartbeat([deep], ttl_s=30, consumer="c1", reclaim_idle_ms=1)
+    assert (kept.ours, kept.taken) == (True, False)
     await s.set_presence(theirs, "other", 0.5)
     (lost,) = await s.heartbeat(
         [Beat(theirs, "s1", '["b"]')], ttl_s=30, consumer="c1", reclaim_idle_ms=1

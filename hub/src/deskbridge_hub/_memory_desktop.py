@@ -38,6 +38,7 @@ class MemoryDesktopCommands:
         session_id: str,
         count: int,
         record_ttl_s: float,
+        again: bool = False,
     ) -> Claimed:
         """See :meth:`DesktopSubstrate.take_over` (one step: no checkpoint inside).
 
@@ -81,7 +82,8 @@ class MemoryDesktopCommands:
             for name in [n for n in record if n not in stream.seen and n != consumer]:
                 del record[name]  # consumer gone from the group
         same = daemon_id is not None and record.get(consumer) == daemon_id
-        mixed = daemon_id is None or (not same and mine > 0)
+        lost = again and consumer not in record  # every delivery since went to us
+        mixed = daemon_id is None or (not same and not lost and mine > 0)
         record[consumer] = UNKNOWN_DAEMON if mixed else str(daemon_id)
         self._daemon_records[user_id] = (record, now + record_ttl_s)
         quiet = not self._index.get(user_id) and (

@@ -160,7 +160,13 @@ class MemoryPresenceCommands:
         self._wake_now(holder_id, user_id, now, ttl_s)
 
     async def notify_superseded(
-        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+        self,
+        holder_id: str,
+        user_id: str,
+        session_id: str,
+        *,
+        ttl_s: float,
+        check: bool = False,
     ) -> None:
         """Append a :class:`Superseded` notice to the holder's wake list (as :meth:`wake`).
 
@@ -170,7 +176,7 @@ class MemoryPresenceCommands:
         now = await self._enter()
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        self._wake_now(holder_id, Superseded(user_id, session_id), now, ttl_s)
+        self._wake_now(holder_id, Superseded(user_id, session_id, check), now, ttl_s)
 
     def _wake_now(
         self, holder_id: str, item: str | Pushed | Superseded, now: float, ttl_s: float
@@ -251,6 +257,9 @@ class MemoryPresenceCommands:
                 replies.append(BeatReply(False))
                 continue
             self._set(key, beat.session_id, now, ttl_s)
+            # a deep beat without a catalogue looks whether the store lost it
+            lost = beat.deep and beat.catalogue is None
+            lost = lost and self._get(tools_key(beat.user_id), now) is None
             if beat.catalogue is not None:
                 self._set(tools_key(beat.user_id), beat.catalogue, now, None)
             stream = self._streams.get(beat.user_id)
@@ -273,5 +282,5 @@ class MemoryPresenceCommands:
                 index = self._index.get(beat.user_id, {})
                 floor = min(stream.entries) if stream is not None and stream.entries else None
                 trimmed = any(floor is None or sid < floor for sid in index)
-            replies.append(BeatReply(True, backlog, reclaim, trimmed, taken=holder is None))
+            replies.append(BeatReply(True, backlog, reclaim, trimmed, taken=holder is None or lost))
         return replies

@@ -47,6 +47,7 @@ from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
 from ._pacer import Pacer
+from ._presence_doubt import Verdict, check_holder, clear_ended
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     CUT_OFF_MIN_S,
@@ -98,12 +99,25 @@ NEW = "new"  # entries never delivered (>)
 RECLAIM = "reclaim"  # XAUTOCLAIM entries idle past reclaim_idle_s
 TRIMMED = "trimmed"  # indexed entries trimmed before anyone read them
 TAKEOVER = "takeover"  # record the session's daemon; claim what went to it elsewhere
+#: the same for a running session whose beat wrote lost presence back: the store may
+#: have lost the daemon record with it (Redis restarted empty, FLUSHALL, an eviction)
+RECORD = "record"
+#: a beat found presence held by another session: check that session is real before
+#: handing over (``_presence_doubt``)
+CHECK = "check"
 PUSHED = "pushed"  # entries a caller's step read for this process (push delivery)
 #: Entries of one user whose dispatch this process remembers, to refuse a pushed copy of
 #: one it already served (a wake-up popped after a drain found the entry). Per user, so
 #: other users' traffic cannot evict it; a user's pushed copies are at most its sessions'
 #: in-flight limit behind, far fewer than this.
 DISPATCHED_REMEMBERED = 1024
+#: Checks of a holder that was not ours before the session hands over (``_doubt``), a
+#: beat (about a second) apart: a dead holder process's liveness key lapses within 3 s,
+#: and a live one answers the ``check`` notice within its wake-up wait (2 s).
+DOUBT_ASKS = 5
+#: Sessions that ended in this process, remembered to tell a presence naming one of
+#: them (a store that lost its last writes) from a session still starting.
+ENDED_REMEMBERED = 4096
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
 
 
@@ -141,6 +155,8 @@ class ProcessReader:
     _pushed: dict[str, list[Entry]] = attrs.field(factory=dict)
     #: Per user, the entry IDs dispatched lately, oldest first (see ``_dispatch``).
     _dispatched: dict[str, dict[str, None]] = attrs.field(factory=dict)
+    #: Session ids that ended (detached) in this process, oldest first (bounded).
+    _ended: dict[str, None] = attrs.field(factory=dict)
     #: Idle workers park here; each due user unparks exactly one (a shared Event woke
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -187,6 +203,9 @@ class ProcessReader:
     def detach(self, listener: Listener) -> None:
         """Stop reading and beating for ``listener``."""
         listener.stopped.set()
+        self._ended[listener.session_id] = None
+        while len(self._ended) > ENDED_REMEMBERED:
+            del self._ended[next(iter(self._ended))]
         self._beating.pop(listener.session_id, None)
         if self._listeners.get(listener.user_id) is listener:
             del self._listeners[listener.user_id]
@@ -356,8 +375,11 @@ class ProcessReader:
         data, presence went with it (beat every session now); if this process only
         stalled or Redis only paused, one presence still names its session and the beats
         due will do (a full beat of 10,000 sessions would only stall a busy process
-        further)."""
-        sample = next(iter(self._beating.values()))
+        further). The sample is the newest session's: a store that lost only its last
+        writes (a replica promoted without them) lost the newest handshakes' presence
+        and kept the older ones (the oldest, sampled before, read "intact", and the
+        newest desktops read offline until their next heartbeat, 30 s)."""
+        sample = next(reversed(self._beating.values()))
         try:
             intact = await self.substrate.get_presence(sample.user_id) == sample.session_id
         except SubstrateUnavailable:
@@ -420,7 +442,9 @@ class ProcessReader:
             self._recovered()
             woken: list[str] = []
             for item in users:
-                if isinstance(item, Superseded):
+                if isinstance(item, Superseded) and item.check:
+                    await self._clear_ended(item.user_id, item.session_id)
+                elif isinstance(item, Superseded):
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
                     woken.append(item)
@@ -432,9 +456,13 @@ class ProcessReader:
                         self.schedule(item.user_id, PUSHED)
                     # else the session is gone: the entry is pending on this consumer,
                     # and the next session's drain or its daemon's takeover serves it
+                    else:
+                        woken.append(item.user_id)
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
+                elif self._ended:  # presence may name a session that ended here
+                    await self._clear_ended(user_id)
 
     def _remark(self, item: Pushed) -> None:
         """A pushed entry that may have waited long before it arrived (``_wake_loop``):
@@ -460,6 +488,21 @@ class ProcessReader:
         drain marks each entry again (the deadline judged on the server's clock)."""
         for user_id in list(self._listeners):
             self.schedule(user_id, DRAIN, NEW)
+
+    async def _clear_ended(self, user_id: str, session_id: str | None = None) -> None:
+        """Presence of ``user_id`` names ``session_id`` of this process (a ``check``
+        notice), or may (a wake-up for a user this process holds no session of: presence
+        named a session here, read first): cleared if that session ended here
+        (``_presence_doubt``). A store that lost its last writes can name an ended
+        session again; callers were then told "delivered, may be running" about jobs
+        pushed here that no desktop received, until that presence expired (90 s)."""
+        try:
+            if session_id is None:
+                session_id = await self.substrate.get_presence(user_id)
+            if session_id is not None:
+                await clear_ended(self.substrate, user_id, session_id, self._ended_here)
+        except SubstrateUnavailable as exc:  # looked at again at the next such wake-up
+            log.debug("clearing a presence of an ended session failed: %s", exc)
 
     def _superseded(self, notice: Superseded) -> None:
         """A newer session of the user took presence from one of ours (on another
@@ -612,9 +655,13 @@ class ProcessReader:
                 continue
             if not reply.ours:
                 _metrics.presence_failed("not_holder")
+                if listener.doubt < DOUBT_ASKS:
+                    self._doubt(listener)
+                    continue
                 self.stop_beating(listener)
                 listener.on_superseded()
                 continue
+            listener.doubt = 0  # a check may still run: its verdict is looked at afresh
             refreshed += 1
             listener.answered(beat, n, taken=reply.taken)
             if self._beating.get(listener.session_id) is listener:
@@ -624,7 +671,7 @@ class ProcessReader:
                 else:
                     self._schedule.again(listener)
             kinds = [NEW] * reply.backlog + [RECLAIM] * reply.reclaim_due
-            kinds += [TRIMMED] * reply.trimmed_due
+            kinds += [TRIMMED] * reply.trimmed_due + [RECORD] * reply.taken
             if kinds:
                 self.schedule(listener.user_id, *kinds)
         if refreshed:
@@ -639,6 +686,44 @@ class ProcessReader:
                 len(refused), first.user_id, first.session_id, why[:200],
                 extra=fields(user_id=first.user_id, session_id=first.session_id),
             )  # fmt: skip
+
+    def _doubt(self, listener: Listener) -> None:
+        """A beat found presence held by another session: check that session before
+        handing over (``CHECK``, a worker runs ``_presence_doubt.check_holder``) and beat
+        again a second on; the session hands over once the holder was found real, or
+        still possibly real after ``DOUBT_ASKS`` checks. The store may have lost its last
+        writes and named an older session."""
+        if not listener.checking:
+            listener.checking = True
+            self.schedule(listener.user_id, CHECK)
+        if self._beating.get(listener.session_id) is listener:
+            self._schedule.at(listener, trio.current_time() + HEARTBEAT_RETRY_S)
+
+    def _held(self, session_id: str) -> bool:
+        """This process holds session ``session_id`` (attached or beating)."""
+        return session_id in self._beating or any(
+            x.session_id == session_id for x in self._listeners.values()
+        )
+
+    def _ended_here(self, session_id: str) -> bool:
+        """Session ``session_id`` ended in this process (and is not held again)."""
+        return session_id in self._ended and not self._held(session_id)
+
+    async def _check(self, listener: Listener) -> None:
+        """The ``CHECK`` step of one user (see ``_doubt``)."""
+        verdict = await check_holder(
+            self.substrate, user_id=listener.user_id, session_id=listener.session_id,
+            holder_id=self.holder_id, held_here=self._held, ended_here=self._ended_here,
+            ttl_s=self.timings.presence_ttl_s,
+        )  # fmt: skip
+        listener.checking = False
+        if verdict is Verdict.ASKED:
+            listener.doubt += 1
+        else:
+            listener.doubt = DOUBT_ASKS if verdict is Verdict.REAL else 0
+        if verdict is not Verdict.ASKED and self._beating.get(listener.session_id) is listener:
+            self._schedule.at(listener, trio.current_time())  # beat again now
+            self._beat_now.set()
 
     async def _worker(self) -> None:
         while True:
@@ -669,12 +754,21 @@ class ProcessReader:
     async def _pump(self, listener: Listener, kinds: set[str]) -> None:
         user_id, consumer = listener.user_id, self.consumer
         inflight = self.inflight.setdefault(user_id, set())
-        if TAKEOVER in kinds:
+        if CHECK in kinds:
+            try:
+                await self._check(listener)
+            finally:
+                listener.checking = False  # a failed check is scheduled again by a beat
+        if kinds & {TAKEOVER, RECORD}:
             # First, before this session is handed anything: record its daemon, and take
             # over at once what went to that daemon on sockets that are gone (issue 12.4).
+            # RECORD: presence had been lost and a beat wrote it back; the record may have
+            # gone with it, and without it this daemon's deliveries here could not be
+            # taken over at once if this process died (they waited the reclaim idle).
             taken = await self.substrate.take_over(
                 user_id, consumer, daemon_id=listener.daemon_id, session_id=listener.session_id,
                 count=TAKEOVER_BATCH, record_ttl_s=DAEMON_RECORD_TTL_S,
+                again=TAKEOVER not in kinds,
             )  # fmt: skip
             if taken.entries or taken.deleted_ids:
                 log.info(

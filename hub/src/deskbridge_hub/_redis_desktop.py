@@ -18,7 +18,9 @@ from ._substrate import (
 )
 
 #: take_over. KEYS: stream, daemon record (hash consumer -> daemon id), presence, index.
-#: ARGV: group, consumer, daemon id ('' = unknown), session id, count, record TTL ms, '?'.
+#: ARGV: group, consumer, daemon id ('' = unknown), session id, count, record TTL ms, '?',
+#: '1' for a running session's step again (``again``: a consumer with no record left is
+#: this daemon's whatever is pending on it).
 #: Returns {claimed entries, deleted ids, quiet (1: nothing pending, nothing undelivered,
 #: index empty)}. Every key is in the user's slot; the consumers'
 #: processes are not consulted: presence naming this session means every other socket of
@@ -68,7 +70,8 @@ if type(summary) == 'table' and not summary.err then
   end
 end
 local value = daemon
-if daemon == '' or (record[me] ~= daemon and mine > 0) then value = unknown end
+local lost = ARGV[8] == '1' and record[me] == nil
+if daemon == '' or (record[me] ~= daemon and mine > 0 and not lost) then value = unknown end
 redis.call('HSET', KEYS[2], me, value)
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 local quiet = 0
@@ -100,6 +103,7 @@ class DesktopCommands(RedisCommandBase):
         session_id: str,
         count: int,
         record_ttl_s: float,
+        again: bool = False,
     ) -> Claimed:
         """EVAL the takeover script (see :meth:`DesktopSubstrate.take_over`).
 
@@ -112,7 +116,7 @@ class DesktopCommands(RedisCommandBase):
         keys = (jobs_key(user_id), daemons_key(user_id), presence_key(user_id), index_key(user_id))
         args = (
             GROUP, consumer, daemon_id or "", session_id, count, _ms(record_ttl_s),
-            UNKNOWN_DAEMON,
+            UNKNOWN_DAEMON, b"1" if again else b"0",
         )  # fmt: skip
         async with self._session("take over") as s:
             (reply,) = await self._script(s, _TAKE_OVER, keys, args)

@@ -63,7 +63,9 @@ _REFRESH_IF_HOLDER = (
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
-#: pending, one consumer) costs GETEX + XINFO GROUPS = 2, plus its share of one EVALSHA.
+#: pending, one consumer) costs GETEX + XINFO GROUPS = 2, plus its share of one EVALSHA;
+#: a deep beat without a catalogue adds an EXISTS of the catalogue (a catalogue lost
+#: alone, e.g. evicted, is reported as ``taken`` so that it is written again).
 #: Presence is refreshed with one GETEX ... PX (Redis >= 6.2), which also reads whose it
 #: is; a newer session's value stays and its TTL becomes ours (with every process on the
 #: same timings: its own), and our id is written only where presence is absent. The
@@ -101,7 +103,11 @@ local function beat(kp, kt, kj, ki, session, catalogue, deep)
     redis.call('SET', kp, session, 'PX', px)
     taken = 1
   end
-  if catalogue ~= '' then redis.call('SET', kt, catalogue) end
+  if catalogue ~= '' then
+    redis.call('SET', kt, catalogue)
+  elseif deep and taken == 0 and redis.call('EXISTS', kt) == 0 then
+    taken = 1  -- the store lost the catalogue (an eviction): write it again, as after presence
+  end
   local backlog, reclaim, trimmed = 0, 0, 0
   local function last_id()
     local tail = redis.call('XREVRANGE', kj, '+', '-', 'COUNT', 1)
@@ -317,16 +323,22 @@ class PresenceCommands(RedisCommandBase):
         await self._push_wake("RPUSH wake", holder_id, user_id, ttl_s)
 
     async def notify_superseded(
-        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+        self,
+        holder_id: str,
+        user_id: str,
+        session_id: str,
+        *,
+        ttl_s: float,
+        check: bool = False,
     ) -> None:
         """As :meth:`wake`, with the notice (JSON ``{"superseded": session_id, "user":
-        user_id}``) as the item.
+        user_id}``; ``{"check": ...}`` with ``check``) as the item.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: Redis unreachable or refusing writes.
         """
-        notice = json.dumps({"superseded": session_id, "user": user_id})
+        notice = json.dumps({"check" if check else "superseded": session_id, "user": user_id})
         await self._push_wake("RPUSH superseded", holder_id, notice, ttl_s)
 
     async def _push_wake(self, operation: str, holder_id: str, item: str, ttl_s: float) -> None:
@@ -487,10 +499,12 @@ def _wake_item(item: str, received_at: float) -> str | Pushed | Superseded:
     """One wake list item: a user id (user ids never start with ``[`` or ``{``), a
     pushed entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the
     mark script's reply, ``{}`` when it did not mark), or a supersede notice's JSON
-    ``{"superseded": session id, "user": user id}``."""
+    ``{"superseded": session id, "user": user id}`` (``{"check": ...}``: a doubt)."""
     if item.startswith("{"):
         try:
             notice = json.loads(item)
+            if "check" in notice:
+                return Superseded(str(notice["user"]), str(notice["check"]), check=True)
             return Superseded(str(notice["user"]), str(notice["superseded"]))
         except (ValueError, KeyError, TypeError):  # not one of ours
             return item

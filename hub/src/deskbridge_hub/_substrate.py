@@ -264,12 +264,19 @@ class ReaderSubstrate(Protocol):
         its next heartbeat."""
 
     async def notify_superseded(
-        self, holder_id: str, user_id: str, session_id: str, *, ttl_s: float
+        self,
+        holder_id: str,
+        user_id: str,
+        session_id: str,
+        *,
+        ttl_s: float,
+        check: bool = False,
     ) -> None:
         """RPUSH onto ``bridge:wake:{holder_id}`` a notice that ``session_id`` (of
         ``user_id``) no longer holds presence, and PEXPIRE it ``ttl_s`` (one round
         trip): the holder process hands that session over now instead of at its next
-        heartbeat (:class:`Superseded` from ``wait_wakes``)."""
+        heartbeat (:class:`Superseded` from ``wait_wakes``). ``check``: the notice asks
+        instead whether that process holds ``session_id`` (``Superseded.check``)."""
 
     async def wait_wakes(
         self, holder_id: str, *, timeout_s: float, count: int

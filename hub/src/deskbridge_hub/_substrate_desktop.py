@@ -30,6 +30,7 @@ class DesktopSubstrate(Protocol):
         session_id: str,
         count: int,
         record_ttl_s: float,
+        again: bool = False,
     ) -> Claimed:
         """At a session's start, in one atomic step in the user's slot: if presence is
         still ``session_id``, XCLAIM (min idle 0) for ``consumer`` up to ``count``
@@ -39,6 +40,15 @@ class DesktopSubstrate(Protocol):
         ``daemon_id`` is None, or when ``consumer`` still has entries pending that
         went to another daemon), drop the records of consumers taken over completely
         or gone from the group, and PEXPIRE the record ``record_ttl_s``.
+
+        ``again``: the same step for a session that is already running, whose beat
+        found presence lost and wrote it back (Redis lost its data, or the key was
+        evicted): the record may have gone with it. A ``consumer`` with no record left
+        is then recorded as ``daemon_id``'s even with entries pending: every delivery
+        on it since the record was written went to this session (its process delivers
+        a user's entries only to its current session of that user), and none older
+        outlived a loss that took the record. A consumer still recorded keeps the
+        start's rule (``?`` stays ``?``).
 
         Returns:
             ``Claimed("0-0", entries, deleted_ids)``: the entries now ours (delivery

@@ -40,7 +40,9 @@ class BeatReply:
         ours: presence was absent or ours and is refreshed; False: a newer session holds
             it (hand over; its value stays, its TTL set to ``ttl_s``).
         taken: presence was absent (expired, or the store lost it) and is now ours: the
-            catalogue may be gone too, so write it (a beat with ``catalogue``).
+            catalogue may be gone too, so write it (a beat with ``catalogue``). Also set
+            when a ``deep`` beat without a catalogue found the catalogue gone (evicted:
+            the store lost data while presence stayed).
         backlog: the user's stream has entries never delivered to the group (a missed
             wake-up), or its group is missing: read it.
         reclaim_due: an entry has been pending for at least the reclaim idle: run a
@@ -320,7 +322,12 @@ class Superseded:
     Attributes:
         user_id: whose presence was taken.
         session_id: the session that no longer holds it.
+        check: not a supersede but a doubt: a session of another process found presence
+            naming ``session_id`` (the store may have lost its last writes and named an
+            older session again); clear it unless this process holds that session
+            (``_presence_doubt``).
     """
 
     user_id: str
     session_id: str
+    check: bool = False

@@ -1,0 +1,71 @@
+"""The store names an older session again (a replica promoted without the last writes,
+an older snapshot restored) while the desktop is connected through a newer one: the
+newer session's beat found presence "not ours" and handed over (4001), and the sidecar,
+told a newer sidecar had taken over, stopped for good (exit status 3). A connected
+desktop stayed offline until someone restarted it. Now the beat checks the holder first
+(``_presence_doubt``): a session whose process is gone, or whose live process does not
+hold it, is cleared and the current session takes presence back. The real sidecar
+daemon against two hub "processes" sharing one ``MemorySubstrate``, MockClock."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+from deskbridge_hub import Bridge
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._session import HubState
+from deskbridge_sidecar import Daemon, ToolRegistry
+
+from tests.pair import TOKEN, USER, PairConnector, wall
+from tests.pair.test_takeover import TIMINGS, Killable, _pod, _submit_tool, _wait_sessions
+
+
+@pytest.mark.parametrize("old_process", ["killed", "alive"])
+async def test_a_rewound_presence_does_not_stop_the_connected_desktop(
+    autojump_clock, old_process
+):
+    substrate = MemorySubstrate(clock=wall)
+    view1 = Killable(substrate)
+    pod1 = HubState(substrate=view1, timings=TIMINGS, consumer="pod-1", wall_clock=wall)  # type: ignore[arg-type]
+    pod2 = HubState(substrate=substrate, timings=TIMINGS, consumer="pod-2", wall_clock=wall)
+    submit, calls = _submit_tool()
+    stopped = []
+    with trio.fail_after(300):
+        async with trio.open_nursery() as root:
+            n1 = await root.start(_pod, pod1)
+            n2 = await root.start(_pod, pod2)
+            connector = PairConnector(pod1, n1, USER)
+            daemon = Daemon(
+                "ws://hub.pair:8080", TOKEN, registry=ToolRegistry([submit]), timings=TIMINGS,
+                wall_clock=wall, connector=connector, random=lambda: 0.5,
+            )  # fmt: skip
+
+            async def run() -> None:
+                await daemon.run()
+                stopped.append(trio.current_time())
+
+            root.start_soon(run)
+            await _wait_sessions(daemon, 1)
+            await trio.sleep(1)
+            first = await substrate.get_presence(USER)
+            if old_process == "killed":
+                view1.dead = True  # kill -9 of the holding process
+                n1.cancel_scope.cancel()
+            connector.state, connector.nursery = pod2, n2
+            connector.sockets[-1].abort()  # the desktop moves to pod-2
+            await _wait_sessions(daemon, 2)
+            await trio.sleep(1)
+            second = await substrate.get_presence(USER)
+            assert first is not None and second not in (None, first)
+            # the store rewinds: presence names the first session again
+            await substrate.set_presence(USER, first, TIMINGS.presence_ttl_s)
+            await trio.sleep(TIMINGS.heartbeat_s + 5)  # past the next beat and its check
+            assert not stopped, "the connected sidecar stopped"
+            assert daemon.statistics().sessions_started == 2  # never cut off
+            assert await substrate.get_presence(USER) == second
+            bridge = Bridge(substrate, TIMINGS, wall_clock=wall)
+            outcome = await bridge.dispatch(USER, "submit", {"form": "f"}, timeout_s=60)
+            assert outcome.status == "completed", outcome
+            assert len(calls) == 1
+            root.cancel_scope.cancel()
