@@ -15,6 +15,7 @@ from deskbridge_common import Timings
 from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._errors import SubstrateMisconfigured
 from deskbridge_hub._reader import (
+    DAEMON_RECORD_TTL_S,
     DISPATCHED_REMEMBERED,
     DRAIN,
     NEW,
@@ -465,7 +466,13 @@ async def test_a_beat_goes_a_heartbeat_after_the_handshake_with_the_substrates_s
     assert script.times("heartbeat") == [74.0, 104.0]  # due at 75, 105: batch window 1 s
     (beats,), kw = script.of("heartbeat")[0]
     assert beats == [Beat("u1", "h1.u1", None, deep=False)]
-    assert kw == {"ttl_s": 90.0, "consumer": "c1", "reclaim_idle_ms": 180_000, "prune": True}
+    assert kw == {
+        "ttl_s": 90.0,
+        "consumer": "c1",
+        "reclaim_idle_ms": 180_000,
+        "prune": True,
+        "record_ttl_s": DAEMON_RECORD_TTL_S,  # a deep beat keeps the daemon record
+    }
 
 
 async def test_a_failed_beat_is_counted_retried_in_a_second_with_catalogues_and_logged(

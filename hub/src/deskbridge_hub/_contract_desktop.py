@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check
-from ._substrate import Asleep, Claimed, asleep_key, daemons_key
+from ._substrate import Asleep, Beat, Claimed, asleep_key, daemons_key
 
 _RECORD_TTL_S = 60.0
 
@@ -21,11 +21,12 @@ async def _take_over(
     *,
     count: int = 32,
     again: bool = False,
+    record_ttl_s: float = _RECORD_TTL_S,
 ) -> Claimed:
     """The takeover step of a session ``<consumer>.<daemon>`` (presence not touched)."""
     return await h.substrate.take_over(
         user, consumer, daemon_id=daemon, session_id=f"{consumer}.{daemon}", count=count,
-        record_ttl_s=_RECORD_TTL_S, again=again,
+        record_ttl_s=record_ttl_s, again=again,
     )  # fmt: skip
 
 
@@ -164,6 +165,32 @@ async def check_take_over_is_bounded_by_count(h: SubstrateHarness) -> None:
     # went to daemon-1 too (its session there is gone as well): both move
     assert sorted(await _start(h, user, "pod-d", "daemon-1")) == ids
     assert await s.read_pending(user, "pod-a", count=10) == []
+
+
+@check
+async def check_a_deep_heartbeat_keeps_the_daemon_record_alive(h: SubstrateHarness) -> None:
+    """The record was kept ``record_ttl_s`` after the session's start only, so a desktop
+    connected longer (7 days by default) lost its instant takeover: a deep beat of the
+    session holding presence now keeps it; a shallow one, or another session's, does not."""
+    s = h.substrate
+    for deep in (True, False):
+        user = h.user()
+        ids = await _enqueue(h, user, 1)
+        await s.set_presence(user, "pod-a.daemon-1", 30)
+        await _take_over(h, user, "pod-a", "daemon-1", record_ttl_s=0.3)
+        await s.read_new(user, "pod-a", count=1, block_ms=None)  # delivered to daemon-1
+        beats = [Beat(user, "pod-a.daemon-1", deep=deep), Beat(user, "pod-z.other", deep=True)]
+        for beat in beats:  # the second is not ours: it never touches the record
+            await s.heartbeat(
+                [beat], ttl_s=30, consumer="pod-a", reclaim_idle_ms=60_000, record_ttl_s=60
+            )
+        if h.raw is not None:
+            pttl = await h.raw("PTTL", daemons_key(user))
+            assert (pttl > 30_000) if deep else (0 < pttl <= 300)
+        await trio.sleep(0.4)  # past the start's TTL: the behaviour under test is time
+        # daemon-1 is back on another process: its entry moves at once while the record
+        # lives, and waits for the reclaim idle once it has gone
+        assert await _start(h, user, "pod-c", "daemon-1") == (ids if deep else [])
 
 
 @check

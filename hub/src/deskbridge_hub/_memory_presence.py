@@ -41,6 +41,7 @@ class MemoryPresenceCommands:
     _index: dict[str, dict[StreamID, str]]
     _wakes: dict[str, _WakeList]
     _wake_changed: anyio.Event | None
+    _daemon_records: dict[str, tuple[dict[str, str], float]]
     _enter: Callable[[], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
@@ -237,16 +238,20 @@ class MemoryPresenceCommands:
         consumer: str,
         reclaim_idle_ms: int,
         prune: bool = True,
+        record_ttl_s: float | None = None,
     ) -> list[BeatReply]:
         """Per beat: refresh presence if absent or ours (a newer session's value stays,
         its TTL set to ``ttl_s``), write the beat's catalogue if it has one, probe
         the user's stream (the index only when the group is not quiet or the beat is
         deep), drop idle empty consumers other than ``consumer``; the same rules as the
-        Redis script.
+        Redis script (a deep beat keeps the daemon record ``record_ttl_s`` more).
 
         Raises:
-            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+            ValueError: ``ttl_s`` (or ``record_ttl_s``) not positive. SubstrateUnavailable:
+                marked unavailable.
         """
+        if record_ttl_s is not None and not record_ttl_s > 0:
+            raise ValueError(f"record_ttl_s must be > 0 s, got {record_ttl_s!r}")
         now = await self._enter()
         replies = []
         for beat in beats:
@@ -262,6 +267,9 @@ class MemoryPresenceCommands:
             lost = lost and self._get(tools_key(beat.user_id), now) is None
             if beat.catalogue is not None:
                 self._set(tools_key(beat.user_id), beat.catalogue, now, None)
+            record = self._daemon_records.get(beat.user_id)
+            if beat.deep and record_ttl_s is not None and record is not None and now < record[1]:
+                self._daemon_records[beat.user_id] = (record[0], now + record_ttl_s)
             stream = self._streams.get(beat.user_id)
             backlog = reclaim = False
             quiet = False

@@ -90,8 +90,9 @@ UNEXPECTED_BACKOFF_MAX_S = 30.0
 #: more wait for the reclaim idle).
 TAKEOVER_BATCH = 256
 #: How long the record of which daemon each consumer's deliveries went to is kept after
-#: the user's last session start, seconds (7 days: longer than a desktop stays
-#: connected without a reconnect; an expired record only costs the instant takeover).
+#: the user's last session start or deep heartbeat (every few minutes), seconds: 7 days
+#: for a user gone, while a session that stays connected longer keeps it (an expired
+#: record only costs the instant takeover).
 DAEMON_RECORD_TTL_S = 7 * 86_400.0
 
 DRAIN = "drain"  # this consumer's own pending entries, from 0
@@ -561,6 +562,7 @@ class ProcessReader:
                     consumer=self.consumer,
                     reclaim_idle_ms=int(t.reclaim_idle_s * 1000),
                     prune=True,  # costs a command only where the group has another consumer
+                    record_ttl_s=DAEMON_RECORD_TTL_S,  # one PEXPIRE per deep beat
                 )
             except SubstrateUnavailable as exc:
                 # Retry sooner than a full interval, every session and its catalogue:

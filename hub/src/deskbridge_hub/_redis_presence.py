@@ -32,6 +32,7 @@ from ._substrate import (
     Marked,
     Pushed,
     Superseded,
+    daemons_key,
     index_key,
     jobs_key,
     presence_key,
@@ -52,20 +53,23 @@ _REFRESH_IF_HOLDER = (
 )
 #: Lua, the heartbeat of up to ``_BEAT_USERS`` users in one script (all keys in one slot
 #: on a Cluster: there, those of users whose keys share a slot, usually one). KEYS: per
-#: user presence, tools, jobs, index. ARGV: presence TTL ms, group, this consumer,
-#: reclaim idle ms, "1" to prune consumers, then per user: session id, catalogue ("" =
-#: leave it), "1" for a deep beat. Returns per user {ours, backlog, reclaim_due,
-#: trimmed_due, taken} (see BeatReply), or {-1, error} when the user's own keys made its
-#: beat fail (a key holding the wrong kind of value, an index field that is no entry ID):
-#: one user's bad data never fails the others' beats. The store refusing (READONLY,
-#: NOREPLICAS, MISCONF, OOM, NOPERM, ...: the codes that are an outage for every user)
-#: fails the whole call, so it reads as the outage it is.
+#: user presence, tools, jobs, index, daemon record. ARGV: presence TTL ms, group, this
+#: consumer, reclaim idle ms, "1" to prune consumers, the daemon record's TTL ms ("" =
+#: leave it), then per user: session id, catalogue ("" = leave it), "1" for a deep beat.
+#: Returns per user {ours, backlog, reclaim_due, trimmed_due, taken} (see BeatReply),
+#: or {-1, error} when the user's own keys made its beat fail (a key holding the wrong
+#: kind of value, an index field that is no entry ID): one user's bad data never fails
+#: the others' beats. The store refusing (READONLY, NOREPLICAS, MISCONF, OOM, NOPERM,
+#: ...: the codes that are an outage for every user) fails the whole call, so it reads
+#: as the outage it is.
 #:
 #: Priced in commands as Redis counts them (INFO commandstats counts the EVALSHA and
 #: every command the script runs): an idle user whose group is quiet (lag 0, nothing
 #: pending, one consumer) costs GETEX + XINFO GROUPS = 2, plus its share of one EVALSHA;
 #: a deep beat without a catalogue adds an EXISTS of the catalogue (a catalogue lost
-#: alone, e.g. evicted, is reported as ``taken`` so that it is written again).
+#: alone, e.g. evicted, is reported as ``taken`` so that it is written again), and a deep
+#: beat a PEXPIRE of the daemon record (a session that outlives the record's TTL keeps
+#: its instant takeover).
 #: Presence is refreshed with one GETEX ... PX (Redis >= 6.2), which also reads whose it
 #: is; a newer session's value stays and its TTL becomes ours (with every process on the
 #: same timings: its own), and our id is written only where presence is absent. The
@@ -95,7 +99,8 @@ local function record(flat)
 end
 local px, grp, me, idle_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local prune = ARGV[5] == '1'
-local function beat(kp, kt, kj, ki, session, catalogue, deep)
+local record_px = ARGV[6]
+local function beat(kp, kt, kj, ki, kd, session, catalogue, deep)
   local old = redis.call('GETEX', kp, 'PX', px)
   if old and old ~= session then return {0, 0, 0, 0, 0} end
   local taken = 0
@@ -107,6 +112,9 @@ local function beat(kp, kt, kj, ki, session, catalogue, deep)
     redis.call('SET', kt, catalogue)
   elseif deep and taken == 0 and redis.call('EXISTS', kt) == 0 then
     taken = 1  -- the store lost the catalogue (an eviction): write it again, as after presence
+  end
+  if deep and record_px ~= '' then
+    redis.call('PEXPIRE', kd, record_px)  -- a long session keeps its daemon record
   end
   local backlog, reclaim, trimmed = 0, 0, 0
   local function last_id()
@@ -167,10 +175,10 @@ end
 local store_wide = {OOM = true, MISCONF = true, BUSY = true, MASTERDOWN = true,
   NOREPLICAS = true, LOADING = true, NOPERM = true, READONLY = true, CLUSTERDOWN = true}
 local out = {}
-for i = 0, #KEYS / 4 - 1 do
-  local a = 6 + i * 3
-  local ok, reply = pcall(beat, KEYS[i * 4 + 1], KEYS[i * 4 + 2], KEYS[i * 4 + 3],
-    KEYS[i * 4 + 4], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
+for i = 0, #KEYS / 5 - 1 do
+  local a = 7 + i * 3
+  local ok, reply = pcall(beat, KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3],
+    KEYS[i * 5 + 4], KEYS[i * 5 + 5], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
   if ok then
     out[i + 1] = reply
   else
@@ -393,6 +401,7 @@ class PresenceCommands(RedisCommandBase):
         consumer: str,
         reclaim_idle_ms: int,
         prune: bool = True,
+        record_ttl_s: float | None = None,
     ) -> list[BeatReply]:
         """The heartbeat script (``_HEARTBEAT``) over up to ``_BEAT_USERS`` users a call,
         pipelined in writes of up to ``_BEAT_SCRIPTS_PER_WRITE`` calls (scripts loaded on
@@ -406,13 +415,14 @@ class PresenceCommands(RedisCommandBase):
             calls ran have ``unavailable`` set.
 
         Raises:
-            ValueError: ``ttl_s`` not positive.
+            ValueError: ``ttl_s`` (or ``record_ttl_s``, when given) not positive.
             SubstrateUnavailable: Redis unreachable or refusing writes (then no reply
                 is known; the caller retries every beat).
             coredis ResponseError: the script failed (a key of the wrong type).
         """
         px = _ms(ttl_s)
-        shared = (px, GROUP, consumer, reclaim_idle_ms, b"1" if prune else b"0")
+        record_px = b"" if record_ttl_s is None else _ms(record_ttl_s)
+        shared = (px, GROUP, consumer, reclaim_idle_ms, b"1" if prune else b"0", record_px)
         calls: list[tuple[list[int], tuple[Any, ...]]] = []
         for indexes in _beat_groups(beats, by_slot=self._cluster):
             keys: list[str] = []
@@ -420,7 +430,7 @@ class PresenceCommands(RedisCommandBase):
             for i in indexes:
                 b = beats[i]
                 u = b.user_id
-                keys += (presence_key(u), tools_key(u), jobs_key(u), index_key(u))
+                keys += (presence_key(u), tools_key(u), jobs_key(u), index_key(u), daemons_key(u))
                 args += (b.session_id, b.catalogue or "", b"1" if b.deep else b"0")
             calls.append((indexes, (b"EVALSHA", _HEARTBEAT_SHA, len(keys), *keys, *shared, *args)))
         replies: list[BeatReply | None] = [None] * len(beats)

@@ -294,6 +294,7 @@ class ReaderSubstrate(Protocol):
         consumer: str,
         reclaim_idle_ms: int,
         prune: bool = True,
+        record_ttl_s: float | None = None,
     ) -> list[BeatReply]:
         """For every beat, in one round trip (pipelined, one script per user, each within
         that user's slot): refresh presence PX ttl_s if absent or ours (a newer
@@ -301,7 +302,10 @@ class ReaderSubstrate(Protocol):
         catalogue if it has one; probe the user's stream (see :class:`BeatReply`; the
         index only when the group is not quiet or the beat is deep); with ``prune``,
         delete consumers other than ``consumer`` with nothing pending and idle for at
-        least ``reclaim_idle_ms``. Replies in the order of ``beats``. An idle user (group
+        least ``reclaim_idle_ms``; with ``record_ttl_s``, a deep beat whose presence is
+        ours also PEXPIREs the user's daemon record (``bridge:daemons:{user}``, if it
+        exists) to ``record_ttl_s``, so a session that outlives the record's TTL keeps
+        its instant takeover. Replies in the order of ``beats``. An idle user (group
         quiet, one consumer) costs 3 Redis commands as INFO commandstats counts them."""
 
 
