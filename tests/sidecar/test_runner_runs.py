@@ -55,6 +55,44 @@ async def test_interrupt_gives_up_on_the_started_run_only_and_once(autojump_cloc
     assert calls == ["f"] and trio.current_time() == 0
 
 
+async def test_interrupt_answers_a_tool_that_ignores_cancellation_at_once(autojump_clock, nursery):
+    """Before: the in_doubt answer and its record waited for the tool to give in, so a
+    tool that ignored cancellation left its caller unanswered and the daemon waiting."""
+    release = trio.Event()
+    calls: list[str] = []
+
+    @tool(side_effects=True)
+    async def stubborn(form: str) -> dict:
+        calls.append(form)
+        with trio.CancelScope(shield=True):  # ignores every cancellation
+            await release.wait()
+        return {"late": form}
+
+    ledger = Ledger.memory()
+    runner = make(nursery, stubborn, ledger=ledger)
+    answers: list[Outcome] = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(job("stubborn", key="ks")))
+
+    nursery.start_soon(deliver)
+    await trio.testing.wait_all_tasks_blocked()
+    runner.close()
+    try:
+        assert runner.interrupt("the sidecar was stopped (SIGTERM)") == [("ks", "stubborn")]
+        with trio.move_on_after(1):
+            await runner.wait_idle()
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers and answers[0].code == "in_doubt" and not runner.busy
+        assert (await ledger.get("ks")).outcome == answers[0] == runner.cached("ks")
+        assert runner.interrupt("again") == [] and not runner.in_flight("ks")
+    finally:
+        release.set()  # the tool gives in at last: its late result changes nothing
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await ledger.get("ks")).outcome == answers[0] and calls == ["f"]
+    assert trio.current_time() < 1
+
+
 async def test_wait_idle_does_not_wait_for_a_run_that_has_not_started(autojump_clock, nursery):
     """A run awaiting the person's approval has not started (it holds the tool lock but
     the tool has not run): stopping need not wait for a decision that may never come."""

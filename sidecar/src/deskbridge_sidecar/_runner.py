@@ -309,6 +309,11 @@ class ToolRunner:
         its next checkpoint; a sync tool's thread is abandoned and dies with the
         process). Queued runs are left alone.
 
+        The answer does not wait for the tool to give in: the ``in_doubt`` outcome is
+        written to the ledger (shielded) and then handed to the run's waiters at once, so
+        a tool that ignores cancellation (or blocks in a native call) neither keeps its
+        caller waiting nor :meth:`wait_idle`. Whatever it returns later is dropped.
+
         Args:
             why: what stopped them, for the answer's message (e.g. "the sidecar was
                 stopped (SIGTERM)").
@@ -325,8 +330,30 @@ class ToolRunner:
                     "again under this idempotency key: check, then retry with a new key",
                 )
                 run.cancel_scope.cancel()
+                self.nursery.start_soon(self._give_up, run, run.interrupted)
                 names.append((run.key, run.tool.name))
         return names
+
+    async def _give_up(self, run: _Run, outcome: Outcome) -> None:
+        """Record ``outcome`` for an interrupted run, then answer its waiters."""
+        self.cache.put(run.key, outcome)
+        self._known[run.key] = (run.tool.name, run.digest)
+        try:
+            with trio.CancelScope(shield=True):
+                await self.ledger.finish(run.key, outcome, run.tool.name, run.digest)
+        except LedgerError as exc:
+            log.error("%s (outcome of %r kept in memory only)", exc, run.key)
+        finally:
+            self._finish_run(run, outcome)
+
+    def _finish_run(self, run: _Run, outcome: Outcome | None) -> None:
+        """Hand ``outcome`` to ``run``'s waiters, once (the first word stays)."""
+        if run.done.is_set():
+            return
+        if self._runs.get(run.key) is run:
+            self._runs.pop(run.key)
+        run.outcome = outcome
+        run.done.set()
 
     def cancel(self, key: str) -> bool:
         """Cancel the in-flight run for ``key`` if it can be cancelled.
@@ -430,6 +457,8 @@ class ToolRunner:
                 )
             if outcome is None:
                 return  # the daemon is stopping and it never started: nothing to record
+            if run.done.is_set():
+                return  # given up on (interrupt): answered and recorded already
             if run.started or outcome.code in (CANCELLED, DECLINED):
                 self.cache.put(run.key, outcome)
                 self._known[run.key] = (run.tool.name, run.digest)
@@ -440,9 +469,7 @@ class ToolRunner:
                     log.error("%s (outcome of %r kept in memory only)", exc, run.key)
         finally:
             # Outer cancellation (the daemon stopping) leaves outcome None: not recorded.
-            self._runs.pop(run.key, None)
-            run.outcome = outcome
-            run.done.set()
+            self._finish_run(run, outcome)
 
 
 __all__ = ["ToolRunner"]
