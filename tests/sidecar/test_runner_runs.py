@@ -420,3 +420,41 @@ async def test_a_sync_tool_reports_progress_from_its_thread(nursery):
         outcome = await runner.execute(delivery, on_progress=on_progress)
     release.set()
     assert outcome == Outcome.success("done") and seen == [(3, 4, "three")]
+
+
+async def test_a_queued_job_never_starts_past_its_time_when_the_wall_clock_steps_back(
+    autojump_clock, nursery
+):
+    """Before: the deadline check at the start read only the wall clock, so a step back
+    (NTP, a user setting the time) while a job queued behind another let it start after
+    its caller was told ``timeout``. The time left is now also counted on the monotonic
+    clock from the delivery's admission; a step forward still expires it (never late)."""
+    from deskbridge_sidecar.testing import FakeWallClock
+
+    wall = FakeWallClock()
+    submit, calls = counting(seconds=30)
+    runner = make(nursery, submit, wall_clock=wall)
+    first = job(key="ka", deadline_s=600)
+    assert runner.admit(first) is None
+    nursery.start_soon(runner.execute, first)
+    await trio.testing.wait_all_tasks_blocked()
+    queued = job(key="kb", deadline_s=10)  # 10 s left when it arrives
+    assert runner.admit(queued) is None
+    wall.jump(-3600)  # the wall clock steps back an hour while kb waits for the lock
+    outcome = await runner.execute(queued)  # ka holds the lock for 30 s
+    assert outcome.code == "expired" and calls == ["f"], outcome
+    assert trio.current_time() == 30
+
+
+async def test_a_queued_job_starts_within_its_time_whatever_the_wall_clock_does(
+    autojump_clock, nursery
+):
+    submit, calls = counting(seconds=5)
+    runner = make(nursery, submit)
+    first = job(key="ka", deadline_s=600)
+    runner.admit(first)
+    nursery.start_soon(runner.execute, first)
+    await trio.testing.wait_all_tasks_blocked()
+    queued = job(key="kb", deadline_s=10)
+    assert runner.admit(queued) is None
+    assert (await runner.execute(queued)).ok and calls == ["f", "f"]

@@ -52,6 +52,9 @@ from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
 
+#: Most deliveries whose monotonic deadline is remembered at once (``_note_deadline``).
+_MAX_NOTES = 4096
+
 
 def _reused(key: str, tool: str, job: Job) -> Outcome:
     what = "another tool" if tool != job.name else "different arguments"
@@ -116,6 +119,9 @@ class ToolRunner:
     approvals: ApprovalDesk | None = None
     #: run every sync tool in a separate process (``--isolate-sync-tools``)
     isolate_sync: bool = False
+    #: delivery id -> its deadline on the trio (monotonic) clock, noted at admission, so
+    #: a wall clock stepped back while the delivery queues cannot extend its time
+    _steady_deadlines: dict[str, float] = attrs.field(factory=dict)
 
     def isolates(self, tool: Tool) -> bool:
         """True if ``tool`` runs in a separate process (marked, or sync under
@@ -156,7 +162,19 @@ class ToolRunner:
             return outcome
         if key in self._runs or key in self._known:
             return None  # joined or answered by its record; never refused afresh
-        return self._refusal(job)
+        refused = self._refusal(job)
+        if refused is None:
+            self._note_deadline(job)
+        return refused
+
+    def _note_deadline(self, job: Job) -> None:
+        """Remember ``job``'s time left on the monotonic clock (bounded: the oldest
+        notes go first past ``_MAX_NOTES``; a delivery without one is checked on the
+        wall clock alone)."""
+        notes = self._steady_deadlines
+        while len(notes) >= _MAX_NOTES:
+            del notes[next(iter(notes))]
+        notes[job.id] = trio.current_time() + (job.deadline - self.wall_clock())
 
     def _check_reuse(self, job: Job) -> Outcome | None:
         key = job.idempotency_key
@@ -173,11 +191,16 @@ class ToolRunner:
         return key in self._runs
 
     def _expired(self, job: Job) -> Outcome | None:
-        now = self.wall_clock()
-        if now >= job.deadline:
-            return Outcome.failure(
-                EXPIRED, f"deadline passed {now - job.deadline:.3f} s ago; not started"
-            )
+        """``expired`` once the deadline passed by the wall clock *or*, for a delivery
+        :meth:`admit` queued, by the monotonic clock since then: a wall clock stepped
+        back never lets a job start late, and a machine that slept (the monotonic clock
+        may stand still in a suspend) is caught by the wall clock."""
+        late = self.wall_clock() - job.deadline
+        steady = self._steady_deadlines.get(job.id)
+        if steady is not None:
+            late = max(late, trio.current_time() - steady)
+        if late >= 0:
+            return Outcome.failure(EXPIRED, f"deadline passed {late:.3f} s ago; not started")
         return None
 
     def _refusal(self, job: Job) -> Outcome | None:
@@ -222,6 +245,14 @@ class ToolRunner:
             trio.Cancelled: only the wait is cancelled (a dropped session); the run
                 itself carries on in the daemon's nursery and records its outcome.
         """
+        try:
+            return await self._execute(job, on_progress)
+        finally:
+            self._steady_deadlines.pop(job.id, None)
+
+    async def _execute(
+        self, job: Job, on_progress: Callable[[ProgressUpdate], Awaitable[None]] | None
+    ) -> Outcome:
         key = job.idempotency_key
         run = self._runs.get(key)
         cached = None if run is not None else self.cache.get(key)
