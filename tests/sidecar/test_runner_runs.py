@@ -458,3 +458,39 @@ async def test_a_queued_job_starts_within_its_time_whatever_the_wall_clock_does(
     queued = job(key="kb", deadline_s=10)
     assert runner.admit(queued) is None
     assert (await runner.execute(queued)).ok and calls == ["f", "f"]
+
+
+async def test_a_job_awaiting_approval_expires_on_time_when_the_wall_clock_steps_back(
+    autojump_clock, nursery
+):
+    """The approval wait used the wall clock too: stepped back, it kept waiting past the
+    caller's time and an approval then ran the tool late."""
+    from deskbridge_sidecar import needs_approval
+    from deskbridge_sidecar._consent import MemoryDesk
+    from deskbridge_sidecar.testing import FakeWallClock
+
+    calls: list[str] = []
+
+    @needs_approval
+    @tool(side_effects=True)
+    async def pay(invoice: str) -> str:
+        calls.append(invoice)
+        return invoice
+
+    wall, desk = FakeWallClock(), MemoryDesk()
+    runner = make(nursery, pay, approvals=desk, wall_clock=wall)
+    delivery = job("pay", {"invoice": "i"}, key="kp", deadline_s=10)
+    assert runner.admit(delivery) is None
+    answers: list[Outcome] = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(delivery))
+
+    nursery.start_soon(deliver)
+    await desk.wait_requested("job-1")
+    wall.jump(-3600)
+    await trio.sleep(20)  # past the caller's 10 s on any steady clock
+    if "job-1" in desk.requests:
+        desk.approve("job-1")
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers and answers[0].code == "expired" and calls == [], answers

@@ -24,6 +24,7 @@ dropped socket from overlapping with the next session's first job.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -195,13 +196,19 @@ class ToolRunner:
         :meth:`admit` queued, by the monotonic clock since then: a wall clock stepped
         back never lets a job start late, and a machine that slept (the monotonic clock
         may stand still in a suspend) is caught by the wall clock."""
-        late = self.wall_clock() - job.deadline
-        steady = self._steady_deadlines.get(job.id)
-        if steady is not None:
-            late = max(late, trio.current_time() - steady)
+        late = self._now_for(job) - job.deadline
         if late >= 0:
             return Outcome.failure(EXPIRED, f"deadline passed {late:.3f} s ago; not started")
         return None
+
+    def _now_for(self, job: Job) -> float:
+        """Unix seconds as ``job``'s deadline should see them: the wall clock, or later
+        when the monotonic clock says more of its time has gone (a step back)."""
+        now = self.wall_clock()
+        steady = self._steady_deadlines.get(job.id)
+        if steady is not None:
+            now = max(now, job.deadline + trio.current_time() - steady)
+        return now
 
     def _refusal(self, job: Job) -> Outcome | None:
         """Why ``job`` must not start: expired, unknown tool, bad arguments; or None."""
@@ -441,7 +448,8 @@ class ToolRunner:
                     refused = self._expired(job)  # the deadline may pass while queued
                     if refused is None and not self._closing:
                         refused = await gate(  # declined, or expired awaiting approval
-                            self.approvals, run.tool, job, wall_clock=self.wall_clock,
+                            self.approvals, run.tool, job,
+                            wall_clock=functools.partial(self._now_for, job),
                             progress=run.progress,
                         )  # fmt: skip
                     if self._closing:
