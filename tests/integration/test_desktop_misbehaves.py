@@ -66,3 +66,62 @@ def test_a_tool_ignoring_cancellation_is_answered_in_doubt_and_the_sidecar_still
             assert state["terminal"] and state["stage"] == "finished", state
             assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []
             assert "ignores cancellation" in sidecar.output()
+
+
+def test_a_job_queued_before_a_restart_with_other_files_roots_is_refused_not_run(tmp_path):
+    """Before: a files_write queued (behind a busy tool) for --files-root A was run, after
+    a restart with --files-root B, into B: the same relative path, another folder."""
+    user = "roots-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    root_a, root_b = tmp_path / "root-a", tmp_path / "root-b"
+    root_a.mkdir()
+    root_b.mkdir()
+    hub = Hub(tmp_path, workers=2)
+    with running(hub):
+        hub.wait_healthy()
+        first = Sidecar(
+            tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=ledger.env(),
+            extra_args=["--files-root", str(root_a)],
+        )  # fmt: skip
+        with running(first), api() as client, ThreadPoolExecutor(2) as pool:
+            _online(client, hub, user)
+            busy = pool.submit(
+                client.post,
+                f"{hub.http}/v1/users/{user}/jobs",
+                json={"name": "record", "args": {"key": "busy", "seconds": 3}, "timeout_s": 30},
+            )
+            wait_until(lambda: ledger.starts("busy"), timeout_s=20, what="the busy tool started")
+            job_id = "write-" + secrets.token_hex(4)
+            write = pool.submit(
+                client.post,
+                f"{hub.http}/v1/users/{user}/jobs",
+                json={"name": "files_write", "args": {"path": "note.txt", "content": "for A"},
+                      "timeout_s": 30, "job_id": job_id},
+            )  # fmt: skip
+            wait_until(
+                lambda: client.get(f"{hub.http}/v1/jobs/{job_id}").status_code == 200,
+                timeout_s=10,
+                what="the write enqueued",
+            )
+            first.popen.send_signal(signal.SIGTERM)  # the busy tool finishes, the write waits
+            assert first.popen.wait(30) == 0
+            assert busy.result(timeout=30).status_code == 200
+            second = Sidecar(
+                tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=ledger.env(),
+                extra_args=["--files-root", str(root_b)], data_dir=first.data_dir,
+            )  # fmt: skip
+            with running(second):
+                answer = write.result(timeout=40)
+                assert answer.status_code == 422, answer.text
+                assert answer.json()["error"]["code"] == "catalogue_changed"
+                state = client.get(f"{hub.http}/v1/jobs/{job_id}").json()
+                assert state["terminal"] and state["stage"] == "finished", state
+                assert list(root_a.iterdir()) == [] and list(root_b.iterdir()) == []
+                time.sleep(1.5)  # past CATALOGUE_SLACK_S after the welcome
+                again = client.post(
+                    f"{hub.http}/v1/users/{user}/jobs",
+                    json={"name": "files_write", "args": {"path": "note.txt", "content": "B"},
+                          "timeout_s": 30},
+                )  # fmt: skip
+                assert again.status_code == 200, again.text  # a new call runs, into B
+                assert (root_b / "note.txt").read_text() == "B"

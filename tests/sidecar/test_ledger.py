@@ -410,3 +410,23 @@ async def test_a_ledger_file_deleted_or_replaced_under_it_refuses_every_write(pa
         await ledger.finish("k1", Outcome.success({}))
     assert (await ledger.get("k1")).outcome is None  # reads still answer from the open file
     ledger.close()
+
+
+async def test_each_run_stores_its_tool_fingerprints_and_gets_the_previous_ones(path):
+    ledger = Ledger.open(path)
+    assert await ledger.swap_fingerprints({"a": "1", "b": "2"}) == {}
+    ledger.close()
+    again = Ledger.open(path)
+    assert await again.swap_fingerprints({"a": "1", "b": "3"}) == {"a": "1", "b": "2"}
+    again.close()
+
+
+def test_a_tools_fingerprint_covers_its_entry_and_its_configuration(tmp_path):
+    from deskbridge_sidecar.toolsets.files import FilesToolset
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "a"]).tools()}
+    b = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "b"]).tools()}
+    a2 = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "a"]).tools()}
+    assert a == a2 and all(a[n] != b[n] for n in a)

@@ -275,6 +275,28 @@ class Ledger:
         deleted: int = await self._call(self._prune, self.wall_clock())
         return deleted
 
+    async def swap_fingerprints(self, current: Mapping[str, str]) -> dict[str, str]:
+        """Store ``current`` (tool name -> :meth:`Tool.fingerprint`) as this run's
+        catalogue and return the one the previous run stored (empty: none, or an
+        in-memory ledger). Raises :class:`LedgerError`."""
+        previous: dict[str, str] = await self._call(self._swap_fingerprints, dict(current))
+        return previous
+
+    def _swap_fingerprints(self, current: dict[str, str]) -> dict[str, str]:
+        with self._guard("catalogue"):
+            row = self._conn.execute("SELECT value FROM meta WHERE name = 'catalogue'").fetchone()
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('catalogue', ?)",
+                (json.dumps(current, sort_keys=True),),
+            )
+        if row is None:
+            return {}
+        try:
+            previous = json.loads(row[0])
+        except ValueError:
+            return {}
+        return {str(k): str(v) for k, v in previous.items()} if isinstance(previous, dict) else {}
+
     async def _call(self, fn: Callable[[Unpack[_Ts]], _T], *args: *_Ts) -> _T:
         if self.path is None:  # in memory: no disk to wait for, and MockClock stays exact
             await trio.lowlevel.checkpoint()

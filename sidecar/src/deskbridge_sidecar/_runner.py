@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
-from deskbridge_common import Job
+from deskbridge_common import CATALOGUE_CHANGED, Job
 
 from ._consent import ApprovalDesk, gate
 from ._dedupe import DedupeCache
@@ -53,6 +53,10 @@ from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
 
+#: Jobs enqueued up to this long after the first welcome still count as validated
+#: against the previous catalogue (the hub stores the new one at the hello; the job
+#: frame's transit makes a job look older here), seconds.
+CATALOGUE_SLACK_S = 1.0
 #: Most deliveries whose monotonic deadline is remembered at once (``_note_deadline``).
 _MAX_NOTES = 4096
 
@@ -120,6 +124,12 @@ class ToolRunner:
     approvals: ApprovalDesk | None = None
     #: run every sync tool in a separate process (``--isolate-sync-tools``)
     isolate_sync: bool = False
+    #: tools whose fingerprint differs from the previous run's (same ledger): a job for
+    #: one of them enqueued before this daemon was first welcomed was validated against
+    #: the old catalogue, and is refused ``catalogue_changed`` (``_catalogue_changed``)
+    changed_tools: frozenset[str] = frozenset()
+    #: trio time of this daemon's first welcome, or None before it
+    serving_since: float | None = None
     #: delivery id -> its deadline on the trio (monotonic) clock, noted at admission, so
     #: a wall clock stepped back while the delivery queues cannot extend its time
     _steady_deadlines: dict[str, float] = attrs.field(factory=dict)
@@ -224,7 +234,25 @@ class ToolRunner:
         problem = tool.check_args(job.args)
         if problem is not None:
             return Outcome.failure(BAD_ARGS, problem)
-        return None
+        return self._catalogue_changed(job)
+
+    def _catalogue_changed(self, job: Job) -> Outcome | None:
+        """``catalogue_changed`` for a job of a changed tool enqueued before this daemon
+        was first welcomed (or when that cannot be told: no ``waited_s``, not welcomed
+        yet), within ``CATALOGUE_SLACK_S``; else None."""
+        if job.name not in self.changed_tools:
+            return None
+        since = self.serving_since
+        if since is not None and job.waited_s is not None:
+            if job.waited_s + CATALOGUE_SLACK_S < trio.current_time() - since:
+                return None  # enqueued after the new catalogue was announced
+        return Outcome.failure(
+            CATALOGUE_CHANGED,
+            f"{job.name} changed when the sidecar restarted (another definition or "
+            "configuration of it), and this job was enqueued before, or too close to "
+            "tell: it was checked against the old one. Not run: check the catalogue, "
+            "then call again",
+        )
 
     async def execute(
         self, job: Job, *, on_progress: Callable[[ProgressUpdate], Awaitable[None]] | None = None
