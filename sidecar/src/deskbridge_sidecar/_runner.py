@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -82,6 +83,8 @@ class _Run:
     #: set by ToolRunner.interrupt: the answer to give instead of waiting for the tool
     interrupted: Outcome | None = None
     progress: ProgressState = attrs.field(factory=ProgressState)
+    #: Unix seconds as this run's deadline sees them (``ToolRunner._now_for``)
+    clock: Callable[[], float] = time.time
 
 
 @attrs.define(eq=False)
@@ -329,7 +332,12 @@ class ToolRunner:
                 await trio.sleep_forever()  # left to the hub: redelivered after a restart
             tool = self.registry.get(job.name)
             assert tool is not None, "execute() of a delivery admit() did not queue"
-            run = self._runs[key] = _Run(key=key, tool=tool, digest=args_digest(job.args))
+            run = self._runs[key] = _Run(
+                key=key,
+                tool=tool,
+                digest=args_digest(job.args),
+                clock=functools.partial(self._now_for, job),
+            )
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
             self.dedupe_hits += 1
@@ -476,8 +484,7 @@ class ToolRunner:
                     refused = self._expired(job)  # the deadline may pass while queued
                     if refused is None and not self._closing:
                         refused = await gate(  # declined, or expired awaiting approval
-                            self.approvals, run.tool, job,
-                            wall_clock=functools.partial(self._now_for, job),
+                            self.approvals, run.tool, job, wall_clock=run.clock,
                             progress=run.progress,
                         )  # fmt: skip
                     if self._closing:
