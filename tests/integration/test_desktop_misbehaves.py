@@ -125,3 +125,62 @@ def test_a_job_queued_before_a_restart_with_other_files_roots_is_refused_not_run
                 )  # fmt: skip
                 assert again.status_code == 200, again.text  # a new call runs, into B
                 assert (root_b / "note.txt").read_text() == "B"
+
+
+def _faketime_lib() -> str:
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        raise FileNotFoundError("libfaketime not found: apt-get install faketime")
+    return found[0]
+
+
+def test_a_queued_job_never_starts_after_its_caller_gave_up_when_the_clock_steps_back(
+    tmp_path,
+):
+    """The sidecar's wall clock steps back an hour (libfaketime, offset read from a file
+    at every call; the monotonic clock left alone, as an NTP step leaves it) while a job
+    queues behind a busy tool. Before: it started 3 s after its caller was told timeout."""
+    user = "step-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    offset = tmp_path / "faketime.txt"
+    offset.write_text("+0s\n")
+    env = {
+        "LD_PRELOAD": _faketime_lib(),
+        "FAKETIME_TIMESTAMP_FILE": str(offset),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        **ledger.env(),
+    }
+    hub = Hub(tmp_path, workers=2)
+    with running(hub):
+        hub.wait_healthy()
+        sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=env)
+        with running(sidecar), api() as client, ThreadPoolExecutor(2) as pool:
+            _online(client, hub, user)
+            busy = pool.submit(
+                client.post,
+                f"{hub.http}/v1/users/{user}/jobs",
+                json={"name": "record", "args": {"key": "busy", "seconds": 6}, "timeout_s": 30},
+            )
+            wait_until(lambda: ledger.starts("busy"), timeout_s=20, what="the busy tool started")
+            job_id = "late-" + secrets.token_hex(4)
+            late = pool.submit(
+                client.post,
+                f"{hub.http}/v1/users/{user}/jobs",
+                json={"name": "record", "args": {"key": "late"}, "timeout_s": 3,
+                      "job_id": job_id},
+            )  # fmt: skip
+            time.sleep(1)
+            offset.write_text("-3600s\n")  # the wall clock steps back an hour
+            answer = late.result(timeout=20)
+            assert answer.status_code == 504, answer.text  # timeout: it was queued there
+            assert busy.result(timeout=30).status_code == 200
+            wait_until(
+                lambda: client.get(f"{hub.http}/v1/jobs/{job_id}").json()["terminal"],
+                timeout_s=20,
+                what="the late job's final state",
+            )
+            assert client.get(f"{hub.http}/v1/jobs/{job_id}").json()["stage"] == "expired"
+            assert ledger.starts("late") == [] and len(ledger.starts("busy")) == 1
