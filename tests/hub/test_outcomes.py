@@ -3,6 +3,7 @@ memory sockets and MockClock (autojump). One scripted fake sidecar per test."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -526,4 +527,53 @@ async def test_cancel_after_the_answer_reports_finished(autojump_clock, state, b
         outcome = await bridge.dispatch("u1", "echo", {}, job_id="done-1")
         assert outcome.status == "completed"
         assert await bridge.cancel("done-1") == "finished"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("same_daemon", [True, False])
+async def test_a_job_of_a_gone_socket_waits_the_reclaim_idle_before_another_daemon_gets_it(
+    autojump_clock, state, bridge, same_daemon
+):
+    """The desktop running a job vanishes (its socket closed: kill -9, the laptop lid)
+    and another desktop of the user (another daemon: another machine, another data
+    directory) connects to the same process. Before: this process's drain handed it
+    the gone desktop's pending job at once, and it ran a second time while the first
+    might still be running. Like the takeover across processes, only the same daemon
+    gets it at once (its ledger joins or answers it); another waits RECLAIM_IDLE_S."""
+    async with trio.open_nursery() as nursery:
+        old = await connect(nursery, state, daemon_id="d1")
+        seen: list[tuple[str, float]] = []
+        first = trio.Event()
+
+        async def running(frame):
+            if isinstance(frame, Job):
+                seen.append(("old", trio.current_time()))
+                first.set()
+
+        nursery.start_soon(sidecar, old, running)
+        nursery.start_soon(
+            functools.partial(bridge.dispatch, "u1", "click", {}, job_id="job-g", timeout_s=600)
+        )
+        await first.wait()
+        delivered_at = trio.current_time()
+        await old.disconnect()  # gone, mid-job
+        await trio.sleep(1)
+        new = await connect(nursery, state, daemon_id="d1" if same_daemon else "d2")
+
+        again = trio.Event()
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                seen.append(("new", trio.current_time()))
+                again.set()
+                await new.send(JobResult(frame.id, True, {"ran": 1}))
+
+        nursery.start_soon(sidecar, new, answer)
+        with trio.move_on_after(state.timings.reclaim_idle_s + 2 * state.timings.heartbeat_s):
+            await again.wait()
+        (redelivered_at,) = [t for who, t in seen if who == "new"]
+        if same_daemon:
+            assert redelivered_at - delivered_at < 2.0, seen
+        else:
+            assert redelivered_at - delivered_at >= state.timings.reclaim_idle_s, seen
         nursery.cancel_scope.cancel()

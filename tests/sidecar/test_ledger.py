@@ -14,6 +14,7 @@ from deskbridge_sidecar import Outcome
 from deskbridge_sidecar._ledger import (
     LEDGER_FILE,
     Ledger,
+    LedgerError,
     LedgerLocked,
     args_digest,
 )
@@ -384,3 +385,48 @@ async def test_a_memory_ledger_built_in_one_thread_serves_another():
     ledger = await trio.to_thread.run_sync(Ledger.memory)
     await ledger.finish("k", Outcome.success(1), "t", "d")
     assert (await ledger.get("k")).outcome == Outcome.success(1)
+
+
+@pytest.mark.parametrize("how", ["file", "folder", "replaced"])
+async def test_a_ledger_file_deleted_or_replaced_under_it_refuses_every_write(path, how):
+    """Before: SQLite kept writing into the unlinked file, so a start "recorded" there was
+    lost at the next open (the tool ran again) and the exclusive lock no longer kept a
+    second daemon off the data directory."""
+    import shutil
+
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock)
+    await ledger.begin("k1", "submit", args_digest({}), keep_until=clock.now + 600)
+    if how == "folder":
+        shutil.rmtree(path.parent)
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        if how == "replaced":
+            path.write_bytes(b"")
+    with pytest.raises(LedgerError, match="deleted or replaced"):
+        await ledger.begin("k2", "submit", args_digest({}), keep_until=clock.now + 600)
+    with pytest.raises(LedgerError, match="deleted or replaced"):
+        await ledger.finish("k1", Outcome.success({}))
+    assert (await ledger.get("k1")).outcome is None  # reads still answer from the open file
+    ledger.close()
+
+
+async def test_each_run_stores_its_tool_fingerprints_and_gets_the_previous_ones(path):
+    ledger = Ledger.open(path)
+    assert await ledger.swap_fingerprints({"a": "1", "b": "2"}) == {}
+    ledger.close()
+    again = Ledger.open(path)
+    assert await again.swap_fingerprints({"a": "1", "b": "3"}) == {"a": "1", "b": "2"}
+    again.close()
+
+
+def test_a_tools_fingerprint_covers_its_entry_and_its_configuration(tmp_path):
+    from deskbridge_sidecar.toolsets.files import FilesToolset
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "a"]).tools()}
+    b = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "b"]).tools()}
+    a2 = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "a"]).tools()}
+    assert a == a2 and all(a[n] != b[n] for n in a)

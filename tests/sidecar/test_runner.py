@@ -322,3 +322,46 @@ async def test_a_delivery_at_its_deadline_exactly_is_expired(autojump_clock, nur
     refused = runner.admit(job(key="k1", deadline_s=0))
     assert refused == Outcome.failure("expired", "deadline passed 0.000 s ago; not started")
     assert calls == []
+
+
+async def test_a_job_queued_for_a_tool_that_changed_since_is_refused_not_run(
+    autojump_clock, nursery
+):
+    """A sidecar restarted with another definition of a tool (its schema, or a toolset's
+    roots) used to run jobs enqueued for the old one: a files_write queued for root A
+    wrote into root B. Jobs enqueued before this daemon's first welcome are refused;
+    later ones (validated against the new catalogue) run."""
+    import attrs as _attrs
+
+    submit, calls = counting()
+    runner = make(nursery, submit, changed_tools=frozenset({"submit"}))
+    old = _attrs.evolve(job(key="k-old"), waited_s=30.0)
+    assert runner.admit(old).code == "catalogue_changed"  # not welcomed yet
+    runner.serving_since = trio.current_time()
+    await trio.sleep(10)
+    assert runner.admit(_attrs.evolve(job(key="k-old2"), waited_s=11.0)).code == (
+        "catalogue_changed"
+    )  # enqueued before the welcome
+    assert runner.admit(_attrs.evolve(job(key="k-unknown"), waited_s=None)).code == (
+        "catalogue_changed"
+    )  # cannot tell: refused
+    assert runner.admit(_attrs.evolve(job(key="k-near"), waited_s=9.5)).code == (
+        "catalogue_changed"
+    )  # 0.5 s after the welcome: too close to tell
+    fresh = _attrs.evolve(job(key="k-new"), waited_s=5.0)  # enqueued 5 s after it
+    assert runner.admit(fresh) is None
+    assert (await runner.execute(fresh)).ok and calls == ["f"]
+    unchanged = make(nursery, submit)
+    assert unchanged.admit(_attrs.evolve(job(key="k-x"), waited_s=30.0)) is None
+
+
+async def test_a_redelivery_of_a_key_the_ledger_holds_is_answered_even_if_its_tool_changed(
+    autojump_clock, nursery
+):
+    import attrs as _attrs
+
+    submit, calls = counting()
+    runner = make(nursery, submit)
+    assert (await runner.execute(job(key="k1"))).ok
+    runner.changed_tools = frozenset({"submit"})
+    assert runner.admit(_attrs.evolve(job(key="k1"), waited_s=30.0)).ok and calls == ["f"]

@@ -55,6 +55,44 @@ async def test_interrupt_gives_up_on_the_started_run_only_and_once(autojump_cloc
     assert calls == ["f"] and trio.current_time() == 0
 
 
+async def test_interrupt_answers_a_tool_that_ignores_cancellation_at_once(autojump_clock, nursery):
+    """Before: the in_doubt answer and its record waited for the tool to give in, so a
+    tool that ignored cancellation left its caller unanswered and the daemon waiting."""
+    release = trio.Event()
+    calls: list[str] = []
+
+    @tool(side_effects=True)
+    async def stubborn(form: str) -> dict:
+        calls.append(form)
+        with trio.CancelScope(shield=True):  # ignores every cancellation
+            await release.wait()
+        return {"late": form}
+
+    ledger = Ledger.memory()
+    runner = make(nursery, stubborn, ledger=ledger)
+    answers: list[Outcome] = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(job("stubborn", key="ks")))
+
+    nursery.start_soon(deliver)
+    await trio.testing.wait_all_tasks_blocked()
+    runner.close()
+    try:
+        assert runner.interrupt("the sidecar was stopped (SIGTERM)") == [("ks", "stubborn")]
+        with trio.move_on_after(1):
+            await runner.wait_idle()
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers and answers[0].code == "in_doubt" and not runner.busy
+        assert (await ledger.get("ks")).outcome == answers[0] == runner.cached("ks")
+        assert runner.interrupt("again") == [] and not runner.in_flight("ks")
+    finally:
+        release.set()  # the tool gives in at last: its late result changes nothing
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await ledger.get("ks")).outcome == answers[0] and calls == ["f"]
+    assert trio.current_time() < 1
+
+
 async def test_wait_idle_does_not_wait_for_a_run_that_has_not_started(autojump_clock, nursery):
     """A run awaiting the person's approval has not started (it holds the tool lock but
     the tool has not run): stopping need not wait for a decision that may never come."""
@@ -382,3 +420,77 @@ async def test_a_sync_tool_reports_progress_from_its_thread(nursery):
         outcome = await runner.execute(delivery, on_progress=on_progress)
     release.set()
     assert outcome == Outcome.success("done") and seen == [(3, 4, "three")]
+
+
+async def test_a_queued_job_never_starts_past_its_time_when_the_wall_clock_steps_back(
+    autojump_clock, nursery
+):
+    """Before: the deadline check at the start read only the wall clock, so a step back
+    (NTP, a user setting the time) while a job queued behind another let it start after
+    its caller was told ``timeout``. The time left is now also counted on the monotonic
+    clock from the delivery's admission; a step forward still expires it (never late)."""
+    from deskbridge_sidecar.testing import FakeWallClock
+
+    wall = FakeWallClock()
+    submit, calls = counting(seconds=30)
+    runner = make(nursery, submit, wall_clock=wall)
+    first = job(key="ka", deadline_s=600)
+    assert runner.admit(first) is None
+    nursery.start_soon(runner.execute, first)
+    await trio.testing.wait_all_tasks_blocked()
+    queued = job(key="kb", deadline_s=10)  # 10 s left when it arrives
+    assert runner.admit(queued) is None
+    wall.jump(-3600)  # the wall clock steps back an hour while kb waits for the lock
+    outcome = await runner.execute(queued)  # ka holds the lock for 30 s
+    assert outcome.code == "expired" and calls == ["f"], outcome
+    assert trio.current_time() == 30
+
+
+async def test_a_queued_job_starts_within_its_time_whatever_the_wall_clock_does(
+    autojump_clock, nursery
+):
+    submit, calls = counting(seconds=5)
+    runner = make(nursery, submit)
+    first = job(key="ka", deadline_s=600)
+    runner.admit(first)
+    nursery.start_soon(runner.execute, first)
+    await trio.testing.wait_all_tasks_blocked()
+    queued = job(key="kb", deadline_s=10)
+    assert runner.admit(queued) is None
+    assert (await runner.execute(queued)).ok and calls == ["f", "f"]
+
+
+async def test_a_job_awaiting_approval_expires_on_time_when_the_wall_clock_steps_back(
+    autojump_clock, nursery
+):
+    """The approval wait used the wall clock too: stepped back, it kept waiting past the
+    caller's time and an approval then ran the tool late."""
+    from deskbridge_sidecar import needs_approval
+    from deskbridge_sidecar._consent import MemoryDesk
+    from deskbridge_sidecar.testing import FakeWallClock
+
+    calls: list[str] = []
+
+    @needs_approval
+    @tool(side_effects=True)
+    async def pay(invoice: str) -> str:
+        calls.append(invoice)
+        return invoice
+
+    wall, desk = FakeWallClock(), MemoryDesk()
+    runner = make(nursery, pay, approvals=desk, wall_clock=wall)
+    delivery = job("pay", {"invoice": "i"}, key="kp", deadline_s=10)
+    assert runner.admit(delivery) is None
+    answers: list[Outcome] = []
+
+    async def deliver() -> None:
+        answers.append(await runner.execute(delivery))
+
+    nursery.start_soon(deliver)
+    await desk.wait_requested("job-1")
+    wall.jump(-3600)
+    await trio.sleep(20)  # past the caller's 10 s on any steady clock
+    if "job-1" in desk.requests:
+        desk.approve("job-1")
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers and answers[0].code == "expired" and calls == [], answers

@@ -45,6 +45,9 @@ def close_reason(text: str, limit: int = MAX_CLOSE_REASON_BYTES) -> str:
 TOOL_ERROR = "tool_error"  #: the tool raised ToolError (which may carry its own code)
 UNKNOWN_TOOL = "unknown_tool"  #: no tool of that name in the sidecar's catalogue
 BAD_ARGS = "bad_args"  #: args do not bind to the tool's keyword parameters
+#: the tool changed (definition or configuration) since the job was checked against
+#: the catalogue: the sidecar restarted meanwhile; it never started
+CATALOGUE_CHANGED = "catalogue_changed"
 CRASHED = "crashed"  #: the tool raised an unexpected exception (message = its repr)
 BAD_RESULT = "bad_result"  #: the tool returned something that is not JSON or too big
 # Sent by either side (each is also an outcome of the same name):
@@ -129,6 +132,7 @@ __all__ = [
     "UPGRADE_REQUIRED",
     "BAD_JOB",
     "BAD_RESULT",
+    "CATALOGUE_CHANGED",
     "DECLINED",
     "IDEMPOTENCY_KEY_REUSED",
     "IN_DOUBT",

@@ -120,6 +120,9 @@ DOUBT_ASKS = 5
 #: them (a store that lost its last writes) from a session still starting.
 ENDED_REMEMBERED = 4096
 ALL = frozenset({TAKEOVER, DRAIN, NEW, RECLAIM, TRIMMED})
+#: Users whose deliveries' daemons this process remembers (least recent dropped first:
+#: a forgotten user's pending entries go to its next session at once, as before).
+HANDED_USERS_REMEMBERED = 10_000
 
 
 @attrs.define(eq=False)
@@ -158,6 +161,10 @@ class ProcessReader:
     _dispatched: dict[str, dict[str, None]] = attrs.field(factory=dict)
     #: Session ids that ended (detached) in this process, oldest first (bounded).
     _ended: dict[str, None] = attrs.field(factory=dict)
+    #: user id -> entry id -> the daemon (``hello.daemon_id``) this process last handed
+    #: it to; kept across sessions (bounded by DISPATCHED_REMEMBERED per user): the
+    #: drain gives a gone daemon's pending entries to another daemon only via reclaim
+    _handed_to: dict[str, dict[str, str | None]] = attrs.field(factory=dict)
     #: Idle workers park here; each due user unparks exactly one (a shared Event woke
     #: all ``WORKERS`` per wake-up, seven of them only to find the queue empty).
     _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -795,7 +802,7 @@ class ProcessReader:
             # Own pending entries first (a restarted session's, or one whose serving task
             # ended without an answer); stop as soon as nothing unserved is pending.
             entries = await self.substrate.read_pending(user_id, consumer, count=READ_BATCH)
-            await self._dispatch(listener, inflight, entries)
+            await self._dispatch(listener, inflight, self._same_daemon(listener, entries))
         if RECLAIM in kinds:
             claimed, deleted = await self._reclaim(user_id)
             _metrics.entries_reclaimed(len(claimed))
@@ -840,6 +847,36 @@ class ProcessReader:
                 break
         return entries, deleted
 
+    def _same_daemon(self, listener: Listener, entries: list[Entry]) -> list[Entry]:
+        """``entries`` (pending on this consumer) less those this process handed to
+        another daemon of the user: that desktop may still be running them (its socket
+        went, not necessarily its process), so they wait RECLAIM_IDLE_S like a gone
+        daemon's entries on another process (the reclaim then hands them over). Either
+        daemon unknown (an older sidecar): handed over as before."""
+        handed = self._handed_to.get(listener.user_id)
+        if not handed or listener.daemon_id is None:
+            return entries
+        return [e for e in entries if handed.get(e.entry_id) in (None, listener.daemon_id)]
+
+    def release(self, listener: Listener) -> None:
+        """``listener``'s session ends on purpose after its grace (superseded by a newer
+        session in this process): what it was handed may go to the next session's drain
+        at once, whichever daemon that is (the grace was the old desktop's time)."""
+        handed = self._handed_to.get(listener.user_id)
+        if handed:
+            for entry_id in [k for k, d in handed.items() if d == listener.daemon_id]:
+                del handed[entry_id]
+
+    def _note_handed(self, listener: Listener, entry_id: str) -> None:
+        handed = self._handed_to.pop(listener.user_id, None) or {}
+        self._handed_to[listener.user_id] = handed  # most recent user last
+        while len(self._handed_to) > HANDED_USERS_REMEMBERED:
+            del self._handed_to[next(iter(self._handed_to))]
+        handed.pop(entry_id, None)
+        handed[entry_id] = listener.daemon_id
+        while len(handed) > DISPATCHED_REMEMBERED:
+            del handed[next(iter(handed))]
+
     async def _dispatch(
         self, listener: Listener, inflight: set[str], entries: list[Entry], *, pushed: bool = False
     ) -> None:
@@ -861,6 +898,7 @@ class ProcessReader:
             while len(seen) > DISPATCHED_REMEMBERED:
                 del seen[next(iter(seen))]
             inflight.add(entry.entry_id)
+            self._note_handed(listener, entry.entry_id)
             listener.reads += 1  # its next beat looks at the entry index
             try:
                 await listener.dispatch(entry)

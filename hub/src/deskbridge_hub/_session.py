@@ -122,6 +122,9 @@ class HubSession(SessionTimers):
     _done: bool = False
     _abandoned: bool = False
     _handed_over: bool = False
+    #: superseded by a newer session in this process: at the end, the reader may hand
+    #: what this session was given to the newer one at once (``ProcessReader.release``)
+    _release_at_end: bool = False
     #: why the session was ended from outside (``close``, ``abandon``): for its log line
     _end_note: tuple[int | None, str] | None = None
 
@@ -186,6 +189,8 @@ class HubSession(SessionTimers):
         finally:
             self._done = True  # the pacer drops it at its next visit
             if self._listener is not None:
+                if self._release_at_end:
+                    self.state.reader.release(self._listener)
                 self.state.reader.detach(self._listener)
             # why, for the log and the directory: ended from outside (``close``,
             # ``abandon``; the peer's close echo may end a task first), by a task, or the
@@ -271,6 +276,8 @@ class HubSession(SessionTimers):
         if not local:
             self._ending = self._ending or "superseded by a newer sidecar session"
             self._handed_over = True
+        else:
+            self._release_at_end = True  # after its grace, the newer session's drain serves them
         self.stop_reading()
         if self._listener is not None:
             self.state.reader.stop_beating(self._listener)

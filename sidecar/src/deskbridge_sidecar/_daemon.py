@@ -246,6 +246,7 @@ class Daemon:
                     )
                     try:
                         await self._runner.load()
+                        self._runner.changed_tools = await _changed_tools(ledger, self.registry)
                     except LedgerError as exc:  # raised below, not in an exception group
                         failure = exc
                     else:
@@ -352,6 +353,8 @@ class Daemon:
 
     def _on_welcome(self, task_status: trio.TaskStatus[str], welcome: Welcome) -> None:
         self._sessions_started += 1
+        if self._runner is not None and self._runner.serving_since is None:
+            self._runner.serving_since = trio.current_time()
         log.info(
             "welcomed by hub: session %s (ping every %g s, timeout %g s)",
             welcome.session_id,
@@ -460,6 +463,21 @@ class Daemon:
             session_id=None,
             duration_s=trio.current_time() - started_at,
         )
+
+
+async def _changed_tools(ledger: Ledger, registry: ToolRegistry) -> frozenset[str]:
+    """Tools offered now whose fingerprint differs from the previous run's on this
+    ledger (stores this run's). Raises :class:`LedgerError`."""
+    current = {t.name: t.fingerprint() for t in registry}
+    previous = await ledger.swap_fingerprints(current)
+    changed = frozenset(n for n, fp in current.items() if n in previous and previous[n] != fp)
+    if changed:
+        log.warning(
+            "tools changed since the last run: %s; their jobs queued before this start "
+            "are refused (catalogue_changed), not run",
+            ", ".join(sorted(changed)),
+        )
+    return changed
 
 
 async def run_daemon(

@@ -35,6 +35,12 @@ One SQLite file (the standard library's ``sqlite3``), one row per idempotency ke
 * One daemon per ledger: the connection holds SQLite's exclusive lock for its life
   (``locking_mode=EXCLUSIVE``); a second daemon on the same file gets
   :class:`LedgerLocked` at once.
+* The file must stay where it was opened: every write first checks that the path still
+  names the file the connection holds (device and inode). A file (or data directory)
+  deleted or replaced under a running daemon would take SQLite's writes into an
+  unlinked file, lost at the next open, and free the path for a second daemon; such a
+  write is refused with :class:`LedgerError` instead (the tool does not start), and
+  reads still answer from the open file. Restarting the sidecar opens a fresh file.
 
 Every call that touches the file runs in a worker thread (``trio.to_thread``), one at
 a time (a capacity limiter of 1), so the event loop never waits on a disk flush.
@@ -48,6 +54,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import time
 import uuid
@@ -148,6 +155,9 @@ class Ledger:
     moved_aside: Path | None = None
     instance_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     _limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    #: (st_dev, st_ino) of the file opened, or None (in memory): writes check the path
+    #: still names it
+    _identity: tuple[int, int] | None = None
 
     # -- opening ---------------------------------------------------------------------
 
@@ -208,6 +218,7 @@ class Ledger:
                 wall_clock=wall_clock,
                 moved_aside=moved,
                 instance_id=instance_id,
+                identity=_identity(path),
             )
             now = wall_clock() if now is None else now
             ledger._recover(now)  # LedgerError on failure
@@ -264,6 +275,28 @@ class Ledger:
         deleted: int = await self._call(self._prune, self.wall_clock())
         return deleted
 
+    async def swap_fingerprints(self, current: Mapping[str, str]) -> dict[str, str]:
+        """Store ``current`` (tool name -> :meth:`Tool.fingerprint`) as this run's
+        catalogue and return the one the previous run stored (empty: none, or an
+        in-memory ledger). Raises :class:`LedgerError`."""
+        previous: dict[str, str] = await self._call(self._swap_fingerprints, dict(current))
+        return previous
+
+    def _swap_fingerprints(self, current: dict[str, str]) -> dict[str, str]:
+        with self._guard("catalogue"):
+            row = self._conn.execute("SELECT value FROM meta WHERE name = 'catalogue'").fetchone()
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('catalogue', ?)",
+                (json.dumps(current, sort_keys=True),),
+            )
+        if row is None:
+            return {}
+        try:
+            previous = json.loads(row[0])
+        except ValueError:
+            return {}
+        return {str(k): str(v) for k, v in previous.items()} if isinstance(previous, dict) else {}
+
     async def _call(self, fn: Callable[[Unpack[_Ts]], _T], *args: *_Ts) -> _T:
         if self.path is None:  # in memory: no disk to wait for, and MockClock stays exact
             await trio.lowlevel.checkpoint()
@@ -306,7 +339,25 @@ class Ledger:
             rows = self._conn.execute("SELECT key, tool, args_digest FROM jobs").fetchall()
         return {k: (t, d) for k, t, d in rows}
 
+    def _check_in_place(self) -> None:
+        """Raise :class:`LedgerError` unless ``path`` still names the file opened."""
+        if self._identity is None or self.path is None:
+            return
+        try:
+            now = _identity(self.path)
+        except OSError as exc:
+            now, why = None, str(exc)
+        else:
+            why = "another file is at its path"
+        if now != self._identity:
+            raise LedgerError(
+                f"ledger write refused: the ledger file {self.path} was deleted or replaced "
+                f"while the sidecar ran ({why}); nothing written there would survive a "
+                "restart. Restart the sidecar (it opens a fresh ledger)"
+            )
+
     def _begin(self, key: str, tool: str, digest: str, keep_until: float, now: float) -> None:
+        self._check_in_place()
         with self._guard("write"):
             self._conn.execute(
                 "INSERT INTO jobs (key, tool, args_digest, started_at, keep_until) "
@@ -319,6 +370,7 @@ class Ledger:
 
     def _finish(self, key: str, outcome: Outcome, tool: str, digest: str, now: float) -> None:
         text = outcome_to_json(outcome)
+        self._check_in_place()
         with self._guard("write"):
             cur = self._conn.execute(
                 "UPDATE jobs SET finished_at = ?, outcome = ?, "
@@ -420,6 +472,12 @@ def _instance_id(conn: sqlite3.Connection) -> str:
     conn.execute("INSERT OR IGNORE INTO meta VALUES ('instance_id', ?)", (uuid.uuid4().hex,))
     (value,) = conn.execute("SELECT value FROM meta WHERE name = 'instance_id'").fetchone()
     return str(value)
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """(st_dev, st_ino) of ``path``; raises OSError (e.g. FileNotFoundError)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
 
 
 def _move_aside(path: Path) -> Path:

@@ -24,13 +24,15 @@ dropped socket from overlapping with the next session's first job.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
-from deskbridge_common import Job
+from deskbridge_common import CATALOGUE_CHANGED, Job
 
 from ._consent import ApprovalDesk, gate
 from ._dedupe import DedupeCache
@@ -51,6 +53,13 @@ from ._progress import Progress, ProgressState, ProgressUpdate
 from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
+
+#: Jobs enqueued up to this long after the first welcome still count as validated
+#: against the previous catalogue (the hub stores the new one at the hello; the job
+#: frame's transit makes a job look older here), seconds.
+CATALOGUE_SLACK_S = 1.0
+#: Most deliveries whose monotonic deadline is remembered at once (``_note_deadline``).
+_MAX_NOTES = 4096
 
 
 def _reused(key: str, tool: str, job: Job) -> Outcome:
@@ -74,6 +83,8 @@ class _Run:
     #: set by ToolRunner.interrupt: the answer to give instead of waiting for the tool
     interrupted: Outcome | None = None
     progress: ProgressState = attrs.field(factory=ProgressState)
+    #: Unix seconds as this run's deadline sees them (``ToolRunner._now_for``)
+    clock: Callable[[], float] = time.time
 
 
 @attrs.define(eq=False)
@@ -116,6 +127,15 @@ class ToolRunner:
     approvals: ApprovalDesk | None = None
     #: run every sync tool in a separate process (``--isolate-sync-tools``)
     isolate_sync: bool = False
+    #: tools whose fingerprint differs from the previous run's (same ledger): a job for
+    #: one of them enqueued before this daemon was first welcomed was validated against
+    #: the old catalogue, and is refused ``catalogue_changed`` (``_catalogue_changed``)
+    changed_tools: frozenset[str] = frozenset()
+    #: trio time of this daemon's first welcome, or None before it
+    serving_since: float | None = None
+    #: delivery id -> its deadline on the trio (monotonic) clock, noted at admission, so
+    #: a wall clock stepped back while the delivery queues cannot extend its time
+    _steady_deadlines: dict[str, float] = attrs.field(factory=dict)
 
     def isolates(self, tool: Tool) -> bool:
         """True if ``tool`` runs in a separate process (marked, or sync under
@@ -156,7 +176,19 @@ class ToolRunner:
             return outcome
         if key in self._runs or key in self._known:
             return None  # joined or answered by its record; never refused afresh
-        return self._refusal(job)
+        refused = self._refusal(job)
+        if refused is None:
+            self._note_deadline(job)
+        return refused
+
+    def _note_deadline(self, job: Job) -> None:
+        """Remember ``job``'s time left on the monotonic clock (bounded: the oldest
+        notes go first past ``_MAX_NOTES``; a delivery without one is checked on the
+        wall clock alone)."""
+        notes = self._steady_deadlines
+        while len(notes) >= _MAX_NOTES:
+            del notes[next(iter(notes))]
+        notes[job.id] = trio.current_time() + (job.deadline - self.wall_clock())
 
     def _check_reuse(self, job: Job) -> Outcome | None:
         key = job.idempotency_key
@@ -173,12 +205,23 @@ class ToolRunner:
         return key in self._runs
 
     def _expired(self, job: Job) -> Outcome | None:
-        now = self.wall_clock()
-        if now >= job.deadline:
-            return Outcome.failure(
-                EXPIRED, f"deadline passed {now - job.deadline:.3f} s ago; not started"
-            )
+        """``expired`` once the deadline passed by the wall clock *or*, for a delivery
+        :meth:`admit` queued, by the monotonic clock since then: a wall clock stepped
+        back never lets a job start late, and a machine that slept (the monotonic clock
+        may stand still in a suspend) is caught by the wall clock."""
+        late = self._now_for(job) - job.deadline
+        if late >= 0:
+            return Outcome.failure(EXPIRED, f"deadline passed {late:.3f} s ago; not started")
         return None
+
+    def _now_for(self, job: Job) -> float:
+        """Unix seconds as ``job``'s deadline should see them: the wall clock, or later
+        when the monotonic clock says more of its time has gone (a step back)."""
+        now = self.wall_clock()
+        steady = self._steady_deadlines.get(job.id)
+        if steady is not None:
+            now = max(now, job.deadline + trio.current_time() - steady)
+        return now
 
     def _refusal(self, job: Job) -> Outcome | None:
         """Why ``job`` must not start: expired, unknown tool, bad arguments; or None."""
@@ -194,7 +237,25 @@ class ToolRunner:
         problem = tool.check_args(job.args)
         if problem is not None:
             return Outcome.failure(BAD_ARGS, problem)
-        return None
+        return self._catalogue_changed(job)
+
+    def _catalogue_changed(self, job: Job) -> Outcome | None:
+        """``catalogue_changed`` for a job of a changed tool enqueued before this daemon
+        was first welcomed (or when that cannot be told: no ``waited_s``, not welcomed
+        yet), within ``CATALOGUE_SLACK_S``; else None."""
+        if job.name not in self.changed_tools:
+            return None
+        since = self.serving_since
+        if since is not None and job.waited_s is not None:
+            if job.waited_s + CATALOGUE_SLACK_S < trio.current_time() - since:
+                return None  # enqueued after the new catalogue was announced
+        return Outcome.failure(
+            CATALOGUE_CHANGED,
+            f"{job.name} changed when the sidecar restarted (another definition or "
+            "configuration of it), and this job was enqueued before, or too close to "
+            "tell: it was checked against the old one. Not run: check the catalogue, "
+            "then call again",
+        )
 
     async def execute(
         self, job: Job, *, on_progress: Callable[[ProgressUpdate], Awaitable[None]] | None = None
@@ -222,6 +283,14 @@ class ToolRunner:
             trio.Cancelled: only the wait is cancelled (a dropped session); the run
                 itself carries on in the daemon's nursery and records its outcome.
         """
+        try:
+            return await self._execute(job, on_progress)
+        finally:
+            self._steady_deadlines.pop(job.id, None)
+
+    async def _execute(
+        self, job: Job, on_progress: Callable[[ProgressUpdate], Awaitable[None]] | None
+    ) -> Outcome:
         key = job.idempotency_key
         run = self._runs.get(key)
         cached = None if run is not None else self.cache.get(key)
@@ -263,7 +332,12 @@ class ToolRunner:
                 await trio.sleep_forever()  # left to the hub: redelivered after a restart
             tool = self.registry.get(job.name)
             assert tool is not None, "execute() of a delivery admit() did not queue"
-            run = self._runs[key] = _Run(key=key, tool=tool, digest=args_digest(job.args))
+            run = self._runs[key] = _Run(
+                key=key,
+                tool=tool,
+                digest=args_digest(job.args),
+                clock=functools.partial(self._now_for, job),
+            )
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
             self.dedupe_hits += 1
@@ -309,6 +383,11 @@ class ToolRunner:
         its next checkpoint; a sync tool's thread is abandoned and dies with the
         process). Queued runs are left alone.
 
+        The answer does not wait for the tool to give in: the ``in_doubt`` outcome is
+        written to the ledger (shielded) and then handed to the run's waiters at once, so
+        a tool that ignores cancellation (or blocks in a native call) neither keeps its
+        caller waiting nor :meth:`wait_idle`. Whatever it returns later is dropped.
+
         Args:
             why: what stopped them, for the answer's message (e.g. "the sidecar was
                 stopped (SIGTERM)").
@@ -325,8 +404,30 @@ class ToolRunner:
                     "again under this idempotency key: check, then retry with a new key",
                 )
                 run.cancel_scope.cancel()
+                self.nursery.start_soon(self._give_up, run, run.interrupted)
                 names.append((run.key, run.tool.name))
         return names
+
+    async def _give_up(self, run: _Run, outcome: Outcome) -> None:
+        """Record ``outcome`` for an interrupted run, then answer its waiters."""
+        self.cache.put(run.key, outcome)
+        self._known[run.key] = (run.tool.name, run.digest)
+        try:
+            with trio.CancelScope(shield=True):
+                await self.ledger.finish(run.key, outcome, run.tool.name, run.digest)
+        except LedgerError as exc:
+            log.error("%s (outcome of %r kept in memory only)", exc, run.key)
+        finally:
+            self._finish_run(run, outcome)
+
+    def _finish_run(self, run: _Run, outcome: Outcome | None) -> None:
+        """Hand ``outcome`` to ``run``'s waiters, once (the first word stays)."""
+        if run.done.is_set():
+            return
+        if self._runs.get(run.key) is run:
+            self._runs.pop(run.key)
+        run.outcome = outcome
+        run.done.set()
 
     def cancel(self, key: str) -> bool:
         """Cancel the in-flight run for ``key`` if it can be cancelled.
@@ -383,7 +484,7 @@ class ToolRunner:
                     refused = self._expired(job)  # the deadline may pass while queued
                     if refused is None and not self._closing:
                         refused = await gate(  # declined, or expired awaiting approval
-                            self.approvals, run.tool, job, wall_clock=self.wall_clock,
+                            self.approvals, run.tool, job, wall_clock=run.clock,
                             progress=run.progress,
                         )  # fmt: skip
                     if self._closing:
@@ -430,6 +531,8 @@ class ToolRunner:
                 )
             if outcome is None:
                 return  # the daemon is stopping and it never started: nothing to record
+            if run.done.is_set():
+                return  # given up on (interrupt): answered and recorded already
             if run.started or outcome.code in (CANCELLED, DECLINED):
                 self.cache.put(run.key, outcome)
                 self._known[run.key] = (run.tool.name, run.digest)
@@ -440,9 +543,7 @@ class ToolRunner:
                     log.error("%s (outcome of %r kept in memory only)", exc, run.key)
         finally:
             # Outer cancellation (the daemon stopping) leaves outcome None: not recorded.
-            self._runs.pop(run.key, None)
-            run.outcome = outcome
-            run.done.set()
+            self._finish_run(run, outcome)
 
 
 __all__ = ["ToolRunner"]

@@ -22,8 +22,10 @@ outcome is reported); only stopping the daemon abandons the thread
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import inspect
+import json
 import logging
 import re
 import types
@@ -81,6 +83,8 @@ class Tool:
         side_effects: True if running twice is not harmless (announced to the hub).
         is_async: True for ``async def`` (runs in a task, cancellable), False for sync
             (runs in a worker thread, not interruptible).
+        config: what else decides what a call does, not in the catalogue (a toolset's
+            roots or origins); part of :meth:`fingerprint` only.
     """
 
     name: str
@@ -91,6 +95,16 @@ class Tool:
     is_async: bool
     signature: inspect.Signature
     arguments: Arguments
+    config: str = ""
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of this tool's catalogue entry and :attr:`config`: what a queued
+        call was validated against. A restart with another fingerprint is a changed tool."""
+        spec = self.spec()
+        entry = [spec.name, spec.description, spec.args_schema, spec.side_effects,
+                 spec.approval_after_wait_s, self.config]  # fmt: skip
+        text = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @classmethod
     def from_function(

@@ -13,7 +13,6 @@ on any non-zero exit and has no per-status rule (see ``_service``).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -50,7 +49,8 @@ environment:
 
 exit status:
   0    stopped by SIGTERM (a running tool gets DESKBRIDGE_GRACE_S, 20 s, to finish;
-       past it, or on a second signal, the hub is told in_doubt for it)
+       past it, or on a second signal, the hub is told in_doubt for it; a tool that
+       ignores cancellation is left behind 5 s later: the process exits anyway)
   2    usage error, the hub refused the token (HTTP 401/403), or the ledger
        cannot be used (another sidecar holds it; directory not writable)
   3    superseded: a newer sidecar for this user connected (the hub closed this one
@@ -324,7 +324,33 @@ async def _stop_on_signals(daemon: Daemon, stopped_by: list[int]) -> None:
                 else:
                     log.info("%s: stopping", name)
                 why = f"the sidecar was stopped ({name})"
-                nursery.start_soon(functools.partial(daemon.shutdown, grace_s, why=why, now=now))
+                status = EXIT_INTERRUPTED if signum == signal.SIGINT else 0
+                nursery.start_soon(_shutdown_bounded, daemon, grace_s, why, now, status)
+
+
+#: After a graceful stop has answered every running tool (in_doubt past the grace), how
+#: long the process may still wait for a tool that ignores cancellation, seconds.
+STOP_BOUND_S = 5.0
+
+
+async def _shutdown_bounded(
+    daemon: Daemon, grace_s: float, why: str, now: trio.Event, status: int
+) -> None:
+    """``daemon.shutdown``, then exit the process with ``status`` if the daemon has not
+    returned within :data:`STOP_BOUND_S` (a tool that ignores cancellation keeps its
+    task, hence the daemon, alive: its caller was answered in_doubt and the ledger
+    records so). Cancelled (the normal case) when the daemon returns first."""
+    await daemon.shutdown(grace_s, why=why, now=now)
+    await trio.sleep(STOP_BOUND_S)
+    running = daemon.statistics().running
+    log.error(
+        "%s still running %g s after it was given up (it ignores cancellation); exiting "
+        "without it (it was answered in_doubt)",
+        running or "a tool",
+        STOP_BOUND_S,
+    )
+    logging.shutdown()
+    os._exit(status)
 
 
 #: Exit statuses meaning "stopped for good: restarting would not help" (usage error, token

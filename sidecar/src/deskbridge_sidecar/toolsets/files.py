@@ -75,10 +75,14 @@ class FilesToolset:
 
     def tools(self) -> list[Tool]:
         """The toolset's tools, for :meth:`ToolRegistry.add`."""
+        config = json.dumps([str(r) for r in self._resolved])
         return [
-            Tool.from_function(self.files_list, name="files_list"),
-            Tool.from_function(self.files_read, name="files_read"),
-            Tool.from_function(self.files_write, name="files_write", side_effects=True),
+            attrs.evolve(t, config=config)  # a call's paths mean something else elsewhere
+            for t in (
+                Tool.from_function(self.files_list, name="files_list"),
+                Tool.from_function(self.files_read, name="files_read"),
+                Tool.from_function(self.files_write, name="files_write", side_effects=True),
+            )
         ]
 
     # -- confinement -------------------------------------------------------------------
