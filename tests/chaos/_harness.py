@@ -13,7 +13,19 @@ from typing import Any
 import attrs
 import httpx
 
-from tests.procs import API_KEY, REDIS_URL, Hub, Proc, resp_command, wait_until
+from tests.procs import (
+    API_KEY,
+    REDIS_URL,
+    HAProxy,
+    Hub,
+    Ledger,
+    Proc,
+    Sidecar,
+    holder,
+    issue,
+    resp_command,
+    wait_until,
+)
 
 #: Shortened timings shared by hubs and sidecars (docs/operations.md). Per test, a few
 #: are overridden; each test says why.
@@ -138,6 +150,27 @@ class Procs:
             tail = proc.log_path.read_text(errors="replace").splitlines()[-lines:]
             print(f"\n===== {proc.log_path.name} (last {lines} lines) =====")
             print("\n".join(tail))
+
+
+def pods_behind_haproxy(
+    tmp_path: Path, procs: Procs, env: dict[str, str]
+) -> tuple[str, Ledger, Sidecar, Hub, Hub, str]:
+    """Two pods behind HAProxy, a sidecar (``counting_tools``, its ledger) through
+    HAProxy, for a new user; returns the user, the ledger, the sidecar, the pod holding
+    its socket, the other pod and the session id. Bounded waits: 15 s online, 5 s for
+    the holder."""
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
+    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
+    lb.wait_ready()
+    sidecar = procs.add(
+        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
+    )
+    sid = wait_online(lb.http, user)
+    doomed = wait_until(lambda: holder(pods, user, sid), timeout_s=5, what="socket holder")
+    survivor = pods[1] if doomed is pods[0] else pods[0]
+    return user, ledger, sidecar, doomed, survivor, sid
 
 
 def bridge_dispatch(

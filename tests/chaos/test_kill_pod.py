@@ -17,30 +17,13 @@ import time
 
 import pytest
 
-from tests.chaos._harness import TIMINGS, new_user, wait_online
-from tests.procs import HAProxy, Ledger, Sidecar, holder, issue, kill_group, log_times, wait_until
+from tests.chaos._harness import TIMINGS, pods_behind_haproxy, wait_online
+from tests.procs import holder, kill_group, log_times, wait_until
 
 pytestmark = pytest.mark.chaos
 
 JOB_S = 1.5  # the job outlives the kill, and ends before the reclaim idle has passed
 RECLAIM_IDLE_S = 3.0
-
-
-def _pods_behind_haproxy(tmp_path, procs, env):
-    """Two pods behind HAProxy, a sidecar through HAProxy; returns the user, the ledger,
-    the sidecar, the pod holding its socket and the other pod."""
-    user = new_user()
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
-    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
-    lb.wait_ready()
-    sidecar = procs.add(
-        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
-    )
-    sid = wait_online(lb.http, user)
-    doomed = wait_until(lambda: holder(pods, user, sid), timeout_s=5, what="socket holder")
-    survivor = pods[1] if doomed is pods[0] else pods[0]
-    return user, ledger, sidecar, doomed, survivor, sid
 
 
 def test_kill_pod_holding_socket_mid_job(tmp_path, procs):
@@ -50,7 +33,7 @@ def test_kill_pod_holding_socket_mid_job(tmp_path, procs):
     # (180 s) is shortened.
     env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S)}
     del env["DESKBRIDGE_READ_BLOCK_MS"], env["DESKBRIDGE_BACKOFF_INITIAL_S"]
-    user, ledger, sidecar, doomed, survivor, sid = _pods_behind_haproxy(tmp_path, procs, env)
+    user, ledger, sidecar, doomed, survivor, sid = pods_behind_haproxy(tmp_path, procs, env)
 
     key = "b-" + user
     caller = procs.callers.post(
@@ -105,7 +88,7 @@ def test_kill_pod_while_a_job_outlives_the_reclaim_idle(tmp_path, procs):
     (no second start) and answers when it ends."""
     job_s = 2 * RECLAIM_IDLE_S
     env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(RECLAIM_IDLE_S)}
-    user, ledger, sidecar, doomed, survivor, _ = _pods_behind_haproxy(tmp_path, procs, env)
+    user, ledger, sidecar, doomed, survivor, _ = pods_behind_haproxy(tmp_path, procs, env)
     key = "b-long-" + user
     caller = procs.callers.post(
         survivor.http, user, "record", {"key": key, "seconds": job_s}, key=key, timeout_s=30

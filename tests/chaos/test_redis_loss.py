@@ -22,13 +22,18 @@ import time
 
 import pytest
 
-from tests.chaos._harness import TIMINGS, new_user, post_job, presence, wait_online
+from tests.chaos._harness import (
+    TIMINGS,
+    new_user,
+    pods_behind_haproxy,
+    post_job,
+    presence,
+    wait_online,
+)
 from tests.procs import (
-    HAProxy,
     Ledger,
     RedisServer,
     Sidecar,
-    holder,
     issue,
     kill_group,
     log_times,
@@ -53,17 +58,7 @@ def test_the_same_daemon_takes_over_at_once_after_redis_restarted_empty(tmp_path
     redis = procs.add(RedisServer(tmp_path))
     redis.wait_ready()
     env["DESKBRIDGE_REDIS_URL"] = redis.url
-    user = new_user()
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
-    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
-    lb.wait_ready()
-    sidecar = procs.add(
-        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
-    )
-    sid = wait_online(lb.http, user)
-    doomed = wait_until(lambda: holder(pods, user, sid), timeout_s=5, what="socket holder")
-    survivor = pods[1] if doomed is pods[0] else pods[0]
+    user, ledger, sidecar, doomed, survivor, sid = pods_behind_haproxy(tmp_path, procs, env)
 
     redis = _restart_empty(procs, tmp_path, redis)
     # presence is back within the documented second or so, on the same session
@@ -104,17 +99,7 @@ def test_presence_rewound_to_the_previous_session_keeps_the_desktop(tmp_path, pr
         **TIMINGS, "DESKBRIDGE_REDIS_URL": redis.url, "DESKBRIDGE_PRESENCE_TTL_S": "60",
         "DESKBRIDGE_HEARTBEAT_S": str(heartbeat_s),
     }  # fmt: skip
-    user = new_user()
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    pods = [procs.hub(tmp_path, env, name=f"pod{i}") for i in (1, 2)]
-    lb = procs.add(HAProxy(tmp_path, [p.port for p in pods]))
-    lb.wait_ready()
-    sidecar = procs.add(
-        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
-    )
-    first = wait_online(lb.http, user)
-    doomed = wait_until(lambda: holder(pods, user, first), timeout_s=5, what="socket holder")
-    survivor = pods[1] if doomed is pods[0] else pods[0]
+    user, ledger, sidecar, doomed, survivor, first = pods_behind_haproxy(tmp_path, procs, env)
     kill_group(doomed)  # the desktop moves to the survivor
     second = wait_until(
         lambda: (s := wait_online(survivor.http, user)) != first and s,
@@ -141,9 +126,7 @@ def test_presence_rewound_to_the_previous_session_keeps_the_desktop(tmp_path, pr
     assert "which" not in survivor.output() and "its process is gone" in survivor.output()
 
 
-def test_a_restore_without_the_last_writes_brings_the_newest_desktop_back_at_once(
-    tmp_path, procs
-):
+def test_a_restore_without_the_last_writes_brings_the_newest_desktop_back_at_once(tmp_path, procs):
     """Redis comes back from a snapshot taken before the newest desktop connected (as a
     replica promoted without the last writes): that desktop's presence is gone, the
     older one's is there. The process looked at one presence after the outage, its
@@ -164,9 +147,7 @@ def test_a_restore_without_the_last_writes_brings_the_newest_desktop_back_at_onc
         if user == older:
             assert redis.command("SAVE") == "OK"  # the snapshot: before the newer one
     kill_group(redis)
-    again = procs.add(
-        RedisServer(tmp_path, port=redis.port, extra=("--dbfilename", "dump.rdb"))
-    )
+    again = procs.add(RedisServer(tmp_path, port=redis.port, extra=("--dbfilename", "dump.rdb")))
     again.wait_ready()
     restored_at = time.time()
     assert again.command("EXISTS", f"bridge:presence:{{{older}}}") == 1
@@ -175,8 +156,10 @@ def test_a_restore_without_the_last_writes_brings_the_newest_desktop_back_at_onc
         timeout_s=5,  # well under the heartbeat (20 s)
         what="the newest desktop online again",
     )
-    print(f"\nrestored without the last writes: newest desktop online again "
-          f"{time.time() - restored_at:.1f} s on")
+    print(
+        f"\nrestored without the last writes: newest desktop online again "
+        f"{time.time() - restored_at:.1f} s on"
+    )
 
 
 def test_presence_rewound_to_an_ended_session_is_cleared_by_the_first_call(tmp_path, procs):
