@@ -79,7 +79,10 @@ class JobControl:
             ``interrupted``; or
             ``finished`` when it already has its answer (nothing is cancelled then);
             ``delivered`` also when it read ``queued`` but a hub marked it delivered
-            before the cancel flag was set (that delivery answers).
+            before the cancel flag was set (that delivery answers); ``finished`` also
+            when it read ``queued`` but the job was answered otherwise (``expired``,
+            ``lost``) before the cancel's answer was written (a terminal answer is
+            final: the cancel changed nothing).
 
         Raises:
             BadRequest: malformed job id.
@@ -115,6 +118,12 @@ class JobControl:
             )  # fmt: skip
             if finished.verdict == "stale":
                 return Stage.DELIVERED.value
+            if finished.verdict == "settled":
+                # answered meanwhile (a terminal answer is final): by this cancel's flag
+                # (the holder read it: ``cancelled``), or otherwise (e.g. ``expired``)
+                now = await self.substrate.get_job_state(user_id, job_id)
+                if now is None or now.stage is not Stage.CANCELLED:
+                    return "finished"
         return state.stage.value
 
 

@@ -112,10 +112,11 @@ class Finished:
     """Reply of :meth:`ResultSubstrate.finish`.
 
     Attributes:
-        verdict: ``"done"`` (everything written) or ``"stale"`` (a newer delivery of the
-            job holds the fence: nothing written).
+        verdict: ``"done"`` (everything written), ``"stale"`` (a newer delivery of the
+            job holds the fence: nothing written) or ``"settled"`` (the job had a
+            terminal answer already: only the XACK happened).
         newest: with ``"stale"``, the newest delivery's epoch.
-        acked: with ``"done"``, whether the XACK removed the entry from the pending
+        acked: with ``"done"`` or ``"settled"``, whether the XACK removed the entry from the pending
             entries list (False when it was not pending: acknowledged already, or the
             stream or group is gone).
     """
