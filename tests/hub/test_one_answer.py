@@ -122,3 +122,40 @@ async def test_a_cancel_that_read_queued_loses_to_the_holder_s_expired_answer(
         assert [json.loads(p)["status"] for p in await _results(s, "u1", "job-2")] == ["expired"]
         assert [o.status for o in outcomes] == ["timeout"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_cancelled_job_never_runs_later_within_its_deadline(
+    autojump_clock, state, bridge  # noqa: F811
+):
+    """Cancelled while queued with an hour to run; its entry is read only after the
+    result TTL (5 min: the desktop came back later, on any replica). The cancel still
+    holds: the job never reaches the desktop, its answer stays ``cancelled``."""
+    s = state.substrate
+    await s.set_presence("u1", "ghost", 3600)
+    outcomes = []
+    async with trio.open_nursery() as nursery:
+
+        async def caller():
+            outcomes.append(
+                await bridge.dispatch("u1", "click", {}, job_id="job-3", timeout_s=3600)
+            )
+
+        nursery.start_soon(caller)
+        await trio.sleep(1)
+        assert await bridge.cancel("job-3") == "queued"
+        await trio.testing.wait_all_tasks_blocked()
+        assert [o.status for o in outcomes] == ["cancelled"]
+        await trio.sleep(state.timings.result_ttl_s + 100)
+        peer = await connect(nursery, state)
+        ran = []
+
+        async def record(frame):
+            if isinstance(frame, Job):
+                ran.append(frame)
+                await peer.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar, peer, record)
+        await trio.sleep(10)
+        assert ran == []
+        assert s.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()

@@ -20,7 +20,7 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
-from ._bridge_jobs import USER_SEPARATOR, JobControl, _check
+from ._bridge_jobs import MAX_TIMEOUT_S, USER_SEPARATOR, JobControl, _check
 from ._catalogue import CatalogueCache
 from ._errors import (
     BadRequest,
@@ -51,9 +51,6 @@ _ALIVE_CACHE_MAX = 10_000
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
 STATUS_TIMEOUT_S = 5.0
-#: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
-#: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
-MAX_TIMEOUT_S = 24 * 3600.0
 #: Times one call submits again (a catalogue that changed under it, a holder process to
 #: check) before giving up.
 MAX_SUBMIT_RETRIES = 4

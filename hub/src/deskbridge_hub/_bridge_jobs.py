@@ -19,6 +19,10 @@ from ._outcome import _TIMEOUT_MESSAGES
 from ._substrate import Substrate
 from ._validate import validate_key, validate_user_id
 
+#: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
+#: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
+MAX_TIMEOUT_S = 24 * 3600.0
+
 #: Separates the random part of a hub-minted job id from its user id (``~`` is never
 #: part of a user id).
 USER_SEPARATOR = "~"
@@ -98,7 +102,10 @@ class JobControl:
         if state.stage.terminal:
             return "finished"
         ttl_s = self.timings.result_ttl_s
-        await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
+        # The flag outlives any deadline the job can have (its entry may be read much
+        # later than the result TTL: a desktop back after 10 minutes, for a job with an
+        # hour to start); with the result TTL only, the cancelled job then ran.
+        await self.substrate.request_cancel(user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s)
         control = {"control": "cancel", "job_id": job_id}
         await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
         holder = await self.substrate.get_presence(user_id)
