@@ -239,6 +239,10 @@ class Submission:
             its input) answers ``late`` and writes nothing, and ``start_within_s`` counts
             from that instant, not from when the step ran (a job enqueued late in a
             caller's wait never starts after the wait).
+        attach_only: only look the ``idempotency_key`` up (it must be set): ``indexed``
+            when it names a job, else ``job_id_in_use`` and nothing else is checked or
+            written. For a request whose caller-chosen job id another call claimed: the
+            same request sent again or at once elsewhere attaches, never enqueues.
     """
 
     job_id: str
@@ -257,6 +261,7 @@ class Submission:
     wake_ttl_s: float = 30.0
     delivered_ttl_s: float | None = None
     give_up_s: float | None = None
+    attach_only: bool = False
 
 
 @attrs.frozen
