@@ -159,3 +159,36 @@ async def test_a_cancelled_job_never_runs_later_within_its_deadline(
         assert ran == []
         assert s.pending_count("u1") == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_written_as_the_wait_ends_is_the_caller_s(
+    autojump_clock, state, bridge, monkeypatch  # noqa: F811
+):
+    """The holder answers the job (here ``expired``, at its deadline, which is the end
+    of the caller's wait) between the caller's last look at the result list and its
+    read of the stage: the caller gets that answer, not ``timeout`` with the stage
+    ``unknown`` while every other reader sees ``expired``."""
+    from deskbridge_hub._jobs import expired_payload
+    from deskbridge_hub._jobstate import JobState
+
+    s = state.substrate
+    await s.set_presence("u1", "ghost", 3600)
+    read = s.get_result
+    looks = []
+
+    async def last_look(user_id, job_id):
+        got = await read(user_id, job_id)
+        looks.append(trio.current_time())
+        if got is None and trio.current_time() >= 5:  # the caller's time is up
+            await s.finish(  # the holder's answer lands just after the look
+                user_id, job_id, expired_payload(), JobState(Stage.EXPIRED, user_id, at=1.0),
+                ttl_s=300,
+            )  # fmt: skip
+        return got
+
+    monkeypatch.setattr(s, "get_result", last_look)
+    outcome = await bridge.dispatch("u1", "click", {}, job_id="job-4", timeout_s=5)
+    assert looks, "the wait never looked at the result list"
+    assert (outcome.job_id, outcome.status) == ("job-4", "expired")
+    stored = await bridge.job_state("job-4")
+    assert stored is not None and stored.stage is Stage.EXPIRED

@@ -394,15 +394,17 @@ class Bridge(JobControl):
             may_start_s = None if start_until is None else start_until - anyio.current_time()
             stage = "unknown"
             with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
-                stage = await self._stage(user_id, job_id)
-            return timeout_outcome(
-                job_id,
-                stage,
-                timeout_s=timeout_s,
-                elapsed_s=elapsed,
-                attached=attached,
-                may_start_within_s=may_start_s,
-            )
+                # answered just now (after the wait's last look): that answer is the call's
+                stage, payload = await self._last_look(user_id, job_id)
+            if payload is None:
+                return timeout_outcome(
+                    job_id,
+                    stage,
+                    timeout_s=timeout_s,
+                    elapsed_s=elapsed,
+                    attached=attached,
+                    may_start_within_s=may_start_s,
+                )
         body = parse_result(payload)
         return Outcome(
             job_id=job_id,
