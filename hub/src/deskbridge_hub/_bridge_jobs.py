@@ -49,6 +49,19 @@ class JobControl:
         found = await self._find(job_id)
         return None if found is None else found[1]
 
+    async def answer_of(self, job_id: str) -> str | None:
+        """The answer published for ``job_id`` (its result payload, JSON text, as the
+        caller got it), or None: not answered (yet), unknown, or expired.
+
+        Raises:
+            MalformedState: the stored state is not one. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        found = await self._find(job_id)
+        if found is None:
+            return None
+        return await self.substrate.get_result(found[0], job_id)
+
     async def _find(self, job_id: str) -> tuple[str, JobState] | None:
         """The user and state of ``job_id``: the user from the id itself (hub-minted ids
         end in ``~<user_id>``), else from its owner record (caller-chosen ids)."""
