@@ -11,6 +11,7 @@ import trio
 import trio.testing
 from deskbridge_common import Job, JobResult
 from deskbridge_hub import Bridge, IdempotencyKeyReused, JobIdInUse
+from deskbridge_hub._substrate import JobOwner
 
 from tests.hub.test_outcomes import bridge, connect, sidecar, state  # noqa: F401 - fixtures
 
@@ -84,4 +85,62 @@ async def test_another_request_naming_a_used_job_id_is_still_refused(
         with pytest.raises(IdempotencyKeyReused):  # the same key, other arguments
             await bridge.dispatch("u1", "click", {"a": 2}, job_id="J3", idempotency_key="K3")
         assert ran == ["J3"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_copy_that_comes_between_the_claim_and_the_enqueue_looks_again(
+    autojump_clock, state, monkeypatch  # noqa: F811
+):
+    """The first copy has claimed the id and its enqueue is held (a slow round trip); the
+    second copy finds the key naming no job yet, looks again every 50 ms, and attaches
+    once the job is enqueued. A copy that never sees the job enqueued gives up after 10
+    looks (0.5 s) with ``job_id_in_use``."""
+    from deskbridge_hub import _bridge
+
+    ran: list[str] = []
+    s = state.substrate
+    submit = s.submit
+    held = trio.Event()
+    looks: list[float] = []
+
+    async def slow_submit(user_id, sub):
+        if sub.attach_only:
+            looks.append(trio.current_time())
+            if len(looks) == 3:
+                held.set()
+        elif sub.job_id == "J5":
+            await held.wait()
+        return await submit(user_id, sub)
+
+    monkeypatch.setattr(s, "submit", slow_submit)
+    first, second = (Bridge(s, state.timings, wall_clock=state.wall_clock) for _ in "ab")
+    outcomes = {}
+    async with trio.open_nursery() as nursery:
+        await _desktop(nursery, state, ran)
+
+        async def call(name, bridge, delay):  # noqa: F811
+            await trio.sleep(delay)
+            outcomes[name] = await bridge.dispatch(
+                "u1", "click", {"a": 1}, job_id="J5", idempotency_key="K5"
+            )
+
+        async with trio.open_nursery() as callers:
+            callers.start_soon(call, "first", first, 0)
+            callers.start_soon(call, "second", second, 0.01)
+        assert {n: (o.job_id, o.status) for n, o in outcomes.items()} == {
+            "first": ("J5", "completed"),
+            "second": ("J5", "completed"),
+        }
+        assert ran == ["J5"]
+        assert len(looks) == 4  # three while held, the fourth found the job
+        gaps = [b - a for a, b in zip(looks, looks[1:], strict=False)]
+        assert gaps and all(abs(g - _bridge.JOB_ID_RELOOK_S) < 1e-6 for g in gaps[:2])
+        # the id held by another call of this user whose key never names a job: 10 looks
+        await s.claim_job_id("J6", JobOwner("u1", "elsewhere"), ttl_s=60)
+        looks.clear()
+        started = trio.current_time()
+        with pytest.raises(JobIdInUse):
+            await second.dispatch("u1", "click", {}, job_id="J6", idempotency_key="K6")
+        assert len(looks) == _bridge.JOB_ID_RELOOKS + 1
+        assert trio.current_time() - started == pytest.approx(0.5)
         nursery.cancel_scope.cancel()
