@@ -13,7 +13,7 @@ from ._contract import GROUP_MAXLEN, SubstrateHarness, check
 from ._contract_caller import _submission
 from ._errors import SubstrateUnavailable
 from ._jobstate import JobState, Stage
-from ._substrate import Entry, fence_key, result_key
+from ._substrate import Entry, fence_key, result_key, state_key
 
 
 async def _delivered(h: SubstrateHarness) -> tuple[str, str, Entry, str]:
@@ -352,6 +352,7 @@ async def check_a_terminal_answer_is_final(h: SubstrateHarness) -> None:
     assert first.verdict == "done"
     with trio.fail_after(3):
         assert await s.read_notifications(box, count=10, block_ms=1000) == [(job, cancelled)]
+    acks = []
     for payload, stage, epoch in (
         ('{"status":"expired"}', Stage.EXPIRED, None),
         ('{"status":"cancelled"}', Stage.CANCELLED, 0),
@@ -363,9 +364,11 @@ async def check_a_terminal_answer_is_final(h: SubstrateHarness) -> None:
             epoch=epoch, notify=box,
         )  # fmt: skip
         assert late.verdict == "settled", (stage, late)
+        acks.append(late.acked)
         assert (await s.get_job_state(user, job)) == _state(Stage.CANCELLED, user)
         assert await s.get_result(user, job) == cancelled
-    assert (await s.queue_info(user)).pending_count == 0  # acked all the same
+    assert acks == [True, False, False, False]  # acked all the same, once
+    assert (await s.queue_info(user)).pending_count == 0
     assert await s.job_ids(user, [entry.entry_id]) == {}
     with trio.fail_after(3):
         assert await s.read_notifications(box, count=10, block_ms=50) == []
@@ -383,6 +386,15 @@ async def check_a_terminal_answer_is_final(h: SubstrateHarness) -> None:
             user, other, '"again"', _state(Stage.INTERRUPTED, user), ttl_s=60,
             epoch=marked.epoch, provisional=provisional,
         )  # fmt: skip
-        assert late.verdict == "settled"
+        assert (late.verdict, late.acked) == ("settled", False)
     assert (await s.get_job_state(user, other)) == _state(Stage.FINISHED, user)
     assert await s.get_result(user, other) == '"ok"'
+    # stored text that is not a job state is no answer: the step happens
+    user, odd, odd_entry, _ = await _delivered(h)
+    await h.spoil(state_key(user, odd))
+    done = await s.finish(
+        user, odd, '"x"', _state(Stage.FINISHED, user), ttl_s=60, entry_id=odd_entry.entry_id
+    )
+    assert (done.verdict, done.acked) == ("done", True)
+    assert await s.get_result(user, odd) == '"x"'
+    assert (await s.get_job_state(user, odd)) == _state(Stage.FINISHED, user)
