@@ -205,8 +205,8 @@ async def check_submit_attach_only_looks_the_key_up_and_writes_nothing(
     assert (await s.queue_info(user)).length == 1
     try:
         await s.submit(user, attrs.evolve(only, idempotency_key=None))
-    except ValueError:
-        pass
+    except ValueError as exc:
+        assert str(exc) == "submit with attach_only needs an idempotency_key"
     else:
         raise AssertionError("attach_only without a key must be refused")
 
