@@ -545,3 +545,32 @@ async def test_an_in_doubt_answer_at_a_restart_or_expiry_is_provisional(autojump
     assert await answer(substrate) is None  # not the job's result
     assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
     assert substrate.pending_count(USER) == 1
+
+
+async def test_an_answer_after_the_job_s_answer_changes_nothing_and_is_not_served(
+    autojump_clock, caplog
+):
+    """Another writer answered first (a cancel, while the job was queued); the holder then
+    reads the entry past its deadline: its ``expired`` is settled. The answer stays the
+    cancel's, the entry is acked, the expired answer is neither counted nor notified,
+    and the line says which job and which answer."""
+    import logging
+
+    from deskbridge_hub import _metrics
+
+    substrate, server, entry = await setup(deadline=repr(wall() - 1))
+    cancelled = '{"status":"cancelled"}'
+    first = JobState(Stage.CANCELLED, USER, at=wall())
+    await substrate.finish(USER, "job-1", cancelled, first, ttl_s=300, epoch=0)
+    served = _metrics.SERVED.labels("echo", "expired")
+    before = served._value.get()
+    with caplog.at_level(logging.INFO, logger="deskbridge.hub.delivery"):
+        await server.serve(entry, FakeExecutor())
+    assert served._value.get() == before
+    assert await substrate.get_result(USER, "job-1") == cancelled
+    assert await substrate.get_job_state(USER, "job-1") == first
+    assert substrate.pending_count(USER) == 0
+    assert [r.getMessage() for r in caplog.records if "had its answer" in r.getMessage()] == [
+        "user u1: job job-1 had its answer already (another writer was first, e.g. a "
+        "cancel); this one (expired) dropped, its entry acked"
+    ]

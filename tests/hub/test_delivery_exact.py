@@ -151,6 +151,37 @@ async def test_an_in_doubt_answer_names_the_reason_notifies_and_is_counted(autoj
     ]
 
 
+async def test_an_in_doubt_answer_after_the_job_s_answer_is_settled_not_counted(
+    autojump_clock, caplog
+):
+    """The session ends on purpose while the job is on the desktop, but the job has its
+    answer already (another writer was first): the ``in_doubt`` changes nothing, reaches
+    no caller, is not counted, and its line says so."""
+    substrate, server, entry = await setup(reply_to="box-1")
+    done = JobState(Stage.FINISHED, USER, at=wall())
+
+    class AnsweredThenEnding(EndingForGood):
+        async def execute(self, job, epoch=None):
+            await substrate.finish(USER, "job-1", '"first"', done, ttl_s=300, epoch=epoch)
+            await trio.sleep_forever()
+
+    counter = _metrics.SERVED.labels("echo", "in_doubt")
+    before = counter._value.get()
+    with caplog.at_level(logging.INFO, logger="deskbridge.hub.delivery"):
+        with trio.move_on_after(5):
+            await server.serve(entry, AnsweredThenEnding())
+    assert counter._value.get() == before
+    assert await substrate.get_result(USER, "job-1") == '"first"'
+    assert await substrate.get_job_state(USER, "job-1") == done
+    assert await substrate.read_notifications("box-1", count=10, block_ms=1) == []
+    assert substrate.pending_count(USER) == 0
+    lines = [r.getMessage() for r in caplog.records if "had its answer" in r.getMessage()]
+    assert lines == [
+        "user u1: job job-1 had its answer already (another writer was first, e.g. a "
+        "cancel); this one (in_doubt) dropped, its entry acked"
+    ]
+
+
 def json_text(body) -> str:
     return json.dumps(body)
 

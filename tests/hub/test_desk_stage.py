@@ -126,6 +126,33 @@ async def test_a_zombie_deliverys_stage_is_refused_by_the_fence(autojump_clock):
     assert (stored.stage, stored.session_id) == (Stage.AWAITING_APPROVAL, "s2")
 
 
+async def test_a_stage_reported_after_the_job_s_answer_is_not_recorded(autojump_clock):
+    """The desktop's stage report and the job's answer race (the report is recorded by
+    the serving task while the result comes in): the answer came first, so the stage
+    stays terminal (was: ``awaiting_approval`` over ``finished``, GET /v1/jobs said the
+    answered job was waiting), and the recorder records nothing more."""
+    substrate = MemorySubstrate(clock=wall)
+    marked = await substrate.mark_delivered(
+        USER, "j1", JobState(Stage.DELIVERED, USER, session_id="s1"), ttl_s=60
+    )
+    record = stage_recorder(_hub(substrate), USER, "j1", "s1", marked.epoch)
+    done = JobState(Stage.FINISHED, USER, at=wall())
+    await substrate.finish(USER, "j1", '"ok"', done, ttl_s=60, epoch=marked.epoch)
+    await record(Stage.AWAITING_APPROVAL)
+    assert await substrate.get_job_state(USER, "j1") == done
+    writes = []
+    finish = substrate.finish
+
+    async def counted(*args, **kwargs):
+        writes.append(args)
+        return await finish(*args, **kwargs)
+
+    substrate.finish = counted  # type: ignore[method-assign]
+    await record(Stage.DELIVERED)
+    assert writes == []  # settled once: the recorder stops
+    assert await substrate.get_job_state(USER, "j1") == done
+
+
 class _Executor:
     def __init__(self) -> None:
         self.jobs = []

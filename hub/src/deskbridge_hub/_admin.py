@@ -6,7 +6,8 @@
 * ``GET /v1/admin/users/{user_id}`` - one desktop: presence, its session record, tool
   catalogue, queue length, pending entries with consumer, idle time, delivery count and
   job id (the jobs in flight).
-* ``GET /v1/jobs/{job_id}`` - one job's state (``_jobstate``).
+* ``GET /v1/jobs/{job_id}`` - one job's state (``_jobstate``) and, once answered, its
+  ``outcome`` (the result payload, while kept).
 
 The first two are also served under ``/admin/api/`` (``desktops``, ``users/{user_id}``) for
 the connectors page.
@@ -173,4 +174,8 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
             )
         body = {"job_id": job_id, **json.loads(state.encode())}
         body["terminal"] = state.stage.terminal
+        if state.stage.terminal:  # its answer, as its caller got it (one read more)
+            answer = await holder["bridge"].answer_of(job_id)
+            if answer is not None:
+                body["outcome"] = json.loads(answer)
         return json_response(body)

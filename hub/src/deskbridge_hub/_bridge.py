@@ -20,7 +20,7 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
-from ._bridge_jobs import USER_SEPARATOR, JobControl, _check
+from ._bridge_jobs import MAX_TIMEOUT_S, USER_SEPARATOR, JobControl, _check
 from ._catalogue import CatalogueCache
 from ._errors import (
     BadRequest,
@@ -51,12 +51,14 @@ _ALIVE_CACHE_MAX = 10_000
 #: Default wait for ``Bridge.status``: a status round trip that takes longer than this
 #: means the desktop is not answering (the field figure is 20 ms).
 STATUS_TIMEOUT_S = 5.0
-#: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
-#: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
-MAX_TIMEOUT_S = 24 * 3600.0
 #: Times one call submits again (a catalogue that changed under it, a holder process to
 #: check) before giving up.
 MAX_SUBMIT_RETRIES = 4
+#: A request whose caller-chosen job id another call of its user holds, and whose
+#: idempotency key names no job yet (that call is between its claim and its enqueue, one
+#: round trip or two): how often, and how many times, it looks at the key again.
+JOB_ID_RELOOK_S = 0.05
+JOB_ID_RELOOKS = 10
 #: Users whose holder process one Bridge remembers (for the wake-up sent with the enqueue).
 MAX_CACHED_HOLDERS = 10_000
 #: How a job's args are written on its stream entry (compact; NaN and infinities refused,
@@ -190,7 +192,8 @@ class Bridge(JobControl):
 
         Raises:
             BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
-            JobIdInUse: the caller-chosen ``job_id`` already names another job.
+            JobIdInUse: the caller-chosen ``job_id`` already names another job (the
+                same request sent again with its ``idempotency_key`` attaches instead).
             SubstrateUnavailable: Redis unreachable or refusing writes. With ``job_id``
                 set the job may be enqueued (the enqueue step failed after it may have
                 written, or the wait for an enqueued job's answer failed): look it up;
@@ -264,7 +267,9 @@ class Bridge(JobControl):
                     step.claimed = await self.substrate.claim_job_id(
                         job_id, owner, ttl_s=state_ttl_s
                     )
-                    if not step.claimed:
+                    if not step.claimed and not await self._may_be_ours(
+                        job_id, user_id, indexed_key
+                    ):
                         raise JobIdInUse(
                             f"job_id {job_id!r} already names another job", job_id=job_id
                         )
@@ -295,9 +300,14 @@ class Bridge(JobControl):
                     # push delivery: the holder forwards without a read of its own
                     delivered_ttl_s=self.timings.result_ttl_s,
                 )
-                step.submitted = await self._submit(
-                    user_id, submission, name, args, step, started=started, give_up=give_up
-                )
+                if job_id_given is not None and not step.claimed:
+                    step.submitted = await self._attach_by_key(
+                        user_id, submission, name, args, step, started=started, give_up=give_up
+                    )
+                else:
+                    step.submitted = await self._submit(
+                        user_id, submission, name, args, step, started=started, give_up=give_up
+                    )
             submitted = step.submitted
             if submitted is None or submitted.verdict == "late":
                 # The caller's time ran out before the submit step answered. With a
@@ -387,15 +397,17 @@ class Bridge(JobControl):
             may_start_s = None if start_until is None else start_until - anyio.current_time()
             stage = "unknown"
             with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
-                stage = await self._stage(user_id, job_id)
-            return timeout_outcome(
-                job_id,
-                stage,
-                timeout_s=timeout_s,
-                elapsed_s=elapsed,
-                attached=attached,
-                may_start_within_s=may_start_s,
-            )
+                # answered just now (after the wait's last look): that answer is the call's
+                stage, payload = await self._last_look(user_id, job_id)
+            if payload is None:
+                return timeout_outcome(
+                    job_id,
+                    stage,
+                    timeout_s=timeout_s,
+                    elapsed_s=elapsed,
+                    attached=attached,
+                    may_start_within_s=may_start_s,
+                )
         body = parse_result(payload)
         return Outcome(
             job_id=job_id,
@@ -476,6 +488,50 @@ class Bridge(JobControl):
                 return submitted
             submitted = await once(submission)
         return submitted
+
+    async def _may_be_ours(self, job_id: str, user_id: str, key: str | None) -> bool:
+        """Whether a caller-chosen ``job_id`` another call has claimed may be this
+        request's own job: the request has an idempotency key and the id's owner is
+        this user (or the claim is gone meanwhile). Then the key decides
+        (:meth:`_attach_by_key`), never another user's job."""
+        if key is None:
+            return False
+        owner = await self.substrate.job_owner(job_id)
+        return owner is None or owner.user_id == user_id
+
+    async def _attach_by_key(
+        self,
+        user_id: str,
+        submission: Submission,
+        name: str,
+        args: dict[str, Any],
+        step: _Step,
+        *,
+        started: float,
+        give_up: float,
+    ) -> Submitted:
+        """The caller-chosen job id is claimed by another call of this user: the same
+        request sent again (a retry after a dropped connection) or at once on another
+        replica. Attach to the job the idempotency key names (``indexed``); while it
+        names none (the other call has claimed the id but not enqueued yet, or was
+        refused and let the id go) look again every ``JOB_ID_RELOOK_S``, claiming the
+        id if it became free, at most ``JOB_ID_RELOOKS`` times and never past the
+        caller's time; then ``job_id_in_use``."""
+        job_id = submission.job_id
+        only = attrs.evolve(submission, attach_only=True)
+        kw: dict[str, Any] = {"started": started, "give_up": give_up}
+        got = await self._submit(user_id, only, name, args, step, **kw)
+        for _ in range(JOB_ID_RELOOKS):
+            if got.verdict != "job_id_in_use" or anyio.current_time() + JOB_ID_RELOOK_S > give_up:
+                break
+            await anyio.sleep(JOB_ID_RELOOK_S)
+            step.claimed = await self.substrate.claim_job_id(
+                job_id, submission.owner, ttl_s=submission.state_ttl_s
+            )
+            if step.claimed:
+                return await self._submit(user_id, submission, name, args, step, **kw)
+            got = await self._submit(user_id, only, name, args, step, **kw)
+        return got
 
     async def _unclaim(self, job_id: str, step: _Step, *, until: float) -> None:
         """Drop a caller-chosen job id's owner record (``claim_job_id``) that names no

@@ -19,6 +19,10 @@ from ._outcome import _TIMEOUT_MESSAGES
 from ._substrate import Substrate
 from ._validate import validate_key, validate_user_id
 
+#: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
+#: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
+MAX_TIMEOUT_S = 24 * 3600.0
+
 #: Separates the random part of a hub-minted job id from its user id (``~`` is never
 #: part of a user id).
 USER_SEPARATOR = "~"
@@ -45,6 +49,19 @@ class JobControl:
         found = await self._find(job_id)
         return None if found is None else found[1]
 
+    async def answer_of(self, job_id: str) -> str | None:
+        """The answer published for ``job_id`` (its result payload, JSON text, as the
+        caller got it), or None: not answered (yet), unknown, or expired.
+
+        Raises:
+            MalformedState: the stored state is not one. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        found = await self._find(job_id)
+        if found is None:
+            return None
+        return await self.substrate.get_result(found[0], job_id)
+
     async def _find(self, job_id: str) -> tuple[str, JobState] | None:
         """The user and state of ``job_id``: the user from the id itself (hub-minted ids
         end in ``~<user_id>``), else from its owner record (caller-chosen ids)."""
@@ -59,13 +76,27 @@ class JobControl:
         state = await self.substrate.get_job_state(owner.user_id, job_id)
         return None if state is None else (owner.user_id, state)
 
-    async def _stage(self, user_id: str, job_id: str) -> str:
+    async def _last_look(self, user_id: str, job_id: str) -> tuple[str, str | None]:
+        """A call's look at its job once its wait ended without an answer: the stage
+        for its ``timeout`` (a key of ``_TIMEOUT_MESSAGES``), and the job's result payload
+        if the stage says it was answered meanwhile (a holder's answer, e.g. ``expired``
+        at the deadline, which is the end of the wait, written after the wait's last
+        look at the result list: the result is written before the state, in one step),
+        else None.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
         try:
             state = await self.substrate.get_job_state(user_id, job_id)
         except MalformedState:
             state = None
+        if state is not None and state.stage.terminal:
+            payload = await self.substrate.get_result(user_id, job_id)
+            if payload is not None:
+                return state.stage.value, payload
         stage = "unknown" if state is None else state.stage.value
-        return stage if stage in _TIMEOUT_MESSAGES else "unknown"
+        return (stage if stage in _TIMEOUT_MESSAGES else "unknown"), None
 
     async def cancel(self, job_id: str) -> str:
         """Cancel a job: a queued job is never started; a running one gets a ``cancel``
@@ -79,7 +110,10 @@ class JobControl:
             ``interrupted``; or
             ``finished`` when it already has its answer (nothing is cancelled then);
             ``delivered`` also when it read ``queued`` but a hub marked it delivered
-            before the cancel flag was set (that delivery answers).
+            before the cancel flag was set (that delivery answers); ``finished`` also
+            when it read ``queued`` but the job was answered otherwise (``expired``,
+            ``lost``) before the cancel's answer was written (a terminal answer is
+            final: the cancel changed nothing).
 
         Raises:
             BadRequest: malformed job id.
@@ -95,7 +129,10 @@ class JobControl:
         if state.stage.terminal:
             return "finished"
         ttl_s = self.timings.result_ttl_s
-        await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
+        # The flag outlives any deadline the job can have (its entry may be read much
+        # later than the result TTL: a desktop back after 10 minutes, for a job with an
+        # hour to start); with the result TTL only, the cancelled job then ran.
+        await self.substrate.request_cancel(user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s)
         control = {"control": "cancel", "job_id": job_id}
         await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
         holder = await self.substrate.get_presence(user_id)
@@ -115,6 +152,12 @@ class JobControl:
             )  # fmt: skip
             if finished.verdict == "stale":
                 return Stage.DELIVERED.value
+            if finished.verdict == "settled":
+                # answered meanwhile (a terminal answer is final): by this cancel's flag
+                # (the holder read it: ``cancelled``), or otherwise (e.g. ``expired``)
+                now = await self.substrate.get_job_state(user_id, job_id)
+                if now is None or now.stage is not Stage.CANCELLED:
+                    return "finished"
         return state.stage.value
 
 

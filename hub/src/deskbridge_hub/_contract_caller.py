@@ -182,6 +182,36 @@ async def check_submit_with_an_indexed_key_returns_its_record_and_enqueues_nothi
 
 
 @check
+async def check_submit_attach_only_looks_the_key_up_and_writes_nothing(
+    h: SubstrateHarness,
+) -> None:
+    """``attach_only`` (a request whose caller-chosen job id another call holds): the
+    key's record when it names a job, else ``job_id_in_use``; nothing written either way,
+    whatever presence, catalogue and state say."""
+    s, user, job = h.substrate, h.user(), h.job()
+    key = f"key-{secrets.token_hex(4)}"
+    await s.set_presence(user, "s1", 30)
+    only = attrs.evolve(_submission(user, job, key=key), attach_only=True)
+    assert (await s.submit(user, only)).verdict == "job_id_in_use"
+    assert await s.get_job_state(user, job) is None
+    assert await s.job_owner(job) is None
+    assert (await s.queue_info(user)).length == 0
+    if h.keys_of is not None:
+        assert [k for k in await h.keys_of(user) if "presence" not in k] == []
+    assert (await s.submit(user, _submission(user, job, key=key))).verdict == "queued"
+    again = await s.submit(user, attrs.evolve(only, job_id=h.job()))
+    assert again.verdict == "indexed"
+    assert IndexRecord.decode(again.index_value or "").job_id == job
+    assert (await s.queue_info(user)).length == 1
+    try:
+        await s.submit(user, attrs.evolve(only, idempotency_key=None))
+    except ValueError as exc:
+        assert str(exc) == "submit with attach_only needs an idempotency_key"
+    else:
+        raise AssertionError("attach_only without a key must be refused")
+
+
+@check
 async def check_published_result_is_read_without_popping_and_notified(h: SubstrateHarness) -> None:
     s, user, job = h.substrate, h.user(), h.job()
     box = f"box-{secrets.token_hex(4)}"

@@ -13,7 +13,7 @@ from ._contract import GROUP_MAXLEN, SubstrateHarness, check
 from ._contract_caller import _submission
 from ._errors import SubstrateUnavailable
 from ._jobstate import JobState, Stage
-from ._substrate import Entry, fence_key, result_key
+from ._substrate import Entry, fence_key, result_key, state_key
 
 
 async def _delivered(h: SubstrateHarness) -> tuple[str, str, Entry, str]:
@@ -130,9 +130,11 @@ async def check_every_delivery_raises_the_epoch_and_only_the_newest_finishes(
     )  # fmt: skip
     assert (done.verdict, done.acked) == ("done", True)
     assert await s.get_result(user, job) == "newest"
-    # an unfenced answer (no delivery produced it: lost, malformed) is not checked
-    unfenced = await s.finish(user, job, "late", _state(Stage.FINISHED, user), ttl_s=60)
-    assert unfenced.verdict == "done"
+    # an unfenced answer (no delivery produced it: lost, malformed) passes the fence, but
+    # the job has its answer already: it is settled, nothing changes
+    unfenced = await s.finish(user, job, "late", _state(Stage.LOST, user), ttl_s=60)
+    assert unfenced.verdict == "settled"
+    assert await s.get_result(user, job) == "newest"
 
 
 @check
@@ -332,3 +334,67 @@ async def check_the_published_outcome_ends_the_job_s_progress_stream(h: Substrat
     assert await s.read_progress(streamless, "0", block_ms=1) == []
     with trio.fail_after(3):
         assert await s.read_notifications(box, count=10, block_ms=1000) == [(streamless, payload)]
+
+
+@check
+async def check_a_terminal_answer_is_final(h: SubstrateHarness) -> None:
+    """Two writers about one job (a cancel's answer and the holder's ``expired``, a
+    stage report and the tool's answer): whichever finishes first is the job's one
+    answer. A later finish, fenced or not, with or without a payload, is ``settled``:
+    no second result, no state change, no notification; its entry is still acked (the
+    job is answered, it must not be delivered again)."""
+    s = h.substrate
+    user, job, entry, box = await _delivered(h)
+    cancelled = '{"status":"cancelled"}'
+    first = await s.finish(
+        user, job, cancelled, _state(Stage.CANCELLED, user), ttl_s=60, epoch=0, notify=box
+    )
+    assert first.verdict == "done"
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=1000) == [(job, cancelled)]
+    acks = []
+    for payload, stage, epoch in (
+        ('{"status":"expired"}', Stage.EXPIRED, None),
+        ('{"status":"cancelled"}', Stage.CANCELLED, 0),
+        (None, Stage.AWAITING_APPROVAL, None),
+        (None, Stage.INTERRUPTED, 0),
+    ):
+        late = await s.finish(
+            user, job, payload, _state(stage, user, "s2"), ttl_s=60, entry_id=entry.entry_id,
+            epoch=epoch, notify=box,
+        )  # fmt: skip
+        assert late.verdict == "settled", (stage, late)
+        acks.append(late.acked)
+        assert (await s.get_job_state(user, job)) == _state(Stage.CANCELLED, user)
+        assert await s.get_result(user, job) == cancelled
+    assert acks == [True, False, False, False]  # acked all the same, once
+    assert (await s.queue_info(user)).pending_count == 0
+    assert await s.job_ids(user, [entry.entry_id]) == {}
+    with trio.fail_after(3):
+        assert await s.read_notifications(box, count=10, block_ms=50) == []
+    if h.raw is not None:
+        assert await h.raw("LLEN", result_key(user, job)) == 1
+    # a fenced answer of the delivery that finished: the same, and a provisional one
+    user, other, _, _ = await _delivered(h)
+    marked = await s.mark_delivered(user, other, _state(Stage.DELIVERED, user), ttl_s=60)
+    done = await s.finish(
+        user, other, '"ok"', _state(Stage.FINISHED, user), ttl_s=60, epoch=marked.epoch
+    )
+    assert done.verdict == "done"
+    for provisional in (False, True):
+        late = await s.finish(
+            user, other, '"again"', _state(Stage.INTERRUPTED, user), ttl_s=60,
+            epoch=marked.epoch, provisional=provisional,
+        )  # fmt: skip
+        assert (late.verdict, late.acked) == ("settled", False)
+    assert (await s.get_job_state(user, other)) == _state(Stage.FINISHED, user)
+    assert await s.get_result(user, other) == '"ok"'
+    # stored text that is not a job state is no answer: the step happens
+    user, odd, odd_entry, _ = await _delivered(h)
+    await h.spoil(state_key(user, odd))
+    done = await s.finish(
+        user, odd, '"x"', _state(Stage.FINISHED, user), ttl_s=60, entry_id=odd_entry.entry_id
+    )
+    assert (done.verdict, done.acked) == ("done", True)
+    assert await s.get_result(user, odd) == '"x"'
+    assert (await s.get_job_state(user, odd)) == _state(Stage.FINISHED, user)

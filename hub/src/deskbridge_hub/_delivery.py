@@ -305,8 +305,19 @@ class EntryServer:
         )
         if finished.verdict == "stale":
             self._refused(job_id, status, epoch, finished)
+        elif finished.verdict == "settled":
+            self._settled(job_id, status)
         else:
             _metrics.job_served(self, status, envelope, job_id=job_id, tool=tool)
+
+    def _settled(self, job_id: str, status: str) -> None:
+        log.info(
+            "user %s: job %s had its answer already (another writer was first, e.g. a "
+            "cancel); this one (%s) dropped, its entry acked",
+            self.user_id,
+            job_id,
+            status,
+        )
 
     def _refused(self, job_id: str, status: str, epoch: int | None, finished: Finished) -> None:
         _metrics.stale_result()
@@ -432,6 +443,8 @@ class EntryServer:
             await self._mark_interrupted(job_id, epoch)
         elif finished.verdict == "stale":
             self._refused(job_id, "in_doubt", epoch, finished)
+        elif finished.verdict == "settled":
+            self._settled(job_id, "in_doubt")
         else:
             _metrics.job_served(self, "in_doubt", envelope, job_id=job_id, provisional=not final)
 

@@ -120,6 +120,9 @@ def stage_recorder(
         if finished is None:
             log.info("job %s: stage %s not recorded within %g s", job_id, stage,
                      CLEANUP_TIMEOUT_S)  # fmt: skip
+        elif finished.verdict == "settled":  # the job's answer came first: it stays
+            fenced_out = True
+            log.info("job %s: stage %s after its answer, not recorded", job_id, stage)
         elif finished.verdict == "stale":
             fenced_out = True
             log.warning("job %s: stage %s of a stale delivery (epoch %s, newest %s) refused",

@@ -17,10 +17,9 @@ waits for the person's approval, ``running`` once it may run; docs/outcomes.md.)
     data: {"status": "completed", "result": ...}      (the result payload, as POST /jobs)
 
 Any replica serves it: it reads the job's progress stream (see ``_progress``). A job that
-was answered before the stream opened ends at once with
-``{"stage": "finished" | "cancelled" | ..., "status": null}`` (the answer went to the
-caller that dispatched it). A job id nobody knows (never dispatched, or its state expired)
-is 404.
+was answered before the stream opened ends at once with its answer (the result payload,
+while it is kept), else with ``{"stage": "finished" | "cancelled" | ..., "status": null}``.
+A job id nobody knows (never dispatched, or its state expired) is 404.
 """
 
 from __future__ import annotations
@@ -70,6 +69,15 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
                     yield _event(kind, data)
                     if kind == "outcome":
                         return
+                # answered before the stream opened (maybe a moment before, on another
+                # replica): its answer, as every other reader gets it, when still kept
+                try:
+                    answer = await bridge.answer_of(job_id)
+                except MalformedState:
+                    answer = None
+                if answer is not None:
+                    yield _event("outcome", json.loads(answer))
+                    return
                 stage = await _stage(bridge, job_id)
                 yield _event("outcome", {"status": None, "stage": stage and stage.value})
             except SubstrateUnavailable as exc:

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from deskbridge_common import _strict_json as strict_json
 
-from ._bridge import MAX_TIMEOUT_S
+from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import BadRequest
 
 

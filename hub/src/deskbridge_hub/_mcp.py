@@ -59,7 +59,8 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ._bridge import MAX_TIMEOUT_S, Bridge
+from ._bridge import Bridge
+from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._outcome import Outcome
 from ._progress import ProgressReport

@@ -104,12 +104,16 @@ class MemoryCallerCommands:
             raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
         if sub.give_up_s is not None and not sub.give_up_s > 0:
             raise ValueError(f"submit needs give_up_s > 0, got {sub.give_up_s!r}")
+        if sub.attach_only and sub.idempotency_key is None:
+            raise ValueError("submit with attach_only needs an idempotency_key")
         # atomic at the call's own instant: never ``late``, and the deadline counts from now
         ikey = idem_key(user_id, sub.idempotency_key or sub.job_id)
         if sub.idempotency_key is not None:
             record = self._get(ikey, now)
             if record is not None:
                 return Submitted("indexed", index_value=record, server_time=self.server_time())
+        if sub.attach_only:
+            return Submitted("job_id_in_use")
         presence = self._get(presence_key(user_id), now)
         if presence is None:
             return Submitted("offline")

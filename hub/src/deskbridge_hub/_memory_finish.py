@@ -28,6 +28,14 @@ from ._substrate import (
 )
 
 
+def _terminal(stored: str) -> bool:
+    """Whether a stored job state is terminal (text that is not a state is not)."""
+    try:
+        return JobState.decode(stored).stage.terminal
+    except ValueError:
+        return False
+
+
 class WrongType(Exception):
     """A write met a key holding a value of another type (Redis: WRONGTYPE)."""
 
@@ -76,6 +84,11 @@ class MemoryFinishCommands:
             newest = self._get(fence_key(user_id, job_id), now)
             if newest is not None and newest != str(epoch):
                 return Finished("stale", newest=int(newest))
+        current = self._get(state_key(user_id, job_id), now)
+        if current is not None and _terminal(current):  # a terminal answer is final
+            acked = self._xack(user_id, entry_id) if entry_id is not None else 0
+            verdict = "done" if current == state.encode() else "settled"  # done: a retry
+            return Finished(verdict, acked=bool(acked))
         if payload is not None and not provisional:
             self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)

@@ -329,7 +329,9 @@ def _routes(version: str) -> dict[str, Any]:
                     "parameters": [_JOB],
                     "responses": {
                         "200": _json(
-                            {"type": "object"}, "`{job_id, stage, user_id, at, terminal}`"
+                            {"type": "object"},
+                            "`{job_id, stage, user_id, at, terminal}`, and `outcome` (the "
+                            "result payload, as `POST /jobs` answers) once answered",
                         ),
                         "404": _err("unknown, or its state expired"),
                     },

@@ -107,7 +107,8 @@ class RedisClock:
 #: Redis the holder's wake list (under Cluster it is in another slot: the wake follows in
 #: the same write instead), its liveness key, the job's cancel flag and claim epoch. ARGV:
 #: catalogue SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms,
-#: index flag ('' none), index record, index TTL ms, the hub process known alive ('' none),
+#: index flag ('' none; '2': attach only, ``Submission.attach_only``), index record,
+#: index TTL ms, the hub process known alive ('' none),
 #: wake TTL ms, user id, delivered-state TTL ms ('': no push delivery), group, whether to
 #: make sure the group exists ('1': the caller's session has not seen it; '': only when the
 #: stream is missing), the caller's call instant and give-up instant (Redis ms, lower
@@ -151,6 +152,7 @@ if ARGV[17] ~= '' and now_ms >= tonumber(ARGV[17]) then return {now, 'late'} end
 if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
   if record then return {now, 'indexed', record} end
+  if ARGV[7] == '2' then return {now, 'job_id_in_use'} end
 end
 local presence = redis.call('GET', KEYS[1])
 if not presence then return {now, 'offline'} end
@@ -241,7 +243,8 @@ class CallerCommands(RedisCommandBase):
         learnt.
 
         Raises:
-            ValueError: ``start_within_s`` < 0, ``maxlen`` < 1 or ``give_up_s`` <= 0.
+            ValueError: ``start_within_s`` < 0, ``maxlen`` < 1, ``give_up_s`` <= 0, or
+                ``attach_only`` without an ``idempotency_key``.
             SubstrateUnavailable: Redis unreachable or refusing writes; the job may or may
                 not have been enqueued.
 
@@ -254,6 +257,8 @@ class CallerCommands(RedisCommandBase):
             raise ValueError("submit needs start_within_s >= 0 and maxlen >= 1")
         if sub.give_up_s is not None and not sub.give_up_s > 0:
             raise ValueError(f"submit needs give_up_s > 0, got {sub.give_up_s!r}")
+        if sub.attach_only and sub.idempotency_key is None:
+            raise ValueError("submit with attach_only needs an idempotency_key")
         keys: tuple[str, ...] = (
             presence_key(user_id),
             tools_key(user_id),
@@ -280,7 +285,7 @@ class CallerCommands(RedisCommandBase):
             math.ceil(sub.start_within_s * 1000),
             sub.state.encode(),
             _ms(sub.state_ttl_s),
-            "" if sub.idempotency_key is None else "1",
+            "" if sub.idempotency_key is None else "2" if sub.attach_only else "1",
             sub.index_value,
             _ms(sub.index_ttl_s),
             sub.alive_holder or "",

@@ -44,11 +44,30 @@ from ._substrate import (
 #: provisional flag ('' no: the payload goes into the result list; '1': only to the
 #: caller's mailbox and the progress stream).
 #: Order matters (module docstring): fence, result, state, XACK, then the notifications.
+#: A terminal answer is final (``Substrate.finish``): with a state to record (not
+#: ``publish_result``) and a terminal one stored, only the XACK happens; the reply is
+#: ``done`` when the stored state is this step's own (a retry whose reply was lost),
+#: else ``settled``.
 FINISH = Script(
     """
 if ARGV[1] ~= '' then
   local newest = redis.call('GET', KEYS[1])
   if newest and newest ~= ARGV[1] then return {'stale', newest} end
+end
+if ARGV[6] ~= '' then
+  local current = redis.call('GET', KEYS[4])
+  local ok, body = false, nil
+  if current then ok, body = pcall(cjson.decode, current) end
+  if ok and type(body) == 'table' and (body['stage'] == 'finished' or
+      body['stage'] == 'cancelled' or body['stage'] == 'expired' or body['stage'] == 'lost') then
+    local acked = 0
+    if ARGV[7] ~= '' then
+      acked = redis.call('XACK', KEYS[5], ARGV[8], ARGV[7])
+      redis.call('HDEL', KEYS[6], ARGV[7])
+    end
+    if current == ARGV[6] then return {'done', acked} end
+    return {'settled', acked}
+  end
 end
 local ttl = tonumber(ARGV[3])
 if ARGV[2] ~= '' and ARGV[10] == '' then
@@ -182,6 +201,8 @@ class FinishCommands(RedisCommandBase):
             verdict, value = reply
             if verdict == "stale":
                 return Finished("stale", newest=int(value))
+            if verdict == "settled":
+                return Finished("settled", acked=bool(value))
             if self._cluster and payload:
                 await self._notify(s, job_id, payload, box)
         return Finished("done", acked=bool(value))

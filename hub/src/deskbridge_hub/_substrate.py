@@ -351,6 +351,11 @@ class ResultSubstrate(Protocol):
            :meth:`LedgerSubstrate.mark_delivered`) is another one, answer ``stale`` and
            write nothing (a newer delivery owns the job). No epoch stored (expired, or
            the store lost it) or ``epoch`` None: no check;
+   1b. a terminal answer is final: if the job's stored state is terminal (finished,
+       cancelled, expired, lost: another writer answered it first, e.g. a cancel racing
+       the holder's ``expired``, or a stage report racing the tool's answer), only step
+       4 happens and the answer is ``settled`` (``done`` if the stored state is
+       ``state`` itself: this step retried after its reply was lost);
         2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
            PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
            first);

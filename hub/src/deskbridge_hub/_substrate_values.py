@@ -114,10 +114,11 @@ class Finished:
     """Reply of :meth:`ResultSubstrate.finish`.
 
     Attributes:
-        verdict: ``"done"`` (everything written) or ``"stale"`` (a newer delivery of the
-            job holds the fence: nothing written).
+        verdict: ``"done"`` (everything written), ``"stale"`` (a newer delivery of the
+            job holds the fence: nothing written) or ``"settled"`` (the job had a
+            terminal answer already: only the XACK happened).
         newest: with ``"stale"``, the newest delivery's epoch.
-        acked: with ``"done"``, whether the XACK removed the entry from the pending
+        acked: with ``"done"`` or ``"settled"``, whether the XACK removed the entry from the pending
             entries list (False when it was not pending: acknowledged already, or the
             stream or group is gone).
     """
@@ -240,6 +241,10 @@ class Submission:
             its input) answers ``late`` and writes nothing, and ``start_within_s`` counts
             from that instant, not from when the step ran (a job enqueued late in a
             caller's wait never starts after the wait).
+        attach_only: only look the ``idempotency_key`` up (it must be set): ``indexed``
+            when it names a job, else ``job_id_in_use`` and nothing else is checked or
+            written. For a request whose caller-chosen job id another call claimed: the
+            same request sent again or at once elsewhere attaches, never enqueues.
     """
 
     job_id: str
@@ -258,6 +263,7 @@ class Submission:
     wake_ttl_s: float = 30.0
     delivered_ttl_s: float | None = None
     give_up_s: float | None = None
+    attach_only: bool = False
 
 
 @attrs.frozen
