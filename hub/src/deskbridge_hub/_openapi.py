@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._admin import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET
-from ._bridge import MAX_TIMEOUT_S
+from ._bridge_jobs import MAX_TIMEOUT_S
 from ._validate import JOB_ID_PATTERN, KEY_PATTERN, TOOL_NAME_PATTERN, USER_ID_PATTERN
 
 _ERROR = {"$ref": "#/components/schemas/Error"}

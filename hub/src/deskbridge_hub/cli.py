@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from deskbridge_common import _strict_json as strict_json
 
 from . import _inspect_cli
-from ._bridge import MAX_TIMEOUT_S
+from ._bridge_jobs import MAX_TIMEOUT_S
 from ._cli_args import checked, hub_url_problem, seconds
 from ._config import MEMORY_URL, redis_url_problem
 from ._http_body import finite_float, no_constant
