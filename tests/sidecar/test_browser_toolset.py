@@ -224,3 +224,29 @@ def test_a_malformed_allowed_origin_is_a_one_line_configuration_error():
         with pytest.raises(ValueError, match="must look like https://host"):
             BrowserToolset([bad], executable_path="/bin/true")
     assert origin_of("http://h:0/") == "http://h:0"  # port 0 is not the default port
+
+
+#: URLs with no origin on any allow-list: each would put a page the agent wrote (its own
+#: script, a fake sign-in form) into the user's signed-in browser, or read local files.
+ORIGINLESS_URLS = [
+    "data:text/html,<script>fetch('http://192.168.1.1/')</script>",
+    "data:text/html;base64,PGgxPlNpZ24gaW48L2gxPg==",
+    "DATA:text/html,<h1>x</h1>",
+    "javascript:alert(document.cookie)",
+    "file:///etc/passwd",
+    "blob:http://127.0.0.1:18123/0b1d",
+    "view-source:http://127.0.0.1:18123/",
+    "filesystem:http://127.0.0.1:18123/temporary/x",
+    "about:settings",
+]
+
+
+@pytest.mark.parametrize("url", ORIGINLESS_URLS)
+async def test_a_url_without_an_allowed_origin_is_refused_before_any_browser(offline_tools, url):
+    """``data:`` was allowed (``OriginPolicy.allows``): ``browser_open`` showed an agent's
+    own HTML and script in the user's browser, outside every allowed origin."""
+    toolset, tools = offline_tools
+    outcome = await call(tools, "browser_open", url=url)
+    assert outcome.code == "origin_not_allowed", outcome
+    assert toolset._context is None  # no browser was started
+    assert not toolset.policy.allows(url)
