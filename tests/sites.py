@@ -28,6 +28,14 @@ PAGES = {
         </script></body></html>""",
     "/outlink": """<html><head><title>Out</title></head><body>
         <a id="out" href="http://127.0.0.2:{port}/landing">elsewhere</a></body></html>""",
+    # ways off the allowed origin besides a link ({other}: the same server under
+    # another origin, reachable, so only the toolset's route can stop the browser)
+    "/popup": """<html><head><title>Popup</title></head><body>
+        <button id="pop" onclick="window.open('{other}/landing')">Pop</button></body></html>""",
+    "/refresh": """<html><head><title>Refresh</title>
+        <meta http-equiv="refresh" content="0;url={other}/landing"></head><body></body></html>""",
+    "/jump": """<html><head><title>Jump</title></head><body>
+        <button id="go" onclick="location.href='/redirect'">Go</button></body></html>""",
 }
 
 
@@ -40,8 +48,18 @@ class _Handler(BaseHTTPRequestHandler):
         elif parts.path == "/submitted":
             name = parse_qs(parts.query).get("name", [""])[0]
             body = f"<html><head><title>Thanks</title></head><body><p id='r'>Hello {name}</p>"
+        elif parts.path in ("/redirect", "/hop"):  # to another origin / to this one
+            port = self.server.server_address[1]
+            self.send_response(302)
+            other = f"http://localhost:{port}" if parts.path == "/redirect" else ""
+            self.send_header("Location", f"{other}/landing")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         elif parts.path in PAGES:
-            body = PAGES[parts.path].replace("{port}", str(self.server.server_address[1]))
+            port = str(self.server.server_address[1])
+            body = PAGES[parts.path].replace("{port}", port)
+            body = body.replace("{other}", f"http://localhost:{port}")
         else:
             self.send_error(404)
             return

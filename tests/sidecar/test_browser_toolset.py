@@ -250,3 +250,35 @@ async def test_a_url_without_an_allowed_origin_is_refused_before_any_browser(off
     assert outcome.code == "origin_not_allowed", outcome
     assert toolset._context is None  # no browser was started
     assert not toolset.policy.allows(url)
+
+
+async def _nowhere_else(tools, site):
+    """No tab is on another origin (``localhost`` is the test site under another name)."""
+    tabs = (await call(tools, "browser_tabs")).result["tabs"]
+    assert all(not t["url"].startswith("http://localhost") for t in tabs), tabs
+    assert all(t["title"] != "Landing" or t["url"].startswith(site) for t in tabs), tabs
+
+
+async def test_a_redirect_to_another_origin_is_blocked(tools, site):
+    """Playwright routes a request, not the requests its redirects make: a 302 from an
+    allowed page to another origin was followed (the tab ended on that origin)."""
+    hop = await call(tools, "browser_open", url=f"{site}/hop")  # same origin: followed
+    assert hop.ok and hop.result["url"] == f"{site}/landing", hop
+    opened = await call(tools, "browser_open", url=f"{site}/redirect")
+    assert not opened.ok, opened  # the navigation was aborted
+    await _nowhere_else(tools, site)
+    assert (await call(tools, "browser_open", url=f"{site}/jump")).ok
+    clicked = await call(tools, "browser_click", selector="#go")
+    assert clicked.ok and any("localhost" in u for u in clicked.result["blocked"]), clicked
+    await _nowhere_else(tools, site)
+
+
+async def test_a_popup_or_a_meta_refresh_to_another_origin_is_blocked(tools, site):
+    assert (await call(tools, "browser_open", url=f"{site}/popup")).ok
+    popped = await call(tools, "browser_click", selector="#pop")
+    assert popped.ok, popped
+    await trio.sleep(1)  # the popup's navigation is asynchronous to the click
+    await _nowhere_else(tools, site)
+    assert (await call(tools, "browser_open", url=f"{site}/refresh")).ok
+    await trio.sleep(1)  # a 0 s refresh
+    await _nowhere_else(tools, site)
