@@ -1,0 +1,79 @@
+"""A browser on another site cannot use the API key a browser holds (CSRF).
+
+The connectors page is authenticated with HTTP Basic, which a browser caches and then
+attaches by itself: after ``/admin`` (its challenge covers the whole origin: the
+directory of ``/admin`` is ``/``), a hostile page the operator visits could submit a
+``text/plain`` form whose body is valid JSON (``{"name":"files_write","args":{"content":
+"=..."}}``) to ``POST /v1/users/{id}/jobs`` and run any tool on any desktop. Requests a
+browser marks as cross-site (``Sec-Fetch-Site``) or from another ``Origin`` are refused
+on every route behind the key, before the key or the body is read."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from tests.hub.test_http_api import ONLINE, running_hub
+
+BASIC = {"Authorization": "Basic " + base64.b64encode(b"operator:k1").decode()}
+#: What a browser sends with a form or fetch from a page of another site.
+CROSS_SITE = [
+    {"Sec-Fetch-Site": "cross-site", "Origin": "http://evil.test"},
+    {"Sec-Fetch-Site": "same-site", "Origin": "http://evil.localhost"},
+    {"Origin": "http://evil.test"},  # a browser without Fetch Metadata
+    {"Origin": "null"},  # a sandboxed frame, a data: page
+]
+FORM_BODY = b'{"name":"echo","args":{"csrf":"="},"timeout_s":1}'
+
+
+@pytest.mark.parametrize("headers", CROSS_SITE)
+async def test_a_cross_site_form_post_enqueues_nothing(autojump_clock, headers):
+    async with running_hub() as (client, sub):
+        await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)
+        sub.calls.clear()
+        r = await client.post(
+            f"/v1/users/{ONLINE}/jobs",
+            data=FORM_BODY,
+            headers={**BASIC, "Content-Type": "text/plain", **headers},
+        )
+        assert r.status_code == 403, await r.get_data(as_text=True)
+        assert (await r.get_json())["error"]["code"] == "cross_site_request"
+        assert sub.entries(ONLINE) == 0 and sub.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/admin/api/desktops"),
+        ("GET", "/v1/admin/desktops"),
+        ("GET", f"/v1/users/{ONLINE}/presence"),
+        ("GET", f"/v1/users/{ONLINE}/tools"),
+        ("DELETE", "/v1/jobs/x~u1"),
+        ("POST", f"/v1/users/{ONLINE}/mcp"),
+        ("GET", "/metrics"),
+        ("GET", "/admin/"),
+    ],
+)
+async def test_every_route_behind_the_key_refuses_cross_site(autojump_clock, method, path):
+    async with running_hub() as (client, _):
+        headers = {**BASIC, **CROSS_SITE[0]}
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+        r = await client.open(path, method=method, headers=headers, data=body)
+        assert r.status_code == 403, (path, r.status_code)
+
+
+async def test_api_clients_and_the_page_itself_still_work(autojump_clock):
+    async with running_hub() as (client, _):
+        for headers in ({}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}):
+            r = await client.get("/admin/api/desktops", headers={**BASIC, **headers})
+            assert r.status_code == 200, (headers, r.status_code)
+        same = {"Origin": "http://localhost", "Sec-Fetch-Site": "same-origin"}
+        r = await client.get(f"/v1/users/{ONLINE}/presence", headers={**BASIC, **same})
+        assert r.status_code == 200
+        link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}  # a link to it
+        r = await client.get("/admin/", headers={**BASIC, **link})
+        assert r.status_code == 200
+        r = await client.get("/livez", headers=CROSS_SITE[0])  # no key needed: not refused
+        assert r.status_code == 200
