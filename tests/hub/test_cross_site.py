@@ -77,3 +77,28 @@ async def test_api_clients_and_the_page_itself_still_work(autojump_clock):
         assert r.status_code == 200
         r = await client.get("/livez", headers=CROSS_SITE[0])  # no key needed: not refused
         assert r.status_code == 200
+
+
+async def test_without_a_key_only_loopback_host_names_are_served(autojump_clock):
+    """DNS rebinding: with no API key (a loopback hub), a page of ``rebind.evil.test``
+    whose name now resolves to 127.0.0.1 is same-origin to the browser (no Fetch Metadata
+    says otherwise) and could dispatch jobs. Without a key only loopback names are served."""
+    async with running_hub(api_keys=()) as (client, sub):
+        await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)
+        sub.calls.clear()
+        rebound = {"Host": "rebind.evil.test:8080", "Origin": "http://rebind.evil.test:8080"}
+        r = await client.post(
+            f"/v1/users/{ONLINE}/jobs",
+            data=FORM_BODY,
+            headers={"Content-Type": "text/plain", "Sec-Fetch-Site": "same-origin", **rebound},
+        )
+        assert r.status_code == 403, await r.get_data(as_text=True)
+        assert sub.entries(ONLINE) == 0
+        for host in ("127.0.0.1:8080", "localhost", "[::1]:8080", "localhost."):
+            r = await client.get(f"/v1/users/{ONLINE}/presence", headers={"Host": host})
+            assert r.status_code == 200, host
+    async with running_hub() as (client, _):  # with a key, any host name (a real domain)
+        r = await client.get(
+            f"/v1/users/{ONLINE}/presence", headers={"Host": "hub.example.com", **BASIC}
+        )
+        assert r.status_code == 200

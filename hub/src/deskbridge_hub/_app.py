@@ -309,7 +309,7 @@ def create_app(
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_sidecar(app.asgi_app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
-    app.asgi_app = _cross_site.guard(app.asgi_app)  # type: ignore[method-assign]
+    app.asgi_app = _cross_site.guard(app.asgi_app, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 

@@ -14,12 +14,14 @@ Rule, on HTTP requests to paths that need the key (``_http._needs_key``): refuse
 **403** ``cross_site_request`` when ``Sec-Fetch-Site`` is present and neither
 ``same-origin`` nor ``none`` (except a top-level ``GET``/``HEAD`` navigation, whose
 answer only the operator's own window sees: a link to the page from a wiki), or when
-``Origin`` is present and is ``null`` or names another host than ``Host``. Checked
-before the key and before the body is read.
+``Origin`` is present and is ``null`` or names another host than ``Host``; and, on a
+hub with no API key (loopback), when ``Host`` is not a loopback name (DNS rebinding).
+Checked before the key and before the body is read.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,16 +34,24 @@ CODE = _codes.CROSS_SITE_REQUEST
 _SAFE_SITES = frozenset({"same-origin", "none"})
 
 
-def refusal(method: str, path: str, headers: dict[str, str]) -> str | None:
+def refusal(method: str, path: str, headers: dict[str, str], *, keyed: bool = True) -> str | None:
     """Why this request is refused as cross-site, or None.
 
     Args:
         method: the HTTP method.
         path: the request path.
         headers: header names in lower case -> value (the first of each).
+        keyed: an API key is configured; without one only loopback host names are
+            served (DNS rebinding: a page whose name now resolves to 127.0.0.1 is
+            same-origin to the browser).
     """
     if not _needs_key(path):
         return None
+    if not keyed and not _loopback_name(headers.get("host", "")):
+        return (
+            f"Host {headers.get('host', '')[:100]!r} is not a loopback name, and this hub has "
+            "no API key (DNS rebinding)"
+        )
     site = headers.get("sec-fetch-site")
     navigation = method in ("GET", "HEAD") and headers.get("sec-fetch-mode") == "navigate"
     if site is not None and site not in _SAFE_SITES and not navigation:
@@ -53,16 +63,34 @@ def refusal(method: str, path: str, headers: dict[str, str]) -> str | None:
     return None
 
 
-def guard(asgi_app: Any) -> Any:
+def _loopback_name(host: str) -> bool:
+    """``localhost`` (or a name under it) or a loopback address, with or without a port."""
+    name = urlsplit(f"//{host}").hostname or ""
+    name = name.rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def guard(asgi_app: Any, api_keys: tuple[str, ...] = ("",)) -> Any:
     """ASGI middleware: answers 403 ``cross_site_request`` (:func:`refusal`) before
-    ``asgi_app`` sees the request."""
+    ``asgi_app`` sees the request.
+
+    Args:
+        asgi_app: the app.
+        api_keys: the configured keys; none: only loopback host names are served.
+    """
+    keyed = bool(api_keys)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers: dict[str, str] = {}
             for name, value in scope.get("headers", ()):
                 headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-            why = refusal(scope.get("method", ""), scope.get("path", ""), headers)
+            why = refusal(scope.get("method", ""), scope.get("path", ""), headers, keyed=keyed)
             if why is not None:
                 body = json.dumps(
                     {"error": {"code": CODE, "message": f"refused: {why}; the API is for "
