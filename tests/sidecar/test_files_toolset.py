@@ -231,3 +231,13 @@ async def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(
     assert outcome.code == "outside_roots", outcome
     assert sorted(os.listdir(outside)) == before
     assert (outside / "a.txt").read_text() == "secret"
+
+
+async def test_a_root_swapped_for_a_symlink_after_start_is_refused(tree):
+    root, outside = tree
+    (outside / "a.txt").write_text("secret")
+    reg = registry(root)
+    root.rename(root.with_name("root.moved"))
+    root.symlink_to(outside, target_is_directory=True)
+    outcome = await call(reg, "files_read", path=str(root / "a.txt"))
+    assert outcome.code == "outside_roots", outcome

@@ -49,7 +49,7 @@ def open_folder(root: Path, real: Path, *, create: bool = False) -> Iterator[int
         FileNotFoundError: a component is missing (and ``create`` is false).
         OSError: anything else the file system says.
     """
-    fd = os.open(root, _DIR_FLAGS)
+    fd = _open_dir(str(root), None)  # a root swapped for a symlink is refused too
     try:
         for part in real.relative_to(root).parts:
             if create:
@@ -57,17 +57,21 @@ def open_folder(root: Path, real: Path, *, create: bool = False) -> Iterator[int
                     os.mkdir(part, dir_fd=fd)
                 except FileExistsError:
                     pass
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                    raise Swapped(part) from None
-                raise
+            child = _open_dir(part, fd)
             os.close(fd)
             fd = child
         yield fd
     finally:
         os.close(fd)
+
+
+def _open_dir(name: str, dir_fd: int | None) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            raise Swapped(name) from None
+        raise
 
 
 def lstat_in(folder_fd: int, name: str) -> os.stat_result | None:
