@@ -102,3 +102,34 @@ async def test_without_a_key_only_loopback_host_names_are_served(autojump_clock)
             f"/v1/users/{ONLINE}/presence", headers={"Host": "hub.example.com", **BASIC}
         )
         assert r.status_code == 200
+
+
+# -- job ids: one id, one job (security review) ------------------------------------------
+
+
+async def test_a_chosen_job_id_in_the_hubs_own_form_for_another_user_is_refused(autojump_clock):
+    """Hub-minted ids are ``<32 hex>~<user>`` and have no owner record (their user is in
+    the id). A caller choosing another user's minted id got a second live job under it:
+    reproduced with real processes, alice's caller (``sleep 5``) was answered bob's
+    result (``slept_s: 2``), and progress, events, look-ups and cancels by that id mix the
+    two users' jobs."""
+    async with running_hub() as (client, sub):
+        await sub.inner.set_presence("u2", "sess-2", 3600.0)
+        sub.calls.clear()
+        minted_for_u1 = f"{'0123456789abcdef' * 2}~{ONLINE}"
+        r = await client.post(
+            "/v1/users/u2/jobs",
+            data=json.dumps({"name": "echo", "args": {}, "job_id": minted_for_u1, "timeout_s": 1}),
+            headers={"Authorization": "Bearer k1", "Content-Type": "application/json"},
+        )
+        assert r.status_code == 400, await r.get_data(as_text=True)
+        assert (await r.get_json())["error"]["field"] == "job_id"
+        assert sub.entries("u2") == 0
+        # its own user's form, and ids that merely hold a ~, stay usable
+        for job_id in ("order~42", f"{'0123456789abcdef' * 2}~u2", "a~u1"):
+            r = await client.post(
+                "/v1/users/u2/jobs",
+                data=json.dumps({"name": "echo", "args": {}, "job_id": job_id, "timeout_s": 1}),
+                headers={"Authorization": "Bearer k1", "Content-Type": "application/json"},
+            )
+            assert r.status_code != 400, (job_id, await r.get_data(as_text=True))
