@@ -34,6 +34,10 @@ PAGES = {
         <button id="pop" onclick="window.open('{other}/landing')">Pop</button></body></html>""",
     "/refresh": """<html><head><title>Refresh</title>
         <meta http-equiv="refresh" content="0;url={other}/landing"></head><body></body></html>""",
+    "/postform": """<html><head><title>PostForm</title></head><body>
+        <form action="/posted" method="post">
+          <input id="name" name="name"><button id="send" type="submit">Send</button>
+        </form></body></html>""",
     "/jump": """<html><head><title>Jump</title></head><body>
         <button id="go" onclick="location.href='/redirect'">Go</button></body></html>""",
 }
@@ -72,6 +76,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser gave up on a slow page
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        length = int(self.headers.get("Content-Length") or 0)
+        name = parse_qs(self.rfile.read(length).decode()).get("name", [""])[0]
+        data = f"<html><head><title>Posted</title></head><body><p id='r'>Got {name}</p>".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def log_message(self, *args) -> None:
         pass

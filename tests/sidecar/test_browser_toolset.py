@@ -282,3 +282,12 @@ async def test_a_popup_or_a_meta_refresh_to_another_origin_is_blocked(tools, sit
     assert (await call(tools, "browser_open", url=f"{site}/refresh")).ok
     await trio.sleep(1)  # a 0 s refresh
     await _nowhere_else(tools, site)
+
+
+async def test_a_form_post_still_carries_its_body(tools, site):
+    """Document requests are performed by the route (for redirects): a POST keeps its body."""
+    assert (await call(tools, "browser_open", url=f"{site}/postform")).ok
+    assert (await call(tools, "browser_fill", selector="#name", value="Ada")).ok
+    clicked = await call(tools, "browser_click", selector="#send")
+    assert clicked.ok and clicked.result["url"] == f"{site}/posted", clicked
+    assert (await call(tools, "browser_text", selector="#r")).result["text"] == "Got Ada"
