@@ -28,6 +28,18 @@ PAGES = {
         </script></body></html>""",
     "/outlink": """<html><head><title>Out</title></head><body>
         <a id="out" href="http://127.0.0.2:{port}/landing">elsewhere</a></body></html>""",
+    # ways off the allowed origin besides a link ({other}: the same server under
+    # another origin, reachable, so only the toolset's route can stop the browser)
+    "/popup": """<html><head><title>Popup</title></head><body>
+        <button id="pop" onclick="window.open('{other}/landing')">Pop</button></body></html>""",
+    "/refresh": """<html><head><title>Refresh</title>
+        <meta http-equiv="refresh" content="0;url={other}/landing"></head><body></body></html>""",
+    "/postform": """<html><head><title>PostForm</title></head><body>
+        <form action="/posted" method="post">
+          <input id="name" name="name"><button id="send" type="submit">Send</button>
+        </form></body></html>""",
+    "/jump": """<html><head><title>Jump</title></head><body>
+        <button id="go" onclick="location.href='/redirect'">Go</button></body></html>""",
 }
 
 
@@ -40,8 +52,18 @@ class _Handler(BaseHTTPRequestHandler):
         elif parts.path == "/submitted":
             name = parse_qs(parts.query).get("name", [""])[0]
             body = f"<html><head><title>Thanks</title></head><body><p id='r'>Hello {name}</p>"
+        elif parts.path in ("/redirect", "/hop"):  # to another origin / to this one
+            port = self.server.server_address[1]
+            self.send_response(302)
+            other = f"http://localhost:{port}" if parts.path == "/redirect" else ""
+            self.send_header("Location", f"{other}/landing")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         elif parts.path in PAGES:
-            body = PAGES[parts.path].replace("{port}", str(self.server.server_address[1]))
+            port = str(self.server.server_address[1])
+            body = PAGES[parts.path].replace("{port}", port)
+            body = body.replace("{other}", f"http://localhost:{port}")
         else:
             self.send_error(404)
             return
@@ -54,6 +76,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser gave up on a slow page
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        length = int(self.headers.get("Content-Length") or 0)
+        name = parse_qs(self.rfile.read(length).decode()).get("name", [""])[0]
+        data = f"<html><head><title>Posted</title></head><body><p id='r'>Got {name}</p>".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def log_message(self, *args) -> None:
         pass

@@ -224,3 +224,70 @@ def test_a_malformed_allowed_origin_is_a_one_line_configuration_error():
         with pytest.raises(ValueError, match="must look like https://host"):
             BrowserToolset([bad], executable_path="/bin/true")
     assert origin_of("http://h:0/") == "http://h:0"  # port 0 is not the default port
+
+
+#: URLs with no origin on any allow-list: each would put a page the agent wrote (its own
+#: script, a fake sign-in form) into the user's signed-in browser, or read local files.
+ORIGINLESS_URLS = [
+    "data:text/html,<script>fetch('http://192.168.1.1/')</script>",
+    "data:text/html;base64,PGgxPlNpZ24gaW48L2gxPg==",
+    "DATA:text/html,<h1>x</h1>",
+    "javascript:alert(document.cookie)",
+    "file:///etc/passwd",
+    "blob:http://127.0.0.1:18123/0b1d",
+    "view-source:http://127.0.0.1:18123/",
+    "filesystem:http://127.0.0.1:18123/temporary/x",
+    "about:settings",
+]
+
+
+@pytest.mark.parametrize("url", ORIGINLESS_URLS)
+async def test_a_url_without_an_allowed_origin_is_refused_before_any_browser(offline_tools, url):
+    """``data:`` was allowed (``OriginPolicy.allows``): ``browser_open`` showed an agent's
+    own HTML and script in the user's browser, outside every allowed origin."""
+    toolset, tools = offline_tools
+    outcome = await call(tools, "browser_open", url=url)
+    assert outcome.code == "origin_not_allowed", outcome
+    assert toolset._context is None  # no browser was started
+    assert not toolset.policy.allows(url)
+
+
+async def _nowhere_else(tools, site):
+    """No tab is on another origin (``localhost`` is the test site under another name)."""
+    tabs = (await call(tools, "browser_tabs")).result["tabs"]
+    assert all(not t["url"].startswith("http://localhost") for t in tabs), tabs
+    assert all(t["title"] != "Landing" or t["url"].startswith(site) for t in tabs), tabs
+
+
+async def test_a_redirect_to_another_origin_is_blocked(tools, site):
+    """Playwright routes a request, not the requests its redirects make: a 302 from an
+    allowed page to another origin was followed (the tab ended on that origin)."""
+    hop = await call(tools, "browser_open", url=f"{site}/hop")  # same origin: followed
+    assert hop.ok and hop.result["url"] == f"{site}/landing", hop
+    opened = await call(tools, "browser_open", url=f"{site}/redirect")
+    assert not opened.ok, opened  # the navigation was aborted
+    await _nowhere_else(tools, site)
+    assert (await call(tools, "browser_open", url=f"{site}/jump")).ok
+    clicked = await call(tools, "browser_click", selector="#go")
+    assert clicked.ok and any("localhost" in u for u in clicked.result["blocked"]), clicked
+    await _nowhere_else(tools, site)
+
+
+async def test_a_popup_or_a_meta_refresh_to_another_origin_is_blocked(tools, site):
+    assert (await call(tools, "browser_open", url=f"{site}/popup")).ok
+    popped = await call(tools, "browser_click", selector="#pop")
+    assert popped.ok, popped
+    await trio.sleep(1)  # the popup's navigation is asynchronous to the click
+    await _nowhere_else(tools, site)
+    assert (await call(tools, "browser_open", url=f"{site}/refresh")).ok
+    await trio.sleep(1)  # a 0 s refresh
+    await _nowhere_else(tools, site)
+
+
+async def test_a_form_post_still_carries_its_body(tools, site):
+    """Document requests are performed by the route (for redirects): a POST keeps its body."""
+    assert (await call(tools, "browser_open", url=f"{site}/postform")).ok
+    assert (await call(tools, "browser_fill", selector="#name", value="Ada")).ok
+    clicked = await call(tools, "browser_click", selector="#send")
+    assert clicked.ok and clicked.result["url"] == f"{site}/posted", clicked
+    assert (await call(tools, "browser_text", selector="#r")).result["text"] == "Got Ada"

@@ -4,6 +4,7 @@ files and the real clock (decisions are files the CLI writes); every wait bounde
 
 from __future__ import annotations
 
+import pytest
 import trio
 from deskbridge_common import Progress
 from deskbridge_sidecar import needs_approval, tool
@@ -179,3 +180,75 @@ async def test_a_cancel_while_awaiting_approval_withdraws_the_request(
     await s.cancel(job.id)
     result = await s.wait_result(job.id)
     assert result.error.code == "cancelled" and desk.requests == {} and calls == []
+
+
+# -- the command the person is told to type (security review) ------------------------------
+
+#: Caller-chosen job ids the hub accepts (``A-Z a-z 0-9 . _ ~ : @ ! $ & ' ( ) * + , ; = -``)
+#: that a shell reads as more than one word: pasted as shown, each ran ``echo PWNED``.
+HOSTILE_JOB_IDS = [
+    "x;echo$IFS'PWNED'",
+    "x&&echo$IFS$(echo$IFS'PWNED')",
+    "$(echo$IFS'PWNED')",
+    "-h",
+]
+
+
+def _typed(command: str) -> list[str]:
+    """The words a POSIX shell passes to ``deskbridge-sidecar`` for ``command`` (the
+    program replaced by ``printf``; a real ``sh``, bounded)."""
+    import subprocess
+
+    assert command.startswith("deskbridge-sidecar ")
+    script = "printf '%s\\n' " + command.removeprefix("deskbridge-sidecar ")
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10)
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("job_id", HOSTILE_JOB_IDS)
+async def test_the_suggested_approve_command_quotes_the_job_id(
+    tmp_path, monkeypatch, caplog, job_id
+):
+    """The log line, the desktop notification and the stage message tell the person to
+    run ``deskbridge-sidecar approve JOB_ID``; the job id is the caller's choice and was
+    shown unquoted, so pasting the command ran the caller's shell code."""
+    import logging
+    import re
+
+    from deskbridge_sidecar import _consent
+
+    notified: list[list[str]] = []
+
+    async def fake_run_process(command, **_):
+        notified.append(command)
+
+    monkeypatch.setattr(_consent.sys, "platform", "linux")
+    monkeypatch.setattr(_consent.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(_consent.trio, "run_process", fake_run_process)
+    request = _consent.ApprovalRequest(job_id, "pay", {}, deadline=0.0, waited_s=0.0)
+    with caplog.at_level(logging.WARNING, logger="deskbridge"):
+        assert await _consent.wait_for_decision(tmp_path, request, lambda: 1.0) is None
+    shown = [(r.getMessage(), ("approve", "decline")) for r in caplog.records]
+    shown.append((notified[0][-1], ("approve", "decline")))
+    stage = getattr(_consent, "awaiting_message", None)  # the stage report's (the fix's)
+    shown.append((stage(job_id) if stage else "", ("approve",)))
+    for text, verbs in shown:
+        for verb in verbs:
+            match = re.search(rf"(deskbridge-sidecar {verb} .+?)(?:  \(or |\)$|$)", text)
+            assert match, text
+            words = _typed(match.group(1))
+            assert words[-1] == job_id and words[0] == verb, (text, words)
+            assert "PWNED" not in words and len(words) <= 3, words  # verb, [--], job id
+
+
+def test_pending_lists_a_hostile_job_id_as_one_shell_word(tmp_path, capsys):
+    """``pending`` is where the person copies a job id from: it was printed raw."""
+    from deskbridge_sidecar import _consent
+
+    job_id = HOSTILE_JOB_IDS[0]
+    folder = approvals_dir(tmp_path)
+    request = _consent.ApprovalRequest(job_id, "pay", {"a": 1}, deadline=2e9, waited_s=0.0)
+    _consent._write_request(folder, folder / f"{job_id}.json", request.to_json())
+    assert main(["pending", "--data-dir", str(tmp_path)]) == 0
+    word = capsys.readouterr().out.split("  ")[0]
+    assert _typed(f"deskbridge-sidecar approve {word}") == ["approve", job_id]

@@ -143,3 +143,101 @@ def test_roots_must_exist(tmp_path):
         FilesToolset([])
     with pytest.raises(ValueError, match="not an existing folder"):
         FilesToolset([tmp_path / "missing"])
+
+
+# -- special files and races (security review) ------------------------------------------
+
+
+@pytest.fixture
+def fifo_writer():
+    """Unblocks a reader stuck opening a FIFO, at most 5 s later (only the old code waits)."""
+    import threading
+
+    done = threading.Event()
+    paths: list[str] = []
+
+    def unblock() -> None:
+        done.wait(5)
+        for p in paths:
+            try:
+                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass  # no reader left: the tool did not block
+
+    thread = threading.Thread(target=unblock, daemon=True)
+    thread.start()
+    yield paths
+    done.set()
+    thread.join(10)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+async def test_a_fifo_is_refused_not_a_read_that_hangs(tree, fifo_writer):
+    """Opening a FIFO for reading blocks until a writer comes: the job's worker thread hung
+    (and, holding its slot, the sidecar's work) until then. Special files are refused."""
+    import time
+
+    root, _ = tree
+    os.mkfifo(root / "pipe")
+    fifo_writer.append(str(root / "pipe"))
+    started = time.monotonic()
+    outcome = await call(registry(root), "files_read", path="pipe")
+    assert time.monotonic() - started < 2, "files_read blocked on a FIFO"
+    assert outcome.code == "not_a_file", outcome
+
+
+def _swap_after_resolve(monkeypatch, toolset, victim, target, last_check):
+    """After the toolset's path check of ``last_check`` (a path's last part), replace the
+    folder ``victim`` by a symlink to ``target``: the check-then-use race a local process
+    can win. Returns a list that holds True once the swap happened."""
+    original = type(toolset).resolve
+    swapped: list[bool] = []
+
+    def resolve(self, path):
+        real = original(self, path)
+        if not swapped and os.path.basename(path) == last_check:
+            swapped.append(True)
+            victim.rename(victim.with_name(victim.name + ".moved"))
+            victim.symlink_to(target, target_is_directory=True)
+        return real
+
+    monkeypatch.setattr(type(toolset), "resolve", resolve)
+    return swapped
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("files_read", {"path": "docs/a.txt"}),
+        ("files_list", {"path": "docs"}),
+        ("files_write", {"path": "docs/a.txt", "content": "pwned", "overwrite": True}),
+        ("files_write", {"path": "docs/new.txt", "content": "pwned"}),
+    ],
+)
+async def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(
+    tree, monkeypatch, tool, args
+):
+    """TOCTOU: ``O_NOFOLLOW`` guards only the last component; a folder on the way swapped
+    for a symlink out of the root between the check and the open was followed."""
+    root, outside = tree
+    (outside / "a.txt").write_text("secret")
+    toolset = FilesToolset([root])
+    last = os.path.basename(args["path"])
+    swapped = _swap_after_resolve(monkeypatch, toolset, root / "docs", outside, last)
+    reg = ToolRegistry(toolset.tools(), builtins=False)
+    before = sorted(os.listdir(outside))
+    outcome = await call(reg, tool, **args)
+    assert swapped, "the race was not staged"
+    assert outcome.code == "outside_roots", outcome
+    assert sorted(os.listdir(outside)) == before
+    assert (outside / "a.txt").read_text() == "secret"
+
+
+async def test_a_root_swapped_for_a_symlink_after_start_is_refused(tree):
+    root, outside = tree
+    (outside / "a.txt").write_text("secret")
+    reg = registry(root)
+    root.rename(root.with_name("root.moved"))
+    root.symlink_to(outside, target_is_directory=True)
+    outcome = await call(reg, "files_read", path=str(root / "a.txt"))
+    assert outcome.code == "outside_roots", outcome

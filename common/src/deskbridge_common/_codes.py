@@ -88,6 +88,8 @@ DRAINING = "draining"  #: this replica is restarting: nothing was enqueued, retr
 NOT_CONFIGURED = "not_configured"  #: the hub has no DESKBRIDGE_SECRET
 TOKEN_NOT_YET_VALID = "token_not_yet_valid"  #: a sidecar token issued in the future
 JOB_ID_IN_USE = "job_id_in_use"  #: a caller-chosen job id that names another job
+#: a browser request from another site or origin to a route behind the API key (403)
+CROSS_SITE_REQUEST = "cross_site_request"
 #: The code of each HTTP status whose answer is the status itself (not an outcome).
 HTTP_STATUS_CODES = {
     400: BAD_REQUEST,
@@ -108,6 +110,7 @@ HTTP_ERROR_CODES = frozenset(
         NOT_CONFIGURED,
         TOKEN_NOT_YET_VALID,
         JOB_ID_IN_USE,
+        CROSS_SITE_REQUEST,
         IDEMPOTENCY_KEY_REUSED,
         UNAVAILABLE,
     }
@@ -116,6 +119,7 @@ HTTP_ERROR_CODES = frozenset(
 __all__ = [
     "BAD_ARGS",
     "BAD_REQUEST",
+    "CROSS_SITE_REQUEST",
     "DRAINING",
     "FORBIDDEN",
     "HTTP_ERROR_CODES",

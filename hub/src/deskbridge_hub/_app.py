@@ -23,7 +23,7 @@ from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _admin, _connectors, _gcwatch, _metrics, _openapi, _tracing
+from . import _admin, _connectors, _cross_site, _gcwatch, _metrics, _openapi, _tracing
 from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable, UnknownJob
@@ -309,6 +309,7 @@ def create_app(
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_sidecar(app.asgi_app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = mount_mcp(app.asgi_app, app, holder, config.api_keys)  # type: ignore[method-assign]
+    app.asgi_app = _cross_site.guard(app.asgi_app, config.api_keys)  # type: ignore[method-assign]
     app.asgi_app = _access_log(app.asgi_app)  # type: ignore[method-assign]
     return app
 

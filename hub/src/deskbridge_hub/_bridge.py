@@ -20,7 +20,7 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
-from ._bridge_jobs import MAX_TIMEOUT_S, USER_SEPARATOR, JobControl, _check
+from ._bridge_jobs import MAX_TIMEOUT_S, USER_SEPARATOR, JobControl, _check, minted_user
 from ._catalogue import CatalogueCache
 from ._errors import (
     BadRequest,
@@ -241,6 +241,13 @@ class Bridge(JobControl):
             job_id = f"{uuid.uuid4().hex}{USER_SEPARATOR}{user_id}"
         else:
             _check(validate_job_id, job_id, "job_id")
+            named = minted_user(job_id)
+            if named is not None and named != user_id:
+                raise BadRequest(
+                    f"job_id {job_id!r} has the form of the hub's own ids (32 hex digits, ~, "
+                    f"a user id) and names another user: choose another id",
+                    field="job_id",
+                )
         indexed_key = idempotency_key
         if idempotency_key is None:
             idempotency_key = job_id

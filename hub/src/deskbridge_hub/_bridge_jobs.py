@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,18 @@ MAX_TIMEOUT_S = 24 * 3600.0
 #: Separates the random part of a hub-minted job id from its user id (``~`` is never
 #: part of a user id).
 USER_SEPARATOR = "~"
+#: The form of a hub-minted job id: ``uuid4().hex``, ``~``, the user id.
+_MINTED = re.compile(r"[0-9a-f]{32}~(.+)")
+
+
+def minted_user(job_id: str) -> str | None:
+    """The user a job id names if it has the form of a hub-minted id, else None.
+
+    Minted ids have no owner record (``_find`` reads the user from the id), so a caller
+    may not choose one naming another user: two live jobs would share the id (its result
+    waiter, progress stream, events, look-ups and cancels)."""
+    match = _MINTED.fullmatch(job_id)
+    return match.group(1) if match else None
 
 
 class JobControl:

@@ -22,6 +22,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from deskbridge_common._logtext import escape_controls
+
 from ._admin import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET
 from ._cli_args import hub_url_problem, integer
 from ._validate import validate_job_id, validate_user_id
@@ -151,8 +153,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _text(value: Any) -> str:
+    """``value`` as text for a terminal: control characters escaped (``\\x1b``, ``\\n``).
+    Sidecars and callers choose some of what is shown (``hello.sidecar_version`` is any
+    64 characters): printed as is, an escape sequence reached the operator's terminal."""
+    return escape_controls(str(value))
+
+
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    """Plain-text columns, left-aligned, two spaces apart."""
+    """Plain-text columns, left-aligned, two spaces apart (control characters escaped)."""
+    rows = [[_text(c) for c in row] for row in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     lines = [header, *rows]
     return "\n".join(
@@ -187,17 +197,18 @@ def desktops_table(body: dict[str, Any]) -> str:
 def user_text(body: dict[str, Any]) -> str:
     state = "online" if body["online"] else "offline"
     lines = [
-        f"user        {body['user_id']}",
+        f"user        {_text(body['user_id'])}",
         f"state       {state} since {_when(body.get('since'))} UTC",
-        f"session     {body.get('session_id') or '-'}",
-        f"sidecar     {body.get('sidecar_version') or '-'}",
-        f"hub         {body.get('hub_consumer') or '-'}",
-        f"tools       {', '.join(body.get('tools') or []) or '-'}",
+        f"session     {_text(body.get('session_id') or '-')}",
+        f"sidecar     {_text(body.get('sidecar_version') or '-')}",
+        f"hub         {_text(body.get('hub_consumer') or '-')}",
+        f"tools       {_text(', '.join(body.get('tools') or []) or '-')}",
         f"stream      {body['queue']['length']} entries (delivered ones stay until trimmed), "
         f"{body['queue']['pending_count']} pending",
     ]
     if body.get("end"):
-        lines.append(f"last end    {body['end'].get('code')} {body['end'].get('reason')}")
+        end = body["end"]
+        lines.append(f"last end    {_text(end.get('code'))} {_text(end.get('reason'))}")
     pending = body["queue"]["pending"]
     if pending:
         lines.append("")

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from ._config import MEMORY_URL, HubConfig
+from ._tokens import check_secret
 
 log = logging.getLogger("deskbridge.hub")
 
@@ -47,12 +48,26 @@ def load_config(environ: Mapping[str, str] | None = None) -> HubConfig:
             "in-memory substrate (DESKBRIDGE_REDIS_URL=memory://): serves this process only; "
             "run one worker"
         )
+    _check_secrets(config.secrets)
     if not config.secrets:
         log.error(
             "DESKBRIDGE_SECRET is not set: every sidecar handshake is refused "
             "(503 not_configured) until the hub restarts with it"
         )
     return config
+
+
+def _check_secrets(secrets: tuple[str, ...]) -> None:
+    """Every signing secret at least ``MIN_SECRET_BYTES`` (what ``serve`` checks): a user
+    holds a token signed with it, so a short one could be found offline from it."""
+    try:
+        for i, secret in enumerate(secrets):
+            check_secret(secret, "DESKBRIDGE_SECRET" if i == 0 else _PREVIOUS)
+    except ValueError as exc:
+        _refuse(str(exc))
+
+
+_PREVIOUS = "a secret in DESKBRIDGE_PREVIOUS_SECRETS"
 
 
 def _refuse(message: str) -> None:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shlex
 import shutil
 import sys
 import time
@@ -182,9 +184,7 @@ async def gate(
             f"{name} needs the approval of the person at the desktop and this sidecar "
             "has no data directory to ask in; not run",
         )
-    progress.set_stage(
-        STAGE_AWAITING_APPROVAL, f"awaiting approval: deskbridge-sidecar approve {job.job_id}"
-    )
+    progress.set_stage(STAGE_AWAITING_APPROVAL, awaiting_message(job.job_id))
     request = ApprovalRequest(job.job_id, name, job.args, job.deadline, round(waited, 3))
     decision = await desk.decide(request, wall_clock)
     if decision == APPROVED:
@@ -277,6 +277,31 @@ def check_job_id(job_id: str) -> str:
 
 _safe = check_job_id
 
+#: A job id a POSIX shell passes as one word as it is (``~`` only after the first
+#: character: no tilde expansion); anything else is quoted.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.@:,+=][A-Za-z0-9_.@:,+=~-]*")
+
+
+def command_for(verb: str, job_id: str) -> str:
+    """``deskbridge-sidecar <verb> <job_id>`` as the person can paste it into a shell.
+
+    The job id is the caller's choice (the hub allows ``; $ & ' ( )`` in it), so it is
+    quoted unless plain (``shlex.quote``), and one starting with ``-`` follows ``--``
+    (else it reads as an option).
+    """
+    word = job_id if _PLAIN_WORD.fullmatch(job_id) else shlex.quote(job_id)
+    return f"deskbridge-sidecar {verb} {'-- ' if job_id.startswith('-') else ''}{word}"
+
+
+def hint(job_id: str) -> str:
+    """What the log line and the notification tell the person to run."""
+    return f"{command_for('approve', job_id)}  (or {command_for('decline', job_id)})"
+
+
+def awaiting_message(job_id: str) -> str:
+    """The ``awaiting_approval`` stage report's message (callers see it)."""
+    return f"awaiting approval: {command_for('approve', job_id)}"
+
 
 def decide(data_dir: Path, job_id: str, approve: bool) -> Path:
     """Record the person's decision on ``job_id`` (the CLI's ``approve``/``decline``).
@@ -340,13 +365,7 @@ async def wait_for_decision(
     job_id = _safe(request.job_id)
     path = folder / f"{job_id}.json"
     await trio.to_thread.run_sync(_write_request, folder, path, request.to_json())
-    log.warning(
-        "job %s (%s) waits for your approval: deskbridge-sidecar approve %s  (or decline %s)",
-        job_id,
-        request.tool,
-        job_id,
-        job_id,
-    )
+    log.warning("job %s (%s) waits for your approval: %s", job_id, request.tool, hint(job_id))
     await _notify(request.tool, job_id)
     deadline = request.deadline
     try:
@@ -374,12 +393,12 @@ def _withdraw(folder: Path, job_id: str) -> None:
 async def _notify(tool: str, job_id: str) -> None:
     """A desktop notification, best effort (never raises, never waits long)."""
     text = f"deskbridge: {tool} waits for your approval"
-    hint = f"deskbridge-sidecar approve {job_id}  (or decline {job_id})"
+    how = hint(job_id)
     if sys.platform == "darwin" and shutil.which("osascript"):
-        command = ["osascript", "-e", f"display notification {json.dumps(hint)} with title "
+        command = ["osascript", "-e", f"display notification {json.dumps(how)} with title "
                    f"{json.dumps(text)}"]  # fmt: skip
     elif shutil.which("notify-send"):
-        command = ["notify-send", text, hint]
+        command = ["notify-send", text, how]
     else:
         return
     with trio.move_on_after(2):

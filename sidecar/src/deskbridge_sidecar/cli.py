@@ -191,7 +191,7 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 
 def _consent_command(args: argparse.Namespace) -> int:
-    from ._consent import check_job_id, decide, pending
+    from ._consent import check_job_id, command_for, decide, pending
 
     data_dir = Path(args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir())
     problem = _service_cli.data_dir_problem(data_dir)
@@ -206,7 +206,9 @@ def _consent_command(args: argparse.Namespace) -> int:
     if args.command == "pending":
         requests = pending(data_dir)
         for request in requests:
-            print(f"{request['job_id']}  {request['tool']}  {json.dumps(request['args'])}")
+            # the id as a shell word (quoted unless plain): it is the caller's choice
+            word = command_for("approve", request["job_id"]).split(" ", 2)[2]
+            print(f"{word}  {request['tool']}  {json.dumps(request['args'])}")
         if not requests:  # stderr: stdout stays empty for scripts
             print(f"no job is waiting for approval (in {data_dir})", file=sys.stderr)
         return 0

@@ -88,7 +88,11 @@ class OriginPolicy:
     allowed: tuple[str, ...] = attrs.field(converter=_str_tuple)
 
     def allows(self, url: str) -> bool:
-        if url in ("about:blank", "about:srcdoc") or url.startswith("data:"):
+        """True for an http(s) URL whose origin is allowed, and for ``about:blank`` /
+        ``about:srcdoc`` (empty documents). Everything else is refused: ``data:``,
+        ``javascript:``, ``blob:``, ``file:``... have no origin on the list, and a ``data:``
+        page would be the caller's own HTML and script in the user's browser."""
+        if url in ("about:blank", "about:srcdoc"):
             return True
         origin = origin_of(url)
         if origin is None:

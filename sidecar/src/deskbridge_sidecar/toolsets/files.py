@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,6 +33,7 @@ import pydantic
 from deskbridge_common import MAX_FRAME_BYTES
 
 from .._tools import Tool, ToolError
+from . import _fdwalk
 
 #: Largest file ``files_read`` returns, bytes (1 MiB: it must fit in a result frame).
 MAX_READ_BYTES = 1024 * 1024
@@ -65,6 +67,8 @@ class FilesToolset:
     def __attrs_post_init__(self) -> None:
         if not self.roots:
             raise ValueError("the files toolset needs at least one root folder")
+        if not _fdwalk.supported():  # without openat, a checked path cannot be walked safely
+            raise ValueError("the files toolset needs O_NOFOLLOW and dir_fd (POSIX) support")
         resolved = []
         for root in self.roots:
             path = Path(os.path.realpath(os.path.expanduser(root)))
@@ -107,6 +111,24 @@ class FilesToolset:
             )
         return real
 
+    def _root_of(self, real: Path) -> Path:
+        """The innermost root holding the resolved path ``real``."""
+        return max(
+            (r for r in self._resolved if real == r or real.is_relative_to(r)),
+            key=lambda r: len(r.parts),
+        )
+
+    @contextmanager
+    def _folder(self, path: str, real: Path, *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the checked folder ``real``, walked from its root without
+        following symlinks (:mod:`._fdwalk`): a folder on the way swapped for a symlink
+        after the check is ``outside_roots``, never followed."""
+        try:
+            with _fdwalk.open_folder(self._root_of(real), real, create=create) as fd:
+                yield fd
+        except _fdwalk.Swapped:
+            raise _changed(path) from None
+
     # -- tools -------------------------------------------------------------------------
 
     def files_list(self, path: str | None = None) -> dict[str, Any]:
@@ -126,12 +148,14 @@ class FilesToolset:
         entries: list[dict[str, Any]] = []
         truncated = False
         try:
-            with os.scandir(folder) as found:
+            with self._folder(path, folder) as fd, os.scandir(fd) as found:
                 for item in sorted(found, key=lambda e: e.name):
                     if len(entries) >= MAX_LIST_ENTRIES:
                         truncated = True
                         break
-                    entries.append(_entry(Path(item.path), item.name))
+                    entries.append(_dir_entry(item))
+        except FileNotFoundError:
+            raise ToolError(f"{path!r} does not exist", code="not_found") from None
         except OSError as exc:
             raise ToolError(f"cannot list {path!r}: {exc.strerror}", code="io_error") from None
         return {"path": str(folder), "entries": entries, "truncated": truncated}
@@ -143,18 +167,24 @@ class FilesToolset:
             path: the file, absolute or relative to the first root.
         """
         real = self.resolve(path)
+        if real == self._root_of(real):
+            raise ToolError(f"{path!r} is a folder", code="is_a_directory")
         try:
-            fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with self._folder(path, real.parent) as folder_fd:
+                fd, info = _fdwalk.open_regular(folder_fd, real.name)
         except FileNotFoundError:
             raise ToolError(f"{path!r} does not exist", code="not_found") from None
         except IsADirectoryError:
             raise ToolError(f"{path!r} is a folder", code="is_a_directory") from None
+        except _fdwalk.Swapped:
+            raise _changed(path) from None
+        except _fdwalk.NotRegular as kind:
+            raise ToolError(
+                f"{path!r} is a {kind}, not a regular file; files_read reads files only",
+                code="not_a_file",
+            ) from None
         except OSError as exc:
             raise ToolError(f"cannot open {path!r}: {exc.strerror}", code="io_error") from None
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            os.close(fd)
-            raise ToolError(f"{path!r} is a folder", code="is_a_directory")
         with os.fdopen(fd, "rb") as handle:
             if info.st_size > self.max_read_bytes:
                 raise ToolError(
@@ -212,36 +242,66 @@ class FilesToolset:
         if target.name in ("", ".", ".."):
             raise ToolError(f"{path!r} does not name a file", code="is_a_directory")
         self.resolve(str(final))  # a symlink at the final component pointing out
-        if final.is_symlink():
-            raise ToolError(f"{path!r} is a symlink; not replaced", code="outside_roots")
-        if final.is_dir():
-            raise ToolError(f"{path!r} is a folder", code="is_a_directory")
-        if final.exists() and not overwrite:
-            raise ToolError(f"{path!r} exists (pass overwrite: true to replace it)", code="exists")
-        if not parent.exists():
-            if not create_folders:
-                raise ToolError(
-                    f"folder {str(parent)!r} does not exist (pass create_folders: true)",
-                    code="not_found",
-                )
-            parent.mkdir(parents=True, exist_ok=True)
-            self.resolve(str(parent))  # still inside after creation
+        if not parent.exists() and not create_folders:
+            raise ToolError(
+                f"folder {str(parent)!r} does not exist (pass create_folders: true)",
+                code="not_found",
+            )
         try:
-            # a replaced file keeps its mode; a new one is the temporary file's 0600
-            mode = stat.S_IMODE(final.stat().st_mode) if final.exists() else None
-            fd, tmp = tempfile.mkstemp(prefix=".deskbridge-", dir=parent)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    if mode is not None:
-                        os.chmod(tmp, mode)
-                os.replace(tmp, final)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            with self._folder(path, parent, create=create_folders) as folder_fd:
+                _write_in(folder_fd, final.name, data, path=path, overwrite=overwrite)
+        except FileNotFoundError:
+            raise ToolError(
+                f"folder {str(parent)!r} does not exist (pass create_folders: true)",
+                code="not_found",
+            ) from None
         except OSError as exc:
             raise ToolError(f"cannot write {path!r}: {exc.strerror}", code="io_error") from None
         return {"path": str(final), "bytes": len(data)}
+
+
+def _changed(path: str) -> ToolError:
+    return ToolError(
+        f"{path!r} changed while in use: a folder on its way is now a symlink, which may "
+        f"lead outside the allowed roots",
+        code="outside_roots",
+    )
+
+
+def _write_in(folder_fd: int, name: str, data: bytes, *, path: str, overwrite: bool) -> None:
+    """Write ``name`` in the folder atomically: a temporary file there, then a rename; a
+    replaced file keeps its mode, a new one is 0600. Never replaces a symlink or a folder."""
+    existing = _fdwalk.lstat_in(folder_fd, name)
+    if existing is not None:
+        if stat.S_ISLNK(existing.st_mode):
+            raise ToolError(f"{path!r} is a symlink; not replaced", code="outside_roots")
+        if stat.S_ISDIR(existing.st_mode):
+            raise ToolError(f"{path!r} is a folder", code="is_a_directory")
+        if not overwrite:
+            raise ToolError(f"{path!r} exists (pass overwrite: true to replace it)", code="exists")
+    mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o600
+    tmp = f".deskbridge-{secrets.token_hex(8)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o600, dir_fd=folder_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            os.fchmod(handle.fileno(), mode)
+        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=folder_fd)
+        except OSError:
+            pass
+        raise
+
+
+def _dir_entry(item: os.DirEntry[str]) -> dict[str, Any]:
+    try:
+        info = item.stat(follow_symlinks=False)
+    except OSError:
+        return {"name": item.name, "type": "unknown"}
+    return _described(item.name, info)
 
 
 def _entry(path: Path, name: str) -> dict[str, Any]:
@@ -249,15 +309,12 @@ def _entry(path: Path, name: str) -> dict[str, Any]:
         info = path.lstat()
     except OSError:
         return {"name": name, "type": "unknown"}
-    kind = (
-        "symlink"
-        if stat.S_ISLNK(info.st_mode)
-        else "folder"
-        if stat.S_ISDIR(info.st_mode)
-        else "file"
-        if stat.S_ISREG(info.st_mode)
-        else "other"
-    )
+    return _described(name, info)
+
+
+def _described(name: str, info: os.stat_result) -> dict[str, Any]:
+    kind = _fdwalk.kind_of(info.st_mode)
+    kind = kind if kind in ("file", "folder", "symlink") else "other"
     return {"name": name, "type": kind, "bytes": info.st_size, "modified": info.st_mtime}
 
 

@@ -1,0 +1,49 @@
+"""``deskbridge-hub inspect`` in text mode prints what sidecars sent (``hello.
+sidecar_version``: any string of 64 characters) and what callers chose (job ids): a
+terminal escape in it reached the operator's terminal as is (``ESC ] 52`` sets the
+clipboard in many terminals, ``ESC [ 2 J`` clears the screen, a newline forges a line)."""
+
+from __future__ import annotations
+
+from deskbridge_hub._inspect_cli import desktops_table, user_text
+
+HOSTILE = "1.0\x1b]52;c;cHduZWQ=\x07\x1b[2J\nstate       online"
+
+
+def _desktop(**extra):
+    return {
+        "user_id": "alice",
+        "online": True,
+        "since": 1.0,
+        "sidecar_version": HOSTILE,
+        "tools": ["echo"],
+        "queue": {"length": 1, "pending_count": 1, "pending": []},
+        **extra,
+    }
+
+
+def _clean(text: str, lines: int) -> None:
+    assert not any(c in text for c in "\x1b\x07\r"), repr(text)
+    assert len(text.split("\n")) == lines, text
+
+
+def test_a_desktops_table_shows_control_characters_escaped():
+    body = {"desktops": [_desktop()], "offset": 0, "total": 1, "next_offset": None}
+    _clean(desktops_table(body), 3)  # header, one row, the footer
+
+
+def test_a_user_page_shows_control_characters_escaped():
+    def body(version: str, reason: str, consumer: str) -> dict:
+        pending = [
+            {"entry_id": "1-0", "job_id": "j", "consumer": consumer, "idle_ms": 1, "deliveries": 1}
+        ]
+        return _desktop(
+            sidecar_version=version,
+            session_id="s",
+            hub_consumer="h",
+            end={"code": 1000, "reason": reason},
+            queue={"length": 1, "pending_count": 1, "pending": pending},
+        )
+
+    plain = user_text(body("1.0", "bye", "c"))
+    _clean(user_text(body(HOSTILE, "x\x1b[2J", "c\x1b[31m")), len(plain.split("\n")))
