@@ -13,7 +13,8 @@ and the swarm). It measures:
                absent or naming another session at the next), hub CPU %, Redis commands/s
                (INFO commandstats, the bench's own MGET/INFO left out) per idle desktop,
                Redis connections the hub holds (its sockets, /proc) and opened (INFO),
-               the swarm's sockets closed and reconnected
+               the swarm's sockets closed and reconnected, and why they closed (the
+               close code and reason received, a pong timeout, or the exception)
   loaded echo  the extra user's echo p50 while the N are connected
   baseline     the extra user's echo p50 again once the N have left; the loaded figure
   again        is judged against the mean of the two baselines (this machine's speed
