@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from tests.chaos._harness import TIMINGS, wait_online
-from tests.chaos.test_kill_pod import _pods_behind_haproxy
+from tests.chaos._harness import TIMINGS, pods_behind_haproxy, wait_online
 from tests.procs import Sidecar, issue, kill_group, log_times, wait_until
 
 pytestmark = pytest.mark.chaos
@@ -24,7 +23,7 @@ JOB_S = 3.0  # outlives the kill and the reconnect
 def test_kill_9_of_the_holding_pod_same_daemon_result_within_2_s_of_the_tool(tmp_path, procs):
     env = dict(TIMINGS)
     del env["DESKBRIDGE_RECLAIM_IDLE_S"]  # the default, 180 s
-    user, ledger, sidecar, doomed, survivor, sid = _pods_behind_haproxy(tmp_path, procs, env)
+    user, ledger, sidecar, doomed, survivor, sid = pods_behind_haproxy(tmp_path, procs, env)
     key = "takeover-" + user
     caller = procs.callers.post(
         survivor.http, user, "record", {"key": key, "seconds": JOB_S}, key=key, timeout_s=60
@@ -56,7 +55,7 @@ def test_kill_9_of_the_holding_pod_same_daemon_result_within_2_s_of_the_tool(tmp
 def test_a_different_daemon_does_not_take_over_early(tmp_path, procs):
     idle_s = 10.0  # shortened so the test sees the entry arrive; still >> a takeover
     env = {**TIMINGS, "DESKBRIDGE_RECLAIM_IDLE_S": str(idle_s)}
-    user, ledger, sidecar, doomed, survivor, sid = _pods_behind_haproxy(tmp_path, procs, env)
+    user, ledger, sidecar, doomed, survivor, sid = pods_behind_haproxy(tmp_path, procs, env)
     key = "no-takeover-" + user
     caller = procs.callers.post(
         survivor.http, user, "record", {"key": key, "seconds": JOB_S}, key=key, timeout_s=60
