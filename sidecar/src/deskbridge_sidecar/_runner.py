@@ -204,21 +204,24 @@ class ToolRunner:
         """True while a run for ``key`` is queued for the lock or executing."""
         return key in self._runs
 
-    def _expired(self, job: Job) -> Outcome | None:
+    def _expired(self, job: Job, clock: Callable[[], float] | None = None) -> Outcome | None:
         """``expired`` once the deadline passed by the wall clock *or*, for a delivery
         :meth:`admit` queued, by the monotonic clock since then: a wall clock stepped
         back never lets a job start late, and a machine that slept (the monotonic clock
         may stand still in a suspend) is caught by the wall clock."""
-        late = self._now_for(job) - job.deadline
+        late = (clock() if clock is not None else self._now_for(job)) - job.deadline
         if late >= 0:
             return Outcome.failure(EXPIRED, f"deadline passed {late:.3f} s ago; not started")
         return None
 
-    def _now_for(self, job: Job) -> float:
+    def _now_for(self, job: Job, steady: float | None = None) -> float:
         """Unix seconds as ``job``'s deadline should see them: the wall clock, or later
-        when the monotonic clock says more of its time has gone (a step back)."""
+        when the monotonic clock says more of its time has gone (a step back).
+        ``steady``: the run's own copy of the note (it outlives the waiter's
+        ``execute``, whose ``finally`` drops the note)."""
         now = self.wall_clock()
-        steady = self._steady_deadlines.get(job.id)
+        if steady is None:
+            steady = self._steady_deadlines.get(job.id)
         if steady is not None:
             now = max(now, job.deadline + trio.current_time() - steady)
         return now
@@ -336,7 +339,9 @@ class ToolRunner:
                 key=key,
                 tool=tool,
                 digest=args_digest(job.args),
-                clock=functools.partial(self._now_for, job),
+                clock=functools.partial(
+                    self._now_for, job, self._steady_deadlines.get(job.id)
+                ),
             )
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
@@ -481,7 +486,7 @@ class ToolRunner:
         try:
             with run.cancel_scope:
                 async with self._lock:
-                    refused = self._expired(job)  # the deadline may pass while queued
+                    refused = self._expired(job, run.clock)  # may pass while queued
                     if refused is None and not self._closing:
                         refused = await gate(  # declined, or expired awaiting approval
                             self.approvals, run.tool, job, wall_clock=run.clock,
