@@ -24,7 +24,9 @@ async def test_a_change_is_still_reported_after_a_start_that_was_never_welcomed(
     async def start(root: str) -> frozenset[str]:
         ledger = Ledger.open(path)
         try:
-            return await _changed_tools(ledger, ToolRegistry(FilesToolset([tmp_path / root]).tools()))
+            return await _changed_tools(
+                ledger, ToolRegistry(FilesToolset([tmp_path / root]).tools())
+            )
         finally:
             ledger.close()
 

@@ -65,7 +65,9 @@ def tools(site, tmp_path_factory):
     if CHROMIUM is None:
         pytest.skip("no chromium")
     toolset = BrowserToolset(
-        [site], profile_dir=str(tmp_path_factory.mktemp("p")), executable_path=CHROMIUM,
+        [site],
+        profile_dir=str(tmp_path_factory.mktemp("p")),
+        executable_path=CHROMIUM,
         headless=True,
     )
     yield ToolRegistry(toolset.tools(), builtins=False)

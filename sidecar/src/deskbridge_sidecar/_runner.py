@@ -204,12 +204,13 @@ class ToolRunner:
         """True while a run for ``key`` is queued for the lock or executing."""
         return key in self._runs
 
-    def _expired(self, job: Job, clock: Callable[[], float] | None = None) -> Outcome | None:
+    def _expired(self, job: Job) -> Outcome | None:
         """``expired`` once the deadline passed by the wall clock *or*, for a delivery
         :meth:`admit` queued, by the monotonic clock since then: a wall clock stepped
         back never lets a job start late, and a machine that slept (the monotonic clock
         may stand still in a suspend) is caught by the wall clock."""
-        late = (clock() if clock is not None else self._now_for(job)) - job.deadline
+        run = self._runs.get(job.idempotency_key)  # its clock keeps the note (``_execute``)
+        late = (run.clock() if run is not None else self._now_for(job)) - job.deadline
         if late >= 0:
             return Outcome.failure(EXPIRED, f"deadline passed {late:.3f} s ago; not started")
         return None
@@ -339,9 +340,7 @@ class ToolRunner:
                 key=key,
                 tool=tool,
                 digest=args_digest(job.args),
-                clock=functools.partial(
-                    self._now_for, job, self._steady_deadlines.get(job.id)
-                ),
+                clock=functools.partial(self._now_for, job, self._steady_deadlines.get(job.id)),
             )
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
@@ -486,7 +485,7 @@ class ToolRunner:
         try:
             with run.cancel_scope:
                 async with self._lock:
-                    refused = self._expired(job, run.clock)  # may pass while queued
+                    refused = self._expired(job)  # the deadline may pass while queued
                     if refused is None and not self._closing:
                         refused = await gate(  # declined, or expired awaiting approval
                             self.approvals, run.tool, job, wall_clock=run.clock,
