@@ -864,8 +864,8 @@ class ProcessReader:
     def _handed_elsewhere(self, listener: Listener) -> bool:
         """This process handed entries of ``listener``'s user to another daemon (or to
         one it could not tell) that may still be pending on its consumer."""
-        handed = self._handed_to.get(listener.user_id)
-        return bool(handed) and any(d != listener.daemon_id for d in handed.values())
+        handed = self._handed_to.get(listener.user_id) or {}
+        return any(d != listener.daemon_id for d in handed.values())
 
     def release(self, listener: Listener) -> None:
         """``listener``'s session ends on purpose after its grace (superseded by a newer
