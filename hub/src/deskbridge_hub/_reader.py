@@ -773,11 +773,14 @@ class ProcessReader:
             # over at once what went to that daemon on sockets that are gone (issue 12.4).
             # RECORD: presence had been lost and a beat wrote it back; the record may have
             # gone with it, and without it this daemon's deliveries here could not be
-            # taken over at once if this process died (they waited the reclaim idle).
+            # taken over at once if this process died (they waited the reclaim idle). Not
+            # when this process handed entries to another daemon of the user: those may
+            # still be pending here, and recording the consumer as this daemon's would let
+            # it take them over at once elsewhere (the drain withholds them: _same_daemon).
             taken = await self.substrate.take_over(
                 user_id, consumer, daemon_id=listener.daemon_id, session_id=listener.session_id,
                 count=TAKEOVER_BATCH, record_ttl_s=DAEMON_RECORD_TTL_S,
-                again=TAKEOVER not in kinds,
+                again=TAKEOVER not in kinds and not self._handed_elsewhere(listener),
             )  # fmt: skip
             if taken.entries or taken.deleted_ids:
                 log.info(
@@ -857,6 +860,12 @@ class ProcessReader:
         if not handed or listener.daemon_id is None:
             return entries
         return [e for e in entries if handed.get(e.entry_id) in (None, listener.daemon_id)]
+
+    def _handed_elsewhere(self, listener: Listener) -> bool:
+        """This process handed entries of ``listener``'s user to another daemon (or to
+        one it could not tell) that may still be pending on its consumer."""
+        handed = self._handed_to.get(listener.user_id) or {}
+        return any(d != listener.daemon_id for d in handed.values())
 
     def release(self, listener: Listener) -> None:
         """``listener``'s session ends on purpose after its grace (superseded by a newer

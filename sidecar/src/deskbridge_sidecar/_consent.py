@@ -277,9 +277,10 @@ def check_job_id(job_id: str) -> str:
 
 _safe = check_job_id
 
-#: A job id a POSIX shell passes as one word as it is (``~`` only after the first
-#: character: no tilde expansion); anything else is quoted.
-_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.@:,+=][A-Za-z0-9_.@:,+=~-]*")
+#: A job id a POSIX shell passes as one word as it is (``~`` and ``=`` only after the
+#: first character: no tilde expansion, no zsh ``=command`` expansion); anything else is
+#: quoted.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.@:,+][A-Za-z0-9_.@:,+=~-]*")
 
 
 def command_for(verb: str, job_id: str) -> str:
@@ -290,6 +291,8 @@ def command_for(verb: str, job_id: str) -> str:
     (else it reads as an option).
     """
     word = job_id if _PLAIN_WORD.fullmatch(job_id) else shlex.quote(job_id)
+    if word.startswith("="):  # shlex leaves "=x" bare (no quote in it): zsh would expand it
+        word = f"'{word}'"
     return f"deskbridge-sidecar {verb} {'-- ' if job_id.startswith('-') else ''}{word}"
 
 

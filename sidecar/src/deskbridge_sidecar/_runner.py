@@ -209,16 +209,20 @@ class ToolRunner:
         :meth:`admit` queued, by the monotonic clock since then: a wall clock stepped
         back never lets a job start late, and a machine that slept (the monotonic clock
         may stand still in a suspend) is caught by the wall clock."""
-        late = self._now_for(job) - job.deadline
+        run = self._runs.get(job.idempotency_key)  # its clock keeps the note (``_execute``)
+        late = (run.clock() if run is not None else self._now_for(job)) - job.deadline
         if late >= 0:
             return Outcome.failure(EXPIRED, f"deadline passed {late:.3f} s ago; not started")
         return None
 
-    def _now_for(self, job: Job) -> float:
+    def _now_for(self, job: Job, steady: float | None = None) -> float:
         """Unix seconds as ``job``'s deadline should see them: the wall clock, or later
-        when the monotonic clock says more of its time has gone (a step back)."""
+        when the monotonic clock says more of its time has gone (a step back).
+        ``steady``: the run's own copy of the note (it outlives the waiter's
+        ``execute``, whose ``finally`` drops the note)."""
         now = self.wall_clock()
-        steady = self._steady_deadlines.get(job.id)
+        if steady is None:
+            steady = self._steady_deadlines.get(job.id)
         if steady is not None:
             now = max(now, job.deadline + trio.current_time() - steady)
         return now
@@ -336,7 +340,7 @@ class ToolRunner:
                 key=key,
                 tool=tool,
                 digest=args_digest(job.args),
-                clock=functools.partial(self._now_for, job),
+                clock=functools.partial(self._now_for, job, self._steady_deadlines.get(job.id)),
             )
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
         else:
