@@ -83,9 +83,8 @@ async def _open_and_tabs(tools, url):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="review: an allowed 3xx is handed to the browser with route.fulfill, and the "
-    "request Chromium then makes to follow it is not routed (the very reason the route "
-    "fetches documents itself): a second redirect in the chain goes anywhere",
+    reason="known gap (docs/security.md): a redirect to another origin is followed; the "
+    "route that fetched documents itself (reverted) let the second hop escape too",
 )
 async def test_a_second_redirect_to_another_origin_is_blocked(tools, site):
     opened, urls = await _open_and_tabs(tools, f"{site}/twice")

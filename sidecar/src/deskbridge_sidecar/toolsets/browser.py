@@ -5,8 +5,7 @@ Opt-in: offered only when the user names the origins it may visit
 (``deskbridge-sidecar run --browser-origin https://portal.example.com``). Navigation to
 any other origin is denied: ``browser_open`` refuses it up front (``origin_not_allowed``),
 and a document request to it from a page (a link, a redirect, a script, a frame) is
-aborted by a request route (:mod:`._navigation`, which performs document requests itself
-so that a redirect is checked too) and reported in the tool's ``blocked`` list. Sub-resources
+aborted by a request route and reported in the tool's ``blocked`` list. Sub-resources
 (scripts, images, fonts from a CDN) are not filtered: the allow-list is about where the
 agent can take the user's signed-in browser, not a content filter.
 
@@ -43,7 +42,6 @@ from pydantic import AfterValidator
 
 from .._tools import Tool, ToolError
 from ._asyncio_host import AsyncioHost
-from ._navigation import route_request
 from ._origins import EXECUTABLES, OriginPolicy, check_url, find_browser, origin_of
 
 log = logging.getLogger("deskbridge.sidecar.browser")
@@ -320,7 +318,13 @@ class BrowserToolset:
                 self._playwright = None
 
     async def _route(self, route: Any) -> None:
-        await route_request(route, self.policy, self._blocked.append)
+        request = route.request
+        if request.is_navigation_request() and not self.policy.allows(request.url):
+            self._blocked.append(request.url)
+            log.warning("browser: blocked navigation to %s (not an allowed origin)", request.url)
+            await route.abort("aborted")  # like a cancelled navigation: the page stays
+        else:
+            await route.continue_()
 
     def _adopt(self, page: Any) -> None:
         if any(p is page for p in self._tabs.values()):
