@@ -6,27 +6,19 @@ the returning desktop is answered from its ledger, never run twice"), and
 seen it: the job runs a second time. Across processes the same hand-over is final (in_doubt,
 acknowledged, never delivered again).
 
-Not fixed here: ``tests/hub/test_outcomes.py::
-test_the_same_daemon_back_in_this_process_gets_its_job_again_at_once[False]`` asserts this
-second run (another daemon gets the job after the old session's grace, ``completed``).
-The one-line fix (``_handshake``: ``other.supersede(local=not another)`` when both daemon
-ids are known and differ) answers that caller ``in_doubt`` instead and needs that test's
-expectation changed: a decision for the owners."""
+Fixed: ``_handshake`` supersedes with ``local=False`` when both daemon ids are known and
+differ, as another process's session is (``tests/hub/test_outcomes.py::
+test_the_same_daemon_back_in_this_process_gets_its_job_again_at_once[False]`` now expects
+``in_doubt`` and no second run)."""
 
 from __future__ import annotations
 
-import pytest
 import trio
 from deskbridge_common import Job, JobResult
 
 from tests.hub.test_outcomes import bridge, connect, sidecar, state  # noqa: F401
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a local supersede by another daemon leaves the old desktop's running "
-    "job pending (provisional in_doubt) and release() lets the new desktop run it again",
-)
 async def test_a_job_running_on_a_desktop_superseded_here_by_another_is_not_run_again(
     autojump_clock,
     state,  # noqa: F811

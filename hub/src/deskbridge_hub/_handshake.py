@@ -117,8 +117,14 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         # Only once this session is welcomed: a newer sidecar refused with 1013 (Redis
         # down) or gone before its welcome must not close the working one with 4001,
         # which makes it stop for good. Same process: at once; other processes: at once
-        # too, by the notice below.
-        other.supersede(local=True)
+        # too, by the notice below. Another desktop of the user (both daemon ids known,
+        # and different) is handed over as from another process: a job still running
+        # on the old desktop at the end of its grace is answered in_doubt for good, never
+        # redelivered to the new desktop, whose ledger has not seen it (found by review:
+        # it ran a second time there).
+        theirs = other.hello.daemon_id if other.hello is not None else None
+        another = bool(frame.daemon_id and theirs and theirs != frame.daemon_id)
+        other.supersede(local=not another)
         # The same daemon is back on this socket: its older socket is dead (a daemon
         # holds one session at a time; a half-open cut sent no FIN). End it now, after
         # presence names this session (its cleanup must not clear ours), instead of
