@@ -560,3 +560,19 @@ async def test_an_entry_whose_dispatch_is_cancelled_is_not_left_in_flight(autoju
     with trio.move_on_after(1):
         await reader._pump(desk.listener, {DRAIN})
     assert reader.inflight == {"u1": set()} and desk.dispatched() == ["1-0"]
+
+
+def test_the_daemons_handed_entries_are_remembered_up_to_a_bound_per_user():
+    """Found by review: 1,024 per user over 10,000 users was up to ~10 M entries a
+    process; the bound is HANDED_PER_USER (128), oldest forgotten first."""
+    from deskbridge_hub._reader import HANDED_PER_USER
+
+    reader = make_reader()
+    desk = Desk(daemon_id="d1")
+    for n in range(HANDED_PER_USER + 1):
+        reader._note_handed(desk.listener, f"{n}-0")
+    handed = reader._handed_to["u1"]
+    assert HANDED_PER_USER == 128
+    assert len(handed) == HANDED_PER_USER
+    assert "0-0" not in handed and f"{HANDED_PER_USER}-0" in handed
+    assert set(handed.values()) == {"d1"}
