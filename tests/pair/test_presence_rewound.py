@@ -13,22 +13,21 @@ import pytest
 import trio
 import trio.testing
 from deskbridge_hub import Bridge
-from deskbridge_hub._memory import MemorySubstrate
-from deskbridge_hub._session import HubState
-from deskbridge_sidecar import Daemon, ToolRegistry
 
-from tests.pair import TOKEN, USER, PairConnector, wall
-from tests.pair.test_takeover import TIMINGS, Killable, _pod, _submit_tool, _wait_sessions
+from tests.pair import USER, PairConnector, wall
+from tests.pair.test_takeover import (
+    TIMINGS,
+    _desktop,
+    _pod,
+    _submit_tool,
+    _two_pods,
+    _wait_sessions,
+)
 
 
 @pytest.mark.parametrize("old_process", ["killed", "alive"])
-async def test_a_rewound_presence_does_not_stop_the_connected_desktop(
-    autojump_clock, old_process
-):
-    substrate = MemorySubstrate(clock=wall)
-    view1 = Killable(substrate)
-    pod1 = HubState(substrate=view1, timings=TIMINGS, consumer="pod-1", wall_clock=wall)  # type: ignore[arg-type]
-    pod2 = HubState(substrate=substrate, timings=TIMINGS, consumer="pod-2", wall_clock=wall)
+async def test_a_rewound_presence_does_not_stop_the_connected_desktop(autojump_clock, old_process):
+    substrate, view1, pod1, pod2 = _two_pods()
     submit, calls = _submit_tool()
     stopped = []
     with trio.fail_after(300):
@@ -36,10 +35,7 @@ async def test_a_rewound_presence_does_not_stop_the_connected_desktop(
             n1 = await root.start(_pod, pod1)
             n2 = await root.start(_pod, pod2)
             connector = PairConnector(pod1, n1, USER)
-            daemon = Daemon(
-                "ws://hub.pair:8080", TOKEN, registry=ToolRegistry([submit]), timings=TIMINGS,
-                wall_clock=wall, connector=connector, random=lambda: 0.5,
-            )  # fmt: skip
+            daemon = _desktop(submit, connector)
 
             async def run() -> None:
                 await daemon.run()

@@ -66,6 +66,24 @@ def _submit_tool():
     return submit, calls
 
 
+def _two_pods() -> tuple[MemorySubstrate, Killable, HubState, HubState]:
+    """One shared substrate; pod-1 sees it through a :class:`Killable` view (its kill -9),
+    pod-2 directly."""
+    substrate = MemorySubstrate(clock=wall)
+    view1 = Killable(substrate)
+    pod1 = HubState(substrate=view1, timings=TIMINGS, consumer="pod-1", wall_clock=wall)  # type: ignore[arg-type]
+    pod2 = HubState(substrate=substrate, timings=TIMINGS, consumer="pod-2", wall_clock=wall)
+    return substrate, view1, pod1, pod2
+
+
+def _desktop(submit: Any, connector: PairConnector) -> Daemon:
+    """The real sidecar daemon with only ``submit``, dialling through ``connector``."""
+    return Daemon(
+        "ws://hub.pair:8080", TOKEN, registry=ToolRegistry([submit]), timings=TIMINGS,
+        wall_clock=wall, connector=connector, random=lambda: 0.5,
+    )  # fmt: skip
+
+
 async def _wait_sessions(daemon: Daemon, count: int) -> None:
     with trio.fail_after(60):
         while daemon.statistics().sessions_started < count:  # noqa: ASYNC110 - test poll
@@ -75,10 +93,7 @@ async def _wait_sessions(daemon: Daemon, count: int) -> None:
 async def _scenario(*, kill_pod1: bool, same_daemon: bool) -> dict[str, Any]:
     """pod-1 holds the socket; a 30 s job starts at t=0; at t=5 pod-1 dies (or only the
     socket does); the desktop connects to pod-2 (the same daemon, or a different one)."""
-    substrate = MemorySubstrate(clock=wall)
-    view1 = Killable(substrate)
-    pod1 = HubState(substrate=view1, timings=TIMINGS, consumer="pod-1", wall_clock=wall)  # type: ignore[arg-type]
-    pod2 = HubState(substrate=substrate, timings=TIMINGS, consumer="pod-2", wall_clock=wall)
+    substrate, view1, pod1, pod2 = _two_pods()
     submit, calls = _submit_tool()
     outcomes = []
     async with trio.open_nursery() as root:
@@ -87,10 +102,7 @@ async def _scenario(*, kill_pod1: bool, same_daemon: bool) -> dict[str, Any]:
         connector = PairConnector(pod1, n1, USER)
 
         def daemon(conn: PairConnector) -> Daemon:
-            return Daemon(
-                "ws://hub.pair:8080", TOKEN, registry=ToolRegistry([submit]), timings=TIMINGS,
-                wall_clock=wall, connector=conn, random=lambda: 0.5,
-            )  # fmt: skip
+            return _desktop(submit, conn)
 
         first = daemon(connector)
         first_scope = trio.CancelScope()

@@ -13,11 +13,17 @@ import trio
 import trio.testing
 from deskbridge_hub import Bridge
 from deskbridge_hub._memory import MemorySubstrate
-from deskbridge_hub._session import HubState
-from deskbridge_sidecar import Daemon, ToolRegistry
 
-from tests.pair import TOKEN, USER, PairConnector, wall
-from tests.pair.test_takeover import JOB_S, TIMINGS, Killable, _pod, _submit_tool, _wait_sessions
+from tests.pair import USER, PairConnector, wall
+from tests.pair.test_takeover import (
+    JOB_S,
+    TIMINGS,
+    _desktop,
+    _pod,
+    _submit_tool,
+    _two_pods,
+    _wait_sessions,
+)
 
 
 def lose_everything(substrate: MemorySubstrate) -> None:
@@ -34,10 +40,7 @@ def lose_everything(substrate: MemorySubstrate) -> None:
 
 
 async def test_same_daemon_takes_over_at_once_after_the_store_lost_its_data(autojump_clock):
-    substrate = MemorySubstrate(clock=wall)
-    view1 = Killable(substrate)
-    pod1 = HubState(substrate=view1, timings=TIMINGS, consumer="pod-1", wall_clock=wall)  # type: ignore[arg-type]
-    pod2 = HubState(substrate=substrate, timings=TIMINGS, consumer="pod-2", wall_clock=wall)
+    substrate, view1, pod1, pod2 = _two_pods()
     submit, calls = _submit_tool()
     outcomes = []
     with trio.fail_after(900):
@@ -45,10 +48,7 @@ async def test_same_daemon_takes_over_at_once_after_the_store_lost_its_data(auto
             n1 = await root.start(_pod, pod1)
             n2 = await root.start(_pod, pod2)
             connector = PairConnector(pod1, n1, USER)
-            daemon = Daemon(
-                "ws://hub.pair:8080", TOKEN, registry=ToolRegistry([submit]), timings=TIMINGS,
-                wall_clock=wall, connector=connector, random=lambda: 0.5,
-            )  # fmt: skip
+            daemon = _desktop(submit, connector)
             await root.start(daemon.run)
             bridge = Bridge(substrate, TIMINGS, wall_clock=wall)
             await trio.sleep(1)
