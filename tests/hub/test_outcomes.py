@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -372,6 +373,35 @@ async def test_cancel_unknown_job(autojump_clock, bridge):
         await bridge.cancel("no-such-job")
 
 
+async def running_job(
+    nursery: trio.Nursery,
+    state: Any,
+    bridge: Bridge,
+    seen: list[tuple[str, float]],
+    label: str,
+    *,
+    daemon_id: str,
+    job_id: str,
+) -> Any:
+    """Connect a desktop (``daemon_id``) to ``state`` that records each job it gets in
+    ``seen`` as ``(label, time)`` and never answers; dispatch ``job_id`` (``click`` for
+    u1, 600 s); return the desktop's connection once the job reached it."""
+    desk = await connect(nursery, state, daemon_id=daemon_id)
+    first = trio.Event()
+
+    async def running(frame):
+        if isinstance(frame, Job):
+            seen.append((label, trio.current_time()))
+            first.set()
+
+    nursery.start_soon(sidecar, desk, running)
+    nursery.start_soon(
+        functools.partial(bridge.dispatch, "u1", "click", {}, job_id=job_id, timeout_s=600)
+    )
+    await first.wait()
+    return desk
+
+
 async def ignore(frame):
     pass
 
@@ -545,20 +575,8 @@ async def test_a_job_of_a_gone_socket_waits_the_reclaim_idle_before_another_daem
     might still be running. Like the takeover across processes, only the same daemon
     gets it at once (its ledger joins or answers it); another waits RECLAIM_IDLE_S."""
     async with trio.open_nursery() as nursery:
-        old = await connect(nursery, state, daemon_id="d1")
         seen: list[tuple[str, float]] = []
-        first = trio.Event()
-
-        async def running(frame):
-            if isinstance(frame, Job):
-                seen.append(("old", trio.current_time()))
-                first.set()
-
-        nursery.start_soon(sidecar, old, running)
-        nursery.start_soon(
-            functools.partial(bridge.dispatch, "u1", "click", {}, job_id="job-g", timeout_s=600)
-        )
-        await first.wait()
+        old = await running_job(nursery, state, bridge, seen, "old", daemon_id="d1", job_id="job-g")
         delivered_at = trio.current_time()
         await old.disconnect()  # gone, mid-job
         await trio.sleep(1)

@@ -8,8 +8,6 @@ step runs ``again`` only when this process handed the user's entries to no other
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import trio
 from deskbridge_common import Job, JobResult, Timings
@@ -18,7 +16,7 @@ from deskbridge_hub._keys import presence_key
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._session import HubState
 
-from tests.hub.test_outcomes import connect, sidecar
+from tests.hub.test_outcomes import connect, running_job, sidecar
 from tests.hub.test_session import wall
 
 
@@ -33,19 +31,8 @@ async def test_a_gone_desktops_job_is_not_taken_over_by_another_daemon_after_a_r
     bridge = Bridge(substrate, timings, wall_clock=wall)
     seen: list[tuple[str, float]] = []
     async with trio.open_nursery() as nursery:
-        old = await connect(nursery, one, daemon_id="d1")
-        first = trio.Event()
-
-        async def running(frame):  # d1 runs it and never answers: gone mid-job
-            if isinstance(frame, Job):
-                seen.append(("d1", trio.current_time()))
-                first.set()
-
-        nursery.start_soon(sidecar, old, running)
-        nursery.start_soon(
-            functools.partial(bridge.dispatch, "u1", "click", {}, job_id="job-g", timeout_s=600)
-        )
-        await first.wait()
+        # d1 runs it and never answers: gone mid-job
+        old = await running_job(nursery, one, bridge, seen, "d1", daemon_id="d1", job_id="job-g")
         delivered_at = trio.current_time()
         await old.disconnect()
         await trio.sleep(1)
