@@ -9,6 +9,10 @@ Systems, each with its own fresh ``redis-server`` and the same fake desktop proc
               Socket.IO's and Django Channels' Redis adapters route): at-most-once
   streams     the same Streams + BLPOP design as deskbridge in plain asyncio with
               ``websockets`` + ``redis`` (redis-py) (``bench/lib/streams_hub.py``)
+  trio        the same as ``streams``, frame for frame and command for command, on
+              deskbridge's own stack: a bare ASGI app under Hypercorn's trio worker,
+              coredis, trio (``bench/lib/trio_hub.py``): the floor this stack sets, so
+              deskbridge / trio is deskbridge's own overhead and trio / streams the stack's
 
 Each peer's docstring says what it does and does not guarantee. Peers are bench-only
 dependencies pinned in ``bench/requirements.txt`` (``./dev bench compare`` installs them).
@@ -33,8 +37,9 @@ the hub's CPU per call that is Hypercorn's WebSocket alone (printed beside the t
 issue-10 targets this run can judge are printed as MET / NOT MET.
 
 Usage:
-  ./dev bench compare [--calls 1000] [--load-s 5] [--users 64] [--systems deskbridge,pubsub,streams]
-      [--redis-port 6408] [--json out.json] [--profile DIR [--profile-gil]] [--rounds N]
+  ./dev bench compare [--calls 1000] [--load-s 5] [--users 64]
+      [--systems deskbridge,pubsub,streams,trio] [--redis-port 6408] [--json out.json]
+      [--profile DIR [--profile-gil]] [--rounds N]
 
 ``--rounds N`` measures every system N times, interleaved, and reports the median of each
 figure: the systems run one after another, so on a machine whose speed drifts a slow
@@ -70,7 +75,7 @@ from tests.procs import (  # noqa: E402
 )
 
 SHAPES = [(1, 1), (1, 64), (64, 8), (64, 64)]
-SYSTEMS = ("deskbridge", "pubsub", "streams")
+SYSTEMS = ("deskbridge", "pubsub", "streams", "trio")
 
 
 def _python() -> str:
@@ -335,6 +340,18 @@ def targets(results: dict[str, dict]) -> list[tuple[str, bool | None, str]]:
                     f"{d[k]['jobs_per_s']:.0f} vs {st[k]['jobs_per_s']:.0f}",
                 )
             )
+    tr = results.get("trio")
+    if tr and st:  # not a target: where the gap lies (the stack's, or deskbridge's own)
+        out.append(
+            (
+                "(floor) the streams design on trio + Hypercorn + coredis",
+                None,
+                f"seq p50 {tr['sequential']['p50_ms']:.2f} ms, hub CPU "
+                f"{tr['sequential']['hub_cpu_ms_per_call']:.3f} ms/call (plain asyncio: "
+                f"{st['sequential']['p50_ms']:.2f} ms, "
+                f"{st['sequential']['hub_cpu_ms_per_call']:.3f} ms/call)",
+            )
+        )
     if "load_64x64" in d:
         j = d["load_64x64"]["jobs_per_s"]
         out.append(("64x64 >= 2,000 jobs/s", j >= 2000, f"{j:.0f}"))

@@ -6,8 +6,10 @@ Systems and their call paths:
   deskbridge-http  ``POST /v1/users/{u}/jobs`` on one keep-alive HTTP connection (trio, httpx)
   pubsub           :class:`bench.lib.pubsub_hub.PubSubCaller` (asyncio, redis-py)
   streams          :class:`bench.lib.streams_hub.StreamsCaller` (asyncio, redis-py)
+  trio             :class:`bench.lib.trio_hub.TrioCaller` (trio, coredis)
 
-The workload is written once with anyio and runs on trio (deskbridge) or asyncio (peers).
+The workload is written once with anyio and runs on trio (deskbridge, trio) or asyncio
+(pubsub, streams).
 Around each phase the :class:`bench.lib.measure.Meter` reads the hub's CPU from /proc and
 Redis's INFO counters, so every figure covers exactly the calls of that phase.
 """
@@ -319,9 +321,26 @@ def peer_main(args: argparse.Namespace, plan: dict, meter: Meter) -> dict:
     return asyncio.run(main())
 
 
+def trio_peer_main(args: argparse.Namespace, plan: dict, meter: Meter) -> dict:
+    import trio
+
+    from bench.lib.trio_hub import TrioCaller, client
+
+    async def main() -> dict:
+        async with client(args.redis_url) as redis:
+            caller = TrioCaller(redis)
+
+            async def call(user: str, payload: dict) -> object:
+                return await caller.call(user, "echo", payload, timeout_s=10)
+
+            return await run_plan(call, plan, meter, None)
+
+    return trio.run(main)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--system", choices=("deskbridge", "pubsub", "streams"), required=True)
+    p.add_argument("--system", choices=("deskbridge", "pubsub", "streams", "trio"), required=True)
     p.add_argument("--redis-url", required=True)
     p.add_argument("--redis-pid", type=int, required=True)
     p.add_argument("--hub-pgid", type=int, required=True)
@@ -335,6 +354,8 @@ def main() -> int:
     meter = Meter(info=info, hub_pgid=args.hub_pgid, redis_pid=args.redis_pid)
     if args.system == "deskbridge":
         results = deskbridge_main(args, plan, meter)
+    elif args.system == "trio":
+        results = trio_peer_main(args, plan, meter)
     else:
         results = peer_main(args, plan, meter)
     info.close()
