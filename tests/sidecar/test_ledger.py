@@ -412,13 +412,23 @@ async def test_a_ledger_file_deleted_or_replaced_under_it_refuses_every_write(pa
     ledger.close()
 
 
-async def test_each_run_stores_its_tool_fingerprints_and_gets_the_previous_ones(path):
+async def test_the_acknowledged_catalogue_outlives_the_process(path):
     ledger = Ledger.open(path)
-    assert await ledger.swap_fingerprints({"a": "1", "b": "2"}) == {}
+    assert await ledger.catalogue() == {}
+    await ledger.record_catalogue({"a": ("1", 0.0), "b": ("2", 1_700_000_000.5)})
     ledger.close()
     again = Ledger.open(path)
-    assert await again.swap_fingerprints({"a": "1", "b": "3"}) == {"a": "1", "b": "2"}
+    assert await again.catalogue() == {"a": ("1", 0.0), "b": ("2", 1_700_000_000.5)}
     again.close()
+
+
+async def test_a_catalogue_in_the_earlier_form_reads_as_fingerprints_with_no_change_known(path):
+    ledger = Ledger.open(path)
+    ledger._conn.execute(
+        "INSERT OR REPLACE INTO meta VALUES ('catalogue', ?)", ('{"a": "1", "b": "2"}',)
+    )
+    assert await ledger.catalogue() == {"a": ("1", 0.0), "b": ("2", 0.0)}
+    ledger.close()
 
 
 def test_a_tools_fingerprint_covers_its_entry_and_its_configuration(tmp_path):

@@ -34,6 +34,7 @@ from deskbridge_common import (
 )
 
 from ._backoff import Backoff
+from ._catalogue import acknowledge, catalogue_at_start
 from ._consent import ApprovalDesk, file_desk
 from ._daemon_stats import DaemonStatistics
 from ._dedupe import DedupeCache
@@ -173,6 +174,10 @@ class Daemon:
     _reconnects: int = attrs.field(default=0, init=False)
     _last_end: SessionEnd | None = attrs.field(default=None, init=False)
     _daemon_id: str | None = attrs.field(default=None, init=False)
+    #: this start's tool fingerprints, recorded as acknowledged at the first welcome
+    #: whose record is written (``_catalogue.acknowledge``); None once written
+    _unacknowledged: dict[str, str] | None = attrs.field(default=None, init=False)
+    _work: trio.Nursery | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.url = sidecar_url(self.hub_url)
@@ -246,10 +251,14 @@ class Daemon:
                     )
                     try:
                         await self._runner.load()
-                        self._runner.changed_tools = await _changed_tools(ledger, self.registry)
+                        at_start = await catalogue_at_start(ledger, self.registry)
                     except LedgerError as exc:  # raised below, not in an exception group
                         failure = exc
                     else:
+                        self._runner.changed_tools = at_start.changed
+                        self._runner.changed_at = at_start.changed_at
+                        self._unacknowledged = dict(at_start.fingerprints)
+                        self._work = work
                         self._daemon_id = ledger.instance_id
                         try:
                             await self._run_with_ledger(work, task_status)
@@ -336,6 +345,19 @@ class Daemon:
         tools = [STATUS_SPEC.name, *self.registry.names()]
         await write_status_loop(self, path, self.url, tools)
 
+    async def _acknowledge(self, fingerprints: dict[str, str], at: float) -> None:
+        """Record the catalogue the hub just welcomed (``_catalogue.acknowledge``),
+        shielded: a stop right after the welcome must not lose it. A failed write is
+        one WARNING and is tried again at the next welcome; meanwhile the record says
+        less than the hub has, which only refuses more jobs at the next start."""
+        assert self._runner is not None
+        with trio.CancelScope(shield=True):
+            try:
+                await acknowledge(self._runner.ledger, fingerprints, at)
+            except LedgerError as exc:
+                log.warning("could not record the catalogue the hub acknowledged: %s", exc)
+                self._unacknowledged = fingerprints
+
     @staticmethod
     async def _prune_loop(runner: ToolRunner) -> None:
         while True:
@@ -355,6 +377,9 @@ class Daemon:
         self._sessions_started += 1
         if self._runner is not None and self._runner.serving_since is None:
             self._runner.serving_since = trio.current_time()
+        if self._unacknowledged is not None and self._work is not None:
+            self._work.start_soon(self._acknowledge, self._unacknowledged, self.wall_clock())
+            self._unacknowledged = None
         log.info(
             "welcomed by hub: session %s (ping every %g s, timeout %g s)",
             welcome.session_id,
@@ -463,21 +488,6 @@ class Daemon:
             session_id=None,
             duration_s=trio.current_time() - started_at,
         )
-
-
-async def _changed_tools(ledger: Ledger, registry: ToolRegistry) -> frozenset[str]:
-    """Tools offered now whose fingerprint differs from the previous run's on this
-    ledger (stores this run's). Raises :class:`LedgerError`."""
-    current = {t.name: t.fingerprint() for t in registry}
-    previous = await ledger.swap_fingerprints(current)
-    changed = frozenset(n for n, fp in current.items() if n in previous and previous[n] != fp)
-    if changed:
-        log.warning(
-            "tools changed since the last run: %s; their jobs queued before this start "
-            "are refused (catalogue_changed), not run",
-            ", ".join(sorted(changed)),
-        )
-    return changed
 
 
 async def run_daemon(

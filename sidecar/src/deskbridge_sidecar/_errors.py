@@ -125,6 +125,12 @@ class LedgerError(Exception):
     """The ledger could not be read or written (disk full, I/O error)."""
 
 
+class LedgerFull(LedgerError):
+    """The disk (or the user's quota) is full: SQLite answered ``SQLITE_FULL``, or the
+    data directory could not be created for ``ENOSPC`` / ``EDQUOT``. Temporary: the CLI
+    exits 75 (``EX_TEMPFAIL``) on it at start, so a service manager restarts it."""
+
+
 class LedgerLocked(LedgerError):
     """Another sidecar process holds this ledger (one daemon per data directory)."""
 
@@ -134,6 +140,7 @@ __all__ = [
     "ConnectFailed",
     "HandshakeRejected",
     "LedgerError",
+    "LedgerFull",
     "LedgerLocked",
     "Superseded",
     "TokenRefused",

@@ -41,6 +41,12 @@ One SQLite file (the standard library's ``sqlite3``), one row per idempotency ke
   unlinked file, lost at the next open, and free the path for a second daemon; such a
   write is refused with :class:`LedgerError` instead (the tool does not start), and
   reads still answer from the open file. Restarting the sidecar opens a fresh file.
+* A full disk (SQLite's ``SQLITE_FULL``, or ``ENOSPC`` / ``EDQUOT`` creating the data
+  directory) raises :class:`LedgerFull`, a :class:`LedgerError` that is temporary: at
+  start the CLI exits 75 on it (its service manager restarts it), while a write refused
+  mid-run refuses only its job (``ledger_error``), as any other failed write.
+* The catalogue the hub acknowledged (``_catalogue``): per tool, the fingerprint of the
+  last welcomed hello and when the hub first acknowledged it after a change.
 
 Every call that touches the file runs in a worker thread (``trio.to_thread``), one at
 a time (a capacity limiter of 1), so the event loop never waits on a disk flush.
@@ -51,6 +57,7 @@ Cancelling a caller while its call runs waits for the call to finish (trio's
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -65,7 +72,7 @@ from typing import TypeVar, TypeVarTuple, Unpack
 import attrs
 import trio
 
-from ._errors import LedgerError, LedgerLocked
+from ._errors import LedgerError, LedgerFull, LedgerLocked
 from ._outcome import IN_DOUBT, Outcome, outcome_from_json, outcome_to_json
 
 log = logging.getLogger("deskbridge.sidecar.ledger")
@@ -186,7 +193,7 @@ class Ledger:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LedgerError(f"cannot create the data directory {path.parent}: {exc}") from exc
+            raise _error(f"cannot create the data directory {path.parent}: {exc}", exc) from exc
         moved: Path | None = None
         try:
             conn = _connect(path)
@@ -209,7 +216,7 @@ class Ledger:
             try:
                 instance_id = _instance_id(conn)
             except sqlite3.Error as exc:
-                raise LedgerError(f"cannot open the ledger {path}: {exc}") from exc
+                raise _error(f"cannot open the ledger {path}: {exc}", exc) from exc
             ledger = cls(
                 path,
                 conn,
@@ -275,27 +282,39 @@ class Ledger:
         deleted: int = await self._call(self._prune, self.wall_clock())
         return deleted
 
-    async def swap_fingerprints(self, current: Mapping[str, str]) -> dict[str, str]:
-        """Store ``current`` (tool name -> :meth:`Tool.fingerprint`) as this run's
-        catalogue and return the one the previous run stored (empty: none, or an
-        in-memory ledger). Raises :class:`LedgerError`."""
-        previous: dict[str, str] = await self._call(self._swap_fingerprints, dict(current))
-        return previous
+    async def catalogue(self) -> dict[str, tuple[str, float]]:
+        """The catalogue the hub acknowledged, as ``_catalogue`` recorded it: tool name
+        -> (:meth:`Tool.fingerprint`, Unix seconds when the hub first acknowledged that
+        fingerprint after a change, 0.0 when no change is known). Empty: nothing
+        recorded yet (a new ledger). A record written before that time was kept reads as
+        fingerprints with 0.0. Raises :class:`LedgerError`."""
+        record: dict[str, tuple[str, float]] = await self._call(self._catalogue)
+        return record
 
-    def _swap_fingerprints(self, current: dict[str, str]) -> dict[str, str]:
-        with self._guard("catalogue"):
+    async def record_catalogue(self, record: Mapping[str, tuple[str, float]]) -> None:
+        """Replace the record :meth:`catalogue` reads (durable when this returns).
+        Raises :class:`LedgerError` (:class:`LedgerFull` on a full disk)."""
+        await self._call(self._record_catalogue, dict(record))
+
+    def _catalogue(self) -> dict[str, tuple[str, float]]:
+        with self._guard("catalogue read"):
             row = self._conn.execute("SELECT value FROM meta WHERE name = 'catalogue'").fetchone()
-            self._conn.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('catalogue', ?)",
-                (json.dumps(current, sort_keys=True),),
-            )
-        if row is None:
-            return {}
         try:
-            previous = json.loads(row[0])
+            stored = json.loads(row[0]) if row is not None else {}
         except ValueError:
             return {}
-        return {str(k): str(v) for k, v in previous.items()} if isinstance(previous, dict) else {}
+        record: dict[str, tuple[str, float]] = {}
+        for name, value in stored.items() if isinstance(stored, dict) else ():
+            if isinstance(value, str):  # the earlier form: name -> fingerprint
+                record[str(name)] = (value, 0.0)
+            elif isinstance(value, list) and len(value) == 2:
+                record[str(name)] = (str(value[0]), float(value[1]))
+        return record
+
+    def _record_catalogue(self, record: dict[str, tuple[str, float]]) -> None:
+        text = json.dumps({n: [fp, at] for n, (fp, at) in record.items()}, sort_keys=True)
+        with self._guard("catalogue write"):
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('catalogue', ?)", (text,))
 
     async def _call(self, fn: Callable[[Unpack[_Ts]], _T], *args: *_Ts) -> _T:
         if self.path is None:  # in memory: no disk to wait for, and MockClock stays exact
@@ -311,7 +330,7 @@ class Ledger:
             try:
                 yield
             except sqlite3.Error as exc:
-                raise LedgerError(f"ledger {what} failed: {exc}") from exc
+                raise _error(f"ledger {what} failed: {exc}", exc) from exc
 
         return guard()
 
@@ -437,13 +456,22 @@ class _Corrupt(Exception):
     pass
 
 
+def _error(message: str, exc: BaseException) -> LedgerError:
+    """:class:`LedgerFull` when ``exc`` says the disk or the quota is full (SQLite's
+    ``SQLITE_FULL``, ``ENOSPC``, ``EDQUOT``), else :class:`LedgerError`."""
+    full = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL or getattr(
+        exc, "errno", None
+    ) in (errno.ENOSPC, errno.EDQUOT)
+    return (LedgerFull if full else LedgerError)(message)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(
             str(path), timeout=0.5, check_same_thread=False, isolation_level=None
         )
     except sqlite3.Error as exc:
-        raise LedgerError(f"cannot open the ledger {path}: {exc}") from exc
+        raise _error(f"cannot open the ledger {path}: {exc}", exc) from exc
     try:
         conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -460,7 +488,7 @@ def _connect(path: Path) -> sqlite3.Connection:
                 f"another sidecar is using the ledger {path} (one daemon per data "
                 "directory: stop it, or give this one its own --data-dir)"
             ) from exc
-        raise LedgerError(f"cannot open the ledger {path}: {exc}") from exc
+        raise _error(f"cannot open the ledger {path}: {exc}", exc) from exc
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise _Corrupt(str(exc)) from exc
@@ -504,6 +532,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "LedgerError",
+    "LedgerFull",
     "LedgerLocked",
     "args_digest",
 ]

@@ -28,12 +28,13 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
 from deskbridge_common import CATALOGUE_CHANGED, Job
 
+from ._catalogue import validated_before_change
 from ._consent import ApprovalDesk, gate
 from ._dedupe import DedupeCache
 from ._isolate import invoke_in_process, is_isolated
@@ -54,10 +55,6 @@ from ._tools import Tool, ToolRegistry, invoke
 
 log = logging.getLogger("deskbridge.sidecar.runner")
 
-#: Jobs enqueued up to this long after the first welcome still count as validated
-#: against the previous catalogue (the hub stores the new one at the hello; the job
-#: frame's transit makes a job look older here), seconds.
-CATALOGUE_SLACK_S = 1.0
 #: Most deliveries whose monotonic deadline is remembered at once (``_note_deadline``).
 _MAX_NOTES = 4096
 
@@ -127,10 +124,13 @@ class ToolRunner:
     approvals: ApprovalDesk | None = None
     #: run every sync tool in a separate process (``--isolate-sync-tools``)
     isolate_sync: bool = False
-    #: tools whose fingerprint differs from the previous run's (same ledger): a job for
-    #: one of them enqueued before this daemon was first welcomed was validated against
-    #: the old catalogue, and is refused ``catalogue_changed`` (``_catalogue_changed``)
+    #: tools whose fingerprint is not the one the hub last acknowledged (``_catalogue``):
+    #: a job for one of them enqueued before this daemon was first welcomed was validated
+    #: against the old catalogue, and is refused ``catalogue_changed``
     changed_tools: frozenset[str] = frozenset()
+    #: tools the hub acknowledged after a change (an earlier run's) -> Unix seconds of
+    #: that acknowledgement: their jobs enqueued before it are refused likewise
+    changed_at: Mapping[str, float] = attrs.field(factory=dict)
     #: trio time of this daemon's first welcome, or None before it
     serving_since: float | None = None
     #: delivery id -> its deadline on the trio (monotonic) clock, noted at admission, so
@@ -244,15 +244,18 @@ class ToolRunner:
         return self._catalogue_changed(job)
 
     def _catalogue_changed(self, job: Job) -> Outcome | None:
-        """``catalogue_changed`` for a job of a changed tool enqueued before this daemon
-        was first welcomed (or when that cannot be told: no ``waited_s``, not welcomed
-        yet), within ``CATALOGUE_SLACK_S``; else None."""
-        if job.name not in self.changed_tools:
+        """``catalogue_changed`` for a job enqueued before the hub acknowledged its
+        tool's current fingerprint, or when that cannot be told
+        (``_catalogue.validated_before_change``); else None."""
+        if not validated_before_change(
+            job,
+            changed=self.changed_tools,
+            changed_at=self.changed_at,
+            serving_since=self.serving_since,
+            now=trio.current_time(),
+            wall_now=self.wall_clock(),
+        ):
             return None
-        since = self.serving_since
-        if since is not None and job.waited_s is not None:
-            if job.waited_s + CATALOGUE_SLACK_S < trio.current_time() - since:
-                return None  # enqueued after the new catalogue was announced
         return Outcome.failure(
             CATALOGUE_CHANGED,
             f"{job.name} changed when the sidecar restarted (another definition or "

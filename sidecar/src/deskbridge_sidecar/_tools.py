@@ -70,6 +70,13 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     )
 
 
+def _function_name(fn: Callable[..., Any]) -> str:
+    """``module:qualified.name`` of ``fn`` (of its class for a callable object): the same
+    across processes for the same code, unlike ``id``."""
+    target = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(target, '__module__', '')}:{getattr(target, '__qualname__', '')}"
+
+
 @attrs.frozen(eq=False)
 class Tool:
     """A callable the hub may invoke by ``name``.
@@ -98,11 +105,13 @@ class Tool:
     config: str = ""
 
     def fingerprint(self) -> str:
-        """SHA-256 (hex) of this tool's catalogue entry and :attr:`config`: what a queued
-        call was validated against. A restart with another fingerprint is a changed tool."""
+        """SHA-256 (hex) of this tool's catalogue entry, :attr:`config` and the function
+        it calls (module and qualified name: another ``--tools`` module's ``submit`` with
+        the same entry is another tool): what a queued call was validated against. A
+        restart with another fingerprint is a changed tool (docs/tools.md)."""
         spec = self.spec()
         entry = [spec.name, spec.description, spec.args_schema, spec.side_effects,
-                 spec.approval_after_wait_s, self.config]  # fmt: skip
+                 spec.approval_after_wait_s, self.config, _function_name(self.fn)]  # fmt: skip
         text = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

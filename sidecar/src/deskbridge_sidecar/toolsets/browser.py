@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import importlib.util
+import json
 import logging
 import os
 import struct
@@ -130,8 +131,18 @@ class BrowserToolset:
     def tools(self) -> list[Tool]:
         """The toolset's tools, for :meth:`ToolRegistry.add`."""
         effects = {"browser_click", "browser_fill", "browser_close_tab"}
+        # Part of each tool's fingerprint (a queued call meets the configuration it was
+        # validated against, docs/tools.md): where it may go and whose signed-in
+        # sessions it acts with. Not the binary or the window: they change how the
+        # browser runs, not what a call does.
+        config = json.dumps(
+            [sorted(set(self.allowed_origins)), os.path.realpath(self.profile_dir)]
+        )
         return [
-            Tool.from_function(fn, name=fn.__name__, side_effects=fn.__name__ in effects)
+            attrs.evolve(
+                Tool.from_function(fn, name=fn.__name__, side_effects=fn.__name__ in effects),
+                config=config,
+            )
             for fn in (
                 self.browser_open,
                 self.browser_text,

@@ -79,9 +79,12 @@ class FilesToolset:
 
     def tools(self) -> list[Tool]:
         """The toolset's tools, for :meth:`ToolRegistry.add`."""
-        config = json.dumps([str(r) for r in self._resolved])
+        # a call's paths mean something else elsewhere; its size limits refuse other calls
+        config = json.dumps(
+            [[str(r) for r in self._resolved], self.max_read_bytes, self.max_write_bytes]
+        )
         return [
-            attrs.evolve(t, config=config)  # a call's paths mean something else elsewhere
+            attrs.evolve(t, config=config)
             for t in (
                 Tool.from_function(self.files_list, name="files_list"),
                 Tool.from_function(self.files_read, name="files_read"),
