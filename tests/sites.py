@@ -92,10 +92,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_site() -> Iterator[str]:
-    """Serve :data:`PAGES` (plus ``/slow`` and ``/submitted``) on 127.0.0.1 from a thread;
-    yields the base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (an ephemeral port) from a thread; yields the base
+    URL, ``http://127.0.0.1:PORT``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -104,3 +104,9 @@ def serve_site() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def serve_site() -> contextlib.AbstractContextManager[str]:
+    """Serve :data:`PAGES` (plus ``/slow`` and ``/submitted``) on 127.0.0.1 from a thread;
+    yields the base URL."""
+    return serve(_Handler)

@@ -259,14 +259,10 @@ async def _nowhere_else(tools, site):
     assert all(t["title"] != "Landing" or t["url"].startswith(site) for t in tabs), tabs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/security.md): Playwright's route does not see the requests a "
-    "redirect makes, and a route that fetched documents itself broke SameSite (reverted)",
-)
 async def test_a_redirect_to_another_origin_is_blocked(tools, site):
     """Playwright routes a request, not the requests its redirects make: a 302 from an
-    allowed page to another origin was followed (the tab ended on that origin)."""
+    allowed page to another origin was followed (the tab ended on that origin). The
+    allow-list proxy refuses the connection the redirect needs."""
     hop = await call(tools, "browser_open", url=f"{site}/hop")  # same origin: followed
     assert hop.ok and hop.result["url"] == f"{site}/landing", hop
     opened = await call(tools, "browser_open", url=f"{site}/redirect")
@@ -290,7 +286,7 @@ async def test_a_popup_or_a_meta_refresh_to_another_origin_is_blocked(tools, sit
 
 
 async def test_a_form_post_still_carries_its_body(tools, site):
-    """Document requests are performed by the route (for redirects): a POST keeps its body."""
+    """Through the allow-list proxy (it relays bytes) a POST keeps its body."""
     assert (await call(tools, "browser_open", url=f"{site}/postform")).ok
     assert (await call(tools, "browser_fill", selector="#name", value="Ada")).ok
     clicked = await call(tools, "browser_click", selector="#send")

@@ -2,12 +2,14 @@
 persistent profile directory, so the user's signed-in sessions stay on the laptop.
 
 Opt-in: offered only when the user names the origins it may visit
-(``deskbridge-sidecar run --browser-origin https://portal.example.com``). Navigation to
-any other origin is denied: ``browser_open`` refuses it up front (``origin_not_allowed``),
-and a document request to it from a page (a link, a redirect, a script, a frame) is
-aborted by a request route and reported in the tool's ``blocked`` list. Sub-resources
-(scripts, images, fonts from a CDN) are not filtered: the allow-list is about where the
-agent can take the user's signed-in browser, not a content filter.
+(``deskbridge-sidecar run --browser-origin https://portal.example.com``). Nothing may reach
+any other origin: ``browser_open`` refuses it up front (``origin_not_allowed``); a request
+route aborts a page's navigation (a link, a script, a frame, a popup) or http(s)
+sub-resource to it, its URL reported in the tool's ``blocked`` list; and the browser's only
+way out is a SOCKS5 proxy on loopback (:mod:`._socks`) that refuses a connection to a host
+and port off the list, for what the route never sees (the requests a redirect makes, at any
+hop; WebSockets; workers), reported as ``host:port``. Cookies, ``SameSite`` and TLS stay the
+browser's own: nothing is fetched on its behalf.
 
 Never downloads a browser: ``executable_path`` is the installed Chromium or Chrome (found
 on ``PATH`` unless configured). One browser per daemon, started on the first browser tool
@@ -44,6 +46,7 @@ from pydantic import AfterValidator
 from .._tools import Tool, ToolError
 from ._asyncio_host import AsyncioHost
 from ._origins import EXECUTABLES, OriginPolicy, check_url, find_browser, origin_of
+from ._socks import AllowListSocks, blocked_report, proxy_args
 
 log = logging.getLogger("deskbridge.sidecar.browser")
 
@@ -98,6 +101,7 @@ class BrowserToolset:
     _current: int | None = attrs.field(init=False, default=None)
     _next_id: int = attrs.field(init=False, default=1)
     _blocked: list[str] = attrs.field(init=False, factory=list)
+    _proxy: AllowListSocks | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if not self.allowed_origins:
@@ -281,7 +285,7 @@ class BrowserToolset:
         except PlaywrightError as exc:
             raise ToolError(_first_line(exc), code="browser_error") from None
         if self._blocked:
-            result["blocked"] = list(self._blocked)
+            result["blocked"] = blocked_report(self._blocked)
         return result
 
     async def _ensure(self) -> None:
@@ -297,6 +301,8 @@ class BrowserToolset:
             args.append("--no-sandbox")  # Chromium refuses to sandbox as root
         profile = self.profile_dir
         os.makedirs(profile, exist_ok=True)
+        self._proxy = AllowListSocks(self.policy, self._blocked.append)
+        args += proxy_args(await self._proxy.start())
         self._playwright = await async_playwright().start()
         try:
             self._context = await self._playwright.chromium.launch_persistent_context(
@@ -310,6 +316,7 @@ class BrowserToolset:
         except BaseException:
             await self._playwright.stop()
             self._playwright = None
+            await self._proxy.close()
             raise
         await self._context.route("**/*", self._route)
         self._context.on("page", self._adopt)
@@ -327,12 +334,20 @@ class BrowserToolset:
             if self._playwright is not None:
                 await self._playwright.stop()
                 self._playwright = None
+            if self._proxy is not None:
+                await self._proxy.close()
 
     async def _route(self, route: Any) -> None:
+        """Abort a request to an origin off the list that Playwright lets us see: a
+        navigation (any scheme) or an http(s) sub-resource, with its whole URL in
+        ``blocked``. Playwright does not route the requests a redirect makes, nor
+        WebSockets: the proxy (:mod:`._socks`) refuses those connections."""
         request = route.request
-        if request.is_navigation_request() and not self.policy.allows(request.url):
-            self._blocked.append(request.url)
-            log.warning("browser: blocked navigation to %s (not an allowed origin)", request.url)
+        url = request.url
+        network = url.startswith(("http:", "https:"))
+        if (request.is_navigation_request() or network) and not self.policy.allows(url):
+            self._blocked.append(url)
+            log.warning("browser: blocked a request to %s (not an allowed origin)", url)
             await route.abort("aborted")  # like a cancelled navigation: the page stays
         else:
             await route.continue_()
@@ -378,7 +393,16 @@ class BrowserToolset:
             page = await self._context.new_page()
             self._adopt(page)
         tab, page = self._page(None)
-        response = await page.goto(url, wait_until=wait_until, timeout=timeout_s * 1000)
+        try:
+            response = await page.goto(url, wait_until=wait_until, timeout=timeout_s * 1000)
+        except Exception as exc:
+            # A navigation that started before this one committed it: the error page of an
+            # earlier navigation the proxy refused (a redirect off the list, maybe started
+            # by a script after its tool answered). Once more, on the settled tab.
+            if "is interrupted by another navigation to" not in str(exc):
+                raise
+            await self._settle(page, timeout_s)
+            response = await page.goto(url, wait_until=wait_until, timeout=timeout_s * 1000)
         return {**await self._describe(tab, page), "status": response.status if response else None}
 
     async def _text(self, selector: str | None, tab: int | None, max_chars: int) -> dict[str, Any]:
