@@ -193,9 +193,10 @@ class StreamSubstrate(Protocol):
         job's deadline is set and compared on one clock. Returns the entry ID."""
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
-        """XREADGROUP ... STREAMS key 0: this consumer's own pending entries (bodies may be None).
-        Entries with a body count as delivered again (delivery count + 1, idle time restarts);
-        body-less ones are left as they are (Redis 7).
+        """This consumer's own pending entries, oldest first (bodies may be None: trimmed
+        or deleted). A look (XPENDING + XRANGE, not XREADGROUP 0): delivery counts and
+        idle times are left as the entries' last real delivery set them, so a drain never
+        pushes back the reclaim of an entry it withholds.
         Recreates a missing group (NOGROUP) from 0 and returns []."""
 
     async def read_new(
