@@ -638,3 +638,26 @@ async def test_a_flapping_desktop_does_not_push_back_the_reclaim_of_a_gone_deskt
         assert timings.reclaim_idle_s <= redelivered[0] - delivered_at
         assert redelivered[0] - delivered_at <= timings.reclaim_idle_s + 22, seen
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answered_job_is_not_remembered_as_handed_to_its_desktop(
+    autojump_clock, state, bridge
+):
+    """The process remembers which daemon each entry went to, so that its drain withholds
+    a gone desktop's pending entries from another desktop. An answered (acknowledged)
+    entry is no one's any more: it was remembered until 128 newer deliveries pushed it
+    out, and a desktop's session then read as one that another daemon's entries may still
+    be pending for (``_handed_elsewhere``)."""
+    async with trio.open_nursery() as nursery:
+        desk = await connect(nursery, state, daemon_id="d2")
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                await desk.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar, desk, answer)
+        outcome = await bridge.dispatch("u1", "echo", {}, job_id="done-h")
+        assert outcome.status == "completed"
+        await trio.sleep(1)
+        assert not state.reader._handed_to.get("u1")
+        nursery.cancel_scope.cancel()

@@ -239,9 +239,15 @@ class ProcessReader:
             self._queue.append(user_id)
             self._idle.unpark()
 
-    def served(self, user_id: str, *, answered: bool) -> None:
+    def served(self, user_id: str, *, answered: bool, entry_id: str | None = None) -> None:
         """A serving task of ``user_id`` ended: read more if the session was full, and
-        drain again if it ended without an answer (the entry is pending and ours)."""
+        drain again if it ended without an answer (the entry is pending and ours).
+        An answered ``entry_id`` (acknowledged, or left to a newer delivery elsewhere) is
+        no daemon's any more: it is dropped from the record of handed entries."""
+        if answered and entry_id is not None:
+            handed = self._handed_to.get(user_id)
+            if handed:
+                handed.pop(entry_id, None)
         listener = self._listeners.get(user_id)
         kinds = [] if answered else [DRAIN]
         if listener is not None and listener.wants_more:

@@ -475,7 +475,7 @@ class HubSession(SessionTimers):
             answered = True
         finally:
             self.state.inflight.setdefault(self.user_id, set()).discard(entry.entry_id)
-            self.state.reader.served(self.user_id, answered=answered)
+            self.state.reader.served(self.user_id, answered=answered, entry_id=entry.entry_id)
             self._limiter.release_on_behalf_of(entry.entry_id)
             self._serving -= 1
             self._serving_changed.set()
