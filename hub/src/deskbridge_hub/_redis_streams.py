@@ -129,7 +129,7 @@ class StreamCommands(RedisCommandBase):
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
-        async with self._session("read pending") as s:
+        async with self._session("XPENDING+XRANGE") as s:
             (reply,) = await self._script(
                 s, _READ_PENDING, (jobs_key(user_id),), (GROUP, consumer, count)
             )
