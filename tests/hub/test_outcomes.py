@@ -599,3 +599,65 @@ async def test_a_job_of_a_gone_socket_waits_the_reclaim_idle_before_another_daem
         else:
             assert redelivered_at - delivered_at >= state.timings.reclaim_idle_s, seen
         nursery.cancel_scope.cancel()
+
+
+async def test_a_flapping_desktop_does_not_push_back_the_reclaim_of_a_gone_desktops_job(
+    autojump_clock, state, bridge
+):
+    """The desktop running a job vanishes; another desktop of the user re-attaches to the
+    same process every 20 s (a flaky network). Each attach drains this consumer's
+    pending entries and withholds the gone desktop's job (it may still run there). The
+    drain used XREADGROUP 0, which restarts an entry's idle time: every re-attach pushed
+    the reclaim back, and the job never reached the reclaim idle. The reclaim idle
+    counts from the real delivery: the flapping desktop gets it then."""
+    timings = state.timings
+    async with trio.open_nursery() as nursery:
+        seen: list[tuple[str, float]] = []
+        old = await running_job(nursery, state, bridge, seen, "old", daemon_id="d1", job_id="job-f")
+        delivered_at = trio.current_time()
+        await old.disconnect()
+        got = trio.Event()
+        with trio.move_on_after(timings.reclaim_idle_s + 3 * timings.heartbeat_s):
+            while not got.is_set():
+                await trio.sleep(1)
+                flappy = await connect(nursery, state, daemon_id="d2")
+
+                async def answer(frame, desk=flappy):
+                    if isinstance(frame, Job):
+                        seen.append(("flappy", trio.current_time()))
+                        got.set()
+                        await desk.send(JobResult(frame.id, True, {"ran": 1}))
+
+                nursery.start_soon(sidecar, flappy, answer)
+                with trio.move_on_after(20):
+                    await got.wait()
+                if not got.is_set():
+                    await flappy.disconnect()
+        redelivered = [t for who, t in seen if who == "flappy"]
+        assert redelivered, "the gone desktop's job was never reclaimed"
+        assert timings.reclaim_idle_s <= redelivered[0] - delivered_at
+        assert redelivered[0] - delivered_at <= timings.reclaim_idle_s + 22, seen
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_answered_job_is_not_remembered_as_handed_to_its_desktop(
+    autojump_clock, state, bridge
+):
+    """The process remembers which daemon each entry went to, so that its drain withholds
+    a gone desktop's pending entries from another desktop. An answered (acknowledged)
+    entry is no one's any more: it was remembered until 128 newer deliveries pushed it
+    out, and a desktop's session then read as one that another daemon's entries may still
+    be pending for (``_handed_elsewhere``)."""
+    async with trio.open_nursery() as nursery:
+        desk = await connect(nursery, state, daemon_id="d2")
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                await desk.send(JobResult(frame.id, True, {}))
+
+        nursery.start_soon(sidecar, desk, answer)
+        outcome = await bridge.dispatch("u1", "echo", {}, job_id="done-h")
+        assert outcome.status == "completed"
+        await trio.sleep(1)
+        assert not state.reader._handed_to.get("u1")
+        nursery.cancel_scope.cancel()

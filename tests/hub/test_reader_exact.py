@@ -576,3 +576,27 @@ def test_the_daemons_handed_entries_are_remembered_up_to_a_bound_per_user():
     assert len(handed) == HANDED_PER_USER
     assert "0-0" not in handed and f"{HANDED_PER_USER}-0" in handed
     assert set(handed.values()) == {"d1"}
+
+
+async def test_an_answered_entry_is_forgotten_by_the_record_of_handed_entries(autojump_clock):
+    """Which daemon each entry went to was pruned only by the bound, not when the entry
+    was answered (XACKed): a stale record of another daemon then made a session of this
+    daemon whose beat wrote lost presence back skip recording its daemon again
+    (``again`` False), so its deliveries here waited the reclaim idle if this process
+    died."""
+    script = Script()
+    script.queue("read_pending", entries("1-0", "2-0"))
+    reader = make_reader(script)
+    other = Desk(daemon_id="d2")
+    await reader._pump(other.listener, {DRAIN})
+    assert other.dispatched() == ["1-0", "2-0"]
+    reader.inflight["u1"].clear()
+    reader.served("u1", answered=True, entry_id="1-0")
+    reader.served("u1", answered=False, entry_id="2-0")  # still pending: remembered
+    assert reader._handed_to["u1"] == {"2-0": "d2"}
+    reader.served("u1", answered=True, entry_id="2-0")
+    assert reader._handed_to["u1"] == {}
+    reader.served("u9", answered=True, entry_id="1-0")  # nothing remembered: no error
+    desk = Desk(daemon_id="d1")
+    await reader._pump(desk.listener, {RECORD})
+    assert script.of("take_over")[0][1]["again"] is True

@@ -61,11 +61,12 @@ OPERATIONS: list[tuple[str, Call]] = [
     ("read + mark delivered",
      lambda s: s.read_new_delivered("u1", "c1", count=1, state=STATE, ttl_s=60)),
     ("SET cancel", lambda s: s.request_cancel("u1", "j1", ttl_s=60)),
+    ("keep job", lambda s: s.keep_job("u1", "j1", ttl_s=60, idempotency_key="k1")),
     ("SET tools", lambda s: s.set_catalogue("u1", "[]")),
     ("GET tools", lambda s: s.get_catalogue("u1")),
     # the job stream (_redis_streams)
     ("XADD", lambda s: s.enqueue("u1", {"job_id": "j1"}, maxlen=100)),
-    ("XREADGROUP 0", lambda s: s.read_pending("u1", "c1", count=1)),
+    ("XPENDING+XRANGE", lambda s: s.read_pending("u1", "c1", count=1)),
     ("XREADGROUP >", lambda s: s.read_new("u1", "c1", count=1, block_ms=10)),
     ("XACK", lambda s: s.ack("u1", "1-0")),
     ("XAUTOCLAIM",

@@ -126,6 +126,7 @@ async def check_substrate(
         _contract_desktop,
         _contract_finish,
         _contract_jobs,
+        _contract_keep,
         _contract_streams,  # noqa: F401 - register their checks
     )
 

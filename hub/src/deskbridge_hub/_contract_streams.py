@@ -136,14 +136,21 @@ async def check_autoclaim_respects_min_idle(h: SubstrateHarness) -> None:
 
 
 @check
-async def check_read_pending_restarts_idle_time(h: SubstrateHarness) -> None:
+async def check_read_pending_leaves_the_idle_time_of_the_real_delivery(
+    h: SubstrateHarness,
+) -> None:
+    # A drain looks at this consumer's pending entries; it must not push back their
+    # reclaim (it did: XREADGROUP 0 restarts the idle time, so a desktop that re-attached
+    # every few seconds kept a gone desktop's withheld job from ever being reclaimed).
     s, user = h.substrate, h.user()
-    await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
+    entry_id = await s.enqueue(user, {"a": "1"}, maxlen=GROUP_MAXLEN)
     await s.read_new(user, "c1", count=10, block_ms=100)
-    await trio.sleep(0.15)
-    assert len(await s.read_pending(user, "c1", count=10)) == 1  # re-delivery
-    claimed = await s.autoclaim(user, "c2", min_idle_ms=100, start="0-0", count=10)
-    assert claimed.entries == ()
+    for _ in range(3):
+        await trio.sleep(0.06)
+        assert await s.read_pending(user, "c1", count=10) == [Entry(entry_id, {"a": "1"})]
+    claimed = await s.autoclaim(user, "c2", min_idle_ms=150, start="0-0", count=10)
+    assert claimed.entries == (Entry(entry_id, {"a": "1"}),)
+    assert await s.read_pending(user, "c1", count=10) == []
 
 
 @check

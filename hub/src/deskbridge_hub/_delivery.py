@@ -16,7 +16,8 @@ For one entry, in order:
    started), XACK, or ``in_doubt`` if it had been forwarded before (it may have run;
    fenced: the old delivery's late answer is refused) (docs/operations.md, "Clocks");
    the same step raises the job's claim epoch (fencing token) and returns it;
-6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``;
+6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``
+   (meanwhile the process keeps the job's records alive: ``_keepalive``);
    a job no sidecar could accept -> ``failed`` (``bad_job``); the socket went away ->
    record ``interrupted`` and leave the entry pending (it is redelivered); the session
    was ended on purpose -> ``in_doubt`` at once, provisional (``detail.pending``, the
@@ -68,6 +69,7 @@ from ._jobs import (
     result_payload,
 )
 from ._jobstate import FORWARDED, STAGE_OF_OUTCOME, JobState, MalformedState, Stage
+from ._keepalive import RunningJobs
 from ._retry import CLEANUP_TIMEOUT_S, retrying
 from ._substrate import Entry, Finished, Substrate
 
@@ -124,6 +126,9 @@ class EntryServer:
         user_id: whose stream.
         session_id: recorded in the ``delivered`` state.
         wall_clock: Unix time source (stamps states; never judges a deadline).
+        running_jobs: the process's running jobs (``_keepalive``): a forwarded job is in it
+            until its executor returns, so its records live as long as it runs; None:
+            not kept (tests of one step).
     """
 
     substrate: Substrate
@@ -131,6 +136,7 @@ class EntryServer:
     user_id: str
     session_id: str
     wall_clock: Callable[[], float]
+    running_jobs: RunningJobs | None = None
 
     async def serve(self, entry: Entry, executor: Executor) -> None:
         """Serve ``entry`` to its terminal answer, or leave it pending if the executor
@@ -216,6 +222,9 @@ class EntryServer:
         # ``deadline`` is that duration on this hub's clock, for older sidecars.
         left_s = max(0.0, envelope.deadline - server_time)
         epoch = marked.epoch
+        running = (self.user_id, job_id, envelope.idempotency_key)
+        if self.running_jobs is not None:
+            self.running_jobs.add(*running)
         try:
             job = Job(
                 id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)
@@ -249,6 +258,9 @@ class EntryServer:
             else:
                 await self._mark_interrupted(job_id, epoch)  # the socket went away with it
             raise
+        finally:
+            if self.running_jobs is not None:
+                self.running_jobs.discard(*running)
         status, payload = outcome_of(result)
         await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope, epoch=epoch)
 

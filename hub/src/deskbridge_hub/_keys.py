@@ -44,6 +44,19 @@ def owner_key(job_id: str) -> str:
     return f"bridge:job:{{{job_id}}}"
 
 
+def job_keys(user_id: str, job_id: str, idempotency_key: str | None) -> tuple[str, ...]:
+    """The records a running job needs while it runs (``keep_job``): its state, claim
+    epoch, cancel flag, owner record and, given one, its idempotency key's record. The
+    owner record is in the job id's slot; the others in the user's."""
+    keys = (
+        state_key(user_id, job_id),
+        fence_key(user_id, job_id),
+        cancel_key(user_id, job_id),
+        owner_key(job_id),
+    )
+    return keys if idempotency_key is None else (*keys, idem_key(user_id, idempotency_key))
+
+
 def mailbox_key(mailbox: str) -> str:
     return f"bridge:notify:{{{mailbox}}}"
 

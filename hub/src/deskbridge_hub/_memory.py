@@ -203,6 +203,13 @@ class MemorySubstrate(
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
         self._kv[key] = (value, math.inf if ttl_s is None else now + ttl_s)
 
+    def _extend(self, key: str, now: float, ttl_s: float) -> None:
+        """Make a live ``key`` expire no sooner than ``ttl_s`` from ``now`` (Redis'
+        ``PEXPIRE ... GT``: never shortened, an absent key stays absent)."""
+        if self._get(key, now) is not None:
+            value, expires_at = self._kv[key]
+            self._kv[key] = (value, max(expires_at, now + ttl_s))
+
     async def ping(self) -> None:
         """Raises SubstrateUnavailable when marked unavailable; otherwise returns."""
         await self._enter()

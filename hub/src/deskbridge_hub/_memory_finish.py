@@ -23,6 +23,7 @@ from ._substrate import (
     fence_key,
     idem_key,
     outcome_event,
+    owner_key,
     result_key,
     state_key,
 )
@@ -50,6 +51,7 @@ class MemoryFinishCommands:
     _enter: Callable[[], Any]
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
+    _extend: Callable[[str, float, float], None]
     _result_list: Callable[[str, float], _ResultList | None]
     _mailbox: Callable[[str, float], _Mailbox]
     _xack: Callable[[str, str], int]
@@ -92,6 +94,7 @@ class MemoryFinishCommands:
         if payload is not None and not provisional:
             self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
         acked = self._xack(user_id, entry_id) if entry_id is not None else 0
         if payload is not None:
             self._notify(job_id, payload, now, notify)

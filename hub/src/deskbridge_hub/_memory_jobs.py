@@ -14,7 +14,15 @@ import anyio
 import attrs
 
 from ._jobstate import FORWARDED, JobState, MalformedState
-from ._substrate import Entry, Marked, cancel_key, fence_key, presence_key, state_key
+from ._substrate import (
+    Entry,
+    Marked,
+    cancel_key,
+    fence_key,
+    job_keys,
+    presence_key,
+    state_key,
+)
 
 
 def _number(text: str | None) -> float | None:
@@ -43,6 +51,7 @@ class MemoryJobCommands:
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
+    _extend: Callable[[str, float, float], None]
     server_time: Callable[[], float]
     _read_new_nowait: Callable[[str, str, int], list[Entry]]
 
@@ -229,6 +238,23 @@ class MemoryJobCommands:
             return raw is not None and JobState.decode(raw).stage in FORWARDED
         except MalformedState:
             return False
+
+    async def keep_job(
+        self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
+    ) -> None:
+        """Extend each of the job's records that exists to live at least ``ttl_s`` more
+        (state, claim epoch, cancel flag, idempotency record, owner record), as
+        ``RedisSubstrate.keep_job``.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        for key in job_keys(user_id, job_id, idempotency_key):
+            self._extend(key, now, ttl_s)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

@@ -162,8 +162,8 @@ class MemoryStreamCommands:
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
         """This consumer's pending entries, oldest first, at most ``count``; bodies that
-        were trimmed come back as ``fields=None``. Entries with a body are re-delivered
-        (delivery count + 1, idle time restarts).
+        were trimmed come back as ``fields=None``. A look: delivery counts and idle
+        times stay those of the entries' last real delivery (a read, a claim).
 
         Returns:
             The entries; ``[]`` if none, or if the group was missing (then recreated).
@@ -171,20 +171,12 @@ class MemoryStreamCommands:
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
+        await self._enter()
         stream = self._group(user_id)
         if stream is None:
             return []
-        stream.seen[consumer] = now
         mine = sorted(sid for sid, nack in stream.pel.items() if nack.consumer == consumer)
-        out = []
-        for sid in mine[:count]:
-            if sid in stream.entries:
-                nack = stream.pel[sid]
-                nack.delivery_time = now
-                nack.delivery_count += 1
-            out.append(self._reply(stream, sid))
-        return out
+        return [self._reply(stream, sid) for sid in mine[:count]]
 
     async def read_new(
         self, user_id: str, consumer: str, *, count: int, block_ms: int | None

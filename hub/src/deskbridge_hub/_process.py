@@ -10,6 +10,7 @@ import attrs
 import trio
 from deskbridge_common import Timings
 
+from ._keepalive import RunningJobs
 from ._pacer import Pacer
 from ._reader import ProcessReader
 from ._shutdown import Draining
@@ -43,7 +44,9 @@ class HubState:
         holder_id: this process's id in session ids and its wake list
             (``bridge:wake:{holder_id}``): the enqueuer finds the holder from presence.
         reader: the process's reader (run it: ``await nursery.start(state.reader.run)``);
-            it runs ``pacer`` too.
+            it runs ``pacer`` and ``running_jobs`` too.
+        running_jobs: the jobs this process's sessions are serving, whose records it keeps
+            alive while they run (``_keepalive``).
         pacer: every session's ping and token-expiry timers, in one task (``_pacer``).
         handshakes: admission of handshakes past ``hello`` (presence, catalogue,
             ``welcome``): at most ``HANDSHAKE_CONCURRENCY`` at once; the others wait their
@@ -62,15 +65,18 @@ class HubState:
     drain: Draining = attrs.field(factory=Draining)
     holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
     reader: ProcessReader = attrs.field(init=False)
+    running_jobs: RunningJobs = attrs.field(init=False)
     pacer: Pacer = attrs.field(factory=Pacer)
     handshakes: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(HANDSHAKE_CONCURRENCY)
     )
 
     def __attrs_post_init__(self) -> None:
+        self.running_jobs = RunningJobs(self.substrate, self.timings.result_ttl_s)
         self.reader = ProcessReader(
             self.substrate, self.timings, self.consumer, self.holder_id, self.inflight,
             timers=self.pacer, max_pending=self.max_inflight_per_session,
+            running_jobs=self.running_jobs,
         )  # fmt: skip
 
     def add_session(self, session: HubSession) -> None:

@@ -43,6 +43,7 @@ from deskbridge_common import Timings
 from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
+from ._keepalive import RunningJobs
 from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
@@ -142,6 +143,7 @@ class ProcessReader:
         inflight: per user, entry IDs being served in this process (shared with the
             sessions).
         timers: the process's session timers (``_pacer``), run alongside, or None.
+        running_jobs: see the attribute.
         max_pending: see the attribute.
     """
 
@@ -151,6 +153,9 @@ class ProcessReader:
     holder_id: str
     inflight: dict[str, set[str]]
     timers: Pacer | None = None
+    #: The jobs this process serves, whose records are kept alive while they run
+    #: (``_keepalive``), run alongside, or None.
+    running_jobs: RunningJobs | None = None
     #: Most deliveries a session takes at once (``max_inflight_per_session``): callers
     #: push an entry to this process only while the group has fewer pending.
     max_pending: int = 32
@@ -239,9 +244,15 @@ class ProcessReader:
             self._queue.append(user_id)
             self._idle.unpark()
 
-    def served(self, user_id: str, *, answered: bool) -> None:
+    def served(self, user_id: str, *, answered: bool, entry_id: str | None = None) -> None:
         """A serving task of ``user_id`` ended: read more if the session was full, and
-        drain again if it ended without an answer (the entry is pending and ours)."""
+        drain again if it ended without an answer (the entry is pending and ours).
+        An answered ``entry_id`` (acknowledged, or left to a newer delivery elsewhere) is
+        no daemon's any more: it is dropped from the record of handed entries."""
+        if answered and entry_id is not None:
+            handed = self._handed_to.get(user_id)
+            if handed:
+                handed.pop(entry_id, None)
         listener = self._listeners.get(user_id)
         kinds = [] if answered else [DRAIN]
         if listener is not None and listener.wants_more:
@@ -278,6 +289,8 @@ class ProcessReader:
             nursery.start_soon(self._beat_loop)
             if self.timers is not None:
                 await nursery.start(self.timers.run)
+            if self.running_jobs is not None:
+                nursery.start_soon(self.running_jobs.run)
             for _ in range(WORKERS):
                 nursery.start_soon(self._worker)
             self.running = True

@@ -33,16 +33,20 @@ from ._substrate import (
     jobs_key,
     mailbox_key,
     outcome_event,
+    owner_key,
     progress_key,
     result_key,
     state_key,
 )
 
-#: KEYS: fence, result, idem, state, jobs, index, [progress, mailbox] (the last two only
-#: on a single Redis). ARGV: epoch ('' unfenced), payload ('' none), TTL ms, job id,
-#: index flag ('' none), state ('' none), entry ID ('' no XACK), group, mailbox TTL ms,
-#: provisional flag ('' no: the payload goes into the result list; '1': only to the
-#: caller's mailbox and the progress stream).
+#: KEYS: fence, result, idem, state, jobs, index, [progress, mailbox, owner record] (the
+#: last three only on a single Redis: other slots). With a state, the owner record of a
+#: caller-chosen job id lives at least as long as it (PEXPIRE GT: a job answered after
+#: its deadline outlived the record's deadline + result TTL, and GET / DELETE of its id
+#: said 404 while its state and answer were kept). ARGV: epoch ('' unfenced), payload
+#: ('' none), TTL ms, job id, index flag ('' none), state ('' none), entry ID ('' no
+#: XACK), group, mailbox TTL ms, provisional flag ('' no: the payload goes into the
+#: result list; '1': only to the caller's mailbox and the progress stream).
 #: Order matters (module docstring): fence, result, state, XACK, then the notifications.
 #: A terminal answer is final (``Substrate.finish``): with a state to record (not
 #: ``publish_result``) and a terminal one stored, only the XACK happens; the reply is
@@ -82,7 +86,10 @@ if ARGV[2] ~= '' and ARGV[10] == '' then
   redis.call('RPUSH', KEYS[2], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[3]) end
+if ARGV[6] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[3])
+  if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3], 'GT') end
+end
 local acked = 0
 if ARGV[7] ~= '' then
   acked = redis.call('XACK', KEYS[5], ARGV[8], ARGV[7])
@@ -181,7 +188,7 @@ class FinishCommands(RedisCommandBase):
         )
         box = mailbox_key(notify) if notify else ""
         if not self._cluster:
-            keys += (progress_key(job_id), box)
+            keys += (progress_key(job_id), box, owner_key(job_id))
         args = (
             "" if epoch is None else str(epoch),
             payload or "",
@@ -203,18 +210,25 @@ class FinishCommands(RedisCommandBase):
                 return Finished("stale", newest=int(value))
             if verdict == "settled":
                 return Finished("settled", acked=bool(value))
-            if self._cluster and payload:
-                await self._notify(s, job_id, payload, box)
+            if self._cluster and (payload or state):
+                await self._notify(s, job_id, payload, box, state and _ms(ttl_s))
         return Finished("done", acked=bool(value))
 
-    async def _notify(self, s: Any, job_id: str, payload: str, box: str) -> None:
-        """Under Cluster: the progress stream's end and the mailbox push, after the
-        script (their keys are in other slots); one write, split per node."""
-        after: tuple[tuple[Any, ...], ...] = (
-            (b"XADD", progress_key(job_id), b"NOMKSTREAM", b"MAXLEN", b"~", 64, b"*", b"p",
-             outcome_event(payload)),
-        )  # fmt: skip
-        if box:
+    async def _notify(
+        self, s: Any, job_id: str, payload: str | None, box: str, owner_px: int | str
+    ) -> None:
+        """Under Cluster: the progress stream's end and the mailbox push (with a
+        payload), and the owner record's PEXPIRE GT (with a state: ``owner_px``), after
+        the script (their keys are in other slots); one write, split per node."""
+        after: tuple[tuple[Any, ...], ...] = ()
+        if owner_px:
+            after += ((b"PEXPIRE", owner_key(job_id), owner_px, b"GT"),)
+        if payload:
+            after += (
+                (b"XADD", progress_key(job_id), b"NOMKSTREAM", b"MAXLEN", b"~", 64, b"*",
+                 b"p", outcome_event(payload)),
+            )  # fmt: skip
+        if payload and box:
             after += (
                 (b"RPUSH", box, f"{job_id} {payload}"),
                 (b"PEXPIRE", box, _ms(MAILBOX_TTL_S)),

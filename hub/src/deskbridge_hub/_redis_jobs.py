@@ -16,6 +16,7 @@ from ._substrate import (
     Marked,
     cancel_key,
     fence_key,
+    job_keys,
     jobs_key,
     presence_key,
     progress_key,
@@ -322,6 +323,27 @@ class JobCommands(RedisCommandBase):
                 verdict = Marked(str(marked[0]), float(marked[1]), *map(int, marked[2:]))
             out.append(Entry(entry_id, fields, verdict))
         return out
+
+    async def keep_job(
+        self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
+    ) -> None:
+        """PEXPIRE ceil(ttl_s * 1000) GT of each of the job's records (``job_keys``:
+        state, claim epoch, cancel flag, owner record, idempotency record) in one write
+        (split per node under Cluster). GT (Redis >= 7) never shortens a TTL, and
+        PEXPIRE never makes a key.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable.
+        """
+        px = _ms(ttl_s)
+        commands = [
+            (b"PEXPIRE", key, px, b"GT") for key in job_keys(user_id, job_id, idempotency_key)
+        ]
+        async with self._session("keep job") as s:
+            for reply in await s.execute(*commands, timeout_s=self._command_timeout_s):
+                if isinstance(reply, BaseException):
+                    raise reply  # inside the session: mapped to SubstrateUnavailable
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 PX ceil(ttl_s * 1000).

@@ -17,7 +17,8 @@ from coredis.exceptions import (
 )
 
 from ._inspection import PendingEntry, QueueInfo
-from ._redis_base import RedisCommandBase, _entries, _str, _stream_id
+from ._redis_base import RedisCommandBase, Script, _entries, _str, _stream_id
+from ._redis_jobs import _no_group
 from ._redis_session import _Session
 from ._substrate import (
     GROUP,
@@ -45,6 +46,21 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(field
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end
 return id
 """
+#: This consumer's pending entries with their bodies, oldest first: XPENDING for the
+#: consumer, then XRANGE per entry (a missing body: trimmed or deleted). A look, unlike
+#: XREADGROUP 0, which restarts each entry's idle time and raises its delivery count: a
+#: drain that withholds a gone desktop's entry pushed its reclaim back at every re-attach.
+#: KEYS: the stream. ARGV: group, consumer, count. NOGROUP fails the script.
+_READ_PENDING = Script(
+    """
+local out = {}
+for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', ARGV[3], ARGV[2])) do
+  local body = redis.call('XRANGE', KEYS[1], p[1], p[1])[1]
+  if body then out[#out + 1] = body else out[#out + 1] = {p[1], false} end
+end
+return out
+"""
+)
 #: Most pending entries examined when sweeping for trimmed entries.
 _TRIMMED_SCAN = 10_000
 
@@ -102,7 +118,9 @@ class StreamCommands(RedisCommandBase):
             return entry_id
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
-        """XREADGROUP GROUP bridge-workers consumer COUNT count STREAMS key 0.
+        """XPENDING key bridge-workers - + count consumer, and XRANGE of each entry, in
+        one script (``_READ_PENDING``): idle times and delivery counts are left as they
+        were.
 
         Returns:
             This consumer's pending entries (``fields`` None when the body was trimmed);
@@ -111,8 +129,18 @@ class StreamCommands(RedisCommandBase):
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
-        async with self._session("XREADGROUP 0") as s:
-            return await self._read(s, user_id, consumer, count, None, "0")
+        async with self._session("XPENDING+XRANGE") as s:
+            (reply,) = await self._script(
+                s, _READ_PENDING, (jobs_key(user_id),), (GROUP, consumer, count)
+            )
+            if _no_group(reply):
+                s.groups.discard(user_id)
+                await self._heal_group(s, user_id)
+                return []
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
+            s.groups.add(user_id)
+            return _entries(reply)
 
     async def read_new(
         self, user_id: str, consumer: str, *, count: int, block_ms: int | None

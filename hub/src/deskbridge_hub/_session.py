@@ -150,7 +150,7 @@ class HubSession(SessionTimers):
             return
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
-            self.state.wall_clock,
+            self.state.wall_clock, running_jobs=self.state.running_jobs,
         )  # fmt: skip
         self.state.add_session(self)
         _metrics.session_opened()
@@ -475,7 +475,7 @@ class HubSession(SessionTimers):
             answered = True
         finally:
             self.state.inflight.setdefault(self.user_id, set()).discard(entry.entry_id)
-            self.state.reader.served(self.user_id, answered=answered)
+            self.state.reader.served(self.user_id, answered=answered, entry_id=entry.entry_id)
             self._limiter.release_on_behalf_of(entry.entry_id)
             self._serving -= 1
             self._serving_changed.set()

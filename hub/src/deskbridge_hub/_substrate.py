@@ -58,6 +58,9 @@ from ._keys import (
     index_key as index_key,
 )
 from ._keys import (
+    job_keys as job_keys,
+)
+from ._keys import (
     jobs_key as jobs_key,
 )
 from ._keys import (
@@ -193,9 +196,10 @@ class StreamSubstrate(Protocol):
         job's deadline is set and compared on one clock. Returns the entry ID."""
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
-        """XREADGROUP ... STREAMS key 0: this consumer's own pending entries (bodies may be None).
-        Entries with a body count as delivered again (delivery count + 1, idle time restarts);
-        body-less ones are left as they are (Redis 7).
+        """This consumer's own pending entries, oldest first (bodies may be None: trimmed
+        or deleted). A look (XPENDING + XRANGE, not XREADGROUP 0): delivery counts and
+        idle times are left as the entries' last real delivery set them, so a drain never
+        pushes back the reclaim of an entry it withholds.
         Recreates a missing group (NOGROUP) from 0 and returns []."""
 
     async def read_new(
@@ -359,7 +363,10 @@ class ResultSubstrate(Protocol):
         2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
            PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
            first);
-        3. SET the job's ``state`` PX ttl_s;
+        3. SET the job's ``state`` PX ttl_s, and keep the job id's owner record
+           (``bridge:job:{job_id}``, if any) at least as long (``PEXPIRE ... GT``: a job
+           answered after its deadline outlived the record's deadline + result TTL;
+           under Cluster it is in another slot and follows with step 5);
         4. with ``entry_id``: XACK it and HDEL it from the entry index;
         5. (if a payload was published) the outcome ends the job's progress stream and
            ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
@@ -455,6 +462,20 @@ class LedgerSubstrate(Protocol):
         answer ``cancelled``; else SET the job state PX ttl, raise the job's claim epoch (INCR
         ``bridge:fence:{user_id}:job_id``, kept until ``deadline`` + ttl_s, at least
         ttl_s) and answer ``delivered`` with it. Only ``delivered`` may be forwarded."""
+
+    async def keep_job(
+        self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
+    ) -> None:
+        """The job still runs (its holder is serving it): each of its records that
+        exists lives at least ``ttl_s`` more seconds, none is shortened, none is made
+        (``PEXPIRE ... GT``): the state, the claim epoch, the cancel flag, the
+        ``idempotency_key``'s record and the ``bridge:job:{job_id}`` owner record. One
+        write (under Cluster split per node: the owner record is in another slot).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: the store is unreachable (nothing or some extended).
+        """
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""

@@ -1,0 +1,95 @@
+"""Contract checks of the records a running job keeps alive (``keep_job``) and of the
+owner record its answer keeps (``finish``); registered with ``_contract``.
+
+The kind they pin: a record the hub relies on lapsing while its job is legitimately
+still alive (a job running past the result TTL, or answered after its deadline)."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from ._contract import SubstrateHarness, check
+from ._contract_caller import _submission
+from ._jobstate import JobState, Stage
+from ._substrate import JobOwner, cancel_key, fence_key, idem_key, owner_key, state_key
+
+#: Short lifetimes for the checks (they run on a real Redis too), seconds.
+_SHORT_S = 0.3
+_LONG_S = 3.0
+
+
+async def _running(h: SubstrateHarness) -> tuple[str, str, str, int]:
+    """A user, a submitted and delivered job of it (state, claim epoch, cancel flag,
+    idempotency record and owner record, all with ``_SHORT_S`` to live), the job's
+    idempotency key and its claim epoch."""
+    s, user, job = h.substrate, h.user(), h.job()
+    key = f"key-{job}"
+    await s.set_presence(user, "s1", 30)
+    short = attrs.evolve(
+        _submission(user, job, key=key), state_ttl_s=_SHORT_S, index_ttl_s=_SHORT_S
+    )
+    assert (await s.submit(user, short)).verdict == "queued"
+    assert len(await s.read_new(user, "c1", count=10, block_ms=None)) == 1
+    delivered = JobState(Stage.DELIVERED, user, at=1.0, session_id="s1")
+    marked = await s.mark_delivered(user, job, delivered, ttl_s=_SHORT_S)
+    assert marked.verdict == "delivered" and marked.epoch is not None
+    await s.request_cancel(user, job, ttl_s=_SHORT_S)
+    return user, job, key, marked.epoch
+
+
+@check
+async def check_keep_job_keeps_a_running_jobs_records_alive(h: SubstrateHarness) -> None:
+    s = h.substrate
+    user, job, key, epoch = await _running(h)
+    await s.keep_job(user, job, ttl_s=_LONG_S, idempotency_key=key)
+    await trio.sleep(2 * _SHORT_S)
+    state = await s.get_job_state(user, job)
+    assert state is not None and state.stage is Stage.DELIVERED
+    assert await s.job_owner(job) == JobOwner(user, "box")
+    # the claim epoch is kept (the next delivery's is larger, never the first again),
+    # and so is the cancel flag (the delivered job is in doubt, not delivered afresh)
+    again = JobState(Stage.DELIVERED, user, at=2.0, session_id="s2")
+    marked = await s.mark_delivered(user, job, again, ttl_s=_LONG_S)
+    assert (marked.verdict, marked.epoch) == ("in_doubt", epoch + 1)
+    # the idempotency record still names the job: a retry attaches to it
+    retry = await s.submit(user, _submission(user, h.job(), key=key))
+    assert retry.verdict == "indexed" and (retry.index_value or "").startswith(job + " ")
+    if h.raw is not None:
+        for kept in (idem_key(user, key), cancel_key(user, job), fence_key(user, job)):
+            assert 1_000 < await h.raw("PTTL", kept) <= _LONG_S * 1000, kept
+
+
+@check
+async def check_keep_job_never_shortens_a_record_nor_makes_one(h: SubstrateHarness) -> None:
+    s, user, job = h.substrate, h.user(), h.job()
+    long_lived = JobState(Stage.DELIVERED, user, at=1.0, session_id="s1")
+    await s.set_job_state(user, job, long_lived, ttl_s=60)
+    await s.keep_job(user, job, ttl_s=_SHORT_S, idempotency_key="never-made")
+    await trio.sleep(2 * _SHORT_S)
+    assert await s.get_job_state(user, job) == long_lived
+    assert await s.job_owner(job) is None
+    if h.raw is not None:
+        assert await h.raw("PTTL", state_key(user, job)) > 50_000
+        for absent in (idem_key(user, "never-made"), cancel_key(user, job), fence_key(user, job)):
+            assert await h.raw("EXISTS", absent) == 0, absent
+        assert await h.raw("EXISTS", owner_key(job)) == 0
+
+
+@check
+async def check_finish_keeps_the_owner_record_as_long_as_the_state(h: SubstrateHarness) -> None:
+    # A job answered after its deadline: its owner record (deadline + result TTL) would
+    # lapse before the state the answer records (result TTL from now): GET and DELETE
+    # of a caller-chosen job id then said 404 for a job whose answer is still kept.
+    s = h.substrate
+    user, job, key, _ = await _running(h)
+    finished = JobState(Stage.FINISHED, user, at=2.0)
+    got = await s.finish(
+        user, job, '{"status":"completed"}', finished, ttl_s=_LONG_S, idempotency_key=key
+    )
+    assert got.verdict == "done"
+    await trio.sleep(2 * _SHORT_S)
+    assert await s.get_job_state(user, job) == finished
+    assert await s.job_owner(job) == JobOwner(user, "box")
+    if h.raw is not None:
+        assert 1_000 < await h.raw("PTTL", owner_key(job)) <= _LONG_S * 1000

@@ -1,0 +1,92 @@
+"""The records of the jobs this hub process is running stay alive while they run.
+
+A job's deadline bounds when it may *start*; once on the desktop it runs until it
+answers (a browser task, a long upload). The records the hub relies on meanwhile were
+written with lifetimes counted from the delivery or the deadline: the state (result TTL
+from the delivery), the claim epoch and the idempotency record (deadline + result TTL),
+the owner record of a caller-chosen job id (timeout + result TTL), the cancel flag (a
+day + result TTL). A job that ran longer lost them while it ran: ``GET /v1/jobs/{id}``
+and ``DELETE`` said 404, the events stream ended with no stage, a retry with the same
+key enqueued a second job, and a newer delivery's epoch started at 1 again, so a zombie
+delivery's answer passed the fence.
+
+:class:`RunningJobs` is the holder's periodic work for that: every ``ttl_s / KEEP_SHARE``
+seconds one ``keep_job`` write per job being served in this process (``PEXPIRE ... GT``
+of its records to ``ttl_s``). Its cost is per running job (5 commands every 75 s with
+the default 300 s result TTL), nothing per idle desktop. Chosen over riding the
+heartbeat (per user, every 30 s: the owner record is in another slot, and a beat's
+script would carry every running job's keys 10 times as often) and over refreshing on
+the desktop's progress reports (a tool need not report any).
+
+If the process dies, the records last at least ``ttl_s * (1 - 1 / KEEP_SHARE)`` (225 s)
+after its last write: longer than the reclaim idle (180 s), after which the next
+delivery refreshes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import attrs
+import trio
+
+from ._errors import SubstrateUnavailable
+from ._substrate import Substrate
+
+log = logging.getLogger("deskbridge.hub.keepalive")
+
+#: Writes per record lifetime: a running job's records are extended every
+#: ``ttl_s / KEEP_SHARE`` seconds, so three writes in a row may fail before one lapses.
+KEEP_SHARE = 4
+
+
+@attrs.define(eq=False)
+class RunningJobs:
+    """The jobs this process's sessions are serving, and the loop that keeps their
+    records alive.
+
+    Attributes:
+        substrate: where the records are.
+        ttl_s: how long each write keeps them (the result TTL), seconds.
+    """
+
+    substrate: Substrate
+    ttl_s: float
+    #: (user id, job id, idempotency key) -> deliveries of it being served here
+    _jobs: Counter[tuple[str, str, str | None]] = attrs.field(factory=Counter)
+
+    def add(self, user_id: str, job_id: str, idempotency_key: str | None) -> None:
+        """A delivery of the job is being served here (synchronous)."""
+        self._jobs[(user_id, job_id, idempotency_key)] += 1
+
+    def discard(self, user_id: str, job_id: str, idempotency_key: str | None) -> None:
+        """That delivery ended (answered or not; synchronous)."""
+        job = (user_id, job_id, idempotency_key)
+        self._jobs[job] -= 1
+        if self._jobs[job] <= 0:
+            del self._jobs[job]
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    async def run(self) -> None:
+        """Every ``ttl_s / KEEP_SHARE`` seconds, extend the records of every job served
+        then (one ``keep_job`` each), until cancelled. A store that does not answer is
+        tried again at the next round (the round stops at the first failure).
+
+        Cancellation: stops; the records keep what the last write gave them.
+        """
+        while True:
+            await trio.sleep(self.ttl_s / KEEP_SHARE)
+            for user_id, job_id, key in list(self._jobs):
+                try:
+                    await self.substrate.keep_job(
+                        user_id, job_id, ttl_s=self.ttl_s, idempotency_key=key
+                    )
+                except SubstrateUnavailable as exc:  # the rest would wait as long: next round
+                    log.debug("running jobs' records not extended this round: %s", exc)
+                    break
+
+
+__all__ = ["KEEP_SHARE", "RunningJobs"]

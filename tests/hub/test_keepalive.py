@@ -1,0 +1,65 @@
+"""``_keepalive.RunningJobs``: what it extends, how often, and what it does when the
+store does not answer (MockClock, a recording fake substrate)."""
+
+from __future__ import annotations
+
+import trio
+from deskbridge_hub._errors import SubstrateUnavailable
+from deskbridge_hub._keepalive import KEEP_SHARE, RunningJobs
+
+
+class Recording:
+    """Records each ``keep_job``; fails the calls listed in ``fail`` (by call number)."""
+
+    def __init__(self, fail: set[int] | None = None) -> None:
+        self.calls: list[tuple[float, str, str, float, str | None]] = []
+        self.fail = fail or set()
+
+    async def keep_job(
+        self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
+    ) -> None:
+        self.calls.append((trio.current_time(), user_id, job_id, ttl_s, idempotency_key))
+        if len(self.calls) in self.fail:
+            raise SubstrateUnavailable("down (test)")
+
+
+async def test_the_jobs_served_are_kept_every_share_of_the_ttl_until_discarded(autojump_clock):
+    store = Recording()
+    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
+    running.add("u1", "j1", "k1")
+    running.add("u1", "j1", "k1")  # a second delivery of it, served here too
+    running.add("u2", "j2", None)
+    assert KEEP_SHARE == 4 and len(running) == 2
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(running.run)
+        await trio.sleep(75 - 0.001)
+        assert store.calls == []
+        await trio.sleep(0.002)
+        assert [c[1:] for c in store.calls] == [
+            ("u1", "j1", 300.0, "k1"), ("u2", "j2", 300.0, None)
+        ]  # fmt: skip
+        running.discard("u1", "j1", "k1")  # one delivery ended: still served
+        running.discard("u2", "j2", None)
+        await trio.sleep(75)
+        assert [c[1:3] for c in store.calls[2:]] == [("u1", "j1")]
+        running.discard("u1", "j1", "k1")
+        assert len(running) == 0
+        await trio.sleep(75)
+        assert len(store.calls) == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_round_stops_at_a_store_that_does_not_answer_and_the_next_one_tries_again(
+    autojump_clock,
+):
+    store = Recording(fail={1})
+    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
+    running.add("u1", "j1", None)
+    running.add("u2", "j2", None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(running.run)
+        await trio.sleep(76)
+        assert [c[2] for c in store.calls] == ["j1"]  # j2 not tried after the failure
+        await trio.sleep(75)
+        assert [c[2] for c in store.calls] == ["j1", "j1", "j2"]
+        nursery.cancel_scope.cancel()
