@@ -105,7 +105,9 @@ async def _tools_list_and_calls(hub: Hub, user: str, mode: str, ledger: Ledger) 
             assert ledger.counts() == {f"k-{mode}": 1}
 
             bad = await client.call_tool("sleep", {"seconds": -1})
-            assert bad.is_error and bad.structured_content["error"]["code"] == "bad_args"
+            # refused by the hub as HTTP refuses it: 400's code and field, nothing ran
+            assert bad.is_error and bad.structured_content["error"]["code"] == "bad_request"
+            assert bad.structured_content["error"]["field"] == "args"
             assert "seconds" in bad.content[0].text
 
             with pytest.raises(MCPError) as refused:
@@ -431,7 +433,7 @@ async def _refused_input(hub: Hub, user: str, mode: str, ledger: Ledger) -> None
                 assert typed.value.code == types.INVALID_PARAMS
                 assert "must be a string" in typed.value.message
             big = await client.call_tool("echo", {"s": "x" * (256 * 1024)})
-            assert big.is_error and big.structured_content["error"]["code"] == "bad_args"
+            assert big.is_error and big.structured_content["error"]["code"] == "bad_request"
             assert "args larger than 262144 bytes" in big.content[0].text
 
 
