@@ -34,16 +34,16 @@ def _ctx(meta: dict[str, Any] | None = None) -> Any:
 
 
 async def _mcp_call(
-    bridge: Bridge, name: str, args: dict[str, Any], meta: dict[str, Any] | None = None
+    via: Bridge, name: str, args: dict[str, Any], meta: dict[str, Any] | None = None
 ) -> types.CallToolResult:
-    endpoint = UserEndpoint("u1", bridge)
+    endpoint = UserEndpoint("u1", via)
     params = types.CallToolRequestParams(name=name, arguments=args)
     return await endpoint._call_tool(_ctx(meta), params)
 
 
-async def _http_error(bridge: Bridge, name: str, args: dict[str, Any]) -> tuple[int, Any]:
+async def _http_error(via: Bridge, name: str, args: dict[str, Any]) -> tuple[int, Any]:
     with pytest.raises(BadRequest) as refused:
-        await bridge.dispatch("u1", name, args, timeout_s=10)
+        await via.dispatch("u1", name, args, timeout_s=10)
     status, body = bridge_error_answer(refused.value)
     return status, body["error"]
 
@@ -54,7 +54,10 @@ async def _http_error(bridge: Bridge, name: str, args: dict[str, Any]) -> tuple[
     ids=["schema type", "schema extra field", "over max_args_bytes"],
 )
 async def test_args_the_hub_refuses_get_http_s_code_and_field_through_mcp(
-    autojump_clock, state, bridge, args
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+    args,
 ):
     async with trio.open_nursery() as nursery:
         peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
@@ -72,7 +75,9 @@ async def test_args_the_hub_refuses_get_http_s_code_and_field_through_mcp(
 
 
 async def test_an_unknown_tool_is_invalid_params_with_http_s_code_and_field(
-    autojump_clock, state, bridge
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
 ):
     async with trio.open_nursery() as nursery:
         peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
