@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,11 @@ from ._validate import validate_key, validate_user_id
 #: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
 #: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
 MAX_TIMEOUT_S = 24 * 3600.0
+
+#: How a job's args are written on its stream entry and measured against
+#: ``max_args_bytes``: compact, non-ASCII escaped, NaN and infinities refused (JSON has
+#: none). One encoder for the hub and ``deskbridge-hub call``, so both measure alike.
+ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 #: Separates the random part of a hub-minted job id from its user id (``~`` is never
 #: part of a user id).
