@@ -179,6 +179,31 @@ class JobControl:
                     return "finished"
         return state.stage.value
 
+    async def withdraw(self, user_id: str, job_id: str) -> str:
+        """Cancel a job its caller dispatched and gave up on, also while that call's
+        enqueue step may still land (it was cut short after the step was sent): when no
+        job ``job_id`` is known yet, its cancel flag is set anyway, so an entry that lands
+        later is answered ``cancelled`` and never starts.
+
+        Only for a job no other caller may be attached to (one the withdrawing call
+        enqueued itself, under no idempotency key a retry could share): a cancel ends the
+        job for every caller waiting on it.
+
+        Returns:
+            :meth:`cancel`'s stage, or ``unknown`` when the job was not (yet) enqueued.
+
+        Raises:
+            BadRequest: malformed user id or job id. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        _check(validate_user_id, user_id, "user_id")
+        try:
+            return await self.cancel(job_id)
+        except UnknownJob:
+            ttl_s = MAX_TIMEOUT_S + self.timings.result_ttl_s  # as cancel's flag
+            await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
+            return "unknown"
+
 
 def _valid_user(user_id: str) -> bool:
     try:

@@ -28,7 +28,10 @@ for the tool's progress reports (``Bridge.dispatch(on_progress=...)``).
 
 Cancellation: when the SDK cancels a ``tools/call`` handler (``notifications/cancelled``
 on the 2025 wire, the client abandoning the request stream on the 2026 wire) the job is
-cancelled through :meth:`Bridge.cancel`, as ``DELETE /v1/jobs/{job_id}`` would.
+cancelled through :meth:`Bridge.withdraw` (as ``DELETE /v1/jobs/{job_id}`` would, and also
+when its enqueue was sent but had not landed yet), unless the call carried
+``deskbridge/idempotency_key``: another caller with that key may be attached to the job,
+and keeps it.
 
 Catalogue changes: a watcher per user endpoint re-reads the catalogue every
 ``CATALOGUE_POLL_S`` and, when it differs, sends ``notifications/tools/list_changed`` to
@@ -335,8 +338,11 @@ class UserEndpoint:
         except SubstrateUnavailable as exc:
             return unavailable_result(exc)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-                await self._cancel_job(job_id)
+            if key is None:
+                # A keyed request may be shared: a retry (HTTP or MCP) with the same key
+                # attaches to the job, and must not lose it because this call gave up.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+                    await self._cancel_job(job_id)
             raise
         if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
             outcome = attrs.evolve(outcome, job_id=None)
@@ -344,9 +350,10 @@ class UserEndpoint:
 
     async def _cancel_job(self, job_id: str) -> None:
         try:
-            stage = await self.bridge.cancel(job_id)
+            # (withdraw, not cancel: the enqueue may have been sent and not landed yet)
+            stage = await self.bridge.withdraw(self.user_id, job_id)
             log.info("MCP call abandoned by the client: job %s cancelled (%s)", job_id, stage)
-        except Exception as exc:  # noqa: BLE001 - the job may not be enqueued yet
+        except Exception as exc:  # noqa: BLE001 - Redis down: its deadline ends it
             log.info("MCP call abandoned by the client: job %s not cancelled (%r)", job_id, exc)
 
     async def _watch_catalogue(self) -> None:
