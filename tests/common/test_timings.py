@@ -48,3 +48,14 @@ def test_an_infinite_timing_is_refused_with_its_variable_named(name):
         env["DESKBRIDGE_PRESENCE_TTL_S"] = "1e9"  # not the ordering check that refuses it
     with pytest.raises(ValueError, match=f"^{var}: {name} must be a positive finite number"):
         Timings.from_env(env)
+
+
+@pytest.mark.parametrize("name", ["DESKBRIDGE_CALL_TIMEOUT_S", "DESKBRIDGE_GRACE_S"])
+@pytest.mark.parametrize("value", ["86401", "1e300"])
+def test_waits_are_bounded_as_every_other_way_in_bounds_them(name, value):
+    """A default call timeout over a day made every call without its own ``timeout_s`` a
+    400 naming a field the caller never sent; a grace of 1e300 s was the drain that never
+    gave up which ``serve --graceful-timeout-s`` refuses."""
+    with pytest.raises(ValueError, match=name):
+        Timings.from_env({name: value})
+    assert Timings.from_env({name: "86400"})  # a day is taken

@@ -8,6 +8,8 @@ import socket
 import pytest
 from deskbridge_hub import cli
 
+from tests.hub.test_bounds_every_way_in import fake_hub  # noqa: F401 - a fixture
+
 
 def _closed_port() -> int:
     with socket.socket() as s:
@@ -79,34 +81,12 @@ def test_two_workers_on_the_in_memory_substrate_ask_for_a_redis_url(monkeypatch,
     assert "set DESKBRIDGE_REDIS_URL to a redis:// URL" in capsys.readouterr().err
 
 
-def test_call_refuses_a_zero_timeout_without_sending_it(capsys):
+def test_call_refuses_a_zero_timeout_without_sending_it(capsys, fake_hub):  # noqa: F811
     """``--timeout-s 0`` used to be dropped (falsy), so the call silently waited 90 s; then
     it went to the hub, whose 400 exited 1 where ``--help`` promises 2 for usage errors.
     Now it is refused here, as argparse refuses ``abc``: exit 2, nothing sent."""
-    import http.server
-    import threading
-
-    seen: list[bytes] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            seen.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(500)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        hub = f"http://127.0.0.1:{server.server_address[1]}"
-        assert cli.main(["call", "alice", "echo", "--timeout-s", "0", "--hub", hub]) == 2
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    hub, seen, _ = fake_hub
+    assert cli.main(["call", "alice", "echo", "--timeout-s", "0", "--hub", hub]) == 2
     assert seen == []
     assert capsys.readouterr().err.splitlines()[-1] == (
         "deskbridge-hub call: error: argument --timeout-s: must be a number of seconds in "

@@ -105,7 +105,9 @@ async def _tools_list_and_calls(hub: Hub, user: str, mode: str, ledger: Ledger) 
             assert ledger.counts() == {f"k-{mode}": 1}
 
             bad = await client.call_tool("sleep", {"seconds": -1})
-            assert bad.is_error and bad.structured_content["error"]["code"] == "bad_args"
+            # refused by the hub as HTTP refuses it: 400's code and field, nothing ran
+            assert bad.is_error and bad.structured_content["error"]["code"] == "bad_request"
+            assert bad.structured_content["error"]["field"] == "args"
             assert "seconds" in bad.content[0].text
 
             with pytest.raises(MCPError) as refused:
@@ -152,16 +154,35 @@ def test_cancelling_a_call_cancels_the_job_on_the_desktop(hub, tmp_path, mode):
     key = f"cancel-{mode}-" + secrets.token_hex(3)
     with running(sidecar):
         wait_online(hub, user)
-        again = anyio.run(_cancel, hub, user, mode, ledger, key, backend="asyncio")
-        # The same request again: it attaches to the first job (the idempotency-key
-        # index), which was cancelled mid-way (started, never ended).
-        assert again.is_error and again.structured_content["error"]["code"] == "cancelled"
-        assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []
-    assert "cancelled (delivered)" in hub.output()
+        anyio.run(_abandon, hub, user, mode, ledger, key, {}, backend="asyncio")
+        wait_until(lambda: "cancelled (delivered)" in hub.output(), timeout_s=20, what="the cancel")
+        assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []  # started, never ended
 
 
-async def _cancel(hub: Hub, user: str, mode: str, ledger: Ledger, key: str) -> types.CallToolResult:
+@pytest.mark.parametrize("mode", MODES)
+def test_an_abandoned_call_with_a_key_leaves_the_job_to_its_retry(hub, tmp_path, mode):
+    """A keyed request may be shared (another caller, HTTP or MCP, attached by the key):
+    giving up on one call does not cancel it; the same request again attaches and gets
+    the one run's outcome."""
+    user = "mcp-k-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"], env=ledger.env())
+    key = f"keep-{mode}-" + secrets.token_hex(3)
     meta = {"deskbridge/idempotency_key": key}
+    with running(sidecar):
+        wait_online(hub, user)
+        again = anyio.run(_abandon, hub, user, mode, ledger, key, meta, backend="asyncio")
+        assert not again.is_error, again.content
+        assert len(ledger.starts(key)) == 1 and len(ledger.ends(key)) == 1
+    assert "cancelled (delivered)" not in hub.output()
+
+
+async def _abandon(
+    hub: Hub, user: str, mode: str, ledger: Ledger, key: str, meta: dict[str, str]
+) -> types.CallToolResult:
+    """Abandon a ``record`` call (3 s) once it started on the desktop, then send the
+    very same request again (a reused key with other args is refused) and return its
+    answer."""
     with anyio.fail_after(60):
         async with mcp_client(hub, user, mode=mode) as client:
             async with anyio.create_task_group() as tg:
@@ -169,15 +190,16 @@ async def _cancel(hub: Hub, user: str, mode: str, ledger: Ledger, key: str) -> t
 
                 async def call() -> None:
                     with scope:
-                        await client.call_tool("record", {"key": key, "seconds": 30}, meta=meta)
+                        await client.call_tool("record", {"key": key, "seconds": 3}, meta=meta)
                     assert scope.cancelled_caught
 
                 tg.start_soon(call)
                 while not ledger.starts(key):  # noqa: ASYNC110 - a file another process writes
                     await anyio.sleep(0.05)
                 scope.cancel()
-            # the very same request again (a reused key with other args is refused)
-            return await client.call_tool("record", {"key": key, "seconds": 30}, meta=meta)
+            if not meta:
+                return types.CallToolResult(content=[])
+            return await client.call_tool("record", {"key": key, "seconds": 3}, meta=meta)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -431,7 +453,7 @@ async def _refused_input(hub: Hub, user: str, mode: str, ledger: Ledger) -> None
                 assert typed.value.code == types.INVALID_PARAMS
                 assert "must be a string" in typed.value.message
             big = await client.call_tool("echo", {"s": "x" * (256 * 1024)})
-            assert big.is_error and big.structured_content["error"]["code"] == "bad_args"
+            assert big.is_error and big.structured_content["error"]["code"] == "bad_request"
             assert "args larger than 262144 bytes" in big.content[0].text
 
 

@@ -35,6 +35,18 @@ def _positive(instance: object, attribute: attrs.Attribute[_Number], value: _Num
         raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
+#: Longest call (``call_timeout_s``, the default wait) and drain (``grace_s``): one day,
+#: the bound the hub puts on a request's ``timeout_s`` and on ``serve
+#: --graceful-timeout-s``. A larger default made every call without its own
+#: ``timeout_s`` a 400 naming a field its caller never sent.
+MAX_WAIT_S = 24 * 3600.0
+
+
+def _at_most_a_day(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value > MAX_WAIT_S:
+        raise ValueError(f"{attribute.name} must be at most {MAX_WAIT_S:g} s, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class Timings:
     """Every timing knob of hub and sidecar. Seconds unless the name says otherwise."""
@@ -44,7 +56,7 @@ class Timings:
     jobs_maxlen: int = attrs.field(default=500, validator=_positive)
     reclaim_idle_s: float = attrs.field(default=180.0, validator=_positive)
     result_ttl_s: float = attrs.field(default=300.0, validator=_positive)
-    call_timeout_s: float = attrs.field(default=90.0, validator=_positive)
+    call_timeout_s: float = attrs.field(default=90.0, validator=[_positive, _at_most_a_day])
     read_block_ms: int = attrs.field(default=2000, validator=_positive)
     ping_interval_s: float = attrs.field(default=30.0, validator=_positive)
     ping_timeout_s: float = attrs.field(default=10.0, validator=_positive)
@@ -55,7 +67,7 @@ class Timings:
     watchdog_interval_s: float = attrs.field(default=1.0, validator=_positive)
     backoff_initial_s: float = attrs.field(default=0.5, validator=_positive)
     backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
-    grace_s: float = attrs.field(default=20.0, validator=_positive)
+    grace_s: float = attrs.field(default=20.0, validator=[_positive, _at_most_a_day])
 
     def __attrs_post_init__(self) -> None:
         if self.presence_ttl_s <= self.heartbeat_s:

@@ -20,7 +20,14 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
-from ._bridge_jobs import MAX_TIMEOUT_S, USER_SEPARATOR, JobControl, _check, minted_user
+from ._bridge_jobs import (
+    ARGS_ENCODER,
+    MAX_TIMEOUT_S,
+    USER_SEPARATOR,
+    JobControl,
+    _check,
+    minted_user,
+)
 from ._catalogue import CatalogueCache
 from ._errors import (
     BadRequest,
@@ -61,11 +68,28 @@ JOB_ID_RELOOK_S = 0.05
 JOB_ID_RELOOKS = 10
 #: Users whose holder process one Bridge remembers (for the wake-up sent with the enqueue).
 MAX_CACHED_HOLDERS = 10_000
-#: How a job's args are written on its stream entry (compact; NaN and infinities refused,
-#: as JSON has none).
-_ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 #: Default bound on one job's ``args`` (``Bridge.max_args_bytes``), bytes.
 MAX_ARGS_BYTES = 256 * 1024
+
+
+def _start_within_s(deadline: object, now: float) -> float:
+    """Seconds from ``now`` until ``deadline`` (Unix seconds), 0 when it has passed.
+
+    Raises:
+        BadRequest: not a finite number, or more than ``MAX_TIMEOUT_S`` after ``now``
+            (``field`` ``deadline``): the bound HTTP and MCP put on ``timeout_s``.
+    """
+    if (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, int | float)
+        or not math.isfinite(deadline)
+        or deadline - now > MAX_TIMEOUT_S
+    ):
+        raise BadRequest(
+            f"deadline must be a finite Unix time at most {MAX_TIMEOUT_S:g} s from now",
+            field="deadline",
+        )
+    return max(0.0, deadline - now)
 
 
 @attrs.define
@@ -173,7 +197,9 @@ class Bridge(JobControl):
                 answer; it answers by then, plus at most ``ANSWER_GRACE_S`` (0.25 s) for
                 its last looks, also while Redis stalls.
             deadline: absolute Unix time, by this process's ``wall_clock``, after which the
-                job must not start (default now + timeout_s). It is turned into a
+                job must not start (default now + timeout_s), at most ``MAX_TIMEOUT_S``
+                (one day, the longest ``timeout_s`` HTTP and MCP accept) from now; one
+                already past lets the job expire unstarted. It is turned into a
                 duration here and the job's deadline is set on the substrate's clock, so
                 other machines' clocks never decide it (docs/operations.md, "Clocks").
             job_id: the job's id, if the caller wants to choose it (to cancel it from
@@ -191,7 +217,8 @@ class Bridge(JobControl):
             ``job_id`` the caller chose, echoed, or None when it chose none.
 
         Raises:
-            BadRequest: malformed user id, name, args, key or timeout (``field`` says which).
+            BadRequest: malformed user id, name, args, key, timeout or deadline (``field``
+                says which).
             JobIdInUse: the caller-chosen ``job_id`` already names another job (the
                 same request sent again with its ``idempotency_key`` attaches instead).
             SubstrateUnavailable: Redis unreachable or refusing writes. With ``job_id``
@@ -214,7 +241,7 @@ class Bridge(JobControl):
         if not isinstance(args, dict):
             raise BadRequest("args must be a JSON object", field="args")
         try:
-            args_json = _ARGS_ENCODER.encode(args)  # once: checked here, sent below
+            args_json = ARGS_ENCODER.encode(args)  # once: checked here, sent below
         except (TypeError, ValueError, RecursionError):
             raise BadRequest(
                 "args must be JSON-serialisable (finite numbers, bounded nesting)", field="args"
@@ -255,7 +282,7 @@ class Bridge(JobControl):
         # The deadline is set and compared on one clock, the substrate's (Redis TIME):
         # this process sends only a duration (docs/operations.md, "Clocks").
         now = self.wall_clock()
-        start_within_s = timeout_s if deadline is None else max(0.0, deadline - now)
+        start_within_s = timeout_s if deadline is None else _start_within_s(deadline, now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         owner = JobOwner(user_id, self.waiters.mailbox)
         # Every step is bounded by the caller's time: a Redis that stalls (it answers
@@ -352,9 +379,7 @@ class Bridge(JobControl):
                 if submitted.verdict == "offline":
                     await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
                     with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
-                        return await offline_outcome(
-                            self.substrate, user_id, started, job_id_given
-                        )
+                        return await offline_outcome(self.substrate, user_id, started, job_id_given)
                     return plain_offline(user_id, started, job_id=job_id_given)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)

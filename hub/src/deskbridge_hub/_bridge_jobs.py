@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,11 @@ from ._validate import validate_key, validate_user_id
 #: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
 #: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
 MAX_TIMEOUT_S = 24 * 3600.0
+
+#: How a job's args are written on its stream entry and measured against
+#: ``max_args_bytes``: compact, non-ASCII escaped, NaN and infinities refused (JSON has
+#: none). One encoder for the hub and ``deskbridge-hub call``, so both measure alike.
+ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 #: Separates the random part of a hub-minted job id from its user id (``~`` is never
 #: part of a user id).
@@ -172,6 +178,31 @@ class JobControl:
                 if now is None or now.stage is not Stage.CANCELLED:
                     return "finished"
         return state.stage.value
+
+    async def withdraw(self, user_id: str, job_id: str) -> str:
+        """Cancel a job its caller dispatched and gave up on, also while that call's
+        enqueue step may still land (it was cut short after the step was sent): when no
+        job ``job_id`` is known yet, its cancel flag is set anyway, so an entry that lands
+        later is answered ``cancelled`` and never starts.
+
+        Only for a job no other caller may be attached to (one the withdrawing call
+        enqueued itself, under no idempotency key a retry could share): a cancel ends the
+        job for every caller waiting on it.
+
+        Returns:
+            :meth:`cancel`'s stage, or ``unknown`` when the job was not (yet) enqueued.
+
+        Raises:
+            BadRequest: malformed user id or job id. SubstrateUnavailable: Redis
+                unreachable.
+        """
+        _check(validate_user_id, user_id, "user_id")
+        try:
+            return await self.cancel(job_id)
+        except UnknownJob:
+            ttl_s = MAX_TIMEOUT_S + self.timings.result_ttl_s  # as cancel's flag
+            await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
+            return "unknown"
 
 
 def _valid_user(user_id: str) -> bool:

@@ -8,12 +8,21 @@ import urllib.parse
 from collections.abc import Mapping
 
 import attrs
-from deskbridge_common import Timings
+from deskbridge_common import MAX_FRAME_BYTES, Timings
 
 from ._tokens import TOKEN_LEEWAY_S
 
 #: ``DESKBRIDGE_REDIS_URL`` value that asks for the in-memory substrate explicitly.
 MEMORY_URL = "memory://"
+#: Largest ``DESKBRIDGE_TOKEN_LEEWAY_S``, seconds: an hour. The leeway also accepts a
+#: token that long after its ``exp``; skew beyond it is a broken clock, not drift.
+MAX_TOKEN_LEEWAY_S = 3600.0
+#: Largest ``DESKBRIDGE_MAX_ARGS_BYTES``: the args must fit a ``job`` frame (1 MiB,
+#: ``MAX_FRAME_BYTES``) with its other fields (ids, key, deadline, trace context: well
+#: under 16 KiB); larger args would be accepted, enqueued and answered ``bad_job``.
+MAX_ARGS_BYTES_LIMIT = MAX_FRAME_BYTES - 16 * 1024
+#: Default ``DESKBRIDGE_MAX_ARGS_BYTES``: 256 KiB.
+DEFAULT_MAX_ARGS_BYTES = 256 * 1024
 
 
 @attrs.frozen(kw_only=True)
@@ -32,9 +41,10 @@ class HubConfig:
         max_inflight_per_session: most jobs delivered and not yet answered on one socket
             (``DESKBRIDGE_MAX_INFLIGHT``, default 32).
         max_args_bytes: largest JSON-encoded ``args`` accepted by the dispatch API
-            (``DESKBRIDGE_MAX_ARGS_BYTES``, default 256 KiB).
+            (``DESKBRIDGE_MAX_ARGS_BYTES``, default 256 KiB, at most
+            ``MAX_ARGS_BYTES_LIMIT``: what a job frame can carry).
         token_leeway_s: clock skew tolerated on a sidecar token's ``iat`` and ``exp``
-            (``DESKBRIDGE_TOKEN_LEEWAY_S``, seconds >= 0, default 300; see
+            (``DESKBRIDGE_TOKEN_LEEWAY_S``, seconds in [0, 3600], default 300; see
             docs/operations.md, "Clocks").
         redis_max_connections: most Redis connections the process holds at once
             (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16, at least 3; see
@@ -46,7 +56,7 @@ class HubConfig:
     api_keys: tuple[str, ...] = ()
     timings: Timings = attrs.field(factory=Timings)
     max_inflight_per_session: int = 32
-    max_args_bytes: int = 256 * 1024
+    max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES
     token_leeway_s: float = TOKEN_LEEWAY_S
     redis_max_connections: int = 16
 
@@ -70,13 +80,25 @@ class HubConfig:
             api_keys=csv("DESKBRIDGE_API_KEY"),
             timings=Timings.from_env(env),
             max_inflight_per_session=_int(env, "DESKBRIDGE_MAX_INFLIGHT", 32),
-            max_args_bytes=_int(env, "DESKBRIDGE_MAX_ARGS_BYTES", 256 * 1024),
-            token_leeway_s=_seconds(env, "DESKBRIDGE_TOKEN_LEEWAY_S", TOKEN_LEEWAY_S),
+            max_args_bytes=max_args_bytes(env),
+            token_leeway_s=_seconds(
+                env, "DESKBRIDGE_TOKEN_LEEWAY_S", TOKEN_LEEWAY_S, most=MAX_TOKEN_LEEWAY_S
+            ),
             redis_max_connections=_redis_max_connections(env),
         )
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def max_args_bytes(env: Mapping[str, str]) -> int:
+    """``DESKBRIDGE_MAX_ARGS_BYTES`` of ``env``: bytes in [1, ``MAX_ARGS_BYTES_LIMIT``],
+    default 256 KiB (also what ``deskbridge-hub call`` checks ``--args`` against).
+
+    Raises:
+        ValueError: not an integer, or out of range (the message names the variable).
+    """
+    return _int(env, "DESKBRIDGE_MAX_ARGS_BYTES", DEFAULT_MAX_ARGS_BYTES, most=MAX_ARGS_BYTES_LIMIT)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, most: int | None = None) -> int:
     raw = env.get(name)
     if raw is None:
         return default
@@ -86,10 +108,12 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if value <= 0:
         raise ValueError(f"{name} must be positive")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be at most {most}, got {value}")
     return value
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float, *, most: float) -> float:
     raw = env.get(name)
     if raw is None:
         return default
@@ -97,8 +121,8 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0")
+    if not (math.isfinite(value) and 0 <= value <= most):
+        raise ValueError(f"{name} must be a number of seconds in [0, {most:g}], got {raw!r}")
     return value
 
 

@@ -13,18 +13,25 @@ Outcomes map as follows:
   ``unavailable`` -> a result with ``isError: true`` whose text starts with the status and
   whose ``structuredContent`` is ``{"status", "error", "job_id"}`` (the model sees it and
   can react: retry later, tell the user to open the laptop);
-- args that fail the tool's schema -> a result with ``isError: true`` and error code
-  ``bad_args`` naming the field (the 2025-11-25 spec: input validation errors are tool
-  execution errors, so the model can correct itself); nothing was enqueued;
+- args the hub refuses (they fail the tool's schema, are over ``max_args_bytes`` or are
+  not JSON-able) -> a result with ``isError: true``, status and error code
+  ``bad_request`` and ``error.field`` ``args``: HTTP's 400 for the same ``args``, the
+  same code and field (the 2025-11-25 spec: input validation errors are tool execution
+  errors, so the model can correct itself); nothing was enqueued, nothing ran (so not
+  ``failed``, which says the tool ran);
 - anything else the hub refuses before enqueueing (unknown tool, bad ``_meta``) -> the
-  JSON-RPC error ``-32602`` naming the field.
+  JSON-RPC error ``-32602`` naming the field, ``data: {"code": "bad_request", "field"}``
+  (the spec: an unknown tool is a protocol error).
 
 Progress: a ``tools/call`` carrying a ``progressToken`` gets ``notifications/progress``
 for the tool's progress reports (``Bridge.dispatch(on_progress=...)``).
 
 Cancellation: when the SDK cancels a ``tools/call`` handler (``notifications/cancelled``
 on the 2025 wire, the client abandoning the request stream on the 2026 wire) the job is
-cancelled through :meth:`Bridge.cancel`, as ``DELETE /v1/jobs/{job_id}`` would.
+cancelled through :meth:`Bridge.withdraw` (as ``DELETE /v1/jobs/{job_id}`` would, and also
+when its enqueue was sent but had not landed yet), unless the call carried
+``deskbridge/idempotency_key``: another caller with that key may be attached to the job,
+and keeps it.
 
 Catalogue changes: a watcher per user endpoint re-reads the catalogue every
 ``CATALOGUE_POLL_S`` and, when it differs, sends ``notifications/tools/list_changed`` to
@@ -144,6 +151,20 @@ def outcome_result(outcome: Outcome) -> types.CallToolResult:
 def _error_result(status: str, code: str, message: str) -> types.CallToolResult:
     return outcome_result(
         Outcome(job_id=None, status=status, error={"code": code, "message": message})
+    )
+
+
+def bad_args_result(exc: BadRequest) -> types.CallToolResult:
+    """``args`` the hub refused before enqueueing (``BadRequest`` with ``field`` ``args``):
+    HTTP answers the same args 400 ``bad_request`` naming ``args``; MCP reports it as a
+    tool execution error (``isError: true``) with the same status, code and field, so the
+    model reads it and corrects its arguments. Nothing was enqueued: no ``job_id``."""
+    return outcome_result(
+        Outcome(
+            job_id=None,
+            status=_codes.BAD_REQUEST,
+            error={"code": _codes.BAD_REQUEST, "message": str(exc), "field": exc.field},
+        )
     )
 
 
@@ -299,9 +320,13 @@ class UserEndpoint:
             )
         except BadRequest as exc:
             if exc.field == "args":  # the model can correct its arguments (SEP-1303)
-                return _error_result("failed", "bad_args", str(exc))
+                return bad_args_result(exc)
             field = f"_meta.{META_IDEMPOTENCY_KEY}" if exc.field == "idempotency_key" else exc.field
-            raise MCPError(types.INVALID_PARAMS, f"{field}: {exc}") from None
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"{field}: {exc}",
+                data={"code": _codes.BAD_REQUEST, "field": field},
+            ) from None
         except IdempotencyKeyReused as exc:  # HTTP's 422: the caller's key, not the model's args
             raise MCPError(
                 types.INVALID_PARAMS,
@@ -313,8 +338,11 @@ class UserEndpoint:
         except SubstrateUnavailable as exc:
             return unavailable_result(exc)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-                await self._cancel_job(job_id)
+            if key is None:
+                # A keyed request may be shared: a retry (HTTP or MCP) with the same key
+                # attaches to the job, and must not lose it because this call gave up.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+                    await self._cancel_job(job_id)
             raise
         if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
             outcome = attrs.evolve(outcome, job_id=None)
@@ -322,9 +350,10 @@ class UserEndpoint:
 
     async def _cancel_job(self, job_id: str) -> None:
         try:
-            stage = await self.bridge.cancel(job_id)
+            # (withdraw, not cancel: the enqueue may have been sent and not landed yet)
+            stage = await self.bridge.withdraw(self.user_id, job_id)
             log.info("MCP call abandoned by the client: job %s cancelled (%s)", job_id, stage)
-        except Exception as exc:  # noqa: BLE001 - the job may not be enqueued yet
+        except Exception as exc:  # noqa: BLE001 - Redis down: its deadline ends it
             log.info("MCP call abandoned by the client: job %s not cancelled (%r)", job_id, exc)
 
     async def _watch_catalogue(self) -> None:
@@ -355,4 +384,10 @@ class UserEndpoint:
                 self._connections.discard(connection)
 
 
-__all__ = ["CATALOGUE_POLL_S", "UserEndpoint", "outcome_result", "tool_entry"]
+__all__ = [
+    "CATALOGUE_POLL_S",
+    "UserEndpoint",
+    "bad_args_result",
+    "outcome_result",
+    "tool_entry",
+]

@@ -55,6 +55,31 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 #: Outcomes a caller gets without any holder finishing the job.
 CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable"})
+#: The answer given before any desktop or catalogue looked at the tool's name (nothing
+#: was enqueued): such a name is not known to be a tool.
+_UNCHECKED_OUTCOMES = frozenset({"offline"})
+#: Most distinct ``tool`` label values the per-tool metrics of one process take: the
+#: first names seen on jobs that were enqueued (checked against the desktop's catalogue
+#: when it has one) or served. Any other name is counted under ``OTHER_TOOL``: callers
+#: may name any tool (an offline desktop, one without a catalogue) and a stream entry's
+#: ``name`` is any string, so labels taken as given grew one series per name, for good.
+MAX_TOOL_LABELS = 100
+OTHER_TOOL = "other"
+_tool_labels: set[str] = set()
+
+
+def tool_label(name: object, *, admit: bool = True) -> str:
+    """The ``tool`` label for ``name``: itself once it has one, or when fewer than
+    ``MAX_TOOL_LABELS`` names have one and ``admit`` (it is known to be a tool);
+    otherwise ``OTHER_TOOL``."""
+    if isinstance(name, str):
+        if name in _tool_labels:
+            return name
+        if admit and len(_tool_labels) < MAX_TOOL_LABELS:
+            _tool_labels.add(name)
+            return name
+    return OTHER_TOOL
+
 
 jobs_log = logging.getLogger("deskbridge.hub.jobs")
 #: What each dispatch call was answered (``job_answered``): not a job's outcome.
@@ -175,7 +200,7 @@ def presence_failed(reason: str) -> None:
 
 
 def job_dispatched(tool: str, waited_s: float) -> None:
-    DISPATCH_SECONDS.labels(tool).observe(max(waited_s, 0.0))
+    _child(DISPATCH_SECONDS, tool_label(tool)).observe(max(waited_s, 0.0))
 
 
 def job_served(
@@ -202,7 +227,7 @@ def job_served(
     if envelope is not None:
         job_id, tool = envelope.job_id, envelope.name
     tool = tool or "unknown"
-    _child(SERVED, tool, outcome).inc()
+    _child(SERVED, "unknown" if tool == "unknown" else tool_label(tool), outcome).inc()
     if outcome == "lost":
         LOST.inc()
     elif outcome == "expired":
@@ -261,7 +286,8 @@ def substrate_error(operation: str) -> None:
 def _child(metric: Any, *labels: str) -> Any:
     """``metric.labels(*labels)``, looked up once per label set (``labels()`` takes a lock
     and builds a key on every call; the per-job metrics use it once or twice per job). As
-    many entries as the metrics themselves have children: tools x outcomes."""
+    many entries as the metrics themselves have children: tool labels (at most
+    ``MAX_TOOL_LABELS`` + 2) x outcomes."""
     return metric.labels(*labels)
 
 
@@ -275,8 +301,9 @@ def job_answered(
     unavailable), DEBUG for the rest. The job's outcome is the holder's one INFO line on
     ``deskbridge.hub.jobs`` ("job J finished: ..."), also for a job whose caller was
     answered timeout before it finished: a reader never sees two outcomes for one job."""
-    _child(JOBS, tool, outcome).inc()
-    _child(JOB_SECONDS, tool).observe(elapsed_s)
+    label = tool_label(tool, admit=outcome not in _UNCHECKED_OUTCOMES)
+    _child(JOBS, label, outcome).inc()
+    _child(JOB_SECONDS, label).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
     if not calls_log.isEnabledFor(level):
         return

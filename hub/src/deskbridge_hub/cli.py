@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from deskbridge_common import _strict_json as strict_json
 
 from . import _inspect_cli
-from ._bridge_jobs import MAX_TIMEOUT_S
-from ._cli_args import checked, hub_url_problem, seconds
-from ._config import MEMORY_URL, redis_url_problem
+from ._bridge_jobs import ARGS_ENCODER, MAX_TIMEOUT_S
+from ._cli_args import checked, hub_url_problem, integer, seconds
+from ._config import DEFAULT_MAX_ARGS_BYTES, MEMORY_URL, max_args_bytes, redis_url_problem
 from ._http_body import finite_float, no_constant
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 from ._validate import validate_key, validate_tool_name, validate_user_id
@@ -60,10 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--workers",
-        type=int,
+        type=integer(1, MAX_WORKERS),
         default=1,
         metavar="N",
-        help="worker processes (default 1; more than 1 needs DESKBRIDGE_REDIS_URL)",
+        help=f"worker processes, 1-{MAX_WORKERS} (default 1; more than 1 needs "
+        "DESKBRIDGE_REDIS_URL)",
     )
     s.add_argument("--certfile", help="TLS certificate (PEM) to serve wss:// and https://")
     s.add_argument("--keyfile", help="TLS private key (PEM)")
@@ -160,6 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+#: Most ``serve --workers``: each worker is a process with its own Redis connections
+#: (up to ``DESKBRIDGE_REDIS_MAX_CONNECTIONS``) and reader; more hub capacity than this
+#: on one machine is more pods, not more workers (``100000`` forked until the host died).
+MAX_WORKERS = 64
+
 #: The longest ``serve --graceful-timeout-s`` (seconds): one day, the longest a call waits.
 #: ``inf`` was accepted: a drain that never gave up.
 MAX_GRACE_S = MAX_TIMEOUT_S
@@ -206,6 +212,10 @@ def _call(args: argparse.Namespace) -> int:
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
         return 2
+    problem = _args_size_problem(tool_args)
+    if problem:
+        print(f"deskbridge-hub call: {problem}", file=sys.stderr)
+        return 2
     problem = hub_url_problem(args.hub)
     if problem:
         print(f"deskbridge-hub call: {problem}", file=sys.stderr)
@@ -232,7 +242,12 @@ def _call(args: argparse.Namespace) -> int:
             print(resp.read().decode())
             return 0
     except urllib.error.HTTPError as exc:
-        print(exc.read().decode())
+        answer = exc.read().decode()
+        refused = _refused_option(exc.code, answer)
+        if refused:  # the hub's 400 for one of our values: a usage error, as ours are
+            print(f"deskbridge-hub call: {refused}", file=sys.stderr)
+            return 2
+        print(answer)
         if exc.code == 401 and not key:
             print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
         return 1
@@ -240,6 +255,45 @@ def _call(args: argparse.Namespace) -> int:
         reason = _inspect_cli.unreachable_reason(exc)
         print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return 1
+
+
+#: The ``call`` option (or argument) that sets each field of the job request.
+_OPTION_OF_FIELD = {
+    "args": "--args",
+    "name": "TOOL",
+    "idempotency_key": "--idempotency-key",
+    "timeout_s": "--timeout-s",
+    "user_id": "USER_ID",
+}
+
+
+def _args_size_problem(tool_args: dict[str, object]) -> str | None:
+    """Why the hub would refuse ``--args`` for its size (measured as the hub measures
+    it, against ``DESKBRIDGE_MAX_ARGS_BYTES`` of this environment, default 256 KiB), or
+    None."""
+    try:
+        limit = max_args_bytes(os.environ)
+    except ValueError:  # this environment's value is not the hub's business here
+        limit = DEFAULT_MAX_ARGS_BYTES
+    size = len(ARGS_ENCODER.encode(tool_args))
+    if size > limit:
+        return f"--args is {size} bytes of JSON, over the hub's limit of {limit} bytes"
+    return None
+
+
+def _refused_option(status: int, answer: str) -> str | None:
+    """One line naming the option when the hub answered 400 ``bad_request`` for a field
+    one of ``call``'s options sets (``--args`` over the hub's own limit, args that fail
+    the tool's schema, an unknown TOOL), else None."""
+    if status != 400:
+        return None
+    try:
+        error = json.loads(answer)["error"]
+        option = _OPTION_OF_FIELD[error["field"]]
+        message = str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return f"{option}: {' '.join(message.split())}"
 
 
 def _check_serve_args(args: argparse.Namespace) -> str | None:
@@ -298,9 +352,6 @@ def _serve(args: argparse.Namespace) -> int:
         hub = HubConfig.from_env()
     except ValueError as exc:
         print(f"deskbridge-hub serve: {exc}", file=sys.stderr)
-        return 2
-    if args.workers < 1:
-        print("deskbridge-hub serve: --workers must be at least 1", file=sys.stderr)
         return 2
     if hub.redis_url in (None, MEMORY_URL) and args.workers > 1:
         print(

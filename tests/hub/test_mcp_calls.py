@@ -1,0 +1,199 @@
+"""``tools/call`` through a user's MCP endpoint (``UserEndpoint._call_tool``) on the memory
+substrate, memory sockets and MockClock: the same refusal answers as HTTP (code and
+field), and an abandoned call cancels its own job only, never one another caller is
+attached to."""
+
+from __future__ import annotations
+
+import types as pytypes
+from typing import Any
+
+import mcp_types as types
+import pytest
+import trio
+import trio.testing
+from deskbridge_common import Job, JobResult, Timings, ToolSpec
+from deskbridge_hub import BadRequest, Bridge
+from deskbridge_hub._http import bridge_error_answer
+from deskbridge_hub._mcp import UserEndpoint
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._session import HubState
+from mcp.shared.exceptions import MCPError
+
+from tests.hub.test_outcomes import bridge, connect, ignore, sidecar, state  # noqa: F401
+from tests.hub.test_session import wall
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"selector": {"type": "string"}},
+    "required": ["selector"],
+    "additionalProperties": False,
+}
+
+
+def _ctx(meta: dict[str, Any] | None = None) -> Any:
+    """The part of the SDK's request context ``_call_tool`` reads."""
+    return pytypes.SimpleNamespace(params={"_meta": meta or {}}, session=None)
+
+
+async def _mcp_call(
+    via: Bridge, name: str, args: dict[str, Any], meta: dict[str, Any] | None = None
+) -> types.CallToolResult:
+    endpoint = UserEndpoint("u1", via)
+    params = types.CallToolRequestParams(name=name, arguments=args)
+    return await endpoint._call_tool(_ctx(meta), params)
+
+
+async def _http_error(via: Bridge, name: str, args: dict[str, Any]) -> tuple[int, Any]:
+    with pytest.raises(BadRequest) as refused:
+        await via.dispatch("u1", name, args, timeout_s=10)
+    status, body = bridge_error_answer(refused.value)
+    return status, body["error"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"selector": 5}, {"selector": "x", "extra": 1}, {"selector": "x" * (300 * 1024)}],
+    ids=["schema type", "schema extra field", "over max_args_bytes"],
+)
+async def test_args_the_hub_refuses_get_http_s_code_and_field_through_mcp(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+    args,
+):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
+        nursery.start_soon(sidecar, peer, ignore)
+        status, http = await _http_error(bridge, "click", args)
+        assert status == 400 and http["field"] == "args"
+        got = await _mcp_call(bridge, "click", args)
+        assert got.is_error
+        error = got.structured_content["error"]
+        assert (error["code"], error["field"]) == (http["code"], http["field"])
+        assert got.structured_content["status"] == http["code"]  # not "failed": nothing ran
+        assert got.structured_content["job_id"] is None
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unknown_tool_is_invalid_params_with_http_s_code_and_field(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+):
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
+        nursery.start_soon(sidecar, peer, ignore)
+        _, http = await _http_error(bridge, "nope", {})
+        with pytest.raises(MCPError) as refused:
+            await _mcp_call(bridge, "nope", {})
+        assert refused.value.error.code == types.INVALID_PARAMS
+        assert refused.value.error.data == {"code": http["code"], "field": http["field"]}
+        nursery.cancel_scope.cancel()
+
+
+class LateSubmit(MemorySubstrate):
+    """A substrate whose enqueue step is sent at once but lands only when ``gate`` is
+    set (Redis runs a script its caller has stopped waiting for): a cancelled caller
+    returns at once, the entry appears later."""
+
+    def __init__(self, nursery: trio.Nursery, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.nursery = nursery
+        self.armed = False
+        self.gate = trio.Event()
+        self.sent = trio.Event()
+
+    async def submit(self, user_id: str, submission: Any) -> Any:
+        if not self.armed:
+            return await super().submit(user_id, submission)
+        landed: list[Any] = []
+        done = trio.Event()
+
+        async def land() -> None:
+            await self.gate.wait()
+            landed.append(await MemorySubstrate.submit(self, user_id, submission))
+            done.set()
+
+        self.nursery.start_soon(land)
+        self.sent.set()
+        await done.wait()
+        return landed[0]
+
+
+async def test_an_abandoned_call_whose_enqueue_lands_later_never_starts(autojump_clock):
+    seen: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        substrate = LateSubmit(nursery, clock=wall)
+        hub = HubState(substrate=substrate, timings=Timings(), consumer="hub-1", wall_clock=wall)
+        peer = await connect(nursery, hub, [ToolSpec("click", "click", SCHEMA, True)])
+
+        async def desk(frame: Any) -> None:
+            seen.append(frame)
+            if isinstance(frame, Job):
+                await peer.send(JobResult(frame.id, True, result={"clicked": True}))
+
+        nursery.start_soon(sidecar, peer, desk)
+        via = Bridge(substrate, hub.timings, wall_clock=wall)
+        warm = await _mcp_call(via, "click", {"selector": "#warm"})  # the holder is known
+        assert not warm.is_error
+        seen.clear()
+        substrate.armed = True
+        with trio.CancelScope() as abandoned:
+            nursery.start_soon(_abandon_when_sent, substrate, abandoned)
+            await _mcp_call(via, "click", {"selector": "#go"})
+        substrate.gate.set()  # the enqueue step lands after the call gave up
+        await trio.sleep(60)
+        assert [type(f).__name__ for f in seen] == []  # never started on the desktop
+        assert substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def _abandon_when_sent(substrate: LateSubmit, scope: trio.CancelScope) -> None:
+    await substrate.sent.wait()
+    await trio.sleep(0.1)
+    scope.cancel()  # the client abandons the request (notifications/cancelled)
+
+
+async def test_an_abandoned_call_keeps_the_job_another_caller_attached_to(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+):
+    frames: list[Any] = []
+    reached = trio.Event()
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
+
+        async def desk(frame: Any) -> None:
+            frames.append(frame)
+            reached.set()
+
+        nursery.start_soon(sidecar, peer, desk)
+        meta = {"deskbridge/idempotency_key": "k-1"}
+        with trio.CancelScope() as abandoned:
+            nursery.start_soon(_abandon_once, reached, abandoned)
+            await _mcp_call(bridge, "click", {"selector": "#go"}, meta)
+        outcomes: list[Any] = []
+
+        async def http_retry() -> None:  # the same request again, by its key
+            outcomes.append(
+                await bridge.dispatch(
+                    "u1", "click", {"selector": "#go"}, idempotency_key="k-1", timeout_s=60
+                )
+            )
+
+        nursery.start_soon(http_retry)
+        await trio.sleep(5)
+        [job] = [f for f in frames if isinstance(f, Job)]
+        await peer.send(JobResult(job.id, True, result={"clicked": True}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(f).__name__ for f in frames] == ["Job"]  # no Cancel frame
+        assert [(o.status, o.result) for o in outcomes] == [("completed", {"clicked": True})]
+        nursery.cancel_scope.cancel()
+
+
+async def _abandon_once(reached: trio.Event, scope: trio.CancelScope) -> None:
+    await reached.wait()  # the job reached the desktop: then the client gives up
+    scope.cancel()

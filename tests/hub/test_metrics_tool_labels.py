@@ -1,0 +1,59 @@
+"""The ``tool`` label of the per-tool metrics is capped: callers may name any tool (an
+offline desktop checks nothing) and a stream entry's ``name`` is any string, so labels
+taken as given made one series per name, for good (unbounded cardinality)."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from deskbridge_hub import Bridge, _metrics
+from deskbridge_hub._memory import MemorySubstrate
+from prometheus_client import REGISTRY
+
+MAX = getattr(_metrics, "MAX_TOOL_LABELS", 100)
+
+
+def _tools(metric: str, prefix: str) -> set[str]:
+    return {
+        sample.labels["tool"]
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == metric and sample.labels.get("tool", "").startswith(prefix)
+    }
+
+
+def _other(metric: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value(metric, {"tool": "other", "outcome": outcome}) or 0.0
+
+
+@pytest.fixture(autouse=True)
+def fresh_labels(monkeypatch):
+    """This test's own label set (others in the process have taken some)."""
+    monkeypatch.setattr(_metrics, "_tool_labels", set(), raising=False)
+
+
+async def test_names_only_ever_answered_offline_take_no_label(autojump_clock) -> None:
+    bridge = Bridge(MemorySubstrate())
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    before = _other("deskbridge_jobs_total", "offline")
+    for i in range(2 * MAX):
+        outcome = await bridge.dispatch("nobody", f"{prefix}{i}", {}, timeout_s=5)
+        assert outcome.status == "offline"
+    assert _tools("deskbridge_jobs_total", prefix) == set()
+    assert _other("deskbridge_jobs_total", "offline") == before + 2 * MAX
+
+
+def test_served_names_take_at_most_max_tool_labels() -> None:
+    session = SimpleNamespace(user_id="u1", session_id="s1", wall_clock=lambda: 0.0)
+    prefix = f"s{uuid.uuid4().hex[:8]}-"
+    before = _other("deskbridge_jobs_served_total", "failed")
+    for i in range(MAX + 50):  # malformed entries: their name field is any string
+        _metrics.job_served(session, "failed", tool=f"{prefix}{i}")
+    assert len(_tools("deskbridge_jobs_served_total", prefix)) == MAX
+    assert _other("deskbridge_jobs_served_total", "failed") == before + 50
+    for i in range(MAX):  # a labelled name keeps its label
+        _metrics.job_dispatched(f"{prefix}{i}", 0.1)
+    _metrics.job_dispatched(f"{prefix}{MAX}", 0.1)
+    assert len(_tools("deskbridge_dispatch_seconds_count", prefix)) == MAX
