@@ -234,7 +234,9 @@ async def run_plan(call: Call, plan: dict, meter: Meter, http_call: Call | None)
         with RedisMonitor(f"redis://127.0.0.1:{port}/0") as mon:
             await anyio.sleep(0.2)
             mark = mon.mark()
+            t0 = time.perf_counter()
             await sequential(call, users[0], plan["monitor_calls"])
+            monitored_s = time.perf_counter() - t0 + 0.2 + 0.2  # the lines' window
             await anyio.sleep(0.2)
             lines = mon.lines(mark)
         caller_ports = local_ports_to([os.getpid()], port)
@@ -243,6 +245,7 @@ async def run_plan(call: Call, plan: dict, meter: Meter, http_call: Call | None)
         n = plan["monitor_calls"]
         results["monitor"] = {
             "calls": n,
+            "seconds": monitored_s,
             "steps_per_call": {role: round(v / n, 2) for role, v in steps.items()},
             "last_call": last_call_timeline(lines, caller_ports, hub_ports),
             "per_call": {
