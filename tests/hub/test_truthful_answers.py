@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 import trio.testing
+from deskbridge_common import Job, JobError, JobResult
 from deskbridge_hub._jobstate import JobState, Stage
 
 from tests.hub import test_outcomes
@@ -70,4 +72,52 @@ async def test_a_cancel_that_read_queued_for_a_job_delivered_and_answered_since_
 
         s.request_cancel = delivered_and_finished_first  # type: ignore[method-assign]
         assert await bridge.cancel("job-q") == "finished"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("same_daemon", [False, True])
+async def test_a_job_refused_as_late_after_it_went_to_a_vanished_desktop_is_in_doubt(
+    autojump_clock, state, bridge, same_daemon
+):
+    """A 30 s job reaches desktop d1, which vanishes mid-job (its socket closed: kill -9,
+    the lid). Past the job's deadline another desktop of the user (d2) gets the entry
+    (the reclaim idle) and refuses it as late: it never started it. Before, the job read
+    ``expired`` ("did not run") though d1 had started it. Now ``in_doubt``. The same
+    desktop back after the deadline says ``expired``, which is then true: its ledger
+    would have answered a job it had started."""
+    async with trio.open_nursery() as nursery:
+        old = await test_outcomes.connect(nursery, state, daemon_id="d1")
+        reached = trio.Event()
+
+        async def gone(frame):
+            if isinstance(frame, Job):
+                reached.set()
+
+        nursery.start_soon(test_outcomes.sidecar, old, gone)
+        calls = []
+
+        async def call():
+            calls.append(await bridge.dispatch("u1", "click", {}, job_id="job-v", timeout_s=30))
+
+        nursery.start_soon(call)
+        await reached.wait()
+        await old.disconnect()  # gone, mid-job
+        await trio.sleep(40)  # past the deadline
+        assert [(o.status, o.detail) for o in calls] == [("timeout", {"stage": "interrupted"})]
+        new = await test_outcomes.connect(nursery, state, daemon_id="d1" if same_daemon else "d2")
+        refused = trio.Event()
+
+        async def late(frame):
+            if isinstance(frame, Job):
+                error = JobError("expired", "deadline passed before it started")
+                await new.send(JobResult(frame.id, False, error=error))
+                refused.set()
+
+        nursery.start_soon(test_outcomes.sidecar, new, late)
+        with trio.fail_after(state.timings.reclaim_idle_s + 3 * state.timings.heartbeat_s):
+            await refused.wait()
+            while (job := await bridge.job_state("job-v")) is None or not job.stage.terminal:  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.5)
+        answer = json.loads(await bridge.answer_of("job-v") or "null")
+        assert answer["status"] == ("expired" if same_daemon else "in_doubt"), answer
         nursery.cancel_scope.cancel()
