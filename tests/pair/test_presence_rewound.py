@@ -9,6 +9,8 @@ daemon against two hub "processes" sharing one ``MemorySubstrate``, MockClock.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 import trio.testing
@@ -64,4 +66,51 @@ async def test_a_rewound_presence_does_not_stop_the_connected_desktop(autojump_c
             outcome = await bridge.dispatch(USER, "submit", {"form": "f"}, timeout_s=60)
             assert outcome.status == "completed", outcome
             assert len(calls) == 1
+            root.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+async def test_the_first_call_after_a_rewind_to_an_ended_session_is_told_queued(
+    autojump_clock, cancel
+):
+    """The store rewinds presence to the desktop's previous session, which ended on
+    pod-1 (alive). The first call is pushed to pod-1, marked delivered for that session,
+    and no desktop receives it. Before: its caller was told ``timeout`` with the stage
+    ``delivered`` ("on the desktop, may be running"), ``GET /v1/jobs`` said delivered, a
+    cancel answered ``delivered`` and later ``in_doubt`` ("may have acted"), and without
+    a cancel it was delivered past its deadline and answered as if it might have run.
+    Now the stage is ``queued``, a cancel answers ``cancelled`` at once, and the job
+    ends ``expired`` (or ``cancelled``); it never runs."""
+    substrate, _, pod1, pod2 = _two_pods()
+    submit, calls = _submit_tool()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as root:
+            n1 = await root.start(_pod, pod1)
+            n2 = await root.start(_pod, pod2)
+            connector = PairConnector(pod1, n1, USER)
+            daemon = _desktop(submit, connector)
+            root.start_soon(daemon.run)
+            await _wait_sessions(daemon, 1)
+            await trio.sleep(1)
+            first = await substrate.get_presence(USER)
+            connector.state, connector.nursery = pod2, n2
+            connector.sockets[-1].abort()  # the desktop moves to pod-2
+            await _wait_sessions(daemon, 2)
+            await trio.sleep(1)
+            assert first is not None
+            await substrate.set_presence(USER, first, TIMINGS.presence_ttl_s)  # rewound
+            bridge = Bridge(substrate, TIMINGS, wall_clock=wall)
+            outcome = await bridge.dispatch(
+                USER, "submit", {"form": "f"}, job_id="job-r", timeout_s=5
+            )
+            assert (outcome.status, outcome.detail) == ("timeout", {"stage": "queued"}), outcome
+            state = await bridge.job_state("job-r")
+            assert state is not None and state.stage.value == "queued", state
+            if cancel:
+                assert await bridge.cancel("job-r") == "queued"
+            await trio.sleep(TIMINGS.reclaim_idle_s + 3 * TIMINGS.heartbeat_s)
+            answer = json.loads(await bridge.answer_of("job-r") or "null")
+            assert answer is not None, await bridge.job_state("job-r")
+            assert answer["status"] == ("cancelled" if cancel else "expired"), answer
+            assert calls == []
             root.cancel_scope.cancel()

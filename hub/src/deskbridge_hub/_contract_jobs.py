@@ -138,3 +138,32 @@ async def check_a_redelivery_says_whether_an_earlier_one_went_to_another_desktop
     fresh = h.job()
     await s.set_job_state(user, fresh, JobState(Stage.QUEUED, user), ttl_s=60)
     assert (await s.mark_delivered(user, fresh, at("d2"), ttl_s=60)).elsewhere is False
+
+
+@check
+async def check_a_delivery_mark_never_forwarded_is_undone_only_while_it_is_the_newest(
+    h: SubstrateHarness,
+) -> None:
+    """``unmark_delivered``: the state goes back to ``queued`` and the claim epoch is
+    dropped (a cancel's unfenced answer is then accepted), only while the epoch is the
+    one given and the stage ``delivered``; otherwise nothing changes."""
+    s, user, job = h.substrate, h.user(), h.job()
+    queued = JobState(Stage.QUEUED, user, at=1.0, reply_to="box")
+    marked = await s.mark_delivered(user, job, JobState(Stage.DELIVERED, user), ttl_s=60)
+    assert marked.epoch is not None
+    assert not await s.unmark_delivered(user, job, queued, epoch=marked.epoch + 1, ttl_s=60)
+    assert await s.unmark_delivered(user, job, queued, epoch=marked.epoch, ttl_s=60)
+    assert await s.get_job_state(user, job) == queued
+    cancelled = JobState(Stage.CANCELLED, user, at=2.0)
+    assert (
+        await s.finish(user, job, '{"status":"cancelled"}', cancelled, ttl_s=60, epoch=0)
+    ).verdict == "done"
+    assert not await s.unmark_delivered(user, job, queued, epoch=marked.epoch, ttl_s=60)
+    again = h.job()
+    first = await s.mark_delivered(user, again, JobState(Stage.DELIVERED, user), ttl_s=60)
+    await s.finish(
+        user, again, None, JobState(Stage.INTERRUPTED, user), ttl_s=60, epoch=first.epoch
+    )
+    assert not await s.unmark_delivered(user, again, queued, epoch=first.epoch or 0, ttl_s=60)
+    stored = await s.get_job_state(user, again)
+    assert stored is not None and stored.stage is Stage.INTERRUPTED

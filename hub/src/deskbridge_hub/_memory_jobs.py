@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import attrs
 
-from ._jobstate import FORWARDED, JobState, MalformedState, delivered_again
+from ._jobstate import FORWARDED, JobState, MalformedState, Stage, delivered_again
 from ._substrate import Entry, Marked, cancel_key, fence_key, presence_key, state_key
 
 
@@ -39,6 +39,7 @@ class MemoryJobCommands:
     """Progress and job-state methods of ``MemorySubstrate``."""
 
     _progress: dict[str, _ProgressLog]
+    _kv: dict[str, tuple[str, float]]
     _enter: Callable[[], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
@@ -234,6 +235,25 @@ class MemoryJobCommands:
         except MalformedState:
             return None
         return state if state is not None and state.stage in FORWARDED else None
+
+    async def unmark_delivered(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """See ``Substrate.unmark_delivered``.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        fence = fence_key(user_id, job_id)
+        stored = self._forwarded(user_id, job_id, now)
+        if self._get(fence, now) != str(epoch) or stored is None:
+            return False
+        if stored.stage is not Stage.DELIVERED:
+            return False
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        self._kv.pop(fence, None)
+        return True
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

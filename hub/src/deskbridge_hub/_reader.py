@@ -47,7 +47,7 @@ from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
 from ._pacer import Pacer
-from ._presence_doubt import Verdict, check_holder, clear_ended
+from ._presence_doubt import Verdict, check_holder, clear_ended, unmark_unheld
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     CUT_OFF_MIN_S,
@@ -461,6 +461,10 @@ class ProcessReader:
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
                     woken.append(item)
+                elif item.user_id not in self._listeners:  # its session is gone
+                    ttl_s = self.timings.result_ttl_s
+                    await unmark_unheld(self.substrate, item, ttl_s=ttl_s)
+                    woken.append(item.user_id)
                 elif stale and item.entry.marked is not None:
                     self._remark(item)
                 elif not await self._dispatch_now(item):

@@ -121,6 +121,21 @@ return out
 )
 
 
+#: unmark_delivered: KEYS: state, fence. ARGV: epoch, state, TTL ms.
+_UNMARK = Script(
+    """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local ok, body = pcall(cjson.decode, current)
+if not ok or type(body) ~= 'table' or body['stage'] ~= 'delivered' then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+)
+
+
 class JobCommands(RedisCommandBase):
     """Results, progress, job state and catalogue commands of ``RedisSubstrate``."""
 
@@ -337,6 +352,21 @@ class JobCommands(RedisCommandBase):
                 verdict = Marked(str(marked[0]), float(marked[1]), *map(int, marked[2:]))
             out.append(Entry(entry_id, fields, verdict))
         return out
+
+    async def unmark_delivered(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """EVAL ``_UNMARK`` (see ``Substrate.unmark_delivered``).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        keys = (state_key(user_id, job_id), fence_key(user_id, job_id))
+        async with self._session("unmark delivered") as s:
+            (reply,) = await self._script(s, _UNMARK, keys, (epoch, state.encode(), _ms(ttl_s)))
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
+        return bool(reply)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 PX ceil(ttl_s * 1000).
