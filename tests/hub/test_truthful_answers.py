@@ -11,6 +11,7 @@ import trio
 import trio.testing
 from deskbridge_common import Job, JobError, JobResult
 from deskbridge_hub._jobstate import JobState, Stage
+from deskbridge_hub._reader import ProcessReader
 
 from tests.hub import test_outcomes
 from tests.hub.test_session import wall
@@ -120,4 +121,45 @@ async def test_a_job_refused_as_late_after_it_went_to_a_vanished_desktop_is_in_d
                 await trio.sleep(0.5)
         answer = json.loads(await bridge.answer_of("job-v") or "null")
         assert answer["status"] == ("expired" if same_daemon else "in_doubt"), answer
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_job_pushed_to_a_session_that_ended_before_forwarding_it_is_queued_again(
+    autojump_clock, state, bridge, monkeypatch
+):
+    """A caller's step pushed the job to this process for the desktop's session and
+    marked it delivered; the session ended before it forwarded the job (it waited
+    behind the user's other reads). Before: it stayed ``delivered`` (its caller was
+    told "on the desktop, may be running", and another desktop refusing it later as
+    late made it ``in_doubt``), though no desktop got it. Now ``queued`` again."""
+    reader = state.reader
+    held: list[tuple[str, tuple[str, ...]]] = []
+    async with trio.open_nursery() as nursery:
+        desk = await test_outcomes.connect(nursery, state, daemon_id="d1")
+        nursery.start_soon(test_outcomes.sidecar, desk, test_outcomes.ignore)
+
+        async def busy(self, item):  # the user's reads are busy: the entry waits its turn
+            return False
+
+        def hold(self, user_id, *kinds):  # ... and no worker takes it up meanwhile
+            held.append((user_id, kinds))
+
+        monkeypatch.setattr(ProcessReader, "_dispatch_now", busy)
+        monkeypatch.setattr(ProcessReader, "schedule", hold)
+        calls = []
+
+        async def call():
+            calls.append(await bridge.dispatch("u1", "click", {}, job_id="job-p", timeout_s=20))
+
+        nursery.start_soon(call)
+        with trio.fail_after(5):
+            while not reader._pushed.get("u1"):  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.01)
+        marked = await state.substrate.get_job_state("u1", "job-p")
+        assert marked is not None and marked.stage is Stage.DELIVERED
+        await desk.disconnect()  # the session ends before it forwarded the job
+        with trio.fail_after(30):
+            while not calls:  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.5)
+        assert [(o.status, o.detail) for o in calls] == [("timeout", {"stage": "queued"})]
         nursery.cancel_scope.cancel()
