@@ -323,7 +323,10 @@ class UserEndpoint:
     async def _cancel_job(self, job_id: str) -> None:
         try:
             stage = await self.bridge.cancel(job_id)
-            log.info("MCP call abandoned by the client: job %s cancelled (%s)", job_id, stage)
+            what = (
+                "had its answer already" if stage == "finished" else f"cancel requested ({stage})"
+            )
+            log.info("MCP call abandoned by the client: job %s %s", job_id, what)
         except Exception as exc:  # noqa: BLE001 - the job may not be enqueued yet
             log.info("MCP call abandoned by the client: job %s not cancelled (%r)", job_id, exc)
 
