@@ -131,6 +131,9 @@ async def check_a_redelivery_says_whether_an_earlier_one_went_to_another_desktop
     assert await s.get_job_state(user, job) == at(MIXED)
     back = await s.mark_delivered(user, job, at("d1"), ttl_s=60)
     assert (back.verdict, back.elsewhere) == ("delivered", True)  # mixed stays mixed
+    done = JobState(Stage.FINISHED, user, at=3.5)  # a terminal stage is stored as given
+    await s.finish(user, job, '{"status":"completed"}', done, ttl_s=60, epoch=back.epoch)
+    assert await s.get_job_state(user, job) == done
     unknown = h.job()
     await s.mark_delivered(user, unknown, at(None), ttl_s=60)  # a sidecar without an id
     again = await s.mark_delivered(user, unknown, at(None), ttl_s=60)
