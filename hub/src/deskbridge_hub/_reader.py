@@ -496,11 +496,11 @@ class ProcessReader:
         """A pushed entry that may have waited long before it arrived (``_wake_loop``):
         drop its submit-time mark, so that serving it marks it delivered again
         (``mark_delivered``: its deadline judged on the server's clock, a new claim
-        epoch), and queue it in order behind what waits (a worker serves it)."""
+        epoch), and queue it in order behind what waits (a worker serves it). Only for a
+        user with a session here (the wake loop undoes the mark of the others)."""
         entry = attrs.evolve(item.entry, marked=None, received_at=None)
-        if item.user_id in self._listeners:
-            self._pushed.setdefault(item.user_id, []).append(entry)
-            self.schedule(item.user_id, PUSHED)
+        self._pushed.setdefault(item.user_id, []).append(entry)
+        self.schedule(item.user_id, PUSHED)
 
     def _wait_lost(self) -> None:
         """A wake-up wait failed (timed out, its connection lost): Redis may have popped
