@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from tests.chaos._harness import (
     TIMINGS,
+    headers,
     new_user,
     pods_behind_haproxy,
     post_job,
@@ -188,6 +190,12 @@ def test_presence_rewound_to_an_ended_session_is_cleared_by_the_first_call(tmp_p
     redis.command("SET", f"bridge:presence:{{{user}}}", sid, "PX", 60_000)
     answers = [post_job(hub.http, user, "record", {"key": f"r{i}"}, timeout_s=3) for i in range(3)]
     print("\nafter the rewind:", [(a.status, a.body.get("detail")) for a in answers])
+    # the first was pushed to the process for the ended session, and no desktop got it:
+    # queued (was: "delivered, may be running"), and it stays so
+    assert (answers[0].status, answers[0].body.get("detail")) == ("timeout", {"stage": "queued"})
+    with httpx.Client(headers=headers(), timeout=5.0) as client:
+        job = client.get(f"{hub.http}/v1/jobs/{answers[0].body['job_id']}").json()
+    assert job["stage"] == "queued", job
     assert answers[-1].status == "offline", answers[-1].body
     assert answers[1].status == "offline", answers[1].body
     assert ledger.counts() == {}

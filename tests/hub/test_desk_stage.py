@@ -113,8 +113,8 @@ async def test_a_zombie_deliverys_stage_is_refused_by_the_fence(autojump_clock):
     delivery's late stage report must not overwrite the new delivery's state."""
     substrate = MemorySubstrate(clock=wall)
     old = await substrate.mark_delivered(USER, "j1", JobState(Stage.DELIVERED, USER,
-                                         session_id="s1"), ttl_s=60)  # fmt: skip
-    new_state = JobState(Stage.DELIVERED, USER, session_id="s2")
+                                         session_id="s1", daemon_id="d1"), ttl_s=60)  # fmt: skip
+    new_state = JobState(Stage.DELIVERED, USER, session_id="s2", daemon_id="d1")
     new = await substrate.mark_delivered(USER, "j1", new_state, ttl_s=60)
     assert new.epoch > old.epoch
     zombie = stage_recorder(_hub(substrate), USER, "j1", "s1", old.epoch)
@@ -226,5 +226,6 @@ async def test_the_session_records_a_stage_with_its_deliverys_epoch(autojump_clo
         await state.substrate.mark_delivered(USER, "j1", elsewhere, ttl_s=60)  # a reclaim
         await peer.send(Progress(job.id, 0, stage="running"))
         await trio.testing.wait_all_tasks_blocked()
-        assert await state.substrate.get_job_state(USER, "j1") == elsewhere  # fenced out
+        stored = await state.substrate.get_job_state(USER, "j1")  # fenced out:
+        assert (stored.stage, stored.session_id) == (Stage.DELIVERED, "another")
         nursery.cancel_scope.cancel()

@@ -10,12 +10,14 @@ import json
 
 import pytest
 from deskbridge_hub._jobstate import (
+    MIXED,
     TRANSITIONS,
     InvalidTransition,
     JobState,
     MalformedState,
     Stage,
     check_transition,
+    delivered_again,
 )
 
 
@@ -55,14 +57,14 @@ def test_advance_sets_the_stage_and_time_and_keeps_the_rest():
 
 def test_encode_writes_the_stored_text_exactly():
     assert JobState(Stage.QUEUED, "u").encode() == '{"stage":"queued","user_id":"u"}'
-    full = JobState(Stage.DELIVERED, "u", at=1.5, session_id="s", reply_to="r")
-    assert full.encode() == (
-        '{"stage":"delivered","user_id":"u","at":1.5,"session_id":"s","reply_to":"r"}')
+    full = JobState(Stage.DELIVERED, "u", at=1.5, session_id="s", reply_to="r", daemon_id="d")
+    assert full.encode() == ('{"stage":"delivered","user_id":"u","at":1.5,"session_id":"s",'
+                             '"reply_to":"r","daemon_id":"d"}')
     assert JobState(Stage.LOST, "u", at=0.0).encode() == '{"stage":"lost","user_id":"u","at":0.0}'
 
 
 def test_decode_reads_what_encode_wrote_and_normalises_types():
-    full = JobState(Stage.DELIVERED, "u", at=1.5, session_id="s", reply_to="r")
+    full = JobState(Stage.DELIVERED, "u", at=1.5, session_id="s", reply_to="r", daemon_id="d")
     assert JobState.decode(full.encode()) == full
     assert JobState.decode(full.encode().encode()) == full
     state = JobState.decode('{"stage":"expired","user_id":7,"at":"2"}')
@@ -88,3 +90,26 @@ def test_decode_quotes_at_most_80_characters_of_the_text():
     with pytest.raises(MalformedState) as info:
         JobState.decode(text)
     assert repr(text[:80]) in str(info.value) and repr(text[:81]) not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("before", "mine", "recorded", "elsewhere"),
+    [
+        (None, "d1", "d1", False),  # the first delivery
+        ("d1", "d1", "d1", False),  # the same desktop again
+        ("d1", "d2", MIXED, True),  # another desktop
+        (None, None, MIXED, True),  # forwarded before to one not known, and again
+        ("d1", None, MIXED, True),
+        (MIXED, "d1", MIXED, True),  # mixed stays mixed
+        (MIXED, MIXED, MIXED, True),
+    ],
+)
+def test_a_delivery_records_its_desktop_or_mixed_once_an_earlier_went_elsewhere(
+    before, mine, recorded, elsewhere
+):
+    state = JobState(Stage.DELIVERED, "u", session_id="s2", daemon_id=mine)
+    first = (before, mine) == (None, "d1")
+    sent = None if first else JobState(Stage.INTERRUPTED, "u", daemon_id=before)
+    got, went = delivered_again(sent, state)
+    assert (got.daemon_id, went) == (recorded, elsewhere)
+    assert (got.stage, got.session_id) == (Stage.DELIVERED, "s2")

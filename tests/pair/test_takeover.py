@@ -9,6 +9,7 @@ are cancelled; its socket dies without a close frame.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import trio
@@ -90,9 +91,13 @@ async def _wait_sessions(daemon: Daemon, count: int) -> None:
             await trio.sleep(0.01)
 
 
-async def _scenario(*, kill_pod1: bool, same_daemon: bool) -> dict[str, Any]:
-    """pod-1 holds the socket; a 30 s job starts at t=0; at t=5 pod-1 dies (or only the
-    socket does); the desktop connects to pod-2 (the same daemon, or a different one)."""
+async def _scenario(
+    *, kill_pod1: bool, same_daemon: bool, timeout_s: float = 600
+) -> dict[str, Any]:
+    """pod-1 holds the socket; a 30 s job (the call waits ``timeout_s``) starts at t=0;
+    at t=5 pod-1 dies (or only the socket does); the desktop connects to pod-2 (the same
+    daemon, or a different one). ``answer``: the job's stored answer, once it has one
+    (looked for until the reclaim idle has passed twice)."""
     substrate, view1, pod1, pod2 = _two_pods()
     submit, calls = _submit_tool()
     outcomes = []
@@ -115,7 +120,9 @@ async def _scenario(*, kill_pod1: bool, same_daemon: bool) -> dict[str, Any]:
         bridge = Bridge(substrate, TIMINGS, wall_clock=wall)  # a caller on pod-2's side
 
         async def caller() -> None:
-            outcomes.append(await bridge.dispatch(USER, "submit", {"form": "f"}, timeout_s=600))
+            outcomes.append(
+                await bridge.dispatch(USER, "submit", {"form": "f"}, timeout_s=timeout_s)
+            )
 
         root.start_soon(caller)
         await trio.sleep(5)
@@ -136,8 +143,15 @@ async def _scenario(*, kill_pod1: bool, same_daemon: bool) -> dict[str, Any]:
         with trio.fail_after(600):
             while not outcomes:  # noqa: ASYNC110 - test poll
                 await trio.sleep(0.5)
+        answer = None
+        with trio.move_on_after(2 * TIMINGS.reclaim_idle_s):
+            while (answer := await bridge.answer_of(outcomes[0].job_id)) is None:  # noqa: ASYNC110
+                await trio.sleep(1)
         root.cancel_scope.cancel()
-    return {"outcome": outcomes[0], "calls": calls, "reconnected_at": reconnected_at}
+    return {
+        "outcome": outcomes[0], "calls": calls, "reconnected_at": reconnected_at,
+        "answer": None if answer is None else json.loads(answer),
+    }  # fmt: skip
 
 
 async def test_kill_9_of_the_holding_process_the_same_daemon_takes_over_at_once(
@@ -176,3 +190,15 @@ async def test_a_different_daemon_waits_the_reclaim_idle(autojump_clock):
     assert len(calls) == 2
     assert calls[1] - calls[0] >= TIMINGS.reclaim_idle_s
     assert calls[1] - got["reconnected_at"] > 150  # not at the reconnect
+
+
+async def test_a_different_daemon_refusing_the_job_as_late_makes_it_in_doubt(autojump_clock):
+    """As above, but the call waits 60 s: when the reclaim hands the entry to the other
+    daemon (180 s) its deadline has passed, and that desktop's runner refuses to start
+    it. Before, the job's answer was ``expired`` ("did not run"), though the first
+    desktop had started it; now ``in_doubt``. It ran once (on the first desktop)."""
+    got = await _scenario(kill_pod1=True, same_daemon=False, timeout_s=60)
+    outcome, calls, answer = got["outcome"], got["calls"], got["answer"]
+    assert outcome.status == "timeout", outcome
+    assert answer is not None and answer["status"] == "in_doubt", answer
+    assert len(calls) == 1

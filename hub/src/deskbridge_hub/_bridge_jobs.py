@@ -127,7 +127,9 @@ class JobControl:
         Returns:
             The stage the job was in: ``queued``, ``delivered``, ``awaiting_approval`` or
             ``interrupted``; or
-            ``finished`` when it already has its answer (nothing is cancelled then);
+            ``finished`` when it already has its answer (nothing is cancelled then),
+            also one written between the state read and the cancel flag (a job that
+            finished meanwhile was answered ``delivered``: a stale read);
             ``delivered`` also when it read ``queued`` but a hub marked it delivered
             before the cancel flag was set (that delivery answers); ``finished`` also
             when it read ``queued`` but the job was answered otherwise (``expired``,
@@ -152,6 +154,10 @@ class JobControl:
         # later than the result TTL: a desktop back after 10 minutes, for a job with an
         # hour to start); with the result TTL only, the cancelled job then ran.
         await self.substrate.request_cancel(user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s)
+        if state.stage is not Stage.QUEUED and await self._answered(user_id, job_id):
+            # answered between the read above and the flag (a stale read): the answer
+            # stands and nothing is left to cancel; "delivered" (202) was untrue
+            return "finished"
         control = {"control": "cancel", "job_id": job_id}
         await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
         holder = await self.substrate.get_presence(user_id)
@@ -169,8 +175,9 @@ class JobControl:
                 user_id, job_id, cancelled_before_start(), cancelled, ttl_s=ttl_s,
                 notify=state.reply_to, epoch=0,
             )  # fmt: skip
-            if finished.verdict == "stale":
-                return Stage.DELIVERED.value
+            if finished.verdict == "stale":  # delivered meanwhile, maybe answered too
+                answered = await self._answered(user_id, job_id)
+                return "finished" if answered else Stage.DELIVERED.value
             if finished.verdict == "settled":
                 # answered meanwhile (a terminal answer is final): by this cancel's flag
                 # (the holder read it: ``cancelled``), or otherwise (e.g. ``expired``)
@@ -203,6 +210,15 @@ class JobControl:
             ttl_s = MAX_TIMEOUT_S + self.timings.result_ttl_s  # as cancel's flag
             await self.substrate.request_cancel(user_id, job_id, ttl_s=ttl_s)
             return "unknown"
+
+    async def _answered(self, user_id: str, job_id: str) -> bool:
+        """Whether ``job_id`` has a terminal answer now (a fresh read; a state that is
+        gone or malformed counts as not answered)."""
+        try:
+            now = await self.substrate.get_job_state(user_id, job_id)
+        except MalformedState:
+            return False
+        return now is not None and now.stage.terminal
 
 
 def _valid_user(user_id: str) -> bool:

@@ -289,15 +289,16 @@ async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
     ``delivered`` (the desktop's ledger answers it), never ``expired``. A job never
     forwarded (queued, or no state) past its deadline is ``expired``, state untouched."""
     s, user = h.substrate, h.user()
-    again = JobState(Stage.DELIVERED, user, at=3.0, session_id="s2")
+    again = JobState(Stage.DELIVERED, user, at=3.0, session_id="s2", daemon_id="d1")
     now = (await s.mark_delivered(user, h.job(), again, ttl_s=60)).server_time
     # awaiting_approval too (issue 12 item 5): approved, it may have run before its
     # ``running`` report was recorded
     for before in (Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL):
         job = h.job()
-        await s.set_job_state(user, job, JobState(before, user, at=2.0), ttl_s=60)
+        sent = JobState(before, user, at=2.0, daemon_id="d1")
+        await s.set_job_state(user, job, sent, ttl_s=60)
         marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=now - 5.0)
-        assert marked.verdict == "delivered", before
+        assert (marked.verdict, marked.elsewhere) == ("delivered", False), before
         assert marked.server_time >= now
         assert await s.get_job_state(user, job) == again
     never: tuple[Stage | None, ...] = (Stage.QUEUED, Stage.FINISHED, None)

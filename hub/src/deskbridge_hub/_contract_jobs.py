@@ -1,11 +1,14 @@
 """Contract checks of results and progress beyond the round trips in ``_contract``: the
-arguments' bounds, and that a progress stream expires (registered with ``_contract``)."""
+arguments' bounds, that a progress stream expires, and which desktops a job's deliveries
+went to (registered with ``_contract``)."""
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from ._contract import SubstrateHarness, check
+from ._jobstate import MIXED, JobState, Stage
 
 
 async def _refused(call: object, words: str, *, exact: bool = False) -> None:
@@ -98,3 +101,72 @@ async def check_queue_info_lists_the_oldest_pending_entries_only_when_asked(
     assert 90 <= first.idle_ms < 60_000, first.idle_ms
     both = (await s.queue_info(user, count=5)).pending
     assert [p.entry_id for p in both] == ids[:2]
+
+
+@check
+async def check_a_redelivery_says_whether_an_earlier_one_went_to_another_desktop(
+    h: SubstrateHarness,
+) -> None:
+    """``mark_delivered`` records the delivery's ``daemon_id``; a redelivery of a job
+    forwarded before to another desktop (or to one not known) records ``?`` and answers
+    ``elsewhere`` (that desktop may have started it), and ``?`` stays. A stage written
+    without ``daemon_id`` by ``finish`` (the interrupted mark) keeps the stored one."""
+    s, user = h.substrate, h.user()
+
+    def at(daemon: str | None, stage: Stage = Stage.DELIVERED) -> JobState:
+        return JobState(stage, user, at=1.5, session_id="s1", daemon_id=daemon)
+
+    job = h.job()
+    first = await s.mark_delivered(user, job, at("d1"), ttl_s=60)
+    assert (first.verdict, first.elsewhere) == ("delivered", False)
+    gone = JobState(Stage.INTERRUPTED, user, at=2.5)
+    await s.finish(user, job, None, gone, ttl_s=60, epoch=first.epoch)
+    stored = await s.get_job_state(user, job)
+    assert stored == attrs.evolve(gone, daemon_id="d1"), stored
+    same = await s.mark_delivered(user, job, at("d1"), ttl_s=60)
+    assert (same.verdict, same.elsewhere) == ("delivered", False)
+    assert await s.get_job_state(user, job) == at("d1")
+    other = await s.mark_delivered(user, job, at("d2"), ttl_s=60)
+    assert (other.verdict, other.elsewhere) == ("delivered", True)
+    assert await s.get_job_state(user, job) == at(MIXED)
+    back = await s.mark_delivered(user, job, at("d1"), ttl_s=60)
+    assert (back.verdict, back.elsewhere) == ("delivered", True)  # mixed stays mixed
+    done = JobState(Stage.FINISHED, user, at=3.5)  # a terminal stage is stored as given
+    await s.finish(user, job, '{"status":"completed"}', done, ttl_s=60, epoch=back.epoch)
+    assert await s.get_job_state(user, job) == done
+    unknown = h.job()
+    await s.mark_delivered(user, unknown, at(None), ttl_s=60)  # a sidecar without an id
+    again = await s.mark_delivered(user, unknown, at(None), ttl_s=60)
+    assert (again.verdict, again.elsewhere) == ("delivered", True)
+    fresh = h.job()
+    await s.set_job_state(user, fresh, JobState(Stage.QUEUED, user), ttl_s=60)
+    assert (await s.mark_delivered(user, fresh, at("d2"), ttl_s=60)).elsewhere is False
+
+
+@check
+async def check_a_delivery_mark_never_forwarded_is_undone_only_while_it_is_the_newest(
+    h: SubstrateHarness,
+) -> None:
+    """``unmark_delivered``: the state goes back to ``queued`` and the claim epoch is
+    dropped (a cancel's unfenced answer is then accepted), only while the epoch is the
+    one given and the stage ``delivered``; otherwise nothing changes."""
+    s, user, job = h.substrate, h.user(), h.job()
+    queued = JobState(Stage.QUEUED, user, at=1.0, reply_to="box")
+    marked = await s.mark_delivered(user, job, JobState(Stage.DELIVERED, user), ttl_s=60)
+    assert marked.epoch is not None
+    assert not await s.unmark_delivered(user, job, queued, epoch=marked.epoch + 1, ttl_s=60)
+    assert await s.unmark_delivered(user, job, queued, epoch=marked.epoch, ttl_s=60)
+    assert await s.get_job_state(user, job) == queued
+    cancelled = JobState(Stage.CANCELLED, user, at=2.0)
+    assert (
+        await s.finish(user, job, '{"status":"cancelled"}', cancelled, ttl_s=60, epoch=0)
+    ).verdict == "done"
+    assert not await s.unmark_delivered(user, job, queued, epoch=marked.epoch, ttl_s=60)
+    again = h.job()
+    first = await s.mark_delivered(user, again, JobState(Stage.DELIVERED, user), ttl_s=60)
+    await s.finish(
+        user, again, None, JobState(Stage.INTERRUPTED, user), ttl_s=60, epoch=first.epoch
+    )
+    assert not await s.unmark_delivered(user, again, queued, epoch=first.epoch or 0, ttl_s=60)
+    stored = await s.get_job_state(user, again)
+    assert stored is not None and stored.stage is Stage.INTERRUPTED

@@ -517,12 +517,16 @@ async def check_submit_pushes_the_read_and_marked_entry_to_a_registered_holder(
 ) -> None:
     """A holder process whose liveness names its consumer gets the new entry itself on
     its wake list: already in that consumer's pending entries list, marked delivered
-    under the presence's session, claim epoch 1; nothing is left for a read."""
+    under the presence's session and the desktop its consumer serves (the daemon
+    record), claim epoch 1; nothing is left for a read."""
     s, user, job = h.substrate, h.user(), h.job()
     holder, consumer = f"h{secrets.token_hex(4)}", f"c-{secrets.token_hex(4)}"
     h.on_user(holder)
     await s.set_liveness(holder, 30, consumer=consumer)
     await s.set_presence(user, f"{holder}.s1", 30)
+    await s.take_over(
+        user, consumer, daemon_id="d7", session_id=f"{holder}.s1", count=10, record_ttl_s=60
+    )
     got = await s.submit(user, _push_submission(user, job, holder))
     assert (got.verdict, got.pushed) == ("queued", True)
     with trio.fail_after(3):
@@ -538,6 +542,7 @@ async def check_submit_pushes_the_read_and_marked_entry_to_a_registered_holder(
     state = await s.get_job_state(user, job)
     assert state is not None
     assert (state.stage, state.session_id, state.user_id) == (Stage.DELIVERED, f"{holder}.s1", user)
+    assert state.daemon_id == "d7"
     pending = await s.read_pending(user, consumer, count=10)
     assert [e.entry_id for e in pending] == [got.entry_id]
     assert await s.read_new(user, "another", count=10, block_ms=None) == []

@@ -22,6 +22,9 @@ For one entry, in order:
    record ``interrupted`` and leave the entry pending (it is redelivered); the session
    was ended on purpose -> ``in_doubt`` at once, provisional (``detail.pending``, the
    entry stays pending) unless another process took the user over (final, XACK);
+   a desktop that refuses it as late (``expired``) after an earlier delivery went to
+   another desktop (or one not known: ``Marked.elsewhere``) -> ``in_doubt``: that one
+   may have started it;
 7. finish, in one step (``Substrate.finish``, retried until it happens): check the
    fence, publish the result, record the terminal stage, XACK.
 
@@ -62,6 +65,7 @@ from ._jobs import (
     MalformedEntry,
     cancelled_before_start,
     cancelled_in_doubt_payload,
+    delivered_elsewhere_payload,
     expired_payload,
     failed_payload,
     interrupted_payload,
@@ -126,6 +130,8 @@ class EntryServer:
         user_id: whose stream.
         session_id: recorded in the ``delivered`` state.
         wall_clock: Unix time source (stamps states; never judges a deadline).
+        daemon_id: the desktop this session serves (``hello.daemon_id``), if it said;
+            recorded with each delivery (``JobState.daemon_id``).
         running_jobs: the process's running jobs (``_keepalive``): a forwarded job is in it
             until its executor returns, so its records live as long as it runs; None:
             not kept (tests of one step).
@@ -136,6 +142,7 @@ class EntryServer:
     user_id: str
     session_id: str
     wall_clock: Callable[[], float]
+    daemon_id: str | None = None
     running_jobs: RunningJobs | None = None
 
     async def serve(self, entry: Entry, executor: Executor) -> None:
@@ -262,13 +269,18 @@ class EntryServer:
             if self.running_jobs is not None:
                 self.running_jobs.discard(*running)
         status, payload = outcome_of(result)
+        if status == "expired" and marked.elsewhere:
+            # "I never started it" from this desktop; an earlier delivery went to another
+            # (or one not known), which may have: never "did not run" (expired)
+            status, payload = "in_doubt", delivered_elsewhere_payload()
         await self.finish(entry.entry_id, job_id, status, payload, envelope=envelope, epoch=epoch)
 
     def delivered_state(self) -> JobState:
         """The state a delivery by this session records (``mark_delivered``)."""
         return JobState(
-            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id
-        )
+            Stage.DELIVERED, self.user_id, at=self.wall_clock(), session_id=self.session_id,
+            daemon_id=self.daemon_id,
+        )  # fmt: skip
 
     async def finish(
         self,

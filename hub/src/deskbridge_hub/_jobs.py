@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from deskbridge_common import CANCELLED, EXPIRED, LOST
+from deskbridge_common import CANCELLED, EXPIRED, IN_DOUBT, LOST
 
 #: Terminal outcomes a result payload can carry (docs/outcomes.md).
 OUTCOMES = frozenset(
@@ -176,6 +176,22 @@ def cancelled_in_doubt_payload() -> str:
             "not delivered again",
         },
         detail={"stage": "interrupted", "reason": reason},
+    )
+
+
+def delivered_elsewhere_payload() -> str:
+    """The payload for a job the desktop refused as late (it never started it there)
+    while an earlier delivery went to another desktop of the user, or to one not known
+    (its socket or pod went away without an answer): that one may have started it, so
+    it is not "expired" (did not run)."""
+    return result_payload(
+        "in_doubt",
+        error={
+            "code": IN_DOUBT,
+            "message": "this desktop refused the job as late, but it had been delivered "
+            "to another desktop before, which did not answer and may have started it",
+        },
+        detail={"stage": "delivered", "reason": "delivered to another desktop before"},
     )
 
 

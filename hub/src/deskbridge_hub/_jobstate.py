@@ -57,6 +57,10 @@ TERMINAL = frozenset({Stage.FINISHED, Stage.CANCELLED, Stage.EXPIRED, Stage.LOST
 #: the tool may run before its ``running`` report is recorded (issue 12 item 5).
 FORWARDED = frozenset({Stage.DELIVERED, Stage.AWAITING_APPROVAL, Stage.INTERRUPTED})
 
+#: ``JobState.daemon_id`` of a job delivered to more than one desktop, or to one whose
+#: ``daemon_id`` is not known (an older sidecar, a record written by an older hub).
+MIXED = "?"
+
 #: Which stage may follow which (the only table; a stage may repeat: a redelivery
 #: marks an already-delivered job delivered again).
 TRANSITIONS: dict[Stage, frozenset[Stage]] = {
@@ -94,6 +98,23 @@ STAGE_OF_DESK: dict[str, Stage] = {
 }
 
 
+def delivered_again(before: JobState | None, state: JobState) -> tuple[JobState, bool]:
+    """The state a delivery records, and whether an earlier one went elsewhere.
+
+    ``before`` is the stored state if it says the job was forwarded (``FORWARDED``),
+    else None; ``state`` is this delivery's (its ``daemon_id``, None if not known).
+    When an earlier delivery went to another desktop, or to one not known, the recorded
+    ``daemon_id`` becomes :data:`MIXED` (and stays so), and the flag is True: that
+    desktop may have started the job. The Redis mark script (``_redis_jobs._MARK``)
+    does the same.
+    """
+    if before is None:
+        return state, False
+    if before.daemon_id not in (None, MIXED) and before.daemon_id == state.daemon_id:
+        return state, False
+    return attrs.evolve(state, daemon_id=MIXED), True
+
+
 class InvalidTransition(ValueError):
     """A stage change the table does not allow (a bug in the caller, never user input)."""
 
@@ -119,6 +140,10 @@ class JobState:
         session_id: the hub session a ``delivered`` job was forwarded on.
         reply_to: the caller's notification mailbox (a ``queued`` job: a cancel answers
             the waiting caller through it).
+        daemon_id: the desktop (``hello.daemon_id``) every delivery of the job went to,
+            ``?`` (:data:`MIXED`) once deliveries went to more than one desktop or to
+            one not known (a desktop's "I never started it" then does not mean it did
+            not run); None: not recorded (never delivered, or an older writer).
     """
 
     stage: Stage = attrs.field(converter=Stage)
@@ -126,6 +151,7 @@ class JobState:
     at: float | None = None
     session_id: str | None = None
     reply_to: str | None = None
+    daemon_id: str | None = None
 
     def advance(
         self, stage: Stage, *, at: float | None = None, session_id: str | None = None
@@ -147,6 +173,8 @@ class JobState:
             body["session_id"] = self.session_id
         if self.reply_to is not None:
             body["reply_to"] = self.reply_to
+        if self.daemon_id is not None:
+            body["daemon_id"] = self.daemon_id
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -164,6 +192,7 @@ class JobState:
                 at=None if body.get("at") is None else float(body["at"]),
                 session_id=body.get("session_id"),
                 reply_to=body.get("reply_to"),
+                daemon_id=body.get("daemon_id"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MalformedState(f"not a job state: {str(text)[:80]!r} ({exc})") from None

@@ -352,7 +352,10 @@ class UserEndpoint:
         try:
             # (withdraw, not cancel: the enqueue may have been sent and not landed yet)
             stage = await self.bridge.withdraw(self.user_id, job_id)
-            log.info("MCP call abandoned by the client: job %s cancelled (%s)", job_id, stage)
+            what = (
+                "had its answer already" if stage == "finished" else f"cancel requested ({stage})"
+            )
+            log.info("MCP call abandoned by the client: job %s %s", job_id, what)
         except Exception as exc:  # noqa: BLE001 - Redis down: its deadline ends it
             log.info("MCP call abandoned by the client: job %s not cancelled (%r)", job_id, exc)
 

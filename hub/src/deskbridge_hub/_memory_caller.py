@@ -87,6 +87,7 @@ class MemoryCallerCommands:
     _mailboxes: dict[str, _Mailbox]
     _progress: dict[str, Any]
     _kv: dict[str, tuple[str, float]]
+    _daemon_records: dict[str, tuple[dict[str, str], float]]
     _enter: Callable[[], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
@@ -176,10 +177,19 @@ class MemoryCallerCommands:
         (entry,) = self._read_new_nowait(user_id, reader, 1)
         marked = None
         if entry.entry_id == entry_id:
-            state = JobState(Stage.DELIVERED, user_id, at=self.server_time(), session_id=presence)
+            daemon = self._daemon_of(user_id, reader, now)  # whom that consumer serves
+            state = JobState(
+                Stage.DELIVERED, user_id, at=self.server_time(), session_id=presence,
+                daemon_id=daemon,
+            )  # fmt: skip
             deadline = float(self._entry_field(user_id, entry_id, "deadline") or 0)
             marked = self._mark(user_id, sub.job_id, state, sub.delivered_ttl_s, deadline, now)
         return Pushed(user_id, Entry(entry.entry_id, entry.fields, marked))
+
+    def _daemon_of(self, user_id: str, consumer: str, now: float) -> str | None:
+        """The daemon record's entry for ``consumer`` (``HGET bridge:daemons:{user}``)."""
+        held = self._daemon_records.get(user_id)
+        return held[0].get(consumer) if held is not None and now < held[1] else None
 
     def _lag(self, user_id: str) -> int | None:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import attrs
 
-from ._jobstate import JobState
+from ._jobstate import FORWARDED, JobState
 from ._memory_caller import _Mailbox, _ResultList, _Waiters
 from ._substrate import (
     MAILBOX_TTL_S,
@@ -35,6 +36,18 @@ def _terminal(stored: str) -> bool:
         return JobState.decode(stored).stage.terminal
     except ValueError:
         return False
+
+
+def _keep_desk(stored: str | None, state: JobState) -> JobState:
+    """A stage of the delivery written without ``daemon_id`` keeps the stored one (as
+    ``_redis_finish.FINISH``: only the mark knows which desktops the job went to)."""
+    if stored is None or state.daemon_id is not None or state.stage not in FORWARDED:
+        return state
+    try:
+        daemon_id = JobState.decode(stored).daemon_id
+    except ValueError:
+        return state
+    return state if daemon_id is None else attrs.evolve(state, daemon_id=daemon_id)
 
 
 class WrongType(Exception):
@@ -93,6 +106,7 @@ class MemoryFinishCommands:
             return Finished(verdict, acked=bool(acked))
         if payload is not None and not provisional:
             self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
+        state = _keep_desk(current, state)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
         acked = self._xack(user_id, entry_id) if entry_id is not None else 0

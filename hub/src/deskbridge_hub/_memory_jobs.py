@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import attrs
 
-from ._jobstate import FORWARDED, JobState, MalformedState
+from ._jobstate import FORWARDED, JobState, MalformedState, Stage, delivered_again
 from ._substrate import (
     Entry,
     Marked,
@@ -47,6 +47,7 @@ class MemoryJobCommands:
     """Progress and job-state methods of ``MemorySubstrate``."""
 
     _progress: dict[str, _ProgressLog]
+    _kv: dict[str, tuple[str, float]]
     _enter: Callable[[], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
@@ -212,14 +213,17 @@ class MemoryJobCommands:
         now: float,
     ) -> Marked:
         at = self.server_time()
-        if deadline is not None and at >= deadline and not self._forwarded(user_id, job_id, now):
+        before = self._forwarded(user_id, job_id, now)
+        if deadline is not None and at >= deadline and before is None:
             return Marked("expired", at)
         if self._get(cancel_key(user_id, job_id), now) is not None:
-            if not self._forwarded(user_id, job_id, now):
+            if before is None:
                 return Marked("cancelled", at)
             return Marked("in_doubt", at, self._raise(user_id, job_id, ttl_s, deadline, now))
+        state, elsewhere = delivered_again(before, state)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
-        return Marked("delivered", at, self._raise(user_id, job_id, ttl_s, deadline, now))
+        epoch = self._raise(user_id, job_id, ttl_s, deadline, now)
+        return Marked("delivered", at, epoch, elsewhere)
 
     def _raise(
         self, user_id: str, job_id: str, ttl_s: float, deadline: float | None, now: float
@@ -232,12 +236,33 @@ class MemoryJobCommands:
         self._set(fence, str(epoch), now, keep_s)
         return epoch
 
-    def _forwarded(self, user_id: str, job_id: str, now: float) -> bool:
+    def _forwarded(self, user_id: str, job_id: str, now: float) -> JobState | None:
+        """The stored state if it says the job was forwarded to a desktop, else None."""
         raw = self._get(state_key(user_id, job_id), now)
         try:
-            return raw is not None and JobState.decode(raw).stage in FORWARDED
+            state = None if raw is None else JobState.decode(raw)
         except MalformedState:
+            return None
+        return state if state is not None and state.stage in FORWARDED else None
+
+    async def unmark_delivered(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """See ``Substrate.unmark_delivered``.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        fence = fence_key(user_id, job_id)
+        stored = self._forwarded(user_id, job_id, now)
+        if self._get(fence, now) != str(epoch) or stored is None:
             return False
+        if stored.stage is not Stage.DELIVERED:
+            return False
+        self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        self._kv.pop(fence, None)
+        return True
 
     async def keep_job(
         self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None

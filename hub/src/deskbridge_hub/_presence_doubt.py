@@ -31,9 +31,12 @@ import enum
 import logging
 from collections.abc import Callable
 
+from ._errors import SubstrateUnavailable
+from ._jobs import JobEnvelope, MalformedEntry
+from ._jobstate import JobState, Stage
 from ._keys import holder_of
 from ._logging import fields
-from ._substrate import Substrate
+from ._substrate import Pushed, Substrate
 
 log = logging.getLogger("deskbridge.hub.reader")
 
@@ -101,6 +104,42 @@ async def clear_ended(
     """
     if ended_here(session_id) and await substrate.clear_presence(user_id, session_id):
         _cleared(user_id, session_id, "it ended in this process")
+
+
+async def unmark_unheld(substrate: Substrate, pushed: Pushed, *, ttl_s: float) -> None:
+    """A caller pushed ``pushed`` to this process for a session it no longer holds (its
+    presence named an ended session: a store that lost its last writes), marked
+    delivered for it. No desktop received it: its state goes back to ``queued``
+    (``Substrate.unmark_delivered``), so its caller's timeout, ``GET /v1/jobs/{id}`` and a
+    cancel tell the truth ("queued", ``cancelled``), not "delivered, may be running" or
+    ``in_doubt``. The entry stays pending on this consumer (the next session's drain,
+    the daemon's takeover or the reclaim serves it). A newer mark (a drain here
+    delivered it since) is left alone. Redis unreachable: logged, left as it is.
+
+    ``ttl_s``: the answer's keep time (``result_ttl_s``); the state lasts until the
+    job's deadline plus that.
+    """
+    entry, marked = pushed.entry, pushed.entry.marked
+    if marked is None or marked.verdict != "delivered" or marked.epoch is None:
+        return
+    try:
+        envelope = JobEnvelope.from_fields(entry.fields or {})
+    except MalformedEntry:
+        return
+    queued = JobState(Stage.QUEUED, pushed.user_id, reply_to=envelope.reply_to)
+    keep_s = max(0.0, envelope.deadline - marked.server_time) + ttl_s
+    try:
+        undone = await substrate.unmark_delivered(
+            pushed.user_id, envelope.job_id, queued, epoch=marked.epoch, ttl_s=keep_s
+        )
+    except SubstrateUnavailable as exc:
+        log.info("job %s: its delivery mark for a gone session stays: %s", envelope.job_id, exc)
+        return
+    if undone:
+        log.info(
+            "job %s of %s was pushed for a session that ended here; queued again",
+            envelope.job_id, pushed.user_id, extra=fields(user_id=pushed.user_id),
+        )  # fmt: skip
 
 
 def _cleared(user_id: str, session_id: str, why: str) -> None:

@@ -48,7 +48,7 @@ from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
 from ._pacer import Pacer
-from ._presence_doubt import Verdict, check_holder, clear_ended
+from ._presence_doubt import Verdict, check_holder, clear_ended, unmark_unheld
 from ._retry import (
     CLEANUP_TIMEOUT_S,
     CUT_OFF_MIN_S,
@@ -167,6 +167,8 @@ class ProcessReader:
     #: Per user, entries callers' steps read for this process and pushed onto its wake
     #: list (``Pushed``), not yet dispatched.
     _pushed: dict[str, list[Entry]] = attrs.field(factory=dict)
+    #: the nursery of :meth:`run` while it runs (``detach`` starts clean-ups in it)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     #: Per user, the entry IDs dispatched lately, oldest first (see ``_dispatch``).
     _dispatched: dict[str, dict[str, None]] = attrs.field(factory=dict)
     #: Session ids that ended (detached) in this process, oldest first (bounded).
@@ -228,8 +230,12 @@ class ProcessReader:
         if self._listeners.get(listener.user_id) is listener:
             del self._listeners[listener.user_id]
             # pending on this consumer: the next session's drain (or its daemon's
-            # takeover elsewhere) serves them
-            self._pushed.pop(listener.user_id, None)
+            # takeover elsewhere) serves them; marked delivered for this session, which
+            # never forwarded them: queued again
+            pushed = self._pushed.pop(listener.user_id, None)
+            if pushed and self._nursery is not None:
+                items = [Pushed(listener.user_id, entry) for entry in pushed]
+                self._nursery.start_soon(self._unmark, items)
             self._dispatched.pop(listener.user_id, None)
 
     def stop_beating(self, listener: Listener) -> None:
@@ -283,6 +289,7 @@ class ProcessReader:
             except SubstrateUnavailable:
                 pass
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._liveness_loop)
             nursery.start_soon(self._cut_off_loop)
             nursery.start_soon(self._wake_loop)
@@ -299,6 +306,7 @@ class ProcessReader:
                 await trio.sleep_forever()
             finally:
                 self.running = False
+                self._nursery = None
                 with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                     try:  # stopping: this process's presences stop counting at once
                         await self.substrate.clear_liveness(self.holder_id)
@@ -474,31 +482,38 @@ class ProcessReader:
                     self._superseded(item)
                 elif not isinstance(item, Pushed):
                     woken.append(item)
+                elif item.user_id not in self._listeners:
+                    # the session is gone (or not attached yet): the entry is pending on
+                    # this consumer, and the next session's drain or its daemon's
+                    # takeover serves it; no desktop got it, so it is queued again
+                    await self._unmark([item])
+                    woken.append(item.user_id)
                 elif stale and item.entry.marked is not None:
                     self._remark(item)
-                elif not await self._dispatch_now(item):
-                    if item.user_id in self._listeners:
-                        self._pushed.setdefault(item.user_id, []).append(item.entry)
-                        self.schedule(item.user_id, PUSHED)
-                    # else the session is gone: the entry is pending on this consumer,
-                    # and the next session's drain or its daemon's takeover serves it
-                    else:
-                        woken.append(item.user_id)
+                elif not await self._dispatch_now(item):  # the session is attached here
+                    self._pushed.setdefault(item.user_id, []).append(item.entry)
+                    self.schedule(item.user_id, PUSHED)
             for user_id in dict.fromkeys(woken):
                 if user_id in self._listeners:
                     self.schedule(user_id, NEW)
                 elif self._ended:  # presence may name a session that ended here
                     await self._clear_ended(user_id)
 
+    async def _unmark(self, items: list[Pushed]) -> None:
+        """Pushed entries no session here forwarded go back to ``queued``
+        (``unmark_unheld``)."""
+        for item in items:
+            await unmark_unheld(self.substrate, item, ttl_s=self.timings.result_ttl_s)
+
     def _remark(self, item: Pushed) -> None:
         """A pushed entry that may have waited long before it arrived (``_wake_loop``):
         drop its submit-time mark, so that serving it marks it delivered again
         (``mark_delivered``: its deadline judged on the server's clock, a new claim
-        epoch), and queue it in order behind what waits (a worker serves it)."""
+        epoch), and queue it in order behind what waits (a worker serves it). Only for a
+        user with a session here (the wake loop undoes the mark of the others)."""
         entry = attrs.evolve(item.entry, marked=None, received_at=None)
-        if item.user_id in self._listeners:
-            self._pushed.setdefault(item.user_id, []).append(entry)
-            self.schedule(item.user_id, PUSHED)
+        self._pushed.setdefault(item.user_id, []).append(entry)
+        self.schedule(item.user_id, PUSHED)
 
     def _wait_lost(self) -> None:
         """A wake-up wait failed (timed out, its connection lost): Redis may have popped

@@ -26,6 +26,7 @@ from ._substrate import (
     Submission,
     Submitted,
     cancel_key,
+    daemons_key,
     fence_key,
     idem_key,
     index_key,
@@ -105,7 +106,8 @@ class RedisClock:
 
 #: The caller's one step. KEYS: presence, tools, jobs, index, state, idem, and on a single
 #: Redis the holder's wake list (under Cluster it is in another slot: the wake follows in
-#: the same write instead), its liveness key, the job's cancel flag and claim epoch. ARGV:
+#: the same write instead), its liveness key, the job's cancel flag and claim epoch, the
+#: user's daemon record (a pushed delivery records its consumer's daemon). ARGV:
 #: catalogue SHA-1 ('-': no check), maxlen, job id, start-within ms, state, state TTL ms,
 #: index flag ('' none; '2': attach only, ``Submission.attach_only``), index record,
 #: index TTL ms, the hub process known alive ('' none),
@@ -203,7 +205,10 @@ if KEYS[7] then
       local marked = {}
       if entry[1] == id then
         local state = '{"stage":"delivered","user_id":' .. cjson.encode(ARGV[12]) ..
-          ',"at":' .. now .. ',"session_id":' .. cjson.encode(presence) .. '}'
+          ',"at":' .. now .. ',"session_id":' .. cjson.encode(presence)
+        local desk = redis.call('HGET', KEYS[11], reader)
+        if desk then state = state .. ',"daemon_id":' .. cjson.encode(desk) end
+        state = state .. '}'
         marked = mark(KEYS[5], KEYS[9], KEYS[10], state, ARGV[13], deadline, now)
       end
       item = cjson.encode({ARGV[12], entry[1], entry[2], marked})
@@ -276,6 +281,7 @@ class CallerCommands(RedisCommandBase):
                 proc_key(in_script),
                 cancel_key(user_id, sub.job_id),
                 fence_key(user_id, sub.job_id),
+                daemons_key(user_id),
             )
         flat = [item for pair in sub.fields.items() for item in pair]
         args = (

@@ -51,7 +51,9 @@ from ._substrate import (
 #: A terminal answer is final (``Substrate.finish``): with a state to record (not
 #: ``publish_result``) and a terminal one stored, only the XACK happens; the reply is
 #: ``done`` when the stored state is this step's own (a retry whose reply was lost),
-#: else ``settled``.
+#: else ``settled``. A stage of the delivery written without ``daemon_id`` (the
+#: interrupted mark, the desktop's stage reports) keeps the stored one: it names the
+#: desktops the job went to (``_jobstate.JobState.daemon_id``), which only the mark knows.
 FINISH = Script(
     """
 if ARGV[1] ~= '' then
@@ -71,6 +73,14 @@ if ARGV[6] ~= '' then
     end
     if current == ARGV[6] then return {'done', acked} end
     return {'settled', acked}
+  end
+  if ok and type(body) == 'table' and type(body['daemon_id']) == 'string' then
+    local new = cjson.decode(ARGV[6])
+    if new['daemon_id'] == nil and (new['stage'] == 'delivered' or
+        new['stage'] == 'interrupted' or new['stage'] == 'awaiting_approval') then
+      ARGV[6] = '{"daemon_id":' .. cjson.encode(body['daemon_id']) .. ',' ..
+        string.sub(ARGV[6], 2)
+    end
   end
 end
 local ttl = tonumber(ARGV[3])

@@ -35,6 +35,9 @@ from ._substrate import (
 #: "expired" for a job that ran). A cancel flag likewise: a job never forwarded is
 #: "cancelled" (it never started); a forwarded one may have run, so it is "in_doubt",
 #: with a raised epoch so that the old delivery's late answer is refused (one answer).
+#: A redelivery records the desktop it goes to (the state's ``daemon_id``), or ``?`` once
+#: an earlier delivery went to another desktop or one not known (``desk``, as
+#: ``_jobstate.delivered_again``), and says so (the reply's fourth item, 1).
 _MARK = """
 local function forwarded(skey)
   local current = redis.call('GET', skey)
@@ -42,7 +45,20 @@ local function forwarded(skey)
   local ok, body = pcall(cjson.decode, current)
   if not ok or type(body) ~= 'table' then return false end
   local stage = body['stage']
-  return stage == 'delivered' or stage == 'interrupted' or stage == 'awaiting_approval'
+  if stage == 'delivered' or stage == 'interrupted' or stage == 'awaiting_approval' then
+    return body
+  end
+  return false
+end
+local function desk(state, before)
+  if not before then return state, 0 end
+  local prev = before['daemon_id']
+  local mine = cjson.decode(state)
+  if type(prev) == 'string' and prev ~= '?' and prev == mine['daemon_id'] then
+    return state, 0
+  end
+  mine['daemon_id'] = '?'
+  return cjson.encode(mine), 1
 end
 local function raise(fkey, ttl, deadline, now)
   local epoch = redis.call('INCR', fkey)
@@ -54,18 +70,17 @@ local function raise(fkey, ttl, deadline, now)
   return epoch
 end
 local function mark(skey, ckey, fkey, state, ttl, deadline, now)
-  local sent = nil
-  if deadline ~= '' and tonumber(now) >= tonumber(deadline) then
-    sent = forwarded(skey)
-    if not sent then return {'expired', now} end
+  local sent = forwarded(skey)
+  if deadline ~= '' and tonumber(now) >= tonumber(deadline) and not sent then
+    return {'expired', now}
   end
   if redis.call('EXISTS', ckey) == 1 then
-    if sent == nil then sent = forwarded(skey) end
     if not sent then return {'cancelled', now} end
     return {'in_doubt', now, raise(fkey, ttl, deadline, now)}
   end
-  redis.call('SET', skey, state, 'PX', ttl)
-  return {'delivered', now, raise(fkey, ttl, deadline, now)}
+  local written, elsewhere = desk(state, sent)
+  redis.call('SET', skey, written, 'PX', ttl)
+  return {'delivered', now, raise(fkey, ttl, deadline, now), elsewhere}
 end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
@@ -103,6 +118,21 @@ for _, entry in ipairs(reply[1][2]) do
   out[#out + 1] = {entry[1], flat, marked}
 end
 return out
+"""
+)
+
+
+#: unmark_delivered: KEYS: state, fence. ARGV: epoch, state, TTL ms.
+_UNMARK = Script(
+    """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local ok, body = pcall(cjson.decode, current)
+if not ok or type(body) ~= 'table' or body['stage'] ~= 'delivered' then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('DEL', KEYS[2])
+return 1
 """
 )
 
@@ -271,8 +301,8 @@ class JobCommands(RedisCommandBase):
             (reply,) = await self._script(s, _MARK_DELIVERED, keys, args)
             if isinstance(reply, BaseException):
                 raise reply  # inside the session: mapped to SubstrateUnavailable
-        verdict, now, *epoch = reply
-        return Marked(str(verdict), float(now), int(epoch[0]) if epoch else None)
+        verdict, now, *rest = reply
+        return Marked(str(verdict), float(now), *map(int, rest))
 
     async def read_new_delivered(
         self,
@@ -344,6 +374,21 @@ class JobCommands(RedisCommandBase):
             for reply in await s.execute(*commands, timeout_s=self._command_timeout_s):
                 if isinstance(reply, BaseException):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
+
+    async def unmark_delivered(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """EVAL ``_UNMARK`` (see ``Substrate.unmark_delivered``).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        keys = (state_key(user_id, job_id), fence_key(user_id, job_id))
+        async with self._session("unmark delivered") as s:
+            (reply,) = await self._script(s, _UNMARK, keys, (epoch, state.encode(), _ms(ttl_s)))
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
+        return bool(reply)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 PX ceil(ttl_s * 1000).

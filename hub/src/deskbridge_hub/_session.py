@@ -150,7 +150,8 @@ class HubSession(SessionTimers):
             return
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
-            self.state.wall_clock, running_jobs=self.state.running_jobs,
+            self.state.wall_clock, self.hello.daemon_id if self.hello else None,
+            running_jobs=self.state.running_jobs,
         )  # fmt: skip
         self.state.add_session(self)
         _metrics.session_opened()

@@ -477,6 +477,16 @@ class LedgerSubstrate(Protocol):
             SubstrateUnavailable: the store is unreachable (nothing or some extended).
         """
 
+    async def unmark_delivered(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """Undo a delivery mark that was never forwarded (a job pushed to a process
+        that no longer holds the session it was marked for), in one atomic step: only
+        while the job's claim epoch is still ``epoch`` and its stored stage is
+        ``delivered``, SET the state to ``state`` (``queued``) PX ttl and DEL the claim
+        epoch (no delivery exists, so a cancel may answer ``cancelled`` again). True if
+        it did."""
+
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""
 

@@ -1,0 +1,141 @@
+"""The hub never tells a caller or a reader something untrue about a job (its stage, a
+cancel's answer, its outcome) when the desktop vanished, the store was rewound or the
+job finished meanwhile (docs/outcomes.md). MemorySubstrate, memory sockets, MockClock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.testing
+from deskbridge_common import Job, JobError, JobResult
+from deskbridge_hub._jobstate import JobState, Stage
+from deskbridge_hub._reader import ProcessReader
+
+from tests.hub import test_outcomes
+from tests.hub.test_session import wall
+
+state = test_outcomes.state  # the fixtures: one hub process, a Bridge on its substrate
+bridge = test_outcomes.bridge
+
+
+@pytest.mark.parametrize("read", ["delivered", "queued"])
+async def test_a_cancel_of_a_job_answered_after_its_state_was_read_says_finished(
+    autojump_clock, state, bridge, read
+):
+    """The cancel read ``delivered`` (or ``queued``); the job's answer was written
+    before the cancel flag (the holder delivered and finished it in between). Before:
+    202 ``delivered`` (its own unfenced answer refused, for ``queued``): the cancel was
+    "requested" for a job that had its answer. Now ``finished`` (409)."""
+    s = state.substrate
+    await s.set_presence("u1", "ghost", 3600)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: bridge.dispatch("u1", "click", {}, job_id="job-f", timeout_s=60))
+        await trio.sleep(1)
+        delivered = JobState(Stage.DELIVERED, "u1", at=wall(), session_id="ghost")
+        marked = []
+        if read == "delivered":  # else the cancel's read finds it queued
+            marked.append(await s.mark_delivered("u1", "job-f", delivered, ttl_s=300))
+        real_request_cancel = s.request_cancel
+
+        async def answered_first(user_id: str, job_id: str, *, ttl_s: float) -> None:
+            if not marked:
+                marked.append(await s.mark_delivered("u1", "job-f", delivered, ttl_s=300))
+            done = JobState(Stage.FINISHED, "u1", at=wall())
+            payload = json.dumps({"status": "completed", "result": 1})
+            await s.finish("u1", "job-f", payload, done, ttl_s=300, epoch=marked[0].epoch)
+            await real_request_cancel(user_id, job_id, ttl_s=ttl_s)
+
+        s.request_cancel = answered_first  # type: ignore[method-assign]
+        assert await bridge.cancel("job-f") == "finished"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("same_daemon", [False, True])
+async def test_a_job_refused_as_late_after_it_went_to_a_vanished_desktop_is_in_doubt(
+    autojump_clock, state, bridge, same_daemon
+):
+    """A 30 s job reaches desktop d1, which vanishes mid-job (its socket closed: kill -9,
+    the lid). Past the job's deadline another desktop of the user (d2) gets the entry
+    (the reclaim idle) and refuses it as late: it never started it. Before, the job read
+    ``expired`` ("did not run") though d1 had started it. Now ``in_doubt``. The same
+    desktop back after the deadline says ``expired``, which is then true: its ledger
+    would have answered a job it had started."""
+    async with trio.open_nursery() as nursery:
+        old = await test_outcomes.connect(nursery, state, daemon_id="d1")
+        reached = trio.Event()
+
+        async def gone(frame):
+            if isinstance(frame, Job):
+                reached.set()
+
+        nursery.start_soon(test_outcomes.sidecar, old, gone)
+        calls = []
+
+        async def call():
+            calls.append(await bridge.dispatch("u1", "click", {}, job_id="job-v", timeout_s=30))
+
+        nursery.start_soon(call)
+        await reached.wait()
+        await old.disconnect()  # gone, mid-job
+        await trio.sleep(40)  # past the deadline
+        assert [(o.status, o.detail) for o in calls] == [("timeout", {"stage": "interrupted"})]
+        new = await test_outcomes.connect(nursery, state, daemon_id="d1" if same_daemon else "d2")
+        refused = trio.Event()
+
+        async def late(frame):
+            if isinstance(frame, Job):
+                error = JobError("expired", "deadline passed before it started")
+                await new.send(JobResult(frame.id, False, error=error))
+                refused.set()
+
+        nursery.start_soon(test_outcomes.sidecar, new, late)
+        with trio.fail_after(state.timings.reclaim_idle_s + 3 * state.timings.heartbeat_s):
+            await refused.wait()
+            while (job := await bridge.job_state("job-v")) is None or not job.stage.terminal:  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.5)
+        answer = json.loads(await bridge.answer_of("job-v") or "null")
+        assert answer["status"] == ("expired" if same_daemon else "in_doubt"), answer
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_job_pushed_to_a_session_that_ended_before_forwarding_it_is_queued_again(
+    autojump_clock, state, bridge, monkeypatch
+):
+    """A caller's step pushed the job to this process for the desktop's session and
+    marked it delivered; the session ended before it forwarded the job (it waited
+    behind the user's other reads). Before: it stayed ``delivered`` (its caller was
+    told "on the desktop, may be running", and another desktop refusing it later as
+    late made it ``in_doubt``), though no desktop got it. Now ``queued`` again."""
+    reader = state.reader
+    held: list[tuple[str, tuple[str, ...]]] = []
+    async with trio.open_nursery() as nursery:
+        desk = await test_outcomes.connect(nursery, state, daemon_id="d1")
+        nursery.start_soon(test_outcomes.sidecar, desk, test_outcomes.ignore)
+
+        async def busy(self, item):  # the user's reads are busy: the entry waits its turn
+            return False
+
+        def hold(self, user_id, *kinds):  # ... and no worker takes it up meanwhile
+            held.append((user_id, kinds))
+
+        monkeypatch.setattr(ProcessReader, "_dispatch_now", busy)
+        monkeypatch.setattr(ProcessReader, "schedule", hold)
+        calls = []
+
+        async def call():
+            calls.append(await bridge.dispatch("u1", "click", {}, job_id="job-p", timeout_s=20))
+
+        nursery.start_soon(call)
+        with trio.fail_after(5):
+            while not reader._pushed.get("u1"):  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.01)
+        marked = await state.substrate.get_job_state("u1", "job-p")
+        assert marked is not None and marked.stage is Stage.DELIVERED
+        await desk.disconnect()  # the session ends before it forwarded the job
+        with trio.fail_after(30):
+            while not calls:  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.5)
+        assert [(o.status, o.detail) for o in calls] == [("timeout", {"stage": "queued"})]
+        nursery.cancel_scope.cancel()
