@@ -155,7 +155,7 @@ def test_cancelling_a_call_cancels_the_job_on_the_desktop(hub, tmp_path, mode):
     with running(sidecar):
         wait_online(hub, user)
         anyio.run(_abandon, hub, user, mode, ledger, key, {}, backend="asyncio")
-        wait_until(lambda: "cancelled (delivered)" in hub.output(), timeout_s=20, what="the cancel")
+        wait_until(lambda: "cancel requested (delivered)" in hub.output(), timeout_s=20, what="the cancel")
         assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []  # started, never ended
 
 
@@ -174,7 +174,7 @@ def test_an_abandoned_call_with_a_key_leaves_the_job_to_its_retry(hub, tmp_path,
         again = anyio.run(_abandon, hub, user, mode, ledger, key, meta, backend="asyncio")
         assert not again.is_error, again.content
         assert len(ledger.starts(key)) == 1 and len(ledger.ends(key)) == 1
-    assert "cancelled (delivered)" not in hub.output()
+    assert "cancel requested (delivered)" not in hub.output()
 
 
 async def _abandon(
