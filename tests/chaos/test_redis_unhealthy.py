@@ -204,11 +204,23 @@ async def _maxclients(r: Rig, seconds: float) -> None:
         keeper.command("CONFIG", "SET", "maxclients", "10000")
 
 
+async def _loading(r: Rig, seconds: float) -> None:
+    """DEBUG RELOAD of a data set loaded one key per 100 us: -LOADING meanwhile."""
+    r.redis.command("DEBUG", "POPULATE", str(int(seconds * 10_000)), "filler")
+    r.redis.command("CONFIG", "SET", "key-load-delay", "100")
+    r.redis.command("CONFIG", "SET", "loading-process-events-interval-bytes", "1024")
+    await trio.to_thread.run_sync(
+        lambda: r.redis.command("DEBUG", "RELOAD", timeout_s=seconds * 5 + 10)
+    )
+    r.redis.command("CONFIG", "SET", "key-load-delay", "0")
+
+
 FAULTS: dict[str, Fault] = {
     "blackhole": _blackhole,
     "debug-sleep": _debug_sleep,
     "client-pause": _client_pause,
     "busy-script": _busy_script,
+    "loading": _loading,
     "masterdown": _masterdown,
     "oom": _oom,
     "maxclients": _maxclients,
