@@ -35,7 +35,7 @@ LATE_S = 1.0
 #: /healthz must answer within this (a load balancer's probe timeout).
 HEALTHZ_TIMEOUT_S = 2.0
 CALL_TIMEOUT_S = 4.0
-ALLOWED = {"completed", "unavailable", "timeout"}
+ALLOWED = {"completed", "unavailable", "timeout", "online"}  # online: GET presence
 
 
 @attrs.define
@@ -111,9 +111,22 @@ async def _during(r: Rig, fault_s: float, n_calls: int = 3) -> tuple[list, list]
                 health.append(await r.healthz())
                 await trio.sleep(0.25)
 
+    async def look() -> None:  # GET presence: online, or 503, never "offline"
+        end = trio.current_time() + fault_s
+        while trio.current_time() < end:  # the last one is answered as the fault ends
+            got = await r.client.get(
+                f"{r.hub.http}/v1/users/{r.user}/presence", timeout=CALL_TIMEOUT_S + 10
+            )
+            said = {200: "offline", 503: "unavailable"}.get(got.status_code, "?")
+            if got.status_code == 200 and got.json()["online"]:
+                said = "online"
+            answers.append(("presence", said, 0.0))
+            await trio.sleep(0.25)
+
     with trio.fail_after(fault_s + CALL_TIMEOUT_S + 30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(probe)
+            nursery.start_soon(look)
             for i in range(n_calls):
                 await trio.sleep(min(1.0, fault_s / (n_calls + 1)))
                 nursery.start_soon(one, f"k-{i}-{secrets.token_hex(3)}")

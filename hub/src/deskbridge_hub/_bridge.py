@@ -32,7 +32,7 @@ from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
 from ._outcome import Outcome, Presence, offline_outcome, plain_offline, timeout_outcome
-from ._own_liveness import own_liveness
+from ._own_liveness import in_doubt_error, own_liveness
 from ._progress import ProgressReport, parse_progress
 from ._retry import (
     ANSWER_GRACE_S,
@@ -124,6 +124,13 @@ class Bridge(JobControl):
         """
         _check(validate_user_id, user_id, "user_id")
         holder = await self._live_presence(user_id)
+        if holder is None and own_liveness().in_doubt():
+            # this process's own writes were held or refused past their TTL: the
+            # presence may be one it is rewriting (``_own_liveness``); look once more
+            await anyio.sleep(LIVENESS_RECHECK_S)
+            holder = await self._live_presence(user_id)
+            if holder is None and own_liveness().in_doubt():
+                raise in_doubt_error()
         if holder is not None:
             return Presence(user_id=user_id, online=True, session_id=holder)
         asleep = await self.substrate.get_asleep(user_id)
@@ -477,10 +484,7 @@ class Bridge(JobControl):
                 rechecked = True
                 await anyio.sleep(max(0.0, min(LIVENESS_RECHECK_S, give_up - anyio.current_time())))
             elif submitted.verdict == "offline" and rechecked and own_liveness().in_doubt():
-                raise SubstrateUnavailable(
-                    "no presence for the desktop while this hub process cannot keep its own "
-                    "writes to Redis alive (held or refused past their TTL); retry"
-                )
+                raise in_doubt_error()
             elif submitted.verdict == "catalogue":
                 # The desktop's catalogue changed since we cached it: validate again.
                 known = self.catalogues.put(user_id, submitted.catalogue)

@@ -7,8 +7,9 @@ meanwhile; both may lapse in Redis while the desktops stay connected to it. The 
 it had sent meanwhile are answered as the stall ends, before its liveness loop has
 rewritten what lapsed, and found no presence: ``offline`` for a desktop connected to
 this very process (a fault-injection test: three of three calls during a 3 s black
-hole). The liveness loop (``_reader``) reports each refresh here; a submit that finds no
-presence while :func:`in_doubt` looks once more (``_bridge``) instead of answering
+hole). The liveness loop (``_reader``) reports each refresh here; a submit or a presence
+read (``GET /v1/users/{id}/presence``) that finds no presence while
+:meth:`OwnLiveness.in_doubt` looks once more (``_bridge``) instead of answering
 ``offline`` at once.
 
 State is per event-loop run (``anyio.lowlevel.RunVar``), as ``_outage``'s; time is the
@@ -23,6 +24,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from ._errors import SubstrateUnavailable
 from ._retry import LIVENESS_RECHECK_S, PROCESS_LIVENESS_REFRESH_S, PROCESS_LIVENESS_TTL_S
 
 #: A refresh unanswered for longer than this, seconds, means this process's writes are
@@ -76,3 +78,12 @@ def own_liveness() -> OwnLiveness:
         current = OwnLiveness()
         _RUN.set(current)
         return current
+
+
+def in_doubt_error() -> SubstrateUnavailable:
+    """What a caller is told when a presence is still absent after the second look
+    while this process's own writes are in doubt: ``unavailable``, not ``offline``."""
+    return SubstrateUnavailable(
+        "no presence for the desktop while this hub process cannot keep its own writes to "
+        "Redis alive (held or refused past their TTL); retry"
+    )
