@@ -52,7 +52,7 @@ from ._mcp_mount import mount_mcp
 from ._middleware import _access_log, _tracking_http
 from ._process import HubState
 from ._progress import ProgressRelay
-from ._retry import CLEANUP_TIMEOUT_S
+from ._retry import CLEANUP_TIMEOUT_S, HEALTHZ_PING_TIMEOUT_S
 from ._shutdown import announce_serving, drain_on_sigterm
 from ._sidecar_asgi import mount_sidecar
 from ._substrate import Substrate
@@ -230,9 +230,13 @@ def create_app(
     async def healthz():  # type: ignore[no-untyped-def]
         state: HubState = holder["state"]
         try:
-            await state.substrate.ping()
+            with trio.fail_after(HEALTHZ_PING_TIMEOUT_S):
+                await state.substrate.ping()
         except SubstrateUnavailable as exc:
             return _json({"ok": False, "substrate": "unavailable", "error": str(exc)}, 503)
+        except trio.TooSlowError:
+            error = f"Redis did not answer PING within {HEALTHZ_PING_TIMEOUT_S:g} s"
+            return _json({"ok": False, "substrate": "unavailable", "error": error}, 503)
         return _json({"ok": True, "substrate": "ok", "consumer": state.consumer})
 
     @app.get("/v1/users/<user_id>/presence")

@@ -39,6 +39,7 @@ from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage
 from ._outcome import Outcome, Presence, offline_outcome, plain_offline, timeout_outcome
+from ._own_liveness import in_doubt_error, own_liveness
 from ._progress import ProgressReport, parse_progress
 from ._retry import (
     ANSWER_GRACE_S,
@@ -147,6 +148,13 @@ class Bridge(JobControl):
         """
         _check(validate_user_id, user_id, "user_id")
         holder = await self._live_presence(user_id)
+        if holder is None and own_liveness().in_doubt():
+            # this process's own writes were held or refused past their TTL: the
+            # presence may be one it is rewriting (``_own_liveness``); look once more
+            await anyio.sleep(LIVENESS_RECHECK_S)
+            holder = await self._live_presence(user_id)
+            if holder is None and own_liveness().in_doubt():
+                raise in_doubt_error()
         if holder is not None:
             return Presence(user_id=user_id, online=True, session_id=holder)
         asleep = await self.substrate.get_asleep(user_id)
@@ -492,8 +500,17 @@ class Bridge(JobControl):
             return got
 
         submitted = await once(submission)
+        rechecked = False
         for _ in range(MAX_SUBMIT_RETRIES):
-            if submitted.verdict == "catalogue":
+            if submitted.verdict == "offline" and not rechecked and own_liveness().in_doubt():
+                # No presence, but this process's own writes were held or refused past
+                # their TTL (``_own_liveness``): it may be rewriting that very presence.
+                # Look once more; still absent while in doubt is not "offline".
+                rechecked = True
+                await anyio.sleep(max(0.0, min(LIVENESS_RECHECK_S, give_up - anyio.current_time())))
+            elif submitted.verdict == "offline" and rechecked and own_liveness().in_doubt():
+                raise in_doubt_error()
+            elif submitted.verdict == "catalogue":
                 # The desktop's catalogue changed since we cached it: validate again.
                 known = self.catalogues.put(user_id, submitted.catalogue)
                 problem = known.problem(name, args)
@@ -511,6 +528,8 @@ class Bridge(JobControl):
                 if not alive:
                     return attrs.evolve(submitted, verdict="offline")
                 submission = attrs.evolve(submission, alive_holder=holder)
+            elif submitted.verdict == "offline":
+                return submitted
             else:
                 if submitted.holder_alive and submission.alive_holder is not None:
                     # the step found the holder's liveness key: trust it anew

@@ -47,6 +47,7 @@ from ._keepalive import RunningJobs
 from ._logging import fields
 from ._outage import outage_log
 from ._outage import succeeded as outage_over
+from ._own_liveness import own_liveness
 from ._pacer import Pacer
 from ._presence_doubt import Verdict, check_holder, clear_ended, unmark_unheld
 from ._retry import (
@@ -321,6 +322,7 @@ class ProcessReader:
         presence may be gone too, so every session is beaten at once."""
         while True:
             sent_at = trio.current_time()
+            own_liveness().sending()
             try:
                 kept = await self.substrate.set_liveness(
                     self.holder_id,
@@ -338,6 +340,7 @@ class ProcessReader:
                 await self._unexpected("liveness refresh", max_s=PROCESS_LIVENESS_REFRESH_S)
                 continue
             self._expected("liveness refresh")
+            own_liveness().answered(kept=kept)
             self._live_at = trio.current_time()
             # Refreshes that keep finding the key lapsed count as none (``_cut_off_loop``):
             # on a slow path (replies seconds late, every command still working) the

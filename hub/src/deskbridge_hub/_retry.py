@@ -40,6 +40,13 @@ CLEANUP_TIMEOUT_S = 2.0
 #: the time it is answered by, not the Redis command timeout (5 s) on top of it.
 ANSWER_GRACE_S = 0.25
 
+#: Longest ``/healthz`` waits for Redis' PING, seconds, before it answers 503: a Redis
+#: that holds commands (a black-holed connection, ``DEBUG SLEEP``, ``CLIENT PAUSE``, a
+#: long script) otherwise held readiness for the whole command timeout (5 s), past a
+#: load balancer's probe timeout, so an unready hub read as a hung one. A PING answers
+#: within milliseconds when Redis is healthy.
+HEALTHZ_PING_TIMEOUT_S = 1.0
+
 #: Back-off after a substrate error in a read loop, seconds (bounded; no tight loop
 #: while Redis is down, and back within 1 s once it returns: a job enqueued as Redis
 #: returns waits for the read loops' next step; was up to 2 s).

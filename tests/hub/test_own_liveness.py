@@ -1,0 +1,50 @@
+"""``_own_liveness``: when this process's own writes may have lapsed (MockClock)."""
+
+from __future__ import annotations
+
+import trio
+from deskbridge_hub._own_liveness import DOUBT_AFTER_S, STALLED_AFTER_S, OwnLiveness
+
+
+async def test_prompt_refreshes_that_keep_the_key_raise_no_doubt(autojump_clock):
+    own = OwnLiveness()
+    for _ in range(5):
+        own.sending()
+        await trio.sleep(0.01)
+        own.answered(kept=True)
+        assert not own.in_doubt()
+        await trio.sleep(1)
+
+
+async def test_a_refresh_held_past_the_stall_bound_is_doubt_until_well_after_it(
+    autojump_clock,
+):
+    own = OwnLiveness()
+    own.sending()
+    await trio.sleep(STALLED_AFTER_S * 0.9)
+    assert not own.in_doubt()
+    await trio.sleep(STALLED_AFTER_S * 0.2)
+    assert own.in_doubt()  # held: a black hole, DEBUG SLEEP
+    await trio.sleep(2)
+    own.answered(kept=True)  # answered late: what it refreshed may have lapsed
+    await trio.sleep(DOUBT_AFTER_S - 0.1)
+    assert own.in_doubt()
+    await trio.sleep(0.2)
+    assert not own.in_doubt()
+
+
+async def test_failing_refreshes_keep_the_first_ones_start(autojump_clock):
+    own = OwnLiveness()
+    for _ in range(4):  # each fails (the loop sends again without an answer)
+        own.sending()
+        await trio.sleep(0.5)
+    assert own.in_doubt()
+
+
+async def test_a_lapsed_key_found_promptly_is_doubt_for_a_while(autojump_clock):
+    own = OwnLiveness()
+    own.sending()
+    own.answered(kept=False)  # Redis lost it, or this process stalled
+    assert own.in_doubt()
+    await trio.sleep(DOUBT_AFTER_S + 0.01)
+    assert not own.in_doubt()
