@@ -164,7 +164,7 @@ def _cpu_us(run: object, rounds: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=50_000)
-    args = p.parse_args()
+    args, _ = p.parse_known_args()  # ./dev bench passes every bench the same options
     n = args.rounds
     print(f"switch_cost: {n} rounds each, CPU microseconds (time.process_time)")
     print(f"{'primitive':<10} {'trio':>10} {'asyncio':>10} {'trio/asyncio':>14}")
