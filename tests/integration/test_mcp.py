@@ -155,7 +155,9 @@ def test_cancelling_a_call_cancels_the_job_on_the_desktop(hub, tmp_path, mode):
     with running(sidecar):
         wait_online(hub, user)
         anyio.run(_abandon, hub, user, mode, ledger, key, {}, backend="asyncio")
-        wait_until(lambda: "cancel requested (delivered)" in hub.output(), timeout_s=20, what="the cancel")
+        wait_until(
+            lambda: "cancel requested (delivered)" in hub.output(), timeout_s=20, what="the cancel"
+        )
         assert len(ledger.starts(key)) == 1 and ledger.ends(key) == []  # started, never ended
 
 
