@@ -141,6 +141,20 @@ async def test_a_job_pushed_to_a_session_that_ended_before_forwarding_it_is_queu
         nursery.cancel_scope.cancel()
 
 
+async def _attached_then_stopped(nursery, state):
+    """A desktop (d1, never answering) whose session is attached to the process reader,
+    then stops reading (draining: running jobs go on, nothing new is read); its
+    listener."""
+    desk = await test_outcomes.connect(nursery, state, daemon_id="d1")
+    nursery.start_soon(test_outcomes.sidecar, desk, test_outcomes.ignore)
+    with trio.fail_after(5):
+        while "u1" not in state.reader._listeners:  # noqa: ASYNC110 - test poll, bounded
+            await trio.sleep(0.01)
+    (session,) = state.sessions.values()
+    session.stop_reading()
+    return state.reader._listeners["u1"]
+
+
 async def test_a_job_pushed_to_a_session_that_stopped_reading_is_queued_again(
     autojump_clock, state, bridge
 ):
@@ -151,13 +165,7 @@ async def test_a_job_pushed_to_a_session_that_stopped_reading_is_queued_again(
     "on the desktop, may be running", a cancel answered ``in_doubt``) though no desktop
     got it. Now ``queued`` again, as for a session that ended."""
     async with trio.open_nursery() as nursery:
-        desk = await test_outcomes.connect(nursery, state, daemon_id="d1")
-        nursery.start_soon(test_outcomes.sidecar, desk, test_outcomes.ignore)
-        with trio.fail_after(5):
-            while "u1" not in state.reader._listeners:  # noqa: ASYNC110 - test poll, bounded
-                await trio.sleep(0.01)
-        (session,) = state.sessions.values()
-        session.stop_reading()  # draining: running jobs go on, nothing new is read
+        await _attached_then_stopped(nursery, state)
         calls = []
 
         async def call():
@@ -189,14 +197,7 @@ async def test_pushed_entries_a_worker_meets_after_the_session_stopped_are_queue
 
     monkeypatch.setattr(_reader, "unmark_unheld", spy)
     async with trio.open_nursery() as nursery:
-        desk = await test_outcomes.connect(nursery, state, daemon_id="d1")
-        nursery.start_soon(test_outcomes.sidecar, desk, test_outcomes.ignore)
-        with trio.fail_after(5):
-            while "u1" not in state.reader._listeners:  # noqa: ASYNC110 - test poll, bounded
-                await trio.sleep(0.01)
-        listener = state.reader._listeners["u1"]
-        (session,) = state.sessions.values()
-        session.stop_reading()
+        listener = await _attached_then_stopped(nursery, state)
         marked = Marked("delivered", 0.0, 1)
         entries = [Entry("0-7", {"job_id": "j7"}, marked), Entry("0-8", {"job_id": "j8"}, marked)]
         await state.reader._dispatch(listener, {"0-8"}, entries, pushed=True)
