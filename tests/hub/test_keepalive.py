@@ -24,6 +24,14 @@ class Recording:
             raise self.error
 
 
+def _two_jobs_kept(nursery: trio.Nursery, store: Recording) -> None:
+    """Jobs j1 (of u1) and j2 (of u2) served, their records kept in ``nursery``."""
+    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
+    running.add("u1", "j1", None)
+    running.add("u2", "j2", None)
+    nursery.start_soon(running.run)
+
+
 async def test_the_jobs_served_are_kept_every_share_of_the_ttl_until_discarded(autojump_clock):
     store = Recording()
     running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
@@ -54,11 +62,8 @@ async def test_a_round_stops_at_a_store_that_does_not_answer_and_the_next_one_tr
     autojump_clock,
 ):
     store = Recording(fail={1})
-    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
-    running.add("u1", "j1", None)
-    running.add("u2", "j2", None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(running.run)
+        _two_jobs_kept(nursery, store)
         await trio.sleep(76)
         assert [c[2] for c in store.calls] == ["j1"]  # j2 not tried after the failure
         await trio.sleep(75)
@@ -73,11 +78,8 @@ async def test_an_unexpected_failure_does_not_end_the_loop(autojump_clock):
     Now it is logged, that job's round goes on with the others, and the next round
     tries again."""
     store = Recording(fail={1}, error=RuntimeError("ERR unknown option (test)"))
-    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
-    running.add("u1", "j1", None)
-    running.add("u2", "j2", None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(running.run)
+        _two_jobs_kept(nursery, store)
         await trio.sleep(76)
         assert [c[2] for c in store.calls] == ["j1", "j2"]
         await trio.sleep(75)
