@@ -11,16 +11,25 @@ from deskbridge_hub._keepalive import KEEP_SHARE, RunningJobs
 class Recording:
     """Records each ``keep_job``; fails the calls listed in ``fail`` (by call number)."""
 
-    def __init__(self, fail: set[int] | None = None) -> None:
+    def __init__(self, fail: set[int] | None = None, error: Exception | None = None) -> None:
         self.calls: list[tuple[float, str, str, float, str | None]] = []
         self.fail = fail or set()
+        self.error = error or SubstrateUnavailable("down (test)")
 
     async def keep_job(
         self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
     ) -> None:
         self.calls.append((trio.current_time(), user_id, job_id, ttl_s, idempotency_key))
         if len(self.calls) in self.fail:
-            raise SubstrateUnavailable("down (test)")
+            raise self.error
+
+
+def _two_jobs_kept(nursery: trio.Nursery, store: Recording) -> None:
+    """Jobs j1 (of u1) and j2 (of u2) served, their records kept in ``nursery``."""
+    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
+    running.add("u1", "j1", None)
+    running.add("u2", "j2", None)
+    nursery.start_soon(running.run)
 
 
 async def test_the_jobs_served_are_kept_every_share_of_the_ttl_until_discarded(autojump_clock):
@@ -53,13 +62,26 @@ async def test_a_round_stops_at_a_store_that_does_not_answer_and_the_next_one_tr
     autojump_clock,
 ):
     store = Recording(fail={1})
-    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
-    running.add("u1", "j1", None)
-    running.add("u2", "j2", None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(running.run)
+        _two_jobs_kept(nursery, store)
         await trio.sleep(76)
         assert [c[2] for c in store.calls] == ["j1"]  # j2 not tried after the failure
         await trio.sleep(75)
         assert [c[2] for c in store.calls] == ["j1", "j1", "j2"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unexpected_failure_does_not_end_the_loop(autojump_clock):
+    """Something other than an outage (a refusal the client does not map, a bug): the
+    loop runs in the process reader's nursery, so raising ended every session of the
+    process (the reader's other loops log and go on: ``ProcessReader._unexpected``).
+    Now it is logged, that job's round goes on with the others, and the next round
+    tries again."""
+    store = Recording(fail={1}, error=RuntimeError("ERR unknown option (test)"))
+    async with trio.open_nursery() as nursery:
+        _two_jobs_kept(nursery, store)
+        await trio.sleep(76)
+        assert [c[2] for c in store.calls] == ["j1", "j2"]
+        await trio.sleep(75)
+        assert [c[2] for c in store.calls] == ["j1", "j2", "j1", "j2"]
         nursery.cancel_scope.cancel()

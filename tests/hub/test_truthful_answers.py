@@ -139,3 +139,67 @@ async def test_a_job_pushed_to_a_session_that_ended_before_forwarding_it_is_queu
                 await trio.sleep(0.5)
         assert [(o.status, o.detail) for o in calls] == [("timeout", {"stage": "queued"})]
         nursery.cancel_scope.cancel()
+
+
+async def _attached_then_stopped(nursery, state):
+    """A desktop (d1, never answering) whose session is attached to the process reader,
+    then stops reading (draining: running jobs go on, nothing new is read); its
+    listener."""
+    desk = await test_outcomes.connect(nursery, state, daemon_id="d1")
+    nursery.start_soon(test_outcomes.sidecar, desk, test_outcomes.ignore)
+    with trio.fail_after(5):
+        while "u1" not in state.reader._listeners:  # noqa: ASYNC110 - test poll, bounded
+            await trio.sleep(0.01)
+    (session,) = state.sessions.values()
+    session.stop_reading()
+    return state.reader._listeners["u1"]
+
+
+async def test_a_job_pushed_to_a_session_that_stopped_reading_is_queued_again(
+    autojump_clock, state, bridge
+):
+    """The session stopped reading (the process drains: SIGTERM's grace, up to 20 s)
+    while presence still names it, so another replica's caller pushes a job to it,
+    marked delivered. The session never forwards it (it reads nothing more). Before:
+    the worker dropped the pushed entry and it stayed ``delivered`` (its caller was told
+    "on the desktop, may be running", a cancel answered ``in_doubt``) though no desktop
+    got it. Now ``queued`` again, as for a session that ended."""
+    async with trio.open_nursery() as nursery:
+        await _attached_then_stopped(nursery, state)
+        calls = []
+
+        async def call():
+            calls.append(await bridge.dispatch("u1", "click", {}, job_id="job-s", timeout_s=20))
+
+        nursery.start_soon(call)
+        with trio.fail_after(30):
+            while not calls:  # noqa: ASYNC110 - test poll, bounded
+                await trio.sleep(0.5)
+        assert [(o.status, o.detail) for o in calls] == [("timeout", {"stage": "queued"})]
+        job = await state.substrate.get_job_state("u1", "job-s")
+        assert job is not None and job.stage is Stage.QUEUED, job
+        nursery.cancel_scope.cancel()
+
+
+async def test_pushed_entries_a_worker_meets_after_the_session_stopped_are_queued_again(
+    autojump_clock, state, bridge, monkeypatch
+):
+    """The same, when the session stops while a worker hands it the pushed entries
+    (``_dispatch``: it skips them once the session reads nothing more). Before: skipped
+    and left ``delivered``. Now each goes back to ``queued``."""
+    from deskbridge_hub import _reader
+    from deskbridge_hub._substrate import Entry, Marked
+
+    unmarked: list[str] = []
+
+    async def spy(substrate, pushed, *, ttl_s):
+        unmarked.append(pushed.entry.entry_id)
+
+    monkeypatch.setattr(_reader, "unmark_unheld", spy)
+    async with trio.open_nursery() as nursery:
+        listener = await _attached_then_stopped(nursery, state)
+        marked = Marked("delivered", 0.0, 1)
+        entries = [Entry("0-7", {"job_id": "j7"}, marked), Entry("0-8", {"job_id": "j8"}, marked)]
+        await state.reader._dispatch(listener, {"0-8"}, entries, pushed=True)
+        assert unmarked == ["0-7"]  # 0-8 is being served here: left to that delivery
+        nursery.cancel_scope.cancel()

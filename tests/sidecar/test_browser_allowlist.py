@@ -9,20 +9,19 @@ their connections."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 import trio
 from deskbridge_sidecar import ToolRegistry, invoke
-from deskbridge_sidecar.toolsets import BrowserToolset
 from deskbridge_sidecar.toolsets._origins import OriginPolicy
 from deskbridge_sidecar.toolsets._socks import authority_allowed, blocked_report
 
 from tests.sites import serve
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from ._browser import headless_toolset
+
 HOSTS: list[str] = []  # "Host METHOD path" of every request the site received
 
 #: A page of the allowed origin ({other}: the same site under a name off the list,
@@ -105,12 +104,7 @@ def site():
 
 @pytest.fixture(scope="module")
 def browser(site, tmp_path_factory):
-    if CHROMIUM is None:
-        pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
-    toolset = BrowserToolset(
-        [site], profile_dir=str(tmp_path_factory.mktemp("p")), executable_path=CHROMIUM,
-        headless=True,
-    )  # fmt: skip
+    toolset = headless_toolset([site], tmp_path_factory.mktemp("p"))
     toolset._blocked = _Blocked()  # before the browser starts: the proxy appends to it
     yield toolset, ToolRegistry(toolset.tools(), builtins=False)
     toolset.close()

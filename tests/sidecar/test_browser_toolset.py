@@ -5,7 +5,6 @@ that is not allowed. One browser for the module (launching takes seconds)."""
 from __future__ import annotations
 
 import base64
-import shutil
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from deskbridge_sidecar.toolsets.browser import OriginPolicy, origin_of
 
 from tests.sites import serve_site
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from ._browser import headless_toolset
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +26,7 @@ def site():
 
 @pytest.fixture(scope="module")
 def browser(site, tmp_path_factory):
-    if CHROMIUM is None:
-        pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
-    toolset = BrowserToolset(
-        [site],
-        profile_dir=str(tmp_path_factory.mktemp("profile")),
-        executable_path=CHROMIUM,
-        headless=True,
-    )
+    toolset = headless_toolset([site], tmp_path_factory.mktemp("profile"))
     yield toolset
     toolset.close()
 

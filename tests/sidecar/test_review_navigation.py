@@ -5,17 +5,16 @@ second hop escape and was reverted)."""
 
 from __future__ import annotations
 
-import shutil
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 import trio
 from deskbridge_sidecar import ToolRegistry, invoke
-from deskbridge_sidecar.toolsets import BrowserToolset
 
 from tests.sites import serve
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from ._browser import headless_toolset
+
 HOSTS: list[str] = []  # the Host of every request the site answered
 
 
@@ -52,14 +51,7 @@ def site():
 
 @pytest.fixture(scope="module")
 def tools(site, tmp_path_factory):
-    if CHROMIUM is None:
-        pytest.skip("no chromium")
-    toolset = BrowserToolset(
-        [site],
-        profile_dir=str(tmp_path_factory.mktemp("p")),
-        executable_path=CHROMIUM,
-        headless=True,
-    )
+    toolset = headless_toolset([site], tmp_path_factory.mktemp("p"))
     yield ToolRegistry(toolset.tools(), builtins=False)
     toolset.close()
 

@@ -55,6 +55,8 @@ class RunningJobs:
     ttl_s: float
     #: (user id, job id, idempotency key) -> deliveries of it being served here
     _jobs: Counter[tuple[str, str, str | None]] = attrs.field(factory=Counter)
+    #: an unexpected failure was logged, and no write has worked since (logged once)
+    _failing: bool = attrs.field(default=False, init=False)
 
     def add(self, user_id: str, job_id: str, idempotency_key: str | None) -> None:
         """A delivery of the job is being served here (synchronous)."""
@@ -73,7 +75,8 @@ class RunningJobs:
     async def run(self) -> None:
         """Every ``ttl_s / KEEP_SHARE`` seconds, extend the records of every job served
         then (one ``keep_job`` each), until cancelled. A store that does not answer is
-        tried again at the next round (the round stops at the first failure).
+        tried again at the next round (the round stops at the first failure); any other
+        error is logged (once until a write works) and the round goes on.
 
         Cancellation: stops; the records keep what the last write gave them.
         """
@@ -87,6 +90,13 @@ class RunningJobs:
                 except SubstrateUnavailable as exc:  # the rest would wait as long: next round
                     log.debug("running jobs' records not extended this round: %s", exc)
                     break
+                except Exception:  # not an outage (a bug, an unmapped refusal): never
+                    # ends the loop, whose nursery is the process reader's
+                    if not self._failing:
+                        log.exception("keeping job %s's records failed; retrying", job_id)
+                    self._failing = True
+                else:
+                    self._failing = False
 
 
 __all__ = ["KEEP_SHARE", "RunningJobs"]

@@ -778,7 +778,10 @@ class ProcessReader:
             kinds = self._due.pop(user_id, set())
             listener = self._listeners.get(user_id)
             if listener is None or listener.stopped.is_set() or not kinds:
-                self._pushed.pop(user_id, None)  # pending on this consumer (see detach)
+                # pending on this consumer (see detach); never forwarded: queued again
+                pushed = self._pushed.pop(user_id, None)
+                if pushed:
+                    await self._unmark([Pushed(user_id, entry) for entry in pushed])
                 continue
             self._busy.add(user_id)
             try:
@@ -929,12 +932,17 @@ class ProcessReader:
         dispatched only if no read here dispatched it first (a drain after an outage can
         find it pending before its wake-up is popped: its copy, marked with an older
         claim epoch, must not go out again); a read skips entries whose pushed copy is
-        waiting to be dispatched."""
+        waiting to be dispatched. Pushed entries met once the session reads nothing more
+        (stopped: draining, superseded) were never forwarded: queued again
+        (``unmark_unheld``), as for a session that ended."""
         user_id = listener.user_id
         queued = self._pushed.get(user_id)
         waiting = {e.entry_id for e in queued} if queued else set()
         seen = self._dispatched.setdefault(user_id, {})
+        unsent: list[Pushed] = []  # pushed entries the session stopped before taking
         for entry in entries:
+            if listener.stopped.is_set() and pushed and entry.entry_id not in inflight:
+                unsent.append(Pushed(user_id, entry))
             if entry.entry_id in inflight or listener.stopped.is_set():
                 continue
             if (pushed and entry.entry_id in seen) or (not pushed and entry.entry_id in waiting):
@@ -952,6 +960,8 @@ class ProcessReader:
                 # in-flight mark would hide the entry from every drain and reclaim here.
                 inflight.discard(entry.entry_id)
                 raise
+        if unsent:  # marked delivered for a session that reads nothing more: queued again
+            await self._unmark(unsent)
 
     async def _unexpected(self, what: str, *, max_s: float = UNEXPECTED_BACKOFF_MAX_S) -> None:
         """A process-wide loop's step raised something other than an outage (called in its

@@ -62,19 +62,31 @@ class CatalogueAtStart:
 
 async def catalogue_at_start(ledger: Ledger, registry: ToolRegistry) -> CatalogueAtStart:
     """Compare ``registry`` with the catalogue the hub acknowledged; record the
-    fingerprint of a tool never recorded before (the baseline), nothing else.
+    fingerprint of a tool never recorded before (the baseline), and the current form of
+    one an older sidecar recorded unchanged, nothing else.
 
     Raises:
         LedgerError: the ledger cannot be read or written.
     """
     current = {t.name: t.fingerprint() for t in registry}
     record = await ledger.catalogue()
+    # A record an older sidecar wrote (its fingerprint without the function): the same
+    # tool is unchanged, and its record is rewritten in the current form (else every
+    # tool read as changed at the first start after an upgrade).
+    upgraded = {
+        t.name: (current[t.name], record[t.name][1])
+        for t in registry
+        if t.name in record
+        and record[t.name][0] != current[t.name]
+        and record[t.name][0] == t.fingerprint(earlier=True)
+    }
+    record.update(upgraded)
     changed = frozenset(n for n, fp in current.items() if n in record and record[n][0] != fp)
     changed_at = {
         n: record[n][1] for n in current if n in record and n not in changed and record[n][1]
     }
     new = {n: (fp, 0.0) for n, fp in current.items() if n not in record}
-    if new:
+    if new or upgraded:
         await ledger.record_catalogue({**record, **new})
     if changed:
         log.warning(
@@ -115,7 +127,9 @@ def validated_before_change(
     wall_now: float,
 ) -> bool:
     """True if ``job`` may have been validated against an older fingerprint of its tool
-    (or that cannot be told), within :data:`CATALOGUE_SLACK_S`.
+    (or that cannot be told), within :data:`CATALOGUE_SLACK_S`. A job enqueued after
+    this daemon's first welcome (monotonic clock) never was: that welcome acknowledged
+    the fingerprint this run offers; only older jobs are judged on the wall clock.
 
     Args:
         job: the delivery (``waited_s``: its age when the hub sent it, or None).
@@ -125,13 +139,16 @@ def validated_before_change(
         now: trio time (monotonic seconds) now.
         wall_now: Unix seconds now.
     """
-    if job.name in changed:
-        if serving_since is None or job.waited_s is None:
+    if job.waited_s is None:  # its age cannot be told
+        if job.name in changed:
             return True
-        return job.waited_s + CATALOGUE_SLACK_S >= now - serving_since
+        at = changed_at.get(job.name)
+        return at is not None and wall_now - at < UNKNOWN_AGE_S
+    welcomed = serving_since is not None and job.waited_s + CATALOGUE_SLACK_S < now - serving_since
+    if job.name in changed:
+        return not welcomed
     at = changed_at.get(job.name)
-    if at is None:
-        return False
-    if job.waited_s is None:
-        return wall_now - at < UNKNOWN_AGE_S
-    return wall_now - job.waited_s < at + CATALOGUE_SLACK_S
+    # Enqueued after this run's first welcome (monotonic): validated against this run's
+    # fingerprint, the acknowledged one, whatever the wall clock did since ``at`` (set
+    # back by NTP after a welcome while it ran ahead refused every job until it caught up).
+    return at is not None and not welcomed and wall_now - job.waited_s < at + CATALOGUE_SLACK_S

@@ -104,14 +104,20 @@ class Tool:
     arguments: Arguments
     config: str = ""
 
-    def fingerprint(self) -> str:
+    def fingerprint(self, *, earlier: bool = False) -> str:
         """SHA-256 (hex) of this tool's catalogue entry, :attr:`config` and the function
         it calls (module and qualified name: another ``--tools`` module's ``submit`` with
         the same entry is another tool): what a queued call was validated against. A
-        restart with another fingerprint is a changed tool (docs/tools.md)."""
+        restart with another fingerprint is a changed tool (docs/tools.md).
+
+        ``earlier``: without the function, as sidecars before it recorded fingerprints
+        (a ledger they wrote is compared with this at the first start after an upgrade).
+        """
         spec = self.spec()
         entry = [spec.name, spec.description, spec.args_schema, spec.side_effects,
-                 spec.approval_after_wait_s, self.config, _function_name(self.fn)]  # fmt: skip
+                 spec.approval_after_wait_s, self.config]  # fmt: skip
+        if not earlier:
+            entry.append(_function_name(self.fn))
         text = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
