@@ -26,6 +26,7 @@ from deskbridge_common import _codes
 from ._errors import SocketClosed
 from ._session import serve_sidecar
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
+from ._ws_limits import install as install_ws_limits
 
 log = logging.getLogger("deskbridge.hub")
 
@@ -118,7 +119,12 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
 
     Returns:
         The wrapping ASGI callable.
+
+    Also bounds what Hypercorn holds per WebSocket in this process (``_ws_limits``:
+    permessage-deflate declined, nothing stored after an oversized message), whichever
+    way Hypercorn was started (``deskbridge-hub serve`` or ``hypercorn ...asgi:app``).
     """
+    install_ws_limits()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "websocket" or scope.get("path") != SIDECAR_PATH:

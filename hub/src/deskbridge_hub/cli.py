@@ -339,6 +339,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ._config import HubConfig
     from ._envcheck import warn_unknown_variables
     from ._logging import setup_logging
+    from ._ws_limits import MAX_MESSAGE_SIZE
 
     setup_logging(args.log_level)
     # workers (--workers N > 1 spawns them) configure their logging from the environment
@@ -407,7 +408,7 @@ def _serve(args: argparse.Namespace) -> int:
     config.graceful_timeout = grace_s
     # Liveness is ours (application-level ping both ways); Hypercorn's own keep-alive
     # settings are spelled out so nothing is inherited silently.
-    config.websocket_max_message_size = 2 * 1024 * 1024  # bytes; frames are capped at 1 MiB
+    config.websocket_max_message_size = MAX_MESSAGE_SIZE  # 2 MiB; frames are capped at 1 MiB
     config.websocket_ping_interval = None  # app-level ping runs instead (docs/operations.md)
     config.keep_alive_timeout = 75.0  # seconds, HTTP keep-alive between dispatch calls
     if args.certfile:
