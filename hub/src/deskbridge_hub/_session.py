@@ -61,6 +61,7 @@ from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
 from ._handshake import handshake
 from ._logging import fields
+from ._peer_noise import LogBudget
 from ._presence import PresenceKeeper
 from ._process import HubState
 from ._reader import Listener
@@ -127,6 +128,8 @@ class HubSession(SessionTimers):
     _release_at_end: bool = False
     #: why the session was ended from outside (``close``, ``abandon``): for its log line
     _end_note: tuple[int | None, str] | None = None
+    #: lines about the peer's refused or ignored frames (``_peer_noise``)
+    _noise: LogBudget = attrs.field(factory=LogBudget)
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -206,6 +209,12 @@ class HubSession(SessionTimers):
                 why if code is None else f"{code} {why}",
                 extra=fields(user_id=self.user_id, session_id=self.session_id),
             )
+            if self._noise.held():
+                log.info(
+                    "session %s: %d more lines about its frames left out",
+                    self.session_id,
+                    self._noise.held(),
+                )
             self.state.remove_session(self)
             _metrics.session_closed()
             # before presence goes: never a bare "offline" between (an abandoned session's
@@ -431,27 +440,32 @@ class HubSession(SessionTimers):
         elif isinstance(event, Sleeping) and self.sleep is not None and self._nursery:
             self._nursery.start_soon(self.sleep.going_to_sleep)  # the reader never waits
         elif isinstance(event, Error):
-            log.info(
-                "session %s: sidecar says %s: %r",
-                self.session_id,
-                event.code,
-                event.message[:200],
-            )
+            self._noisy(logging.INFO, "sidecar says %s: %r", event.code, event.message[:200])
         elif isinstance(event, Ignored):
             if isinstance(event.frame, JobResult):
                 self._refused(event.frame, event.reason)
             else:
-                log.info(
-                    "session %s: %s ignored: %s", self.session_id, event.frame.type, event.reason
-                )
+                self._noisy(logging.INFO, "%s ignored: %s", event.frame.type, event.reason)
 
     def _refused(self, result: JobResult, why: str) -> None:
-        log.warning(
-            "session %s: job_result for id %r not delivered on this socket; refused (%s)",
-            self.session_id,
+        self._noisy(
+            logging.WARNING,
+            "job_result for id %r not delivered on this socket; refused (%s)",
             result.id[:64],
             why,
         )
+
+    def _noisy(self, level: int, message: str, *args: object) -> None:
+        """Log a line about a frame the peer should not have sent, within the session's
+        budget (``_peer_noise``: a burst, then one line a minute saying how many were
+        left out)."""
+        held = self._noise.admit(trio.current_time())
+        if held is None:
+            return
+        if held:
+            message += " (%d more such lines about this session's frames left out)"
+            args += (held,)
+        log.log(level, "session %s: " + message, self.session_id, *args)
 
     # -- jobs: this session as the delivery module's executor ---------------------------
 
