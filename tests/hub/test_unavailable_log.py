@@ -12,14 +12,14 @@ from deskbridge_hub import _unavailable_log as unavailable
 from deskbridge_hub._http import bridge_error_answer, outcome_answer
 from deskbridge_hub._mcp import unavailable_result
 from deskbridge_hub._outcome import Outcome
+from deskbridge_hub._peer_noise import LogBudget
 
 CAUSE = "Redis at h:1 unavailable (GET presence): max number of clients reached"
 
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setitem(unavailable._last, "at", float("-inf"))
-    monkeypatch.setitem(unavailable._last, "quiet", 0)
+    monkeypatch.setattr(unavailable, "_budget", LogBudget(burst=0, interval_s=unavailable.EVERY_S))
     clock = [1000.0]
     monkeypatch.setattr(unavailable.time, "monotonic", lambda: clock[0])
     return clock

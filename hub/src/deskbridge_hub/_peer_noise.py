@@ -22,7 +22,9 @@ INTERVAL_S = 60.0
 
 @attrs.define
 class LogBudget:
-    """One session's budget of lines about its peer's refused or ignored frames.
+    """A budget of log lines: ``burst`` at once, then one per ``interval_s`` saying how
+    many were left out (a session's lines about its peer's frames; with ``burst=0``, the
+    process's ``unavailable`` line, ``_unavailable_log``).
 
     Not thread-safe; times are the caller's monotonic seconds (``trio.current_time()``).
     """

@@ -11,12 +11,14 @@ import time
 
 from deskbridge_common import safe_text
 
+from ._peer_noise import LogBudget
+
 log = logging.getLogger("deskbridge.hub.unavailable")
 
 #: At most one WARNING per this many seconds (per process).
 EVERY_S = 10.0
 
-_last = {"at": float("-inf"), "quiet": 0}
+_budget = LogBudget(burst=0, interval_s=EVERY_S)
 
 
 def note_unavailable(message: str, *, now_s: float | None = None) -> None:
@@ -24,11 +26,8 @@ def note_unavailable(message: str, *, now_s: float | None = None) -> None:
     ``SubstrateUnavailable`` text): log it, or count it if a line went out less than
     ``EVERY_S`` ago. ``now_s``: a monotonic time in seconds (default ``time.monotonic()``;
     tests pass their own). Never raises."""
-    now = time.monotonic() if now_s is None else now_s
-    if now - _last["at"] < EVERY_S:
-        _last["quiet"] += 1
+    quiet = _budget.admit(time.monotonic() if now_s is None else now_s)
+    if quiet is None:
         return
-    quiet = int(_last["quiet"])
-    _last["at"], _last["quiet"] = now, 0
     more = f" ({quiet} more such answers since the last line)" if quiet else ""
     log.warning("answered unavailable (503): %s%s", safe_text(message), more)
