@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
@@ -119,8 +120,10 @@ class Listener:
 
 @attrs.define(eq=False)
 class BeatSchedule:
-    """When each beating session is due (a heap of ``(due_s, n, listener)``; an entry is
-    stale once its listener's ``due_s`` moved or it stopped beating).
+    """When each beating session is due (a heap of ``(due_s, n, weak reference to
+    listener)``; an entry is stale once its listener's ``due_s`` moved, it stopped beating
+    or it is gone). Weak: an ended session, its listener and its socket are freed at once,
+    not when their next beat comes up (up to ``heartbeat_s`` later; ``_pacer``).
 
     Attributes:
         heartbeat_s: the interval between two beats of one session.
@@ -131,7 +134,7 @@ class BeatSchedule:
     heartbeat_s: float
     full: bool = False
     retry_at: float = -math.inf
-    _heap: list[tuple[float, int, Listener]] = attrs.field(factory=list)
+    _heap: list[tuple[float, int, weakref.ref[Listener]]] = attrs.field(factory=list)
     _pushed: int = 0
     _taken_at: float = -math.inf  # when the last batch was taken (trio clock)
 
@@ -143,7 +146,7 @@ class BeatSchedule:
         """Beat ``listener`` at ``due_s`` (trio clock), not before (unless in a batch)."""
         listener.due_s = due_s
         self._pushed += 1
-        heapq.heappush(self._heap, (due_s, self._pushed, listener))
+        heapq.heappush(self._heap, (due_s, self._pushed, weakref.ref(listener)))
 
     def again(self, listener: Listener) -> None:
         """Beat ``listener`` one heartbeat after its last due time: the next point of its
@@ -187,7 +190,10 @@ class BeatSchedule:
         horizon = now + self.window_s
         due: list[Listener] = []
         while self._heap and self._heap[0][0] <= horizon:
-            due_s, _, listener = heapq.heappop(self._heap)
+            due_s, _, ref = heapq.heappop(self._heap)
+            listener = ref()
+            if listener is None:
+                continue
             if listener.due_s == due_s and beating.get(listener.session_id) is listener:
                 due.append(listener)
         if due:

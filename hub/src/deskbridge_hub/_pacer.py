@@ -14,6 +14,13 @@ A session can also ask for a visit sooner than the one it has (:meth:`Pacer.add`
 for example the deadline of a ping it queued itself): the sooner visit replaces the later
 one, whose heap entry is skipped when it comes up, so each session has exactly one
 pending visit however often it asks.
+
+A session that ends is :meth:`Pacer.discard`-ed, and the heap refers to sessions only
+weakly: the pacer used to keep an ended session (and through its socket Hypercorn's
+stream, with any unfinished message in its buffer, up to 2 MiB) until its next planned
+visit, up to ``ping_interval_s + ping_timeout_s / 2`` later, so one token reconnecting
+fast, each time leaving an unfinished message, held memory in proportion to its rate
+(60 sockets leaving 1.5 MB each: +89 MB; docs/security.md).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import weakref
 from typing import Protocol
 
 import attrs
@@ -51,16 +59,17 @@ class Paced(Protocol):
 
 @attrs.define(eq=False)
 class Pacer:
-    """One heap of ``(when, n, paced)`` and the task that works through it.
+    """One heap of ``(when, n, weak reference to paced)`` and the task that works through it.
 
     ``_due`` holds each paced thing's one pending visit; a heap entry whose time is not
-    its thing's pending visit is stale (replaced by a sooner one) and skipped.
+    its thing's pending visit is stale (replaced by a sooner one, or discarded) and
+    skipped. Paced things must support weak references.
 
     Attributes:
         running: whether :meth:`run` is running.
     """
 
-    _heap: list[tuple[float, int, Paced]] = attrs.field(factory=list)
+    _heap: list[tuple[float, int, weakref.ref[Paced]]] = attrs.field(factory=list)
     _due: dict[Paced, float] = attrs.field(factory=dict)
     _pushed: int = 0
     _sooner: trio.Event = attrs.field(factory=trio.Event)
@@ -78,10 +87,15 @@ class Pacer:
             self._sooner.set()  # before the task's wake-up: it wakes to look again
         self._push(paced, at_s)
 
+    def discard(self, paced: Paced) -> None:
+        """Forget ``paced``: no more visits, and no strong reference to it is kept (its
+        heap entry is skipped when it comes up). Harmless if it has no visit pending."""
+        self._due.pop(paced, None)
+
     def _push(self, paced: Paced, at_s: float) -> None:
         self._pushed += 1
         self._due[paced] = at_s
-        heapq.heappush(self._heap, (at_s, self._pushed, paced))
+        heapq.heappush(self._heap, (at_s, self._pushed, weakref.ref(paced)))
 
     def __len__(self) -> int:
         """How many paced things have a visit pending."""
@@ -99,22 +113,27 @@ class Pacer:
                 with trio.move_on_at(_on_grid(self._heap[0][0]) if self._heap else math.inf):
                     await self._sooner.wait()
                 self._sooner = trio.Event()
-                now = trio.current_time()
-                while self._heap and self._heap[0][0] <= now:
-                    at_s, _, paced = heapq.heappop(self._heap)
-                    if self._due.get(paced) != at_s:
-                        continue  # replaced by a sooner visit, already made
-                    del self._due[paced]
-                    try:
-                        again = paced.pace(now)
-                    except Exception:  # one session's fault must not stop every timer
-                        log.exception("session timer failed; its socket goes unpinged")
-                        continue
-                    if again is not None:
-                        self._push(paced, again)
+                self._visit_due(trio.current_time())
                 await trio.lowlevel.checkpoint()
         finally:
             self.running = False
+
+    def _visit_due(self, now: float) -> None:
+        """Make every visit due at ``now`` (a function of its own: no paced thing stays
+        referenced by a local of :meth:`run` while it waits)."""
+        while self._heap and self._heap[0][0] <= now:
+            at_s, _, ref = heapq.heappop(self._heap)
+            paced = ref()
+            if paced is None or self._due.get(paced) != at_s:
+                continue  # replaced by a sooner visit, already made; or discarded
+            del self._due[paced]
+            try:
+                again = paced.pace(now)
+            except Exception:  # one session's fault must not stop every timer
+                log.exception("session timer failed; its socket goes unpinged")
+                continue
+            if again is not None:
+                self._push(paced, again)
 
 
 def _on_grid(at_s: float) -> float:

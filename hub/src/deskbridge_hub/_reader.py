@@ -798,6 +798,9 @@ class ProcessReader:
                 if user_id in self._due and user_id not in self._queue:
                     self._queue.append(user_id)
                     self._idle.unpark()
+            # not kept while parked: an ended session (and its socket) must be freed at
+            # once, not when this worker next reads (docs/security.md, flooding)
+            listener = None
 
     async def _pump(self, listener: Listener, kinds: set[str]) -> None:
         user_id, consumer = listener.user_id, self.consumer

@@ -191,7 +191,8 @@ class HubSession(SessionTimers):
         except* EndSession as group:
             ended += [e for e in group.exceptions if isinstance(e, EndSession)]
         finally:
-            self._done = True  # the pacer drops it at its next visit
+            self._done = True
+            self.state.pacer.discard(self)  # now, not at its next visit (``_pacer``)
             if self._listener is not None:
                 if self._release_at_end:
                     self.state.reader.release(self._listener)
