@@ -501,9 +501,9 @@ def main() -> int:
     p.add_argument("--load-s", type=float, default=5.0)
     p.add_argument("--idle-s", type=float, default=3.0)
     p.add_argument("--users", type=int, default=64)
-    p.add_argument("--monitor-calls", type=int, default=200)
+    p.add_argument("--monitor-calls", type=int, default=1000)
     p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--redis-port", type=int, default=6408, help="first of 3 ports")
+    p.add_argument("--redis-port", type=int, default=6408, help="first of 4 ports (one per system)")
     p.add_argument("--json", default="", help="also write every figure to this file")
     p.add_argument(
         "--rounds",

@@ -1,6 +1,6 @@
 """N idle desktops on one hub process (issue 10's idle figures).
 
-Starts a private ``redis-server`` (``--redis-port``, default 6411), one real hub process
+Starts a private ``redis-server`` (``--redis-port``, default 6412), one real hub process
 (``deskbridge-hub serve --workers 1``), one extra desktop ("the extra user"), then a swarm
 of N fake desktops in one asyncio process (``bench/lib/desktop.py``: the real v1 frames,
 ``hello`` and ``pong``, nothing else; ``ulimit -n`` raised to the hard limit for the hub
@@ -191,7 +191,7 @@ def main() -> int:
     p.add_argument("--sample-s", type=float, default=1.0)
     p.add_argument("--echo-calls", type=int, default=500)
     p.add_argument("--connect-concurrency", type=int, default=64)
-    p.add_argument("--redis-port", type=int, default=6411)
+    p.add_argument("--redis-port", type=int, default=6412)
     p.add_argument("--json", default="")
     p.add_argument(
         "--hub-env",
