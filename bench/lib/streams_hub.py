@@ -46,6 +46,17 @@ def _keys(user: str) -> tuple[str, str]:
     return f"presence:{{{user}}}", f"jobs:{{{user}}}"
 
 
+def welcome(session: str) -> dict:
+    """The ``welcome`` frame both Streams peers send (``trio_hub.py`` too)."""
+    return {
+        "type": "welcome",
+        "session_id": session,
+        "heartbeat_s": HEARTBEAT_S,
+        "ping_interval_s": 10.0,
+        "ping_timeout_s": 10.0,
+    }
+
+
 #: redis-py's pool refuses a 101st connection by default ("Too many connections"); this
 #: design holds one connection per blocked command (a reader per user, a waiting caller),
 #: so the pool must be as large as the population.
@@ -79,17 +90,7 @@ class StreamsHub:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "welcome",
-                    "session_id": session,
-                    "heartbeat_s": HEARTBEAT_S,
-                    "ping_interval_s": 10.0,
-                    "ping_timeout_s": 10.0,
-                }
-            )
-        )
+        await ws.send(json.dumps(welcome(session)))
         pending: dict[str, tuple[str, str]] = {}  # delivery id -> (entry ID, job id)
         tasks = [
             asyncio.create_task(self._relay(ws, user, pending)),

@@ -37,16 +37,18 @@ import trio
 from coredis.exceptions import RedisError, ResponseError
 from coredis.tokens import PureToken
 
-GROUP = "g"
-PRESENCE_MS = 30_000
-HEARTBEAT_S = 10.0
-RESULT_TTL_S = 300
+# the same keys, group, timings and welcome frame as peer (c)
+from bench.lib.streams_hub import (
+    GROUP,
+    HEARTBEAT_S,
+    PRESENCE_MS,
+    RESULT_TTL_S,
+    _keys,
+    welcome,
+)
+
 #: coredis's pool lends one connection per blocked XREADGROUP / BLPOP: as many as users.
 MAX_CONNECTIONS = 100_000
-
-
-def _keys(user: str) -> tuple[str, str]:
-    return f"presence:{{{user}}}", f"jobs:{{{user}}}"
 
 
 class TrioHub:
@@ -101,15 +103,7 @@ class TrioHub:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        await send_text(
-            {
-                "type": "welcome",
-                "session_id": session,
-                "heartbeat_s": HEARTBEAT_S,
-                "ping_interval_s": 10.0,
-                "ping_timeout_s": 10.0,
-            }
-        )
+        await send_text(welcome(session))
         pending: dict[str, tuple[bytes, str]] = {}  # delivery id -> (entry ID, job id)
         try:
             async with trio.open_nursery() as nursery:
