@@ -443,7 +443,10 @@ async def test_catalogue_is_listed_and_enforced_before_enqueue(autojump_clock, s
 
 async def test_stale_backlog_never_runs_when_the_desktop_returns(autojump_clock, state, bridge):
     """Desktop away for 10 min of mock time; 20 jobs with 30 s deadlines meanwhile; when it
-    returns none of them runs, and every caller was answered before it came back."""
+    returns none of them runs, and every caller was answered before it came back. A job
+    the hub had written to the asleep socket may have reached the desktop, so it goes to
+    the desktop again (its state says forwarded: kept a day, ``forwarded_keep_s``) and
+    the desktop, as the sidecar does, refuses it past its deadline (``expired``)."""
     async with trio.open_nursery() as nursery:
         asleep = await connect(nursery, state)  # the lid closes: it stops reading at once
         outcomes = []
@@ -462,15 +465,21 @@ async def test_stale_backlog_never_runs_when_the_desktop_returns(autojump_clock,
         assert {o.status for _, o in outcomes} <= {"expired", "timeout"}
         back = await connect(nursery, state)
         ran = []
+        refused = []
 
         async def record(frame):
             if isinstance(frame, Job):
+                if frame.deadline <= wall():  # the sidecar's check on arrival
+                    refused.append(frame.job_id)
+                    await back.send(JobResult(frame.id, False, error=JobError("expired", "late")))
+                    return
                 ran.append(frame)
                 await back.send(JobResult(frame.id, True, {}))
 
         nursery.start_soon(sidecar, back, record)
         await trio.sleep(400)  # past the reclaim idle: every stale entry has been read
         assert ran == []
+        assert len(refused) == len(set(refused))  # each answered by the desktop, once
         assert state.substrate.pending_count("u1") == 0
         del asleep
         nursery.cancel_scope.cancel()

@@ -513,7 +513,7 @@ async def test_a_session_that_marks_deliveries_reads_and_marks_in_one_step(autoj
     reader = make_reader(script)
     await reader._pump(desk.listener, {NEW})
     assert script.of("read_new_delivered") == [
-        (("u1", "c1"), {"count": 8, "state": state, "ttl_s": 300.0, "session_id": "h1.u1"}),
+        (("u1", "c1"), {"count": 8, "state": state, "ttl_s": 86_700.0, "session_id": "h1.u1"}),
     ]
     assert script.names() == ["read_new_delivered"] and desk.dispatched() == ["1-0"]
 

@@ -16,14 +16,14 @@ from ._errors import (
     UnknownJob,
 )
 from ._jobs import cancelled_before_start
-from ._jobstate import JobState, MalformedState, Stage
+from ._jobstate import LONGEST_TIMEOUT_S, JobState, MalformedState, Stage
 from ._outcome import _TIMEOUT_MESSAGES
 from ._substrate import Substrate
 from ._validate import validate_key, validate_user_id
 
 #: Longest accepted ``timeout_s``: one day. Keeps the deadline and the BLPOP timeout in
 #: range (Redis 7 answers "ERR timeout is negative" to a timeout near 1e16 s).
-MAX_TIMEOUT_S = 24 * 3600.0
+MAX_TIMEOUT_S = LONGEST_TIMEOUT_S
 
 #: How a job's args are written on its stream entry and measured against
 #: ``max_args_bytes``: compact, non-ASCII escaped, NaN and infinities refused (JSON has

@@ -93,3 +93,26 @@ async def check_finish_keeps_the_owner_record_as_long_as_the_state(h: SubstrateH
     assert await s.job_owner(job) == JobOwner(user, "box")
     if h.raw is not None:
         assert 1_000 < await h.raw("PTTL", owner_key(job)) <= _LONG_S * 1000
+
+
+@check
+async def check_a_terminal_answer_shortens_the_claim_epoch(h: SubstrateHarness) -> None:
+    # The mark keeps a forwarded job's claim epoch as long as its state, a day (its
+    # desktop may come back that late); once the job has its answer the epoch lives no
+    # longer than the answer's state, or every answered job's epoch would stay a day.
+    s = h.substrate
+    user, job, _, _ = await _running(h)
+    again = JobState(Stage.DELIVERED, user, at=2.0, session_id="s2")
+    await s.request_cancel(user, job, ttl_s=_SHORT_S)
+    await trio.sleep(2 * _SHORT_S)  # the cancel flag lapsed: delivered again
+    marked = await s.mark_delivered(user, job, again, ttl_s=_LONG_S * 10)
+    assert marked.verdict == "delivered" and marked.epoch is not None
+    finished = JobState(Stage.FINISHED, user, at=3.0)
+    got = await s.finish(user, job, '"x"', finished, ttl_s=_SHORT_S, epoch=marked.epoch)
+    assert got.verdict == "done"
+    if h.raw is not None:
+        assert 0 < await h.raw("PTTL", fence_key(user, job)) <= _SHORT_S * 1000
+    await trio.sleep(2 * _SHORT_S)
+    # the epoch lapsed with the state: another epoch's answer is no longer "stale"
+    late = await s.finish(user, job, None, finished, ttl_s=_SHORT_S, epoch=marked.epoch + 7)
+    assert late.verdict != "stale", late

@@ -72,7 +72,14 @@ from ._jobs import (
     lost_payload,
     result_payload,
 )
-from ._jobstate import FORWARDED, STAGE_OF_OUTCOME, JobState, MalformedState, Stage
+from ._jobstate import (
+    FORWARDED,
+    STAGE_OF_OUTCOME,
+    JobState,
+    MalformedState,
+    Stage,
+    forwarded_keep_s,
+)
 from ._keepalive import RunningJobs
 from ._retry import CLEANUP_TIMEOUT_S, retrying
 from ._substrate import Entry, Finished, Substrate
@@ -192,7 +199,7 @@ class EntryServer:
                     self.user_id,
                     job_id,
                     self.delivered_state(),
-                    ttl_s=self.timings.result_ttl_s,
+                    ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
                     deadline=envelope.deadline,
                 ),
                 what=f"mark {job_id} delivered",
@@ -454,7 +461,10 @@ class EntryServer:
                     job_id,
                     interrupted_payload(reason, pending=not final),
                     state,
-                    ttl_s=self.timings.result_ttl_s,
+                    # an unanswered job may be redelivered much later (forwarded_keep_s)
+                    ttl_s=self.timings.result_ttl_s
+                    if final
+                    else forwarded_keep_s(self.timings.result_ttl_s),
                     entry_id=entry_id if final else None,
                     epoch=epoch,
                     notify=envelope.reply_to,
@@ -482,7 +492,7 @@ class EntryServer:
                     job_id,
                     None,
                     state,
-                    ttl_s=self.timings.result_ttl_s,
+                    ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
                     epoch=epoch,
                 )
             except SubstrateUnavailable:

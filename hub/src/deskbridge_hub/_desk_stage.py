@@ -23,7 +23,7 @@ import trio
 from deskbridge_common import JobResult
 
 from ._errors import SubstrateUnavailable
-from ._jobstate import STAGE_OF_DESK, JobState, Stage
+from ._jobstate import STAGE_OF_DESK, JobState, Stage, forwarded_keep_s
 from ._retry import CLEANUP_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -112,7 +112,12 @@ def stage_recorder(
         with trio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
                 finished = await hub.substrate.finish(
-                    user_id, job_id, None, state, ttl_s=hub.timings.result_ttl_s, epoch=epoch
+                    user_id,
+                    job_id,
+                    None,
+                    state,
+                    epoch=epoch,
+                    ttl_s=forwarded_keep_s(hub.timings.result_ttl_s),
                 )
             except SubstrateUnavailable as exc:
                 log.info("job %s: stage %s not recorded: %s", job_id, stage, exc)

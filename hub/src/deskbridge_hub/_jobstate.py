@@ -57,6 +57,20 @@ TERMINAL = frozenset({Stage.FINISHED, Stage.CANCELLED, Stage.EXPIRED, Stage.LOST
 #: the tool may run before its ``running`` report is recorded (issue 12 item 5).
 FORWARDED = frozenset({Stage.DELIVERED, Stage.AWAITING_APPROVAL, Stage.INTERRUPTED})
 
+#: Longest accepted ``timeout_s`` (``_bridge_jobs.MAX_TIMEOUT_S``): one day.
+LONGEST_TIMEOUT_S = 24 * 3600.0
+
+
+def forwarded_keep_s(result_ttl_s: float) -> float:
+    """How long a forwarded, unanswered job's state (and claim epoch) is kept from its last
+    write: as long as a cancel flag, the longest deadline + the result TTL. Nobody may
+    serve such a job for a long while (its desktop away, its holder process dead); when
+    the desktop comes back its ledger answers it, and the mark must still see that it was
+    forwarded (a lapsed state read as "never forwarded", past the deadline: ``expired``
+    for a job that may have run). The answer's write shortens it to the result TTL."""
+    return LONGEST_TIMEOUT_S + result_ttl_s
+
+
 #: ``JobState.daemon_id`` of a job delivered to more than one desktop, or to one whose
 #: ``daemon_id`` is not known (an older sidecar, a record written by an older hub).
 MIXED = "?"

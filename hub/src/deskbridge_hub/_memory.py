@@ -210,6 +210,13 @@ class MemorySubstrate(
             value, expires_at = self._kv[key]
             self._kv[key] = (value, max(expires_at, now + ttl_s))
 
+    def _shorten(self, key: str, now: float, ttl_s: float) -> None:
+        """Make a live ``key`` expire no later than ``ttl_s`` from ``now`` (Redis'
+        ``PEXPIRE ... LT``: never lengthened, an absent key stays absent)."""
+        if self._get(key, now) is not None:
+            value, expires_at = self._kv[key]
+            self._kv[key] = (value, min(expires_at, now + ttl_s))
+
     async def ping(self) -> None:
         """Raises SubstrateUnavailable when marked unavailable; otherwise returns."""
         await self._enter()

@@ -65,6 +65,7 @@ class MemoryFinishCommands:
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
     _extend: Callable[[str, float, float], None]
+    _shorten: Callable[[str, float, float], None]
     _result_list: Callable[[str, float], _ResultList | None]
     _mailbox: Callable[[str, float], _Mailbox]
     _xack: Callable[[str, str], int]
@@ -109,6 +110,8 @@ class MemoryFinishCommands:
         state = _keep_desk(current, state)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
+        if state.stage.terminal:  # the epoch no longer needs a forwarded job's day
+            self._shorten(fence_key(user_id, job_id), now, ttl_s)
         acked = self._xack(user_id, entry_id) if entry_id is not None else 0
         if payload is not None:
             self._notify(job_id, payload, now, notify)

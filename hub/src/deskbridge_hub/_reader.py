@@ -43,6 +43,7 @@ from deskbridge_common import Timings
 from . import _metrics
 from ._beats import BeatSchedule, Listener
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
+from ._jobstate import forwarded_keep_s
 from ._keepalive import RunningJobs
 from ._logging import fields
 from ._outage import outage_log
@@ -870,7 +871,8 @@ class ProcessReader:
                     # half-open: its entries would wait in a dead socket)
                     entries = await self.substrate.read_new_delivered(
                         user_id, consumer, count=room, state=listener.delivered_state(),
-                        ttl_s=self.timings.result_ttl_s, session_id=listener.session_id,
+                        ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
+                        session_id=listener.session_id,
                     )  # fmt: skip
                 await self._dispatch(listener, inflight, entries)
                 if len(entries) < room:

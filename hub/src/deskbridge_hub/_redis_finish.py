@@ -54,6 +54,9 @@ from ._substrate import (
 #: else ``settled``. A stage of the delivery written without ``daemon_id`` (the
 #: interrupted mark, the desktop's stage reports) keeps the stored one: it names the
 #: desktops the job went to (``_jobstate.JobState.daemon_id``), which only the mark knows.
+#: A terminal state shortens the claim epoch to its own TTL (PEXPIRE LT): the mark keeps
+#: it as long as a forwarded job's state (``_jobstate.forwarded_keep_s``, a day), which
+#: only an unanswered job needs.
 FINISH = Script(
     """
 if ARGV[1] ~= '' then
@@ -99,6 +102,10 @@ end
 if ARGV[6] ~= '' then
   redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[3])
   if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3], 'GT') end
+  local stage = cjson.decode(ARGV[6])['stage']
+  if stage == 'finished' or stage == 'cancelled' or stage == 'expired' or stage == 'lost' then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3], 'LT')
+  end
 end
 local acked = 0
 if ARGV[7] ~= '' then
