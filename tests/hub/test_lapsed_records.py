@@ -5,9 +5,13 @@ side of the same lifetimes is the contract suite's)."""
 from __future__ import annotations
 
 import json
+import time
+import uuid
 
 import trio
-from deskbridge_common import Job, JobResult
+from deskbridge_common import Job, JobResult, Timings
+from deskbridge_hub import Bridge, RedisSubstrate
+from deskbridge_hub._session import HubState
 
 from tests.hub.test_outcomes import bridge, connect, sidecar, state  # noqa: F401 - fixtures
 
@@ -27,10 +31,30 @@ async def test_a_desktop_back_after_the_result_ttl_is_asked_not_answered_expired
     is not repeated). Was: the state had lapsed, so the mark saw a job never forwarded,
     past its deadline, and answered it ``expired`` although it had run."""
     assert AWAY_S > 30 + state.timings.result_ttl_s
+    await _away_and_back(state, bridge, "u1", timeout_s=30, away_s=AWAY_S)
+
+
+async def test_on_redis_a_desktop_back_after_the_result_ttl_is_asked(redis_url):
+    """The same on a real Redis (the mark's script, the finish's), real time and short
+    timings: result TTL 1.5 s, deadline 1 s, away 4 s."""
+    timings = Timings(
+        heartbeat_s=0.5, presence_ttl_s=1.5, reclaim_idle_s=3.0, result_ttl_s=1.5, grace_s=0.5
+    )
+    user = f"lapse-{uuid.uuid4().hex[:8]}"
+    async with RedisSubstrate.from_url(redis_url) as substrate:
+        hub = HubState(substrate=substrate, timings=timings, consumer="hub-1", wall_clock=time.time)
+        with trio.fail_after(30):
+            await _away_and_back(
+                hub, Bridge(substrate, timings, wall_clock=time.time), user, timeout_s=1,
+                away_s=4.0,
+            )  # fmt: skip
+
+
+async def _away_and_back(state, bridge, user, *, timeout_s, away_s):  # noqa: F811
     executed: list[str] = []
     delivered: list[str] = []
     async with trio.open_nursery() as nursery:
-        first = await connect(nursery, state, daemon_id="d1")
+        first = await connect(nursery, state, user=user, daemon_id="d1")
 
         async def run_then_vanish(frame):
             if isinstance(frame, Job):
@@ -39,11 +63,12 @@ async def test_a_desktop_back_after_the_result_ttl_is_asked_not_answered_expired
                 await first.disconnect()
 
         nursery.start_soon(sidecar, first, run_then_vanish)
-        outcome = await bridge.dispatch("u1", "click", {}, job_id="job-away", timeout_s=30)
+        job_id = f"job-away-{user}"
+        outcome = await bridge.dispatch(user, "click", {}, job_id=job_id, timeout_s=timeout_s)
         assert outcome.status in ("timeout", "in_doubt"), outcome  # the caller is told
         assert outcome.detail is not None and outcome.detail["stage"] == "interrupted"
-        await trio.sleep(AWAY_S)
-        back = await connect(nursery, state, daemon_id="d1")
+        await trio.sleep(away_s)
+        back = await connect(nursery, state, user=user, daemon_id="d1")
 
         async def ledger(frame):  # the same daemon: its ledger answers from the record
             if isinstance(frame, Job):
@@ -53,11 +78,14 @@ async def test_a_desktop_back_after_the_result_ttl_is_asked_not_answered_expired
                 await back.send(JobResult(frame.id, True, {"ran": 1}))
 
         nursery.start_soon(sidecar, back, ledger)
-        await trio.sleep(5)
-        found = await bridge.job_state("job-away")
+        for _ in range(50):  # bounded: the answer lands within a few reads
+            await trio.sleep(0.1)
+            found = await bridge.job_state(job_id)
+            if found is not None and found.stage.terminal:
+                break
         assert found is not None and found.stage.value == "finished", found
-        answer = await bridge.answer_of("job-away")
+        answer = await bridge.answer_of(job_id)
         assert answer is not None and json.loads(answer)["status"] == "completed", answer
-        assert delivered == ["job-away", "job-away"]
-        assert executed == ["job-away"]  # exactly once
+        assert delivered == [job_id, job_id]
+        assert executed == [job_id]  # exactly once
         nursery.cancel_scope.cancel()
