@@ -37,7 +37,7 @@ from ._errors import (
 )
 from ._idempotency import IndexRecord, args_digest
 from ._jobs import job_fields, parse_result
-from ._jobstate import JobState, Stage
+from ._jobstate import JobState, Stage, forwarded_keep_s
 from ._outcome import Outcome, Presence, offline_outcome, plain_offline, timeout_outcome
 from ._own_liveness import in_doubt_error, own_liveness
 from ._progress import ProgressReport, parse_progress
@@ -340,7 +340,7 @@ class Bridge(JobControl):
                     alive_holder=self._known_alive(user_id),
                     wake_ttl_s=self.timings.presence_ttl_s,
                     # push delivery: the holder forwards without a read of its own
-                    delivered_ttl_s=self.timings.result_ttl_s,
+                    delivered_ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
                 )
                 if job_id_given is not None and not step.claimed:
                     step.submitted = await self._attach_by_key(
