@@ -89,3 +89,35 @@ async def _away_and_back(state, bridge, user, *, timeout_s, away_s):  # noqa: F8
         assert delivered == [job_id, job_id]
         assert executed == [job_id]  # exactly once
         nursery.cancel_scope.cancel()
+
+
+async def test_a_retry_with_the_key_of_a_job_its_desktop_took_away_is_never_offline(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+):
+    """The lid closes while a keyed job runs (its caller is answered ``in_doubt``
+    provisionally, ``interrupted``: "retry with the same key for the real outcome"); the
+    retry comes after the job's deadline + the result TTL, while the desktop is still
+    away. The key's record must still name the job: the retry attaches to it (the job
+    may have run), never ``offline`` ("did it run? no"). Was: the record had lapsed at
+    the deadline + result TTL, and the retry was answered ``offline``; with the desktop
+    back it enqueued a second job."""
+    executed: list[str] = []
+    async with trio.open_nursery() as nursery:
+        first = await connect(nursery, state, daemon_id="d1")
+
+        async def run_then_vanish(frame):
+            if isinstance(frame, Job):
+                executed.append(frame.job_id)
+                await first.disconnect()
+
+        nursery.start_soon(sidecar, first, run_then_vanish)
+        outcome = await bridge.dispatch("u1", "click", {}, idempotency_key="k-away", timeout_s=30)
+        assert outcome.detail is not None and outcome.detail["stage"] == "interrupted"
+        await trio.sleep(AWAY_S)
+        retry = await bridge.dispatch("u1", "click", {}, idempotency_key="k-away", timeout_s=5)
+        assert retry.status != "offline", retry
+        assert retry.job_id == outcome.job_id, retry  # attached to the job, not a new one
+        assert executed == [outcome.job_id]
+        nursery.cancel_scope.cancel()

@@ -116,3 +116,22 @@ async def check_a_terminal_answer_shortens_the_claim_epoch(h: SubstrateHarness) 
     # the epoch lapsed with the state: another epoch's answer is no longer "stale"
     late = await s.finish(user, job, None, finished, ttl_s=_SHORT_S, epoch=marked.epoch + 7)
     assert late.verdict != "stale", late
+
+
+@check
+async def check_a_stage_of_the_delivery_keeps_the_keys_record_as_long_as_the_state(
+    h: SubstrateHarness,
+) -> None:
+    # The socket went away with the job (``interrupted``, kept a day): a retry with its
+    # key must still attach to it after the record's own deadline + result TTL, never
+    # find the key free (then: ``offline`` while the desktop is away, or a second job).
+    s = h.substrate
+    user, job, key, epoch = await _running(h)
+    interrupted = JobState(Stage.INTERRUPTED, user, at=2.0)
+    got = await s.finish(
+        user, job, None, interrupted, ttl_s=_LONG_S, epoch=epoch, idempotency_key=key
+    )
+    assert got.verdict == "done"
+    await trio.sleep(2 * _SHORT_S)
+    retry = await s.submit(user, _submission(user, h.job(), key=key))
+    assert retry.verdict == "indexed" and (retry.index_value or "").startswith(job + " ")

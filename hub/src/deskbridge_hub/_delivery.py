@@ -270,7 +270,8 @@ class EntryServer:
                     entry.entry_id, job_id, reason, envelope, epoch, final=final
                 )
             else:
-                await self._mark_interrupted(job_id, epoch)  # the socket went away with it
+                # the socket went away with it
+                await self._mark_interrupted(job_id, epoch, envelope.idempotency_key)
             raise
         finally:
             if self.running_jobs is not None:
@@ -474,7 +475,7 @@ class EntryServer:
             except SubstrateUnavailable:
                 pass
         if finished is None:
-            await self._mark_interrupted(job_id, epoch)
+            await self._mark_interrupted(job_id, epoch, envelope.idempotency_key)
         elif finished.verdict == "stale":
             self._refused(job_id, "in_doubt", epoch, finished)
         elif finished.verdict == "settled":
@@ -482,8 +483,11 @@ class EntryServer:
         else:
             _metrics.job_served(self, "in_doubt", envelope, job_id=job_id, provisional=not final)
 
-    async def _mark_interrupted(self, job_id: str, epoch: int | None) -> None:
-        """Record the stage ``interrupted`` (fenced: a newer delivery's state stays)."""
+    async def _mark_interrupted(
+        self, job_id: str, epoch: int | None, idempotency_key: str | None = None
+    ) -> None:
+        """Record the stage ``interrupted`` (fenced: a newer delivery's state stays); the
+        state, and the job's idempotency record, are kept ``forwarded_keep_s``."""
         state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
@@ -494,6 +498,7 @@ class EntryServer:
                     state,
                     ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
                     epoch=epoch,
+                    idempotency_key=idempotency_key,
                 )
             except SubstrateUnavailable:
                 pass

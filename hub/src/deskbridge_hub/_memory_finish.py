@@ -112,6 +112,11 @@ class MemoryFinishCommands:
         self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
         if state.stage.terminal:  # the epoch no longer needs a forwarded job's day
             self._shorten(fence_key(user_id, job_id), now, ttl_s)
+        elif idempotency_key is not None:  # a stage of the delivery: the key's record
+            ikey = idem_key(user_id, idempotency_key)  # as long as the state
+            record = self._get(ikey, now)
+            if record is not None and record.startswith(job_id + " "):
+                self._extend(ikey, now, ttl_s)
         acked = self._xack(user_id, entry_id) if entry_id is not None else 0
         if payload is not None:
             self._notify(job_id, payload, now, notify)

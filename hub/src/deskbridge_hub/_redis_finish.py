@@ -54,6 +54,10 @@ from ._substrate import (
 #: else ``settled``. A stage of the delivery written without ``daemon_id`` (the
 #: interrupted mark, the desktop's stage reports) keeps the stored one: it names the
 #: desktops the job went to (``_jobstate.JobState.daemon_id``), which only the mark knows.
+#: A stage of the delivery (not terminal) keeps the idempotency record that names the
+#: job at least as long as the state (PEXPIRE GT): a retry with the key of a job whose
+#: desktop went away attaches to it, never "offline" (the answer's write then keeps the
+#: result as long as the record).
 #: A terminal state shortens the claim epoch to its own TTL (PEXPIRE LT): the mark keeps
 #: it as long as a forwarded job's state (``_jobstate.forwarded_keep_s``, a day), which
 #: only an unanswered job needs.
@@ -105,6 +109,11 @@ if ARGV[6] ~= '' then
   local stage = cjson.decode(ARGV[6])['stage']
   if stage == 'finished' or stage == 'cancelled' or stage == 'expired' or stage == 'lost' then
     redis.call('PEXPIRE', KEYS[1], ARGV[3], 'LT')
+  elseif ARGV[5] ~= '' then
+    local record = redis.call('GET', KEYS[3])
+    if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
+      redis.call('PEXPIRE', KEYS[3], ARGV[3], 'GT')
+    end
   end
 end
 local acked = 0
