@@ -488,3 +488,54 @@ def test_a_repeated_json_key_is_refused_not_picked(hub):
     assert r.status_code == 200 and "listChanged" in r.text, r.text
     r = httpx.post(url, content=b"x" * (4 * 1024 * 1024 + 1), headers=headers)
     assert r.status_code == 413
+
+
+def test_a_message_that_is_not_a_json_rpc_request_is_invalid_request(hub):
+    """An agent's developer sent what JSON-RPC calls an Invalid Request: a batch (MCP
+    removed batching), a bare value, no ``jsonrpc: "2.0"``, a non-string method, no
+    method. The SDK answered ``-32602`` (invalid params) with a pydantic dump; and a
+    request whose id MCP forbids (null, a boolean, a fraction) was taken for a
+    notification: ``202`` and no answer ever, the client waited for good. Now each is
+    HTTP 400 with ``-32600``, and nothing reaches the session."""
+    headers = {
+        "Authorization": f"Bearer {API_KEY}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+    url = f"{hub.http}/v1/users/someone/mcp"
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    r = httpx.post(url, json=init, headers=headers)
+    assert r.status_code == 200, r.text
+    session = {**headers, "Mcp-Session-Id": r.headers["mcp-session-id"]}
+    r = httpx.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                   headers=session)  # fmt: skip
+    assert r.status_code == 202, r.text
+    listing = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+    for body, answer_id, why in (
+        ([listing], None, "batch"),
+        ([], None, "batch"),
+        (5, None, "object"),
+        (None, None, "object"),
+        ({"id": 7, "method": "tools/list"}, 7, "jsonrpc"),
+        ({"jsonrpc": "1.0", "id": 7, "method": "tools/list"}, 7, "jsonrpc"),
+        ({"jsonrpc": "2.0", "id": 7, "method": 5}, 7, "method"),
+        ({"jsonrpc": "2.0", "id": 7}, 7, "method"),
+        ({"jsonrpc": "2.0", "id": None, "method": "tools/list"}, None, "id"),
+        ({"jsonrpc": "2.0", "id": True, "method": "tools/list"}, None, "id"),
+        ({"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}, None, "id"),
+    ):
+        for h in (headers, session):
+            r = httpx.post(url, content=json.dumps(body), headers=h, timeout=10)
+            assert r.status_code == 400, (body, r.status_code, r.text)
+            answer = r.json()
+            assert answer["id"] == answer_id, (body, answer)
+            assert answer["error"]["code"] == -32600, (body, answer)
+            assert why in answer["error"]["message"], (body, answer)
+            assert "validation error" not in answer["error"]["message"].lower()
+            assert "mcp-session-id" not in r.headers  # no session minted for it
+    # the session still answers a well-formed request
+    r = httpx.post(url, json=listing, headers=session)
+    assert r.status_code == 200 and '"tools"' in r.text, r.text
