@@ -17,6 +17,8 @@ from deskbridge_hub import BadRequest, Bridge
 from deskbridge_hub._http import bridge_error_answer
 from deskbridge_hub._mcp import UserEndpoint
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._outcome import Outcome
+from deskbridge_hub._progress import ProgressReport
 from deskbridge_hub._session import HubState
 from mcp.shared.exceptions import MCPError
 
@@ -197,3 +199,38 @@ async def test_an_abandoned_call_keeps_the_job_another_caller_attached_to(
 async def _abandon_once(reached: trio.Event, scope: trio.CancelScope) -> None:
     await reached.wait()  # the job reached the desktop: then the client gives up
     scope.cancel()
+
+
+class _Notes:
+    """The part of the SDK's server session ``_call_tool`` uses to send progress."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, float | None, str | None]] = []
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        self.sent.append((progress, total, message))
+
+
+async def test_mcp_progress_only_ever_increases(autojump_clock):
+    """MCP: "The progress value MUST increase with each notification". A tool's reports
+    need not (the approval stage and then the run both start at 0, a tool may report 0
+    first, or go back); they were relayed as they came. Now a report that does not
+    increase is left out of ``notifications/progress`` (Bridge and SSE still get it)."""
+    values = [0.0, 0.0, 1.0, 1.0, 0.5, 2.0, 3.0]
+
+    class Reporting(Bridge):
+        async def dispatch(self, *args: Any, on_progress: Any = None, **kw: Any) -> Any:
+            for i, value in enumerate(values):
+                await on_progress(ProgressReport(value, 3.0, f"step {i}"))
+                await trio.sleep(1)
+            return Outcome(job_id=kw["job_id"], status="completed", result={"ok": 1})
+
+    notes = _Notes()
+    ctx = pytypes.SimpleNamespace(params={"_meta": {"progressToken": "t"}}, session=notes)
+    endpoint = UserEndpoint("u1", Reporting(MemorySubstrate()))
+    got = await endpoint._call_tool(ctx, types.CallToolRequestParams(name="work", arguments={}))
+    assert not got.is_error
+    assert [p for p, _, _ in notes.sent] == [0.0, 1.0, 2.0, 3.0]
+    assert [m for _, _, m in notes.sent] == ["step 0", "step 2", "step 5", "step 6"]

@@ -24,7 +24,9 @@ Outcomes map as follows:
   (the spec: an unknown tool is a protocol error).
 
 Progress: a ``tools/call`` carrying a ``progressToken`` gets ``notifications/progress``
-for the tool's progress reports (``Bridge.dispatch(on_progress=...)``).
+for the tool's progress reports (``Bridge.dispatch(on_progress=...)``), leaving out a
+report whose ``progress`` does not exceed the last one sent (the spec: it MUST increase
+with each notification).
 
 Cancellation: when the SDK cancels a ``tools/call`` handler (``notifications/cancelled``
 on the 2025 wire, the client abandoning the request stream on the 2026 wire) the job is
@@ -304,8 +306,14 @@ class UserEndpoint:
         job_id = uuid.uuid4().hex
         on_progress = None
         if meta.get("progressToken") is not None:  # the client asked for progress
+            last: list[float] = []  # the progress of the last notification sent
 
             async def on_progress(report: ProgressReport) -> None:
+                # MCP: "The progress value MUST increase with each notification"; a tool's
+                # reports need not (the approval stage and the run both start at 0).
+                if last and report.progress <= last[0]:
+                    return
+                last[:] = [report.progress]
                 await ctx.session.report_progress(report.progress, report.total, report.message)
 
         try:
