@@ -280,7 +280,10 @@ class UserEndpoint:
             catalogue = await self.bridge.tools(self.user_id)
         except SubstrateUnavailable as exc:
             raise MCPError(types.INTERNAL_ERROR, f"unavailable: {exc}") from None
-        self._digest = _digest(catalogue)
+        if self._digest is None:  # the watcher's baseline, if it has none yet
+            # Never more: _digest is what every session has been told about, and this
+            # answer tells only this one (a change seen here first is still announced).
+            self._digest = _digest(catalogue)
         return types.ListToolsResult(tools=[tool_entry(spec) for spec in catalogue or []])
 
     async def _call_tool(
