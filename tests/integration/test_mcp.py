@@ -539,3 +539,36 @@ def test_a_message_that_is_not_a_json_rpc_request_is_invalid_request(hub):
     # the session still answers a well-formed request
     r = httpx.post(url, json=listing, headers=session)
     assert r.status_code == 200 and '"tools"' in r.text, r.text
+
+
+def _docs_client_line() -> str:
+    """The line of docs/mcp.md's quick start that builds the agent's HTTP client."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("http = httpx2.AsyncClient(")]
+    return line
+
+
+def test_the_documented_client_waits_for_a_tool_longer_than_its_default_timeout(hub, tmp_path):
+    """docs/mcp.md's quick start built ``httpx2.AsyncClient(headers=...)``: httpx2's
+    default 5 s read timeout, while the hub keeps a silent call's stream alive with an SSE
+    ping every 15 s (the SDK's). Any tool running over 5 s without progress failed on the
+    agent's side (``ReadTimeout``, or "SSE stream ended without a response"), and the
+    abandoned call was cancelled on the desktop. The documented client must wait."""
+    user = "mcp-t-" + secrets.token_hex(4)
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"])
+    with running(sidecar):
+        wait_online(hub, user)
+        run(_slow_call_with_the_documented_client, hub, user)
+
+
+async def _slow_call_with_the_documented_client(hub: Hub, user: str) -> None:
+    scope = {"httpx2": httpx2, "api_key": API_KEY}
+    exec(_docs_client_line(), scope)  # noqa: S102 - the docs' own line, as a user copies it
+    http = scope["http"]
+    with anyio.fail_after(60):
+        async with http:
+            transport = streamable_http_client(f"{hub.http}/v1/users/{user}/mcp", http_client=http)
+            async with Client(transport) as client:
+                slept = await client.call_tool("sleep", {"seconds": 7})
+    assert not slept.is_error, slept.content
+    assert slept.structured_content == {"slept_s": 7}
