@@ -541,11 +541,12 @@ def test_a_message_that_is_not_a_json_rpc_request_is_invalid_request(hub):
     assert r.status_code == 200 and '"tools"' in r.text, r.text
 
 
-def _docs_client_line() -> str:
-    """The line of docs/mcp.md's quick start that builds the agent's HTTP client."""
+def _docs_client_lines() -> str:
+    """The lines of docs/mcp.md's quick start that build the agent's HTTP client."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
-    (line,) = [ln for ln in text.splitlines() if ln.startswith("http = httpx2.AsyncClient(")]
-    return line
+    lines = [ln for ln in text.splitlines() if ln.startswith(("headers = ", "http = "))]
+    assert lines[-1].startswith("http = httpx2.AsyncClient("), lines
+    return "\n".join(lines)
 
 
 def test_the_documented_client_waits_for_a_tool_longer_than_its_default_timeout(hub, tmp_path):
@@ -563,7 +564,7 @@ def test_the_documented_client_waits_for_a_tool_longer_than_its_default_timeout(
 
 async def _slow_call_with_the_documented_client(hub: Hub, user: str) -> None:
     scope = {"httpx2": httpx2, "api_key": API_KEY}
-    exec(_docs_client_line(), scope)  # noqa: S102 - the docs' own line, as a user copies it
+    exec(_docs_client_lines(), scope)  # noqa: S102 - the docs' own lines, as a user copies them
     http = scope["http"]
     with anyio.fail_after(60):
         async with http:
