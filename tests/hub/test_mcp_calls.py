@@ -234,3 +234,31 @@ async def test_mcp_progress_only_ever_increases(autojump_clock):
     assert not got.is_error
     assert [p for p, _, _ in notes.sent] == [0.0, 1.0, 2.0, 3.0]
     assert [m for _, _, m in notes.sent] == ["step 0", "step 2", "step 5", "step 6"]
+
+
+async def test_tools_list_gives_every_tool_an_object_input_schema(autojump_clock):
+    """MCP: a tool's ``inputSchema`` is a JSON Schema whose ``type`` is ``"object"`` (a
+    client validating the result, as the TypeScript SDK does, refuses the whole list
+    otherwise). The hub vets a sidecar's ``args_schema`` only as a JSON Schema, so a
+    desktop could announce ``{"type": "string"}`` or ``{"type": ["object", "null"]}``;
+    both were listed as they came. A type list holding ``"object"`` is narrowed to it
+    (``arguments`` are always an object); a schema no object can meet is a tool no call
+    can reach (HTTP refuses every call's ``args`` with 400 too) and is not listed."""
+    catalogue = [
+        {"name": "plain", "args_schema": {"type": "object", "properties": {}}},
+        {"name": "untyped", "args_schema": {"properties": {"a": {"type": "integer"}}}},
+        {"name": "nullable", "args_schema": {"type": ["object", "null"]}},
+        {"name": "stringy", "args_schema": {"type": "string"}},
+        {"name": "listy", "args_schema": {"type": ["array", "string"]}},
+    ]
+
+    class Listing(Bridge):
+        async def tools(self, user_id: str) -> Any:
+            return catalogue
+
+    endpoint = UserEndpoint("u1", Listing(MemorySubstrate()))
+    listed = await endpoint._list_tools(None, None)
+    by_name = {t.name: t.input_schema for t in listed.tools}
+    assert set(by_name) == {"plain", "untyped", "nullable"}
+    assert all(schema["type"] == "object" for schema in by_name.values())
+    assert by_name["untyped"]["properties"] == {"a": {"type": "integer"}}

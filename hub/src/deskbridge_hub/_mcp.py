@@ -99,11 +99,15 @@ def tool_entry(spec: dict[str, Any]) -> types.Tool:
 
     ``side_effects: false`` -> ``readOnlyHint: true`` (and idempotent); ``true`` ->
     ``readOnlyHint: false, destructiveHint: true, idempotentHint: false``.
+
+    Raises:
+        ValueError: the ``args_schema`` cannot be an MCP ``inputSchema``
+            (:func:`object_schema`).
     """
     side_effects = bool(spec.get("side_effects"))
-    schema = spec.get("args_schema") or {"type": "object"}
-    if schema.get("type") != "object":
-        schema = {"type": "object", **schema}
+    schema = object_schema(spec.get("args_schema") or {"type": "object"})
+    if schema is None:
+        raise ValueError(f"tool {spec['name']!r}: args_schema cannot be met by an object")
     description = spec.get("description") or None
     approval = spec.get("approval_after_wait_s")
     meta = None
@@ -124,6 +128,19 @@ def tool_entry(spec: dict[str, Any]) -> types.Tool:
             open_world_hint=True,
         ),
     )
+
+
+def object_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``schema`` as an MCP ``inputSchema``, whose ``type`` is ``"object"``: no ``type``
+    -> ``"object"`` added; a list of types holding ``"object"`` -> narrowed to it (the
+    ``arguments`` of a call are always an object); any other ``type`` -> None (no call
+    can meet it: HTTP refuses every call's ``args`` too)."""
+    kind = schema.get("type")
+    if kind == "object":
+        return schema
+    if kind is None or (isinstance(kind, list) and "object" in kind):
+        return {**schema, "type": "object"}
+    return None
 
 
 def outcome_result(outcome: Outcome) -> types.CallToolResult:
@@ -284,7 +301,13 @@ class UserEndpoint:
             # Never more: _digest is what every session has been told about, and this
             # answer tells only this one (a change seen here first is still announced).
             self._digest = _digest(catalogue)
-        return types.ListToolsResult(tools=[tool_entry(spec) for spec in catalogue or []])
+        listed = []
+        for spec in catalogue or []:
+            try:
+                listed.append(tool_entry(spec))
+            except ValueError as exc:  # the spec's inputSchema must be an object schema
+                log.info("not listed over MCP for %s: %s", self.user_id, exc)
+        return types.ListToolsResult(tools=listed)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -402,6 +425,7 @@ __all__ = [
     "CATALOGUE_POLL_S",
     "UserEndpoint",
     "bad_args_result",
+    "object_schema",
     "outcome_result",
     "tool_entry",
 ]
