@@ -96,3 +96,40 @@ async def test_a_tools_list_does_not_swallow_the_change_other_sessions_must_hear
         assert [t.name for t in listed.tools] == ["echo", "record"]
         await trio.sleep(2 * endpoint.poll_s)
         assert len(announced) == 1  # B hears it
+
+
+async def test_a_session_that_does_not_take_a_notification_holds_up_no_one(autojump_clock, nursery):
+    """``list_changed`` went to the user's sessions one after another, each awaited: a
+    session whose client stopped reading its stream (a suspended laptop's agent: the
+    SDK's buffers fill, its send blocks) stopped the watcher for good, so no session of
+    that user heard of any later change. Each send is now bounded and a session that
+    does not take one in time is forgotten."""
+    bridge = Bridge(MemorySubstrate())
+    catalogue = [{"name": "echo", "args_schema": {"type": "object"}}]
+
+    async def tools(user_id: str):  # type: ignore[no-untyped-def]
+        return list(catalogue)
+
+    bridge.tools = tools  # type: ignore[method-assign]
+    endpoints = _endpoints(nursery, bridge)
+    heard: list[float] = []
+
+    class Stuck:
+        async def send_tool_list_changed(self) -> None:
+            await trio.sleep_forever()
+
+    class Reading:
+        async def send_tool_list_changed(self) -> None:
+            heard.append(trio.current_time())
+
+    stuck, reading = Stuck(), Reading()
+    async with endpoints.using("alice") as endpoint:
+        assert endpoint is not None
+        await endpoint._list_tools(None, None)
+        endpoint._connections.add(stuck)  # type: ignore[arg-type]
+        endpoint._connections.add(reading)  # type: ignore[arg-type]
+        for n in range(1, 3):
+            catalogue.append({"name": f"t{n}", "args_schema": {"type": "object"}})
+            await trio.sleep(30 * endpoint.poll_s)
+            assert len(heard) == n, n
+        assert set(endpoint._connections) == {reading}

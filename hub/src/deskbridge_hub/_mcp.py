@@ -80,6 +80,8 @@ log = logging.getLogger("deskbridge.hub.mcp")
 #: How often a user endpoint re-reads the catalogue to notice a change, seconds. The
 #: holder's heartbeat rewrites it every 10 s (heartbeat interval), a new hello at once.
 CATALOGUE_POLL_S = 2.0
+#: How long one session may take to accept a ``list_changed`` notification, seconds.
+NOTIFY_TIMEOUT_S = 5.0
 #: Streamable HTTP sessions idle this long are closed by the SDK, seconds (its default).
 SESSION_IDLE_TIMEOUT_S = 30 * 60.0
 #: ``_meta`` keys a ``tools/call`` may carry.
@@ -411,14 +413,24 @@ class UserEndpoint:
                 await self.notify_tools_changed()
 
     async def notify_tools_changed(self) -> None:
-        """Tell every session of this user that ``tools/list`` changed."""
+        """Tell every session of this user that ``tools/list`` changed: all at once, each
+        within ``NOTIFY_TIMEOUT_S`` (a session whose client stopped reading blocks its
+        send; it must not hold up the others, nor the watcher's next round)."""
         await self.bus.publish(ToolsListChanged())
-        for connection in list(self._connections):
+        async with anyio.create_task_group() as tg:
+            for connection in list(self._connections):
+                tg.start_soon(self._tell, connection)
+
+    async def _tell(self, connection: Connection) -> None:
+        with anyio.move_on_after(NOTIFY_TIMEOUT_S) as scope:
             try:
                 await connection.send_tool_list_changed()
             except Exception as exc:  # noqa: BLE001 - a closed session: forget it
                 log.debug("list_changed not delivered: %r", exc)
                 self._connections.discard(connection)
+        if scope.cancelled_caught:  # not reading its stream: it hears nothing more
+            log.info("list_changed not taken within %g s: session forgotten", NOTIFY_TIMEOUT_S)
+            self._connections.discard(connection)
 
 
 __all__ = [
