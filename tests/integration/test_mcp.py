@@ -573,3 +573,42 @@ async def _slow_call_with_the_documented_client(hub: Hub, user: str) -> None:
                 slept = await client.call_tool("sleep", {"seconds": 7})
     assert not slept.is_error, slept.content
     assert slept.structured_content == {"slept_s": 7}
+
+
+def test_after_a_hub_restart_a_2025_session_is_404_and_a_2026_client_carries_on(tmp_path):
+    """Pins what docs/mcp.md tells agent developers: the restarted hub answers the old
+    session 404 (the spec), which the SDK's legacy client reports as "Session not found"
+    on every later call (it does not re-initialize by itself: a new ``Client`` does); the
+    2026 wire has no session and carries on."""
+    first = Hub(tmp_path, workers=1, name="first")
+    port = first.port
+    seen: dict[str, object] = {}
+
+    async def scenario() -> None:
+        with anyio.fail_after(120):
+            async with (
+                mcp_client(first, "restarts", mode="legacy") as legacy,
+                mcp_client(first, "restarts", mode="auto") as modern,
+            ):
+                assert (await legacy.list_tools()).tools == []
+                assert (await modern.list_tools()).tools == []
+                await anyio.to_thread.run_sync(first.stop)
+                second = Hub(tmp_path, workers=1, port=port, name="second")
+                seen["second"] = second
+                await anyio.to_thread.run_sync(second.wait_healthy)
+                for _ in range(2):
+                    with pytest.raises(MCPError) as gone:
+                        await legacy.list_tools(cache_mode="refresh")
+                    assert "Session not found" in gone.value.message
+                assert (await modern.list_tools(cache_mode="refresh")).tools == []
+                async with mcp_client(second, "restarts", mode="legacy") as fresh:
+                    assert (await fresh.list_tools()).tools == []
+
+    try:
+        with running(first):
+            first.wait_healthy()
+            run(scenario)
+    finally:
+        second = seen.get("second")
+        if isinstance(second, Hub):
+            second.stop()
