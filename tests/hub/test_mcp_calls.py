@@ -17,6 +17,8 @@ from deskbridge_hub import BadRequest, Bridge
 from deskbridge_hub._http import bridge_error_answer
 from deskbridge_hub._mcp import UserEndpoint
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._outcome import Outcome
+from deskbridge_hub._progress import ProgressReport
 from deskbridge_hub._session import HubState
 from mcp.shared.exceptions import MCPError
 
@@ -197,3 +199,66 @@ async def test_an_abandoned_call_keeps_the_job_another_caller_attached_to(
 async def _abandon_once(reached: trio.Event, scope: trio.CancelScope) -> None:
     await reached.wait()  # the job reached the desktop: then the client gives up
     scope.cancel()
+
+
+class _Notes:
+    """The part of the SDK's server session ``_call_tool`` uses to send progress."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, float | None, str | None]] = []
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        self.sent.append((progress, total, message))
+
+
+async def test_mcp_progress_only_ever_increases(autojump_clock):
+    """MCP: "The progress value MUST increase with each notification". A tool's reports
+    need not (the approval stage and then the run both start at 0, a tool may report 0
+    first, or go back); they were relayed as they came. Now a report that does not
+    increase is left out of ``notifications/progress`` (Bridge and SSE still get it)."""
+    values = [0.0, 0.0, 1.0, 1.0, 0.5, 2.0, 3.0]
+
+    class Reporting(Bridge):
+        async def dispatch(self, *args: Any, on_progress: Any = None, **kw: Any) -> Any:
+            for i, value in enumerate(values):
+                await on_progress(ProgressReport(value, 3.0, f"step {i}"))
+                await trio.sleep(1)
+            return Outcome(job_id=kw["job_id"], status="completed", result={"ok": 1})
+
+    notes = _Notes()
+    ctx = pytypes.SimpleNamespace(params={"_meta": {"progressToken": "t"}}, session=notes)
+    endpoint = UserEndpoint("u1", Reporting(MemorySubstrate()))
+    got = await endpoint._call_tool(ctx, types.CallToolRequestParams(name="work", arguments={}))
+    assert not got.is_error
+    assert [p for p, _, _ in notes.sent] == [0.0, 1.0, 2.0, 3.0]
+    assert [m for _, _, m in notes.sent] == ["step 0", "step 2", "step 5", "step 6"]
+
+
+async def test_tools_list_gives_every_tool_an_object_input_schema(autojump_clock):
+    """MCP: a tool's ``inputSchema`` is a JSON Schema whose ``type`` is ``"object"`` (a
+    client validating the result, as the TypeScript SDK does, refuses the whole list
+    otherwise). The hub vets a sidecar's ``args_schema`` only as a JSON Schema, so a
+    desktop could announce ``{"type": "string"}`` or ``{"type": ["object", "null"]}``;
+    both were listed as they came. A type list holding ``"object"`` is narrowed to it
+    (``arguments`` are always an object); a schema no object can meet is a tool no call
+    can reach (HTTP refuses every call's ``args`` with 400 too) and is not listed."""
+    catalogue = [
+        {"name": "plain", "args_schema": {"type": "object", "properties": {}}},
+        {"name": "untyped", "args_schema": {"properties": {"a": {"type": "integer"}}}},
+        {"name": "nullable", "args_schema": {"type": ["object", "null"]}},
+        {"name": "stringy", "args_schema": {"type": "string"}},
+        {"name": "listy", "args_schema": {"type": ["array", "string"]}},
+    ]
+
+    class Listing(Bridge):
+        async def tools(self, user_id: str) -> Any:
+            return catalogue
+
+    endpoint = UserEndpoint("u1", Listing(MemorySubstrate()))
+    listed = await endpoint._list_tools(None, None)
+    by_name = {t.name: t.input_schema for t in listed.tools}
+    assert set(by_name) == {"plain", "untyped", "nullable"}
+    assert all(schema["type"] == "object" for schema in by_name.values())
+    assert by_name["untyped"]["properties"] == {"a": {"type": "integer"}}

@@ -61,3 +61,75 @@ async def test_the_catalogue_is_read_only_while_someone_listens(autojump_clock, 
         del reads[:]
     await trio.sleep(10 * endpoint.poll_s)
     assert reads == []
+
+
+async def test_a_tools_list_does_not_swallow_the_change_other_sessions_must_hear(
+    autojump_clock, nursery
+):
+    """Session A's ``tools/list`` between a catalogue change and the watcher's next poll
+    recorded the new catalogue as already announced: the watcher then saw no change, and
+    session B (and every listen stream) never heard ``list_changed``: B kept calling from a
+    stale list. The list a session reads is not an announcement to the others."""
+    bridge = Bridge(MemorySubstrate())
+    catalogue = [{"name": "echo", "args_schema": {"type": "object"}}]
+
+    async def tools(user_id: str):  # type: ignore[no-untyped-def]
+        return list(catalogue)
+
+    bridge.tools = tools  # type: ignore[method-assign]
+    endpoints = _endpoints(nursery, bridge)
+    announced: list[float] = []
+    async with endpoints.using("alice") as endpoint:
+        assert endpoint is not None
+
+        class SessionB:  # a handshake-era session's connection, as the SDK has it
+            async def send_tool_list_changed(self) -> None:
+                announced.append(trio.current_time())
+
+        b = SessionB()
+        endpoint._connections.add(b)  # type: ignore[arg-type]
+        await endpoint._list_tools(None, None)  # session B lists: echo
+        await trio.sleep(3 * endpoint.poll_s)
+        assert announced == []
+        catalogue.append({"name": "record", "args_schema": {"type": "object"}})
+        listed = await endpoint._list_tools(None, None)  # session A, before the next poll
+        assert [t.name for t in listed.tools] == ["echo", "record"]
+        await trio.sleep(2 * endpoint.poll_s)
+        assert len(announced) == 1  # B hears it
+
+
+async def test_a_session_that_does_not_take_a_notification_holds_up_no_one(autojump_clock, nursery):
+    """``list_changed`` went to the user's sessions one after another, each awaited: a
+    session whose client stopped reading its stream (a suspended laptop's agent: the
+    SDK's buffers fill, its send blocks) stopped the watcher for good, so no session of
+    that user heard of any later change. Each send is now bounded and a session that
+    does not take one in time is forgotten."""
+    bridge = Bridge(MemorySubstrate())
+    catalogue = [{"name": "echo", "args_schema": {"type": "object"}}]
+
+    async def tools(user_id: str):  # type: ignore[no-untyped-def]
+        return list(catalogue)
+
+    bridge.tools = tools  # type: ignore[method-assign]
+    endpoints = _endpoints(nursery, bridge)
+    heard: list[float] = []
+
+    class Stuck:
+        async def send_tool_list_changed(self) -> None:
+            await trio.sleep_forever()
+
+    class Reading:
+        async def send_tool_list_changed(self) -> None:
+            heard.append(trio.current_time())
+
+    stuck, reading = Stuck(), Reading()
+    async with endpoints.using("alice") as endpoint:
+        assert endpoint is not None
+        await endpoint._list_tools(None, None)
+        endpoint._connections.add(stuck)  # type: ignore[arg-type]
+        endpoint._connections.add(reading)  # type: ignore[arg-type]
+        for n in range(1, 3):
+            catalogue.append({"name": f"t{n}", "args_schema": {"type": "object"}})
+            await trio.sleep(30 * endpoint.poll_s)
+            assert len(heard) == n, n
+        assert set(endpoint._connections) == {reading}

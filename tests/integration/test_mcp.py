@@ -488,3 +488,127 @@ def test_a_repeated_json_key_is_refused_not_picked(hub):
     assert r.status_code == 200 and "listChanged" in r.text, r.text
     r = httpx.post(url, content=b"x" * (4 * 1024 * 1024 + 1), headers=headers)
     assert r.status_code == 413
+
+
+def test_a_message_that_is_not_a_json_rpc_request_is_invalid_request(hub):
+    """An agent's developer sent what JSON-RPC calls an Invalid Request: a batch (MCP
+    removed batching), a bare value, no ``jsonrpc: "2.0"``, a non-string method, no
+    method. The SDK answered ``-32602`` (invalid params) with a pydantic dump; and a
+    request whose id MCP forbids (null, a boolean, a fraction) was taken for a
+    notification: ``202`` and no answer ever, the client waited for good. Now each is
+    HTTP 400 with ``-32600``, and nothing reaches the session."""
+    headers = {
+        "Authorization": f"Bearer {API_KEY}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+    url = f"{hub.http}/v1/users/someone/mcp"
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    r = httpx.post(url, json=init, headers=headers)
+    assert r.status_code == 200, r.text
+    session = {**headers, "Mcp-Session-Id": r.headers["mcp-session-id"]}
+    r = httpx.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                   headers=session)  # fmt: skip
+    assert r.status_code == 202, r.text
+    listing = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+    for body, answer_id, why in (
+        ([listing], None, "batch"),
+        ([], None, "batch"),
+        (5, None, "object"),
+        (None, None, "object"),
+        ({"id": 7, "method": "tools/list"}, 7, "jsonrpc"),
+        ({"jsonrpc": "1.0", "id": 7, "method": "tools/list"}, 7, "jsonrpc"),
+        ({"jsonrpc": "2.0", "id": 7, "method": 5}, 7, "method"),
+        ({"jsonrpc": "2.0", "id": 7}, 7, "method"),
+        ({"jsonrpc": "2.0", "id": None, "method": "tools/list"}, None, "id"),
+        ({"jsonrpc": "2.0", "id": True, "method": "tools/list"}, None, "id"),
+        ({"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}, None, "id"),
+    ):
+        for h in (headers, session):
+            r = httpx.post(url, content=json.dumps(body), headers=h, timeout=10)
+            assert r.status_code == 400, (body, r.status_code, r.text)
+            answer = r.json()
+            assert answer["id"] == answer_id, (body, answer)
+            assert answer["error"]["code"] == -32600, (body, answer)
+            assert why in answer["error"]["message"], (body, answer)
+            assert "validation error" not in answer["error"]["message"].lower()
+            assert "mcp-session-id" not in r.headers  # no session minted for it
+    # the session still answers a well-formed request
+    r = httpx.post(url, json=listing, headers=session)
+    assert r.status_code == 200 and '"tools"' in r.text, r.text
+
+
+def _docs_client_lines() -> str:
+    """The lines of docs/mcp.md's quick start that build the agent's HTTP client."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("headers = ", "http = "))]
+    assert lines[-1].startswith("http = httpx2.AsyncClient("), lines
+    return "\n".join(lines)
+
+
+def test_the_documented_client_waits_for_a_tool_longer_than_its_default_timeout(hub, tmp_path):
+    """docs/mcp.md's quick start built ``httpx2.AsyncClient(headers=...)``: httpx2's
+    default 5 s read timeout, while the hub keeps a silent call's stream alive with an SSE
+    ping every 15 s (the SDK's). Any tool running over 5 s without progress failed on the
+    agent's side (``ReadTimeout``, or "SSE stream ended without a response"), and the
+    abandoned call was cancelled on the desktop. The documented client must wait."""
+    user = "mcp-t-" + secrets.token_hex(4)
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user), tools=["counting_tools"])
+    with running(sidecar):
+        wait_online(hub, user)
+        run(_slow_call_with_the_documented_client, hub, user)
+
+
+async def _slow_call_with_the_documented_client(hub: Hub, user: str) -> None:
+    scope = {"httpx2": httpx2, "api_key": API_KEY}
+    exec(_docs_client_lines(), scope)  # noqa: S102 - the docs' own lines, as a user copies them
+    http = scope["http"]
+    with anyio.fail_after(60):
+        async with http:
+            transport = streamable_http_client(f"{hub.http}/v1/users/{user}/mcp", http_client=http)
+            async with Client(transport) as client:
+                slept = await client.call_tool("sleep", {"seconds": 7})
+    assert not slept.is_error, slept.content
+    assert slept.structured_content == {"slept_s": 7}
+
+
+def test_after_a_hub_restart_a_2025_session_is_404_and_a_2026_client_carries_on(tmp_path):
+    """Pins what docs/mcp.md tells agent developers: the restarted hub answers the old
+    session 404 (the spec), which the SDK's legacy client reports as "Session not found"
+    on every later call (it does not re-initialize by itself: a new ``Client`` does); the
+    2026 wire has no session and carries on."""
+    first = Hub(tmp_path, workers=1, name="first")
+    port = first.port
+    seen: dict[str, object] = {}
+
+    async def scenario() -> None:
+        with anyio.fail_after(120):
+            async with (
+                mcp_client(first, "restarts", mode="legacy") as legacy,
+                mcp_client(first, "restarts", mode="auto") as modern,
+            ):
+                assert (await legacy.list_tools()).tools == []
+                assert (await modern.list_tools()).tools == []
+                await anyio.to_thread.run_sync(first.stop)
+                second = Hub(tmp_path, workers=1, port=port, name="second")
+                seen["second"] = second
+                await anyio.to_thread.run_sync(second.wait_healthy)
+                for _ in range(2):
+                    with pytest.raises(MCPError) as gone:
+                        await legacy.list_tools(cache_mode="refresh")
+                    assert "Session not found" in gone.value.message
+                assert (await modern.list_tools(cache_mode="refresh")).tools == []
+                async with mcp_client(second, "restarts", mode="legacy") as fresh:
+                    assert (await fresh.list_tools()).tools == []
+
+    try:
+        with running(first):
+            first.wait_healthy()
+            run(scenario)
+    finally:
+        second = seen.get("second")
+        if isinstance(second, Hub):
+            second.stop()

@@ -24,7 +24,9 @@ Outcomes map as follows:
   (the spec: an unknown tool is a protocol error).
 
 Progress: a ``tools/call`` carrying a ``progressToken`` gets ``notifications/progress``
-for the tool's progress reports (``Bridge.dispatch(on_progress=...)``).
+for the tool's progress reports (``Bridge.dispatch(on_progress=...)``), leaving out a
+report whose ``progress`` does not exceed the last one sent (the spec: it MUST increase
+with each notification).
 
 Cancellation: when the SDK cancels a ``tools/call`` handler (``notifications/cancelled``
 on the 2025 wire, the client abandoning the request stream on the 2026 wire) the job is
@@ -78,6 +80,8 @@ log = logging.getLogger("deskbridge.hub.mcp")
 #: How often a user endpoint re-reads the catalogue to notice a change, seconds. The
 #: holder's heartbeat rewrites it every 10 s (heartbeat interval), a new hello at once.
 CATALOGUE_POLL_S = 2.0
+#: How long one session may take to accept a ``list_changed`` notification, seconds.
+NOTIFY_TIMEOUT_S = 5.0
 #: Streamable HTTP sessions idle this long are closed by the SDK, seconds (its default).
 SESSION_IDLE_TIMEOUT_S = 30 * 60.0
 #: ``_meta`` keys a ``tools/call`` may carry.
@@ -97,11 +101,15 @@ def tool_entry(spec: dict[str, Any]) -> types.Tool:
 
     ``side_effects: false`` -> ``readOnlyHint: true`` (and idempotent); ``true`` ->
     ``readOnlyHint: false, destructiveHint: true, idempotentHint: false``.
+
+    Raises:
+        ValueError: the ``args_schema`` cannot be an MCP ``inputSchema``
+            (:func:`object_schema`).
     """
     side_effects = bool(spec.get("side_effects"))
-    schema = spec.get("args_schema") or {"type": "object"}
-    if schema.get("type") != "object":
-        schema = {"type": "object", **schema}
+    schema = object_schema(spec.get("args_schema") or {"type": "object"})
+    if schema is None:
+        raise ValueError(f"tool {spec['name']!r}: args_schema cannot be met by an object")
     description = spec.get("description") or None
     approval = spec.get("approval_after_wait_s")
     meta = None
@@ -122,6 +130,19 @@ def tool_entry(spec: dict[str, Any]) -> types.Tool:
             open_world_hint=True,
         ),
     )
+
+
+def object_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``schema`` as an MCP ``inputSchema``, whose ``type`` is ``"object"``: no ``type``
+    -> ``"object"`` added; a list of types holding ``"object"`` -> narrowed to it (the
+    ``arguments`` of a call are always an object); any other ``type`` -> None (no call
+    can meet it: HTTP refuses every call's ``args`` too)."""
+    kind = schema.get("type")
+    if kind == "object":
+        return schema
+    if kind is None or (isinstance(kind, list) and "object" in kind):
+        return {**schema, "type": "object"}
+    return None
 
 
 def outcome_result(outcome: Outcome) -> types.CallToolResult:
@@ -278,8 +299,17 @@ class UserEndpoint:
             catalogue = await self.bridge.tools(self.user_id)
         except SubstrateUnavailable as exc:
             raise MCPError(types.INTERNAL_ERROR, f"unavailable: {exc}") from None
-        self._digest = _digest(catalogue)
-        return types.ListToolsResult(tools=[tool_entry(spec) for spec in catalogue or []])
+        if self._digest is None:  # the watcher's baseline, if it has none yet
+            # Never more: _digest is what every session has been told about, and this
+            # answer tells only this one (a change seen here first is still announced).
+            self._digest = _digest(catalogue)
+        listed = []
+        for spec in catalogue or []:
+            try:
+                listed.append(tool_entry(spec))
+            except ValueError as exc:  # the spec's inputSchema must be an object schema
+                log.info("not listed over MCP for %s: %s", self.user_id, exc)
+        return types.ListToolsResult(tools=listed)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -304,8 +334,14 @@ class UserEndpoint:
         job_id = uuid.uuid4().hex
         on_progress = None
         if meta.get("progressToken") is not None:  # the client asked for progress
+            last: list[float] = []  # the progress of the last notification sent
 
             async def on_progress(report: ProgressReport) -> None:
+                # MCP: "The progress value MUST increase with each notification"; a tool's
+                # reports need not (the approval stage and the run both start at 0).
+                if last and report.progress <= last[0]:
+                    return
+                last[:] = [report.progress]
                 await ctx.session.report_progress(report.progress, report.total, report.message)
 
         try:
@@ -377,20 +413,31 @@ class UserEndpoint:
                 await self.notify_tools_changed()
 
     async def notify_tools_changed(self) -> None:
-        """Tell every session of this user that ``tools/list`` changed."""
+        """Tell every session of this user that ``tools/list`` changed: all at once, each
+        within ``NOTIFY_TIMEOUT_S`` (a session whose client stopped reading blocks its
+        send; it must not hold up the others, nor the watcher's next round)."""
         await self.bus.publish(ToolsListChanged())
-        for connection in list(self._connections):
+        async with anyio.create_task_group() as tg:
+            for connection in list(self._connections):
+                tg.start_soon(self._tell, connection)
+
+    async def _tell(self, connection: Connection) -> None:
+        with anyio.move_on_after(NOTIFY_TIMEOUT_S) as scope:
             try:
                 await connection.send_tool_list_changed()
             except Exception as exc:  # noqa: BLE001 - a closed session: forget it
                 log.debug("list_changed not delivered: %r", exc)
                 self._connections.discard(connection)
+        if scope.cancelled_caught:  # not reading its stream: it hears nothing more
+            log.info("list_changed not taken within %g s: session forgotten", NOTIFY_TIMEOUT_S)
+            self._connections.discard(connection)
 
 
 __all__ = [
     "CATALOGUE_POLL_S",
     "UserEndpoint",
     "bad_args_result",
+    "object_schema",
     "outcome_result",
     "tool_entry",
 ]

@@ -44,8 +44,9 @@ _PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
 _METHODS = frozenset({"GET", "POST", "DELETE"})
-#: JSON-RPC's "Parse error".
+#: JSON-RPC's "Parse error" and "Invalid Request".
 PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
 #: An endpoint with no request for this long, seconds, and no handshake-era session
 #: left (the SDK closes those after 30 minutes idle) is stopped; the next request starts
 #: it again (its only state is the catalogue digest). 10 minutes.
@@ -214,9 +215,9 @@ def mount_mcp(
                     f"MCP request bodies are limited to {MAX_BODY_BYTES} bytes",
                 )  # fmt: skip
                 return
-            repeated = _repeated_key(raw)
-            if repeated is not None:  # {"name": "echo", "name": "sleep"}: refuse, never pick
-                await _send_jsonrpc_error(send, PARSE_ERROR, f"Parse error: {repeated}")
+            refusal = _refusal(raw)
+            if refusal is not None:  # answered here: the SDK never sees it
+                await _send_jsonrpc_error(send, *refusal)
                 return
             receive = _replayed(raw, receive)
         async with endpoints.using(user_id) as endpoint:
@@ -260,22 +261,56 @@ def _replayed(raw: bytes, receive: Any) -> Callable[[], Awaitable[Any]]:
     return replay
 
 
-def _repeated_key(raw: bytes) -> str | None:
-    """What is repeated if the body is JSON with an object holding a key twice (the SDK's
-    parser would keep the last value: a ``name`` or an argument chosen by position, the
-    HTTP API refuses it); None otherwise (malformed JSON is the SDK's to answer)."""
+def _refusal(raw: bytes) -> tuple[int, str, str | int | None] | None:
+    """The JSON-RPC error (code, message, id) a POST body gets before the SDK sees it, or
+    None to hand it on:
+
+    - an object holding a key twice: ``-32700`` (the SDK's parser would keep the last
+      value: a ``name`` or an argument chosen by position; the HTTP API refuses it);
+    - JSON that is not one JSON-RPC message (:func:`_not_a_message`): ``-32600``
+      Invalid Request (the SDK said ``-32602`` with a pydantic dump, or took a request
+      with a null, boolean or fractional id for a notification and never answered).
+
+    Malformed JSON is the SDK's to answer (``-32700``)."""
     try:
-        strict_json.loads(raw, parse_float=float, parse_constant=float)
+        value = strict_json.loads(raw, parse_float=float, parse_constant=float)
     except strict_json.DuplicateKey as exc:
-        return str(exc)
+        return PARSE_ERROR, f"Parse error: {exc}", None
     except (ValueError, RecursionError):
         return None
-    return None
+    why = _not_a_message(value)
+    if why is None:
+        return None
+    rid = value.get("id") if isinstance(value, dict) else None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        rid = None
+    return INVALID_REQUEST, f"Invalid Request: {why}", rid
 
 
-async def _send_jsonrpc_error(send: Any, code: int, message: str) -> None:
-    """A JSON-RPC error with no id (the request could not be read), HTTP 400."""
-    error = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+def _not_a_message(value: Any) -> str | None:
+    """Why ``value`` is not one JSON-RPC 2.0 message as MCP has them (a request, a
+    notification, or a response to the server's request), or None if it is one."""
+    if isinstance(value, list):
+        return "a batch (JSON array) is not supported; send one message per POST"
+    if not isinstance(value, dict):
+        return "the body must be a JSON-RPC message (a JSON object)"
+    if value.get("jsonrpc") != "2.0":
+        return 'jsonrpc must be "2.0"'
+    if "id" in value and (isinstance(value["id"], bool) or not isinstance(value["id"], str | int)):
+        return "id must be a string or an integer (MCP: never null)"
+    if "method" in value:
+        return None if isinstance(value["method"], str) else "method must be a string"
+    if "id" in value and ("result" in value or "error" in value):
+        return None  # a response to a request the server sent
+    return "method is missing (and it is not a response)"
+
+
+async def _send_jsonrpc_error(
+    send: Any, code: int, message: str, request_id: str | int | None = None
+) -> None:
+    """A JSON-RPC error for a request the SDK never saw, HTTP 400 (``id`` null unless
+    the request had a valid one)."""
+    error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
     body = json.dumps(error).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 400, "headers": headers})
