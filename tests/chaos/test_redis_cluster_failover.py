@@ -142,7 +142,48 @@ async def _kill_primary(ports: list[int], procs: dict[int, Proc], primary: int) 
             await trio.sleep(0.1)
 
 
-FAULTS = {"manual-failover": _manual_failover, "kill-primary": _kill_primary}
+#: how long the user's slot stays half migrated (a big slot, a slow ``MIGRATE``)
+MIGRATING_S = 4.0
+
+
+async def _slot_half_migrated(ports: list[int], procs: dict[int, Proc], primary: int) -> None:
+    """The user's slot MIGRATING to another primary with half its keys moved (ASK for
+    those, TRYAGAIN for a script over keys on both sides) for ``MIGRATING_S``, then
+    finished (the rest moved, ``SETSLOT NODE`` everywhere: MOVED)."""
+    (slot,) = {key_slot(presence_key(u)) for u in _FAULT_USER}
+    ids = {_port_of(r[1]): r[0] for r in _nodes(ports[0])}
+    primaries = [p for p in ports if _cmd(p, "ROLE")[0] == "master"]
+    target = next(p for p in primaries if p != primary)
+    _cmd(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[primary])
+    _cmd(primary, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+
+    def move(keys: list[str]) -> None:
+        if keys:
+            _cmd(primary, "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+
+    keys = sorted(_cmd(primary, "CLUSTER", "GETKEYSINSLOT", slot, 1000))
+    assert len(keys) >= 2, keys
+    move(keys[: len(keys) // 2])
+    await trio.sleep(MIGRATING_S)
+    for _ in range(10):  # bounded: a few keys are left, each MIGRATE moves up to 1000
+        keys = _cmd(primary, "CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        if not keys:
+            break
+        move(keys)
+    else:
+        raise AssertionError(f"slot {slot} still has keys on {primary}")
+    for p in primaries:
+        _cmd(p, "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+
+
+#: the user of the running test (the slot fault needs it)
+_FAULT_USER: list[str] = []
+
+FAULTS = {
+    "manual-failover": _manual_failover,
+    "kill-primary": _kill_primary,
+    "slot-half-migrated": _slot_half_migrated,
+}
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -151,6 +192,7 @@ async def test_a_primary_failing_over_under_connected_desktops_is_answered_truth
 ) -> None:
     with running_cluster(tmp_path) as (ports, procs):
         user, primary = _user_on(ports)
+        _FAULT_USER[:] = [user]
         seeds = [p for p in ports if p != primary][:2]
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in seeds) + "/0"
         ledger = Ledger(tmp_path / "ledger.jsonl")

@@ -125,3 +125,33 @@ async def test_doubt_that_ends_before_the_second_look_answers_offline(
     own_liveness().answered(kept=True)
     assert not own_liveness().in_doubt()
     assert (await bridge.dispatch("u1", "echo", {}, timeout_s=5.0)).status == "offline"
+
+
+async def test_a_user_whose_beats_are_held_is_looked_at_again_not_told_offline(
+    autojump_clock: Any, substrate: MemorySubstrate, bridge: Bridge
+) -> None:
+    """Only this user's beats are held (its Cluster slot migrating: TRYAGAIN retried for
+    seconds), the process's own liveness is kept: its presence lapsed while its desktop
+    stays connected here. Was ``offline`` (tests/chaos/test_redis_cluster_failover.py)."""
+    own_liveness().beat_sending("u1")
+    await trio.sleep(STALLED_AFTER_S + 0.5)
+    assert own_liveness().in_doubt("u1") and not own_liveness().in_doubt()
+    with pytest.raises(SubstrateUnavailable):
+        await bridge.presence("u1")
+    with pytest.raises(SubstrateUnavailable):
+        await bridge.dispatch("u1", "echo", {}, timeout_s=5.0)
+
+    async def beat_lands() -> None:
+        await trio.sleep(LIVENESS_RECHECK_S / 2)
+        await substrate.set_presence("u1", "s1", 3600)
+        own_liveness().beat_kept("u1", taken=True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(beat_lands)
+        outcome = await bridge.dispatch("u1", "echo", {}, timeout_s=5.0)
+    assert outcome.status == "timeout" and outcome.detail["stage"] == "queued", outcome
+    # another user, whose beats are kept: an absent presence is offline at once
+    await substrate.set_catalogue("u2", CATALOGUE)
+    start = trio.current_time()
+    assert (await bridge.dispatch("u2", "echo", {}, timeout_s=5.0)).status == "offline"
+    assert trio.current_time() - start < 0.01
