@@ -26,6 +26,7 @@ import pytest
 import trio
 
 from tests.chaos._harness import TIMINGS, headers
+from tests.chaos._trio_proxy import serve
 from tests.chaos.test_redis_unhealthy import Rig, _after, _check, _during
 from tests.procs import Hub, Ledger, RedisServer, Sidecar, issue, running
 
@@ -52,8 +53,13 @@ async def _wait_synced(replica: RedisServer) -> None:
 
 
 @asynccontextmanager
-async def pair_rig(tmp_path: Path) -> AsyncIterator[tuple[Rig, RedisServer]]:
-    """Hub on A (primary), B its replica; yields the rig (``r.redis`` is A) and B."""
+async def pair_rig(
+    tmp_path: Path, *, endpoint: bool = False
+) -> AsyncIterator[tuple[Rig, RedisServer]]:
+    """Hub on A (primary), B its replica; yields the rig (``r.redis`` is A) and B.
+    ``endpoint``: the hub's URL names a TCP endpoint in front of A (``r.proxy``), which a
+    test may point at B for new connections (a DNS name or virtual IP that Sentinel or a
+    managed service moves to the new primary); connections already open stay on A."""
     a = RedisServer(tmp_path, name="primary", port=REDIS_A)
     b = RedisServer(tmp_path, name="replica", port=REDIS_B)
     with running(a, b):
@@ -61,24 +67,38 @@ async def pair_rig(tmp_path: Path) -> AsyncIterator[tuple[Rig, RedisServer]]:
         await trio.to_thread.run_sync(b.wait_ready)
         _replicate(b, a)
         await _wait_synced(b)
-        user = "failover-" + secrets.token_hex(4)
-        ledger = Ledger(tmp_path / "ledger.jsonl")
-        hub = Hub(
-            tmp_path, workers=1, port=next(HUB_PORTS),
-            env={**TIMINGS, "DESKBRIDGE_REDIS_URL": a.url},
-        )  # fmt: skip
-        sidecar = Sidecar(
-            tmp_path, hub.ws, issue(user), tools=["counting_tools"],
-            env={**TIMINGS, **ledger.env()},
-        )  # fmt: skip
-        with running(sidecar, hub):
-            await trio.to_thread.run_sync(hub.wait_healthy)
-            async with httpx.AsyncClient(headers=headers()) as client:
-                r = Rig(hub, a, None, user, ledger, sidecar, client)  # type: ignore[arg-type]
-                with trio.fail_after(30):
-                    while not (await r.presence()).get("online"):  # noqa: ASYNC110 - polls a real process
-                        await trio.sleep(0.1)
-                yield r, b
+        if endpoint:
+            async with serve(a.port) as proxy:
+                async with _hub_rig(tmp_path, a, b, proxy.url(), proxy) as got:
+                    yield got
+        else:
+            async with _hub_rig(tmp_path, a, b, a.url, None) as got:
+                yield got
+
+
+@asynccontextmanager
+async def _hub_rig(
+    tmp_path: Path, a: RedisServer, b: RedisServer, url: str, proxy: Any
+) -> AsyncIterator[tuple[Rig, RedisServer]]:
+    """A hub on ``url``, a sidecar connected to it, the user online."""
+    user = "failover-" + secrets.token_hex(4)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    hub = Hub(
+        tmp_path, workers=1, port=next(HUB_PORTS),
+        env={**TIMINGS, "DESKBRIDGE_REDIS_URL": url},
+    )  # fmt: skip
+    sidecar = Sidecar(
+        tmp_path, hub.ws, issue(user), tools=["counting_tools"],
+        env={**TIMINGS, **ledger.env()},
+    )  # fmt: skip
+    with running(sidecar, hub):
+        await trio.to_thread.run_sync(hub.wait_healthy)
+        async with httpx.AsyncClient(headers=headers()) as client:
+            r = Rig(hub, a, proxy, user, ledger, sidecar, client)
+            with trio.fail_after(30):
+                while not (await r.presence()).get("online"):  # noqa: ASYNC110 - polls a real process
+                    await trio.sleep(0.1)
+            yield r, b
 
 
 async def _demote(a: RedisServer, b: RedisServer) -> None:
@@ -143,3 +163,32 @@ async def test_a_demoted_primary_is_answered_unavailable_and_recovered_from(
             again = await _slow_call(r, running_key, 1.0, 10)
         assert again["status"] == "completed" and again["job_id"] == first["job_id"], again
         assert r.ledger.counts()[running_key] == 1, r.ledger.events()
+
+
+async def test_an_endpoint_moved_to_the_new_primary_is_followed_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The hub's URL names an endpoint (DNS name, virtual IP, TCP proxy) that follows the
+    primary. A failover promotes B and the endpoint moves to B for new connections; the
+    hub's open connections still reach A, now a replica (READONLY). The hub must serve
+    again on the new primary within a bound, by itself (no restart), session kept or
+    the sidecar back, every call ran at most once."""
+    async with pair_rig(tmp_path, endpoint=True) as (r, b):
+        assert (await r.call("warm-" + secrets.token_hex(3)))[0] == "completed"
+        await _demote(r.redis, b)
+        r.proxy.upstream_port = b.port  # the endpoint now names the new primary
+        key = "moved-" + secrets.token_hex(3)
+        answers = []
+        with trio.fail_after(30):
+            while True:
+                status, _ = await r.call(key, timeout_s=3)
+                answers.append(status)
+                if status == "completed":
+                    break
+                assert status in ("unavailable", "timeout"), answers
+                assert len(answers) < 8, answers  # about 15 s: not served again by itself
+                await trio.sleep(1)
+        assert r.ledger.counts()[key] == 1, r.ledger.events()
+        with trio.fail_after(10):
+            while await r.healthz() != 200:  # noqa: ASYNC110 - polls a real process
+                await trio.sleep(0.25)
