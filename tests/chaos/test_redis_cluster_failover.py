@@ -35,12 +35,11 @@ from deskbridge_hub._redis_slots import key_slot
 from deskbridge_hub._substrate import presence_key
 
 from tests.chaos._harness import TIMINGS, headers
+from tests.hub.test_redis_cluster import _ports
 from tests.procs import Hub, Ledger, Proc, Sidecar, issue, resp_command, running, wait_until
 
 pytestmark = pytest.mark.chaos
 
-#: this suite's own ports (a shared machine): 6 nodes per test, each test its own six
-_NODE_PORTS = itertools.cycle([list(range(b, b + 6)) for b in range(7430, 7466, 6)])
 _HUB_PORTS = itertools.cycle(range(18340, 18360))
 CALL_TIMEOUT_S = 4.0
 LATE_S = 1.0
@@ -90,7 +89,7 @@ def _all_ok(ports: list[int]) -> bool:
 @contextmanager
 def running_cluster(tmp: Path) -> Iterator[tuple[list[int], dict[int, Proc]]]:
     """Three primaries with a replica each, on this suite's ports."""
-    ports = next(_NODE_PORTS)
+    ports = _ports(6)  # free ones of $DESKBRIDGE_TEST_CLUSTER_PORTS (docs/testing.md)
     procs: dict[int, Proc] = {}
     try:
         for port in ports:
