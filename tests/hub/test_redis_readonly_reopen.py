@@ -18,9 +18,12 @@ from tests.procs import RedisServer, running
 PORT = 7333
 
 
-async def _set(s: RedisSubstrate) -> None:
+async def _set(s: RedisSubstrate, *, read: bool = False) -> None:
+    """SET (a write: READONLY on a replica), or with ``read`` a GET (MASTERDOWN on a
+    replica that does not serve stale data)."""
+    command = (b"GET", "bridge:test:ro") if read else (b"SET", "bridge:test:ro", "1")
     async with s._session("SET") as session:
-        await s._call(session, b"SET", "bridge:test:ro", "1")
+        await s._call(session, *command)
 
 
 async def _blpop(s: RedisSubstrate) -> None:
@@ -28,7 +31,9 @@ async def _blpop(s: RedisSubstrate) -> None:
         await s._call(session, b"BLPOP", "bridge:test:ro-list", "0.05", block_s=0.05)
 
 
-async def test_a_connection_answering_readonly_is_opened_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stale", ["yes", "no"], ids=["readonly", "masterdown"])
+async def test_a_connection_answering_readonly_is_opened_again(tmp_path: Path, stale: str) -> None:
+    """``stale`` no: the replica refuses reads too, MASTERDOWN (its primary is down)."""
     redis = RedisServer(tmp_path, name="readonly", port=PORT)
     with running(redis):
         await trio.to_thread.run_sync(redis.wait_ready)
@@ -37,10 +42,12 @@ async def test_a_connection_answering_readonly_is_opened_again(tmp_path: Path) -
                 await _set(s)
                 await _blpop(s)
                 opened = s.statistics().opened_total
+                refused = "READONLY" if stale == "yes" else "MASTERDOWN"
+                redis.command("CONFIG", "SET", "replica-serve-stale-data", stale)
                 redis.command("REPLICAOF", "127.0.0.1", "1")  # nothing listens there
                 await trio.sleep(1.1)  # the connections are older than the reopen bound
-                with pytest.raises(SubstrateUnavailable, match="READONLY"):
-                    await _set(s)
+                with pytest.raises(SubstrateUnavailable, match=refused):
+                    await _set(s, read=stale == "no")
                 with pytest.raises(SubstrateUnavailable, match="READONLY"):
                     await _blpop(s)  # BLPOP pops: a write
                 await trio.sleep(0.1)  # the shared one closes once its commands are answered
@@ -48,8 +55,8 @@ async def test_a_connection_answering_readonly_is_opened_again(tmp_path: Path) -
                 assert stats.shared == 0 and stats.blocking == 0, stats
                 # new ones, to the same node here (still a replica): opened once, kept
                 for _ in range(5):
-                    with pytest.raises(SubstrateUnavailable, match="READONLY"):
-                        await _set(s)
+                    with pytest.raises(SubstrateUnavailable, match=refused):
+                        await _set(s, read=stale == "no")
                 assert s.statistics().opened_total == opened + 1, s.statistics()
                 redis.command("REPLICAOF", "NO", "ONE")
                 await _set(s)

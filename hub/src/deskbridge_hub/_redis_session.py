@@ -27,7 +27,7 @@ import anyio
 import attrs
 from coredis.connection import TCPLocation, UnixDomainSocketLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import ReadOnlyError
+from coredis.exceptions import ReadOnlyError, ResponseError
 from coredis.pool import ConnectionPool
 
 from ._redis_blocking import block_s, poll_form, poll_reply, with_block_s
@@ -46,9 +46,10 @@ _SLOT_PATIENCE_S = 0.05
 #: result's extra latency small; 250 ms caps one poller at 4 commands a second.
 _POLL_FIRST_S = 0.01
 _POLL_MAX_S = 0.25
-#: A connection open at least this long (seconds) that answers READONLY is closed once
-#: its commands in flight are answered, and the next command opens a new one. READONLY
-#: says it reached a replica: the primary was demoted under it (a failover). A URL naming
+#: A connection open at least this long (seconds) that answers READONLY (or MASTERDOWN:
+#: a replica that does not serve stale data) is closed once its commands in flight are
+#: answered, and the next command opens a new one. Either says it reached a replica:
+#: the primary was demoted under it (a failover). A URL naming
 #: an endpoint that follows the primary (a DNS name or virtual IP that Sentinel or a
 #: managed service moves, a TCP proxy) then reaches the new primary; kept, the hub's
 #: connections stayed on the old node and it answered ``unavailable`` until restarted
@@ -472,10 +473,12 @@ def _split(max_connections: int) -> tuple[int, int]:
 
 
 def _on_replica(c: _Conn, replies: list[Any]) -> bool:
-    """``c`` answered READONLY (it reached a replica) and is old enough to be opened
-    again (``_REOPEN_ON_READONLY_AFTER_S``)."""
+    """``c`` answered READONLY or MASTERDOWN (it reached a replica) and is old enough to
+    be opened again (``_REOPEN_ON_READONLY_AFTER_S``)."""
     return anyio.current_time() - c.opened_at >= _REOPEN_ON_READONLY_AFTER_S and any(
-        isinstance(r, ReadOnlyError) for r in replies
+        isinstance(r, ReadOnlyError)
+        or (isinstance(r, ResponseError) and str(r).startswith("MASTERDOWN"))
+        for r in replies
     )
 
 
