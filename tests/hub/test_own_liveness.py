@@ -48,3 +48,42 @@ async def test_a_lapsed_key_found_promptly_is_doubt_for_a_while(autojump_clock):
     assert own.in_doubt()
     await trio.sleep(DOUBT_AFTER_S + 0.01)
     assert not own.in_doubt()
+
+
+async def test_a_users_beat_held_past_the_stall_bound_is_doubt_for_that_user_only(
+    autojump_clock,
+):
+    """A Cluster slot refusing or holding writes (TRYAGAIN while it migrates, its
+    primary down) while the process's own liveness key, elsewhere, is kept."""
+    own = OwnLiveness()
+    own.beat_sending("u1")
+    own.beat_sending("u2")
+    await trio.sleep(0.01)
+    own.beat_kept("u2", taken=False)  # another slot: answered at once
+    await trio.sleep(STALLED_AFTER_S * 0.9)
+    assert not own.in_doubt("u1")
+    await trio.sleep(STALLED_AFTER_S * 0.2)
+    assert own.in_doubt("u1")
+    assert not own.in_doubt() and not own.in_doubt("u2")
+    own.beat_sending("u1")  # the retry keeps the first one's start
+    await trio.sleep(3)
+    own.beat_kept("u1", taken=True)  # presence had lapsed and was written again
+    await trio.sleep(DOUBT_AFTER_S - 0.1)
+    assert own.in_doubt("u1")
+    await trio.sleep(0.2)
+    assert not own.in_doubt("u1")
+
+
+async def test_a_users_prompt_beats_raise_no_doubt_and_an_ended_session_none(autojump_clock):
+    own = OwnLiveness()
+    for _ in range(3):
+        own.beat_sending("u1")
+        await trio.sleep(0.01)
+        own.beat_kept("u1", taken=False)
+        assert not own.in_doubt("u1")
+        await trio.sleep(1)
+    own.beat_sending("u1")  # held, then the session ends: its desktop may be gone
+    await trio.sleep(STALLED_AFTER_S * 2)
+    assert own.in_doubt("u1")
+    own.forget("u1")
+    assert not own.in_doubt("u1")

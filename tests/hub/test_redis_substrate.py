@@ -509,6 +509,25 @@ def test_a_clusters_redirections_and_retries_past_their_budget_are_an_outage() -
     assert isinstance(conns.map_error("heartbeat", group), SubstrateUnavailable)
 
 
+def test_a_blocked_command_unblocked_by_a_demotion_is_an_outage() -> None:
+    """A primary demoted under the hub (a failover, ``REPLICAOF``) ends its blocked
+    commands with ``-UNBLOCKED ... instance state changed (master -> replica?)``: the
+    wake-up BLMPOP and a caller's mailbox read. Unmapped, the caller waiting on a running
+    job was answered 500 (tests/chaos/test_redis_failover.py)."""
+    from coredis.exceptions import UnblockedError
+    from deskbridge_hub._redis_conn import RedisConnections
+
+    conns = RedisConnections(
+        REDIS_URL, connect_timeout_s=1, command_timeout_s=1, max_connections=4, client_name=None
+    )
+    exc = UnblockedError(
+        "force unblock from blocking operation, instance state changed (master -> replica?)"
+    )
+    mapped = conns.map_error("BLMPOP notify", exc)
+    assert isinstance(mapped, SubstrateUnavailable), exc
+    assert "UNBLOCKED force unblock" in str(mapped)
+
+
 async def test_a_connection_that_could_not_be_made_is_told_unsent() -> None:
     """``SubstrateUnavailable.unsent``: no connection could be made, so nothing of the
     operation reached Redis (the Bridge answers a submit so as enqueueing nothing)."""

@@ -148,12 +148,12 @@ class Bridge(JobControl):
         """
         _check(validate_user_id, user_id, "user_id")
         holder = await self._live_presence(user_id)
-        if holder is None and own_liveness().in_doubt():
+        if holder is None and own_liveness().in_doubt(user_id):
             # this process's own writes were held or refused past their TTL: the
             # presence may be one it is rewriting (``_own_liveness``); look once more
             await anyio.sleep(LIVENESS_RECHECK_S)
             holder = await self._live_presence(user_id)
-            if holder is None and own_liveness().in_doubt():
+            if holder is None and own_liveness().in_doubt(user_id):
                 raise in_doubt_error()
         if holder is not None:
             return Presence(user_id=user_id, online=True, session_id=holder)
@@ -502,13 +502,17 @@ class Bridge(JobControl):
         submitted = await once(submission)
         rechecked = False
         for _ in range(MAX_SUBMIT_RETRIES):
-            if submitted.verdict == "offline" and not rechecked and own_liveness().in_doubt():
+            if (
+                submitted.verdict == "offline"
+                and not rechecked
+                and own_liveness().in_doubt(user_id)
+            ):
                 # No presence, but this process's own writes were held or refused past
                 # their TTL (``_own_liveness``): it may be rewriting that very presence.
                 # Look once more; still absent while in doubt is not "offline".
                 rechecked = True
                 await anyio.sleep(max(0.0, min(LIVENESS_RECHECK_S, give_up - anyio.current_time())))
-            elif submitted.verdict == "offline" and rechecked and own_liveness().in_doubt():
+            elif submitted.verdict == "offline" and rechecked and own_liveness().in_doubt(user_id):
                 raise in_doubt_error()
             elif submitted.verdict == "catalogue":
                 # The desktop's catalogue changed since we cached it: validate again.

@@ -12,6 +12,17 @@ read (``GET /v1/users/{id}/presence``) that finds no presence while
 :meth:`OwnLiveness.in_doubt` looks once more (``_bridge``) instead of answering
 ``offline`` at once.
 
+The same doubt, per user: on a Redis Cluster one node's slots can refuse or hold writes
+(a slot migrating for seconds answers ``TRYAGAIN`` to the heartbeat's script, a primary
+down until its replica is promoted) while the process's own liveness key, in another
+slot, is refreshed fine. The beats of those users are held (``TRYAGAIN`` is retried for
+about 4.5 s) or meet the outage (``_reader``'s ``_beats_missed``); their presence may
+lapse though their desktops stay connected here, and was read ``offline`` (a
+fault-injection test: a slot half migrated for 4 s, presence TTL 3 s). The beat loop
+reports each user's beat as it sends it and once it is kept; ``in_doubt(user_id)``
+covers them as it covers the process's own refresh. A user forgotten when its session
+here ends (its desktop may then really be gone).
+
 State is per event-loop run (``anyio.lowlevel.RunVar``), as ``_outage``'s; time is the
 loop's clock (``anyio.current_time``).
 """
@@ -44,6 +55,10 @@ class OwnLiveness:
     _unanswered_since: float | None = None
     #: when a refresh last found the key lapsed, or was answered after a stall
     _doubt_at: float = -math.inf
+    #: per user with a session here: since when its beat is unanswered or failing
+    _missed_since: dict[str, float] = attrs.field(factory=dict)
+    #: per user: when a beat rewrote its lapsed presence, or was kept after a stall
+    _user_doubt_at: dict[str, float] = attrs.field(factory=dict)
 
     def sending(self) -> None:
         """A refresh is being sent (the first of a series that fails marks the start)."""
@@ -57,14 +72,45 @@ class OwnLiveness:
         if not kept or (since is not None and now - since > STALLED_AFTER_S):
             self._doubt_at = now
 
-    def in_doubt(self) -> bool:
+    def beat_sending(self, user_id: str) -> None:
+        """A beat of ``user_id``'s session here is being sent (the first of a series
+        that is held or fails, e.g. meets an outage of its part of the store, marks the
+        start)."""
+        self._missed_since.setdefault(user_id, anyio.current_time())
+
+    def beat_kept(self, user_id: str, *, taken: bool) -> None:
+        """A beat of ``user_id``'s session here refreshed its presence; ``taken``: the
+        presence had lapsed (or was lost) and was written again."""
+        now = anyio.current_time()
+        since = self._missed_since.pop(user_id, None)
+        if taken or (since is not None and now - since > STALLED_AFTER_S):
+            self._user_doubt_at[user_id] = now
+        elif self._user_doubt_at.get(user_id, math.inf) <= now - DOUBT_AFTER_S:
+            del self._user_doubt_at[user_id]
+
+    def forget(self, user_id: str) -> None:
+        """``user_id`` has no session here any more: an absent presence may be true."""
+        self._missed_since.pop(user_id, None)
+        self._user_doubt_at.pop(user_id, None)
+
+    def in_doubt(self, user_id: str | None = None) -> bool:
         """True while this process's writes are held or failing, and for
-        :data:`DOUBT_AFTER_S` after they were found lapsed or answered late."""
+        :data:`DOUBT_AFTER_S` after they were found lapsed or answered late; with
+        ``user_id``, also while that user's beats here meet an outage of its slot (past
+        :data:`STALLED_AFTER_S`) and for :data:`DOUBT_AFTER_S` after one rewrote its
+        lapsed presence."""
         now = anyio.current_time()
         since = self._unanswered_since
         if since is not None and now - since > STALLED_AFTER_S:
             return True
-        return now - self._doubt_at < DOUBT_AFTER_S
+        if now - self._doubt_at < DOUBT_AFTER_S:
+            return True
+        if user_id is None:
+            return False
+        missed = self._missed_since.get(user_id)
+        if missed is not None and now - missed > STALLED_AFTER_S:
+            return True
+        return now - self._user_doubt_at.get(user_id, -math.inf) < DOUBT_AFTER_S
 
 
 _RUN: anyio.lowlevel.RunVar[OwnLiveness] = anyio.lowlevel.RunVar("deskbridge_own_liveness")
@@ -85,5 +131,6 @@ def in_doubt_error() -> SubstrateUnavailable:
     while this process's own writes are in doubt: ``unavailable``, not ``offline``."""
     return SubstrateUnavailable(
         "no presence for the desktop while this hub process cannot keep its own writes to "
-        "Redis alive (held or refused past their TTL); retry"
+        "Redis alive (its liveness, or this user's presence on its Cluster node: held or "
+        "refused past their TTL); retry"
     )

@@ -231,6 +231,7 @@ class ProcessReader:
         self._beating.pop(listener.session_id, None)
         if self._listeners.get(listener.user_id) is listener:
             del self._listeners[listener.user_id]
+            own_liveness().forget(listener.user_id)
             # pending on this consumer: the next session's drain (or its daemon's
             # takeover elsewhere) serves them; marked delivered for this session, which
             # never forwarded them: queued again
@@ -243,6 +244,8 @@ class ProcessReader:
     def stop_beating(self, listener: Listener) -> None:
         """The session hands over: its presence is no longer refreshed."""
         self._beating.pop(listener.session_id, None)
+        if self._listeners.get(listener.user_id) is listener:
+            own_liveness().forget(listener.user_id)
 
     def schedule(self, user_id: str, *kinds: str) -> None:
         """Mark ``user_id`` due for ``kinds`` of reads (see the module constants)."""
@@ -599,6 +602,8 @@ class ProcessReader:
                 continue
             beats = [x.beat(full=full) for x in listeners]
             reads = [x.reads for x in listeners]
+            for x in listeners:  # held or failing past a second: in doubt (``_own_liveness``)
+                own_liveness().beat_sending(x.user_id)
             try:
                 replies = await self.substrate.heartbeat(
                     beats,
@@ -709,6 +714,7 @@ class ProcessReader:
                 continue
             listener.doubt = 0  # a check may still run: its verdict is looked at afresh
             refreshed += 1
+            own_liveness().beat_kept(listener.user_id, taken=bool(reply.taken))
             listener.answered(beat, n, taken=reply.taken)
             if self._beating.get(listener.session_id) is listener:
                 if listener.catalogue_due:  # presence was lost: the catalogue may be too

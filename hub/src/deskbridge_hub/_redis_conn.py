@@ -51,7 +51,7 @@ queue and poll private connection state. So we keep coredis's *connections* (the
 the close and bounds what the process holds.
 
 Errors: connection failures, timeouts and the server states that refuse work (LOADING,
-READONLY, OOM, MISCONF, BUSY, MASTERDOWN, auth failures) raise ``SubstrateUnavailable``
+READONLY, OOM, MISCONF, BUSY, MASTERDOWN, UNBLOCKED, auth failures) raise ``SubstrateUnavailable``
 naming ``host:port`` (never the password). Other server errors are programming errors and
 propagate unchanged.
 """
@@ -77,6 +77,7 @@ from coredis.exceptions import (
     ReadOnlyError,
     ResponseError,
     TryAgainError,
+    UnblockedError,
 )
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
@@ -114,6 +115,11 @@ _UNAVAILABLE_ERRORS = (
     AskError,  # and MovedError, its subclass
     TryAgainError,
     ClusterDownError,
+    # a blocked command (the wake-up BLMPOP, a caller's mailbox read) ended by the server:
+    # "-UNBLOCKED ... instance state changed (master -> replica?)", its primary demoted
+    # under it (a failover). Was a 500 for the caller waiting on a running job. The
+    # stream read's UNBLOCKED (its stream deleted) is healed in ``_redis_streams`` first.
+    UnblockedError,
 )
 
 
@@ -127,7 +133,12 @@ _TRANSPORT_ERRORS = (
 
 
 #: Error replies coredis turns into classes, dropping the code from the message.
-_CODES = ((AuthorizationError, "NOPERM"), (ReadOnlyError, "READONLY"), (NoScriptError, "NOSCRIPT"))
+_CODES = (
+    (AuthorizationError, "NOPERM"),
+    (ReadOnlyError, "READONLY"),
+    (NoScriptError, "NOSCRIPT"),
+    (UnblockedError, "UNBLOCKED"),
+)
 
 
 def coded(exc: BaseException) -> Exception:

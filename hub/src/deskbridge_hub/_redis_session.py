@@ -27,6 +27,7 @@ import anyio
 import attrs
 from coredis.connection import TCPLocation, UnixDomainSocketLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
+from coredis.exceptions import ReadOnlyError, ResponseError
 from coredis.pool import ConnectionPool
 
 from ._redis_blocking import block_s, poll_form, poll_reply, with_block_s
@@ -45,6 +46,16 @@ _SLOT_PATIENCE_S = 0.05
 #: result's extra latency small; 250 ms caps one poller at 4 commands a second.
 _POLL_FIRST_S = 0.01
 _POLL_MAX_S = 0.25
+#: A connection open at least this long (seconds) that answers READONLY (or MASTERDOWN:
+#: a replica that does not serve stale data) is closed once its commands in flight are
+#: answered, and the next command opens a new one. Either says it reached a replica:
+#: the primary was demoted under it (a failover). A URL naming
+#: an endpoint that follows the primary (a DNS name or virtual IP that Sentinel or a
+#: managed service moves, a TCP proxy) then reaches the new primary; kept, the hub's
+#: connections stayed on the old node and it answered ``unavailable`` until restarted
+#: (tests/chaos/test_redis_failover.py). With a URL naming the demoted node itself it
+#: reaches that node again: at most one new connection per connection and second.
+_REOPEN_ON_READONLY_AFTER_S = 1.0
 
 
 @attrs.define(eq=False)
@@ -62,6 +73,8 @@ class _Conn:
     used: int = 0
     #: A PING is checking whether it is alive (a command on it timed out).
     probing: bool = False
+    #: When it was opened (``anyio.current_time()``).
+    opened_at: float = 0.0
 
     @property
     def usable(self) -> bool:
@@ -224,6 +237,7 @@ class _Session:
             await self.discard(c)
             raise c.error or RedisConnectionError("connection closed during the handshake")
         self._opened_total += 1
+        c.opened_at = anyio.current_time()
         return c
 
     # -- commands ----------------------------------------------------------------------
@@ -251,7 +265,18 @@ class _Session:
         if reused and _died(c, replies):
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
+        if _on_replica(c, replies) and c in self._shared:
+            self._shared.remove(c)  # no new commands on it; closed once they are answered
+            self.start_soon(functools.partial(self._retire, c))
         return replies
+
+    async def _retire(self, c: _Conn) -> None:
+        """Close ``c`` once its commands in flight are answered (at most the command
+        timeout from now)."""
+        with anyio.move_on_after(self._command_timeout_s):
+            while c.in_flight and c.usable:  # noqa: ASYNC110 - a counter, no event to wait on
+                await anyio.sleep(0.01)
+        c.scope.cancel()
 
     async def _shared_connection(self) -> tuple[_Conn, bool]:
         c = self._least_loaded()
@@ -390,7 +415,7 @@ class _Session:
                 for cmd in commands
             ]
             replies = [await request for request in requests]
-            done = True
+            done = not _on_replica(c, replies)  # else closed: see _REOPEN_ON_READONLY_AFTER_S
             c.used += 1
             return replies
         finally:
@@ -445,6 +470,16 @@ def _split(max_connections: int) -> tuple[int, int]:
         raise ValueError(f"max_connections must be >= {MIN_CONNECTIONS}, got {max_connections}")
     shared = 2 if max_connections >= 8 else 1
     return shared, max_connections - shared - 1
+
+
+def _on_replica(c: _Conn, replies: list[Any]) -> bool:
+    """``c`` answered READONLY or MASTERDOWN (it reached a replica) and is old enough to
+    be opened again (``_REOPEN_ON_READONLY_AFTER_S``)."""
+    return anyio.current_time() - c.opened_at >= _REOPEN_ON_READONLY_AFTER_S and any(
+        isinstance(r, ReadOnlyError)
+        or (isinstance(r, ResponseError) and str(r).startswith("MASTERDOWN"))
+        for r in replies
+    )
 
 
 def _died(c: _Conn, replies: list[Any]) -> bool:
