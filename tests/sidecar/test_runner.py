@@ -193,7 +193,10 @@ async def test_a_cancellation_before_the_start_is_remembered_everywhere(autojump
     await trio.testing.wait_all_tasks_blocked()
     row = await ledger.get("k1")
     assert (row.key, row.tool, row.args_digest, row.outcome) == (
-        "k1", "submit", args_digest({"form": "f"}), outcome
+        "k1",
+        "submit",
+        args_digest({"form": "f"}),
+        outcome,
     )
     assert calls == []
 
@@ -206,16 +209,15 @@ async def test_record_never_replaces_what_the_key_is_known_for(autojump_clock, n
     assert runner.admit(job("other", {}, key="k1")).code == "idempotency_key_reused"
 
 
-async def test_record_without_the_delivery_keeps_the_outcome_under_no_tool(
-    autojump_clock, nursery
-):
+async def test_record_without_the_delivery_keeps_the_outcome_under_no_tool(autojump_clock, nursery):
     runner = make(nursery)
     outcome = Outcome.failure("cancelled", "x")
     runner.record("k1", outcome)
     await trio.testing.wait_all_tasks_blocked()
     row = await runner.ledger.get("k1")
     assert (row.tool, row.args_digest, row.outcome) == ("", "", outcome)
-    assert runner._known["k1"] == ("", "")
+    known = runner._known["k1"]
+    assert (known.tool, known.args_digest) == ("", "")
 
 
 # -- which tools run in a process of their own ------------------------------------------
@@ -245,8 +247,6 @@ def test_isolates_marked_tools_and_sync_ones_under_isolate_sync(kind, isolate_sy
     runner = ToolRunner(registry=registry, cache=DedupeCache(), nursery=None,  # type: ignore[arg-type]
                         wall_clock=FakeWallClock(), isolate_sync=isolate_sync)  # fmt: skip
     assert runner.isolates(spec) is expected
-
-
 
 
 # -- admission: decided once, from memory ------------------------------------------------

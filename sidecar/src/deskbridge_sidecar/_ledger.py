@@ -10,6 +10,7 @@ ran the job again after its restart.
 One SQLite file (the standard library's ``sqlite3``), one row per idempotency key::
 
     key | tool | args_digest | started_at | finished_at | outcome (JSON) | keep_until
+        | job_ids (JSON list) | job_keep_until | outcome_bytes
 
 * A key is written as *started* (``begin``) before its tool runs, and its outcome
   (``finish``) before the answer is sent; both commits are durable (WAL,
@@ -18,16 +19,31 @@ One SQLite file (the standard library's ``sqlite3``), one row per idempotency ke
   process that died mid-job (crash, kill -9, power loss): it is closed at once with the
   outcome ``in_doubt`` (the tool may have acted); its redelivery is answered so and the
   tool never runs again on its own. The caller decides.
-* Retention: a row is kept until ``keep_until`` = the job's deadline + the result TTL
-  (the latest moment the hub could still deliver it: it drops entries past their
-  deadline, and keeps an idempotency key's result for the TTL), and at least
-  ``min_keep_s`` after it finished. Expired rows are pruned at open and every
-  ``PRUNE_INTERVAL_S``.
-* Size: at most ``max_entries`` rows (default :data:`MAX_ENTRIES`, 100,000: tens of MB
-  with small outcomes; a desktop doing a job a second for a whole result TTL holds
-  300). Past the cap, the oldest *finished* rows go first even if still inside their
-  window, with a WARNING naming how many (each may allow a duplicate if redelivered);
-  started rows are never evicted.
+* Retention, two windows (docs/architecture.md, "The ledger remembers a job as long as
+  the hub"):
+
+  - the *key's* window, ``keep_until`` = the job's deadline + the result TTL, and at
+    least ``min_keep_s`` after it finished (as long as the hub's idempotency record
+    lives at the least): inside it the key names one request, whatever job carries it
+    (a retry the hub enqueued again is answered from the row);
+  - the *job's* window, ``job_keep_until`` = ``job_keep_s`` (:data:`JOB_KEEP_S`: the
+    hub's ``forwarded_keep_s``, a day + the result TTL, plus a result TTL of slack for
+    the hub's last write after the answer) after it finished or after the row last
+    answered a delivery: the hub keeps a forwarded, unanswered job that long and may
+    redeliver it. Past the key's window the row answers only the jobs it ran for or
+    answered (``job_ids``); a job with another id under the key is a new request (the
+    hub may have forgotten the key): it runs and takes the row over.
+
+  A row is pruned once both windows are over (a row without job ids, written by an
+  older version, at ``keep_until``). Pruned at open and every ``PRUNE_INTERVAL_S``.
+* Size: at most ``max_entries`` rows (default :data:`MAX_ENTRIES`, 100,000: a job every
+  ~0.9 s for the whole day a row is kept; rows are small once compacted, ~30 MB). Past
+  the cap, the oldest *finished* rows go first even if still inside their window, with
+  a WARNING naming how many (each may allow a duplicate if redelivered); started rows
+  are never evicted. Outcomes together hold at most ``max_bytes`` (:data:`MAX_BYTES`,
+  64 MiB): past it, the oldest finished rows' results are dropped (``compacted``) and
+  the row answers ``in_doubt`` saying the job ran and its result was dropped, never
+  "did not run", and never runs it again; a WARNING names how many.
 * Corruption: the file is checked (``PRAGMA quick_check``) at open; a file that is not
   a database or fails the check is moved aside (``<name>.corrupt-<unix time>``), one
   ERROR line says so and that its history is lost, and a fresh ledger starts. It never
@@ -86,6 +102,26 @@ LEDGER_FILE = "ledger.sqlite3"
 MAX_ENTRIES = 100_000
 #: Seconds between prune passes of a running daemon.
 PRUNE_INTERVAL_S = 60.0
+#: Longest deadline the hub accepts (``_jobstate.LONGEST_TIMEOUT_S``): one day.
+LONGEST_DEADLINE_S = 24 * 3600.0
+#: The hub's result TTL by default (``Timings.result_ttl_s``).
+RESULT_TTL_S = 300.0
+
+
+def job_keep_s(result_ttl_s: float = RESULT_TTL_S) -> float:
+    """How long a finished row answers its own job's redelivery after it finished or last
+    answered one: the hub's ``forwarded_keep_s`` (the longest deadline + the result TTL,
+    from its last write about the job) + a result TTL of slack (that last write, the
+    ``interrupted`` mark, comes after the answer was lost: a ping timeout at most)."""
+    return LONGEST_DEADLINE_S + 2 * result_ttl_s
+
+
+#: :func:`job_keep_s` for the default result TTL.
+JOB_KEEP_S = job_keep_s()
+#: Most bytes of outcomes kept (see the module docstring: compaction past it).
+MAX_BYTES = 64 * 1024 * 1024
+#: An outcome this small is never compacted (the in_doubt text is about as long).
+_COMPACT_MIN_BYTES = 512
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -95,12 +131,29 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at REAL NOT NULL,
     finished_at REAL,
     outcome TEXT,
-    keep_until REAL NOT NULL
+    keep_until REAL NOT NULL,
+    job_ids TEXT,
+    job_keep_until REAL,
+    outcome_bytes INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS jobs_keep_until ON jobs (keep_until);
-CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs (finished_at);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+#: Columns added since the first schema (a file written before gets them at open).
+_ADDED = (
+    ("job_ids", "TEXT"),
+    ("job_keep_until", "REAL"),
+    ("outcome_bytes", "INTEGER NOT NULL DEFAULT 0"),
+)
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_keep_until ON jobs (keep_until);
+CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs (finished_at);
+CREATE INDEX IF NOT EXISTS jobs_bytes ON jobs (finished_at, outcome_bytes);
+"""
+#: Most job ids one row remembers (a key answered for many jobs keeps the latest).
+_MAX_JOB_IDS = 16
+_COLUMNS = (
+    "key, tool, args_digest, started_at, finished_at, outcome, keep_until, job_ids, job_keep_until"
+)
 
 
 def args_digest(args: Mapping[str, object]) -> str:
@@ -120,7 +173,11 @@ class LedgerEntry:
         started_at: Unix seconds when the tool was about to start.
         finished_at: Unix seconds when its outcome was recorded, or None while running.
         outcome: the recorded outcome, or None while running.
-        keep_until: Unix seconds until which the row is kept.
+        keep_until: Unix seconds until which the key names one request (the key's
+            window); the row may be kept longer for its jobs (``job_keep_until``).
+        job_ids: the jobs this row ran for or answered (oldest first); empty for a row
+            written by an older version.
+        job_keep_until: Unix seconds until which the row answers those jobs, or None.
     """
 
     key: str
@@ -130,10 +187,17 @@ class LedgerEntry:
     finished_at: float | None
     outcome: Outcome | None
     keep_until: float
+    job_ids: tuple[str, ...] = ()
+    job_keep_until: float | None = None
 
     def matches(self, tool: str, digest: str) -> bool:
         """True if a delivery of ``tool`` with args ``digest`` is the same request."""
         return self.tool == tool and self.args_digest == digest
+
+    def answers(self, job_id: str, now: float) -> bool:
+        """True if this row speaks for a delivery of ``job_id`` at ``now``: inside the
+        key's window (any job under the key), or for a job the row ran or answered."""
+        return now <= self.keep_until or job_id in self.job_ids
 
 
 @attrs.define(eq=False)
@@ -158,6 +222,10 @@ class Ledger:
     max_entries: int = MAX_ENTRIES
     min_keep_s: float = 300.0
     wall_clock: Callable[[], float] = time.time
+    #: a finished row answers its jobs this long after it finished or last answered one
+    job_keep_s: float = JOB_KEEP_S
+    #: most bytes of outcomes held (compaction past it)
+    max_bytes: int = MAX_BYTES
     recovered: list[str] = attrs.field(factory=list)
     moved_aside: Path | None = None
     instance_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
@@ -177,6 +245,8 @@ class Ledger:
         min_keep_s: float = 300.0,
         wall_clock: Callable[[], float] = time.time,
         now: float | None = None,
+        job_keep_s: float = JOB_KEEP_S,
+        max_bytes: int = MAX_BYTES,
     ) -> Ledger:
         """Open (or create) the ledger at ``path``; blocking (call it in a thread, with
         ``now``: Unix seconds, default ``wall_clock()``).
@@ -223,6 +293,8 @@ class Ledger:
                 max_entries=max_entries,
                 min_keep_s=min_keep_s,
                 wall_clock=wall_clock,
+                job_keep_s=job_keep_s,
+                max_bytes=max_bytes,
                 moved_aside=moved,
                 instance_id=instance_id,
                 identity=_identity(path),
@@ -235,12 +307,24 @@ class Ledger:
 
     @classmethod
     def memory(
-        cls, *, max_entries: int = MAX_ENTRIES, wall_clock: Callable[[], float] = time.time
+        cls,
+        *,
+        max_entries: int = MAX_ENTRIES,
+        wall_clock: Callable[[], float] = time.time,
+        job_keep_s: float = JOB_KEEP_S,
+        max_bytes: int = MAX_BYTES,
     ) -> Ledger:
         """A ledger in memory: same rules, gone with the process."""
         conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        conn.executescript(_SCHEMA)
-        return cls(None, conn, max_entries=max_entries, wall_clock=wall_clock)
+        _create(conn)
+        return cls(
+            None,
+            conn,
+            max_entries=max_entries,
+            wall_clock=wall_clock,
+            job_keep_s=job_keep_s,
+            max_bytes=max_bytes,
+        )
 
     def close(self) -> None:
         """Close the file (releases the lock). Idempotent."""
@@ -259,23 +343,46 @@ class Ledger:
         keys: dict[str, tuple[str, str]] = await self._call(self._keys)
         return keys
 
-    async def begin(self, key: str, tool: str, digest: str, keep_until: float) -> None:
-        """Record ``key`` as started now (durable when this returns).
+    async def index(self) -> dict[str, KeyRecord]:
+        """Every key with what the runner decides from memory (:class:`KeyRecord`).
+        Raises :class:`LedgerError`."""
+        index: dict[str, KeyRecord] = await self._call(self._index)
+        return index
+
+    async def begin(
+        self, key: str, tool: str, digest: str, keep_until: float, job_id: str | None = None
+    ) -> None:
+        """Record ``key`` as started now for ``job_id`` (durable when this returns): a
+        new run under the key, so the row's earlier jobs are forgotten.
 
         Raises:
             LedgerError: the write failed; the tool must not run.
         """
-        await self._call(self._begin, key, tool, digest, keep_until, self.wall_clock())
+        await self._call(self._begin, key, tool, digest, keep_until, job_id, self.wall_clock())
 
-    async def finish(self, key: str, outcome: Outcome, tool: str = "", digest: str = "") -> None:
+    async def finish(
+        self,
+        key: str,
+        outcome: Outcome,
+        tool: str = "",
+        digest: str = "",
+        job_id: str | None = None,
+    ) -> None:
         """Record ``key``'s outcome now (durable when this returns); a key that was
         never begun gets a row of its own with ``tool`` and ``digest`` (a delivery
-        cancelled before it started).
+        cancelled before it started). With ``job_id`` the row answers that job for
+        ``job_keep_s`` from now.
 
         Raises:
             LedgerError: the write failed.
         """
-        await self._call(self._finish, key, outcome, tool, digest, self.wall_clock())
+        await self._call(self._finish, key, outcome, tool, digest, job_id, self.wall_clock())
+
+    async def answered(self, key: str, job_id: str) -> None:
+        """Note that ``key``'s row answered a delivery of ``job_id`` now: the row answers
+        that job ``job_keep_s`` from now (the hub keeps it that long after this
+        delivery). Raises :class:`LedgerError`."""
+        await self._call(self._answered, key, job_id, self.wall_clock())
 
     async def prune(self) -> int:
         """Delete expired rows, then enforce the cap; returns rows deleted."""
@@ -337,9 +444,7 @@ class Ledger:
     def _get(self, key: str) -> LedgerEntry | None:
         with self._guard("read"):
             row = self._conn.execute(
-                "SELECT key, tool, args_digest, started_at, finished_at, outcome, keep_until "
-                "FROM jobs WHERE key = ?",
-                (key,),
+                f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)
             ).fetchone()
         if row is None:
             return None
@@ -351,7 +456,16 @@ class Ledger:
             finished_at=row[4],
             outcome=None if row[5] is None else outcome_from_json(row[5]),
             keep_until=row[6],
+            job_ids=_job_ids(row[7]),
+            job_keep_until=row[8],
         )
+
+    def _index(self) -> dict[str, KeyRecord]:
+        with self._guard("read"):
+            rows = self._conn.execute(
+                "SELECT key, tool, args_digest, keep_until, job_ids FROM jobs"
+            ).fetchall()
+        return {k: KeyRecord(t, d, u, _job_ids(j)) for k, t, d, u, j in rows}
 
     def _keys(self) -> dict[str, tuple[str, str]]:
         with self._guard("read"):
@@ -375,50 +489,88 @@ class Ledger:
                 "restart. Restart the sidecar (it opens a fresh ledger)"
             )
 
-    def _begin(self, key: str, tool: str, digest: str, keep_until: float, now: float) -> None:
+    def _begin(
+        self, key: str, tool: str, digest: str, keep_until: float, job_id: str | None, now: float
+    ) -> None:
         self._check_in_place()
+        ids = None if job_id is None else json.dumps([job_id])
         with self._guard("write"):
             self._conn.execute(
-                "INSERT INTO jobs (key, tool, args_digest, started_at, keep_until) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "INSERT INTO jobs (key, tool, args_digest, started_at, keep_until, job_ids) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
                 "tool = excluded.tool, args_digest = excluded.args_digest, "
                 "started_at = excluded.started_at, finished_at = NULL, outcome = NULL, "
-                "keep_until = MAX(keep_until, excluded.keep_until)",
-                (key, tool, digest, now, keep_until),
+                "keep_until = MAX(keep_until, excluded.keep_until), "
+                "job_ids = excluded.job_ids, job_keep_until = NULL, outcome_bytes = 0",
+                (key, tool, digest, now, keep_until, ids),
             )
 
-    def _finish(self, key: str, outcome: Outcome, tool: str, digest: str, now: float) -> None:
+    def _finish(
+        self, key: str, outcome: Outcome, tool: str, digest: str, job_id: str | None, now: float
+    ) -> None:
         text = outcome_to_json(outcome)
+        size = len(text.encode("utf-8"))
         self._check_in_place()
         with self._guard("write"):
-            cur = self._conn.execute(
-                "UPDATE jobs SET finished_at = ?, outcome = ?, "
-                "keep_until = MAX(keep_until, ?) WHERE key = ?",
-                (now, text, now + self.min_keep_s, key),
-            )
-            if cur.rowcount == 0:
+            row = self._conn.execute("SELECT job_ids FROM jobs WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                ids: tuple[str, ...] = () if job_id is None else (job_id,)
                 self._conn.execute(
-                    "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (key, tool, digest, now, now, text, now + self.min_keep_s),
-                )
+                    "INSERT INTO jobs (key, tool, args_digest, started_at, finished_at, "
+                    "outcome, keep_until, job_ids, job_keep_until, outcome_bytes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        key, tool, digest, now, now, text, now + self.min_keep_s,
+                        _ids_text(ids), self._job_keep(ids, now), size,
+                    ),
+                )  # fmt: skip
+                return
+            ids = _with(_job_ids(row[0]), job_id)
+            self._conn.execute(
+                "UPDATE jobs SET finished_at = ?, outcome = ?, outcome_bytes = ?, "
+                "keep_until = MAX(keep_until, ?), job_ids = ?, job_keep_until = ? "
+                "WHERE key = ?",
+                (now, text, size, now + self.min_keep_s, _ids_text(ids),
+                 self._job_keep(ids, now), key),
+            )  # fmt: skip
+
+    def _answered(self, key: str, job_id: str, now: float) -> None:
+        self._check_in_place()
+        with self._guard("write"):
+            row = self._conn.execute(
+                "SELECT job_ids FROM jobs WHERE key = ? AND finished_at IS NOT NULL", (key,)
+            ).fetchone()
+            if row is None:
+                return
+            ids = _with(_job_ids(row[0]), job_id)
+            self._conn.execute(
+                "UPDATE jobs SET job_ids = ?, job_keep_until = MAX(COALESCE(job_keep_until, "
+                "0), ?) WHERE key = ?",
+                (_ids_text(ids), now + self.job_keep_s, key),
+            )
+
+    def _job_keep(self, ids: tuple[str, ...], now: float) -> float | None:
+        return now + self.job_keep_s if ids else None
 
     def _recover(self, now: float) -> None:
         with self._guard("recovery"):
             rows = self._conn.execute(
-                "SELECT key, tool, started_at FROM jobs WHERE finished_at IS NULL"
+                "SELECT key, tool, started_at, job_ids FROM jobs WHERE finished_at IS NULL"
             ).fetchall()
-            for key, tool, started_at in rows:
+            for key, tool, started_at, ids in rows:
                 outcome = Outcome.failure(
                     IN_DOUBT,
                     f"{tool} started at {_utc(started_at)} and the sidecar stopped before it "
                     "finished; it may have acted. Not run again: check, then retry with a "
                     "new idempotency key if it should run",
                 )
+                text = outcome_to_json(outcome)
                 self._conn.execute(
-                    "UPDATE jobs SET finished_at = ?, outcome = ?, "
-                    "keep_until = MAX(keep_until, ?) WHERE key = ?",
-                    (now, outcome_to_json(outcome), now + self.min_keep_s, key),
-                )
+                    "UPDATE jobs SET finished_at = ?, outcome = ?, outcome_bytes = ?, "
+                    "keep_until = MAX(keep_until, ?), job_keep_until = ? WHERE key = ?",
+                    (now, text, len(text.encode("utf-8")), now + self.min_keep_s,
+                     self._job_keep(_job_ids(ids), now), key),
+                )  # fmt: skip
         self.recovered = [r[0] for r in rows]
         if rows:
             log.warning(
@@ -431,7 +583,9 @@ class Ledger:
     def _prune(self, now: float) -> int:
         with self._guard("prune"):
             deleted = self._conn.execute(
-                "DELETE FROM jobs WHERE keep_until < ? AND finished_at IS NOT NULL", (now,)
+                "DELETE FROM jobs WHERE keep_until < ? AND finished_at IS NOT NULL "
+                "AND (job_keep_until IS NULL OR job_keep_until < ?)",
+                (now, now),
             ).rowcount
             (count,) = self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()
             over = count - self.max_entries
@@ -449,7 +603,45 @@ class Ledger:
                     evicted,
                 )
                 deleted += evicted
+            self._compact()
         return deleted
+
+    def _compact(self) -> None:
+        """Past ``max_bytes`` of outcomes, drop the oldest finished rows' results: each
+        row then answers ``in_doubt`` saying its job ran (never "did not run")."""
+        (total,) = self._conn.execute("SELECT COALESCE(SUM(outcome_bytes), 0) FROM jobs").fetchone()
+        if total <= self.max_bytes:
+            return
+        rows = self._conn.execute(
+            "SELECT key, tool, finished_at, outcome, outcome_bytes FROM jobs WHERE finished_at "
+            "IS NOT NULL AND outcome_bytes > ? ORDER BY finished_at",
+            (_COMPACT_MIN_BYTES,),
+        )
+        compacted: list[tuple[str, int, str]] = []
+        for key, tool, finished_at, text, size in rows:
+            if total <= self.max_bytes:
+                break
+            was = outcome_from_json(text)
+            outcome = Outcome.failure(
+                IN_DOUBT,
+                f"{tool} ran and {'completed' if was.ok else 'failed'} at "
+                f"{_utc(finished_at)}; its result ({size} bytes) was dropped to keep the "
+                "sidecar's ledger within its size. Not run again: check, then retry with a "
+                "new idempotency key if it should run",
+            )
+            small = outcome_to_json(outcome)
+            compacted.append((small, len(small.encode("utf-8")), key))
+            total -= size - compacted[-1][1]
+        self._conn.executemany(
+            "UPDATE jobs SET outcome = ?, outcome_bytes = ? WHERE key = ?", compacted
+        )
+        log.warning(
+            "ledger over its size of %d bytes of results: dropped the results of the %d "
+            "oldest finished jobs (a redelivery of one of them is answered in_doubt: it ran, "
+            "its result is gone)",
+            self.max_bytes,
+            len(compacted),
+        )
 
 
 class _Corrupt(Exception):
@@ -480,7 +672,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
         conn.execute("BEGIN IMMEDIATE")  # take the write lock now, hold it for life
-        conn.executescript(_SCHEMA)  # commits
+        _create(conn)  # commits
     except sqlite3.OperationalError as exc:
         conn.close()
         if "locked" in str(exc) or "busy" in str(exc):
@@ -493,6 +685,59 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise _Corrupt(str(exc)) from exc
     return conn
+
+
+def _create(conn: sqlite3.Connection) -> None:
+    """Create the schema, adding the columns a file written by an older version lacks
+    (its outcomes' sizes are counted once)."""
+    conn.executescript(_SCHEMA)
+    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for name, kind in _ADDED:
+        if name not in have:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+            if name == "outcome_bytes":
+                conn.execute(
+                    "UPDATE jobs SET outcome_bytes = LENGTH(CAST(outcome AS BLOB)) "
+                    "WHERE outcome IS NOT NULL"
+                )
+    conn.executescript(_INDEXES)
+
+
+@attrs.frozen
+class KeyRecord:
+    """What the runner keeps in memory per key (:meth:`Ledger.index`)."""
+
+    tool: str
+    args_digest: str
+    #: end of the key's window (Unix seconds)
+    keep_until: float
+    #: the jobs the row ran for or answered
+    job_ids: tuple[str, ...] = ()
+
+    def answers(self, job_id: str, now: float) -> bool:
+        """As :meth:`LedgerEntry.answers`."""
+        return now <= self.keep_until or job_id in self.job_ids
+
+
+def _job_ids(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    try:
+        ids = json.loads(text)
+    except ValueError:
+        return ()
+    return tuple(str(i) for i in ids) if isinstance(ids, list) else ()
+
+
+def _ids_text(ids: tuple[str, ...]) -> str | None:
+    return json.dumps(list(ids)) if ids else None
+
+
+def _with(ids: tuple[str, ...], job_id: str | None) -> tuple[str, ...]:
+    """``ids`` with ``job_id`` last (bounded: the oldest go first)."""
+    if job_id is None:
+        return ids
+    return (*(i for i in ids if i != job_id), job_id)[-_MAX_JOB_IDS:]
 
 
 def _instance_id(conn: sqlite3.Connection) -> str:
@@ -526,13 +771,17 @@ def _utc(unix_s: float) -> str:
 
 __all__ = [
     "IN_DOUBT",
+    "JOB_KEEP_S",
     "LEDGER_FILE",
+    "MAX_BYTES",
     "MAX_ENTRIES",
     "PRUNE_INTERVAL_S",
+    "KeyRecord",
     "Ledger",
     "LedgerEntry",
     "LedgerError",
     "LedgerFull",
     "LedgerLocked",
     "args_digest",
+    "job_keep_s",
 ]

@@ -38,7 +38,7 @@ from ._catalogue import validated_before_change
 from ._consent import ApprovalDesk, gate
 from ._dedupe import DedupeCache
 from ._isolate import invoke_in_process, is_isolated
-from ._ledger import Ledger, LedgerError, args_digest
+from ._ledger import KeyRecord, Ledger, LedgerError, args_digest
 from ._outcome import (
     BAD_ARGS,
     CANCELLED,
@@ -73,6 +73,8 @@ class _Run:
     key: str
     tool: Tool
     digest: str
+    #: the job this run is for (the ledger row answers its redeliveries a day)
+    job_id: str | None = None
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     done: trio.Event = attrs.field(factory=trio.Event)
     started: bool = False
@@ -115,9 +117,10 @@ class ToolRunner:
     dedupe_hits: int = 0
     _lock: trio.Lock = attrs.field(factory=trio.Lock)
     _runs: dict[str, _Run] = attrs.field(factory=dict)
-    #: every key the ledger holds -> (tool, args digest): lets the reader refuse a
-    #: reused key and skip preflight for a known one without a disk read.
-    _known: dict[str, tuple[str, str]] = attrs.field(factory=dict)
+    #: every key the ledger holds -> its tool, args digest, key window and jobs: lets the
+    #: reader refuse a reused key and skip preflight for a known one without a disk read,
+    #: and tell a new job under a key whose window is over from a redelivery.
+    _known: dict[str, KeyRecord] = attrs.field(factory=dict)
     _closing: bool = False
     #: where the person approves tools marked ``@needs_approval`` (``_consent``), or
     #: None: nobody can be asked and they are answered ``declined``
@@ -148,7 +151,38 @@ class ToolRunner:
         Raises:
             LedgerError: the ledger cannot be read.
         """
-        self._known = await self.ledger.keys()
+        self._known = await self.ledger.index()
+
+    def _speaks(self, job: Job) -> KeyRecord | None:
+        """The key's record if it speaks for ``job`` (``KeyRecord.answers``): inside the
+        key's window, or a job the row ran or answered; None otherwise (unknown, or a
+        new job under a key whose window is over: a new request)."""
+        record = self._known.get(job.idempotency_key)
+        if record is None or not record.answers(job.job_id, self.wall_clock()):
+            return None
+        return record
+
+    def _stale(self, job: Job) -> bool:
+        """True if the ledger holds ``job``'s key for other jobs only, past its window:
+        the hub may have forgotten the key, so ``job`` is a new request (not a replay)."""
+        return job.idempotency_key in self._known and self._speaks(job) is None
+
+    def _note_answered(self, job: Job) -> None:
+        """Keep the key's row for ``job`` a forwarded keep from now (in the daemon's
+        nursery): this delivery's answer may be lost too, and the hub then keeps the
+        job that long again."""
+        record = self._known.get(job.idempotency_key)
+        if record is not None and job.job_id not in record.job_ids:
+            self._known[job.idempotency_key] = attrs.evolve(
+                record, job_ids=(*record.job_ids, job.job_id)
+            )
+        self.nursery.start_soon(self._answered, job.idempotency_key, job.job_id)
+
+    async def _answered(self, key: str, job_id: str) -> None:
+        try:
+            await self.ledger.answered(key, job_id)
+        except LedgerError as exc:
+            log.error("%s (the answer to %r was given; its keep not extended)", exc, job_id)
 
     def cached(self, key: str) -> Outcome | None:
         """The recent outcome for ``key`` held in memory, or None."""
@@ -169,12 +203,14 @@ class ToolRunner:
         if refused is not None:
             return refused
         key = job.idempotency_key
-        outcome = self.cache.get(key)
+        stale = self._stale(job)
+        outcome = None if stale or key in self._runs else self.cache.get(key)
         if outcome is not None:
             self.dedupe_hits += 1
             log.info("job %s (%s): answered from the dedupe cache", job.job_id, job.name)
+            self._note_answered(job)
             return outcome
-        if key in self._runs or key in self._known:
+        if key in self._runs or (key in self._known and not stale):
             return None  # joined or answered by its record; never refused afresh
         refused = self._refusal(job)
         if refused is None:
@@ -193,7 +229,10 @@ class ToolRunner:
     def _check_reuse(self, job: Job) -> Outcome | None:
         key = job.idempotency_key
         run = self._runs.get(key)
-        known = (run.tool.name, run.digest) if run is not None else self._known.get(key)
+        record = self._speaks(job) if run is None else None
+        known = (run.tool.name, run.digest) if run is not None else None
+        if record is not None:
+            known = (record.tool, record.args_digest)
         if known is None:
             return None
         if known != (job.name, args_digest(job.args)):
@@ -300,18 +339,27 @@ class ToolRunner:
     ) -> Outcome:
         key = job.idempotency_key
         run = self._runs.get(key)
-        cached = None if run is not None else self.cache.get(key)
+        stale = run is None and self._stale(job)
+        cached = None if run is not None or stale else self.cache.get(key)
         if cached is not None:
             self.dedupe_hits += 1
+            self._note_answered(job)
             return cached
-        if run is None and key in self._known:
+        if run is None and key in self._known and not stale:
             try:
                 entry = await self.ledger.get(key)
             except LedgerError as exc:
                 log.error("%s", exc)
                 return Outcome.failure(LEDGER_ERROR, f"the sidecar cannot read its ledger: {exc}")
+            if (
+                entry is not None
+                and entry.outcome is not None
+                and not entry.answers(job.job_id, self.wall_clock())
+            ):
+                entry = None  # its window ended while this delivery queued: a new request
             if entry is not None and entry.outcome is not None:
                 self.dedupe_hits += 1
+                self._note_answered(job)
                 log.info(
                     "job %s (%s): answered from the ledger (%s)",
                     job.job_id,
@@ -343,6 +391,7 @@ class ToolRunner:
                 key=key,
                 tool=tool,
                 digest=args_digest(job.args),
+                job_id=job.job_id,
                 clock=functools.partial(self._now_for, job, self._steady_deadlines.get(job.id)),
             )
             self.nursery.start_soon(self._run, run, job, name=f"deskbridge run {job.name}")
@@ -418,14 +467,24 @@ class ToolRunner:
     async def _give_up(self, run: _Run, outcome: Outcome) -> None:
         """Record ``outcome`` for an interrupted run, then answer its waiters."""
         self.cache.put(run.key, outcome)
-        self._known[run.key] = (run.tool.name, run.digest)
+        self._remember(run)
         try:
             with trio.CancelScope(shield=True):
-                await self.ledger.finish(run.key, outcome, run.tool.name, run.digest)
+                await self.ledger.finish(run.key, outcome, run.tool.name, run.digest, run.job_id)
         except LedgerError as exc:
             log.error("%s (outcome of %r kept in memory only)", exc, run.key)
         finally:
             self._finish_run(run, outcome)
+
+    def _remember(self, run: _Run, keep_until: float = 0.0) -> None:
+        """Hold ``run``'s key in memory as the ledger now does: this run's request, its
+        job, and the key's window (at least ``min_keep_s`` from now)."""
+        before = self._known.get(run.key)
+        window = max(keep_until, self.wall_clock() + self.ledger.min_keep_s)
+        if before is not None and (before.tool, before.args_digest) == (run.tool.name, run.digest):
+            window = max(window, before.keep_until)
+        ids = () if run.job_id is None else (run.job_id,)
+        self._known[run.key] = KeyRecord(run.tool.name, run.digest, window, ids)
 
     def _finish_run(self, run: _Run, outcome: Outcome | None) -> None:
         """Hand ``outcome`` to ``run``'s waiters, once (the first word stays)."""
@@ -466,12 +525,23 @@ class ToolRunner:
         memory at once, in the ledger by a write in the daemon's nursery."""
         self.cache.put(key, outcome)
         tool, digest = (job.name, args_digest(job.args)) if job is not None else ("", "")
-        self._known.setdefault(key, (tool, digest))
-        self.nursery.start_soon(self._record, key, outcome, tool, digest)
+        job_id = None if job is None else job.job_id
+        self._known.setdefault(
+            key,
+            KeyRecord(
+                tool,
+                digest,
+                self.wall_clock() + self.ledger.min_keep_s,
+                () if job_id is None else (job_id,),
+            ),
+        )
+        self.nursery.start_soon(self._record, key, outcome, tool, digest, job_id)
 
-    async def _record(self, key: str, outcome: Outcome, tool: str, digest: str) -> None:
+    async def _record(
+        self, key: str, outcome: Outcome, tool: str, digest: str, job_id: str | None
+    ) -> None:
         try:
-            await self.ledger.finish(key, outcome, tool, digest)
+            await self.ledger.finish(key, outcome, tool, digest, job_id)
         except LedgerError as exc:
             log.error("%s (outcome of %r kept in memory only)", exc, key)
 
@@ -479,7 +549,7 @@ class ToolRunner:
         """Prune the ledger and forget pruned keys. Logs (never raises) a ledger error."""
         try:
             await self.ledger.prune()
-            self._known = await self.ledger.keys()
+            self._known = await self.ledger.index()
         except LedgerError as exc:
             log.error("%s", exc)
 
@@ -503,7 +573,7 @@ class ToolRunner:
                         try:
                             with trio.CancelScope(shield=True):  # a start is never half-known
                                 await self.ledger.begin(
-                                    run.key, run.tool.name, run.digest, keep_until
+                                    run.key, run.tool.name, run.digest, keep_until, run.job_id
                                 )
                         except LedgerError as exc:
                             log.error("%s; %s not started", exc, run.tool.name)
@@ -513,7 +583,7 @@ class ToolRunner:
                                 f"tool was not started: {exc}",
                             )
                         else:
-                            self._known[run.key] = (run.tool.name, run.digest)
+                            self._remember(run, keep_until)
                             run.started = True
                             self.running = run.tool.name
                             self.executions[run.tool.name] += 1
@@ -524,9 +594,7 @@ class ToolRunner:
                                     progress = Progress(
                                         run.progress, trio.lowlevel.current_trio_token()
                                     )
-                                    outcome = await invoke(
-                                    run.tool, job.args, progress=progress
-                                )
+                                    outcome = await invoke(run.tool, job.args, progress=progress)
                             finally:
                                 self.running = None
             if run.interrupted is not None:
@@ -542,10 +610,12 @@ class ToolRunner:
                 return  # given up on (interrupt): answered and recorded already
             if run.started or outcome.code in (CANCELLED, DECLINED):
                 self.cache.put(run.key, outcome)
-                self._known[run.key] = (run.tool.name, run.digest)
+                self._remember(run)
                 try:
                     with trio.CancelScope(shield=True):
-                        await self.ledger.finish(run.key, outcome, run.tool.name, run.digest)
+                        await self.ledger.finish(
+                            run.key, outcome, run.tool.name, run.digest, run.job_id
+                        )
                 except LedgerError as exc:
                     log.error("%s (outcome of %r kept in memory only)", exc, run.key)
         finally:
