@@ -201,6 +201,29 @@ def test_bind_port_in_use_prints_one_line() -> None:
     )
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_bind_host_that_does_not_resolve_prints_one_line(workers: str) -> None:
+    """A newcomer pass: a typo'd --bind host (with an API key, as a non-loopback bind
+    needs) was exit 1 and Hypercorn's socket.gaierror traceback."""
+    done = _run(
+        [
+            str(BIN / "deskbridge-hub"),
+            "serve",
+            "--bind",
+            "nosuchhost.invalid:1",
+            "--workers",
+            workers,
+        ],
+        _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_API_KEY="k", DESKBRIDGE_REDIS_URL=REDIS_URL),
+    )
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(
+        "deskbridge-hub serve: cannot listen on nosuchhost.invalid:1: --bind host "
+        "'nosuchhost.invalid' does not resolve"
+    ), done.stderr
+
+
 def test_misspelt_variable_is_named_with_the_nearest_known_one() -> None:
     done = _run(
         [str(BIN / "deskbridge-hub"), "serve", "--bind", "127.0.0.1:bad"],  # exits at once
