@@ -362,3 +362,28 @@ def test_a_tools_module_that_fails_to_import_is_one_line_not_a_traceback(
     assert "--tools: cannot import: " + needle in err
     assert "newcomer_tools.py" in err and "line " in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("given", ["./newcomer_tools.py", "sub/newcomer_tools.py", "/abs/x.py"])
+def test_a_tools_path_instead_of_a_module_name_says_so(capsys, tmp_path, monkeypatch, given):
+    """A newcomer pass: ``--tools ./my_tools.py`` said "TypeError: the 'package' argument is
+    required to perform a relative import for './my_tools.py' (.../importlib/__init__.py)"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "newcomer_tools.py").write_text("x = 1\n")
+    assert main(["run", "--hub", "ws://h:1", "--token", "t", "--tools", given]) == 2
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"deskbridge-sidecar run: error: --tools {given!r}: ") and (
+        "a module name" in last
+    ), err
+    assert "importlib" not in err and "Traceback" not in err
+
+
+def test_a_tools_module_that_exits_at_import_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    """``sys.exit(3)`` in a tools module at import made ``run`` exit 3, the status of a
+    superseded sidecar (not restarted), with no line at all."""
+    (tmp_path / "exiting_tools.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--hub", "ws://h:1", "--token", "t", "--tools", "exiting_tools"]) == 2
+    err = capsys.readouterr().err
+    assert "--tools: cannot import: SystemExit: 3 (" in err and "exiting_tools.py" in err, err

@@ -455,13 +455,22 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
             ssl_context = make_ssl_context(args.ca_file)
         except (OSError, ssl.SSLError) as exc:
             run_parser.error(f"--ca-file {args.ca_file}: {exc}")
+    for name in args.tools:
+        if "/" in name or os.sep in name or name.endswith(".py"):
+            # importlib's own words for a path were a TypeError about relative imports
+            stem = os.path.splitext(os.path.basename(name))[0] or "my_tools"
+            run_parser.error(
+                f"--tools {name!r}: expected a module name, not a file path (e.g. --tools "
+                f"{stem}, run from the file's folder or with it on PYTHONPATH)"
+            )
     try:
         registry = load_registry(args.tools)
     except ImportError as exc:
         run_parser.error(f"--tools: cannot import: {exc}")
     except ValueError as exc:
         run_parser.error(f"--tools: {exc}")
-    except Exception as exc:  # the tool module's own bug at import: one line, not a traceback
+    except (Exception, SystemExit) as exc:  # the tool module's own bug at import: one line
+        # (SystemExit too: sys.exit(3) at import exited 3, a superseded sidecar's status)
         run_parser.error(f"--tools: cannot import: {_import_failure(exc)}")
     try:
         _CLOSERS.extend(toolset_options.add_toolsets(args, registry))
