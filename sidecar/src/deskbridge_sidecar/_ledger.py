@@ -72,7 +72,7 @@ from typing import TypeVar, TypeVarTuple, Unpack
 import attrs
 import trio
 
-from ._errors import LedgerError, LedgerFull, LedgerLocked
+from ._errors import LedgerError, LedgerFull, LedgerLocked, LedgerTemporary
 from ._outcome import IN_DOUBT, Outcome, outcome_from_json, outcome_to_json
 
 log = logging.getLogger("deskbridge.sidecar.ledger")
@@ -456,13 +456,32 @@ class _Corrupt(Exception):
     pass
 
 
+#: What a person must fix (a permission, a read-only file system, a file where the
+#: directory goes, a path that cannot be: ``ENOENT`` from ``mkdir -p`` is a dangling
+#: link or a place like /proc): restarting cannot help, so it stops for good (exit 2).
+_FINAL_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+     errno.ENOENT, errno.ENAMETOOLONG, errno.ELOOP}
+)  # fmt: skip
+_FINAL_SQLITE = frozenset(
+    {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM,
+     sqlite3.SQLITE_AUTH, sqlite3.SQLITE_NOTADB}
+)  # fmt: skip
+
+
 def _error(message: str, exc: BaseException) -> LedgerError:
     """:class:`LedgerFull` when ``exc`` says the disk or the quota is full (SQLite's
-    ``SQLITE_FULL``, ``ENOSPC``, ``EDQUOT``), else :class:`LedgerError`."""
-    full = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL or getattr(
-        exc, "errno", None
-    ) in (errno.ENOSPC, errno.EDQUOT)
-    return (LedgerFull if full else LedgerError)(message)
+    ``SQLITE_FULL``, ``ENOSPC``, ``EDQUOT``); :class:`LedgerError` (final) when it is a
+    configuration a person must fix (:data:`_FINAL_ERRNOS`, :data:`_FINAL_SQLITE`); else
+    :class:`LedgerTemporary`: a disk or machine fault (``EIO``, ``EMFILE``,
+    ``SQLITE_IOERR`` ...), which used to stop the sidecar for good too (exit 2)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    os_errno = getattr(exc, "errno", None)
+    if code == sqlite3.SQLITE_FULL or os_errno in (errno.ENOSPC, errno.EDQUOT):
+        return LedgerFull(message)
+    if code in _FINAL_SQLITE or os_errno in _FINAL_ERRNOS:
+        return LedgerError(message)
+    return LedgerTemporary(message)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -533,6 +552,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerError",
     "LedgerFull",
+    "LedgerTemporary",
     "LedgerLocked",
     "args_digest",
 ]

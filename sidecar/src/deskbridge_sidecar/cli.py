@@ -6,8 +6,9 @@ Exit status: 0 after SIGTERM, 130 after Ctrl-C, 3 when superseded by a newer sid
 the same user (4001), 2 for a usage error, when the hub
 refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``), or
 when the ledger cannot be used (another sidecar holds it, or its directory is not
-writable), 75 (``EX_TEMPFAIL``) when the disk is too full to open the ledger: temporary,
-so a service manager restarts it. Under ``--launchd`` (the launchd agent) 2 and 3 exit 0
+writable), 75 (``EX_TEMPFAIL``) when the disk is too full to open the ledger or another
+fault of the disk or machine stops it (``EIO``, ``EMFILE``): temporary, so a service
+manager restarts it. Under ``--launchd`` (the launchd agent) 2 and 3 exit 0
 instead: launchd restarts on any non-zero exit and has no per-status rule (see
 ``_service``).
 """
@@ -30,7 +31,7 @@ from deskbridge_common import Timings
 
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
-from ._errors import LedgerFull, Superseded, TokenRefused
+from ._errors import LedgerFull, LedgerTemporary, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, LedgerError
 from ._logformat import make_formatter
 from ._tools import ToolRegistry
@@ -55,8 +56,9 @@ exit status:
        ignores cancellation is left behind 5 s later: the process exits anyway)
   2    usage error, the hub refused the token (HTTP 401/403), or the ledger
        cannot be used (another sidecar holds it; directory not writable)
-  75   the disk (or quota) is too full to open the ledger: temporary, so a
-       service manager restarts the sidecar (EX_TEMPFAIL; not 2: it is no final stop)
+  75   the disk (or quota) is too full to open the ledger, or another fault of the
+       disk or machine (I/O error, too many open files): temporary, so a service
+       manager restarts the sidecar (EX_TEMPFAIL; not 2: it is no final stop)
   3    superseded: a newer sidecar for this user connected (the hub closed this one
        with 4001); not restarted, so the two do not take the user from each other
   130  interrupted (Ctrl-C; same grace as SIGTERM, Ctrl-C again stops at once)
@@ -282,7 +284,8 @@ EXIT_SUPERSEDED = 3
 #: Exit status after Ctrl-C (SIGINT), as shells report a process ended by it.
 EXIT_INTERRUPTED = 130
 #: Exit status when the ledger cannot be opened for a full disk or quota
-#: (``LedgerFull``): ``EX_TEMPFAIL`` of sysexits.h, "try again later". Not final:
+#: (``LedgerFull``) or another disk or machine fault (``LedgerTemporary``):
+#: ``EX_TEMPFAIL`` of sysexits.h, "try again later". Not final:
 #: systemd (``Restart=on-failure``) and launchd restart it, as after a crash.
 EXIT_TEMPORARY = 75
 
@@ -300,6 +303,9 @@ async def _serve(daemon: Daemon) -> int:
             status = EXIT_SUPERSEDED
         except LedgerFull as exc:
             log.error("%s; exiting %d to be restarted once there is room", exc, EXIT_TEMPORARY)
+            status = EXIT_TEMPORARY
+        except LedgerTemporary as exc:  # a disk or machine fault: was exit 2, final
+            log.error("%s; exiting %d to be restarted", exc, EXIT_TEMPORARY)
             status = EXIT_TEMPORARY
         except LedgerError as exc:
             log.error("%s", exc)
