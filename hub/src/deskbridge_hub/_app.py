@@ -30,6 +30,7 @@ from ._errors import SubstrateMisconfigured, SubstrateUnavailable, UnknownJob
 from ._events import add_event_routes
 from ._http import (
     BRIDGE_ERRORS,
+    MAX_BODY_BYTES,
     UNAUTHORIZED,
     _draining,
     _error,
@@ -123,6 +124,7 @@ def create_app(
     config = HubConfig.from_env() if config is None else config
     app = QuartTrio("deskbridge_hub")
     app.config["DESKBRIDGE"] = config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES  # every route's, MCP's too
     holder: dict[str, Any] = {}
 
     @app.while_serving
@@ -203,7 +205,8 @@ def create_app(
             where = f"{request.method} {request.path}"
         else:
             where = f"WebSocket {websocket.path}"
-        response = _respond(http_error_answer(exc.code, exc.name, where))
+        limit = app.config["MAX_CONTENT_LENGTH"]
+        response = _respond(http_error_answer(exc.code, exc.name, where, body_limit=limit))
         allowed = getattr(exc, "valid_methods", None)
         if allowed:
             response.headers["Allow"] = ", ".join(sorted(allowed))

@@ -118,7 +118,8 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
 
     def _error_answer(exc: Exception, where: str) -> Answer:
         if isinstance(exc, HTTPException):  # 413, 408
-            return http_error_answer(exc.code, exc.name, where)
+            limit = app.config["MAX_CONTENT_LENGTH"]
+            return http_error_answer(exc.code, exc.name, where, body_limit=limit)
         if isinstance(exc, BRIDGE_ERRORS):
             return bridge_error_answer(exc)
         # what Quart's ``handle_exception`` logs and answers

@@ -31,7 +31,7 @@ from deskbridge_common import _codes, safe_text
 from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
-from ._http import key_accepted
+from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted
 from ._validate import validate_user_id
 
 if TYPE_CHECKING:
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("deskbridge.hub.mcp")
 
 _PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
-#: The largest MCP request body, bytes (the SDK's own default, 4 MiB).
-MAX_BODY_BYTES = 4 * 1024 * 1024
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
 _METHODS = frozenset({"GET", "POST", "DELETE"})
 #: JSON-RPC's "Parse error".
@@ -211,7 +209,7 @@ def mount_mcp(
             if raw is None:
                 await _send_json(
                     send, 413, _codes.REQUEST_ENTITY_TOO_LARGE,
-                    f"MCP request bodies are limited to {MAX_BODY_BYTES} bytes",
+                    body_too_large_message(MAX_BODY_BYTES, f"POST {scope.get('path', '')}"),
                 )  # fmt: skip
                 return
             repeated = _repeated_key(raw)
