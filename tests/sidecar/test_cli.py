@@ -387,3 +387,25 @@ def test_a_tools_module_that_exits_at_import_is_a_usage_error(capsys, tmp_path, 
     assert main(["run", "--hub", "ws://h:1", "--token", "t", "--tools", "exiting_tools"]) == 2
     err = capsys.readouterr().err
     assert "--tools: cannot import: SystemExit: 3 (" in err and "exiting_tools.py" in err, err
+
+
+def test_a_misspelt_variable_is_named_with_the_nearest_known_one(monkeypatch, caplog, tmp_path):
+    """A newcomer pass: the hub warns about DESKBRIDGE_PING_TIMEOUT (no _S) at start; the
+    sidecar, which reads the same timings, ignored it without a word."""
+    monkeypatch.setattr(cli, "_configure_logging", lambda *a: None)  # leave pytest's alone
+    monkeypatch.setenv("DESKBRIDGE_PING_TIMEOUT", "5")
+    monkeypatch.setenv("DESKBRIDGE_DATA_DIR", str(tmp_path / "d"))
+    seen: list[object] = []
+
+    async def serve(daemon: object) -> int:
+        seen.append(daemon)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", serve)
+    with caplog.at_level("WARNING"):
+        assert main(["run", "--hub", "ws://h:1", "--token", "t"]) == 0
+    assert seen
+    assert (
+        "unknown environment variable DESKBRIDGE_PING_TIMEOUT is ignored; "
+        "did you mean DESKBRIDGE_PING_TIMEOUT_S?"
+    ) in caplog.messages

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import trio
 from deskbridge_common import Timings
+from deskbridge_common._envnames import unknown_variable_lines
 
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
@@ -483,6 +484,8 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     except ValueError as exc:
         run_parser.error(str(exc))
     _configure_logging(args.verbose, args.log_level)
+    for line in unknown_variable_lines():  # as the hub does: a typo'd knob is not silent
+        log.warning(line)
     if args.log_file:
         try:
             _service_cli.log_to_file(args.log_file)
