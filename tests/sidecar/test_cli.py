@@ -3,6 +3,7 @@ subprocess against a tiny trio-websocket hub on loopback (real clock, bounded)."
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -409,3 +410,23 @@ def test_a_misspelt_variable_is_named_with_the_nearest_known_one(monkeypatch, ca
         "unknown environment variable DESKBRIDGE_PING_TIMEOUT is ignored; "
         "did you mean DESKBRIDGE_PING_TIMEOUT_S?"
     ) in caplog.messages
+
+
+@pytest.mark.parametrize(("code", "status"), [(errno.EIO, 75), (errno.EMFILE, 75),
+                                              (errno.EACCES, 2), (errno.ENOTDIR, 2)])  # fmt: skip
+def test_a_log_file_the_disk_fails_to_open_exits_by_its_kind(
+    capsys, monkeypatch, tmp_path, code, status
+):
+    """As for the ledger: an I/O error opening --log-file (the service's default) exited 2,
+    "stopped for good", whatever it was; a disk or machine fault is temporary (75)."""
+    monkeypatch.setattr(cli, "_configure_logging", lambda *a: None)  # leave pytest's alone
+
+    def refuse(path: str) -> None:
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(cli._service_cli, "log_to_file", refuse)
+    log_file = str(tmp_path / "sidecar.log")
+    argv = ["run", "--hub", "ws://h:1", "--token", "t", "--log-file", log_file]
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert f"--log-file {log_file}: " in err and "Traceback" not in err

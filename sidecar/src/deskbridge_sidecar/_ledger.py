@@ -469,6 +469,12 @@ _FINAL_SQLITE = frozenset(
 )  # fmt: skip
 
 
+def final_os_error(exc: OSError) -> bool:
+    """Whether ``exc`` is what a person must fix (:data:`_FINAL_ERRNOS`), not a fault of
+    the disk or machine that a restart may outlive (also for ``--log-file``)."""
+    return exc.errno in _FINAL_ERRNOS
+
+
 def _error(message: str, exc: BaseException) -> LedgerError:
     """:class:`LedgerFull` when ``exc`` says the disk or the quota is full (SQLite's
     ``SQLITE_FULL``, ``ENOSPC``, ``EDQUOT``); :class:`LedgerError` (final) when it is a

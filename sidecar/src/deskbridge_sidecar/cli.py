@@ -33,7 +33,7 @@ from deskbridge_common._envnames import unknown_variable_lines
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
 from ._errors import LedgerFull, LedgerTemporary, Superseded, TokenRefused
-from ._ledger import LEDGER_FILE, LedgerError
+from ._ledger import LEDGER_FILE, LedgerError, final_os_error
 from ._logformat import make_formatter
 from ._tools import ToolRegistry
 from ._transport import sidecar_url
@@ -490,7 +490,16 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         try:
             _service_cli.log_to_file(args.log_file)
         except OSError as exc:
-            run_parser.error(f"--log-file {args.log_file}: {exc}")
+            if final_os_error(exc) or exc.errno in (None, 0):
+                run_parser.error(f"--log-file {args.log_file}: {exc}")
+            # a disk or machine fault (EIO, EMFILE, ENOSPC): temporary, as for the ledger;
+            # it exited 2, "stopped for good", whatever it was
+            print(
+                f"deskbridge-sidecar run: --log-file {args.log_file}: {exc}; exiting "
+                f"{EXIT_TEMPORARY} to be restarted",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_TEMPORARY) from None
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
     log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))
