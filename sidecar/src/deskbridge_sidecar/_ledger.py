@@ -496,7 +496,15 @@ def _connect(path: Path) -> sqlite3.Connection:
             str(path), timeout=0.5, check_same_thread=False, isolation_level=None
         )
     except sqlite3.Error as exc:
-        raise _error(f"cannot open the ledger {path}: {exc}", exc) from exc
+        why = ""
+        if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_CANTOPEN and not (
+            os.access(path.parent, os.W_OK)
+        ):  # SQLite's "unable to open database file" said nothing of why
+            why = (
+                f" (the data directory {path.parent} is not writable: check its permissions "
+                "and file system)"
+            )
+        raise _error(f"cannot open the ledger {path}: {exc}{why}", exc) from exc
     try:
         conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         conn.execute("PRAGMA journal_mode = WAL")
