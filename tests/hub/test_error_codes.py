@@ -141,3 +141,24 @@ async def test_one_body_limit_named_in_the_answer_whichever_way_in(autojump_cloc
     for way, (status, message) in answers.items():
         assert status == 413, answers
         assert message.startswith(f"request bodies are limited to {MAX_BODY_BYTES} bytes"), way
+
+
+async def test_a_sidecar_token_given_as_the_api_key_is_named_whichever_way_in(autojump_clock):
+    """A newcomer pass: the token of `deskbridge-hub token alice` sent as the API key got
+    "missing or wrong API key" like any typo; it is the other credential, so the 401 says
+    which one the API takes."""
+    from deskbridge_hub import issue_token
+
+    token = issue_token("s" * 40, "alice", lifetime_s=600)
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    messages = {}
+    async with app.test_app():
+        for way, (method, template) in WAYS_IN.items():
+            body = b"{}" if method == "POST" else b""
+            status, answer = await _asgi(app, method, template.format(user="alice"), headers, body)
+            assert status == 401, way
+            messages[way] = answer["error"]["message"]
+    assert len(set(messages.values())) == 1, messages
+    (message,) = set(messages.values())
+    assert "a sidecar token" in message and "DESKBRIDGE_API_KEY" in message, message

@@ -31,7 +31,6 @@ from ._events import add_event_routes
 from ._http import (
     BRIDGE_ERRORS,
     MAX_BODY_BYTES,
-    UNAUTHORIZED,
     _draining,
     _error,
     _json,
@@ -44,6 +43,7 @@ from ._http import (
     http_error_answer,
     key_accepted,
     outcome_answer,
+    unauthorized_message,
     with_chosen_job_id,
 )
 from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
@@ -182,7 +182,8 @@ def create_app(
         if _needs_key(request.path) and not key_accepted(
             request.headers.get("Authorization", ""), config.api_keys
         ):
-            response = _error(401, _codes.UNAUTHORIZED, UNAUTHORIZED)
+            message = unauthorized_message(request.headers.get("Authorization", ""))
+            response = _error(401, _codes.UNAUTHORIZED, message)
             if request.path.startswith("/admin"):  # a browser asks for the key once
                 response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
             return response

@@ -163,6 +163,20 @@ def _presented_key(header: str) -> str:
     return ""
 
 
+def unauthorized_message(header: str) -> str:
+    """The message of a 401 for the ``Authorization`` header ``header``: ``UNAUTHORIZED``,
+    and when the key presented is a sidecar token (a JWT: ``eyJ...``.``...``.``...``, from
+    ``deskbridge-hub token``) a word that it is the other credential (a newcomer's
+    mistake: the token got the same line as a typo)."""
+    given = _presented_key(header)
+    if given.startswith("eyJ") and given.count(".") == 2:
+        return (
+            f"{UNAUTHORIZED}: that is a sidecar token (deskbridge-hub token), for "
+            "deskbridge-sidecar; the API takes a key of DESKBRIDGE_API_KEY"
+        )
+    return UNAUTHORIZED
+
+
 def key_accepted(header: str, api_keys: tuple[str, ...]) -> bool:
     """Whether the ``Authorization`` header ``header`` presents one of ``api_keys``
     (always, when none is configured); compared with every key, in constant time."""
