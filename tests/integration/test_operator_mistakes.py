@@ -114,6 +114,41 @@ def _refused_in_one_line(url: str) -> tuple[list[str], str]:
     return [line for line in out.splitlines() if line.startswith("deskbridge-hub: ")], out
 
 
+def test_a_cluster_url_for_a_redis_without_cluster_stops_the_hub_in_one_line() -> None:
+    """A newcomer pass: redis+cluster:// to a plain Redis was a lifespan traceback (coredis'
+    "This instance has cluster support disabled") and exit 1."""
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    refusal, out = _refused_in_one_line(f"redis+cluster://{parts.hostname}:{parts.port}")
+    assert refusal == [
+        f"deskbridge-hub: Redis at {parts.hostname}:{parts.port} has cluster support "
+        "disabled, which DESKBRIDGE_REDIS_URL's redis+cluster:// asks for: write "
+        "redis://HOST:PORT/DB for a single Redis"
+    ], out
+
+
+def test_a_server_that_does_not_answer_as_redis_is_named_with_a_reason() -> None:
+    """redis:// at a port that is not Redis (here an HTTP server), or rediss:// at a Redis
+    without TLS, logged "unavailable (health probe): ;" with no reason at all."""
+    with socket.socket() as http_like:
+        http_like.bind(("127.0.0.1", 0))
+        http_like.listen()  # accepts and never answers, as a TLS or HTTP peer would here
+        port = http_like.getsockname()[1]
+        hub_port = free_port()
+        argv = [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{hub_port}"]
+        env = _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+        try:
+            _run(argv, env, timeout_s=8.0)
+        except subprocess.TimeoutExpired as exc:  # it keeps serving, retrying Redis
+            raw = [exc.stderr or b"", exc.stdout or b""]
+            out = "".join(r.decode() if isinstance(r, bytes) else r for r in raw)
+        else:
+            raise AssertionError("the hub stopped")
+    lines = [line for line in out.splitlines() if "unreachable (hub starting)" in line]
+    assert lines, out
+    assert "(health probe): ;" not in lines[0], lines[0]
+    assert "no answer" in lines[0] and "is it a Redis server" in lines[0], lines[0]
+
+
 def test_a_wrong_redis_password_stops_the_hub_in_one_line() -> None:
     # was retried forever as an outage ("unreachable", a WARNING then INFO every 2 s):
     # an authentication failure is a configuration mistake that no retry mends
