@@ -114,6 +114,19 @@ def _refused_in_one_line(url: str) -> tuple[list[str], str]:
     return [line for line in out.splitlines() if line.startswith("deskbridge-hub: ")], out
 
 
+def test_a_configuration_error_exits_2_with_two_workers_as_with_one() -> None:
+    """A newcomer pass: a wrong Redis password stopped `serve` with exit 2, and `serve
+    --workers 2` with exit 1 (its supervisor's "a worker could not start"), so a service
+    manager told to leave 2 alone restarted the second one forever."""
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    url = f"redis://deskbridge-no-such-user:pw@{parts.hostname}:{parts.port}/0"
+    argv = [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{free_port()}"]
+    done = _run([*argv, "--workers", "2"], _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=url))
+    out = done.stdout + done.stderr
+    assert "refused the user name or password of DESKBRIDGE_REDIS_URL" in out, out
+    assert done.returncode == 2, out
+
+
 def test_a_cluster_url_for_a_redis_without_cluster_stops_the_hub_in_one_line() -> None:
     """A newcomer pass: redis+cluster:// to a plain Redis was a lifespan traceback (coredis'
     "This instance has cluster support disabled") and exit 1."""
