@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         "--lifetime-s",
         type=float,
         default=DEFAULT_TOKEN_LIFETIME_S,
-        help=f"seconds until the token expires (default {DEFAULT_TOKEN_LIFETIME_S:.0f}, 30 days)",
+        help=f"seconds until the token expires, positive and at most "
+        f"{MAX_TOKEN_LIFETIME_S:.0f} (10 years) (default {DEFAULT_TOKEN_LIFETIME_S:.0f}, 30 days)",
     )
 
     c = sub.add_parser(
