@@ -59,3 +59,22 @@ def test_waits_are_bounded_as_every_other_way_in_bounds_them(name, value):
     with pytest.raises(ValueError, match=name):
         Timings.from_env({name: value})
     assert Timings.from_env({name: "86400"})  # a day is taken
+
+
+@pytest.mark.parametrize("name", [f.name for f in __import__("attrs").fields(Timings)])
+def test_every_timing_has_an_upper_bound_named_in_its_error(name):
+    """A newcomer pass: DESKBRIDGE_RESULT_TTL_S=1e30 (or DESKBRIDGE_READ_BLOCK_MS=1e20)
+    started a hub whose every sidecar handshake ended 1011 with a traceback (Redis:
+    "value is not an integer or out of range"). Each knob is bounded, and the refusal
+    names the variable and what is accepted."""
+    var = "DESKBRIDGE_" + name.upper()
+    with pytest.raises(ValueError, match=f"^{var}: {name} must be at most [0-9,]+"):
+        Timings.from_env({var: "99999999999999999999"})
+
+
+@pytest.mark.parametrize("name", ["jobs_maxlen", "read_block_ms", "dedupe_size"])
+def test_a_fraction_for_a_whole_number_timing_says_so(name):
+    """DESKBRIDGE_JOBS_MAXLEN=1.5 said "is not a number"; it is one, just not whole."""
+    var = "DESKBRIDGE_" + name.upper()
+    with pytest.raises(ValueError, match=f"^{var}='1.5' is not a whole number"):
+        Timings.from_env({var: "1.5"})

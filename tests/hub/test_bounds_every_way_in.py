@@ -108,11 +108,35 @@ def test_serve_refuses_more_workers_than_a_machine_should_fork(monkeypatch, caps
         ("DESKBRIDGE_TOKEN_LEEWAY_S", "1e12"),  # expired tokens accepted for 30,000 years
         ("DESKBRIDGE_TOKEN_LEEWAY_S", "3601"),
         ("DESKBRIDGE_MAX_ARGS_BYTES", str(1024 * 1024)),  # no job frame could carry it
+        ("DESKBRIDGE_MAX_INFLIGHT", "99999999999999999999"),  # taken before (newcomer pass)
+        ("DESKBRIDGE_REDIS_MAX_CONNECTIONS", "99999999999999999999"),
     ],
 )
 def test_hub_knobs_have_an_upper_bound_named_in_the_error(name, value):
     with pytest.raises(ValueError, match=name):
         HubConfig.from_env({name: value})
+
+
+@pytest.mark.parametrize("name", ["DESKBRIDGE_MAX_INFLIGHT", "DESKBRIDGE_REDIS_MAX_CONNECTIONS"])
+@pytest.mark.parametrize("value", ["0", "-1", "99999999999999999999"])
+def test_an_integer_knob_out_of_range_says_what_is_accepted(name, value):
+    """ "DESKBRIDGE_MAX_INFLIGHT must be positive" said neither the value nor the range; a
+    newcomer (and DESKBRIDGE_REDIS_MAX_CONNECTIONS=0 said "positive" where 1 and 2 are
+    refused too) needs both."""
+    expected = rf"^{name} must be an integer in \[\d+, \d+\], got '{value}'$"
+    with pytest.raises(ValueError, match=expected):
+        HubConfig.from_env({name: value})
+
+
+def test_verify_token_leeway_is_bounded_from_python_as_from_the_environment():
+    """``verify_token(leeway_s=1e12)`` accepted a token expired 30,000 years ago, which
+    DESKBRIDGE_TOKEN_LEEWAY_S refuses above an hour."""
+    from deskbridge_hub import issue_token, verify_token
+
+    token = issue_token("x" * 32, "alice", lifetime_s=60)
+    with pytest.raises(ValueError, match=r"leeway_s must be .*3600"):
+        verify_token(token, ("x" * 32,), leeway_s=1e12)
+    assert verify_token(token, ("x" * 32,), leeway_s=3600) == "alice"
 
 
 def test_hub_knobs_at_their_bound_are_taken():

@@ -92,3 +92,11 @@ def test_every_option_of_every_sidecar_command_has_help() -> None:
         if action.option_strings and not action.help
     ]
     assert missing == []
+
+
+def test_token_lifetime_help_says_what_is_accepted(capsys) -> None:
+    """A newcomer pass: `token --help` gave the default only; the bound (10 years) was
+    learnt from the refusal."""
+    assert cli.main(["token", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"at most {cli.MAX_TOKEN_LIFETIME_S:.0f} (10 years)" in out, out

@@ -120,3 +120,45 @@ async def test_the_key_as_basic_password_is_taken_whichever_way_in() -> None:
             status, _ = await _asgi(app, method, template.format(user="alice"), headers, body)
             statuses[way] = status
     assert 401 not in statuses.values(), statuses
+
+
+async def test_one_body_limit_named_in_the_answer_whichever_way_in(autojump_clock) -> None:
+    """A newcomer pass: a body of 5 MiB was 413 "MCP request bodies are limited to 4194304
+    bytes" on MCP but taken on /jobs and /status (Quart's 16 MiB), whose 413 said
+    "Request Entity Too Large: POST ..." without the limit. One limit (4 MiB: args are at
+    most 1 MiB), and every 413 says it."""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    answers = {}
+    async with app.test_app():
+        assert app.config["MAX_CONTENT_LENGTH"] == MAX_BODY_BYTES
+        for way, (method, template) in WAYS_IN.items():
+            if method != "POST":
+                continue
+            path = template.format(user="alice")
+            status, answer = await _asgi(app, method, path, headers, b" " * (MAX_BODY_BYTES + 1))
+            answers[way] = (status, answer["error"]["message"])
+    for way, (status, message) in answers.items():
+        assert status == 413, answers
+        assert message.startswith(f"request bodies are limited to {MAX_BODY_BYTES} bytes"), way
+
+
+async def test_a_sidecar_token_given_as_the_api_key_is_named_whichever_way_in(autojump_clock):
+    """A newcomer pass: the token of `deskbridge-hub token alice` sent as the API key got
+    "missing or wrong API key" like any typo; it is the other credential, so the 401 says
+    which one the API takes."""
+    from deskbridge_hub import issue_token
+
+    token = issue_token("s" * 40, "alice", lifetime_s=600)
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    messages = {}
+    async with app.test_app():
+        for way, (method, template) in WAYS_IN.items():
+            body = b"{}" if method == "POST" else b""
+            status, answer = await _asgi(app, method, template.format(user="alice"), headers, body)
+            assert status == 401, way
+            messages[way] = answer["error"]["message"]
+    assert len(set(messages.values())) == 1, messages
+    (message,) = set(messages.values())
+    assert "a sidecar token" in message and "DESKBRIDGE_API_KEY" in message, message

@@ -376,9 +376,9 @@ def test_serve_refuses_a_non_loopback_bind_without_an_api_key(monkeypatch, capsy
     assert "DESKBRIDGE_API_KEY" in capsys.readouterr().err
 
 
-async def test_body_over_16_mib_is_refused_413_before_parsing(autojump_clock):
-    """Quart's MAX_CONTENT_LENGTH (16 MiB) bounds what one request may make the hub
-    buffer; the args limit then applies to what is left."""
+async def test_body_over_the_limit_is_refused_413_before_parsing(autojump_clock):
+    """Quart's MAX_CONTENT_LENGTH (4 MiB, ``_http.MAX_BODY_BYTES``) bounds what one request
+    may make the hub buffer; the args limit then applies to what is left."""
     async with running_hub() as (client, sub):
         await sub.inner.set_presence(ONLINE, "sess-1", 3600.0)
         huge = b'{"name":"echo","args":{"x":"' + b"a" * (16 * 1024 * 1024) + b'"}}'

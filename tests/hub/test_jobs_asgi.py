@@ -272,7 +272,7 @@ async def test_a_body_over_the_limit_without_content_length_is_413(autojump_cloc
             assert r.status_code == 413, await r.get_data()
             assert (await r.get_json())["error"] == {
                 "code": "request_entity_too_large",
-                "message": f"Request Entity Too Large: POST {PATH}",
+                "message": f"request bodies are limited to 20 bytes: POST {PATH}",
             }
             assert h.substrate.entries(ONLINE) == 0
 

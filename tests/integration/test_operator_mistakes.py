@@ -114,6 +114,54 @@ def _refused_in_one_line(url: str) -> tuple[list[str], str]:
     return [line for line in out.splitlines() if line.startswith("deskbridge-hub: ")], out
 
 
+def test_a_configuration_error_exits_2_with_two_workers_as_with_one() -> None:
+    """A newcomer pass: a wrong Redis password stopped `serve` with exit 2, and `serve
+    --workers 2` with exit 1 (its supervisor's "a worker could not start"), so a service
+    manager told to leave 2 alone restarted the second one forever."""
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    url = f"redis://deskbridge-no-such-user:pw@{parts.hostname}:{parts.port}/0"
+    argv = [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{free_port()}"]
+    done = _run([*argv, "--workers", "2"], _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=url))
+    out = done.stdout + done.stderr
+    assert "refused the user name or password of DESKBRIDGE_REDIS_URL" in out, out
+    assert done.returncode == 2, out
+
+
+def test_a_cluster_url_for_a_redis_without_cluster_stops_the_hub_in_one_line() -> None:
+    """A newcomer pass: redis+cluster:// to a plain Redis was a lifespan traceback (coredis'
+    "This instance has cluster support disabled") and exit 1."""
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    refusal, out = _refused_in_one_line(f"redis+cluster://{parts.hostname}:{parts.port}")
+    assert refusal == [
+        f"deskbridge-hub: Redis at {parts.hostname}:{parts.port} has cluster support "
+        "disabled, which DESKBRIDGE_REDIS_URL's redis+cluster:// asks for: write "
+        "redis://HOST:PORT/DB for a single Redis"
+    ], out
+
+
+def test_a_server_that_does_not_answer_as_redis_is_named_with_a_reason() -> None:
+    """redis:// at a port that is not Redis (here an HTTP server), or rediss:// at a Redis
+    without TLS, logged "unavailable (health probe): ;" with no reason at all."""
+    with socket.socket() as http_like:
+        http_like.bind(("127.0.0.1", 0))
+        http_like.listen()  # accepts and never answers, as a TLS or HTTP peer would here
+        port = http_like.getsockname()[1]
+        hub_port = free_port()
+        argv = [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{hub_port}"]
+        env = _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+        try:
+            _run(argv, env, timeout_s=8.0)
+        except subprocess.TimeoutExpired as exc:  # it keeps serving, retrying Redis
+            raw = [exc.stderr or b"", exc.stdout or b""]
+            out = "".join(r.decode() if isinstance(r, bytes) else r for r in raw)
+        else:
+            raise AssertionError("the hub stopped")
+    lines = [line for line in out.splitlines() if "unreachable (hub starting)" in line]
+    assert lines, out
+    assert "(health probe): ;" not in lines[0], lines[0]
+    assert "no answer" in lines[0] and "is it a Redis server" in lines[0], lines[0]
+
+
 def test_a_wrong_redis_password_stops_the_hub_in_one_line() -> None:
     # was retried forever as an outage ("unreachable", a WARNING then INFO every 2 s):
     # an authentication failure is a configuration mistake that no retry mends
@@ -199,6 +247,29 @@ def test_bind_port_in_use_prints_one_line() -> None:
     assert f"deskbridge-hub serve: cannot listen on 127.0.0.1:{port}: Address already in use" in (
         done.stderr
     )
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_bind_host_that_does_not_resolve_prints_one_line(workers: str) -> None:
+    """A newcomer pass: a typo'd --bind host (with an API key, as a non-loopback bind
+    needs) was exit 1 and Hypercorn's socket.gaierror traceback."""
+    done = _run(
+        [
+            str(BIN / "deskbridge-hub"),
+            "serve",
+            "--bind",
+            "nosuchhost.invalid:1",
+            "--workers",
+            workers,
+        ],
+        _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_API_KEY="k", DESKBRIDGE_REDIS_URL=REDIS_URL),
+    )
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(
+        "deskbridge-hub serve: cannot listen on nosuchhost.invalid:1: --bind host "
+        "'nosuchhost.invalid' does not resolve"
+    ), done.stderr
 
 
 def test_misspelt_variable_is_named_with_the_nearest_known_one() -> None:

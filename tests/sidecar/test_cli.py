@@ -3,6 +3,7 @@ subprocess against a tiny trio-websocket hub on loopback (real clock, bounded)."
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -362,3 +363,70 @@ def test_a_tools_module_that_fails_to_import_is_one_line_not_a_traceback(
     assert "--tools: cannot import: " + needle in err
     assert "newcomer_tools.py" in err and "line " in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("given", ["./newcomer_tools.py", "sub/newcomer_tools.py", "/abs/x.py"])
+def test_a_tools_path_instead_of_a_module_name_says_so(capsys, tmp_path, monkeypatch, given):
+    """A newcomer pass: ``--tools ./my_tools.py`` said "TypeError: the 'package' argument is
+    required to perform a relative import for './my_tools.py' (.../importlib/__init__.py)"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "newcomer_tools.py").write_text("x = 1\n")
+    assert main(["run", "--hub", "ws://h:1", "--token", "t", "--tools", given]) == 2
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"deskbridge-sidecar run: error: --tools {given!r}: ") and (
+        "a module name" in last
+    ), err
+    assert "importlib" not in err and "Traceback" not in err
+
+
+def test_a_tools_module_that_exits_at_import_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    """``sys.exit(3)`` in a tools module at import made ``run`` exit 3, the status of a
+    superseded sidecar (not restarted), with no line at all."""
+    (tmp_path / "exiting_tools.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--hub", "ws://h:1", "--token", "t", "--tools", "exiting_tools"]) == 2
+    err = capsys.readouterr().err
+    assert "--tools: cannot import: SystemExit: 3 (" in err and "exiting_tools.py" in err, err
+
+
+def test_a_misspelt_variable_is_named_with_the_nearest_known_one(monkeypatch, caplog, tmp_path):
+    """A newcomer pass: the hub warns about DESKBRIDGE_PING_TIMEOUT (no _S) at start; the
+    sidecar, which reads the same timings, ignored it without a word."""
+    monkeypatch.setattr(cli, "_configure_logging", lambda *a: None)  # leave pytest's alone
+    monkeypatch.setenv("DESKBRIDGE_PING_TIMEOUT", "5")
+    monkeypatch.setenv("DESKBRIDGE_DATA_DIR", str(tmp_path / "d"))
+    seen: list[object] = []
+
+    async def serve(daemon: object) -> int:
+        seen.append(daemon)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", serve)
+    with caplog.at_level("WARNING"):
+        assert main(["run", "--hub", "ws://h:1", "--token", "t"]) == 0
+    assert seen
+    assert (
+        "unknown environment variable DESKBRIDGE_PING_TIMEOUT is ignored; "
+        "did you mean DESKBRIDGE_PING_TIMEOUT_S?"
+    ) in caplog.messages
+
+
+@pytest.mark.parametrize(("code", "status"), [(errno.EIO, 75), (errno.EMFILE, 75),
+                                              (errno.EACCES, 2), (errno.ENOTDIR, 2)])  # fmt: skip
+def test_a_log_file_the_disk_fails_to_open_exits_by_its_kind(
+    capsys, monkeypatch, tmp_path, code, status
+):
+    """As for the ledger: an I/O error opening --log-file (the service's default) exited 2,
+    "stopped for good", whatever it was; a disk or machine fault is temporary (75)."""
+    monkeypatch.setattr(cli, "_configure_logging", lambda *a: None)  # leave pytest's alone
+
+    def refuse(path: str) -> None:
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(cli._service_cli, "log_to_file", refuse)
+    log_file = str(tmp_path / "sidecar.log")
+    argv = ["run", "--hub", "ws://h:1", "--token", "t", "--log-file", log_file]
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert f"--log-file {log_file}: " in err and "Traceback" not in err

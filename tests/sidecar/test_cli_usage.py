@@ -81,3 +81,29 @@ def test_install_service_refuses_a_bad_hub_and_writes_nothing(capsys, tmp_path, 
     assert err.count("\n") == 1 and err.startswith("deskbridge-sidecar install-service: --hub")
     assert not config.exists()
     assert not list(tmp_path.rglob("deskbridge-sidecar.service"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "names"),
+    [
+        # "files root '/nonexistent/dir' is not an existing folder": named neither
+        ([*RUN, "--hub", "ws://h:1", "--files-root", "/nonexistent/dir"], {}, "--files-root"),
+        ([*RUN, "--hub", "ws://h:1"], {"DESKBRIDGE_FILES_ROOTS": "/nonexistent/dir"},
+         "DESKBRIDGE_FILES_ROOTS"),
+        ([*RUN, "--hub", "ws://h:1", "--browser-origin", "notanorigin"], {}, "--browser-origin"),
+        ([*RUN, "--hub", "ws://h:1"], {"DESKBRIDGE_BROWSER_ORIGINS": "notanorigin"},
+         "DESKBRIDGE_BROWSER_ORIGINS"),
+        # "yes please" was taken as "not headless" without a word
+        ([*RUN, "--hub", "ws://h:1", "--browser-origin", "https://x.example"],
+         {"DESKBRIDGE_BROWSER_HEADLESS": "yes please"}, "DESKBRIDGE_BROWSER_HEADLESS"),
+    ],
+)  # fmt: skip
+def test_a_toolset_value_from_an_option_or_a_variable_is_named(
+    capsys, monkeypatch, argv, env, names
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"deskbridge-sidecar run: error: {names}"), err

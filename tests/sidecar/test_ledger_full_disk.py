@@ -8,7 +8,9 @@ and mount namespace of its own (``unshare -rm``), filled before the sidecar star
 
 from __future__ import annotations
 
+import errno
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +116,59 @@ def test_the_help_names_exit_status_75(capsys):
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "75   the disk (or quota) is too full to open the ledger" in out
+    assert "another fault of the\n       disk or machine (I/O error" in out
+
+
+def _oserror(code: int) -> OSError:
+    import os
+
+    return OSError(code, os.strerror(code))
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        # a fault of the disk or the machine, not of the configuration: restart (75)
+        (errno.EIO, 75), (errno.EMFILE, 75), (errno.ENOMEM, 75), (errno.ESTALE, 75),
+        # the configuration: restarting cannot help, stopped for good (2)
+        (errno.EACCES, 2), (errno.EPERM, 2), (errno.EROFS, 2), (errno.ENOTDIR, 2),
+    ],
+)  # fmt: skip
+async def test_an_io_error_creating_the_data_directory_exits_by_its_kind(
+    tmp_path, monkeypatch, code, status
+):
+    """A newcomer pass: every I/O error at start but a full disk exited 2, "stopped for
+    good, never restarted" (systemd's RestartPreventExitStatus=2, --launchd's 0), so a
+    disk hiccup (EIO) or a file-descriptor shortage left the person without a sidecar
+    until they noticed. Only what a person must fix (permissions, a read-only file
+    system, a file where the directory goes) is final."""
+    from deskbridge_sidecar import cli
+    from deskbridge_sidecar._daemon import Daemon
+
+    def refuse(self, *args, **kwargs):
+        raise _oserror(code)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    daemon = Daemon("ws://127.0.0.1:9", "t", data_dir=tmp_path / "d")
+    assert await cli._serve(daemon) == status
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(sqlite3.SQLITE_IOERR, 75), (sqlite3.SQLITE_NOMEM, 75), (sqlite3.SQLITE_PROTOCOL, 75),
+     (sqlite3.SQLITE_READONLY, 2), (sqlite3.SQLITE_CANTOPEN, 2), (sqlite3.SQLITE_PERM, 2)],
+)  # fmt: skip
+async def test_sqlite_refusing_the_ledger_at_start_exits_by_its_kind(
+    tmp_path, monkeypatch, code, status
+):
+    from deskbridge_sidecar import _ledger, cli
+    from deskbridge_sidecar._daemon import Daemon
+
+    def refuse(*args, **kwargs):
+        exc = sqlite3.OperationalError("refused")
+        exc.sqlite_errorcode = code
+        raise exc
+
+    monkeypatch.setattr(_ledger.sqlite3, "connect", refuse)
+    daemon = Daemon("ws://127.0.0.1:9", "t", data_dir=tmp_path / "d")
+    assert await cli._serve(daemon) == status

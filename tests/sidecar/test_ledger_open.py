@@ -171,3 +171,25 @@ def test_any_other_refusal_is_a_ledger_error_naming_the_file(path, monkeypatch):
     with pytest.raises(LedgerError, match=expected) as info:
         _ledger._connect(path)
     assert not isinstance(info.value, LedgerLocked) and conn.closed
+
+
+def test_a_ledger_sqlite_cannot_open_in_a_read_only_directory_says_so(path, monkeypatch):
+    """A newcomer pass: a data directory on a read-only file system said only "cannot open
+    the ledger ...: unable to open database file" (SQLite's words), not why."""
+
+    def refuse(*args, **kwargs):
+        exc = sqlite3.OperationalError("unable to open database file")
+        exc.sqlite_errorcode = sqlite3.SQLITE_CANTOPEN
+        raise exc
+
+    monkeypatch.setattr(_ledger.sqlite3, "connect", refuse)
+    real_access = _ledger.os.access
+    monkeypatch.setattr(
+        _ledger.os,
+        "access",
+        lambda p, mode: False if str(p) == str(path.parent) else real_access(p, mode),
+    )
+    path.parent.mkdir(parents=True)
+    expected = r"database file \(the data directory .* is not writable: check its permissions"
+    with pytest.raises(LedgerError, match=expected + r" and file system\)$"):
+        Ledger.open(path)

@@ -45,7 +45,7 @@ def test_config_file_is_read_with_types_checked(home: Path) -> None:
     assert cfg.hub == "wss://hub.example" and cfg.tools == ("a", "b")
     assert cfg.log_file == str(home / "x.log")
     for bad, message in [
-        ("hub = 3\n", "hub must be a str"),
+        ("hub = 3\n", "hub must be a string"),
         ('hbu = "x"\n', "unknown key 'hbu'"),
         ("tools = [1]\n", "tools must be a list of module names"),
         ("hub = \n", "sidecar.toml"),
@@ -55,6 +55,31 @@ def test_config_file_is_read_with_types_checked(home: Path) -> None:
             _config.load_config()
     with pytest.raises(_config.ConfigError, match="no such file"):
         _config.load_config(home / "missing.toml", required=True)
+
+
+def test_config_mistakes_a_newcomer_makes_are_one_line_naming_the_key(home: Path) -> None:
+    """A newcomer pass: a config file that is not UTF-8 (saved as UTF-16 by an editor) was
+    a UnicodeDecodeError traceback and exit 1; "hub must be a str" spoke Python."""
+    path = home / "c.toml"
+    path.write_bytes('hub = "ws://h:1"\n'.encode("utf-16"))
+    with pytest.raises(_config.ConfigError, match=r"c\.toml: not UTF-8 text \(TOML is UTF-8\)"):
+        _config.load_config(path, required=True)
+    path.write_text("hub = 3\n")
+    with pytest.raises(_config.ConfigError, match=r"c\.toml: hub must be a string, got 3$"):
+        _config.load_config(path, required=True)
+    path.write_text('tools = "my_tools"\n')
+    with pytest.raises(_config.ConfigError, match=r"tools must be a list of module names, got "):
+        _config.load_config(path, required=True)
+
+
+def test_a_config_named_by_the_variable_that_is_missing_is_an_error(home, monkeypatch, capsys):
+    """DESKBRIDGE_CONFIG=/typo/sidecar.toml was ignored without a word (the run went on
+    with no config), unlike --config naming a missing file."""
+    monkeypatch.setenv("DESKBRIDGE_CONFIG", str(home / "typo.toml"))
+    with pytest.raises(_config.ConfigError, match=r"^DESKBRIDGE_CONFIG: .*typo.toml: no such"):
+        _config.load_config()
+    assert main(["run", "--hub", "ws://h:1", "--token", "t"]) == 2
+    assert "DESKBRIDGE_CONFIG: " in capsys.readouterr().err
 
 
 def test_token_falls_back_to_a_0600_file(home: Path) -> None:

@@ -42,32 +42,54 @@ def _positive(instance: object, attribute: attrs.Attribute[_Number], value: _Num
 MAX_WAIT_S = 24 * 3600.0
 
 
-def _at_most_a_day(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if value > MAX_WAIT_S:
-        raise ValueError(f"{attribute.name} must be at most {MAX_WAIT_S:g} s, got {value!r}")
+#: Largest count (``jobs_maxlen``, ``dedupe_size``): a million entries.
+MAX_COUNT = 1_000_000
+
+
+def _bounded(instance: object, attribute: attrs.Attribute[_Number], value: _Number) -> None:
+    # Every knob has a ceiling: DESKBRIDGE_RESULT_TTL_S=1e30 (or READ_BLOCK_MS=1e20) was
+    # taken, and Redis refused the PEXPIRE / BLOCK at the first session ("value is not an
+    # integer or out of range": every handshake ended 1011). No timing needs more than a
+    # day (calls and drains are bounded by one already); counts stop at a million.
+    if attribute.name.endswith("_ms"):
+        most, unit = MAX_WAIT_S * 1000, " ms"
+    elif attribute.name.endswith("_s"):
+        most, unit = MAX_WAIT_S, " s"
+    else:
+        most, unit = MAX_COUNT, ""
+    if value > most:
+        raise ValueError(f"{attribute.name} must be at most {most:.0f}{unit}, got {value!r}")
+
+
+def _is_float(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return True
 
 
 @attrs.frozen(kw_only=True)
 class Timings:
     """Every timing knob of hub and sidecar. Seconds unless the name says otherwise."""
 
-    heartbeat_s: float = attrs.field(default=30.0, validator=_positive)
-    presence_ttl_s: float = attrs.field(default=90.0, validator=_positive)
-    jobs_maxlen: int = attrs.field(default=500, validator=_positive)
-    reclaim_idle_s: float = attrs.field(default=180.0, validator=_positive)
-    result_ttl_s: float = attrs.field(default=300.0, validator=_positive)
-    call_timeout_s: float = attrs.field(default=90.0, validator=[_positive, _at_most_a_day])
-    read_block_ms: int = attrs.field(default=2000, validator=_positive)
-    ping_interval_s: float = attrs.field(default=30.0, validator=_positive)
-    ping_timeout_s: float = attrs.field(default=10.0, validator=_positive)
-    close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
-    dedupe_size: int = attrs.field(default=256, validator=_positive)
-    dedupe_ttl_s: float = attrs.field(default=300.0, validator=_positive)
-    wedge_gap_s: float = attrs.field(default=5.0, validator=_positive)
-    watchdog_interval_s: float = attrs.field(default=1.0, validator=_positive)
-    backoff_initial_s: float = attrs.field(default=0.5, validator=_positive)
-    backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
-    grace_s: float = attrs.field(default=20.0, validator=[_positive, _at_most_a_day])
+    heartbeat_s: float = attrs.field(default=30.0, validator=[_positive, _bounded])
+    presence_ttl_s: float = attrs.field(default=90.0, validator=[_positive, _bounded])
+    jobs_maxlen: int = attrs.field(default=500, validator=[_positive, _bounded])
+    reclaim_idle_s: float = attrs.field(default=180.0, validator=[_positive, _bounded])
+    result_ttl_s: float = attrs.field(default=300.0, validator=[_positive, _bounded])
+    call_timeout_s: float = attrs.field(default=90.0, validator=[_positive, _bounded])
+    read_block_ms: int = attrs.field(default=2000, validator=[_positive, _bounded])
+    ping_interval_s: float = attrs.field(default=30.0, validator=[_positive, _bounded])
+    ping_timeout_s: float = attrs.field(default=10.0, validator=[_positive, _bounded])
+    close_timeout_s: float = attrs.field(default=5.0, validator=[_positive, _bounded])
+    dedupe_size: int = attrs.field(default=256, validator=[_positive, _bounded])
+    dedupe_ttl_s: float = attrs.field(default=300.0, validator=[_positive, _bounded])
+    wedge_gap_s: float = attrs.field(default=5.0, validator=[_positive, _bounded])
+    watchdog_interval_s: float = attrs.field(default=1.0, validator=[_positive, _bounded])
+    backoff_initial_s: float = attrs.field(default=0.5, validator=[_positive, _bounded])
+    backoff_max_s: float = attrs.field(default=30.0, validator=[_positive, _bounded])
+    grace_s: float = attrs.field(default=20.0, validator=[_positive, _bounded])
 
     def __attrs_post_init__(self) -> None:
         if self.presence_ttl_s <= self.heartbeat_s:
@@ -90,10 +112,12 @@ class Timings:
             var = "DESKBRIDGE_" + field.name.upper()
             if var in environ:
                 raw = environ[var]
+                whole = field.type in (int, "int")
                 try:
-                    values[field.name] = int(raw) if field.type in (int, "int") else float(raw)
+                    values[field.name] = int(raw) if whole else float(raw)
                 except ValueError:
-                    raise ValueError(f"{var}={raw!r} is not a number") from None
+                    kind = "a whole number" if whole and _is_float(raw) else "a number"
+                    raise ValueError(f"{var}={raw!r} is not {kind}") from None
         try:
             # Each value was parsed by its field's own type (int or float) just above.
             return cls(**values)  # type: ignore[arg-type]

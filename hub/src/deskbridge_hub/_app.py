@@ -30,7 +30,7 @@ from ._errors import SubstrateMisconfigured, SubstrateUnavailable, UnknownJob
 from ._events import add_event_routes
 from ._http import (
     BRIDGE_ERRORS,
-    UNAUTHORIZED,
+    MAX_BODY_BYTES,
     _draining,
     _error,
     _json,
@@ -43,6 +43,7 @@ from ._http import (
     http_error_answer,
     key_accepted,
     outcome_answer,
+    unauthorized_message,
     with_chosen_job_id,
 )
 from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
@@ -123,6 +124,7 @@ def create_app(
     config = HubConfig.from_env() if config is None else config
     app = QuartTrio("deskbridge_hub")
     app.config["DESKBRIDGE"] = config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES  # every route's, MCP's too
     holder: dict[str, Any] = {}
 
     @app.while_serving
@@ -180,7 +182,8 @@ def create_app(
         if _needs_key(request.path) and not key_accepted(
             request.headers.get("Authorization", ""), config.api_keys
         ):
-            response = _error(401, _codes.UNAUTHORIZED, UNAUTHORIZED)
+            message = unauthorized_message(request.headers.get("Authorization", ""))
+            response = _error(401, _codes.UNAUTHORIZED, message)
             if request.path.startswith("/admin"):  # a browser asks for the key once
                 response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
             return response
@@ -203,7 +206,8 @@ def create_app(
             where = f"{request.method} {request.path}"
         else:
             where = f"WebSocket {websocket.path}"
-        response = _respond(http_error_answer(exc.code, exc.name, where))
+        limit = app.config["MAX_CONTENT_LENGTH"]
+        response = _respond(http_error_answer(exc.code, exc.name, where, body_limit=limit))
         allowed = getattr(exc, "valid_methods", None)
         if allowed:
             response.headers["Allow"] = ", ".join(sorted(allowed))

@@ -10,19 +10,21 @@ from collections.abc import Mapping
 import attrs
 from deskbridge_common import MAX_FRAME_BYTES, Timings
 
-from ._tokens import TOKEN_LEEWAY_S
+from ._tokens import MAX_TOKEN_LEEWAY_S, TOKEN_LEEWAY_S
 
 #: ``DESKBRIDGE_REDIS_URL`` value that asks for the in-memory substrate explicitly.
 MEMORY_URL = "memory://"
-#: Largest ``DESKBRIDGE_TOKEN_LEEWAY_S``, seconds: an hour. The leeway also accepts a
-#: token that long after its ``exp``; skew beyond it is a broken clock, not drift.
-MAX_TOKEN_LEEWAY_S = 3600.0
 #: Largest ``DESKBRIDGE_MAX_ARGS_BYTES``: the args must fit a ``job`` frame (1 MiB,
 #: ``MAX_FRAME_BYTES``) with its other fields (ids, key, deadline, trace context: well
 #: under 16 KiB); larger args would be accepted, enqueued and answered ``bad_job``.
 MAX_ARGS_BYTES_LIMIT = MAX_FRAME_BYTES - 16 * 1024
 #: Default ``DESKBRIDGE_MAX_ARGS_BYTES``: 256 KiB.
 DEFAULT_MAX_ARGS_BYTES = 256 * 1024
+#: Largest ``DESKBRIDGE_MAX_INFLIGHT``: a sidecar runs one tool at a time, so more jobs
+#: handed to one socket only wait there instead of in the user's stream.
+MAX_INFLIGHT_LIMIT = 10_000
+#: Largest ``DESKBRIDGE_REDIS_MAX_CONNECTIONS``: Redis' default ``maxclients``.
+MAX_REDIS_CONNECTIONS_LIMIT = 10_000
 
 
 @attrs.frozen(kw_only=True)
@@ -79,7 +81,9 @@ class HubConfig:
             secrets=((secret,) if secret else ()) + csv("DESKBRIDGE_PREVIOUS_SECRETS"),
             api_keys=csv("DESKBRIDGE_API_KEY"),
             timings=Timings.from_env(env),
-            max_inflight_per_session=_int(env, "DESKBRIDGE_MAX_INFLIGHT", 32),
+            max_inflight_per_session=_int(
+                env, "DESKBRIDGE_MAX_INFLIGHT", 32, most=MAX_INFLIGHT_LIMIT
+            ),
             max_args_bytes=max_args_bytes(env),
             token_leeway_s=_seconds(
                 env, "DESKBRIDGE_TOKEN_LEEWAY_S", TOKEN_LEEWAY_S, most=MAX_TOKEN_LEEWAY_S
@@ -98,18 +102,17 @@ def max_args_bytes(env: Mapping[str, str]) -> int:
     return _int(env, "DESKBRIDGE_MAX_ARGS_BYTES", DEFAULT_MAX_ARGS_BYTES, most=MAX_ARGS_BYTES_LIMIT)
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, most: int | None = None) -> int:
+def _int(env: Mapping[str, str], name: str, default: int, *, most: int, least: int = 1) -> int:
     raw = env.get(name)
     if raw is None:
         return default
+    accepted = f"an integer in [{least}, {most}]"
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be positive")
-    if most is not None and value > most:
-        raise ValueError(f"{name} must be at most {most}, got {value}")
+        raise ValueError(f"{name}={raw!r} is not an integer; it must be {accepted}") from None
+    if not least <= value <= most:
+        raise ValueError(f"{name} must be {accepted}, got {raw!r}")
     return value
 
 
@@ -135,13 +138,10 @@ def _redis_url(env: Mapping[str, str]) -> str | None:
 
 
 def _redis_max_connections(env: Mapping[str, str]) -> int:
-    value = _int(env, "DESKBRIDGE_REDIS_MAX_CONNECTIONS", 16)
-    if value < 3:
-        raise ValueError(
-            "DESKBRIDGE_REDIS_MAX_CONNECTIONS must be >= 3 "
-            "(one shared, one for blocking commands, one pub/sub)"
-        )
-    return value
+    # at least 3: one shared, one for blocking commands, one pub/sub
+    return _int(
+        env, "DESKBRIDGE_REDIS_MAX_CONNECTIONS", 16, least=3, most=MAX_REDIS_CONNECTIONS_LIMIT
+    )
 
 
 def redis_url_problem(url: str) -> str | None:

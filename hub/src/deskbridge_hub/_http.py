@@ -100,7 +100,22 @@ def bridge_error_answer(
     return error_answer(400, _codes.BAD_REQUEST, str(exc), field=exc.field)
 
 
-def http_error_answer(status: int | None, name: str | None, where: str) -> Answer:
+#: The largest request body on every route, bytes: 4 MiB, the MCP SDK's own default (a
+#: job's args are at most ~1 MiB, ``MAX_ARGS_BYTES_LIMIT``). The app sets Quart's
+#: ``MAX_CONTENT_LENGTH`` to it: /jobs and /status took 16 MiB (Quart's default) while MCP
+#: refused past 4 MiB, and only MCP's 413 said the limit.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def body_too_large_message(limit: int, where: str) -> str:
+    """The message of every 413, naming the limit: ``request bodies are limited to N
+    bytes: POST /path``."""
+    return f"request bodies are limited to {limit} bytes: {safe_text(where)}"
+
+
+def http_error_answer(
+    status: int | None, name: str | None, where: str, *, body_limit: int | None = None
+) -> Answer:
     """The JSON answer to an HTTP error (Werkzeug's ``HTTPException``: its ``code`` and
     ``name``) for the request ``where`` ("POST /path"), e.g. 404 ``not_found`` "Not
     Found: GET /x" (Quart's default is an HTML page). The request's path is the
@@ -110,6 +125,8 @@ def http_error_answer(status: int | None, name: str | None, where: str) -> Answe
     code = _codes.HTTP_STATUS_CODES.get(status or 500) or (
         (name or "error").lower().replace(" ", "_").replace("'", "")
     )
+    if status == 413 and body_limit is not None:
+        return error_answer(413, code, body_too_large_message(body_limit, where))
     return error_answer(status or 500, code, f"{name}: {safe_text(where)}")
 
 
@@ -144,6 +161,20 @@ def _presented_key(header: str) -> str:
             return ""
         return decoded.partition(":")[2]
     return ""
+
+
+def unauthorized_message(header: str) -> str:
+    """The message of a 401 for the ``Authorization`` header ``header``: ``UNAUTHORIZED``,
+    and when the key presented is a sidecar token (a JWT: ``eyJ...``.``...``.``...``, from
+    ``deskbridge-hub token``) a word that it is the other credential (a newcomer's
+    mistake: the token got the same line as a typo)."""
+    given = _presented_key(header)
+    if given.startswith("eyJ") and given.count(".") == 2:
+        return (
+            f"{UNAUTHORIZED}: that is a sidecar token (deskbridge-hub token), for "
+            "deskbridge-sidecar; the API takes a key of DESKBRIDGE_API_KEY"
+        )
+    return UNAUTHORIZED
 
 
 def key_accepted(header: str, api_keys: tuple[str, ...]) -> bool:

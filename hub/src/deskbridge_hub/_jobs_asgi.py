@@ -38,7 +38,6 @@ from werkzeug.sansio.utils import get_content_length
 from . import _tracing
 from ._http import (
     BRIDGE_ERRORS,
-    UNAUTHORIZED,
     Answer,
     bridge_error_answer,
     draining_answer,
@@ -46,6 +45,7 @@ from ._http import (
     http_error_answer,
     key_accepted,
     outcome_answer,
+    unauthorized_message,
     with_chosen_job_id,
 )
 from ._http_body import JobRequest, parse_job
@@ -80,7 +80,8 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             return
         headers = _headers(scope)
         if not key_accepted(headers.get("authorization", ""), config.api_keys):
-            await _send(send, error_answer(401, _codes.UNAUTHORIZED, UNAUTHORIZED), app.config)
+            message = unauthorized_message(headers.get("authorization", ""))
+            await _send(send, error_answer(401, _codes.UNAUTHORIZED, message), app.config)
             return
         answer = await _answer(receive, match.group(1), headers, f"POST {scope['path']}")
         if answer is not None:  # None: the client went away
@@ -118,7 +119,8 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
 
     def _error_answer(exc: Exception, where: str) -> Answer:
         if isinstance(exc, HTTPException):  # 413, 408
-            return http_error_answer(exc.code, exc.name, where)
+            limit = app.config["MAX_CONTENT_LENGTH"]
+            return http_error_answer(exc.code, exc.name, where, body_limit=limit)
         if isinstance(exc, BRIDGE_ERRORS):
             return bridge_error_answer(exc)
         # what Quart's ``handle_exception`` logs and answers

@@ -31,7 +31,7 @@ from deskbridge_common import _codes, safe_text
 from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
-from ._http import key_accepted
+from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted, unauthorized_message
 from ._validate import validate_user_id
 
 if TYPE_CHECKING:
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("deskbridge.hub.mcp")
 
 _PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
-#: The largest MCP request body, bytes (the SDK's own default, 4 MiB).
-MAX_BODY_BYTES = 4 * 1024 * 1024
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
 _METHODS = frozenset({"GET", "POST", "DELETE"})
 #: JSON-RPC's "Parse error" and "Invalid Request".
@@ -197,7 +195,7 @@ def mount_mcp(
                 send,
                 401,
                 _codes.UNAUTHORIZED,
-                "missing or wrong API key (Authorization: Bearer <key>)",
+                unauthorized_message(_authorization(scope)),
             )
             return
         try:
@@ -212,7 +210,7 @@ def mount_mcp(
             if raw is None:
                 await _send_json(
                     send, 413, _codes.REQUEST_ENTITY_TOO_LARGE,
-                    f"MCP request bodies are limited to {MAX_BODY_BYTES} bytes",
+                    body_too_large_message(MAX_BODY_BYTES, f"POST {scope.get('path', '')}"),
                 )  # fmt: skip
                 return
             refusal = _refusal(raw)
@@ -325,8 +323,12 @@ def _draining(holder: dict[str, Any]) -> bool:
 def _authorised(scope: Any, api_keys: tuple[str, ...]) -> bool:
     """The API key as every /v1 route takes it (``_http.key_accepted``): bearer, or
     HTTP Basic's password (Basic was refused here only)."""
+    return key_accepted(_authorization(scope), api_keys)
+
+
+def _authorization(scope: Any) -> str:
     header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
-    return key_accepted(header.decode("latin-1"), api_keys)
+    return str(header.decode("latin-1"))
 
 
 async def _send_json(

@@ -151,6 +151,19 @@ def coded(exc: BaseException) -> Exception:
     return exc if isinstance(exc, Exception) else Exception(text)
 
 
+def _reason(exc: BaseException) -> str:
+    """Why a command failed, never empty: a peer that accepts and never answers as Redis
+    does (an HTTP server, a Redis without TLS behind rediss://) timed out with an empty
+    message, and the line read "unavailable (health probe): ;"."""
+    text = str(coded(exc))
+    if text:
+        return text
+    return (
+        f"no answer ({type(exc).__name__}): is it a Redis server (and, for rediss://, one "
+        "that speaks TLS)?"
+    )
+
+
 class RedisConnections:
     """The connections of one ``RedisSubstrate``: one session per event-loop run.
 
@@ -286,6 +299,14 @@ class RedisConnections:
             if members and all(m is not None for m in members):
                 return members[0]
             return None
+        if isinstance(exc, ResponseError) and "cluster support disabled" in str(exc):
+            # redis+cluster:// at a single Redis: a lifespan traceback at start, exit 1
+            _metrics.substrate_error(what)
+            return SubstrateMisconfigured(
+                f"Redis at {self.address} has cluster support disabled, which "
+                "DESKBRIDGE_REDIS_URL's redis+cluster:// asks for: write redis://HOST:PORT/DB "
+                "for a single Redis"
+            )
         if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
             _metrics.substrate_error(what)
             return SubstrateMisconfigured(
@@ -308,7 +329,7 @@ class RedisConnections:
             _metrics.substrate_error(what)
             self.monitor.poke()
             unavailable = SubstrateUnavailable(
-                f"Redis at {self.address} unavailable ({what}): {coded(exc)}"
+                f"Redis at {self.address} unavailable ({what}): {_reason(exc)}"
             )
             unavailable.unsent = isinstance(exc, ConnectFailed)  # nothing reached Redis
             return unavailable

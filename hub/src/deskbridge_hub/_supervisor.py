@@ -133,8 +133,10 @@ def run(config: Config, workers: int, grace_s: float) -> int:
 
     Returns:
         0 once every worker drained and exited 0 after SIGINT/SIGTERM (workers killed
-        and replaced before that do not count); 1 when a worker could not start or kept
-        crashing (:class:`Restarts`), or had to be killed.
+        and replaced before that do not count); 2 when the workers that exited refused
+        their configuration before they served (each exited 2: a usage error, as
+        ``serve --workers 1`` reports it); 1 when a worker could not start otherwise or
+        kept crashing (:class:`Restarts`), or had to be killed.
 
     Raises:
         OSError: the listening sockets could not be created (address in use, ...).
@@ -245,7 +247,11 @@ def run(config: Config, workers: int, grace_s: float) -> int:
                         )  # fmt: skip
                         start_one()
                         continue
-                    status = 1
+                    # a worker refusing its configuration before it served exits 2 (a
+                    # usage error, as `serve --workers 1` does); passed on, so a service
+                    # manager that leaves 2 alone does not restart a hub that cannot start
+                    refused = code == 2 and not served and status in (0, 2)
+                    status = 2 if refused else 1
                     log.error("worker %d exited with %s after %.1f s", pid, how, lived_s)
                     if kill_at is None:
                         if not served:

@@ -37,6 +37,10 @@ DEFAULT_TOKEN_LIFETIME_S = 30 * 24 * 3600.0
 #: Clock skew tolerated between the machine that minted a token and the hub: 300 s (the
 #: default of Kerberos and of .NET's JWT validation). ``DESKBRIDGE_TOKEN_LEEWAY_S``.
 TOKEN_LEEWAY_S = 300.0
+#: Largest leeway, seconds: an hour. The leeway also accepts a token that long after its
+#: ``exp``; skew beyond it is a broken clock, not drift (``DESKBRIDGE_TOKEN_LEEWAY_S`` and
+#: ``verify_token(leeway_s=)`` alike).
+MAX_TOKEN_LEEWAY_S = 3600.0
 
 
 class TokenRejected(Exception):
@@ -138,8 +142,8 @@ def verify_token_claims(
         token: the compact JWT.
         secrets: every secret currently accepted (current first, then those being
             rotated out).
-        leeway_s: clock skew tolerated on ``iat`` and ``exp``, seconds (>= 0; default
-            ``TOKEN_LEEWAY_S`` = 300 s).
+        leeway_s: clock skew tolerated on ``iat`` and ``exp``, seconds in [0,
+            ``MAX_TOKEN_LEEWAY_S`` = 3600] (default ``TOKEN_LEEWAY_S`` = 300 s).
         now: the hub's time, Unix seconds (default: the wall clock).
 
     Returns:
@@ -155,6 +159,12 @@ def verify_token_claims(
             ``kid``, bad signature, ``sub`` or ``exp`` missing, or a ``sub`` that is not a
             valid user id.
     """
+    # the bound DESKBRIDGE_TOKEN_LEEWAY_S has: a leeway of 1e12 s accepted a token expired
+    # 30,000 years ago when given from Python
+    if not (math.isfinite(leeway_s) and 0 <= leeway_s <= MAX_TOKEN_LEEWAY_S):
+        raise ValueError(
+            f"leeway_s must be a number of seconds in [0, {MAX_TOKEN_LEEWAY_S:g}], got {leeway_s!r}"
+        )
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError as exc:
@@ -163,8 +173,6 @@ def verify_token_claims(
     secret = by_kid.get(str(header.get("kid")))
     if secret is None:
         raise TokenRejected("token signed with an unknown key")
-    if not (math.isfinite(leeway_s) and leeway_s >= 0):
-        raise ValueError("leeway_s must be a finite number of seconds >= 0")
     # PyJWT compares with its own clock; checking iat/exp here on ``now`` keeps one rule
     # for both (and lets tests move the hub's clock).
     try:

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import socket
 import sys
 import urllib.error
 import urllib.parse
@@ -93,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         "--lifetime-s",
         type=float,
         default=DEFAULT_TOKEN_LIFETIME_S,
-        help=f"seconds until the token expires (default {DEFAULT_TOKEN_LIFETIME_S:.0f}, 30 days)",
+        help=f"seconds until the token expires, positive and at most "
+        f"{MAX_TOKEN_LIFETIME_S:.0f} (10 years) (default {DEFAULT_TOKEN_LIFETIME_S:.0f}, 30 days)",
     )
 
     c = sub.add_parser(
@@ -421,6 +423,14 @@ def _serve(args: argparse.Namespace) -> int:
             return run(config)
         return _supervisor.run(config, args.workers, grace_s)
     except OSError as exc:
+        if isinstance(exc, socket.gaierror):
+            # a typo'd host: Hypercorn's bind raised it as a traceback, exit 1
+            print(
+                f"deskbridge-hub serve: cannot listen on {args.bind}: --bind host {host!r} "
+                f"does not resolve ({exc.strerror}); give an IP address or a known name",
+                file=sys.stderr,
+            )
+            return 2
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             print(
                 f"deskbridge-hub serve: cannot listen on {args.bind}: {exc.strerror}",

@@ -77,24 +77,31 @@ def load_config(path: Path | None = None, *, required: bool = False) -> SidecarC
     Raises:
         ConfigError: unreadable, not TOML, an unknown key or a wrong type.
     """
+    named_by = ""
+    if path is None and os.environ.get("DESKBRIDGE_CONFIG"):
+        # named on purpose, as --config does: a typo'd path was ignored without a word
+        required, named_by = True, "DESKBRIDGE_CONFIG: "
     path = path or default_config_path()
     try:
         with open(path, "rb") as f:
             data: dict[str, Any] = tomllib.load(f)
     except FileNotFoundError:
         if required:
-            raise ConfigError(f"{path}: no such file") from None
+            raise ConfigError(f"{named_by}{path}: no such file") from None
         return SidecarConfig()
+    except UnicodeDecodeError:  # tomllib decodes UTF-8 itself: was a traceback, exit 1
+        raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8)") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     for key, value in data.items():
         if key not in KEYS:
             raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(KEYS)})")
         if not isinstance(value, KEYS[key]):
-            raise ConfigError(f"{path}: {key} must be a {KEYS[key].__name__}")
+            kind = "a list of module names" if key == "tools" else "a string"
+            raise ConfigError(f"{path}: {key} must be {kind}, got {value!r}")
     tools = data.get("tools", [])
     if not all(isinstance(t, str) for t in tools):
-        raise ConfigError(f"{path}: tools must be a list of module names")
+        raise ConfigError(f"{path}: tools must be a list of module names, got {tools!r}")
 
     def expanded(key: str) -> str | None:
         value = data.get(key)

@@ -125,7 +125,15 @@ class LedgerError(Exception):
     """The ledger could not be read or written (disk full, I/O error)."""
 
 
-class LedgerFull(LedgerError):
+class LedgerTemporary(LedgerError):
+    """A fault of the disk or the machine, not of the configuration (``EIO``, ``EMFILE``,
+    ``ENOMEM``, SQLite's ``SQLITE_IOERR`` ...: anything but a permission, a read-only file
+    system, a file where the directory goes, or another sidecar holding the ledger).
+    Temporary: the CLI exits 75 (``EX_TEMPFAIL``) on it at start, so a service manager
+    restarts it."""
+
+
+class LedgerFull(LedgerTemporary):
     """The disk (or the user's quota) is full: SQLite answered ``SQLITE_FULL``, or the
     data directory could not be created for ``ENOSPC`` / ``EDQUOT``. Temporary: the CLI
     exits 75 (``EX_TEMPFAIL``) on it at start, so a service manager restarts it."""
@@ -141,6 +149,7 @@ __all__ = [
     "HandshakeRejected",
     "LedgerError",
     "LedgerFull",
+    "LedgerTemporary",
     "LedgerLocked",
     "Superseded",
     "TokenRefused",

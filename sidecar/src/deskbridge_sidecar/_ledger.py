@@ -88,7 +88,7 @@ from typing import TypeVar, TypeVarTuple, Unpack
 import attrs
 import trio
 
-from ._errors import LedgerError, LedgerFull, LedgerLocked
+from ._errors import LedgerError, LedgerFull, LedgerLocked, LedgerTemporary
 from ._outcome import IN_DOUBT, Outcome, outcome_from_json, outcome_to_json
 
 log = logging.getLogger("deskbridge.sidecar.ledger")
@@ -648,13 +648,38 @@ class _Corrupt(Exception):
     pass
 
 
+#: What a person must fix (a permission, a read-only file system, a file where the
+#: directory goes, a path that cannot be: ``ENOENT`` from ``mkdir -p`` is a dangling
+#: link or a place like /proc): restarting cannot help, so it stops for good (exit 2).
+_FINAL_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+     errno.ENOENT, errno.ENAMETOOLONG, errno.ELOOP}
+)  # fmt: skip
+_FINAL_SQLITE = frozenset(
+    {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM,
+     sqlite3.SQLITE_AUTH, sqlite3.SQLITE_NOTADB}
+)  # fmt: skip
+
+
+def final_os_error(exc: OSError) -> bool:
+    """Whether ``exc`` is what a person must fix (:data:`_FINAL_ERRNOS`), not a fault of
+    the disk or machine that a restart may outlive (also for ``--log-file``)."""
+    return exc.errno in _FINAL_ERRNOS
+
+
 def _error(message: str, exc: BaseException) -> LedgerError:
     """:class:`LedgerFull` when ``exc`` says the disk or the quota is full (SQLite's
-    ``SQLITE_FULL``, ``ENOSPC``, ``EDQUOT``), else :class:`LedgerError`."""
-    full = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL or getattr(
-        exc, "errno", None
-    ) in (errno.ENOSPC, errno.EDQUOT)
-    return (LedgerFull if full else LedgerError)(message)
+    ``SQLITE_FULL``, ``ENOSPC``, ``EDQUOT``); :class:`LedgerError` (final) when it is a
+    configuration a person must fix (:data:`_FINAL_ERRNOS`, :data:`_FINAL_SQLITE`); else
+    :class:`LedgerTemporary`: a disk or machine fault (``EIO``, ``EMFILE``,
+    ``SQLITE_IOERR`` ...), which used to stop the sidecar for good too (exit 2)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    os_errno = getattr(exc, "errno", None)
+    if code == sqlite3.SQLITE_FULL or os_errno in (errno.ENOSPC, errno.EDQUOT):
+        return LedgerFull(message)
+    if code in _FINAL_SQLITE or os_errno in _FINAL_ERRNOS:
+        return LedgerError(message)
+    return LedgerTemporary(message)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -663,7 +688,15 @@ def _connect(path: Path) -> sqlite3.Connection:
             str(path), timeout=0.5, check_same_thread=False, isolation_level=None
         )
     except sqlite3.Error as exc:
-        raise _error(f"cannot open the ledger {path}: {exc}", exc) from exc
+        why = ""
+        if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_CANTOPEN and not (
+            os.access(path.parent, os.W_OK)
+        ):  # SQLite's "unable to open database file" said nothing of why
+            why = (
+                f" (the data directory {path.parent} is not writable: check its permissions "
+                "and file system)"
+            )
+        raise _error(f"cannot open the ledger {path}: {exc}{why}", exc) from exc
     try:
         conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -781,6 +814,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerError",
     "LedgerFull",
+    "LedgerTemporary",
     "LedgerLocked",
     "args_digest",
     "job_keep_s",

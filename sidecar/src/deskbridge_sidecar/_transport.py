@@ -269,9 +269,14 @@ class WebSocketConnector:
                 f"cannot connect to {host}:{port} within {self.settings.connect_timeout_s:g} s"
             ) from None
         except trio.BrokenResourceError as exc:
-            raise ConnectFailed(
-                f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}"
-            ) from None
+            cause = exc.__cause__ or exc
+            hint = ""
+            if "WRONG_VERSION_NUMBER" in str(cause):  # a plain HTTP answer to the hello
+                hint = (
+                    "; the hub does not speak TLS there: use ws:// (or serve it with "
+                    "--certfile/--keyfile)"
+                )
+            raise ConnectFailed(f"TLS handshake with {host}:{port} failed: {cause}{hint}") from None
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from None
 

@@ -6,8 +6,9 @@ Exit status: 0 after SIGTERM, 130 after Ctrl-C, 3 when superseded by a newer sid
 the same user (4001), 2 for a usage error, when the hub
 refuses the token (401/403: issue a new one with ``deskbridge-hub token USER_ID``), or
 when the ledger cannot be used (another sidecar holds it, or its directory is not
-writable), 75 (``EX_TEMPFAIL``) when the disk is too full to open the ledger: temporary,
-so a service manager restarts it. Under ``--launchd`` (the launchd agent) 2 and 3 exit 0
+writable), 75 (``EX_TEMPFAIL``) when the disk is too full to open the ledger or another
+fault of the disk or machine stops it (``EIO``, ``EMFILE``): temporary, so a service
+manager restarts it. Under ``--launchd`` (the launchd agent) 2 and 3 exit 0
 instead: launchd restarts on any non-zero exit and has no per-status rule (see
 ``_service``).
 """
@@ -27,11 +28,12 @@ from pathlib import Path
 
 import trio
 from deskbridge_common import Timings
+from deskbridge_common._envnames import unknown_variable_lines
 
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
-from ._errors import LedgerFull, Superseded, TokenRefused
-from ._ledger import LEDGER_FILE, LedgerError
+from ._errors import LedgerFull, LedgerTemporary, Superseded, TokenRefused
+from ._ledger import LEDGER_FILE, LedgerError, final_os_error
 from ._logformat import make_formatter
 from ._tools import ToolRegistry
 from ._transport import sidecar_url
@@ -55,8 +57,9 @@ exit status:
        ignores cancellation is left behind 5 s later: the process exits anyway)
   2    usage error, the hub refused the token (HTTP 401/403), or the ledger
        cannot be used (another sidecar holds it; directory not writable)
-  75   the disk (or quota) is too full to open the ledger: temporary, so a
-       service manager restarts the sidecar (EX_TEMPFAIL; not 2: it is no final stop)
+  75   the disk (or quota) is too full to open the ledger, or another fault of the
+       disk or machine (I/O error, too many open files): temporary, so a service
+       manager restarts the sidecar (EX_TEMPFAIL; not 2: it is no final stop)
   3    superseded: a newer sidecar for this user connected (the hub closed this one
        with 4001); not restarted, so the two do not take the user from each other
   130  interrupted (Ctrl-C; same grace as SIGTERM, Ctrl-C again stops at once)
@@ -282,7 +285,8 @@ EXIT_SUPERSEDED = 3
 #: Exit status after Ctrl-C (SIGINT), as shells report a process ended by it.
 EXIT_INTERRUPTED = 130
 #: Exit status when the ledger cannot be opened for a full disk or quota
-#: (``LedgerFull``): ``EX_TEMPFAIL`` of sysexits.h, "try again later". Not final:
+#: (``LedgerFull``) or another disk or machine fault (``LedgerTemporary``):
+#: ``EX_TEMPFAIL`` of sysexits.h, "try again later". Not final:
 #: systemd (``Restart=on-failure``) and launchd restart it, as after a crash.
 EXIT_TEMPORARY = 75
 
@@ -300,6 +304,9 @@ async def _serve(daemon: Daemon) -> int:
             status = EXIT_SUPERSEDED
         except LedgerFull as exc:
             log.error("%s; exiting %d to be restarted once there is room", exc, EXIT_TEMPORARY)
+            status = EXIT_TEMPORARY
+        except LedgerTemporary as exc:  # a disk or machine fault: was exit 2, final
+            log.error("%s; exiting %d to be restarted", exc, EXIT_TEMPORARY)
             status = EXIT_TEMPORARY
         except LedgerError as exc:
             log.error("%s", exc)
@@ -455,24 +462,44 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
             ssl_context = make_ssl_context(args.ca_file)
         except (OSError, ssl.SSLError) as exc:
             run_parser.error(f"--ca-file {args.ca_file}: {exc}")
+    for name in args.tools:
+        if "/" in name or os.sep in name or name.endswith(".py"):
+            # importlib's own words for a path were a TypeError about relative imports
+            stem = os.path.splitext(os.path.basename(name))[0] or "my_tools"
+            run_parser.error(
+                f"--tools {name!r}: expected a module name, not a file path (e.g. --tools "
+                f"{stem}, run from the file's folder or with it on PYTHONPATH)"
+            )
     try:
         registry = load_registry(args.tools)
     except ImportError as exc:
         run_parser.error(f"--tools: cannot import: {exc}")
     except ValueError as exc:
         run_parser.error(f"--tools: {exc}")
-    except Exception as exc:  # the tool module's own bug at import: one line, not a traceback
+    except (Exception, SystemExit) as exc:  # the tool module's own bug at import: one line
+        # (SystemExit too: sys.exit(3) at import exited 3, a superseded sidecar's status)
         run_parser.error(f"--tools: cannot import: {_import_failure(exc)}")
     try:
         _CLOSERS.extend(toolset_options.add_toolsets(args, registry))
     except ValueError as exc:
         run_parser.error(str(exc))
     _configure_logging(args.verbose, args.log_level)
+    for line in unknown_variable_lines():  # as the hub does: a typo'd knob is not silent
+        log.warning(line)
     if args.log_file:
         try:
             _service_cli.log_to_file(args.log_file)
         except OSError as exc:
-            run_parser.error(f"--log-file {args.log_file}: {exc}")
+            if final_os_error(exc) or exc.errno in (None, 0):
+                run_parser.error(f"--log-file {args.log_file}: {exc}")
+            # a disk or machine fault (EIO, EMFILE, ENOSPC): temporary, as for the ledger;
+            # it exited 2, "stopped for good", whatever it was
+            print(
+                f"deskbridge-sidecar run: --log-file {args.log_file}: {exc}; exiting "
+                f"{EXIT_TEMPORARY} to be restarted",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_TEMPORARY) from None
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
     log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))

@@ -85,7 +85,12 @@ def add_toolsets(
     if roots:
         from .files import FilesToolset
 
-        for tool in FilesToolset(roots).tools():
+        named = "--files-root" if args.files_root else ENV_FILES_ROOTS
+        try:  # the error names where the value came from (it named neither)
+            files = FilesToolset(roots)
+        except ValueError as exc:
+            raise ValueError(f"{named}: {exc}") from None
+        for tool in files.tools():
             registry.add(tool)
     origins = list(args.browser_origin) or [
         o.strip() for o in env.get(ENV_BROWSER_ORIGINS, "").split(",") if o.strip()
@@ -95,17 +100,34 @@ def add_toolsets(
 
         headless = args.browser_headless
         if headless is None:
-            headless = env.get(ENV_BROWSER_HEADLESS, "").lower() in ("1", "true", "yes")
-        browser = BrowserToolset(
-            origins,
-            profile_dir=args.browser_profile or env.get(ENV_BROWSER_PROFILE) or DEFAULT_PROFILE,
-            executable_path=args.browser_executable or env.get(ENV_BROWSER_EXECUTABLE) or None,
-            headless=headless,
-        )
+            headless = _flag(env, ENV_BROWSER_HEADLESS)
+        try:
+            browser = BrowserToolset(
+                origins,
+                profile_dir=args.browser_profile or env.get(ENV_BROWSER_PROFILE) or DEFAULT_PROFILE,
+                executable_path=args.browser_executable or env.get(ENV_BROWSER_EXECUTABLE) or None,
+                headless=headless,
+            )
+        except ValueError as exc:
+            if not str(exc).startswith("allowed origin"):
+                raise
+            named = "--browser-origin" if args.browser_origin else ENV_BROWSER_ORIGINS
+            raise ValueError(f"{named}: {exc}") from None
         for tool in browser.tools():
             registry.add(tool)
         closers.append(browser.close)
     return closers
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable: 1/true/yes or 0/false/no (any case) or empty; anything else is
+    refused naming it (``DESKBRIDGE_BROWSER_HEADLESS=on`` was "no" without a word)."""
+    raw = env.get(name, "").strip().lower()
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("", "0", "false", "no"):
+        return False
+    raise ValueError(f"{name}={env[name]!r}: expected 1, true or yes (or 0, false, no)")
 
 
 __all__ = ["add_arguments", "add_toolsets"]
