@@ -714,9 +714,12 @@ class ProcessReader:
                 continue
             listener.doubt = 0  # a check may still run: its verdict is looked at afresh
             refreshed += 1
-            own_liveness().beat_kept(listener.user_id, taken=bool(reply.taken))
             listener.answered(beat, n, taken=reply.taken)
             if self._beating.get(listener.session_id) is listener:
+                # only a session still beating here: one that ended while its beat was
+                # in flight was forgotten (``OwnLiveness.forget``); noted again, its user
+                # stayed in the dict for the process's life (and read in doubt)
+                own_liveness().beat_kept(listener.user_id, taken=bool(reply.taken))
                 if listener.catalogue_due:  # presence was lost: the catalogue may be too
                     self._schedule.at(listener, trio.current_time())
                     self._beat_now.set()

@@ -41,7 +41,7 @@ from ._dedupe import DedupeCache
 from ._errors import ConnectFailed, HandshakeRejected, LedgerError, Superseded, TokenRefused
 from ._graceful import ANSWER_FLUSH_S as ANSWER_FLUSH_S  # re-exported
 from ._graceful import give_up_gracefully
-from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger
+from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger, job_keep_s
 from ._reconnect import (
     CONNECT_FAILED,
     HEALTHY_SESSION_S,
@@ -221,7 +221,11 @@ class Daemon:
         if self.ledger is not None:
             ledger = self.ledger
         elif self.data_dir is None:
-            ledger = Ledger.memory(max_entries=self.ledger_max_entries, wall_clock=self.wall_clock)
+            ledger = Ledger.memory(
+                max_entries=self.ledger_max_entries,
+                wall_clock=self.wall_clock,
+                job_keep_s=job_keep_s(t.result_ttl_s),
+            )
         else:
             ledger = await trio.to_thread.run_sync(
                 functools.partial(
@@ -231,6 +235,9 @@ class Daemon:
                     min_keep_s=t.dedupe_ttl_s,
                     wall_clock=self.wall_clock,
                     now=self.wall_clock(),
+                    # the hub keeps a forwarded job a day + ITS result TTL (the one these
+                    # timings name), not the default's
+                    job_keep_s=job_keep_s(t.result_ttl_s),
                 )
             )
             log.info("ledger: %s", ledger.path)
