@@ -440,3 +440,46 @@ def test_a_tools_fingerprint_covers_its_entry_and_its_configuration(tmp_path):
     b = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "b"]).tools()}
     a2 = {t.name: t.fingerprint() for t in FilesToolset([tmp_path / "a"]).tools()}
     assert a == a2 and all(a[n] != b[n] for n in a)
+
+
+# -- which jobs a row speaks for (its job ids: answered past the key's window) -----------
+
+
+async def test_a_job_running_when_the_process_died_is_still_its_rows_job(path):
+    """begin records the job id: after a crash the recovered in_doubt row answers that
+    job's redelivery past the key's window too (it may have acted), never "new"."""
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock)
+    await ledger.begin("k", "click", args_digest({}), keep_until=clock.now + 60, job_id="j1")
+    ledger._conn.close()  # the process dies mid-job
+    again = Ledger.open(path, wall_clock=clock)
+    entry = await again.get("k")
+    assert entry.job_ids == ("j1",) and entry.outcome.code == "in_doubt"
+    assert entry.answers("j1", entry.keep_until + 1)
+    assert not entry.answers("j2", entry.keep_until + 1)
+    again.close()
+
+
+async def test_a_job_finished_without_a_begin_is_its_rows_job(path):
+    """A delivery cancelled before it started has its row written by finish alone: that
+    row answers the job past the key's window."""
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock)
+    await ledger.finish("k", Outcome.success(None), "t", args_digest({}), job_id="j1")
+    entry = await ledger.get("k")
+    assert entry.job_ids == ("j1",) and entry.job_keep_until == clock.now + ledger.job_keep_s
+    ledger.close()
+
+
+async def test_finish_adds_its_job_to_those_the_row_already_answers(path):
+    """finish keeps the jobs begin (or earlier answers) named and adds its own, whether
+    or not begin named one."""
+    clock = Clock()
+    ledger = Ledger.open(path, wall_clock=clock)
+    await ledger.begin("a", "t", args_digest({}), keep_until=clock.now + 60)
+    await ledger.finish("a", Outcome.success(None), job_id="j1")
+    await ledger.begin("b", "t", args_digest({}), keep_until=clock.now + 60, job_id="j1")
+    await ledger.finish("b", Outcome.success(None), job_id="j2")
+    assert (await ledger.get("a")).job_ids == ("j1",)
+    assert (await ledger.get("b")).job_ids == ("j1", "j2")
+    ledger.close()
