@@ -121,3 +121,91 @@ async def test_a_retry_with_the_key_of_a_job_its_desktop_took_away_is_never_offl
         assert retry.job_id == outcome.job_id, retry  # attached to the job, not a new one
         assert executed == [outcome.job_id]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_chosen_job_id_is_found_after_its_holder_died_before_writing_interrupted(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+    monkeypatch,
+):
+    """A job with a caller-chosen id is delivered; its holder process dies before it
+    writes anything more (no ``interrupted`` mark: here every later finish fails, as a
+    dead process's would never come). The mark keeps the job's state a day
+    (``forwarded_keep_s``); the id's owner record, in the id's own slot, must live as
+    long, or ``GET /v1/jobs/{id}`` on any replica says 404 (unknown) for a job that may
+    have run and whose desktop's ledger will still answer it. Was: the owner record
+    lapsed at the timeout + result TTL."""
+    await _holder_dies(state, bridge, monkeypatch, "u1", timeout_s=30, away_s=AWAY_S)
+
+
+async def test_on_redis_a_chosen_job_id_is_found_after_its_holder_died(redis_url, monkeypatch):
+    """The same on a real Redis (the keep's PEXPIRE GT in the id's slot): result TTL
+    1.5 s, deadline 1 s, 4 s after the holder died."""
+    timings = Timings(
+        heartbeat_s=0.5, presence_ttl_s=1.5, reclaim_idle_s=3.0, result_ttl_s=1.5, grace_s=0.5
+    )
+    user = f"died-{uuid.uuid4().hex[:8]}"
+    async with RedisSubstrate.from_url(redis_url) as substrate:
+        hub = HubState(substrate=substrate, timings=timings, consumer="hub-1", wall_clock=time.time)
+        with trio.fail_after(30):
+            await _holder_dies(
+                hub, Bridge(substrate, timings, wall_clock=time.time), monkeypatch, user,
+                timeout_s=1, away_s=4.0,
+            )  # fmt: skip
+
+
+async def test_an_answered_chosen_job_id_is_free_again_after_the_result_ttl(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+):
+    """The delivery keeps a chosen id's owner record a day; the answer sets it back to
+    the result TTL, so an answered id is free again with its state, as before (not taken
+    a day)."""
+    async with trio.open_nursery() as nursery:
+        desk = await connect(nursery, state, daemon_id="d1")
+
+        async def answer(frame):
+            if isinstance(frame, Job):
+                await desk.send(JobResult(frame.id, True, {"ok": 1}))
+
+        nursery.start_soon(sidecar, desk, answer)
+        outcome = await bridge.dispatch("u1", "click", {}, job_id="chosen-answered", timeout_s=30)
+        assert outcome.status == "completed", outcome
+        assert await state.substrate.job_owner("chosen-answered") is not None
+        await trio.sleep(state.timings.result_ttl_s + 1)
+        assert await state.substrate.job_owner("chosen-answered") is None
+        nursery.cancel_scope.cancel()
+
+
+async def _holder_dies(state, bridge, monkeypatch, user, *, timeout_s, away_s):  # noqa: F811
+    from deskbridge_hub._errors import SubstrateUnavailable
+
+    executed: list[str] = []
+    real_finish = state.substrate.finish
+
+    async def dead(*args, **kwargs):  # the holder is gone: none of its writes land
+        raise SubstrateUnavailable("holder died")
+
+    async with trio.open_nursery() as nursery:
+        first = await connect(nursery, state, user=user, daemon_id="d1")
+
+        async def run_then_die(frame):
+            if isinstance(frame, Job):
+                executed.append(frame.job_id)
+                monkeypatch.setattr(state.substrate, "finish", dead)
+                await first.disconnect()
+
+        nursery.start_soon(sidecar, first, run_then_die)
+        job_id = f"chosen-died-{user}"
+        outcome = await bridge.dispatch(user, "click", {}, job_id=job_id, timeout_s=timeout_s)
+        assert outcome.status in ("timeout", "in_doubt", "unavailable"), outcome
+        assert executed == [job_id]
+        monkeypatch.setattr(state.substrate, "finish", real_finish)
+        await trio.sleep(away_s)  # past the timeout + result TTL: the claim's lifetime
+        assert await state.substrate.get_job_state(user, job_id) is not None  # kept a day
+        found = await bridge.job_state(job_id)
+        assert found is not None, "GET /v1/jobs/{id} would say 404 for a forwarded job"
+        assert not found.stage.terminal, found
+        nursery.cancel_scope.cancel()

@@ -59,6 +59,7 @@ from deskbridge_common import (
 )
 
 from . import _metrics
+from ._bridge_jobs import minted_user
 from ._errors import SubstrateUnavailable
 from ._jobs import (
     JobEnvelope,
@@ -239,6 +240,8 @@ class EntryServer:
         running = (self.user_id, job_id, envelope.idempotency_key)
         if self.running_jobs is not None:
             self.running_jobs.add(*running)
+            if minted_user(job_id) is None:  # a chosen id: its owner record as the state
+                self.running_jobs.keep_id(job_id)
         try:
             job = Job(
                 id=uuid.uuid4().hex,  # a fresh id per delivery (invariant 2)

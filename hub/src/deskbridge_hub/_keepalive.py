@@ -21,6 +21,15 @@ the desktop's progress reports (a tool need not report any).
 If the process dies, the records last at least ``ttl_s * (1 - 1 / KEEP_SHARE)`` (225 s)
 after its last write: longer than the reclaim idle (180 s), after which the next
 delivery refreshes them.
+
+A caller-chosen job id's owner record (``bridge:job:{<job id>}``, in the id's slot) is
+also kept ``forwarded_keep_s`` (a day + the result TTL) once its job is forwarded
+(:meth:`RunningJobs.keep_id`): the mark keeps the job's state that long in the user's
+slot, which its script cannot reach, and a holder that dies writes no ``interrupted``
+mark, so the record lapsed first and ``GET /v1/jobs/{id}`` said 404 on every replica
+while the state was kept. One ``PEXPIRE ... GT`` per forwarded chosen id, sent by this
+loop (batched with the others pending, never on the caller's path); nothing for hub-minted
+ids. The answer's write sets the record back to the result TTL.
 """
 
 from __future__ import annotations
@@ -32,9 +41,13 @@ import attrs
 import trio
 
 from ._errors import SubstrateUnavailable
+from ._jobstate import forwarded_keep_s
 from ._substrate import Substrate
 
 log = logging.getLogger("deskbridge.hub.keepalive")
+
+#: How long to wait before sending again an owner record's keep the store refused.
+KEEP_ID_RETRY_S = 1.0
 
 #: Writes per record lifetime: a running job's records are extended every
 #: ``ttl_s / KEEP_SHARE`` seconds, so three writes in a row may fail before one lapses.
@@ -57,10 +70,19 @@ class RunningJobs:
     _jobs: Counter[tuple[str, str, str | None]] = attrs.field(factory=Counter)
     #: an unexpected failure was logged, and no write has worked since (logged once)
     _failing: bool = attrs.field(default=False, init=False)
+    #: chosen job ids forwarded here whose owner record is still to be kept a day
+    _ids: set[str] = attrs.field(factory=set, init=False)
+    _ids_added: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def add(self, user_id: str, job_id: str, idempotency_key: str | None) -> None:
         """A delivery of the job is being served here (synchronous)."""
         self._jobs[(user_id, job_id, idempotency_key)] += 1
+
+    def keep_id(self, job_id: str) -> None:
+        """A job with a caller-chosen id was forwarded (synchronous): its owner record
+        is kept ``forwarded_keep_s`` by the loop, soon and off the caller's path."""
+        self._ids.add(job_id)
+        self._ids_added.set()
 
     def discard(self, user_id: str, job_id: str, idempotency_key: str | None) -> None:
         """That delivery ended (answered or not; synchronous)."""
@@ -80,6 +102,27 @@ class RunningJobs:
 
         Cancellation: stops; the records keep what the last write gave them.
         """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_ids)
+            await self._keep_running()
+
+    async def _keep_ids(self) -> None:
+        """Send the owner records' keeps (``keep_id``) as they come, all pending in one
+        write; refused ones are sent again ``KEEP_ID_RETRY_S`` later."""
+        while True:
+            await self._ids_added.wait()
+            self._ids_added = trio.Event()
+            ids, self._ids = sorted(self._ids), set()
+            try:
+                await self.substrate.keep_job_ids(ids, ttl_s=forwarded_keep_s(self.ttl_s))
+            except Exception as exc:  # never ends the loop; the ids are tried again
+                if not isinstance(exc, SubstrateUnavailable):
+                    log.exception("keeping chosen job ids' owner records failed; retrying")
+                self._ids.update(ids)
+                await trio.sleep(KEEP_ID_RETRY_S)
+                self._ids_added.set()
+
+    async def _keep_running(self) -> None:
         while True:
             await trio.sleep(self.ttl_s / KEEP_SHARE)
             for user_id, job_id, key in list(self._jobs):

@@ -112,6 +112,7 @@ class MemoryFinishCommands:
         self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
         if state.stage.terminal:  # the epoch no longer needs a forwarded job's day
             self._shorten(fence_key(user_id, job_id), now, ttl_s)
+            self._shorten(owner_key(job_id), now, ttl_s)  # nor the chosen id (the keep's)
         elif idempotency_key is not None:  # a stage of the delivery: the key's record
             ikey = idem_key(user_id, idempotency_key)  # as long as the state
             record = self._get(ikey, now)

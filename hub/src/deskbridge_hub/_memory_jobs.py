@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -20,6 +20,7 @@ from ._substrate import (
     cancel_key,
     fence_key,
     job_keys,
+    owner_key,
     presence_key,
     state_key,
 )
@@ -280,6 +281,20 @@ class MemoryJobCommands:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
         for key in job_keys(user_id, job_id, idempotency_key):
             self._extend(key, now, ttl_s)
+
+    async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
+        """Extend each chosen job id's owner record that exists to live at least
+        ``ttl_s`` more, as ``RedisSubstrate.keep_job_ids``.
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        for job_id in job_ids:
+            self._extend(owner_key(job_id), now, ttl_s)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

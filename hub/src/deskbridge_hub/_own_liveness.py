@@ -23,6 +23,17 @@ reports each user's beat as it sends it and once it is kept; ``in_doubt(user_id)
 covers them as it covers the process's own refresh. A user forgotten when its session
 here ends (its desktop may then really be gone).
 
+The same doubt, per Cluster slot, for a process that does not hold the user's session:
+another worker or pod reads the presence (a call, ``GET .../presence``) while the
+holder's beats are held; the holder's doubt is its own, and this process answered from
+presence alone, ``offline``. Its own evidence is what the slot answered it: a
+redirection to the node importing it (ASK: the slot is migrating, so a script over the
+user's keys, the beat, meets ``TRYAGAIN``), ``TRYAGAIN`` / ``CLUSTERDOWN``, MOVED (the
+slot just changed hands: a migration or a failover ended), or its node unreachable
+(``_redis_cluster`` reports each with :meth:`OwnLiveness.slot_troubled`). For
+:data:`DOUBT_AFTER_S` after, an absent presence of a user in that slot is in doubt too.
+Nothing on a single Redis; one dict look-up per doubt check while some slot is recorded.
+
 State is per event-loop run (``anyio.lowlevel.RunVar``), as ``_outage``'s; time is the
 loop's clock (``anyio.current_time``).
 """
@@ -36,6 +47,8 @@ import anyio.lowlevel
 import attrs
 
 from ._errors import SubstrateUnavailable
+from ._keys import presence_key
+from ._redis_slots import key_slot
 from ._retry import LIVENESS_RECHECK_S, PROCESS_LIVENESS_REFRESH_S, PROCESS_LIVENESS_TTL_S
 
 #: A refresh unanswered for longer than this, seconds, means this process's writes are
@@ -59,6 +72,9 @@ class OwnLiveness:
     _missed_since: dict[str, float] = attrs.field(factory=dict)
     #: per user: when a beat rewrote its lapsed presence, or was kept after a stall
     _user_doubt_at: dict[str, float] = attrs.field(factory=dict)
+    #: per Cluster slot: when this process's command on it last met a migration,
+    #: refusal, move or outage (``slot_troubled``)
+    _slot_trouble_at: dict[int, float] = attrs.field(factory=dict)
 
     def sending(self) -> None:
         """A refresh is being sent (the first of a series that fails marks the start)."""
@@ -88,6 +104,17 @@ class OwnLiveness:
         elif self._user_doubt_at.get(user_id, math.inf) <= now - DOUBT_AFTER_S:
             del self._user_doubt_at[user_id]
 
+    def slot_troubled(self, slot: int) -> None:
+        """A command of this process on Cluster ``slot`` was redirected (ASK, MOVED),
+        refused (``TRYAGAIN``, ``CLUSTERDOWN``) or met its node unreachable: for
+        :data:`DOUBT_AFTER_S` an absent presence in it proves nothing."""
+        now = anyio.current_time()
+        if len(self._slot_trouble_at) > 256:  # bounded: drop what no longer counts
+            self._slot_trouble_at = {
+                k: at for k, at in self._slot_trouble_at.items() if now - at < DOUBT_AFTER_S
+            }
+        self._slot_trouble_at[slot] = now
+
     def forget(self, user_id: str) -> None:
         """``user_id`` has no session here any more: an absent presence may be true."""
         self._missed_since.pop(user_id, None)
@@ -96,9 +123,10 @@ class OwnLiveness:
     def in_doubt(self, user_id: str | None = None) -> bool:
         """True while this process's writes are held or failing, and for
         :data:`DOUBT_AFTER_S` after they were found lapsed or answered late; with
-        ``user_id``, also while that user's beats here meet an outage of its slot (past
-        :data:`STALLED_AFTER_S`) and for :data:`DOUBT_AFTER_S` after one rewrote its
-        lapsed presence."""
+        ``user_id``, also for :data:`DOUBT_AFTER_S` after a command on the user's
+        Cluster slot met trouble (``slot_troubled``), while that user's beats here
+        meet an outage of its slot (past :data:`STALLED_AFTER_S`) and for
+        :data:`DOUBT_AFTER_S` after one rewrote its lapsed presence."""
         now = anyio.current_time()
         since = self._unanswered_since
         if since is not None and now - since > STALLED_AFTER_S:
@@ -107,6 +135,10 @@ class OwnLiveness:
             return True
         if user_id is None:
             return False
+        if self._slot_trouble_at:
+            at = self._slot_trouble_at.get(key_slot(presence_key(user_id)), -math.inf)
+            if now - at < DOUBT_AFTER_S:
+                return True
         missed = self._missed_since.get(user_id)
         if missed is not None and now - missed > STALLED_AFTER_S:
             return True

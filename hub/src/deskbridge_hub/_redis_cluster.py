@@ -46,6 +46,7 @@ import anyio
 from coredis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 from coredis.exceptions import ConnectionError as RedisConnectionError
 
+from ._own_liveness import own_liveness
 from ._redis_pubsub import Subscriber
 from ._redis_session import ConnectionStatistics, _Conn, _Session
 from ._redis_slots import SLOTS, CrossSlot, batch_slot
@@ -333,6 +334,12 @@ class ClusterSession:
                 # ran twice would, e.g., take a second batch of entries and lose the first).
                 moved = next((r for r in mine if isinstance(r, MovedError)), None)
                 ask = next((r for r in mine if isinstance(r, AskError)), None)
+                if slot is not None and (
+                    moved is not None
+                    or ask is not None
+                    or any(isinstance(r, _TROUBLE) for r in mine)
+                ):  # an absent presence in this slot proves nothing for a while
+                    own_liveness().slot_troubled(slot)
                 if moved is not None:
                     self._slots[moved.slot_id] = moved.node_addr
                     self.groups.clear()  # a moved stream may need its group checked again
@@ -423,6 +430,10 @@ class ClusterSession:
                 continue
             return replies
         return unreached or [RedisConnectionError("no primary in the slot map")] * len(commands)
+
+
+#: Replies by which a slot refused a command or could not be reached (``_own_liveness``).
+_TROUBLE = (TryAgainError, ClusterDownError, RedisConnectionError, OSError)
 
 
 def _units(commands: tuple[tuple[Any, ...], ...]) -> list[list[int]]:

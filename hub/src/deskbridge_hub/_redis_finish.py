@@ -61,6 +61,9 @@ from ._substrate import (
 #: A terminal state shortens the claim epoch to its own TTL (PEXPIRE LT): the mark keeps
 #: it as long as a forwarded job's state (``_jobstate.forwarded_keep_s``, a day), which
 #: only an unanswered job needs.
+#: A terminal state sets the owner record to its own TTL (PEXPIRE: GT and LT at once):
+#: the delivery keeps a forwarded chosen id's record a day (``_keepalive``), which only
+#: an unanswered job needs; an answered id is free again with its state.
 FINISH = Script(
     """
 if ARGV[1] ~= '' then
@@ -105,14 +108,17 @@ if ARGV[2] ~= '' and ARGV[10] == '' then
 end
 if ARGV[6] ~= '' then
   redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[3])
-  if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3], 'GT') end
   local stage = cjson.decode(ARGV[6])['stage']
   if stage == 'finished' or stage == 'cancelled' or stage == 'expired' or stage == 'lost' then
+    if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3]) end
     redis.call('PEXPIRE', KEYS[1], ARGV[3], 'LT')
-  elseif ARGV[5] ~= '' then
-    local record = redis.call('GET', KEYS[3])
-    if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
-      redis.call('PEXPIRE', KEYS[3], ARGV[3], 'GT')
+  else
+    if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3], 'GT') end
+    if ARGV[5] ~= '' then
+      local record = redis.call('GET', KEYS[3])
+      if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
+        redis.call('PEXPIRE', KEYS[3], ARGV[3], 'GT')
+      end
     end
   end
 end
@@ -166,7 +172,7 @@ class FinishCommands(RedisCommandBase):
         """
         return await self._finish(
             user_id, job_id, payload, state.encode(), ttl_s, entry_id, epoch, notify,
-            idempotency_key, provisional,
+            idempotency_key, provisional, terminal=state.stage.terminal,
         )  # fmt: skip
 
     async def publish_result(
@@ -203,6 +209,8 @@ class FinishCommands(RedisCommandBase):
         notify: str | None,
         idempotency_key: str | None,
         provisional: bool = False,
+        *,
+        terminal: bool = False,
     ) -> Finished:
         keys: tuple[str, ...] = (
             fence_key(user_id, job_id),
@@ -237,18 +245,22 @@ class FinishCommands(RedisCommandBase):
             if verdict == "settled":
                 return Finished("settled", acked=bool(value))
             if self._cluster and (payload or state):
-                await self._notify(s, job_id, payload, box, state and _ms(ttl_s))
+                owner: tuple[Any, ...] = ()
+                if state:
+                    owner = (_ms(ttl_s),) if terminal else (_ms(ttl_s), b"GT")
+                await self._notify(s, job_id, payload, box, owner)
         return Finished("done", acked=bool(value))
 
     async def _notify(
-        self, s: Any, job_id: str, payload: str | None, box: str, owner_px: int | str
+        self, s: Any, job_id: str, payload: str | None, box: str, owner: tuple[Any, ...]
     ) -> None:
         """Under Cluster: the progress stream's end and the mailbox push (with a
-        payload), and the owner record's PEXPIRE GT (with a state: ``owner_px``), after
-        the script (their keys are in other slots); one write, split per node."""
+        payload), and the owner record's PEXPIRE (with a state: ``owner``, its TTL and
+        flag: GT for a stage of the delivery, none for a terminal state), after the
+        script (their keys are in other slots); one write, split per node."""
         after: tuple[tuple[Any, ...], ...] = ()
-        if owner_px:
-            after += ((b"PEXPIRE", owner_key(job_id), owner_px, b"GT"),)
+        if owner:
+            after += ((b"PEXPIRE", owner_key(job_id), *owner),)
         if payload:
             after += (
                 (b"XADD", progress_key(job_id), b"NOMKSTREAM", b"MAXLEN", b"~", 64, b"*",

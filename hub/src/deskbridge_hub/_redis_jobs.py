@@ -4,6 +4,7 @@ of ``RedisSubstrate`` (contract: ``_substrate.ResultSubstrate`` and ``LedgerSubs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from coredis.exceptions import ResponseError, StreamConsumerGroupError
@@ -18,6 +19,7 @@ from ._substrate import (
     fence_key,
     job_keys,
     jobs_key,
+    owner_key,
     presence_key,
     progress_key,
     result_key,
@@ -371,6 +373,23 @@ class JobCommands(RedisCommandBase):
             (b"PEXPIRE", key, px, b"GT") for key in job_keys(user_id, job_id, idempotency_key)
         ]
         async with self._session("keep job") as s:
+            for reply in await s.execute(*commands, timeout_s=self._command_timeout_s):
+                if isinstance(reply, BaseException):
+                    raise reply  # inside the session: mapped to SubstrateUnavailable
+
+    async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
+        """PEXPIRE ceil(ttl_s * 1000) GT of each job id's owner record in one write
+        (split per node under Cluster; see ``Substrate.keep_job_ids``).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable.
+        """
+        if not job_ids:
+            return
+        px = _ms(ttl_s)
+        commands = [(b"PEXPIRE", owner_key(job_id), px, b"GT") for job_id in job_ids]
+        async with self._session("keep job ids") as s:
             for reply in await s.execute(*commands, timeout_s=self._command_timeout_s):
                 if isinstance(reply, BaseException):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
