@@ -292,7 +292,13 @@ def _child(metric: Any, *labels: str) -> Any:
 
 
 def job_answered(
-    tool: str, outcome: str, elapsed_s: float, *, user_id: str, job_id: str | None
+    tool: str,
+    outcome: str,
+    elapsed_s: float,
+    *,
+    user_id: str,
+    job_id: str | None,
+    checked: bool = True,
 ) -> None:
     """A dispatch call's answer: count it, observe its latency, and log it on
     ``deskbridge.hub.calls`` ("call for job J answered: timeout (tool for user)", field
@@ -300,8 +306,10 @@ def job_answered(
     for the answers no holder's line covers (``CALLER_ONLY_OUTCOMES``: offline, timeout,
     unavailable), DEBUG for the rest. The job's outcome is the holder's one INFO line on
     ``deskbridge.hub.jobs`` ("job J finished: ..."), also for a job whose caller was
-    answered timeout before it finished: a reader never sees two outcomes for one job."""
-    label = tool_label(tool, admit=outcome not in _UNCHECKED_OUTCOMES)
+    answered timeout before it finished: a reader never sees two outcomes for one job.
+    ``checked=False``: the call was refused before anything looked at the tool's name
+    (a draining replica's 503), so the name takes no label of its own."""
+    label = tool_label(tool, admit=checked and outcome not in _UNCHECKED_OUTCOMES)
     _child(JOBS, label, outcome).inc()
     _child(JOB_SECONDS, label).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
@@ -319,6 +327,14 @@ def job_answered(
             user_id=user_id, job_id=job_id, tool=tool, answer=outcome, elapsed_s=elapsed_s
         ),
     )
+
+
+def call_refused_draining(tool: str, *, user_id: str, job_id: str | None) -> None:
+    """A dispatch call (HTTP or MCP) refused by a draining replica before anything was
+    enqueued: its caller was told ``unavailable`` (503 ``draining``), so it is counted
+    and logged as that answer, like every other answer ``Bridge.dispatch`` gives (before,
+    it was given in front of the dispatch and counted nowhere)."""
+    job_answered(tool, "unavailable", 0.0, user_id=user_id, job_id=job_id, checked=False)
 
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
