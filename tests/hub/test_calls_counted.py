@@ -11,6 +11,7 @@ told ``unavailable``.
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 from prometheus_client import REGISTRY
@@ -83,3 +84,42 @@ async def test_a_draining_refusal_over_mcp_is_counted_and_logged_once(autojump_c
     assert "draining" in str(result), result
     assert _count("unavailable") - before == 1.0
     assert _call_lines(caplog) == ["call answered: unavailable (drain-probe-tool for u1)"]
+
+
+# -- a caller that goes away -----------------------------------------------------------------
+# Before: ``timed_dispatch`` counted and logged only returned answers and
+# SubstrateUnavailable; a call cancelled because its HTTP client hung up (or its MCP client
+# cancelled, or its Python caller's scope ended) left no count and no line at all, while
+# the holder logged "job J finished" for the job: the operator saw a job with no call.
+
+
+async def test_an_abandoned_call_is_counted_and_logged_once_naming_its_job(
+    autojump_clock, caplog, nursery
+):
+    import trio
+    from deskbridge_common import Timings
+    from deskbridge_hub import Bridge
+    from deskbridge_hub._memory import MemorySubstrate
+    from deskbridge_hub._session import HubState
+
+    from tests.hub.test_outcomes import connect, ignore, sidecar
+    from tests.hub.test_session import wall
+
+    caplog.set_level(logging.INFO, logger="deskbridge.hub.calls")
+    substrate = MemorySubstrate(clock=wall)
+    hub_state = HubState(substrate=substrate, timings=Timings(), consumer="hub-1", wall_clock=wall)
+    bridge = Bridge(substrate, hub_state.timings, wall_clock=wall)
+    peer = await connect(nursery, hub_state)
+    nursery.start_soon(sidecar, peer, ignore)  # takes the job, never answers
+    before = _count("abandoned")
+    with trio.move_on_after(2):  # the caller goes away after 2 s
+        await bridge.dispatch("u1", "abandon-probe-tool", {}, timeout_s=30)
+    assert _count("abandoned") - before == 1.0
+    lines = _call_lines(caplog)
+    assert len(lines) == 1, lines
+    assert re.fullmatch(
+        r"call for job [0-9a-f]{32}~u1 answered: abandoned \(abandon-probe-tool for u1\)",
+        lines[0],
+    ), lines
+    (record,) = [r for r in caplog.records if r.name == "deskbridge.hub.calls"]
+    assert record.levelno == logging.INFO and record.answer == "abandoned"
