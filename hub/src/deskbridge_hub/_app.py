@@ -262,6 +262,7 @@ def create_app(
             job = parse_job(raw)
             state: HubState = holder["state"]
             if state.drain.active:
+                _metrics.call_refused_draining(job.name, user_id=user_id, job_id=job.job_id)
                 return _respond(with_chosen_job_id(draining_answer(), raw))
             # werkzeug's Headers is mapping-like (case-insensitive get) but not a Mapping.
             headers = request.headers

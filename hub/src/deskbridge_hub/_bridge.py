@@ -283,6 +283,7 @@ class Bridge(JobControl):
                     f"a user id) and names another user: choose another id",
                     field="job_id",
                 )
+        _metrics.call_names_job(job_id)
         indexed_key = idempotency_key
         if idempotency_key is None:
             idempotency_key = job_id
@@ -379,6 +380,7 @@ class Bridge(JobControl):
                 await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)  # names no job
                 self.waiters.unregister(waiter)
                 job_id, attached = record.job_id, True
+                _metrics.call_names_job(job_id)  # a retry attached: the earlier call's job
                 waiter = self.waiters.register(user_id, job_id)
                 if record.deadline is not None and submitted.server_time is not None:
                     # that job's own deadline: the time left on the substrate's clock

@@ -35,7 +35,7 @@ from deskbridge_common import _codes
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 from werkzeug.sansio.utils import get_content_length
 
-from . import _tracing
+from . import _metrics, _tracing
 from ._http import (
     BRIDGE_ERRORS,
     Answer,
@@ -97,6 +97,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
                 return None
             job = parse_job(raw)
             if holder["state"].drain.active:
+                _metrics.call_refused_draining(job.name, user_id=user_id, job_id=job.job_id)
                 return with_chosen_job_id(draining_answer(), raw)
         except Exception as exc:
             return with_chosen_job_id(_error_answer(exc, where), raw)

@@ -68,6 +68,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
+from . import _metrics
 from ._bridge import Bridge
 from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
@@ -315,6 +316,7 @@ class UserEndpoint:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         if self.is_draining():
+            _metrics.call_refused_draining(params.name, user_id=self.user_id, job_id=None)
             return _error_result(
                 "unavailable", _codes.DRAINING, "this hub replica is restarting; retry"
             )

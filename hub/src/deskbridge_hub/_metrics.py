@@ -18,6 +18,7 @@ Units: every duration is in seconds (``_seconds`` in the name), as Prometheus ex
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -53,8 +55,11 @@ LAG_PROBE_INTERVAL_S = 1.0
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-#: Outcomes a caller gets without any holder finishing the job.
-CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable"})
+#: A call whose caller went away before its answer (counted and logged, never sent).
+ABANDONED = "abandoned"
+#: Outcomes a caller gets without any holder finishing the job (and ``abandoned``: no
+#: answer at all).
+CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable", ABANDONED})
 #: The answer given before any desktop or catalogue looked at the tool's name (nothing
 #: was enqueued): such a name is not known to be a tool.
 _UNCHECKED_OUTCOMES = frozenset({"offline"})
@@ -292,7 +297,13 @@ def _child(metric: Any, *labels: str) -> Any:
 
 
 def job_answered(
-    tool: str, outcome: str, elapsed_s: float, *, user_id: str, job_id: str | None
+    tool: str,
+    outcome: str,
+    elapsed_s: float,
+    *,
+    user_id: str,
+    job_id: str | None,
+    checked: bool = True,
 ) -> None:
     """A dispatch call's answer: count it, observe its latency, and log it on
     ``deskbridge.hub.calls`` ("call for job J answered: timeout (tool for user)", field
@@ -300,8 +311,10 @@ def job_answered(
     for the answers no holder's line covers (``CALLER_ONLY_OUTCOMES``: offline, timeout,
     unavailable), DEBUG for the rest. The job's outcome is the holder's one INFO line on
     ``deskbridge.hub.jobs`` ("job J finished: ..."), also for a job whose caller was
-    answered timeout before it finished: a reader never sees two outcomes for one job."""
-    label = tool_label(tool, admit=outcome not in _UNCHECKED_OUTCOMES)
+    answered timeout before it finished: a reader never sees two outcomes for one job.
+    ``checked=False``: the call was refused before anything looked at the tool's name
+    (a draining replica's 503), so the name takes no label of its own."""
+    label = tool_label(tool, admit=checked and outcome not in _UNCHECKED_OUTCOMES)
     _child(JOBS, label, outcome).inc()
     _child(JOB_SECONDS, label).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
@@ -321,7 +334,28 @@ def job_answered(
     )
 
 
+def call_refused_draining(tool: str, *, user_id: str, job_id: str | None) -> None:
+    """A dispatch call (HTTP or MCP) refused by a draining replica before anything was
+    enqueued: its caller was told ``unavailable`` (503 ``draining``), so it is counted
+    and logged as that answer, like every other answer ``Bridge.dispatch`` gives (before,
+    it was given in front of the dispatch and counted nowhere)."""
+    job_answered(tool, "unavailable", 0.0, user_id=user_id, job_id=job_id, checked=False)
+
+
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+#: The job id of the dispatch call running in this task, once ``Bridge.dispatch`` has
+#: chosen it (``call_names_job``), for the line of a call its caller abandons.
+_call_job_id: contextvars.ContextVar[list[str | None] | None] = contextvars.ContextVar(
+    "deskbridge_call_job_id", default=None
+)
+
+
+def call_names_job(job_id: str) -> None:
+    """``Bridge.dispatch`` chose (or was given) ``job_id``: an abandoned call names it."""
+    current = _call_job_id.get()
+    if current is not None:
+        current[0] = job_id
 
 
 def timed_dispatch(fn: _F) -> _F:
@@ -333,12 +367,23 @@ def timed_dispatch(fn: _F) -> _F:
     @functools.wraps(fn)
     async def wrapper(self: Any, user_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         started = time.monotonic()
+        named: list[str | None] = [None]
+        token = _call_job_id.set(named)
         try:
             outcome = await fn(self, user_id, name, *args, **kwargs)
         except SubstrateUnavailable as exc:
             elapsed_s = time.monotonic() - started
             job_answered(str(name), "unavailable", elapsed_s, user_id=user_id, job_id=exc.job_id)
             raise
+        except anyio.get_cancelled_exc_class():
+            # the caller went away (HTTP client hung up, MCP cancel, the Python caller's
+            # scope): no answer was sent, but the call is counted and logged once, as
+            # ``abandoned`` (its job, if enqueued, runs on and has its own line)
+            elapsed_s = time.monotonic() - started
+            job_answered(str(name), ABANDONED, elapsed_s, user_id=user_id, job_id=named[0])
+            raise
+        finally:
+            _call_job_id.reset(token)
         job_answered(
             str(name), outcome.status, outcome.elapsed_s, user_id=user_id, job_id=outcome.job_id
         )
