@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import attrs
 from deskbridge_hub._envcheck import known_names, unknown_variables, warn_unknown_variables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,3 +68,27 @@ def test_the_process_environment_is_checked_once_per_process(monkeypatch, caplog
     assert len(warn_unknown_variables()) == 1
     assert warn_unknown_variables() == []
     assert sum("DESKBRIDGE_REDIS_ULR" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_every_known_name_is_read_and_documented() -> None:
+    """The other way round: a name on the known list that nothing reads is never warned
+    about, so an operator who sets it (``DESKBRIDGE_METRICS_BIND``, expecting a separate
+    metrics listener) is silently ignored; and a name no page documents cannot be found
+    by a newcomer (``DESKBRIDGE_NO_KEYRING``, ``DESKBRIDGE_VENV`` were in no doc)."""
+    from deskbridge_common import Timings
+
+    timings = {"DESKBRIDGE_" + f.name.upper() for f in attrs.fields(Timings)}
+    read = (
+        "".join(
+            path.read_text(errors="replace")
+            for folder in ("hub/src", "sidecar/src", "common/src")
+            for path in (ROOT / folder).rglob("*.py")
+            if path.name != "_envnames.py"
+        )
+        + (ROOT / "dev").read_text()
+    )
+    docs = "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    docs += (ROOT / "README.md").read_text()
+    names = known_names() - timings
+    assert sorted(n for n in names if n not in read) == [], "known, but read nowhere"
+    assert sorted(n for n in names if n not in docs) == [], "known, but in no doc"

@@ -244,3 +244,64 @@ def test_the_documented_patterns_are_the_rules_the_hub_applies() -> None:
             if bool(re.search(schema["pattern"], sample)) != accepted:
                 wrong.append(f"{field}: {sample!r} hub {'accepts' if accepted else 'refuses'}")
     assert wrong == [], "\n".join(wrong)
+
+
+def _body_errors(doc: dict[str, Any], path: str, method: str, status: int, body: Any) -> list[str]:
+    """What is wrong with ``body`` against the schema ``doc`` gives for that answer."""
+    import jsonschema
+    import referencing
+    from referencing.jsonschema import DRAFT202012
+
+    registry = referencing.Registry().with_resource("urn:doc", DRAFT202012.create_resource(doc))
+    response = doc["paths"][path][method]["responses"].get(str(status))
+    if response is None:
+        return [f"{status} is not documented"]
+    pointer = "/".join(
+        ["paths", path.replace("~", "~0").replace("/", "~1"), method, "responses", str(status)]
+    )
+    schema = {"$ref": f"urn:doc#/{pointer}/content/application~1json/schema"}
+    validator = jsonschema.Draft202012Validator(schema, registry=registry)
+    return [error.message for error in validator.iter_errors(body)]
+
+
+async def test_the_refusals_bodies_match_their_documented_schemas(autojump_clock) -> None:
+    """The body of each refusal a caller meets on ``POST .../jobs`` validates against the
+    schema the document gives for its status. ``422 idempotency_key_reused`` and ``409
+    job_id_in_use`` are error bodies (``{"error": ...}``, no ``status``: docs/outcomes.md),
+    but the document gave both statuses the outcome schema only, whose ``status`` is
+    required, so a client generated from it rejected the hub's own answers."""
+    substrate = MemorySubstrate()
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=substrate)
+    route = "/v1/users/{user_id}/jobs"
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        doc = await (await client.get("/openapi.json")).get_json()
+        await substrate.set_presence("alice", "sess-1", 3600.0)  # online; nobody reads jobs
+
+        async def post(body: dict[str, Any], user: str = "alice") -> tuple[int, Any]:
+            r = await client.post(
+                f"/v1/users/{user}/jobs", json=body, headers={"Authorization": f"Bearer {KEY}"}
+            )
+            return r.status_code, await r.get_json()
+
+        first = {"name": "echo", "args": {"a": 1}, "idempotency_key": "k1", "job_id": "j1"}
+        answers = {
+            "timeout": await post({**first, "timeout_s": 1}),
+            "idempotency_key_reused": await post({**first, "args": {"a": 2}, "job_id": "j2"}),
+            "job_id_in_use": await post({"name": "echo", "args": {}, "job_id": "j1"}),
+            "offline": await post({"name": "echo", "args": {}}, user="bob"),
+            "bad_request": await post({"name": "echo", "args": []}),
+        }
+    assert {why: status for why, (status, _) in answers.items()} == {
+        "timeout": 504,
+        "idempotency_key_reused": 422,
+        "job_id_in_use": 409,
+        "offline": 503,
+        "bad_request": 400,
+    }
+    wrong = {
+        why: errors
+        for why, (status, body) in answers.items()
+        if (errors := _body_errors(doc, route, "post", status, body))
+    }
+    assert wrong == {}

@@ -35,7 +35,6 @@ KNOWN: frozenset[str] = frozenset(
         "DESKBRIDGE_TOKEN_LEEWAY_S",
         "DESKBRIDGE_LOG_LEVEL",
         "DESKBRIDGE_LOG_FORMAT",
-        "DESKBRIDGE_METRICS_BIND",
         "DESKBRIDGE_HUB_HTTP",
         "DESKBRIDGE_HUB_URL",
         "DESKBRIDGE_TOKEN",

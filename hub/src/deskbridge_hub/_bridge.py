@@ -218,7 +218,10 @@ class Bridge(JobControl):
 
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
-            cancelled, timeout or offline. It never returns "unavailable": that raises.
+            cancelled, declined (the person at the desktop refused a tool that needs
+            approval), in_doubt (it started and its outcome is unknown: it may have
+            acted), timeout or offline (docs/outcomes.md). It never returns
+            "unavailable": that raises.
             ``timeout`` with ``detail == {"stage": "unknown"}`` and the ``job_id`` when
             the time ran out before the enqueue step answered (enqueued or not: it will
             not start later, docs/outcomes.md). ``offline`` (nothing enqueued) has the
@@ -229,6 +232,8 @@ class Bridge(JobControl):
                 says which).
             JobIdInUse: the caller-chosen ``job_id`` already names another job (the
                 same request sent again with its ``idempotency_key`` attaches instead).
+            IdempotencyKeyReused: ``idempotency_key`` already started a job with another
+                tool or other args (``job_id`` names that job); nothing is enqueued.
             SubstrateUnavailable: Redis unreachable or refusing writes. With ``job_id``
                 set the job may be enqueued (the enqueue step failed after it may have
                 written, or the wait for an enqueued job's answer failed): look it up;
@@ -708,7 +713,9 @@ class Bridge(JobControl):
 
     async def tools(self, user_id: str) -> list[dict[str, Any]] | None:
         """The tool catalogue the user's sidecar announced in its last hello: a list of
-        ``{"name", "description", "args_schema", "side_effects"}``, or None if unknown.
+        ``{"name", "description", "args_schema", "side_effects"}`` (and
+        ``"approval_after_wait_s"``, seconds, 0 for always, for a tool that needs the
+        person's approval), or None if unknown.
 
         Raises:
             BadRequest: invalid user id. SubstrateUnavailable: Redis unreachable.
@@ -737,8 +744,13 @@ class Bridge(JobControl):
             JobExpired: the deadline passed before the job started.
             JobLost: the entry was trimmed or deleted before it ran.
             JobCancelled: the job was cancelled.
+            JobDeclined: the person at the desktop declined a tool that needs approval.
+            JobInDoubt: it started and its outcome is unknown (the sidecar stopped
+                mid-job); it may have acted and is never run again under this key.
             JobTimeout: no answer within ``timeout_s``; ``details['stage']`` says what is
                 known (``unknown`` also when the enqueue step had not answered).
+            IdempotencyKeyReused: the key already started a job with another tool or
+                other args; nothing is enqueued.
             SubstrateUnavailable: Redis unreachable.
             BadRequest: malformed input.
         """

@@ -120,8 +120,9 @@ class JobControl:
     async def cancel(self, job_id: str) -> str:
         """Cancel a job: a queued job is never started; a running one gets a ``cancel``
         frame at once (its async tool task is cancelled; a sync tool cannot be
-        interrupted and finishes). Its caller is answered "cancelled" only when the job
-        never reached a desktop; a job delivered before and cancelled before its
+        interrupted and finishes, and its caller gets the tool's real outcome). Its caller
+        is answered "cancelled" when the job never reached a desktop or when the desktop
+        cancelled its async tool; a job delivered before and cancelled before its
         redelivery is answered ``in_doubt`` by the hub that reads it (it may have run).
 
         Returns:

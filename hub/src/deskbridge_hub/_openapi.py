@@ -39,13 +39,22 @@ _JOB = {
     "schema": {"type": "string", "pattern": JOB_ID_PATTERN},
 }
 _OUTCOME = {"$ref": "#/components/schemas/Outcome"}
+#: A refusal before anything ran (``idempotency_key_reused``, ``job_id_in_use``) shares its
+#: status with outcomes but is an error body: ``{"error": ...}``, no ``status``.
+_OUTCOME_OR_ERROR = {"anyOf": [_OUTCOME, _ERROR]}
 _OUTCOME_CODES = {
     "200": _json(_OUTCOME, "completed"),
     "400": _err("bad request: `error.field` names the field"),
     "401": _err("missing or wrong API key"),
-    "409": _json(_OUTCOME, "cancelled, declined (at the desktop), in_doubt, or `job_id_in_use`"),
+    "409": _json(
+        _OUTCOME_OR_ERROR,
+        "cancelled, declined (at the desktop), in_doubt (outcomes); or the error `job_id_in_use`",
+    ),
     "410": _json(_OUTCOME, "expired or lost"),
-    "422": _json(_OUTCOME, "failed (the tool's error), or `idempotency_key_reused`"),
+    "422": _json(
+        _OUTCOME_OR_ERROR,
+        "failed (the tool's error; an outcome), or the error `idempotency_key_reused`",
+    ),
     "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
     "504": _json(
         _OUTCOME,
@@ -138,8 +147,9 @@ def _routes(version: str) -> dict[str, Any]:
                     "properties": {
                         "job_id": {
                             "type": "string",
-                            "description": "a refused call's caller-chosen job id, echoed "
-                            "(it names no job; docs/outcomes.md)",
+                            "description": "a refused call's caller-chosen job id, echoed: "
+                            "it names no job of this call (after job_id_in_use: the other "
+                            "job that holds it; docs/outcomes.md)",
                         },
                         "error": {
                             "type": "object",
@@ -148,8 +158,13 @@ def _routes(version: str) -> dict[str, Any]:
                                 "code": {"type": "string"},
                                 "message": {"type": "string"},
                                 "field": {"type": "string"},
+                                "job_id": {
+                                    "type": "string",
+                                    "description": "idempotency_key_reused: the job the key "
+                                    "started",
+                                },
                             },
-                        }
+                        },
                     },
                 },
                 "JobRequest": {

@@ -93,10 +93,12 @@ class ProgressState:
 
 
 class Progress:
-    """The callback a tool receives: ``progress(done, total=None, message=None)``.
+    """The callback a tool receives: ``progress(progress, total=None, message=None)``:
+    how far it has got and, when known, out of how much (any unit, the same for both:
+    items, bytes, percent), and a short message (cut to 1024 characters).
 
     Raises (when called):
-        ValueError: ``done`` or ``total`` not a finite number, or a negative ``total``.
+        ValueError: ``progress`` or ``total`` not a finite number, or a negative ``total``.
     """
 
     def __init__(
