@@ -85,3 +85,74 @@ async def test_an_unexpected_failure_does_not_end_the_loop(autojump_clock):
         await trio.sleep(75)
         assert [c[2] for c in store.calls] == ["j1", "j2", "j1", "j2"]
         nursery.cancel_scope.cancel()
+
+
+# -- a forwarded chosen id's owner record (``keep_id``) -------------------------------------
+
+
+class KeepingIds:
+    """Records each ``keep_job_ids`` batch; refuses it (``error``) while ``down``."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.batches: list[tuple[bool, list[str]]] = []  # (refused, ids)
+        self.down = True
+        self.error = error or SubstrateUnavailable("down (test)")
+
+    async def keep_job_ids(self, job_ids: list[str], *, ttl_s: float) -> None:
+        await trio.lowlevel.checkpoint()
+        self.batches.append((self.down, list(job_ids)))
+        if self.down:
+            raise type(self.error)(*self.error.args)  # a fresh one each time
+
+    async def keep_job(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+async def test_a_refused_keep_of_an_id_is_not_sent_again_once_its_delivery_ended(
+    autojump_clock,
+):
+    """The store refuses the keeps for a minute (under Cluster: one node down fails the
+    whole split write) while forwarded jobs with chosen ids come and are answered (their
+    answer's write set each owner record to the result TTL, or the ``interrupted`` write
+    kept it as long as the state). Only a delivery still served here needs its keep sent
+    again. Was: every id refused was sent again each second for as long as the store
+    refused, the pending set grew with every forwarded chosen id (every MCP call's id is
+    one), and once the store took writes again every job answered meanwhile had its id
+    taken a day."""
+    store = KeepingIds()
+    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(running.run)
+        running.add("u1", "served", None)
+        running.keep_id("served")
+        for n in range(60):  # one job a second, forwarded and answered
+            await trio.sleep(1)
+            running.add("u1", f"answered-{n}", None)
+            running.keep_id(f"answered-{n}")
+            await trio.sleep(0.5)
+            running.discard("u1", f"answered-{n}", None)
+        store.down = False
+        await trio.sleep(5)
+        sent = [ids for refused, ids in store.batches if not refused]
+        assert sent == [["served"]], sent  # the answered ones: their own write
+        assert max(len(ids) for _, ids in store.batches) <= 2  # bounded by the served
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unexpected_failure_of_the_ids_keep_is_logged_once(autojump_clock, caplog):
+    """Not an outage (a bug, an unmapped refusal): logged with its traceback once until
+    a keep works, as the running jobs' keep does. Was: one traceback each second."""
+    store = KeepingIds(error=RuntimeError("ERR unknown option (test)"))
+    running = RunningJobs(store, 300.0)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(running.run)
+        running.add("u1", "served", None)
+        running.keep_id("served")
+        await trio.sleep(30)
+        assert len(store.batches) >= 20  # tried again each second
+        failures = [r for r in caplog.records if r.name == "deskbridge.hub.keepalive"]
+        assert len(failures) == 1, [r.getMessage() for r in failures]
+        store.down = False
+        await trio.sleep(2)
+        assert store.batches[-1] == (False, ["served"])
+        nursery.cancel_scope.cancel()

@@ -73,6 +73,8 @@ class RunningJobs:
     #: chosen job ids forwarded here whose owner record is still to be kept a day
     _ids: set[str] = attrs.field(factory=set, init=False)
     _ids_added: trio.Event = attrs.field(factory=trio.Event, init=False)
+    #: as ``_failing``, for the owner records' keeps
+    _ids_failing: bool = attrs.field(default=False, init=False)
 
     def add(self, user_id: str, job_id: str, idempotency_key: str | None) -> None:
         """A delivery of the job is being served here (synchronous)."""
@@ -108,19 +110,30 @@ class RunningJobs:
 
     async def _keep_ids(self) -> None:
         """Send the owner records' keeps (``keep_id``) as they come, all pending in one
-        write; refused ones are sent again ``KEEP_ID_RETRY_S`` later."""
+        write; refused ones are sent again ``KEEP_ID_RETRY_S`` later, while their delivery
+        is still served here: an ended delivery's own write covers its record (the
+        answer's sets it to the result TTL, the ``interrupted`` one keeps it as long as
+        the state), and a keep landing after the answer would take the id a day. So the
+        pending ids are never more than the deliveries served here. An unexpected
+        failure is logged once until a keep works."""
         while True:
             await self._ids_added.wait()
             self._ids_added = trio.Event()
-            ids, self._ids = sorted(self._ids), set()
+            served = {job_id for _, job_id, _ in self._jobs}
+            ids, self._ids = sorted(self._ids & served), set()
+            if not ids:
+                continue
             try:
                 await self.substrate.keep_job_ids(ids, ttl_s=forwarded_keep_s(self.ttl_s))
             except Exception as exc:  # never ends the loop; the ids are tried again
-                if not isinstance(exc, SubstrateUnavailable):
+                if not isinstance(exc, SubstrateUnavailable) and not self._ids_failing:
                     log.exception("keeping chosen job ids' owner records failed; retrying")
+                    self._ids_failing = True
                 self._ids.update(ids)
                 await trio.sleep(KEEP_ID_RETRY_S)
                 self._ids_added.set()
+            else:
+                self._ids_failing = False
 
     async def _keep_running(self) -> None:
         while True:
