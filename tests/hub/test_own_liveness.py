@@ -87,3 +87,53 @@ async def test_a_users_prompt_beats_raise_no_doubt_and_an_ended_session_none(aut
     assert own.in_doubt("u1")
     own.forget("u1")
     assert not own.in_doubt("u1")
+
+
+# -- a Cluster slot's trouble (``slot_troubled``) -------------------------------------------
+
+
+async def test_a_troubled_slot_puts_its_users_absent_presence_in_doubt_a_while(autojump_clock):
+    from deskbridge_hub._keys import presence_key
+    from deskbridge_hub._redis_slots import key_slot
+
+    own = OwnLiveness()
+    slot = key_slot(presence_key("u1"))
+    own.slot_troubled(slot)
+    assert own.in_doubt("u1")
+    other = next(f"v{n}" for n in range(100) if key_slot(presence_key(f"v{n}")) != slot)
+    assert not own.in_doubt(other)  # another slot's user: no doubt
+    await trio.sleep(DOUBT_AFTER_S - 0.1)
+    assert own.in_doubt("u1")
+    await trio.sleep(0.2)
+    assert not own.in_doubt("u1") and not own.in_doubt()
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """A dict that counts the entries walked by ``items()`` (a rebuild's cost)."""
+
+    walked = 0
+
+    def items(self):  # type: ignore[no-untyped-def]
+        _CountingDict.walked += len(self)
+        return super().items()
+
+
+async def test_many_troubled_slots_are_not_walked_on_every_trouble(autojump_clock):
+    """A node down under Cluster: every command on its slots is troubled, thousands of
+    slots within the doubt's time. The record stays bounded (by the slots, and what
+    no longer counts is dropped), but it is not walked again on each trouble. Was: past
+    256 slots every ``slot_troubled`` rebuilt the whole dict (all still recent, so it
+    stayed past 256): quadratic work on the event loop through an outage."""
+    own = OwnLiveness()
+    _CountingDict.walked = 0
+    own._slot_trouble_at = _CountingDict()  # type: ignore[assignment]
+    for slot in range(2000):  # 2000 troubled commands, each on another slot
+        own.slot_troubled(slot)
+        if not isinstance(own._slot_trouble_at, _CountingDict):  # rebuilt: count it too
+            own._slot_trouble_at = _CountingDict(own._slot_trouble_at)  # type: ignore[assignment]
+        await trio.sleep(0.001)
+    assert _CountingDict.walked < 20_000, _CountingDict.walked  # was ~1.7 million
+    await trio.sleep(DOUBT_AFTER_S + 1)
+    for slot in range(2000, 2300):  # later: what no longer counts is dropped
+        own.slot_troubled(slot)
+    assert len(own._slot_trouble_at) <= 300

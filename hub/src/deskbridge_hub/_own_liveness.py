@@ -75,6 +75,8 @@ class OwnLiveness:
     #: per Cluster slot: when this process's command on it last met a migration,
     #: refusal, move or outage (``slot_troubled``)
     _slot_trouble_at: dict[int, float] = attrs.field(factory=dict)
+    #: when ``_slot_trouble_at`` was last walked to drop what no longer counts
+    _slots_pruned_at: float = -math.inf
 
     def sending(self) -> None:
         """A refresh is being sent (the first of a series that fails marks the start)."""
@@ -109,7 +111,11 @@ class OwnLiveness:
         refused (``TRYAGAIN``, ``CLUSTERDOWN``) or met its node unreachable: for
         :data:`DOUBT_AFTER_S` an absent presence in it proves nothing."""
         now = anyio.current_time()
-        if len(self._slot_trouble_at) > 256:  # bounded: drop what no longer counts
+        # bounded (by the 16384 slots, and what no longer counts is dropped), walked at
+        # most once per DOUBT_AFTER_S: a node down troubles thousands of slots at once,
+        # and a walk on every trouble past 256 was quadratic work through the outage
+        if len(self._slot_trouble_at) > 256 and now - self._slots_pruned_at >= DOUBT_AFTER_S:
+            self._slots_pruned_at = now
             self._slot_trouble_at = {
                 k: at for k, at in self._slot_trouble_at.items() if now - at < DOUBT_AFTER_S
             }
