@@ -57,3 +57,22 @@ def test_served_names_take_at_most_max_tool_labels() -> None:
         _metrics.job_dispatched(f"{prefix}{i}", 0.1)
     _metrics.job_dispatched(f"{prefix}{MAX}", 0.1)
     assert len(_tools("deskbridge_dispatch_seconds_count", prefix)) == MAX
+
+
+async def test_names_of_calls_abandoned_before_any_check_take_no_label(autojump_clock) -> None:
+    """A caller that goes away (hangs up, cancels) before the desktop's catalogue looked
+    at the name: the call is counted ``abandoned``, under ``other`` unless the name has
+    a label already. Was: each such name took one of the ``MAX_TOOL_LABELS`` for good, so
+    a caller naming tools that do not exist and hanging up at once (an unknown name is
+    otherwise refused, uncounted) filled the labels and real tools went to ``other``."""
+    import trio
+
+    bridge = Bridge(MemorySubstrate())
+    prefix = f"a{uuid.uuid4().hex[:8]}-"
+    before = _other("deskbridge_jobs_total", "abandoned")
+    for i in range(2 * MAX):
+        with trio.CancelScope() as scope:
+            scope.cancel()  # gone before the first look at anything
+            await bridge.dispatch("u1", f"{prefix}{i}", {}, timeout_s=5)
+    assert _tools("deskbridge_jobs_total", prefix) == set()
+    assert _other("deskbridge_jobs_total", "abandoned") == before + 2 * MAX

@@ -61,8 +61,10 @@ ABANDONED = "abandoned"
 #: answer at all).
 CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable", ABANDONED})
 #: The answer given before any desktop or catalogue looked at the tool's name (nothing
-#: was enqueued): such a name is not known to be a tool.
-_UNCHECKED_OUTCOMES = frozenset({"offline"})
+#: was enqueued): such a name is not known to be a tool. ``abandoned`` too: the caller
+#: may have gone before anything looked (a name no catalogue has, otherwise refused
+#: uncounted, took a label for good each).
+_UNCHECKED_OUTCOMES = frozenset({"offline", ABANDONED})
 #: Most distinct ``tool`` label values the per-tool metrics of one process take: the
 #: first names seen on jobs that were enqueued (checked against the desktop's catalogue
 #: when it has one) or served. Any other name is counted under ``OTHER_TOOL``: callers
