@@ -125,7 +125,12 @@ async def test_origins_outside_the_list_are_denied(tools, site):
     )
     assert (await call(tools, "browser_open", url=f"{site}/outlink")).ok
     clicked = await call(tools, "browser_click", selector="#out")
-    assert clicked.ok and clicked.result["blocked"] == [f"http://127.0.0.2:{port}/landing"]
+    assert clicked.ok, clicked
+    # the browser's own background requests (docs/tools.md: e.g. Chrome's autofill
+    # service, content-autofill.googleapis.com:443) may be refused and listed too; of the
+    # test's hosts only the off-list landing is
+    ours = [b for b in clicked.result["blocked"] if "127.0.0." in b]
+    assert ours == [f"http://127.0.0.2:{port}/landing"], clicked.result["blocked"]
     assert clicked.result["url"] == f"{site}/outlink"  # still there
 
 
