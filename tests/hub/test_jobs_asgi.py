@@ -387,3 +387,48 @@ async def test_the_access_log_sees_the_request(autojump_clock, monkeypatch, capl
         assert r.status_code == 503
     (line,) = [r for r in caplog.records if r.name == "deskbridge.hub.access"]
     assert f'"POST {PATH}" 503' in line.getMessage()
+
+
+@pytest.mark.parametrize("asgi_route", [True, False])
+async def test_a_call_waiting_when_the_grace_ends_is_answered_503_with_its_job(
+    autojump_clock, monkeypatch, caplog, asgi_route
+):
+    """A graceful restart whose grace ends while a call waits answers that call 503
+    ``unavailable`` naming its job and stage, counted and logged once as ``unavailable``
+    (not ``abandoned``), before ``drain`` returns (was: cut when the process exited)."""
+    from deskbridge_hub._shutdown import drain
+
+    caplog.set_level(logging.DEBUG, logger="deskbridge.hub.calls")
+    async with hub(monkeypatch, asgi_route=asgi_route) as h:
+        await _online(h)
+        state = h.holder["state"]
+        scope = h.client.request(PATH, method="POST", headers=AUTH).scope
+        to_app, app_receives = trio.open_memory_channel[dict](10)
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(h.app, scope, app_receives.receive, send)
+            body = b'{"name": "echo", "timeout_s": 60}'
+            await to_app.send({"type": "http.request", "body": body, "more_body": False})
+            with trio.fail_after(30):
+                while h.substrate.entries(ONLINE) == 0:  # noqa: ASYNC110 - mock clock
+                    await trio.sleep(0.1)
+            began = trio.current_time()
+            await drain(state, 5.0)
+            assert trio.current_time() - began < 5.0 + 2.0  # the grace, then the answer
+            assert sent and sent[0]["type"] == "http.response.start"  # answered by then
+            assert not sent[-1].get("more_body", False)
+            nursery.cancel_scope.cancel()
+        assert sent[0]["status"] == 503
+        answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+        assert answer["status"] == "unavailable" and answer["error"]["code"] == "unavailable"
+        assert answer["job_id"].endswith(f"~{ONLINE}")
+        assert answer["detail"] == {"stage": "queued"}
+        assert f"GET /v1/jobs/{answer['job_id']}" in answer["error"]["message"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.calls"]
+        job_id = answer["job_id"]
+        assert lines == [f"call for job {job_id} answered: unavailable (echo for {ONLINE})"]
+        assert state.drain.requests == 0

@@ -43,6 +43,7 @@ from ._http import (
     http_error_answer,
     key_accepted,
     outcome_answer,
+    released_answer,
     unauthorized_message,
     with_chosen_job_id,
 )
@@ -266,10 +267,17 @@ def create_app(
                 return _respond(with_chosen_job_id(draining_answer(), raw))
             # werkzeug's Headers is mapping-like (case-insensitive get) but not a Mapping.
             headers = request.headers
-            with _tracing.extracted(headers):  # type: ignore[arg-type]  # W3C traceparent
+            outcome = None
+            with (
+                state.drain.waiting() as call,
+                _tracing.extracted(headers),  # type: ignore[arg-type]  # W3C traceparent
+            ):
                 outcome = await job.dispatch(holder["bridge"], user_id)
         except BRIDGE_ERRORS as exc:  # refused: the caller's own job_id, echoed
             return _respond(with_chosen_job_id(bridge_error_answer(exc), raw))
+        if outcome is None:  # released: a graceful restart's grace ended meanwhile
+            answer = await released_answer(holder["bridge"], call, job.name, user_id)
+            return _respond(with_chosen_job_id(answer, raw))
         return _respond(with_chosen_job_id(outcome_answer(outcome), raw))
 
     @app.get("/v1/users/<user_id>/tools")

@@ -11,6 +11,7 @@ import hmac
 import json
 from typing import Any
 
+import trio
 from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
@@ -48,6 +49,56 @@ def draining_answer() -> Answer:
         "status": "unavailable",
         "error": {"code": _codes.DRAINING, "message": "this hub replica is restarting; retry"},
     }
+
+
+def restarting_message(job_id: str | None) -> str:
+    """What a caller released by a graceful restart is told (``restarting_answer``, the
+    MCP tool result)."""
+    if job_id is None:
+        return "this hub replica restarted while the call waited; retry"
+    return (
+        f"this hub replica restarted while the call waited; job {job_id} may still run: "
+        f"retry with the same idempotency_key to attach to it, or GET /v1/jobs/{job_id} "
+        "(any replica answers)"
+    )
+
+
+def restarting_answer(job_id: str | None, stage: str) -> Answer:
+    """The answer to a dispatch call still waiting when its replica's grace ended
+    (``_shutdown.Draining.release_calls``): 503 ``unavailable`` naming the job and the
+    stage it was last known in, like an enqueued job whose outcome is unknown."""
+    body: dict[str, Any] = {
+        "status": "unavailable",
+        "error": {"code": "unavailable", "message": restarting_message(job_id)},
+    }
+    if job_id is not None:
+        body = {"job_id": job_id, **body, "detail": {"stage": stage}}
+    return 503, body
+
+
+async def released_stage(bridge: Any, job_id: str | None) -> str:
+    """The stage of a released call's job, looked up within ``STAGE_LOOKUP_S``;
+    "unknown" when it cannot be told (no job, no state, Redis slow or down)."""
+    from ._shutdown import STAGE_LOOKUP_S
+
+    if job_id is None:
+        return "unknown"
+    with trio.move_on_after(STAGE_LOOKUP_S):
+        try:
+            state = await bridge.job_state(job_id)
+        except Exception:  # a last look only: the answer says "unknown"
+            return "unknown"
+        return "unknown" if state is None else str(state.stage)
+    return "unknown"
+
+
+async def released_answer(bridge: Any, call: Any, tool: str, user_id: str) -> Answer:
+    """Count and log a released call (``_shutdown.WaitingCall``) as ``unavailable``,
+    look its job's stage up and give its ``restarting_answer``."""
+    from . import _metrics
+
+    _metrics.call_released(tool, user_id=user_id, job_id=call.job_id, elapsed_s=call.elapsed_s)
+    return restarting_answer(call.job_id, await released_stage(bridge, call.job_id))
 
 
 def _draining() -> Response:

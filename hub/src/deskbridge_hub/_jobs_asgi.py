@@ -15,7 +15,9 @@ them): the API key first (401), then the body (413 over Quart's ``MAX_CONTENT_LE
 by ``Content-Length`` or by what arrived; 408 after Quart's ``BODY_TIMEOUT``), its fields
 (400 naming the field: ``_http_body.parse_job``), the drain (503 ``draining``), then
 ``Bridge.dispatch`` under the caller's W3C trace context, its outcome
-(``_http.outcome_answer``) or its error (``_http.bridge_error_answer``); anything else
+(``_http.outcome_answer``) or its error (``_http.bridge_error_answer``), or, when a
+graceful restart's grace ends while it waits, 503 ``unavailable`` naming the job
+(``_http.released_answer``); anything else
 is logged on the app's logger and answered 500, as Quart does. A client that goes away
 cancels the call, and an answer not taken within ``RESPONSE_TIMEOUT`` is dropped, as with
 quart-trio. Every other request (another method, another path, a request under a
@@ -45,6 +47,7 @@ from ._http import (
     http_error_answer,
     key_accepted,
     outcome_answer,
+    released_answer,
     unauthorized_message,
     with_chosen_job_id,
 )
@@ -111,11 +114,14 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
     async def _dispatch(
         user_id: str, job: JobRequest, headers: dict[str, str], where: str
     ) -> Answer:
+        outcome = None
         try:
-            with _tracing.extracted(headers):  # W3C traceparent, if any
+            with holder["state"].drain.waiting() as call, _tracing.extracted(headers):
                 outcome = await job.dispatch(holder["bridge"], user_id)
         except Exception as exc:
             return _error_answer(exc, where)
+        if outcome is None:  # released: the grace of a graceful restart ended meanwhile
+            return await released_answer(holder["bridge"], call, job.name, user_id)
         return outcome_answer(outcome)
 
     def _error_answer(exc: Exception, where: str) -> Answer:

@@ -344,6 +344,13 @@ def call_refused_draining(tool: str, *, user_id: str, job_id: str | None) -> Non
     job_answered(tool, "unavailable", 0.0, user_id=user_id, job_id=job_id, checked=False)
 
 
+def call_released(tool: str, *, user_id: str, job_id: str | None, elapsed_s: float) -> None:
+    """A dispatch call (HTTP or MCP) still waiting when a graceful restart's grace ended:
+    its caller is told ``unavailable`` (the hub restarted; the job may still run), so it
+    is counted and logged as that answer, not as ``abandoned``."""
+    job_answered(tool, "unavailable", elapsed_s, user_id=user_id, job_id=job_id)
+
+
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
 
 #: The job id of the dispatch call running in this task, once ``Bridge.dispatch`` has
@@ -365,6 +372,7 @@ def timed_dispatch(fn: _F) -> _F:
     its latency; a SubstrateUnavailable counts as ``unavailable`` (and is re-raised).
     Bad requests are not jobs and are not counted."""
     from ._errors import SubstrateUnavailable
+    from ._shutdown import current_call
 
     @functools.wraps(fn)
     async def wrapper(self: Any, user_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -378,10 +386,16 @@ def timed_dispatch(fn: _F) -> _F:
             job_answered(str(name), "unavailable", elapsed_s, user_id=user_id, job_id=exc.job_id)
             raise
         except anyio.get_cancelled_exc_class():
+            elapsed_s = time.monotonic() - started
+            waiting = current_call.get()
+            if waiting is not None and waiting.released:
+                # the grace of a graceful restart ended while it waited: its route
+                # answers it unavailable (naming the job) and counts it then
+                waiting.job_id, waiting.elapsed_s = named[0], elapsed_s
+                raise
             # the caller went away (HTTP client hung up, MCP cancel, the Python caller's
             # scope): no answer was sent, but the call is counted and logged once, as
             # ``abandoned`` (its job, if enqueued, runs on and has its own line)
-            elapsed_s = time.monotonic() - started
             job_answered(str(name), ABANDONED, elapsed_s, user_id=user_id, job_id=named[0])
             raise
         finally:

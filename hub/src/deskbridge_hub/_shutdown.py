@@ -6,12 +6,17 @@ handshakes with 503, let running jobs and waiting dispatch requests finish withi
 grace period, close every sidecar socket with 1012 (service restart) so sidecars
 reconnect at once to another replica, then exit. Entries still running when the grace
 ends stay pending; the sidecar keeps running them (shielded) and answers their
-redelivery from its dedupe cache.
+redelivery from its dedupe cache. Dispatch calls (HTTP, MCP) still waiting in this
+process when the grace ends are *released* (:meth:`Draining.release_calls`): each route
+answers its caller 503 ``unavailable`` naming the job and its stage (the hub restarted;
+the job may still run), and the drain waits up to ``ANSWER_WAIT_S`` for those answers to
+be written before it closes the sockets and the process exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -31,6 +36,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deskbridge.hub.shutdown")
 
+#: Longest wait, once the grace is over, for the answers of the released calls to be
+#: written (their routes look the job's stage up, bounded by ``STAGE_LOOKUP_S``).
+ANSWER_WAIT_S = 2.0
+#: Longest look-up of a released call's job stage; past it the stage is "unknown".
+STAGE_LOOKUP_S = 0.5
+
+
+@attrs.define(eq=False)
+class WaitingCall:
+    """A dispatch call (HTTP or MCP) waiting in this process for its outcome.
+
+    Attributes:
+        scope: cancelled when the call is released (the grace ended while it waited).
+        released: set then; the route answers ``restarting_answer`` instead.
+        job_id: the job the call named, once released (``_metrics.timed_dispatch`` sets
+            it; None if the call was released before it chose one).
+        elapsed_s: how long the call had waited when released.
+    """
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    released: bool = False
+    job_id: str | None = None
+    elapsed_s: float = 0.0
+
+    def release(self) -> None:
+        self.released = True
+        self.scope.cancel()
+
+
+#: The waiting call of the running task, if a route registered one (``Draining.waiting``):
+#: ``_metrics.timed_dispatch`` tells a released call (answered by its route) from one
+#: whose caller went away (abandoned).
+current_call: contextvars.ContextVar[WaitingCall | None] = contextvars.ContextVar(
+    "deskbridge_waiting_call", default=None
+)
+
 
 @attrs.define(eq=False)
 class Draining:
@@ -39,11 +80,40 @@ class Draining:
     Attributes:
         active: set once a graceful shutdown began; never cleared.
         requests: dispatch (HTTP) requests waiting in this process right now.
+        released: set once the grace ended: waiting calls are released, and a call
+            registered from then on is released at once.
     """
 
     active: bool = False
     requests: int = 0
+    released: bool = False
     _requests_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _calls: set[WaitingCall] = attrs.field(factory=set, init=False)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[WaitingCall]:
+        """Run a dispatch call's wait in this block: when the grace ends while it waits,
+        the block is left (cancelled) with ``call.released`` set, and the route answers
+        its caller ``restarting_answer`` (the process is about to exit)."""
+        call = WaitingCall()
+        if self.released:
+            call.release()
+        self._calls.add(call)
+        token = current_call.set(call)
+        try:
+            with call.scope:
+                yield call
+        finally:
+            current_call.reset(token)
+            self._calls.discard(call)
+
+    def release_calls(self) -> int:
+        """Release every waiting call (the grace is over); returns how many."""
+        self.released = True
+        calls = list(self._calls)
+        for call in calls:
+            call.release()
+        return len(calls)
 
     @contextlib.contextmanager
     def tracking_request(self) -> Iterator[None]:
@@ -84,13 +154,18 @@ async def drain(state: HubState, grace_s: float) -> None:
                 nursery.start_soon(session.wait_idle)
             nursery.start_soon(state.drain.wait_requests)
     waited = trio.current_time() - started
+    released = state.drain.release_calls()  # also any call registered from now on
     if scope.cancelled_caught:
         log.warning(
             "grace of %.1f s over with jobs still running (they stay pending) and %d "
-            "dispatch requests waiting (cut)",
+            "dispatch calls waiting (answered unavailable: the hub restarted)",
             grace_s,
-            state.drain.requests,
+            released,
         )
+    if released:
+        # let the routes write those answers (bounded: the process exits next)
+        with trio.move_on_after(ANSWER_WAIT_S):
+            await state.drain.wait_requests()
     async with trio.open_nursery() as nursery:
         for session in list(state.sessions.values()):
             nursery.start_soon(session.close, CLOSE_SERVICE_RESTART, "hub restarting")

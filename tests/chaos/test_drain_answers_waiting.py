@@ -1,0 +1,90 @@
+"""A graceful restart answers the callers still waiting in the draining process.
+
+On SIGTERM a hub process drains: running jobs and waiting dispatch requests get the
+grace (``DESKBRIDGE_GRACE_S``), then the process exits. An HTTP caller whose job runs
+longer than the grace used to be *cut*: the connection closed with no response, counted
+and logged nowhere. Now, at the grace's end, it is answered 503 ``unavailable`` naming
+its ``job_id`` and stage (the job may still run: retry with the same idempotency key or
+``GET /v1/jobs/{id}`` on any replica), before the process exits.
+
+Two pods on one Redis: the sidecar holds its socket on pod B; the caller waits in pod A,
+which is SIGTERMed (grace 1 s) while the 5 s job runs on B. The job still runs exactly
+once, B reports it, and a retry with the same key through B attaches to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.chaos._harness import TIMINGS, headers, new_user, wait_online
+from tests.procs import Ledger, Sidecar, issue, wait_until
+
+pytestmark = pytest.mark.chaos
+
+GRACE_S = 1.0
+JOB_S = 5.0
+#: ports of the two pods (free_port when set to 0)
+PORT_A = int(os.environ.get("DESKBRIDGE_TEST_PORT_A", "0")) or None
+PORT_B = int(os.environ.get("DESKBRIDGE_TEST_PORT_B", "0")) or None
+
+
+def test_sigterm_answers_a_waiting_http_caller_503_with_its_job(tmp_path, procs):
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    env = {**TIMINGS, "DESKBRIDGE_GRACE_S": str(GRACE_S), "DESKBRIDGE_RECLAIM_IDLE_S": "60"}
+    pod_a = procs.hub(tmp_path, env, name="pod-a", port=PORT_A)
+    pod_b = procs.hub(tmp_path, env, name="pod-b", port=PORT_B)
+    procs.add(
+        Sidecar(
+            tmp_path, pod_b.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()}
+        )
+    )
+    wait_online(pod_b.http, user)
+    key = "drain-" + user
+    request = {"name": "record", "args": {"key": key, "seconds": JOB_S}, "timeout_s": 30}
+    request["idempotency_key"] = key
+
+    def post(base: str) -> httpx.Response:
+        with httpx.Client(headers=headers(), timeout=40) as client:
+            return client.post(f"{base}/v1/users/{user}/jobs", json=request)
+
+    waiting = procs.callers.submit(post, pod_a.http)
+    wait_until(lambda: ledger.starts(key), timeout_s=15, what="the job started")
+    pod_a.signal_group(signal.SIGTERM)
+    termed = time.monotonic()
+    try:
+        r = waiting.result(timeout=15)
+    except httpx.HTTPError as exc:
+        pytest.fail(f"the waiting caller was cut with no answer: {exc!r}")
+    answered_s = time.monotonic() - termed
+    assert r.status_code == 503, r.text
+    body = r.json()
+    assert body["status"] == "unavailable", body
+    assert body["error"]["code"] == "unavailable", body
+    assert "restart" in body["error"]["message"], body
+    job_id = body["job_id"]
+    assert body["detail"]["stage"] == "delivered", body  # running on the desktop
+    assert GRACE_S - 0.2 < answered_s < GRACE_S + 4, answered_s  # at the grace's end
+    assert pod_a.popen.wait(10) is not None  # and then pod A exits
+
+    # the caller was counted and logged once, as unavailable (not abandoned)
+    out = pod_a.output()
+    assert out.count(f"call for job {job_id} answered: unavailable") == 1, out[-3000:]
+    assert "abandoned" not in out, out[-3000:]
+
+    # the job still runs once; any replica reports it; a retry with the key attaches
+    wait_until(lambda: ledger.ends(key), timeout_s=15, what="the job finished")
+    retry = post(pod_b.http)
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["status"] == "completed" and retry.json()["job_id"] == job_id
+    with httpx.Client(headers=headers(), timeout=10) as client:
+        state = client.get(f"{pod_b.http}/v1/jobs/{job_id}")
+    assert state.status_code == 200, state.text
+    assert state.json()["terminal"] is True, state.json()
+    assert state.json()["outcome"]["status"] == "completed", state.json()
+    assert ledger.counts() == {key: 1}, ledger.events()
