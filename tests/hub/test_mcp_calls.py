@@ -262,3 +262,51 @@ async def test_tools_list_gives_every_tool_an_object_input_schema(autojump_clock
     assert set(by_name) == {"plain", "untyped", "nullable"}
     assert all(schema["type"] == "object" for schema in by_name.values())
     assert by_name["untyped"]["properties"] == {"a": {"type": "integer"}}
+
+
+async def test_a_call_waiting_when_the_grace_ends_gets_an_error_result_naming_its_job(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+    caplog,
+):
+    """A graceful restart's grace ends while a tool call waits: the call gets an
+    ``isError`` result, ``unavailable``, naming its job and stage (the job may still run),
+    counted and logged once as ``unavailable``; the job is not withdrawn (no Cancel
+    frame), unlike a call its client abandons (was: cut when the process exited)."""
+    import logging
+
+    from deskbridge_hub._shutdown import Draining
+
+    caplog.set_level(logging.DEBUG, logger="deskbridge.hub.calls")
+    drain = Draining()
+    frames: list[Any] = []
+    reached = trio.Event()
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
+
+        async def desk(frame: Any) -> None:
+            frames.append(frame)
+            reached.set()
+
+        nursery.start_soon(sidecar, peer, desk)
+
+        async def grace_ends() -> None:
+            await reached.wait()
+            assert drain.release_calls() == 1
+
+        nursery.start_soon(grace_ends)
+        endpoint = UserEndpoint("u1", bridge, get_drain=lambda: drain)
+        params = types.CallToolRequestParams(name="click", arguments={"selector": "#go"})
+        got = await endpoint._call_tool(_ctx(), params)
+        await trio.sleep(5)
+        assert [type(f).__name__ for f in frames] == ["Job"]  # no Cancel frame
+        nursery.cancel_scope.cancel()
+    assert got.is_error
+    body = got.structured_content
+    assert body["status"] == "unavailable" and body["error"]["code"] == "unavailable"
+    assert body["detail"] == {"stage": "delivered"}
+    job_id = body["job_id"]
+    assert job_id and f"GET /v1/jobs/{job_id}" in body["error"]["message"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.calls"]
+    assert lines == [f"call for job {job_id} answered: unavailable (click for u1)"]

@@ -48,6 +48,7 @@ use and live until the app stops.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -72,8 +73,10 @@ from . import _metrics
 from ._bridge import Bridge
 from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
+from ._http import released_answer
 from ._outcome import Outcome
 from ._progress import ProgressReport
+from ._shutdown import Draining, WaitingCall
 from ._unavailable_log import note_unavailable
 
 log = logging.getLogger("deskbridge.hub.mcp")
@@ -176,6 +179,23 @@ def _error_result(status: str, code: str, message: str) -> types.CallToolResult:
     )
 
 
+async def released_result(
+    bridge: Bridge, call: WaitingCall, tool: str, user_id: str
+) -> types.CallToolResult:
+    """A tool call still waiting when a graceful restart's grace ended: the HTTP API's
+    ``restarting_answer`` (503 ``unavailable`` naming the job and its stage) as a result
+    with ``isError: true``, counted and logged once as ``unavailable``."""
+    _, body = await released_answer(bridge, call, tool, user_id)
+    return outcome_result(
+        Outcome(
+            job_id=body.get("job_id"),
+            status="unavailable",
+            error=body["error"],
+            detail=body.get("detail") or {},
+        )
+    )
+
+
 def bad_args_result(exc: BadRequest) -> types.CallToolResult:
     """``args`` the hub refused before enqueueing (``BadRequest`` with ``field`` ``args``):
     HTTP answers the same args 400 ``bad_request`` naming ``args``; MCP reports it as a
@@ -217,12 +237,16 @@ class UserEndpoint:
         user_id: whose desktop.
         bridge: dispatch API.
         is_draining: True while the replica is shutting down (calls are refused then).
+        get_drain: the process's ``Draining`` (None: not serving): a call still waiting
+            when a graceful restart's grace ends is released and answered
+            ``released_result``.
         poll_s: catalogue poll interval, seconds.
     """
 
     user_id: str
     bridge: Bridge
     is_draining: Callable[[], bool] = lambda: False
+    get_drain: Callable[[], Draining | None] = lambda: None
     poll_s: float = CATALOGUE_POLL_S
     server: Server[Any] = attrs.field(init=False)
     manager: StreamableHTTPSessionManager = attrs.field(init=False)
@@ -346,16 +370,19 @@ class UserEndpoint:
                 last[:] = [report.progress]
                 await ctx.session.report_progress(report.progress, report.total, report.message)
 
+        drain = self.get_drain()
+        outcome: Outcome | None = None
         try:
-            outcome = await self.bridge.dispatch(
-                self.user_id,
-                params.name,
-                params.arguments or {},
-                idempotency_key=key,
-                timeout_s=timeout_s,
-                job_id=job_id,
-                on_progress=on_progress,
-            )
+            with contextlib.nullcontext(None) if drain is None else drain.waiting() as call:
+                outcome = await self.bridge.dispatch(
+                    self.user_id,
+                    params.name,
+                    params.arguments or {},
+                    idempotency_key=key,
+                    timeout_s=timeout_s,
+                    job_id=job_id,
+                    on_progress=on_progress,
+                )
         except BadRequest as exc:
             if exc.field == "args":  # the model can correct its arguments (SEP-1303)
                 return bad_args_result(exc)
@@ -382,6 +409,9 @@ class UserEndpoint:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
                     await self._cancel_job(job_id)
             raise
+        if outcome is None:  # released (not withdrawn: a retry may attach to the job)
+            assert call is not None
+            return await released_result(self.bridge, call, params.name, self.user_id)
         if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
             outcome = attrs.evolve(outcome, job_id=None)
         return outcome_result(outcome)

@@ -32,6 +32,7 @@ from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
 from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted, unauthorized_message
+from ._shutdown import Draining
 from ._validate import validate_user_id
 
 if TYPE_CHECKING:
@@ -63,11 +64,14 @@ class McpEndpoints:
         get_nursery: the nursery endpoints run in (quart-trio's ``app.nursery``).
         get_bridge: the dispatch API (available while the app serves).
         is_draining: True while this replica is shutting down.
+        get_drain: this process's ``Draining`` (None while not serving): a tool call
+            still waiting when a graceful restart's grace ends is released and answered.
     """
 
     get_nursery: Callable[[], Any]
     get_bridge: Callable[[], Bridge | None]
     is_draining: Callable[[], bool]
+    get_drain: Callable[[], Draining | None] = lambda: None
     _endpoints: dict[str, UserEndpoint] = attrs.field(factory=dict)
     _scopes: dict[str, anyio.CancelScope] = attrs.field(factory=dict)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock)
@@ -98,7 +102,9 @@ class McpEndpoints:
             found = self._endpoints.get(user_id)
             if found is None:
                 mcp = await _mcp_module()
-                found = mcp.UserEndpoint(user_id, bridge, is_draining=self.is_draining)
+                found = mcp.UserEndpoint(
+                    user_id, bridge, is_draining=self.is_draining, get_drain=self.get_drain
+                )
                 found.last_used_s = anyio.current_time()
                 await self.get_nursery().start(self._run, found)
                 if not self._reaping:
@@ -169,6 +175,7 @@ def mount_mcp(
         get_nursery=lambda: app.nursery,
         get_bridge=lambda: holder.get("bridge"),
         is_draining=lambda: _draining(holder),
+        get_drain=lambda: _drain_of(holder),
     )
     holder["mcp"] = endpoints
 
@@ -218,13 +225,35 @@ def mount_mcp(
                 await _send_jsonrpc_error(send, *refusal)
                 return
             receive = _replayed(raw, receive)
-        async with endpoints.using(user_id) as endpoint:
-            if endpoint is None:
-                await _send_json(send, 503, _codes.UNAVAILABLE, "the hub is not serving yet")
+            drain = _drain_of(holder)
+            if drain is not None and _is_tool_call(raw):
+                # counted like an HTTP dispatch request: a graceful shutdown gives it the
+                # grace, then waits (bounded) for its answer to be written
+                with drain.tracking_request():
+                    await _serve(endpoints, user_id, scope, receive, send)
                 return
-            await endpoint.manager.handle_request(scope, receive, send)
+        await _serve(endpoints, user_id, scope, receive, send)
 
     return mcp_app
+
+
+async def _serve(
+    endpoints: McpEndpoints, user_id: str, scope: Any, receive: Any, send: Any
+) -> None:
+    async with endpoints.using(user_id) as endpoint:
+        if endpoint is None:
+            await _send_json(send, 503, _codes.UNAVAILABLE, "the hub is not serving yet")
+            return
+        await endpoint.manager.handle_request(scope, receive, send)
+
+
+def _is_tool_call(raw: bytes) -> bool:
+    """True for a POST body that is a ``tools/call`` request (a dispatch call)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and value.get("method") == "tools/call"
 
 
 #: What :func:`_read_body` returns when the client disconnected before the body ended.
@@ -313,6 +342,11 @@ async def _send_jsonrpc_error(
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 400, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _drain_of(holder: dict[str, Any]) -> Draining | None:
+    state = holder.get("state")
+    return None if state is None else state.drain
 
 
 def _draining(holder: dict[str, Any]) -> bool:
