@@ -88,3 +88,58 @@ def test_sigterm_answers_a_waiting_http_caller_503_with_its_job(tmp_path, procs)
     assert state.json()["terminal"] is True, state.json()
     assert state.json()["outcome"]["status"] == "completed", state.json()
     assert ledger.counts() == {key: 1}, ledger.events()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_sigterm_answers_a_waiting_mcp_call_with_an_error_result_naming_its_job(
+    tmp_path, procs, mode
+):
+    """The same over MCP: the tool call waiting in pod A gets an ``isError`` result,
+    ``unavailable``, naming its job (was: the SDK client saw the stream end)."""
+    import anyio
+
+    from tests.integration.test_mcp import mcp_client
+
+    user = new_user()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    env = {**TIMINGS, "DESKBRIDGE_GRACE_S": str(GRACE_S), "DESKBRIDGE_RECLAIM_IDLE_S": "60"}
+    pod_a = procs.hub(tmp_path, env, name="pod-a", port=PORT_A)
+    pod_b = procs.hub(tmp_path, env, name="pod-b", port=PORT_B)
+    procs.add(
+        Sidecar(
+            tmp_path, pod_b.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()}
+        )
+    )
+    wait_online(pod_b.http, user)
+    key = f"drain-mcp-{mode}-" + user
+    args = {"key": key, "seconds": JOB_S}
+
+    async def call():
+        with anyio.fail_after(30):
+            async with mcp_client(pod_a, user, mode=mode) as client:
+                async with anyio.create_task_group() as tg:
+
+                    async def sigterm_once_started() -> None:
+                        while not ledger.starts(key):  # noqa: ASYNC110 - another process's file
+                            await anyio.sleep(0.05)
+                        pod_a.signal_group(signal.SIGTERM)
+
+                    tg.start_soon(sigterm_once_started)
+                    return await client.call_tool(
+                        "record", args, meta={"deskbridge/idempotency_key": key}
+                    )
+
+    result = anyio.run(call, backend="asyncio")
+    assert result.is_error, result
+    body = result.structured_content
+    assert body["status"] == "unavailable" and body["detail"] == {"stage": "delivered"}, body
+    job_id = body["job_id"]
+    assert "restart" in body["error"]["message"], body
+    assert pod_a.popen.wait(10) is not None
+    assert pod_a.output().count(f"call for job {job_id} answered: unavailable") == 1
+    wait_until(lambda: ledger.ends(key), timeout_s=15, what="the job finished")
+    request = {"name": "record", "args": args, "idempotency_key": key, "timeout_s": 30}
+    with httpx.Client(headers=headers(), timeout=40) as client:
+        retry = client.post(f"{pod_b.http}/v1/users/{user}/jobs", json=request)
+    assert retry.status_code == 200 and retry.json()["job_id"] == job_id, retry.text
+    assert ledger.counts() == {key: 1}, ledger.events()
