@@ -177,6 +177,8 @@ async def _slot_half_migrated(ports: list[int], procs: dict[int, Proc], primary:
 
 #: the user of the running test (the slot fault needs it)
 _FAULT_USER: list[str] = []
+#: the running test's fault (what the store may lose depends on it)
+_FAULT: list[str] = []
 
 FAULTS = {
     "manual-failover": _manual_failover,
@@ -192,6 +194,7 @@ async def test_a_primary_failing_over_under_connected_desktops_is_answered_truth
     with running_cluster(tmp_path) as (ports, procs):
         user, primary = _user_on(ports)
         _FAULT_USER[:] = [user]
+        _FAULT[:] = [fault]
         seeds = [p for p in ports if p != primary][:2]
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in seeds) + "/0"
         ledger = Ledger(tmp_path / "ledger.jsonl")
@@ -272,5 +275,13 @@ async def _run(client: httpx.AsyncClient, hub: Hub, user: str, ledger: Ledger, f
     assert first.get("job_id"), first
     with trio.fail_after(20):
         again, _ = await call(running_key, 1.0, 10.0)
-    assert again["status"] == "completed" and again["job_id"] == first["job_id"], again
+    assert again["status"] == "completed", again
+    if _FAULT[:] != ["kill-primary"]:
+        # a manual failover (and a migration) loses no write: the key still names the job
+        assert again["job_id"] == first["job_id"], again
+    # a killed primary may take its last writes with it (replication is asynchronous,
+    # docs/operations.md "Failover"): the job was submitted milliseconds before the kill,
+    # so the promoted replica may lack the key's record and the retry enqueue a new job;
+    # the desktop's ledger answers that one from its row (one request per key): the tool
+    # still ran once, and the caller gets that run's result
     assert ledger.counts()[running_key] == 1, ledger.events()
