@@ -168,6 +168,14 @@ class MemorySubstrate(
         self._check()
         return anyio.current_time()
 
+    async def _enter_ttl(self, ttl_s: float) -> float:
+        """:meth:`_enter`, then refuse a ``ttl_s`` that is not positive (ValueError, after
+        the unavailability check, as Redis answers an outage before it parses PX)."""
+        now = await self._enter()
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        return now
+
     def _check(self) -> None:
         if self._unavailable:
             raise SubstrateUnavailable("in-memory substrate marked unavailable (test fault)")

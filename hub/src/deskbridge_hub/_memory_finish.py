@@ -62,6 +62,7 @@ class MemoryFinishCommands:
     _progress: dict[str, Any]
     _kv: dict[str, tuple[str, float]]
     _enter: Callable[[], Any]
+    _enter_ttl: Callable[[float], Any]
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
     _extend: Callable[[str, float, float], None]
@@ -93,9 +94,7 @@ class MemoryFinishCommands:
             WrongType: the result key holds a string; nothing after the result write
                 happened.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         if epoch is not None:
             newest = self._get(fence_key(user_id, job_id), now)
             if newest is not None and newest != str(epoch):
@@ -143,9 +142,7 @@ class MemoryFinishCommands:
             SubstrateUnavailable: marked unavailable.
             WrongType: the result key holds a string.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
         self._notify(job_id, payload, now, notify)
 

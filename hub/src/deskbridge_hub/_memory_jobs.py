@@ -50,6 +50,7 @@ class MemoryJobCommands:
     _progress: dict[str, _ProgressLog]
     _kv: dict[str, tuple[str, float]]
     _enter: Callable[[], Any]
+    _enter_ttl: Callable[[float], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
@@ -69,9 +70,7 @@ class MemoryJobCommands:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         log = self._progress.get(job_id)
         if log is None or log.expires_at <= now:
             log = self._progress[job_id] = _ProgressLog(deque(maxlen=max(1, maxlen)), now + ttl_s)
@@ -164,9 +163,7 @@ class MemoryJobCommands:
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         return self._mark(user_id, job_id, state, ttl_s, deadline, now)
 
     async def read_new_delivered(
@@ -276,9 +273,7 @@ class MemoryJobCommands:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         for key in job_keys(user_id, job_id, idempotency_key):
             self._extend(key, now, ttl_s)
 
@@ -290,9 +285,7 @@ class MemoryJobCommands:
             ValueError: ``ttl_s`` is not positive.
             SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         for job_id in job_ids:
             self._extend(owner_key(job_id), now, ttl_s)
 

@@ -43,6 +43,7 @@ class MemoryPresenceCommands:
     _wake_changed: anyio.Event | None
     _daemon_records: dict[str, tuple[dict[str, str], float]]
     _enter: Callable[[], Any]
+    _enter_ttl: Callable[[float], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
     _set: Callable[[str, str, float, float | None], None]
@@ -155,9 +156,7 @@ class MemoryPresenceCommands:
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         self._wake_now(holder_id, user_id, now, ttl_s)
 
     async def notify_superseded(
@@ -174,9 +173,7 @@ class MemoryPresenceCommands:
         Raises:
             ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
         """
-        now = await self._enter()
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        now = await self._enter_ttl(ttl_s)
         self._wake_now(holder_id, Superseded(user_id, session_id, check), now, ttl_s)
 
     def _wake_now(
