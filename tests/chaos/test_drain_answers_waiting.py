@@ -33,7 +33,9 @@ PORT_A = int(os.environ.get("DESKBRIDGE_TEST_PORT_A", "0")) or None
 PORT_B = int(os.environ.get("DESKBRIDGE_TEST_PORT_B", "0")) or None
 
 
-def test_sigterm_answers_a_waiting_http_caller_503_with_its_job(tmp_path, procs):
+def two_pods_desktop_on_b(tmp_path, procs):
+    """Pods A and B (grace ``GRACE_S``, reclaim 60 s) and a counting sidecar connected to
+    B. Returns ``(user, ledger, pod_a, pod_b)``; the caller is to wait in pod A."""
     user = new_user()
     ledger = Ledger(tmp_path / "ledger.jsonl")
     env = {**TIMINGS, "DESKBRIDGE_GRACE_S": str(GRACE_S), "DESKBRIDGE_RECLAIM_IDLE_S": "60"}
@@ -45,6 +47,11 @@ def test_sigterm_answers_a_waiting_http_caller_503_with_its_job(tmp_path, procs)
         )
     )
     wait_online(pod_b.http, user)
+    return user, ledger, pod_a, pod_b
+
+
+def test_sigterm_answers_a_waiting_http_caller_503_with_its_job(tmp_path, procs):
+    user, ledger, pod_a, pod_b = two_pods_desktop_on_b(tmp_path, procs)
     key = "drain-" + user
     request = {"name": "record", "args": {"key": key, "seconds": JOB_S}, "timeout_s": 30}
     request["idempotency_key"] = key
@@ -100,17 +107,7 @@ def test_sigterm_answers_a_waiting_mcp_call_with_an_error_result_naming_its_job(
 
     from tests.integration.test_mcp import mcp_client
 
-    user = new_user()
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    env = {**TIMINGS, "DESKBRIDGE_GRACE_S": str(GRACE_S), "DESKBRIDGE_RECLAIM_IDLE_S": "60"}
-    pod_a = procs.hub(tmp_path, env, name="pod-a", port=PORT_A)
-    pod_b = procs.hub(tmp_path, env, name="pod-b", port=PORT_B)
-    procs.add(
-        Sidecar(
-            tmp_path, pod_b.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()}
-        )
-    )
-    wait_online(pod_b.http, user)
+    user, ledger, pod_a, pod_b = two_pods_desktop_on_b(tmp_path, procs)
     key = f"drain-mcp-{mode}-" + user
     args = {"key": key, "seconds": JOB_S}
 

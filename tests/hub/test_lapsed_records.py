@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import asynccontextmanager
 
 import trio
 from deskbridge_common import Job, JobResult, Timings
@@ -34,20 +35,25 @@ async def test_a_desktop_back_after_the_result_ttl_is_asked_not_answered_expired
     await _away_and_back(state, bridge, "u1", timeout_s=30, away_s=AWAY_S)
 
 
-async def test_on_redis_a_desktop_back_after_the_result_ttl_is_asked(redis_url):
-    """The same on a real Redis (the mark's script, the finish's), real time and short
-    timings: result TTL 1.5 s, deadline 1 s, away 4 s."""
+@asynccontextmanager
+async def _on_redis(redis_url, prefix):
+    """A hub state and a Bridge on a real Redis with short timings (result TTL 1.5 s),
+    and a fresh user named ``prefix-...``; the body is bounded to 30 s."""
     timings = Timings(
         heartbeat_s=0.5, presence_ttl_s=1.5, reclaim_idle_s=3.0, result_ttl_s=1.5, grace_s=0.5
     )
-    user = f"lapse-{uuid.uuid4().hex[:8]}"
+    user = f"{prefix}-{uuid.uuid4().hex[:8]}"
     async with RedisSubstrate.from_url(redis_url) as substrate:
         hub = HubState(substrate=substrate, timings=timings, consumer="hub-1", wall_clock=time.time)
         with trio.fail_after(30):
-            await _away_and_back(
-                hub, Bridge(substrate, timings, wall_clock=time.time), user, timeout_s=1,
-                away_s=4.0,
-            )  # fmt: skip
+            yield hub, Bridge(substrate, timings, wall_clock=time.time), user
+
+
+async def test_on_redis_a_desktop_back_after_the_result_ttl_is_asked(redis_url):
+    """The same on a real Redis (the mark's script, the finish's), real time and short
+    timings: result TTL 1.5 s, deadline 1 s, away 4 s."""
+    async with _on_redis(redis_url, "lapse") as (hub, redis_bridge, user):
+        await _away_and_back(hub, redis_bridge, user, timeout_s=1, away_s=4.0)
 
 
 async def _away_and_back(state, bridge, user, *, timeout_s, away_s):  # noqa: F811
@@ -142,17 +148,8 @@ async def test_a_chosen_job_id_is_found_after_its_holder_died_before_writing_int
 async def test_on_redis_a_chosen_job_id_is_found_after_its_holder_died(redis_url, monkeypatch):
     """The same on a real Redis (the keep's PEXPIRE GT in the id's slot): result TTL
     1.5 s, deadline 1 s, 4 s after the holder died."""
-    timings = Timings(
-        heartbeat_s=0.5, presence_ttl_s=1.5, reclaim_idle_s=3.0, result_ttl_s=1.5, grace_s=0.5
-    )
-    user = f"died-{uuid.uuid4().hex[:8]}"
-    async with RedisSubstrate.from_url(redis_url) as substrate:
-        hub = HubState(substrate=substrate, timings=timings, consumer="hub-1", wall_clock=time.time)
-        with trio.fail_after(30):
-            await _holder_dies(
-                hub, Bridge(substrate, timings, wall_clock=time.time), monkeypatch, user,
-                timeout_s=1, away_s=4.0,
-            )  # fmt: skip
+    async with _on_redis(redis_url, "died") as (hub, redis_bridge, user):
+        await _holder_dies(hub, redis_bridge, monkeypatch, user, timeout_s=1, away_s=4.0)
 
 
 async def test_an_answered_chosen_job_id_is_free_again_after_the_result_ttl(
