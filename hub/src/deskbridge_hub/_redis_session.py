@@ -55,6 +55,10 @@ _POLL_MAX_S = 0.25
 #: connections stayed on the old node and it answered ``unavailable`` until restarted
 #: (tests/chaos/test_redis_failover.py). With a URL naming the demoted node itself it
 #: reaches that node again: at most one new connection per connection and second.
+#: The pub/sub subscriber's connection went through the same endpoint to the same node,
+#: and a subscriber is never told READONLY (it sends no writes): it is reopened too when
+#: a command connection finds a replica (kept, it heard only what the demoted node
+#: replicates, nothing at all while that node has no link to the new primary).
 _REOPEN_ON_READONLY_AFTER_S = 1.0
 
 
@@ -268,6 +272,7 @@ class _Session:
         if _on_replica(c, replies) and c in self._shared:
             self._shared.remove(c)  # no new commands on it; closed once they are answered
             self.start_soon(functools.partial(self._retire, c))
+            self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
         return replies
 
     async def _retire(self, c: _Conn) -> None:
@@ -416,6 +421,8 @@ class _Session:
             ]
             replies = [await request for request in requests]
             done = not _on_replica(c, replies)  # else closed: see _REOPEN_ON_READONLY_AFTER_S
+            if not done:
+                self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
             c.used += 1
             return replies
         finally:
