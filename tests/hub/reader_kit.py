@@ -37,6 +37,7 @@ class Script:
         self.replies: dict[str, deque[Any]] = defaultdict(deque)
         self.done: list[str] = []  # names of the calls that returned or raised
         self.presence: dict[str, str] = {}
+        self.history = 0  # ``history_changes()``: failovers the probe saw
         self.wakes_in, self._wakes_out = trio.open_memory_channel[list[str]](100)
 
     def queue(self, name: str, *replies: Any) -> None:
@@ -65,6 +66,9 @@ class Script:
         if isinstance(reply, BaseException):
             raise reply
         return reply
+
+    def history_changes(self) -> int:  # not recorded: looked at every liveness refresh
+        return self.history
 
     async def set_liveness(
         self, holder_id: str, ttl_s: float, *, consumer: str | None = None, max_pending: int = 32

@@ -243,6 +243,30 @@ async def test_a_lapsed_liveness_key_with_presence_gone_beats_every_session_now(
     assert levels(caplog, "rewriting") == [logging.WARNING]
 
 
+async def test_a_failover_seen_by_the_probe_beats_every_session_now(autojump_clock, caplog):
+    """The liveness key survived (replicated), no command failed (Sentinel's CLIENT KILL,
+    commands sent again on new connections), but the probe found another replication
+    history: presence written last may be gone, every session is beaten at once."""
+    script = Script()
+    reader = make_reader(script)
+    beating(reader, Desk("u1"), Desk("u2"))
+    with caplog.at_level(logging.DEBUG, logger=READER_LOG):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._liveness_loop)
+            await trio.sleep(1.5)
+            assert not reader._schedule.full  # nothing happened yet
+            script.history = 1
+            await trio.sleep(1.1)
+            nursery.cancel_scope.cancel()
+    assert reader._schedule.full and reader._beat_now.is_set()
+    assert script.of("get_presence") == []  # no sample: the probe said it
+    assert lines(caplog) == [
+        "Redis failed over or restarted: rewriting the presence of 2 sessions now (the "
+        "writes it acknowledged last may be lost)"
+    ]
+    assert levels(caplog, "rewriting") == [logging.WARNING]
+
+
 async def test_a_lapsed_liveness_key_with_presence_intact_waits_for_the_beats_due(
     autojump_clock, caplog
 ):

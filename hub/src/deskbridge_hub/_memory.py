@@ -232,3 +232,7 @@ class MemorySubstrate(
     async def aclose(self) -> None:
         """Nothing to release; state stays. Idempotent."""
         await anyio.lowlevel.checkpoint()
+
+    def history_changes(self) -> int:
+        """Always 0: this store never loses writes it acknowledged."""
+        return 0

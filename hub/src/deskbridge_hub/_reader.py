@@ -186,6 +186,8 @@ class ProcessReader:
     #: Unexpected failures in a row of each process-wide loop (``_unexpected``).
     _unexpected_streaks: dict[str, int] = attrs.field(factory=dict)
     _check_presence: bool = False  # after an outage: is one presence intact?
+    #: ``substrate.history_changes()`` when last looked at (the liveness loop).
+    _history: int = 0
     #: When this process's liveness key was last refreshed (trio clock; the reader's
     #: start until then): see ``_cut_off_loop``.
     _live_at: float = 0.0
@@ -281,6 +283,7 @@ class ProcessReader:
         belong to the sessions).
         """
         self._live_at = trio.current_time()
+        self._history = self.substrate.history_changes()
         with trio.move_on_after(PROCESS_LIVENESS_REFRESH_S):
             try:  # best effort before the first session: presence must name a live process
                 await self.substrate.set_liveness(
@@ -359,7 +362,21 @@ class ProcessReader:
                 self._cut_off = False
                 log.warning("this process reaches Redis again; it takes sessions again")
             recovered, self._check_presence = self._check_presence, False
-            if (not kept or recovered) and self._beating:
+            history, self._history = self._history, self.substrate.history_changes()
+            if history != self._history and self._beating:
+                # Redis failed over (or restarted empty) and this process may have seen
+                # nothing else: its connections were killed (Sentinel's CLIENT KILL) and
+                # its commands sent again, successfully, through an endpoint that follows
+                # the primary. The new primary may lack the last writes, the newest
+                # handshakes' presence among them: other replicas read those desktops
+                # offline until their next beat (a heartbeat: 30 s). Beat every one now.
+                log.warning(
+                    "Redis failed over or restarted: rewriting the presence of %d "
+                    "sessions now (the writes it acknowledged last may be lost)",
+                    len(self._beating),
+                )
+                self.beat_all()
+            elif (not kept or recovered) and self._beating:
                 await self._lapsed("liveness key had lapsed" if not kept else "outage ended")
             await trio.sleep(PROCESS_LIVENESS_REFRESH_S)
 

@@ -132,6 +132,12 @@ class RedisSubstrate(
         Idempotent; never raises."""
         await self._connections.aclose()
 
+    def history_changes(self) -> int:
+        """Probes that found another replication history (``master_replid``) than the
+        one before: a failover or a restart without persistence (``_redis_health``).
+        Under Cluster, 0 (each node's history is its own)."""
+        return self._connections.monitor.history_changes
+
     def statistics(self) -> ConnectionStatistics | None:
         """Connections held by this event-loop run's open session (``async with``), or
         None when it is not open: see :class:`ConnectionStatistics`."""

@@ -255,13 +255,18 @@ class RedisConnections:
                 max_connections=self._max_connections,
                 client_name=self._client_name,
             )
-        return _Session(
+        session = _Session(
             self._url,
             connect_timeout_s=self._connect_timeout_s,
             command_timeout_s=self.command_timeout_s,
             max_connections=self._max_connections,
             client_name=self._client_name,
         )
+        # a connection found dead or on a replica: did Redis fail over (the probe reads
+        # its replication history)? A failover with Sentinel's CLIENT KILL showed the hub
+        # nothing else: the commands were sent again on new connections and succeeded.
+        session.on_reconnect = self.monitor.poke
+        return session
 
     def statistics(self) -> ConnectionStatistics | None:
         """The connections of this event-loop run's open session, or None when none is

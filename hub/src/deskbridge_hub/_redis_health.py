@@ -49,12 +49,17 @@ class Health:
         notes: worth saying at start but not a reason to refuse work (AOF off; INFO
             not permitted, so role and eviction policy could not be checked).
         summary: the facts, for the start-up line (role, policy, AOF).
+        replid: the node's ``master_replid`` (INFO replication): its replication
+            history. Another one means another data set: a replica promoted (a
+            failover) or a restart without persistence, either of which may have lost
+            the last writes. None: not read.
     """
 
     causes: tuple[str, ...] = ()
     evicting: bool = False
     notes: tuple[str, ...] = ()
     summary: str = ""
+    replid: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,6 +90,7 @@ def interpret(info: Any, probe: Any, *, probe_value: str) -> Health:
     evicting = False
     replica = False
     summary = []
+    replid = None
     if isinstance(info, BaseException):
         notes.append(f"cannot read INFO ({info}): role and eviction policy not checked")
     else:
@@ -92,6 +98,7 @@ def interpret(info: Any, probe: Any, *, probe_value: str) -> Health:
         role = fields.get("role", "master")  # absent: a proxy that hides it
         policy = fields.get("maxmemory_policy", "?")
         maxmemory = int(fields.get("maxmemory", "0") or 0)
+        replid = fields.get("master_replid") or None
         summary.append(f"role {role}")
         summary.append(f"maxmemory-policy {policy}" + ("" if maxmemory else " (no maxmemory)"))
         if role != "master":
@@ -128,7 +135,7 @@ def interpret(info: Any, probe: Any, *, probe_value: str) -> Health:
             causes.append(f"{meaning}: {probe}")
     elif probe != probe_value:
         causes.append(f"a scripted write did not read back (got {probe!r})")
-    return Health(tuple(causes), evicting, tuple(notes), ", ".join(summary))
+    return Health(tuple(causes), evicting, tuple(notes), ", ".join(summary), replid)
 
 
 class HealthMonitor:
@@ -147,6 +154,9 @@ class HealthMonitor:
         self.unreachable: str | None = None
         self._poked = anyio.Event()
         self._last_probe = -float("inf")
+        #: Probes that found another replication history than the one before
+        #: (``Health.replid``): failovers and restarts seen.
+        self.history_changes = 0
 
     @property
     def degraded(self) -> str | None:
@@ -186,6 +196,15 @@ class HealthMonitor:
             return None
         was_unreachable, self.unreachable = self.unreachable, None
         before, self.health = self.health, health
+        if before is not None and None not in (before.replid, health.replid):
+            if before.replid != health.replid:
+                self.history_changes += 1
+                log.warning(
+                    "Redis at %s has another replication history (master_replid %s... -> "
+                    "%s...): it failed over or restarted, and may have lost the writes it "
+                    "acknowledged last",
+                    self.address, (before.replid or "")[:8], (health.replid or "")[:8],
+                )  # fmt: skip
         if before is None:
             self._log_start(health)
         elif before.causes != health.causes:

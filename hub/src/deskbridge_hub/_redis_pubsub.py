@@ -22,6 +22,7 @@ confirmation is a push frame too, not a reply).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +33,8 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 
 if TYPE_CHECKING:
     from ._redis_session import _Conn
+
+log = logging.getLogger("deskbridge.hub.redis")
 
 #: Default messages a subscription buffers before it drops (and later reports a gap).
 DEFAULT_BUFFER = 1024
@@ -173,6 +176,20 @@ class Subscriber:
                 raise RedisConnectionError(
                     f"no pub/sub subscription confirmed: {self._last_error or 'no reply'}"
                 )
+
+    def reopen_if_older(self, age_s: float) -> None:
+        """Close the subscriber connection if it is at least ``age_s`` seconds old (a
+        command connection of the same session found the node it reaches demoted to a
+        replica); the reader connects again at once, through the URL's endpoint, and
+        every subscription gets a gap. No-op when not connected."""
+        c = self._conn
+        if c is None or not c.usable or anyio.current_time() - c.opened_at < age_s:
+            return
+        log.warning(
+            "the pub/sub connection reaches a Redis replica (a command connection was "
+            "answered READONLY or MASTERDOWN): reconnecting it"
+        )
+        c.scope.cancel()
 
     def _pulse(self) -> None:
         self._changed.set()

@@ -55,6 +55,10 @@ _POLL_MAX_S = 0.25
 #: connections stayed on the old node and it answered ``unavailable`` until restarted
 #: (tests/chaos/test_redis_failover.py). With a URL naming the demoted node itself it
 #: reaches that node again: at most one new connection per connection and second.
+#: The pub/sub subscriber's connection went through the same endpoint to the same node,
+#: and a subscriber is never told READONLY (it sends no writes): it is reopened too when
+#: a command connection finds a replica (kept, it heard only what the demoted node
+#: replicates, nothing at all while that node has no link to the new primary).
 _REOPEN_ON_READONLY_AFTER_S = 1.0
 
 
@@ -159,6 +163,10 @@ class _Session:
         self.subscriber = Subscriber(self, command_timeout_s)
         self.groups: set[str] = set()
         self.closed = False
+        #: Called when a connection that had served is replaced: found dead (Redis
+        #: restarted, a CLIENT KILL: a failover may have happened) or answering from a
+        #: replica. ``_redis_conn`` probes Redis then (its replication history).
+        self.on_reconnect: Callable[[], None] | None = None
 
     async def open(self) -> None:
         await self._tg.__aenter__()
@@ -263,12 +271,19 @@ class _Session:
         c, reused = await self._shared_connection()
         replies = await self._exchange_shared(c, commands, timeout_s)
         if reused and _died(c, replies):
+            self._reconnected()
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
         if _on_replica(c, replies) and c in self._shared:
             self._shared.remove(c)  # no new commands on it; closed once they are answered
             self.start_soon(functools.partial(self._retire, c))
+            self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
+            self._reconnected()
         return replies
+
+    def _reconnected(self) -> None:
+        if self.on_reconnect is not None:
+            self.on_reconnect()
 
     async def _retire(self, c: _Conn) -> None:
         """Close ``c`` once its commands in flight are answered (at most the command
@@ -350,6 +365,7 @@ class _Session:
         c, reused = got
         replies = await self._exchange_dedicated(c, commands, timeout_s)
         if reused and _died(c, replies):
+            self._reconnected()
             c, _ = await self._dedicated(None)  # type: ignore[misc]
             replies = await self._exchange_dedicated(c, commands, timeout_s)
         return replies
@@ -416,6 +432,9 @@ class _Session:
             ]
             replies = [await request for request in requests]
             done = not _on_replica(c, replies)  # else closed: see _REOPEN_ON_READONLY_AFTER_S
+            if not done:
+                self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
+                self._reconnected()
             c.used += 1
             return replies
         finally:

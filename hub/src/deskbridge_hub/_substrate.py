@@ -547,3 +547,9 @@ class Substrate(
 
     async def aclose(self) -> None:
         """Release connections (the object stays usable). Idempotent."""
+
+    def history_changes(self) -> int:
+        """How many times the store was found to hold another data set than before (a
+        Redis failover or a restart without persistence, seen by its health probe as
+        another replication history): its last writes, presence among them, may be
+        lost. 0 for a store that cannot tell; only increases."""
