@@ -233,7 +233,16 @@ def _routes(version: str) -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "user_id": {"type": "string"},
-                        "online": {"type": "boolean"},
+                        "online": {
+                            "type": ["boolean", "null"],
+                            "description": "as a call decides it; null: presence in doubt "
+                            "(a call is answered unavailable)",
+                        },
+                        "status": {
+                            "type": "string",
+                            "enum": ["online", "offline", "asleep", "unknown"],
+                            "description": "one user's view only",
+                        },
                         "since": {"type": ["number", "null"], "description": "Unix seconds"},
                         "session_id": {"type": ["string", "null"]},
                         "sidecar_version": {"type": ["string", "null"]},
