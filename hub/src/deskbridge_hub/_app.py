@@ -305,7 +305,7 @@ def create_app(
         _no_other_fields(body, {"timeout_s"})
         state: HubState = holder["state"]
         if state.drain.active:  # an answer like the job route's: counted and logged
-            _metrics.call_refused_draining("status", user_id=user_id, job_id=None)
+            _metrics.call_refused_draining("status", user_id=user_id, job_id=None, known=True)
             return _draining()
         outcome = await holder["bridge"].status(user_id, timeout_s=timeout_s)
         return _outcome_response(outcome)

@@ -738,6 +738,7 @@ class Bridge(JobControl):
         enqueue script to compare (None for ``status``: always offered). Without a
         catalogue (an old sidecar) nothing is checked."""
         if name == "status":
+            _metrics.call_tool_known()
             return None
         known = self.catalogues.get(user_id)
         if known is None or known.problem(name, args) is not None:
@@ -745,6 +746,8 @@ class Bridge(JobControl):
             problem = known.problem(name, args)
             if problem is not None:
                 raise problem
+        if known.checkers is not None:  # a tool of the catalogue: its own metrics label
+            _metrics.call_tool_known()
         return known.sha1
 
     async def tools(self, user_id: str) -> list[dict[str, Any]] | None:
