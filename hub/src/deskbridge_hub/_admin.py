@@ -72,7 +72,7 @@ def _loads(text: str | None) -> Any:
 IN_DOUBT = object()
 
 
-async def seen_holder(bridge: Any, user_id: str, read: str | None, *, look_again: bool) -> Any:
+async def seen_holder(bridge: Any, user_id: str, read: Any, *, look_again: bool) -> Any:
     """The holder session of ``user_id``'s desktop as a call sees it
     (``Bridge.live_session``: the raw presence ``read``, counted only while its process
     lives), or :data:`IN_DOUBT`. Raises SubstrateUnavailable (Redis unreachable)."""

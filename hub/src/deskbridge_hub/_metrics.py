@@ -363,7 +363,6 @@ def call_released(
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
 
 
-
 @attrs.define
 class _CallNote:
     """What the dispatch call running in this task learnt so far: its job id, once
