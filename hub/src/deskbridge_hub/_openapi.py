@@ -258,7 +258,12 @@ def _routes(version: str) -> dict[str, Any]:
         },
         "paths": {
             "/livez": {"get": _probe("Liveness: the process serves HTTP (no Redis round trip).")},
-            "/healthz": {"get": _probe("Readiness: Redis is usable (503 with the cause if not).")},
+            "/healthz": {
+                "get": _probe(
+                    "Readiness: Redis is usable and the replica takes calls (503 with the "
+                    "cause if not: Redis, or draining)."
+                )
+            },
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics of this process (docs/operations.md)",
