@@ -295,7 +295,10 @@ def _routes(version: str) -> dict[str, Any]:
                             "offline or asleep (with since, Unix seconds)",
                         ),
                         "401": _err("missing or wrong API key"),
-                        "503": _err("Redis unavailable"),
+                        "503": _err(
+                            "Redis unavailable, or no presence while this hub's own writes "
+                            "are in doubt (a call is answered unavailable too)"
+                        ),
                     },
                 }
             },
