@@ -52,6 +52,23 @@ async def test_a_draining_refusal_is_counted_and_logged_once(
         assert lines == [f"call answered: unavailable (drain-probe-tool for {ONLINE})"], lines
 
 
+async def test_a_draining_refusal_of_a_status_call_is_counted_and_logged_once(
+    autojump_clock, monkeypatch, caplog
+):
+    """``POST /v1/users/{id}/status`` is a dispatch call (``Bridge.status``): its draining
+    503 is an answer like the job route's. Was: refused in front of the dispatch and
+    counted nowhere, so a draining worker's status refusals never showed."""
+    caplog.set_level(logging.INFO, logger="deskbridge.hub.calls")
+    async with hub(monkeypatch) as h:
+        h.holder["state"].drain.active = True
+        before = _count("unavailable")
+        r = await h.client.post(f"/v1/users/{ONLINE}/status", headers=JSON)
+        body = await r.get_json()
+        assert r.status_code == 503 and body["error"]["code"] == "draining", body
+        assert _count("unavailable") - before == 1.0
+        assert _call_lines(caplog) == [f"call answered: unavailable (status for {ONLINE})"]
+
+
 async def test_a_draining_refusal_names_the_callers_job_id_in_its_line(
     autojump_clock, monkeypatch, caplog
 ):

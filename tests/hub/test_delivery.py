@@ -59,7 +59,7 @@ class FakeExecutor:
 
 async def setup(**fields_override):
     substrate = MemorySubstrate(clock=wall)
-    server = EntryServer(substrate, Timings(), USER, "session-1", wall)
+    server = EntryServer(substrate, Timings(), USER, "session-1", wall, tools=frozenset({"echo"}))
     envelope = JobEnvelope("job-1", "echo", {"x": 1}, "key-1", wall() + 60, wall())
     fields = {**envelope.to_fields(), **fields_override}
     # as Bridge.dispatch does: the job id is claimed (stage queued) before the XADD

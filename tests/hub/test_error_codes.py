@@ -62,6 +62,27 @@ async def _asgi(app: Any, method: str, path: str, headers: dict[str, str], body:
     return status, json.loads(data)
 
 
+def _code(answer: dict[str, Any]) -> str:
+    """The hub's ``error.code``: on the MCP endpoint a JSON-RPC error response carries
+    it as ``error.data.code`` (its ``error.code`` is JSON-RPC's integer, so the SDK's
+    client reports the reason)."""
+    error = answer["error"]
+    if answer.get("jsonrpc") == "2.0":
+        assert isinstance(error["code"], int) and error["message"].startswith(
+            error["data"]["code"] + ": "
+        ), answer
+        return str(error["data"]["code"])
+    return str(error["code"])
+
+
+def _message(answer: dict[str, Any]) -> str:
+    """The hub's ``error.message`` (on the MCP endpoint, after its ``"<code>: "``)."""
+    message = str(answer["error"]["message"])
+    if answer.get("jsonrpc") == "2.0":
+        return message.removeprefix(_code(answer) + ": ")
+    return message
+
+
 CONDITIONS = {
     "no key": ("alice", {}, b"{}"),
     "bad user id": ("a%20b", {"Authorization": f"Bearer {KEY}"}, b"{}"),
@@ -82,7 +103,7 @@ async def test_one_condition_one_code_whichever_way_in(autojump_clock, condition
             hdrs = {**headers, "Content-Type": "application/json"}
             path = template.format(user=user)
             status, answer = await _asgi(app, method, path, hdrs, with_body)
-            answers[way] = (status, answer["error"]["code"])
+            answers[way] = (status, _code(answer))
     assert len(set(answers.values())) == 1, answers
     (_, code), *_ = answers.values()
     assert code in _codes.HTTP_ERROR_CODES, code
@@ -98,7 +119,7 @@ async def test_a_wrong_method_is_method_not_allowed_whichever_way_in(autojump_cl
         for way, (_, template) in WAYS_IN.items():
             headers = {"Authorization": f"Bearer {KEY}"}
             status, answer = await _asgi(app, "PUT", template.format(user="alice"), headers, b"")
-            answers[way] = (status, answer.get("error", {}).get("code"))
+            answers[way] = (status, _code(answer))
     assert set(answers.values()) == {(405, _codes.METHOD_NOT_ALLOWED)}, answers
 
 
@@ -137,7 +158,7 @@ async def test_one_body_limit_named_in_the_answer_whichever_way_in(autojump_cloc
                 continue
             path = template.format(user="alice")
             status, answer = await _asgi(app, method, path, headers, b" " * (MAX_BODY_BYTES + 1))
-            answers[way] = (status, answer["error"]["message"])
+            answers[way] = (status, _message(answer))
     for way, (status, message) in answers.items():
         assert status == 413, answers
         assert message.startswith(f"request bodies are limited to {MAX_BODY_BYTES} bytes"), way
@@ -158,7 +179,7 @@ async def test_a_sidecar_token_given_as_the_api_key_is_named_whichever_way_in(au
             body = b"{}" if method == "POST" else b""
             status, answer = await _asgi(app, method, template.format(user="alice"), headers, body)
             assert status == 401, way
-            messages[way] = answer["error"]["message"]
+            messages[way] = _message(answer)
     assert len(set(messages.values())) == 1, messages
     (message,) = set(messages.values())
     assert "a sidecar token" in message and "DESKBRIDGE_API_KEY" in message, message

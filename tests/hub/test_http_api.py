@@ -119,6 +119,24 @@ async def test_healthz_needs_no_key_and_reports_the_substrate(autojump_clock):
         assert (await r.get_json())["substrate"] == "unavailable"
 
 
+async def test_healthz_is_not_ready_while_the_replica_refuses_every_call(autojump_clock):
+    """A draining replica answers every call ``503 draining`` and ``/livez`` says so;
+    ``/healthz`` (readiness) said ``{"ok": true}``, so a load balancer checking it kept
+    sending calls to a replica that refuses them all."""
+    config = HubConfig(secrets=(SECRET,), api_keys=API_KEYS)
+    app = create_app(config, substrate=RecordingSubstrate())
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        app.extensions["deskbridge"]["state"].drain.active = True
+        call = await post_job(client, {"name": "echo"})
+        assert call.status_code == 503 and (await call.get_json())["error"]["code"] == "draining"
+        assert (await client.get("/livez")).status_code == 503
+        r = await client.get("/healthz")
+        body = await r.get_json()
+        assert r.status_code == 503 and body["ok"] is False and body["draining"] is True, body
+        assert body["substrate"] == "ok"  # Redis itself is fine: the reason is the drain
+
+
 @pytest.mark.parametrize(
     "headers",
     [

@@ -133,3 +133,35 @@ async def test_a_session_that_does_not_take_a_notification_holds_up_no_one(autoj
             await trio.sleep(30 * endpoint.poll_s)
             assert len(heard) == n, n
         assert set(endpoint._connections) == {reading}
+
+
+async def test_a_refusal_before_serving_is_a_json_rpc_error_with_the_request_id():
+    """A 503 of the MCP endpoint (the hub not serving yet) is a JSON-RPC error response
+    naming the request's id, which the SDK's client reports with its reason (it read any
+    other body as ``-32603`` "Server returned an error response")."""
+    import json
+    from types import SimpleNamespace
+
+    from deskbridge_hub._mcp_mount import mount_mcp
+
+    async def quart(scope, receive, send):  # never reached
+        raise AssertionError(scope)
+
+    app = mount_mcp(quart, SimpleNamespace(nursery=None), {}, ())
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}).encode()
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/users/alice/mcp", "headers": []}
+    with trio.fail_after(5):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 503
+    answer = json.loads(sent[1]["body"])
+    assert answer["jsonrpc"] == "2.0" and answer["id"] == 7, answer
+    assert answer["error"]["data"] == {"code": "unavailable"}
+    assert answer["error"]["message"] == "unavailable: the hub is not serving yet"

@@ -136,14 +136,15 @@ def test_the_endpoint_needs_the_api_key(hub):
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         r = httpx.post(url, json=body, headers=headers)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.status_code == 401 and r.json()["error"]["data"]["code"] == "unauthorized"
+        assert r.json()["jsonrpc"] == "2.0" and r.json()["id"] is None  # body unread
         assert r.headers["www-authenticate"] == "Bearer"
     r = httpx.post(
         f"{hub.http}/v1/users/bad%20user/mcp",
         json=body,
         headers={"Authorization": f"Bearer {API_KEY}"},
     )
-    assert r.status_code == 400 and r.json()["error"]["field"] == "user_id"
+    assert r.status_code == 400 and r.json()["error"]["data"]["field"] == "user_id"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -612,3 +613,36 @@ def test_after_a_hub_restart_a_2025_session_is_404_and_a_2026_client_carries_on(
         second = seen.get("second")
         if isinstance(second, Hub):
             second.stop()
+
+
+def test_the_sdk_client_is_told_why_the_hub_refused_the_request(hub):
+    """The hub's own refusals on the MCP endpoint (a wrong key: 401, a body over the
+    limit: 413) are JSON-RPC error bodies, so the official SDK client reports their
+    reason. Was: ``{"error": {"code": "unauthorized", ...}}``, which the SDK does not
+    read: every one surfaced as ``-32603`` "Server returned an error response"."""
+    run(_refusals_explained, hub)
+
+
+async def _refusals_explained(hub: Hub) -> None:
+    user = "mcp-why-" + secrets.token_hex(4)
+    with anyio.fail_after(30):
+        with pytest.raises(BaseException) as caught:  # the SDK's task group wraps it
+            async with mcp_client(hub, user, mode="legacy", key="wrong"):
+                pass
+        refused = _only_mcp_error(caught.value)
+        assert "API key" in refused.error.message, refused.error
+        assert refused.error.data["code"] == "unauthorized"
+        async with mcp_client(hub, user, mode="legacy") as client:
+            with pytest.raises(MCPError) as too_big:
+                await client.call_tool("echo", {"x": "a" * (4 * 1024 * 1024)})
+        assert "limited to 4194304 bytes" in too_big.value.error.message, too_big.value.error
+        assert too_big.value.error.data["code"] == "request_entity_too_large"
+
+
+def _only_mcp_error(exc: BaseException) -> MCPError:
+    """The one MCPError in ``exc`` (an exception group's, however nested)."""
+    while isinstance(exc, BaseExceptionGroup):
+        assert len(exc.exceptions) == 1, exc
+        exc = exc.exceptions[0]
+    assert isinstance(exc, MCPError), exc
+    return exc

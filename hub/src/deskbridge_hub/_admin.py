@@ -24,7 +24,9 @@ from deskbridge_common import _codes
 from quart import request
 from quart_trio import QuartTrio
 
+from ._bridge import _UNREAD
 from ._errors import BadRequest
+from ._own_liveness import PresenceInDoubt
 from ._validate import validate_key, validate_user_id
 
 #: Most rows per desktops page, and the default.
@@ -65,11 +67,31 @@ def _loads(text: str | None) -> Any:
         return None
 
 
+#: ``desktop_row``'s ``holder`` for a desktop whose presence is in doubt (no presence
+#: while this process's own writes are in doubt: a call is answered ``unavailable``).
+IN_DOUBT = object()
+
+
+async def seen_holder(bridge: Any, user_id: str, read: Any, *, look_again: bool) -> Any:
+    """The holder session of ``user_id``'s desktop as a call sees it
+    (``Bridge.live_session``: the raw presence ``read``, counted only while its process
+    lives), or :data:`IN_DOUBT`. Raises SubstrateUnavailable (Redis unreachable)."""
+    try:
+        return await bridge.live_session(user_id, read, look_again=look_again)
+    except PresenceInDoubt:
+        return IN_DOUBT
+
+
 def desktop_row(
-    user_id: str, changed_at: float | None, holder: str | None, record: Any, catalogue: Any
+    user_id: str, changed_at: float | None, holder: Any, record: Any, catalogue: Any
 ) -> dict[str, Any]:
-    """One desktop as the admin API shows it (no I/O)."""
+    """One desktop as the admin API shows it (no I/O). ``holder``: the live holder
+    session (``seen_holder``), None (offline) or ``IN_DOUBT`` (``online: null``)."""
     record = record if isinstance(record, dict) else {}
+    if holder is IN_DOUBT:
+        row = desktop_row(user_id, changed_at, None, record, catalogue)
+        row.update(online=None, since=None)
+        return row
     online = holder is not None
     same_session = online and record.get("session_id") == holder
     if online:
@@ -112,7 +134,9 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
         infos = await substrate.desktops_info(users)
         rows = []
         for (user, changed_at), (present, record, catalogue) in zip(page.rows, infos, strict=True):
-            row = desktop_row(user, changed_at, present, _loads(record), _loads(catalogue))
+            # online as a call sees it (a page: no second look, in doubt is null)
+            live = await seen_holder(holder["bridge"], user, present, look_again=False)
+            row = desktop_row(user, changed_at, live, _loads(record), _loads(catalogue))
             if row["online"]:
                 queue = await substrate.queue_info(user, count=0)
                 row["queue"] = {"length": queue.length, "pending_count": queue.pending_count}
@@ -133,8 +157,17 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
     async def admin_user(user_id: str):  # type: ignore[no-untyped-def]
         _check(validate_user_id, user_id, "user_id")
         substrate = holder["state"].substrate
-        ((present, record, catalogue),) = await substrate.desktops_info([user_id])
-        row = desktop_row(user_id, None, present, _loads(record), _loads(catalogue))
+        ((_, record, catalogue),) = await substrate.desktops_info([user_id])
+        # online as ``GET /v1/users/{id}/presence`` and a call decide it (second look too)
+        live = await seen_holder(holder["bridge"], user_id, _UNREAD, look_again=True)
+        row = desktop_row(user_id, None, live, _loads(record), _loads(catalogue))
+        if live is IN_DOUBT:
+            row["status"] = "unknown"
+        elif live is not None:
+            row["status"] = "online"
+        else:
+            asleep = await substrate.get_asleep(user_id)
+            row["status"] = "offline" if asleep is None else "asleep"
         queue = await substrate.queue_info(user_id, count=MAX_PENDING_LISTED)
         ids = [p.entry_id for p in queue.pending]
         job_ids = await substrate.job_ids(user_id, ids) if ids else {}

@@ -233,6 +233,8 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
+        """Readiness: Redis answers PING and this replica takes calls (a draining one
+        refuses every call ``503 draining``: not ready, ``draining: true``)."""
         state: HubState = holder["state"]
         try:
             with trio.fail_after(HEALTHZ_PING_TIMEOUT_S):
@@ -242,6 +244,9 @@ def create_app(
         except trio.TooSlowError:
             error = f"Redis did not answer PING within {HEALTHZ_PING_TIMEOUT_S:g} s"
             return _json({"ok": False, "substrate": "unavailable", "error": error}, 503)
+        if state.drain.active:
+            body = {"ok": False, "substrate": "ok", "draining": True, "consumer": state.consumer}
+            return _json(body, 503)
         return _json({"ok": True, "substrate": "ok", "consumer": state.consumer})
 
     @app.get("/v1/users/<user_id>/presence")
@@ -304,7 +309,8 @@ def create_app(
         timeout_s = _timeout_s(body, default=STATUS_TIMEOUT_S)
         _no_other_fields(body, {"timeout_s"})
         state: HubState = holder["state"]
-        if state.drain.active:
+        if state.drain.active:  # an answer like the job route's: counted and logged
+            _metrics.call_refused_draining("status", user_id=user_id, job_id=None, known=True)
             return _draining()
         outcome = await holder["bridge"].status(user_id, timeout_s=timeout_s)
         return _outcome_response(outcome)

@@ -93,6 +93,13 @@ def _start_within_s(deadline: object, now: float) -> float:
     return max(0.0, deadline - now)
 
 
+class _Unread:
+    """The type of :data:`_UNREAD`: no presence value read yet."""
+
+
+_UNREAD = _Unread()
+
+
 @attrs.define
 class _Step:
     """What one dispatch's submit step has done so far.
@@ -147,26 +154,55 @@ class Bridge(JobControl):
             SubstrateUnavailable: Redis unreachable (never reported as offline).
         """
         _check(validate_user_id, user_id, "user_id")
-        holder = await self._live_presence(user_id)
-        if holder is None and own_liveness().in_doubt(user_id):
-            # this process's own writes were held or refused past their TTL: the
-            # presence may be one it is rewriting (``_own_liveness``); look once more
-            await anyio.sleep(LIVENESS_RECHECK_S)
-            holder = await self._live_presence(user_id)
-            if holder is None and own_liveness().in_doubt(user_id):
-                raise in_doubt_error()
+        holder = await self.live_session(user_id)
         if holder is not None:
             return Presence(user_id=user_id, online=True, session_id=holder)
         asleep = await self.substrate.get_asleep(user_id)
         since = None if asleep is None else asleep.since
         return Presence(user_id=user_id, online=False, asleep_since=since)
 
-    async def _live_presence(self, user_id: str) -> str | None:
+    async def live_session(
+        self, user_id: str, read: str | None | _Unread = _UNREAD, *, look_again: bool = True
+    ) -> str | None:
+        """The session holding ``user_id``'s desktop as a call sees it: the presence
+        value, counted only while the process it names is alive, and no presence while
+        this process's own writes are in doubt (``_own_liveness``) looked at once more.
+        The one decision behind :meth:`presence`, a call's presence check and the admin
+        API's ``online`` (they disagreed when the admin API read the raw key).
+
+        Args:
+            read: the presence value already read (the admin listing reads a page of
+                them in one round trip); default: read it here.
+            look_again: in doubt, look once more ``LIVENESS_RECHECK_S`` later (as a
+                call does); False: raise at once.
+
+        Returns:
+            The holder session id, or None: offline.
+
+        Raises:
+            PresenceInDoubt: no presence while in doubt (a call is answered
+                ``unavailable``; a ``SubstrateUnavailable``).
+            SubstrateUnavailable: Redis unreachable.
+        """
+        if isinstance(read, _Unread):
+            read = await self.substrate.get_presence(user_id)
+        holder = await self._live_holder(read)
+        if holder is None and own_liveness().in_doubt(user_id):
+            if not look_again:
+                raise in_doubt_error()
+            # this process's own writes were held or refused past their TTL: the
+            # presence may be one it is rewriting (``_own_liveness``); look once more
+            await anyio.sleep(LIVENESS_RECHECK_S)
+            holder = await self._live_holder(await self.substrate.get_presence(user_id))
+            if holder is None and own_liveness().in_doubt(user_id):
+                raise in_doubt_error()
+        return holder
+
+    async def _live_holder(self, session_id: str | None) -> str | None:
         """The presence value (holder session id) if the process it names is alive
         (issue 16.2: a killed hub's presences stop counting within its liveness TTL,
         not the 30 s presence TTL), else None. A session id that names no process
         (older hubs) counts as long as its presence lives."""
-        session_id = await self.substrate.get_presence(user_id)
         holder = None if session_id is None else holder_of(session_id)
         if holder is None:
             return session_id
@@ -702,6 +738,7 @@ class Bridge(JobControl):
         enqueue script to compare (None for ``status``: always offered). Without a
         catalogue (an old sidecar) nothing is checked."""
         if name == "status":
+            _metrics.call_tool_known()
             return None
         known = self.catalogues.get(user_id)
         if known is None or known.problem(name, args) is not None:
@@ -709,6 +746,8 @@ class Bridge(JobControl):
             problem = known.problem(name, args)
             if problem is not None:
                 raise problem
+        if known.checkers is not None:  # a tool of the catalogue: its own metrics label
+            _metrics.call_tool_known()
         return known.sha1
 
     async def tools(self, user_id: str) -> list[dict[str, Any]] | None:

@@ -143,6 +143,9 @@ class EntryServer:
         running_jobs: the process's running jobs (``_keepalive``): a forwarded job is in it
             until its executor returns, so its records live as long as it runs; None:
             not kept (tests of one step).
+        tools: the tool names the desktop announced (``hello.tools``): only these take
+            a ``tool`` label of their own on the per-tool metrics (an entry's name is
+            whatever its caller sent; a desktop with no catalogue checks nothing).
     """
 
     substrate: Substrate
@@ -152,6 +155,12 @@ class EntryServer:
     wall_clock: Callable[[], float]
     daemon_id: str | None = None
     running_jobs: RunningJobs | None = None
+    tools: frozenset[str] = frozenset()
+
+    def knows(self, name: object) -> bool:
+        """Whether ``name`` is a tool of this desktop: announced, or ``status`` (every
+        desktop's)."""
+        return name == "status" or name in self.tools
 
     async def serve(self, entry: Entry, executor: Executor) -> None:
         """Serve ``entry`` to its terminal answer, or leave it pending if the executor
@@ -254,7 +263,9 @@ class EntryServer:
                 traceparent=envelope.traceparent,
                 waited_s=max(0.0, server_time - envelope.enqueued_at),
             )
-            _metrics.job_dispatched(envelope.name, server_time - envelope.enqueued_at)
+            _metrics.job_dispatched(
+                envelope.name, server_time - envelope.enqueued_at, known=self.knows(envelope.name)
+            )
             result = await executor.execute(job, epoch=epoch)
         except LocalProtocolError as exc:
             # An entry no sidecar could accept (written by a buggy producer): answer it

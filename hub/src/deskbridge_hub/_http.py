@@ -97,7 +97,9 @@ async def released_answer(bridge: Any, call: Any, tool: str, user_id: str) -> An
     look its job's stage up and give its ``restarting_answer``."""
     from . import _metrics
 
-    _metrics.call_released(tool, user_id=user_id, job_id=call.job_id, elapsed_s=call.elapsed_s)
+    _metrics.call_released(
+        tool, user_id=user_id, job_id=call.job_id, elapsed_s=call.elapsed_s, known=call.tool_known
+    )
     return restarting_answer(call.job_id, await released_stage(bridge, call.job_id))
 
 

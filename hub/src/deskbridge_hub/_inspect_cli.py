@@ -171,6 +171,12 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     )
 
 
+def _state(online: bool | None) -> str:
+    """A desktop's state from the admin API's ``online`` (null: presence in doubt, a
+    call would be answered unavailable)."""
+    return "unknown" if online is None else "online" if online else "offline"
+
+
 def desktops_table(body: dict[str, Any]) -> str:
     rows = []
     for d in body["desktops"]:
@@ -178,7 +184,7 @@ def desktops_table(body: dict[str, Any]) -> str:
         rows.append(
             [
                 d["user_id"],
-                "online" if d["online"] else "offline",
+                _state(d["online"]),
                 _when(d.get("since")),
                 d.get("sidecar_version") or "-",
                 ",".join(d.get("tools") or []) or "-",
@@ -195,7 +201,7 @@ def desktops_table(body: dict[str, Any]) -> str:
 
 
 def user_text(body: dict[str, Any]) -> str:
-    state = "online" if body["online"] else "offline"
+    state = _text(body.get("status") or _state(body["online"]))
     lines = [
         f"user        {_text(body['user_id'])}",
         f"state       {state} since {_when(body.get('since'))} UTC",

@@ -225,26 +225,47 @@ def mount_mcp(
                 await _send_jsonrpc_error(send, *refusal)
                 return
             receive = _replayed(raw, receive)
+            rid = _request_id(raw)
             drain = _drain_of(holder)
             if drain is not None and _is_tool_call(raw):
                 # counted like an HTTP dispatch request: a graceful shutdown gives it the
                 # grace, then waits (bounded) for its answer to be written
                 with drain.tracking_request():
-                    await _serve(endpoints, user_id, scope, receive, send)
+                    await _serve(endpoints, user_id, scope, receive, send, rid)
                 return
+            await _serve(endpoints, user_id, scope, receive, send, rid)
+            return
         await _serve(endpoints, user_id, scope, receive, send)
 
     return mcp_app
 
 
 async def _serve(
-    endpoints: McpEndpoints, user_id: str, scope: Any, receive: Any, send: Any
+    endpoints: McpEndpoints,
+    user_id: str,
+    scope: Any,
+    receive: Any,
+    send: Any,
+    request_id: str | int | None = None,
 ) -> None:
     async with endpoints.using(user_id) as endpoint:
         if endpoint is None:
-            await _send_json(send, 503, _codes.UNAVAILABLE, "the hub is not serving yet")
+            await _send_json(
+                send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=request_id
+            )
             return
         await endpoint.manager.handle_request(scope, receive, send)
+
+
+def _request_id(raw: bytes) -> str | int | None:
+    """The ``id`` of the JSON-RPC request in a POST body, if it has a valid one (a
+    string or an integer), else None."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    rid = value.get("id") if isinstance(value, dict) else None
+    return None if isinstance(rid, bool) or not isinstance(rid, str | int) else rid
 
 
 def _is_tool_call(raw: bytes) -> bool:
@@ -365,10 +386,39 @@ def _authorization(scope: Any) -> str:
     return str(header.decode("latin-1"))
 
 
+#: The JSON-RPC error code of the hub's own HTTP refusals on the MCP endpoint, by HTTP
+#: status: JSON-RPC's Invalid Request for a request refused as it stands, an
+#: implementation-defined server error (-32000..-32099) for a missing or wrong key,
+#: Internal error for a hub that cannot serve it (as a tool call's ``unavailable``).
+RPC_CODE_OF_STATUS = {400: INVALID_REQUEST, 401: -32001, 405: INVALID_REQUEST, 413: INVALID_REQUEST}
+INTERNAL_ERROR = -32603
+
+
 async def _send_json(
-    send: Any, status: int, code: str, message: str, *, allow: str | None = None, **extra: Any
+    send: Any,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    allow: str | None = None,
+    request_id: str | int | None = None,
+    **extra: Any,
 ) -> None:
-    body = json.dumps({"error": {"code": code, "message": message, **extra}}).encode()
+    """The hub's own refusal of an MCP request (before the SDK sees it), HTTP
+    ``status``: a JSON-RPC error response, as the Streamable HTTP transport has them
+    (the SDK's server answers its own refusals so; its client reads only such a body
+    and reported anything else as ``-32603`` "Server returned an error response",
+    hiding the reason). ``id``: ``request_id`` when the body was read and had one, else
+    null (the client puts its request's id on it). ``error.message`` is
+    ``"<code>: <message>"``; ``error.data`` holds what the HTTP API's error body holds
+    (``code``, e.g. ``unauthorized``, and ``field``...). A 401 keeps its
+    ``WWW-Authenticate``, a 405 its ``Allow``."""
+    error = {
+        "code": RPC_CODE_OF_STATUS.get(status, INTERNAL_ERROR),
+        "message": f"{code}: {message}",
+        "data": {"code": code, **extra},
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if allow is not None:
         headers.append((b"allow", allow.encode()))

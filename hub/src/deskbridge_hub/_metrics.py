@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import attrs
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -60,16 +61,14 @@ ABANDONED = "abandoned"
 #: Outcomes a caller gets without any holder finishing the job (and ``abandoned``: no
 #: answer at all).
 CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable", ABANDONED})
-#: The answer given before any desktop or catalogue looked at the tool's name (nothing
-#: was enqueued): such a name is not known to be a tool. ``abandoned`` too: the caller
-#: may have gone before anything looked (a name no catalogue has, otherwise refused
-#: uncounted, took a label for good each).
-_UNCHECKED_OUTCOMES = frozenset({"offline", ABANDONED})
-#: Most distinct ``tool`` label values the per-tool metrics of one process take: the
-#: first names seen on jobs that were enqueued (checked against the desktop's catalogue
-#: when it has one) or served. Any other name is counted under ``OTHER_TOOL``: callers
-#: may name any tool (an offline desktop, one without a catalogue) and a stream entry's
-#: ``name`` is any string, so labels taken as given grew one series per name, for good.
+#: Most distinct ``tool`` label values the per-tool metrics of one process take. A
+#: name takes one only when it is known to be a tool of the user's desktop: found in
+#: the catalogue the call was checked against (``call_tool_known``), announced by the
+#: desktop serving the entry, or ``status`` (every desktop's); the first
+#: ``MAX_TOOL_LABELS`` such names. Any other name is counted under ``OTHER_TOOL``:
+#: callers may name any tool (an offline desktop, one without a catalogue, Redis down
+#: before the catalogue was read) and a stream entry's ``name`` is any string, so labels
+#: taken as given grew one series per name, and junk names took the real tools' labels.
 MAX_TOOL_LABELS = 100
 OTHER_TOOL = "other"
 _tool_labels: set[str] = set()
@@ -206,8 +205,10 @@ def presence_failed(reason: str) -> None:
     PRESENCE_WRITE_FAILURES.labels(reason).inc()
 
 
-def job_dispatched(tool: str, waited_s: float) -> None:
-    _child(DISPATCH_SECONDS, tool_label(tool)).observe(max(waited_s, 0.0))
+def job_dispatched(tool: str, waited_s: float, *, known: bool) -> None:
+    """A job frame sent to the sidecar ``waited_s`` after its enqueue; ``known``: the
+    desktop announced ``tool`` (else it is labelled ``OTHER_TOOL``)."""
+    _child(DISPATCH_SECONDS, tool_label(tool, admit=known)).observe(max(waited_s, 0.0))
 
 
 def job_served(
@@ -234,7 +235,9 @@ def job_served(
     if envelope is not None:
         job_id, tool = envelope.job_id, envelope.name
     tool = tool or "unknown"
-    _child(SERVED, "unknown" if tool == "unknown" else tool_label(tool), outcome).inc()
+    known = bool(getattr(session, "knows", lambda _: False)(tool))
+    label = "unknown" if tool == "unknown" else tool_label(tool, admit=known)
+    _child(SERVED, label, outcome).inc()
     if outcome == "lost":
         LOST.inc()
     elif outcome == "expired":
@@ -305,7 +308,7 @@ def job_answered(
     *,
     user_id: str,
     job_id: str | None,
-    checked: bool = True,
+    known: bool = False,
 ) -> None:
     """A dispatch call's answer: count it, observe its latency, and log it on
     ``deskbridge.hub.calls`` ("call for job J answered: timeout (tool for user)", field
@@ -314,9 +317,9 @@ def job_answered(
     unavailable), DEBUG for the rest. The job's outcome is the holder's one INFO line on
     ``deskbridge.hub.jobs`` ("job J finished: ..."), also for a job whose caller was
     answered timeout before it finished: a reader never sees two outcomes for one job.
-    ``checked=False``: the call was refused before anything looked at the tool's name
-    (a draining replica's 503), so the name takes no label of its own."""
-    label = tool_label(tool, admit=checked and outcome not in _UNCHECKED_OUTCOMES)
+    ``known``: the call found ``tool`` in the user's catalogue (``call_tool_known``);
+    any other name takes no label of its own (``OTHER_TOOL``, unless it has one)."""
+    label = tool_label(tool, admit=known)
     _child(JOBS, label, outcome).inc()
     _child(JOB_SECONDS, label).observe(elapsed_s)
     level = logging.INFO if outcome in CALLER_ONLY_OUTCOMES else logging.DEBUG
@@ -336,35 +339,59 @@ def job_answered(
     )
 
 
-def call_refused_draining(tool: str, *, user_id: str, job_id: str | None) -> None:
+def call_refused_draining(
+    tool: str, *, user_id: str, job_id: str | None, known: bool = False
+) -> None:
     """A dispatch call (HTTP or MCP) refused by a draining replica before anything was
     enqueued: its caller was told ``unavailable`` (503 ``draining``), so it is counted
     and logged as that answer, like every other answer ``Bridge.dispatch`` gives (before,
-    it was given in front of the dispatch and counted nowhere)."""
-    job_answered(tool, "unavailable", 0.0, user_id=user_id, job_id=job_id, checked=False)
+    it was given in front of the dispatch and counted nowhere). Nothing looked at the
+    tool's name: ``known`` only for ``status`` (every desktop's)."""
+    job_answered(tool, "unavailable", 0.0, user_id=user_id, job_id=job_id, known=known)
 
 
-def call_released(tool: str, *, user_id: str, job_id: str | None, elapsed_s: float) -> None:
+def call_released(
+    tool: str, *, user_id: str, job_id: str | None, elapsed_s: float, known: bool = False
+) -> None:
     """A dispatch call (HTTP or MCP) still waiting when a graceful restart's grace ended:
     its caller is told ``unavailable`` (the hub restarted; the job may still run), so it
-    is counted and logged as that answer, not as ``abandoned``."""
-    job_answered(tool, "unavailable", elapsed_s, user_id=user_id, job_id=job_id)
+    is counted and logged as that answer, not as ``abandoned``. ``known``: as
+    :func:`job_answered`'s (``WaitingCall.tool_known``)."""
+    job_answered(tool, "unavailable", elapsed_s, user_id=user_id, job_id=job_id, known=known)
 
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
 
-#: The job id of the dispatch call running in this task, once ``Bridge.dispatch`` has
-#: chosen it (``call_names_job``), for the line of a call its caller abandons.
-_call_job_id: contextvars.ContextVar[list[str | None] | None] = contextvars.ContextVar(
-    "deskbridge_call_job_id", default=None
+
+@attrs.define
+class _CallNote:
+    """What the dispatch call running in this task learnt so far: its job id, once
+    ``Bridge.dispatch`` has chosen it (``call_names_job``: the line of a call its caller
+    abandons names it), and whether its tool is in the user's catalogue
+    (``call_tool_known``: only then does the name take a label)."""
+
+    job_id: str | None = None
+    tool_known: bool = False
+
+
+_call_note: contextvars.ContextVar[_CallNote | None] = contextvars.ContextVar(
+    "deskbridge_call_note", default=None
 )
 
 
 def call_names_job(job_id: str) -> None:
     """``Bridge.dispatch`` chose (or was given) ``job_id``: an abandoned call names it."""
-    current = _call_job_id.get()
+    current = _call_note.get()
     if current is not None:
-        current[0] = job_id
+        current.job_id = job_id
+
+
+def call_tool_known() -> None:
+    """``Bridge.dispatch`` found the call's tool in the user's catalogue (or it is
+    ``status``): its answer is counted under the tool's own label."""
+    current = _call_note.get()
+    if current is not None:
+        current.tool_known = True
 
 
 def timed_dispatch(fn: _F) -> _F:
@@ -377,13 +404,16 @@ def timed_dispatch(fn: _F) -> _F:
     @functools.wraps(fn)
     async def wrapper(self: Any, user_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         started = time.monotonic()
-        named: list[str | None] = [None]
-        token = _call_job_id.set(named)
+        note = _CallNote()
+        token = _call_note.set(note)
         try:
             outcome = await fn(self, user_id, name, *args, **kwargs)
         except SubstrateUnavailable as exc:
             elapsed_s = time.monotonic() - started
-            job_answered(str(name), "unavailable", elapsed_s, user_id=user_id, job_id=exc.job_id)
+            job_answered(
+                str(name), "unavailable", elapsed_s,
+                user_id=user_id, job_id=exc.job_id, known=note.tool_known,
+            )  # fmt: skip
             raise
         except anyio.get_cancelled_exc_class():
             elapsed_s = time.monotonic() - started
@@ -391,18 +421,23 @@ def timed_dispatch(fn: _F) -> _F:
             if waiting is not None and waiting.released:
                 # the grace of a graceful restart ended while it waited: its route
                 # answers it unavailable (naming the job) and counts it then
-                waiting.job_id, waiting.elapsed_s = named[0], elapsed_s
+                waiting.job_id, waiting.elapsed_s = note.job_id, elapsed_s
+                waiting.tool_known = note.tool_known
                 raise
             # the caller went away (HTTP client hung up, MCP cancel, the Python caller's
             # scope): no answer was sent, but the call is counted and logged once, as
             # ``abandoned`` (its job, if enqueued, runs on and has its own line)
-            job_answered(str(name), ABANDONED, elapsed_s, user_id=user_id, job_id=named[0])
+            job_answered(
+                str(name), ABANDONED, elapsed_s,
+                user_id=user_id, job_id=note.job_id, known=note.tool_known,
+            )  # fmt: skip
             raise
         finally:
-            _call_job_id.reset(token)
+            _call_note.reset(token)
         job_answered(
-            str(name), outcome.status, outcome.elapsed_s, user_id=user_id, job_id=outcome.job_id
-        )
+            str(name), outcome.status, outcome.elapsed_s,
+            user_id=user_id, job_id=outcome.job_id, known=note.tool_known,
+        )  # fmt: skip
         return outcome
 
     return wrapper  # type: ignore[return-value]

@@ -233,7 +233,16 @@ def _routes(version: str) -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "user_id": {"type": "string"},
-                        "online": {"type": "boolean"},
+                        "online": {
+                            "type": ["boolean", "null"],
+                            "description": "as a call decides it; null: presence in doubt "
+                            "(a call is answered unavailable)",
+                        },
+                        "status": {
+                            "type": "string",
+                            "enum": ["online", "offline", "asleep", "unknown"],
+                            "description": "one user's view only",
+                        },
                         "since": {"type": ["number", "null"], "description": "Unix seconds"},
                         "session_id": {"type": ["string", "null"]},
                         "sidecar_version": {"type": ["string", "null"]},
@@ -249,7 +258,12 @@ def _routes(version: str) -> dict[str, Any]:
         },
         "paths": {
             "/livez": {"get": _probe("Liveness: the process serves HTTP (no Redis round trip).")},
-            "/healthz": {"get": _probe("Readiness: Redis is usable (503 with the cause if not).")},
+            "/healthz": {
+                "get": _probe(
+                    "Readiness: Redis is usable and the replica takes calls (503 with the "
+                    "cause if not: Redis, or draining)."
+                )
+            },
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics of this process (docs/operations.md)",
@@ -281,7 +295,10 @@ def _routes(version: str) -> dict[str, Any]:
                             "offline or asleep (with since, Unix seconds)",
                         ),
                         "401": _err("missing or wrong API key"),
-                        "503": _err("Redis unavailable"),
+                        "503": _err(
+                            "Redis unavailable, or no presence while this hub's own writes "
+                            "are in doubt (a call is answered unavailable too)"
+                        ),
                     },
                 }
             },

@@ -164,10 +164,16 @@ def own_liveness() -> OwnLiveness:
         return current
 
 
-def in_doubt_error() -> SubstrateUnavailable:
+class PresenceInDoubt(SubstrateUnavailable):
+    """No presence for a desktop while this process's own writes are in doubt: a call
+    is answered ``unavailable`` (a ``SubstrateUnavailable``); the admin API says
+    ``online: null`` (the store answered; what it answered proves nothing)."""
+
+
+def in_doubt_error() -> PresenceInDoubt:
     """What a caller is told when a presence is still absent after the second look
     while this process's own writes are in doubt: ``unavailable``, not ``offline``."""
-    return SubstrateUnavailable(
+    return PresenceInDoubt(
         "no presence for the desktop while this hub process cannot keep its own writes to "
         "Redis alive (its liveness, or this user's presence on its Cluster node: held or "
         "refused past their TTL); retry"

@@ -155,6 +155,7 @@ class HubSession(SessionTimers):
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
             self.state.wall_clock, self.hello.daemon_id if self.hello else None,
             running_jobs=self.state.running_jobs,
+            tools=frozenset(t.name for t in self.hello.tools) if self.hello else frozenset(),
         )  # fmt: skip
         self.state.add_session(self)
         _metrics.session_opened()

@@ -53,12 +53,14 @@ class WaitingCall:
         job_id: the job the call named, once released (``_metrics.timed_dispatch`` sets
             it; None if the call was released before it chose one).
         elapsed_s: how long the call had waited when released.
+        tool_known: its tool was found in the user's catalogue (its metrics label).
     """
 
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     released: bool = False
     job_id: str | None = None
     elapsed_s: float = 0.0
+    tool_known: bool = False
 
     def release(self) -> None:
         self.released = True

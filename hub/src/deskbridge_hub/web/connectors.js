@@ -36,13 +36,15 @@ async function refresh() {
     if (d.online) online += 1;
     const queue = d.queue || {};
     const inflight = (details[d.user_id] || {}).in_flight || [];
+    // online null: presence in doubt (a call now is answered unavailable)
+    const state = d.online === null ? "unknown" : d.online ? "online" : "offline";
     const tools = el("td", { class: "tools" }, ...(d.tools || []).map(t => el("span", {}, t)));
     const jobs = el("td", { class: "jobs" },
       d.online ? `${queue.pending_count ?? 0}` : el("span", { class: "muted" }, "-"),
       ...inflight.map(j => el("code", {}, j)));
-    body.append(el("tr", { "data-user": d.user_id, "data-state": d.online ? "online" : "offline" },
+    body.append(el("tr", { "data-user": d.user_id, "data-state": state },
       el("td", {}, d.user_id),
-      el("td", {}, el("span", { class: `state ${d.online ? "online" : "offline"}` }, d.online ? "online" : "offline")),
+      el("td", {}, el("span", { class: `state ${state}` }, state)),
       el("td", {}, ago(d.since)),
       el("td", {}, d.sidecar_version || "-"),
       tools,
