@@ -141,13 +141,34 @@ _CODES = (
 )
 
 
+#: How Redis 7.0 words an ACL refusal met *inside* a script ("-ERR The user executing
+#: the script can't run this command or subcommand", "... can't access at least one of
+#: the keys ...", "... can't publish to the channel ..."): no NOPERM code, unlike the
+#: same refusal outside a script (7.2 says NOPERM in both places).
+_SCRIPT_ACL_REFUSAL = "The user executing the script can't"
+
+
+def error_code(exc: BaseException) -> str:
+    """The Redis error code of an error reply (its first word: ``OOM``, ``BUSY``, ...);
+    ``NOPERM`` for an ACL refusal inside a script, which Redis 7.0 sends without it."""
+    text = str(exc)
+    if isinstance(exc, ResponseError) and text.removeprefix("ERR ").startswith(
+        _SCRIPT_ACL_REFUSAL
+    ):
+        return "NOPERM"
+    return text.split(" ", 1)[0]
+
+
 def coded(exc: BaseException) -> Exception:
     """``exc`` with its Redis error code in front of the message (coredis keeps the code
-    only in the class for NOPERM / READONLY / NOSCRIPT), for messages and the probe."""
+    only in the class for NOPERM / READONLY / NOSCRIPT; Redis 7.0 sends none for an ACL
+    refusal inside a script), for messages and the probe."""
     text = str(exc)
     for cls, code in _CODES:
         if isinstance(exc, cls) and not text.startswith(code):
             return ResponseError(f"{code} {text}")
+    if error_code(exc) == "NOPERM" and not text.startswith("NOPERM"):
+        return ResponseError(f"NOPERM {text.removeprefix('ERR ')}")
     return exc if isinstance(exc, Exception) else Exception(text)
 
 
@@ -333,10 +354,10 @@ class RedisConnections:
             )
             unavailable.unsent = isinstance(exc, ConnectFailed)  # nothing reached Redis
             return unavailable
-        if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES:
+        if isinstance(exc, ResponseError) and error_code(exc) in UNAVAILABLE_CODES:
             _metrics.substrate_error(what)
             self.monitor.poke()
-            return SubstrateUnavailable(f"Redis at {self.address} refused {what}: {exc}")
+            return SubstrateUnavailable(f"Redis at {self.address} refused {what}: {coded(exc)}")
         return None
 
     async def call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
