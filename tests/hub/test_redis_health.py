@@ -281,6 +281,42 @@ async def test_a_lapsed_holder_under_a_store_refusing_writes_is_unavailable_not_
 LEAST_PRIVILEGE = ("~bridge:*", "&bridge:*", "+@all", "-@dangerous", "+info")
 
 
+@pytest.mark.parametrize(
+    ("denied", "named"),
+    [
+        (("-xreadgroup",), "XREADGROUP"),
+        (("-blmpop",), "BLMPOP"),
+        (("-script|load",), "SCRIPT|LOAD"),
+        (("-xautoclaim", "-xclaim"), "XCLAIM, XAUTOCLAIM"),
+    ],
+)
+async def test_a_user_lacking_a_command_the_hub_needs_is_named_by_the_probe(
+    redis_server: RedisServer, denied: tuple[str, ...], named: str
+) -> None:
+    """A user allowed scripts but not one command the hub sends (outside or inside its
+    scripts) passed the probe (a scripted SET + GET), so the hub said "usable" at start
+    and /healthz 200, then failed mid-call: a 500 and a traceback a second from the
+    reader (XREADGROUP), every call "unavailable" after its job ran (BLMPOP), presence
+    lost (SCRIPT LOAD). The probe now asks Redis (``redis.acl_check_cmd``) for each
+    command the hub sends, and names the ones refused."""
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE, *denied)
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    with trio.fail_after(10):
+        health = await s.health_check()
+    assert health is not None and not health.ok
+    assert "ACL" in health.cause and f"cannot run {named}" in health.cause, health.cause
+
+
+async def test_the_least_privilege_user_of_the_docs_passes_the_probe(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE)
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    with trio.fail_after(10):
+        health = await s.health_check()
+    assert health is not None and health.ok, health
+
+
 async def test_a_command_refused_inside_a_script_is_unavailable_not_a_bug(
     redis_server: RedisServer,
 ) -> None:

@@ -84,7 +84,15 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from . import _metrics
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._redis_cluster import ClusterSession, is_cluster_url, seeds
-from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
+from ._redis_health import (
+    ACL_CHECK_SCRIPT,
+    NEEDED_COMMANDS,
+    PROBE_SCRIPT,
+    Health,
+    HealthMonitor,
+    interpret,
+    refused_commands,
+)
 from ._redis_session import ConnectionStatistics, _Session, _split
 from ._redis_wire import ConnectFailed
 
@@ -122,6 +130,9 @@ _UNAVAILABLE_ERRORS = (
     UnblockedError,
 )
 
+
+#: The ACL check's arguments (``_redis_health.ACL_CHECK_SCRIPT``): one per command.
+_NEEDED_SPECS = tuple(" ".join(command) for command in NEEDED_COMMANDS)
 
 #: Failures of the connection itself (as opposed to an error reply).
 _TRANSPORT_ERRORS = (
@@ -370,27 +381,41 @@ class RedisConnections:
         return reply
 
     async def probe(self) -> Health:
-        """One health probe (``_redis_health``): INFO and a scripted write + read of this
-        instance's probe key, pipelined.
+        """One health probe (``_redis_health``): INFO, a scripted write + read of this
+        instance's probe key and the ACL check of the commands the hub sends, pipelined.
 
         Raises:
             SubstrateUnavailable: Redis unreachable (transport failure or timeout).
         """
         value = secrets.token_hex(4)
         async with self.session("health probe") as s:
-            info, probe = await s.execute(
+            info, probe, acl = await s.execute(
                 (b"INFO", b"replication", b"memory", b"persistence"),
                 (b"EVAL", PROBE_SCRIPT, 1, self._probe_key, value),
+                (b"EVAL", ACL_CHECK_SCRIPT, 1, self._probe_key, *_NEEDED_SPECS),
                 timeout_s=self.command_timeout_s,
             )
-            for reply in (info, probe):
+            for reply in (info, probe, acl):
                 if isinstance(reply, _TRANSPORT_ERRORS):
                     raise reply
         return interpret(
             coded(info) if isinstance(info, BaseException) else info,
             coded(probe) if isinstance(probe, BaseException) else probe,
             probe_value=value,
+            refused=refused_commands(acl),
         )
+
+    def refuses_work(self, what: str) -> SubstrateUnavailable | None:
+        """The error to raise *before* sending ``what`` when the last probe found the
+        ACL refusing this user a command the hub needs, else None: a job enqueued then
+        could not be read, delivered or answered (it waited out its caller as "queued",
+        the desktop blamed). Nothing is sent, so its ``unsent`` is True."""
+        cause = self.monitor.refused
+        if cause is None:
+            return None
+        refused = SubstrateUnavailable(f"Redis at {self.address} cannot serve {what}: {cause}")
+        refused.unsent = True
+        return refused
 
     def unusable(self, what: str) -> SubstrateUnavailable | None:
         """The error to raise for ``what`` when the last probe found this Redis unable
