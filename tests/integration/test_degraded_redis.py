@@ -234,3 +234,32 @@ def test_a_redis_user_lacking_a_command_is_named_at_start_never_a_500(
     log = log_text(hub)
     assert "Traceback" not in log, log[-4000:]
     assert log.count(ENDS) == 1, log[-4000:]
+
+
+def test_a_redis_user_with_only_the_needed_commands_serves(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """The other side of the probe's list (``NEEDED_COMMANDS``): a user granted only
+    those commands (and the connection's own) is found usable and serves a call, so a
+    command the hub sends but the list lacks fails here rather than in production."""
+    from deskbridge_hub._redis_health import NEEDED_COMMANDS, needed_command_name
+
+    grants = sorted({f"+{needed_command_name(c).lower()}" for c in NEEDED_COMMANDS})
+    redis.command(
+        "ACL", "SETUSER", "hub", "on", ">pw", "~bridge:*", "-@all",
+        "+hello", "+auth", "+client|setname", "+info", *grants,
+    )  # fmt: skip
+    user = f"acl-{secrets.token_hex(4)}"
+    url = f"redis://hub:pw@127.0.0.1:{redis.port}/0"
+    hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": url, **FAST})
+    hub.wait_healthy()
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user))
+    with running(sidecar, hub), api() as client:
+        wait_until(
+            lambda: redis.command("EXISTS", presence_key(user)) == 1,
+            timeout_s=20,
+            what="sidecar present",
+        )
+        assert [_call(client, hub, user) for _ in range(3)] == [(200, "completed")] * 3
+    log = log_text(hub)
+    assert "Traceback" not in log and "NOPERM" not in log, log[-4000:]

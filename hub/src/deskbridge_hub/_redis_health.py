@@ -40,8 +40,9 @@ PROBE_SCRIPT = "redis.call('SET', KEYS[1], ARGV[1], 'PX', 10000) return redis.ca
 #: The commands the hub sends, outside its scripts and inside them, each with arguments
 #: of a valid shape (``K``: the probe's key, in the ``bridge:`` key space; ``redis.
 #: acl_check_cmd`` checks keys as the command would name them). Seen with MONITOR under
-#: the substrate contract suite and a hub serving a desktop; a command added to the hub
-#: belongs here too, or a user without it passes the probe and fails calls instead.
+#: the substrate contract suite and a hub serving a desktop, and checked by a hub whose
+#: user has only these (``tests/integration/test_degraded_redis.py``); a command added
+#: to the hub belongs here too, or a user without it passes the probe and fails calls.
 NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("PING",),
     ("TIME",),
@@ -83,6 +84,12 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("XGROUP", "DELCONSUMER", "K", "g", "c"),
     ("XINFO", "GROUPS", "K"),
     ("XINFO", "CONSUMERS", "K", "g"),
+    ("MULTI",),
+    ("EXEC",),
+    ("ZADD", "K", "1", "m"),
+    ("ZREMRANGEBYSCORE", "K", "-inf", "1"),
+    ("ZCARD", "K"),
+    ("ZRANGE", "K", "0", "1"),
 )
 #: Asks Redis (>= 7.0: ``redis.acl_check_cmd``) whether this connection's user may run
 #: each command of ARGV (one per argument, words separated by spaces, ``K`` standing for
