@@ -275,3 +275,86 @@ async def test_a_lapsed_holder_under_a_store_refusing_writes_is_unavailable_not_
             # the store takes writes: a lapsed key is a dead holder, the desktop offline
             assert await s.holder_alive(holder) is False
             assert (await bridge.presence(user)).online is False
+
+
+#: The least-privilege user docs/operations.md recommends ("Redis requirements").
+LEAST_PRIVILEGE = ("~bridge:*", "&bridge:*", "+@all", "-@dangerous", "+info")
+
+
+@pytest.mark.parametrize(
+    ("denied", "named"),
+    [
+        (("-xreadgroup",), "XREADGROUP"),
+        (("-blmpop",), "BLMPOP"),
+        (("-script|load",), "SCRIPT|LOAD"),
+        (("-xautoclaim", "-xclaim"), "XCLAIM, XAUTOCLAIM"),
+    ],
+)
+async def test_a_user_lacking_a_command_the_hub_needs_is_named_by_the_probe(
+    redis_server: RedisServer, denied: tuple[str, ...], named: str
+) -> None:
+    """A user allowed scripts but not one command the hub sends (outside or inside its
+    scripts) passed the probe (a scripted SET + GET), so the hub said "usable" at start
+    and /healthz 200, then failed mid-call: a 500 and a traceback a second from the
+    reader (XREADGROUP), every call "unavailable" after its job ran (BLMPOP), presence
+    lost (SCRIPT LOAD). The probe now asks Redis (``redis.acl_check_cmd``) for each
+    command the hub sends, and names the ones refused."""
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE, *denied)
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    with trio.fail_after(10):
+        health = await s.health_check()
+    assert health is not None and not health.ok
+    assert "ACL" in health.cause and f"cannot run {named}" in health.cause, health.cause
+
+
+async def test_the_least_privilege_user_of_the_docs_passes_the_probe(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE)
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    with trio.fail_after(10):
+        health = await s.health_check()
+    assert health is not None and health.ok, health
+
+
+async def test_a_command_refused_inside_a_script_is_unavailable_not_a_bug(
+    redis_server: RedisServer,
+) -> None:
+    """Redis 7.0 words an ACL refusal inside a script without the NOPERM code ("ERR The
+    user executing the script can't run this command or subcommand"): it propagated as
+    a bare ResponseError, a 500 for the caller and a traceback a second from the reader.
+    It is the store refusing, as NOPERM outside a script is: SubstrateUnavailable."""
+    from deskbridge_hub import Bridge
+
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE, "-xreadgroup")
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    user, holder = f"acl-{secrets.token_hex(4)}", f"h{secrets.token_hex(4)}"
+    with trio.fail_after(20):
+        async with s:
+            await s.set_liveness(holder, 30, consumer="c1", max_pending=32)
+            await s.set_presence(user, f"{holder}.s1", 30)
+            with pytest.raises(SubstrateUnavailable, match="NOPERM"):
+                await Bridge(s).dispatch(user, "echo", {}, timeout_s=1)
+
+
+async def test_a_command_refused_inside_the_heartbeat_script_is_an_outage(
+    redis_server: RedisServer,
+) -> None:
+    """The batched heartbeat runs each user under ``pcall`` and keeps an error of one
+    user's own keys to that user; Redis 7.0's uncoded in-script ACL refusal was taken
+    for one (every user answered its own ``error``), not for the store refusing."""
+    from deskbridge_hub._substrate import Beat
+
+    redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE)
+    s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
+    beats = [Beat(f"acl-beat-{secrets.token_hex(4)}", "s1") for _ in range(2)]
+    with trio.fail_after(20):
+        async with s:
+            replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+            assert [r.ours for r in replies] == [True, True]
+            redis_server.command("ACL", "SETUSER", "hub", "-getex")
+            with pytest.raises(SubstrateUnavailable, match="NOPERM"):
+                await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+            redis_server.command("ACL", "SETUSER", "hub", "+getex")
+            replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+            assert [(r.ours, r.error) for r in replies] == [(True, None)] * 2

@@ -193,3 +193,73 @@ def test_redis_down_at_start_is_one_line_then_recovery(tmp_path: Path) -> None:
         log = log_text(hub)
     assert log.count("unreachable (hub starting)") == 1, log[-4000:]
     assert log.count(usable) == 1, log[-4000:]
+
+
+def test_a_redis_user_lacking_a_command_is_named_at_start_never_a_500(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """An ACL user allowed scripts but not XREADGROUP (which the hub runs inside its
+    scripts) passed the start-up probe: the hub said "usable", /healthz answered 200,
+    the first call was a 500 and the reader logged a traceback every second while calls
+    timed out "queued". Now the start-up line names the command at ERROR, /healthz
+    answers 503 with it, and calls are answered 503 ``unavailable``, never a 500."""
+    redis.command(
+        "ACL", "SETUSER", "hub", "on", ">pw",
+        "~bridge:*", "&bridge:*", "+@all", "-@dangerous", "+info", "-xreadgroup",
+    )  # fmt: skip
+    user = f"acl-{secrets.token_hex(4)}"
+    url = f"redis://hub:pw@127.0.0.1:{redis.port}/0"
+    hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": url, **FAST})
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user))
+    with running(sidecar, hub), api() as client:
+        line = wait_until(
+            lambda: [ln for ln in log_text(hub).splitlines() if "Redis at" in ln],
+            timeout_s=60,
+            what="the start-up line about Redis",
+        )[0]
+        assert "ERROR" in line and STARTS in line and "XREADGROUP" in line, line
+        health = httpx.get(hub.http + "/healthz", timeout=2)
+        assert health.status_code == 503 and "XREADGROUP" in health.text, health.text
+        wait_until(
+            lambda: redis.command("EXISTS", presence_key(user)) == 1,
+            timeout_s=20,
+            what="sidecar present",
+        )
+        answers = [_call(client, hub, user) for _ in range(3)]
+        assert answers == [(503, "unavailable")] * 3, answers
+        # the operator grants it: usable again without a restart
+        redis.command("ACL", "SETUSER", "hub", "+xreadgroup")
+        hub.wait_healthy(timeout_s=10)
+        assert _call(client, hub, user) == (200, "completed")
+    log = log_text(hub)
+    assert "Traceback" not in log, log[-4000:]
+    assert log.count(ENDS) == 1, log[-4000:]
+
+
+def test_a_redis_user_with_only_the_needed_commands_serves(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """The other side of the probe's list (``NEEDED_COMMANDS``): a user granted only
+    those commands (and the connection's own) is found usable and serves a call, so a
+    command the hub sends but the list lacks fails here rather than in production."""
+    from deskbridge_hub._redis_health import NEEDED_COMMANDS, needed_command_name
+
+    grants = sorted({f"+{needed_command_name(c).lower()}" for c in NEEDED_COMMANDS})
+    redis.command(
+        "ACL", "SETUSER", "hub", "on", ">pw", "~bridge:*", "-@all",
+        "+hello", "+auth", "+client|setname", "+info", *grants,
+    )  # fmt: skip
+    user = f"acl-{secrets.token_hex(4)}"
+    url = f"redis://hub:pw@127.0.0.1:{redis.port}/0"
+    hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": url, **FAST})
+    hub.wait_healthy()
+    sidecar = Sidecar(tmp_path, hub.ws, issue(user))
+    with running(sidecar, hub), api() as client:
+        wait_until(
+            lambda: redis.command("EXISTS", presence_key(user)) == 1,
+            timeout_s=20,
+            what="sidecar present",
+        )
+        assert [_call(client, hub, user) for _ in range(3)] == [(200, "completed")] * 3
+    log = log_text(hub)
+    assert "Traceback" not in log and "NOPERM" not in log, log[-4000:]

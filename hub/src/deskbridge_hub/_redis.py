@@ -194,6 +194,9 @@ class RedisSubstrate(
     def _outage(self, what: str, exc: BaseException) -> SubstrateUnavailable | None:
         return self._connections.map_error(what, exc)
 
+    def _refuses_work(self, what: str) -> SubstrateUnavailable | None:
+        return self._connections.refuses_work(what)
+
     async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
         """One command; server errors raise. ``block_s``: its own blocking time (None:
         forever), to which the command timeout is added."""

@@ -98,6 +98,11 @@ class RedisCommandBase:
         """``exc`` as the SubstrateUnavailable it stands for, or None (not an outage)."""
         raise NotImplementedError  # pragma: no cover
 
+    def _refuses_work(self, what: str) -> SubstrateUnavailable | None:
+        """The error to raise before sending ``what`` while the ACL refuses this user a
+        command the hub needs (``RedisConnections.refuses_work``), else None."""
+        raise NotImplementedError  # pragma: no cover
+
     async def _script(
         self,
         s: _Session,

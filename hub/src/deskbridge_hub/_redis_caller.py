@@ -251,7 +251,8 @@ class CallerCommands(RedisCommandBase):
             ValueError: ``start_within_s`` < 0, ``maxlen`` < 1, ``give_up_s`` <= 0, or
                 ``attach_only`` without an ``idempotency_key``.
             SubstrateUnavailable: Redis unreachable or refusing writes; the job may or may
-                not have been enqueued.
+                not have been enqueued. Raised before anything is sent (``unsent``) while
+                the health probe finds the ACL refusing a command the hub needs.
 
         Cancellation: as an unavailable Redis: the job may or may not be enqueued (with
         ``give_up_s``, a script that runs after the caller's instant refuses, ``late``).
@@ -264,6 +265,9 @@ class CallerCommands(RedisCommandBase):
             raise ValueError(f"submit needs give_up_s > 0, got {sub.give_up_s!r}")
         if sub.attach_only and sub.idempotency_key is None:
             raise ValueError("submit with attach_only needs an idempotency_key")
+        refused = self._refuses_work("a submit")
+        if refused is not None:
+            raise refused
         keys: tuple[str, ...] = (
             presence_key(user_id),
             tools_key(user_id),

@@ -84,7 +84,15 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from . import _metrics
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._redis_cluster import ClusterSession, is_cluster_url, seeds
-from ._redis_health import PROBE_SCRIPT, Health, HealthMonitor, interpret
+from ._redis_health import (
+    ACL_CHECK_SCRIPT,
+    NEEDED_COMMANDS,
+    PROBE_SCRIPT,
+    Health,
+    HealthMonitor,
+    interpret,
+    refused_commands,
+)
 from ._redis_session import ConnectionStatistics, _Session, _split
 from ._redis_wire import ConnectFailed
 
@@ -123,6 +131,9 @@ _UNAVAILABLE_ERRORS = (
 )
 
 
+#: The ACL check's arguments (``_redis_health.ACL_CHECK_SCRIPT``): one per command.
+_NEEDED_SPECS = tuple(" ".join(command) for command in NEEDED_COMMANDS)
+
 #: Failures of the connection itself (as opposed to an error reply).
 _TRANSPORT_ERRORS = (
     RedisConnectionError,
@@ -141,13 +152,34 @@ _CODES = (
 )
 
 
+#: How Redis 7.0 words an ACL refusal met *inside* a script ("-ERR The user executing
+#: the script can't run this command or subcommand", "... can't access at least one of
+#: the keys ...", "... can't publish to the channel ..."): no NOPERM code, unlike the
+#: same refusal outside a script (7.2 says NOPERM in both places).
+_SCRIPT_ACL_REFUSAL = "The user executing the script can't"
+
+
+def error_code(exc: BaseException) -> str:
+    """The Redis error code of an error reply (its first word: ``OOM``, ``BUSY``, ...);
+    ``NOPERM`` for an ACL refusal inside a script, which Redis 7.0 sends without it."""
+    text = str(exc)
+    if isinstance(exc, ResponseError) and text.removeprefix("ERR ").startswith(
+        _SCRIPT_ACL_REFUSAL
+    ):
+        return "NOPERM"
+    return text.split(" ", 1)[0]
+
+
 def coded(exc: BaseException) -> Exception:
     """``exc`` with its Redis error code in front of the message (coredis keeps the code
-    only in the class for NOPERM / READONLY / NOSCRIPT), for messages and the probe."""
+    only in the class for NOPERM / READONLY / NOSCRIPT; Redis 7.0 sends none for an ACL
+    refusal inside a script), for messages and the probe."""
     text = str(exc)
     for cls, code in _CODES:
         if isinstance(exc, cls) and not text.startswith(code):
             return ResponseError(f"{code} {text}")
+    if error_code(exc) == "NOPERM" and not text.startswith("NOPERM"):
+        return ResponseError(f"NOPERM {text.removeprefix('ERR ')}")
     return exc if isinstance(exc, Exception) else Exception(text)
 
 
@@ -338,10 +370,10 @@ class RedisConnections:
             )
             unavailable.unsent = isinstance(exc, ConnectFailed)  # nothing reached Redis
             return unavailable
-        if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES:
+        if isinstance(exc, ResponseError) and error_code(exc) in UNAVAILABLE_CODES:
             _metrics.substrate_error(what)
             self.monitor.poke()
-            return SubstrateUnavailable(f"Redis at {self.address} refused {what}: {exc}")
+            return SubstrateUnavailable(f"Redis at {self.address} refused {what}: {coded(exc)}")
         return None
 
     async def call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
@@ -354,27 +386,41 @@ class RedisConnections:
         return reply
 
     async def probe(self) -> Health:
-        """One health probe (``_redis_health``): INFO and a scripted write + read of this
-        instance's probe key, pipelined.
+        """One health probe (``_redis_health``): INFO, a scripted write + read of this
+        instance's probe key and the ACL check of the commands the hub sends, pipelined.
 
         Raises:
             SubstrateUnavailable: Redis unreachable (transport failure or timeout).
         """
         value = secrets.token_hex(4)
         async with self.session("health probe") as s:
-            info, probe = await s.execute(
+            info, probe, acl = await s.execute(
                 (b"INFO", b"replication", b"memory", b"persistence"),
                 (b"EVAL", PROBE_SCRIPT, 1, self._probe_key, value),
+                (b"EVAL", ACL_CHECK_SCRIPT, 1, self._probe_key, *_NEEDED_SPECS),
                 timeout_s=self.command_timeout_s,
             )
-            for reply in (info, probe):
+            for reply in (info, probe, acl):
                 if isinstance(reply, _TRANSPORT_ERRORS):
                     raise reply
         return interpret(
             coded(info) if isinstance(info, BaseException) else info,
             coded(probe) if isinstance(probe, BaseException) else probe,
             probe_value=value,
+            refused=refused_commands(acl),
         )
+
+    def refuses_work(self, what: str) -> SubstrateUnavailable | None:
+        """The error to raise *before* sending ``what`` when the last probe found the
+        ACL refusing this user a command the hub needs, else None: a job enqueued then
+        could not be read, delivered or answered (it waited out its caller as "queued",
+        the desktop blamed). Nothing is sent, so its ``unsent`` is True."""
+        cause = self.monitor.refused
+        if cause is None:
+            return None
+        refused = SubstrateUnavailable(f"Redis at {self.address} cannot serve {what}: {cause}")
+        refused.unsent = True
+        return refused
 
     def unusable(self, what: str) -> SubstrateUnavailable | None:
         """The error to raise for ``what`` when the last probe found this Redis unable

@@ -12,7 +12,10 @@ One *probe* finds out, in one round trip on a shared connection:
 * ``INFO replication memory persistence``: role, ``maxmemory`` and
   ``maxmemory_policy``, AOF on or off;
 * ``EVAL`` of a script that writes and reads one key of its own
-  (``bridge:health:{<probe id>}``, 10 s TTL): scripting, writes and the ACL key pattern.
+  (``bridge:health:{<probe id>}``, 10 s TTL): scripting, writes and the ACL key pattern;
+* ``EVAL`` of a script that asks the ACL (``redis.acl_check_cmd``) about every command
+  the hub sends (:data:`NEEDED_COMMANDS`): a user allowed scripts but not, say,
+  XREADGROUP or BLMPOP otherwise passed, then failed every call.
 
 :func:`interpret` turns the replies into a :class:`Health` (pure, tested without I/O).
 :class:`HealthMonitor` probes when the substrate is entered, then every ``interval_s``
@@ -34,6 +37,99 @@ log = logging.getLogger("deskbridge.hub.redis")
 
 #: The probe's script: a write and a read of its own key (scripting, writes, ACL keys).
 PROBE_SCRIPT = "redis.call('SET', KEYS[1], ARGV[1], 'PX', 10000) return redis.call('GET', KEYS[1])"
+#: The commands the hub sends, outside its scripts and inside them, each with arguments
+#: of a valid shape (``K``: the probe's key, in the ``bridge:`` key space; ``redis.
+#: acl_check_cmd`` checks keys as the command would name them). Seen with MONITOR under
+#: the substrate contract suite and a hub serving a desktop, and checked by a hub whose
+#: user has only these (``tests/integration/test_degraded_redis.py``); a command added
+#: to the hub belongs here too, or a user without it passes the probe and fails calls.
+NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("PING",),
+    ("TIME",),
+    ("EVAL", "return", "1", "K"),
+    ("EVALSHA", "0" * 40, "1", "K"),
+    ("SCRIPT", "LOAD", "return"),
+    ("GET", "K"),
+    ("SET", "K", "v"),
+    ("GETEX", "K"),
+    ("DEL", "K"),
+    ("EXISTS", "K"),
+    ("INCR", "K"),
+    ("PEXPIRE", "K", "1"),
+    ("PTTL", "K"),
+    ("HSET", "K", "f", "v"),
+    ("HGET", "K", "f"),
+    ("HMGET", "K", "f"),
+    ("HGETALL", "K"),
+    ("HDEL", "K", "f"),
+    ("HKEYS", "K"),
+    ("HLEN", "K"),
+    ("RPUSH", "K", "v"),
+    ("LINDEX", "K", "0"),
+    ("LLEN", "K"),
+    ("BLPOP", "K", "1"),
+    ("LMPOP", "1", "K", "LEFT"),
+    ("BLMPOP", "1", "1", "K", "LEFT"),
+    ("XADD", "K", "*", "f", "v"),
+    ("XLEN", "K"),
+    ("XRANGE", "K", "-", "+"),
+    ("XREVRANGE", "K", "+", "-"),
+    ("XREAD", "STREAMS", "K", "0"),
+    ("XREADGROUP", "GROUP", "g", "c", "STREAMS", "K", ">"),
+    ("XACK", "K", "g", "0-1"),
+    ("XCLAIM", "K", "g", "c", "0", "0-1"),
+    ("XAUTOCLAIM", "K", "g", "c", "0", "0-0"),
+    ("XPENDING", "K", "g"),
+    ("XGROUP", "CREATE", "K", "g", "0", "MKSTREAM"),
+    ("XGROUP", "DELCONSUMER", "K", "g", "c"),
+    ("XINFO", "GROUPS", "K"),
+    ("XINFO", "CONSUMERS", "K", "g"),
+    ("MULTI",),
+    ("EXEC",),
+    ("ZADD", "K", "1", "m"),
+    ("ZREMRANGEBYSCORE", "K", "-inf", "1"),
+    ("ZCARD", "K"),
+    ("ZRANGE", "K", "0", "1"),
+)
+#: Asks Redis (>= 7.0: ``redis.acl_check_cmd``) whether this connection's user may run
+#: each command of ARGV (one per argument, words separated by spaces, ``K`` standing for
+#: KEYS[1]); returns the 1-based positions of the refused ones. A command this Redis
+#: does not know, or a Redis without the function, is not reported (nothing to say).
+ACL_CHECK_SCRIPT = """
+local refused = {}
+for i, spec in ipairs(ARGV) do
+  local words = {}
+  for w in string.gmatch(spec, '%S+') do
+    if w == 'K' then w = KEYS[1] end
+    words[#words + 1] = w
+  end
+  local ok, allowed = pcall(redis.acl_check_cmd, unpack(words))
+  if ok and not allowed then refused[#refused + 1] = i end
+end
+return refused
+"""
+#: Commands with subcommands are named as ACL names them (``SCRIPT|LOAD``).
+_CONTAINERS = frozenset({"SCRIPT", "XGROUP", "XINFO"})
+
+
+def needed_command_name(command: tuple[str, ...]) -> str:
+    """``("XGROUP", "CREATE", ...)`` -> ``"XGROUP|CREATE"``; ``("GET", "K")`` -> ``"GET"``."""
+    return f"{command[0]}|{command[1]}" if command[0] in _CONTAINERS else command[0]
+
+
+def refused_commands(reply: Any) -> tuple[str, ...]:
+    """The ACL check's reply (positions into NEEDED_COMMANDS, 1-based) -> their names;
+    an error reply (no scripting: the write probe says so) -> none."""
+    if not isinstance(reply, list | tuple):
+        return ()
+    names = []
+    for position in reply:
+        i = int(position) - 1
+        if 0 <= i < len(NEEDED_COMMANDS):
+            names.append(needed_command_name(NEEDED_COMMANDS[i]))
+    return tuple(names)
+
+
 #: Fewest seconds between two probes triggered by failing commands.
 _POKE_MIN_INTERVAL_S = 1.0
 
@@ -53,6 +149,8 @@ class Health:
             history. Another one means another data set: a replica promoted (a
             failover) or a restart without persistence, either of which may have lost
             the last writes. None: not read.
+        refused: commands the hub sends that the ACL refuses this user (``SCRIPT|LOAD``
+            for a subcommand); one of the causes when not empty.
     """
 
     causes: tuple[str, ...] = ()
@@ -60,6 +158,7 @@ class Health:
     notes: tuple[str, ...] = ()
     summary: str = ""
     replid: str | None = None
+    refused: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -83,8 +182,12 @@ def _error_code(exc: BaseException) -> str:
     return str(exc).split(" ", 1)[0]
 
 
-def interpret(info: Any, probe: Any, *, probe_value: str) -> Health:
-    """Replies of the probe (each a value or an exception instance) -> Health."""
+def interpret(
+    info: Any, probe: Any, *, probe_value: str, refused: tuple[str, ...] = ()
+) -> Health:
+    """Replies of the probe (each a value or an exception instance) -> Health.
+    ``refused``: the commands the hub needs that Redis' ACL refuses this user
+    (:func:`refused_commands`)."""
     causes: list[str] = []
     notes: list[str] = []
     evicting = False
@@ -135,7 +238,15 @@ def interpret(info: Any, probe: Any, *, probe_value: str) -> Health:
             causes.append(f"{meaning}: {probe}")
     elif probe != probe_value:
         causes.append(f"a scripted write did not read back (got {probe!r})")
-    return Health(tuple(causes), evicting, tuple(notes), ", ".join(summary), replid)
+    if refused:
+        grants = " ".join(f"+{name.lower()}" for name in refused)
+        causes.append(
+            f"the Redis user lacks a permission the hub needs (ACL): cannot run "
+            f"{', '.join(refused)}; grant it (ACL SETUSER <user> {grants})"
+        )
+    return Health(
+        tuple(causes), evicting, tuple(notes), ", ".join(summary), replid=replid, refused=refused
+    )
 
 
 class HealthMonitor:
@@ -168,6 +279,14 @@ class HealthMonitor:
     @property
     def evicting(self) -> bool:
         return self.health is not None and self.health.evicting
+
+    @property
+    def refused(self) -> str | None:
+        """The ACL cause when the last probe found commands the hub sends refused to
+        this user (nothing the hub enqueues could be served), else None."""
+        if self.health is not None and self.health.refused:
+            return next(c for c in self.health.causes if "(ACL)" in c)
+        return None
 
     def poke(self) -> None:
         """Probe again soon (a command failed in a way the probe may explain)."""

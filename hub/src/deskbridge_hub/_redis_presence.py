@@ -22,7 +22,7 @@ from coredis.exceptions import (
 
 from ._keys import probe_key
 from ._redis_base import RedisCommandBase, Script, _ms
-from ._redis_conn import UNAVAILABLE_CODES
+from ._redis_conn import UNAVAILABLE_CODES, error_code
 from ._redis_slots import key_slot
 from ._substrate import (
     GROUP,
@@ -185,9 +185,13 @@ for i = 0, #KEYS / 5 - 1 do
     local why = type(reply) == 'table' and reply.err or tostring(reply)
     -- the store refusing (a replica, writes refused, too few replicas, no permission)
     -- fails the whole call, as the outage it is; anything else came of this user's own
-    -- keys (one of the wrong type, an index field that is no entry ID) and stays its own
+    -- keys (one of the wrong type, an index field that is no entry ID) and stays its own;
+    -- Redis 7.0 words an ACL refusal inside a script without NOPERM (``_redis_conn``)
     local code = string.match(why, '^(%u+) ')
-    if code and store_wide[code] then return redis.error_reply(why) end
+    if (code and store_wide[code])
+      or string.find(why, "The user executing the script can't", 1, true) then
+      return redis.error_reply(why)
+    end
     out[i + 1] = {-1, why}
   end
 end
@@ -483,7 +487,7 @@ def _refused_unrun(exc: BaseException) -> bool:
     or retry that outlived its budget, or a store-wide refusal (OOM, READONLY, ...)."""
     if isinstance(exc, AskError | TryAgainError | ClusterDownError | ReadOnlyError):
         return True
-    return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES
+    return isinstance(exc, ResponseError) and error_code(exc) in UNAVAILABLE_CODES
 
 
 def _beat_groups(beats: Sequence[Beat], *, by_slot: bool) -> list[list[int]]:
