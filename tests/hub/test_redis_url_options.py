@@ -10,7 +10,6 @@ no TLS, and a misspelt value or a missing CA file was a lifespan traceback, exit
 from __future__ import annotations
 
 import pytest
-
 from deskbridge_hub._config import redis_url_problem
 
 
