@@ -70,3 +70,32 @@ def test_compose_wires_the_hub_to_redis() -> None:
     assert "redis" in compose["services"]
     assert hub["depends_on"]["redis"]["condition"] == "service_healthy"
     assert (ROOT / "deploy" / hub["build"]["context"] / hub["build"]["dockerfile"]).is_file()
+
+
+def test_the_example_secret_cannot_run_a_hub_as_it_stands() -> None:
+    # ``kubectl apply -f deploy/k8s/`` applies secret.example.yaml too: its placeholders
+    # ("replace-with-32-or-more-random-bytes-in-hex", 43 bytes, and "replace-me") passed
+    # every check of ``serve``, so three pods served on 0.0.0.0 signing tokens with a
+    # secret printed in the repository. Each placeholder must be one the hub refuses.
+    from deskbridge_hub._config import HubConfig
+    from deskbridge_hub._tokens import check_secret
+
+    env = by_kind("Secret")["stringData"]
+    hub = HubConfig.from_env(env)
+    if hub.secrets:
+        with pytest.raises(ValueError, match="DESKBRIDGE_SECRET"):
+            check_secret(hub.secrets[0])
+    # an empty key list makes ``serve --bind 0.0.0.0:8080`` refuse to start
+    assert hub.api_keys == ()
+
+
+def test_every_variable_the_deploy_files_set_is_one_the_hub_reads() -> None:
+    # a misspelt name in a manifest is only a WARNING in the pod's log
+    from deskbridge_common._envnames import KNOWN
+
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    names = set(compose["services"]["hub"]["environment"])
+    names |= set(by_kind("Secret")["stringData"])
+    (hub,) = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
+    names |= {e["name"] for e in hub["env"]}
+    assert names and names <= set(KNOWN), names - set(KNOWN)

@@ -183,3 +183,22 @@ async def test_a_sidecar_token_given_as_the_api_key_is_named_whichever_way_in(au
     assert len(set(messages.values())) == 1, messages
     (message,) = set(messages.values())
     assert "a sidecar token" in message and "DESKBRIDGE_API_KEY" in message, message
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_an_mcp_post_that_is_not_json_is_answered_json(content_type) -> None:
+    """A newcomer pass: ``curl -d '{...}' HUB/v1/users/alice/mcp`` (curl's default is
+    ``application/x-www-form-urlencoded``) got the SDK's ``400 Invalid Content-Type
+    header`` as text/plain: the one answer of the hub that was not JSON, which an MCP
+    client cannot read (it looks for a JSON-RPC error) and which named no accepted type.
+    (A real clock: an answer that reaches the SDK starts it on anyio.)"""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    headers = {"Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+    async with app.test_app():
+        status, answer = await _asgi(app, "POST", "/v1/users/alice/mcp", headers, body)
+    assert status == 400
+    assert answer["id"] == 1 and answer["error"]["code"] == -32600, answer
+    assert "Content-Type must be application/json" in answer["error"]["message"]

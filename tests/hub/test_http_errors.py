@@ -51,6 +51,30 @@ async def test_a_websocket_upgrade_to_an_unknown_path_is_a_json_404(autojump_clo
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
+async def test_a_websocket_upgrade_to_an_http_route_is_the_same_json_404(autojump_clock) -> None:
+    # ws://hub/healthz or ws://hub/admin/ (a --hub pointed at a page of the hub) was a
+    # 400 "Bad Request" (Werkzeug's WebSocketMismatch): the sidecar retried it for ever
+    # without the "check --hub" hint it gives a 404, though no WebSocket is served there
+    from quart.testing import WebsocketResponseError
+
+    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=MemorySubstrate())
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        for path in ("/healthz", "/admin/", "/v1/users/u1/presence"):
+            refused: list[WebsocketResponseError] = []
+            try:
+                async with client.websocket(path) as ws:
+                    await ws.send("{}")
+                    await ws.receive()
+            except* WebsocketResponseError as group:
+                refused = _leaves(group)
+            (refusal,) = refused
+            assert refusal.response.status_code == 404, path
+            assert await refusal.response.get_json() == {
+                "error": {"code": "not_found", "message": f"Not Found: WebSocket {path}"}
+            }
+
+
 def _leaves(group: BaseExceptionGroup) -> list:
     out = []
     for exc in group.exceptions:

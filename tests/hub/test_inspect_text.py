@@ -47,3 +47,22 @@ def test_a_user_page_shows_control_characters_escaped():
 
     plain = user_text(body("1.0", "bye", "c"))
     _clean(user_text(body(HOSTILE, "x\x1b[2J", "c\x1b[31m")), len(plain.split("\n")))
+
+
+def test_a_user_no_sidecar_ever_connected_as_is_said_to_be_never_seen():
+    # a newcomer pass: ``inspect user alcie`` (a typo) printed "state offline since - UTC",
+    # as if alcie's desktop had existed and gone; the admin API's record is all nulls
+    never = {
+        "user_id": "alcie", "online": False, "since": None, "session_id": None,
+        "sidecar_version": None, "tools": None, "connected_at": None, "ended_at": None,
+        "end": None, "hub_consumer": None, "catalogue": None,
+        "queue": {"length": 0, "pending_count": 0, "pending": []}, "in_flight": [],
+    }  # fmt: skip
+    state = user_text(never).split("\n")[1]
+    assert state.startswith("state       never seen: no sidecar of 'alcie' connected"), state
+    assert "- UTC" not in state
+    # seen, but when is not known (its hub was killed): no "since - UTC" either
+    state = user_text({**never, "connected_at": 5.0, "session_id": "s"}).split("\n")[1]
+    assert state == "state       offline (since when is not known)", state
+    state = user_text({**never, "since": 0.0, "ended_at": 0.0}).split("\n")[1]
+    assert state == "state       offline since 1970-01-01 00:00:00 UTC", state

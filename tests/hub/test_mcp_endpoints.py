@@ -157,7 +157,8 @@ async def test_a_refusal_before_serving_is_a_json_rpc_error_with_the_request_id(
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/users/alice/mcp", "headers": []}
+    headers = [(b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/users/alice/mcp", "headers": headers}
     with trio.fail_after(5):
         await app(scope, receive, send)
     assert sent[0]["status"] == 503

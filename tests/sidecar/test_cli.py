@@ -365,6 +365,29 @@ def test_a_tools_module_that_fails_to_import_is_one_line_not_a_traceback(
     assert "Traceback" not in err
 
 
+def test_a_tools_module_missing_a_dependency_names_the_module_and_this_python(
+    capsys, tmp_path, monkeypatch
+):
+    """A newcomer pass: ``--tools my_tools`` whose ``import requests`` failed said only
+    "--tools: cannot import: No module named 'requests'", which reads as "my_tools was not
+    found"; the dependency was installed in another Python than the sidecar's."""
+    (tmp_path / "newcomer_tools.py").write_text("import newcomer_missing_dep\n")
+    (tmp_path / "other_tools.py").write_text(
+        "from deskbridge_sidecar import tool\n@tool\ndef other() -> int:\n    return 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["run", "--hub", "ws://h:1", "--token", "t"]
+    assert main([*argv, "--tools", "other_tools", "--tools", "newcomer_tools"]) == 2
+    last = capsys.readouterr().err.rstrip("\n").splitlines()[-1]
+    assert "--tools newcomer_tools: cannot import" in last, last
+    assert "No module named 'newcomer_missing_dep'" in last and "newcomer_tools.py" in last
+    assert sys.executable in last  # where to install it
+    # the module itself not found: named as before, no install hint about it
+    assert main([*argv, "--tools", "newcomer_nowhere"]) == 2
+    last = capsys.readouterr().err.rstrip("\n").splitlines()[-1]
+    assert "--tools newcomer_nowhere: cannot import: No module named 'newcomer_nowhere'" in last
+
+
 @pytest.mark.parametrize("given", ["./newcomer_tools.py", "sub/newcomer_tools.py", "/abs/x.py"])
 def test_a_tools_path_instead_of_a_module_name_says_so(capsys, tmp_path, monkeypatch, given):
     """A newcomer pass: ``--tools ./my_tools.py`` said "TypeError: the 'package' argument is

@@ -21,7 +21,8 @@ import trio
 from deskbridge_common import _codes
 from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.routing import WebsocketMismatch
 
 from . import _admin, _connectors, _cross_site, _gcwatch, _metrics, _openapi, _tracing
 from ._bridge import STATUS_TIMEOUT_S, Bridge
@@ -207,6 +208,11 @@ def create_app(
             where = f"{request.method} {request.path}"
         else:
             where = f"WebSocket {websocket.path}"
+            if isinstance(exc, WebsocketMismatch):
+                # an upgrade to an HTTP route (ws://hub/healthz): no WebSocket is served
+                # there, as at an unknown path; Werkzeug's 400 left the sidecar without
+                # its "check --hub" hint, retrying for ever
+                exc = NotFound()
         limit = app.config["MAX_CONTENT_LENGTH"]
         response = _respond(http_error_answer(exc.code, exc.name, where, body_limit=limit))
         allowed = getattr(exc, "valid_methods", None)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import attrs
 from deskbridge_common import MAX_FRAME_BYTES, Timings
 
+from ._redis_options import query_problem
 from ._tokens import MAX_TOKEN_LEEWAY_S, TOKEN_LEEWAY_S
 
 #: ``DESKBRIDGE_REDIS_URL`` value that asks for the in-memory substrate explicitly.
@@ -169,7 +170,8 @@ def redis_url_problem(url: str) -> str | None:
     if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
         return shape
     if parts.scheme == "unix":
-        return None
+        options = query_problem(parts.scheme, parts.query)
+        return f"DESKBRIDGE_REDIS_URL: {options}" if options else None
     hosts = parts.netloc.rpartition("@")[2]
     for host in hosts.split(",") if parts.scheme.endswith("+cluster") else [hosts]:
         port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host else ""
@@ -178,4 +180,5 @@ def redis_url_problem(url: str) -> str | None:
     db = parts.path.strip("/")
     if db and not db.isdigit():
         return f"{shape}: database {db!r} is not a number"
-    return None
+    options = query_problem(parts.scheme, parts.query)
+    return f"DESKBRIDGE_REDIS_URL: {options}" if options else None

@@ -200,11 +200,26 @@ def desktops_table(body: dict[str, Any]) -> str:
     return table(rows, header) + footer
 
 
-def user_text(body: dict[str, Any]) -> str:
+def _user_state(body: dict[str, Any]) -> str:
+    """``online since ... UTC``, ``offline since ... UTC`` (or the admin API's ``status``:
+    ``asleep``, ``unknown``), or what is known instead: a user id no sidecar used (a typo)
+    printed "offline since - UTC", as if it had been."""
     state = _text(body.get("status") or _state(body["online"]))
+    if isinstance(body.get("since"), int | float):
+        return f"{state} since {_when(body['since'])} UTC"
+    seen = ("session_id", "connected_at", "ended_at", "end", "sidecar_version", "hub_consumer")
+    if body["online"] is False and not any(body.get(k) for k in seen):
+        return (
+            f"never seen: no sidecar of {_text(body['user_id'])!r} connected in the last "
+            "week (the directory's memory): check the user id"
+        )
+    return f"{state} (since when is not known)"
+
+
+def user_text(body: dict[str, Any]) -> str:
     lines = [
         f"user        {_text(body['user_id'])}",
-        f"state       {state} since {_when(body.get('since'))} UTC",
+        f"state       {_user_state(body)}",
         f"session     {_text(body.get('session_id') or '-')}",
         f"sidecar     {_text(body.get('sidecar_version') or '-')}",
         f"hub         {_text(body.get('hub_consumer') or '-')}",

@@ -220,7 +220,7 @@ def mount_mcp(
                     body_too_large_message(MAX_BODY_BYTES, f"POST {scope.get('path', '')}"),
                 )  # fmt: skip
                 return
-            refusal = _refusal(raw)
+            refusal = _content_type_refusal(scope, raw) or _refusal(raw)
             if refusal is not None:  # answered here: the SDK never sees it
                 await _send_jsonrpc_error(send, *refusal)
                 return
@@ -333,6 +333,28 @@ def _refusal(raw: bytes) -> tuple[int, str, str | int | None] | None:
     if isinstance(rid, bool) or not isinstance(rid, str | int):
         rid = None
     return INVALID_REQUEST, f"Invalid Request: {why}", rid
+
+
+def _content_type_refusal(scope: Any, raw: bytes) -> tuple[int, str, str | int | None] | None:
+    """``-32600`` for a POST whose ``Content-Type`` is not JSON, or None. The SDK's answer
+    was ``400 Invalid Content-Type header`` as text/plain (curl's default type is a
+    form's): the hub's one answer that was not JSON, which an MCP client could not read."""
+    header = next((v for k, v in scope.get("headers", []) if k == b"content-type"), b"")
+    given = header.decode("latin-1")
+    if given.strip().lower().startswith("application/json"):
+        return None
+    rid: Any = None
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        value = None
+    if isinstance(value, dict):
+        rid = value.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        rid = None
+    shown = safe_text(given) if given else "none"
+    message = f"Invalid Request: Content-Type must be application/json (got {shown})"
+    return INVALID_REQUEST, message, rid
 
 
 def _not_a_message(value: Any) -> str | None:

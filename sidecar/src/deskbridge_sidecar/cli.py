@@ -249,6 +249,20 @@ def load_registry(modules: Sequence[str]) -> ToolRegistry:
     return registry
 
 
+def _missing(module: str, exc: ImportError) -> str:
+    """The ImportError of ``--tools module`` in one line. When what is missing is not the
+    module itself but one of its imports (``import requests`` in it), say where and in
+    which Python to install it: "No module named 'requests'" alone read as "my module
+    was not found", and the package was usually installed in another Python."""
+    missing = exc.name or ""
+    if not missing or module == missing or module.startswith(missing + "."):
+        return str(exc)
+    return (
+        f"{_import_failure(exc)}: install it in the Python that runs the sidecar "
+        f"({sys.executable} -m pip install ...)"
+    )
+
+
 def _import_failure(exc: BaseException) -> str:
     """``SyntaxError: invalid syntax (tools.py, line 3)`` or ``NameError: ... (path, line 7)``:
     the error and where it happened in the user's module, for a one-line usage error."""
@@ -470,15 +484,19 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
                 f"--tools {name!r}: expected a module name, not a file path (e.g. --tools "
                 f"{stem}, run from the file's folder or with it on PYTHONPATH)"
             )
-    try:
-        registry = load_registry(args.tools)
-    except ImportError as exc:
-        run_parser.error(f"--tools: cannot import: {exc}")
-    except ValueError as exc:
-        run_parser.error(f"--tools: {exc}")
-    except (Exception, SystemExit) as exc:  # the tool module's own bug at import: one line
-        # (SystemExit too: sys.exit(3) at import exited 3, a superseded sidecar's status)
-        run_parser.error(f"--tools: cannot import: {_import_failure(exc)}")
+    registry = load_registry([])
+    if args.tools and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as load_registry does
+    for module in args.tools:  # one at a time, so an import failure names its module
+        try:
+            registry.add_module(module)
+        except ImportError as exc:
+            run_parser.error(f"--tools {module}: cannot import: {_missing(module, exc)}")
+        except ValueError as exc:
+            run_parser.error(f"--tools: {exc}")
+        except (Exception, SystemExit) as exc:  # the tool module's own bug at import
+            # (SystemExit too: sys.exit(3) at import exited 3, a superseded sidecar's status)
+            run_parser.error(f"--tools: cannot import: {_import_failure(exc)}")
     try:
         _CLOSERS.extend(toolset_options.add_toolsets(args, registry))
     except ValueError as exc:
