@@ -243,7 +243,8 @@ def _routes(version: str) -> dict[str, Any]:
                         "status": {
                             "type": "string",
                             "enum": ["online", "offline", "asleep", "unknown"],
-                            "description": "one user's view only",
+                            "description": "as `GET /v1/users/{user_id}/presence` says it "
+                            "(`unknown` where it answers 503)",
                         },
                         "since": {"type": ["number", "null"], "description": "Unix seconds"},
                         "session_id": {"type": ["string", "null"]},
