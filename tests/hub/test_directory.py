@@ -15,8 +15,8 @@ from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._directory import INDEX_KEY, RETENTION_S
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._memory_desktop import encode_asleep
-from deskbridge_hub._substrate_values import Asleep
 from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._substrate_values import Asleep
 
 from tests.conftest import REDIS_URL, RawRedis
 

@@ -103,7 +103,8 @@ async def _slow_body_statuses(doc: dict[str, Any]) -> dict[tuple[str, str], tupl
                     continue
                 url = path.replace("{user_id}", "alice")
                 headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-                got[(path, method)] = (await _stalled(app, method, url, headers), set(op["responses"]))
+                status = await _stalled(app, method, url, headers)
+                got[(path, method)] = (status, set(op["responses"]))
     return got
 
 
