@@ -80,3 +80,37 @@ async def test_no_presence_in_doubt_is_unknown_to_the_operator(autojump_clock):
         one, row = await _admin_views(client, user)
         assert one["online"] is None and one["status"] == "unknown"
         assert row["online"] is None and row["session_id"] is None
+
+
+async def test_an_asleep_desktop_is_asleep_in_every_view(autojump_clock):
+    """A desktop that said it went to sleep: presence says ``asleep``, a call is answered
+    ``offline`` with ``detail.reason`` ``asleep``, the admin user view says ``asleep``;
+    the desktops list (and ``inspect desktops``, which prints it) said ``offline``, as
+    it had no ``status``: now every row has the user view's ``status``."""
+    from deskbridge_hub._inspect_cli import desktops_table
+    from deskbridge_hub._substrate_values import Asleep
+
+    substrate = MemorySubstrate()
+    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=substrate)
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        user = "adm-asleep"
+        record = {"session_id": "p.s", "connected_at": 1.0, "ended_at": 2.0}
+        await substrate.record_desktop(user, json.dumps(record), at_s=2.0)
+        await substrate.set_asleep(user, Asleep(2.0, "announced"), ttl_s=3600)
+        presence = await (await client.get(f"/v1/users/{user}/presence")).get_json()
+        assert presence["status"] == "asleep"
+        call = await client.post(f"/v1/users/{user}/jobs", json={"name": "echo", "timeout_s": 5})
+        assert (await call.get_json())["detail"]["reason"] == "asleep"
+        one, row = await _admin_views(client, user)
+        assert one["status"] == row["status"] == "asleep"
+        assert row["online"] is False
+        page = await (await client.get(f"{API}/desktops")).get_json()
+        assert desktops_table(page).splitlines()[1].split()[:2] == [user, "asleep"]
+        # the other states, as the user view says them
+        await substrate.clear_asleep(user)
+        one, row = await _admin_views(client, user)
+        assert one["status"] == row["status"] == "offline"
+        own_liveness().answered(kept=False)  # no presence while in doubt: unknown
+        one, row = await _admin_views(client, user)
+        assert one["status"] == row["status"] == "unknown"

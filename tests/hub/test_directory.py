@@ -14,7 +14,9 @@ import pytest
 from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._directory import INDEX_KEY, RETENTION_S
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._memory_desktop import encode_asleep
 from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._substrate_values import Asleep
 
 from tests.conftest import REDIS_URL, RawRedis
 
@@ -49,11 +51,13 @@ async def test_record_list_and_info(substrate) -> None:
     assert page.rows[0][1] == 1_800_000_010.5
     await substrate.set_presence(users[1], "sess-1", 30.0)
     await substrate.set_catalogue(users[1], '[{"name": "echo"}]')
+    asleep = Asleep(1_800_000_011.0, "announced")
+    await substrate.set_asleep(users[0], asleep, ttl_s=30.0)
     info = await substrate.desktops_info([users[1], users[0], "nobody-" + tag])
     assert info == [
-        ("sess-1", json.dumps({"n": 1}), '[{"name": "echo"}]'),
-        (None, json.dumps({"n": "again"}), None),
-        (None, None, None),
+        ("sess-1", json.dumps({"n": 1}), '[{"name": "echo"}]', None),
+        (None, json.dumps({"n": "again"}), None, encode_asleep(asleep)),
+        (None, None, None, None),
     ]
     assert await substrate.desktops_info([]) == []
 

@@ -19,7 +19,7 @@ async def listed(state) -> dict[str, str]:
     users = [u for u, _ in page.rows]
     infos = await state.substrate.desktops_info(users)
     pairs = zip(users, infos, strict=True)
-    return {u: json.loads(info)["session_id"] for u, (_, info, _) in pairs if info}
+    return {u: json.loads(info)["session_id"] for u, (_, info, _, _) in pairs if info}
 
 
 async def test_the_directory_is_written_again_when_presence_is_retaken(autojump_clock):

@@ -95,6 +95,37 @@ async def test_an_unknown_tool_is_invalid_params_with_http_s_code_and_field(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_reused_idempotency_key_is_invalid_params_with_http_s_code_and_field(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+):
+    """The key used for other arguments: HTTP's 422 names ``field: idempotency_key`` and
+    the job the key started; MCP's ``-32602`` carries the same code, that job and the
+    field as MCP spells it (``_meta.deskbridge/idempotency_key``, as for a malformed key).
+    It had no ``field``: the one hub refusal over MCP that did not say which field."""
+    from deskbridge_hub import IdempotencyKeyReused
+    from deskbridge_hub._mcp import META_IDEMPOTENCY_KEY
+
+    await state.substrate.set_presence("u1", "ghost", 3600)  # online; nobody reads jobs
+    first = await bridge.dispatch("u1", "click", {"selector": "a"}, idempotency_key="k1",
+                                  timeout_s=1)  # fmt: skip
+    assert first.status == "timeout"
+    with pytest.raises(IdempotencyKeyReused) as reused:
+        await bridge.dispatch("u1", "click", {"selector": "b"}, idempotency_key="k1")
+    _, http = bridge_error_answer(reused.value)
+    with pytest.raises(MCPError) as refused:
+        await _mcp_call(bridge, "click", {"selector": "b"}, {META_IDEMPOTENCY_KEY: "k1"})
+    assert refused.value.error.code == types.INVALID_PARAMS
+    assert http["error"]["field"] == "idempotency_key"
+    assert refused.value.error.data == {
+        "code": http["error"]["code"],
+        "field": f"_meta.{META_IDEMPOTENCY_KEY}",
+        "job_id": first.job_id,
+    }
+    assert http["error"]["job_id"] == first.job_id
+
+
 class LateSubmit(MemorySubstrate):
     """A substrate whose enqueue step is sent at once but lands only when ``gate`` is
     set (Redis runs a script its caller has stopped waiting for): a cancelled caller

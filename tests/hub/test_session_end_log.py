@@ -49,7 +49,7 @@ def ends(caplog) -> list[str]:
 
 async def recorded_end(state, session_id):
     page = await state.substrate.list_desktops(offset=0, limit=10)
-    ((_, info, _),) = await state.substrate.desktops_info([u for u, _ in page.rows])
+    ((_, info, _, _),) = await state.substrate.desktops_info([u for u, _ in page.rows])
     record = json.loads(info)
     assert record["session_id"] == session_id
     return record["end"]

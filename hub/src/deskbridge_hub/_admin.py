@@ -26,6 +26,7 @@ from quart_trio import QuartTrio
 
 from ._bridge import _UNREAD
 from ._errors import BadRequest
+from ._memory_desktop import decode_asleep
 from ._own_liveness import PresenceInDoubt
 from ._validate import validate_key, validate_user_id
 
@@ -82,6 +83,18 @@ async def seen_holder(bridge: Any, user_id: str, read: Any, *, look_again: bool)
         return IN_DOUBT
 
 
+def desktop_status(holder: Any, asleep: str | None) -> str:
+    """A desktop's ``status`` as ``GET /v1/users/{id}/presence`` says it, from its live
+    holder (``seen_holder``) and its stored asleep record (text, or None): ``online``,
+    ``asleep`` (a call is answered ``offline`` with ``detail.reason`` ``asleep``),
+    ``offline``, or ``unknown`` (presence in doubt: a call is answered ``unavailable``)."""
+    if holder is IN_DOUBT:
+        return "unknown"
+    if holder is not None:
+        return "online"
+    return "offline" if decode_asleep(asleep) is None else "asleep"
+
+
 def desktop_row(
     user_id: str, changed_at: float | None, holder: Any, record: Any, catalogue: Any
 ) -> dict[str, Any]:
@@ -133,10 +146,13 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
         users = [user for user, _ in page.rows]
         infos = await substrate.desktops_info(users)
         rows = []
-        for (user, changed_at), (present, record, catalogue) in zip(page.rows, infos, strict=True):
+        for (user, changed_at), (present, record, catalogue, asleep) in zip(
+            page.rows, infos, strict=True
+        ):
             # online as a call sees it (a page: no second look, in doubt is null)
             live = await seen_holder(holder["bridge"], user, present, look_again=False)
             row = desktop_row(user, changed_at, live, _loads(record), _loads(catalogue))
+            row["status"] = desktop_status(live, asleep)
             if row["online"]:
                 queue = await substrate.queue_info(user, count=0)
                 row["queue"] = {"length": queue.length, "pending_count": queue.pending_count}
@@ -157,17 +173,11 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
     async def admin_user(user_id: str):  # type: ignore[no-untyped-def]
         _check(validate_user_id, user_id, "user_id")
         substrate = holder["state"].substrate
-        ((_, record, catalogue),) = await substrate.desktops_info([user_id])
+        ((_, record, catalogue, asleep),) = await substrate.desktops_info([user_id])
         # online as ``GET /v1/users/{id}/presence`` and a call decide it (second look too)
         live = await seen_holder(holder["bridge"], user_id, _UNREAD, look_again=True)
         row = desktop_row(user_id, None, live, _loads(record), _loads(catalogue))
-        if live is IN_DOUBT:
-            row["status"] = "unknown"
-        elif live is not None:
-            row["status"] = "online"
-        else:
-            asleep = await substrate.get_asleep(user_id)
-            row["status"] = "offline" if asleep is None else "asleep"
+        row["status"] = desktop_status(live, asleep)
         queue = await substrate.queue_info(user_id, count=MAX_PENDING_LISTED)
         ids = [p.entry_id for p in queue.pending]
         job_ids = await substrate.job_ids(user_id, ids) if ids else {}

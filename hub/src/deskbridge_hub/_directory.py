@@ -32,6 +32,7 @@ import attrs
 import trio
 
 from ._errors import SubstrateUnavailable
+from ._keys import asleep_key
 from ._substrate import presence_key
 
 log = logging.getLogger("deskbridge.hub.directory")
@@ -94,9 +95,9 @@ class RedisDirectory:
 
     async def desktops_info(
         self, user_ids: Sequence[str]
-    ) -> list[tuple[str | None, str | None, str | None]]:
-        """For each user: (presence holder, desktop record, catalogue), pipelined GETs.
-        Raises SubstrateUnavailable."""
+    ) -> list[tuple[str | None, str | None, str | None, str | None]]:
+        """For each user: (presence holder, desktop record, catalogue, asleep record),
+        pipelined GETs. Raises SubstrateUnavailable."""
         if not user_ids:
             return []
         from ._substrate import tools_key
@@ -107,6 +108,7 @@ class RedisDirectory:
                 (b"GET", presence_key(user_id)),
                 (b"GET", desktop_key(user_id)),
                 (b"GET", tools_key(user_id)),
+                (b"GET", asleep_key(user_id)),
             ]
         async with self._session("desktops info") as s:  # type: ignore[attr-defined]
             replies = await s.execute(
@@ -114,7 +116,7 @@ class RedisDirectory:
                 timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
             )
             _raise_any(replies)
-        rows = [tuple(_text(r) for r in replies[i : i + 3]) for i in range(0, len(replies), 3)]
+        rows = [tuple(_text(r) for r in replies[i : i + 4]) for i in range(0, len(replies), 4)]
         return rows  # type: ignore[return-value]
 
 
@@ -138,13 +140,18 @@ class MemoryDirectory:
 
     async def desktops_info(
         self, user_ids: Sequence[str]
-    ) -> list[tuple[str | None, str | None, str | None]]:
+    ) -> list[tuple[str | None, str | None, str | None, str | None]]:
         from ._substrate import tools_key
 
         now = await self._enter()  # type: ignore[attr-defined]
         get = self._get  # type: ignore[attr-defined]
         return [
-            (get(presence_key(u), now), get(desktop_key(u), now), get(tools_key(u), now))
+            (
+                get(presence_key(u), now),
+                get(desktop_key(u), now),
+                get(tools_key(u), now),
+                get(asleep_key(u), now),
+            )
             for u in user_ids
         ]
 

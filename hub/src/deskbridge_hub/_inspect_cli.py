@@ -184,7 +184,7 @@ def desktops_table(body: dict[str, Any]) -> str:
         rows.append(
             [
                 d["user_id"],
-                _state(d["online"]),
+                _text(d.get("status") or _state(d["online"])),
                 _when(d.get("since")),
                 d.get("sidecar_version") or "-",
                 ",".join(d.get("tools") or []) or "-",

@@ -323,7 +323,12 @@ class UserEndpoint:
         try:
             catalogue = await self.bridge.tools(self.user_id)
         except SubstrateUnavailable as exc:
-            raise MCPError(types.INTERNAL_ERROR, f"unavailable: {exc}") from None
+            # GET .../tools' 503 ``unavailable``, as the hub's own 503 on this endpoint
+            # says it: -32603 with HTTP's code in ``data``, and the cause in the log
+            note_unavailable(str(exc))
+            raise MCPError(
+                types.INTERNAL_ERROR, f"unavailable: {exc}", data={"code": "unavailable"}
+            ) from None
         if self._digest is None:  # the watcher's baseline, if it has none yet
             # Never more: _digest is what every session has been told about, and this
             # answer tells only this one (a change seen here first is still announced).
@@ -396,7 +401,11 @@ class UserEndpoint:
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"_meta.{META_IDEMPOTENCY_KEY}: {exc}",
-                data={"code": exc.status, "job_id": exc.job_id},
+                data={
+                    "code": exc.status,
+                    "field": f"_meta.{META_IDEMPOTENCY_KEY}",  # HTTP's idempotency_key
+                    "job_id": exc.job_id,
+                },
             ) from None
         except JobIdInUse as exc:  # a fresh UUID: practically impossible
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from None

@@ -96,9 +96,10 @@ def document(version: str) -> dict[str, Any]:
 def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
     """Add the answers a route gives for reasons not its own, where it does not describe
     them itself: 401 (an API key is required: ``security``), 400 (a path value that is
-    not a valid user id or job id, a query value out of its bounds), 413 (a body over
-    ``MAX_CONTENT_LENGTH``) and 503 (Redis unavailable: every ``/v1/`` route reads or
-    writes it).
+    not a valid user id or job id, a query value out of its bounds), 408 and 413 (a body
+    that did not arrive within Quart's ``BODY_TIMEOUT``, or over ``MAX_CONTENT_LENGTH``)
+    and 503 (Redis unavailable: every ``/v1/`` route and the admin page's ``/admin/api/``
+    reads or writes it).
     ``tests/hub/test_openapi.py`` probes each route for these and fails on a status the
     document does not list."""
     for path, ops in doc["paths"].items():
@@ -113,8 +114,9 @@ def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
                     "400", _err("a query value is out of its bounds: `error.field` names it")
                 )
             if "requestBody" in op:
+                answers.setdefault("408", _err("the body did not arrive within 60 s"))
                 answers.setdefault("413", _err("body over the size limit"))
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", "/admin/api/")):
                 answers.setdefault("503", _err("Redis unavailable"))
     return doc
 
@@ -241,7 +243,8 @@ def _routes(version: str) -> dict[str, Any]:
                         "status": {
                             "type": "string",
                             "enum": ["online", "offline", "asleep", "unknown"],
-                            "description": "one user's view only",
+                            "description": "as `GET /v1/users/{user_id}/presence` says it "
+                            "(`unknown` where it answers 503)",
                         },
                         "since": {"type": ["number", "null"], "description": "Unix seconds"},
                         "session_id": {"type": ["string", "null"]},
@@ -439,7 +442,15 @@ def _routes(version: str) -> dict[str, Any]:
                     "parameters": [_USER],
                 },
             },  # fmt: skip
-            "/admin": {"get": _page("Redirects to /admin/")},
+            "/admin": {
+                "get": {
+                    **_page("Redirects to /admin/"),
+                    "responses": {
+                        "308": {"description": "to /admin/ (`Location`)"},
+                        "401": _err("credentials required"),
+                    },
+                }
+            },
             "/admin/": {"get": _page("The connectors page (HTML)")},
             "/admin/connectors.js": {"get": _page("The connectors page's script")},
         },
