@@ -1,0 +1,84 @@
+"""Redis's topology or connections change under a running hub, the cases
+``test_redis_topology.py`` leaves (its rig, on this suite's own ports):
+
+* A bare ``REPLICAOF`` (no ``CLIENT KILL``): a blocked command is answered
+  ``-UNBLOCKED ... instance state changed (master -> replica?)`` on a connection that
+  stays open to the demoted node.
+* The process holding the desktop's socket, after a failover that lost its presence:
+  what it tells its own callers until its rewrite lands.
+* ``CLIENT KILL TYPE pubsub`` / ``TYPE normal`` alone (no failover), under traffic.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+import trio
+from deskbridge_hub._errors import SubstrateUnavailable
+from deskbridge_hub._keys import wake_key
+from deskbridge_hub._redis import RedisSubstrate
+
+from tests.chaos._trio_proxy import serve
+from tests.chaos.test_redis_topology import _pair
+from tests.procs import RedisServer, running
+
+pytestmark = pytest.mark.chaos
+
+#: this suite's own ports (a shared machine)
+REDIS_A, REDIS_B = 7362, 7363
+HUB_PORTS = iter(range(18600, 18699))
+
+
+async def _blocked_on(server: RedisServer, command: str, *, unless: list[object]) -> None:
+    """Until a client of ``server`` is blocked in ``command`` (or ``unless`` is not
+    empty: the command was answered)."""
+    with trio.fail_after(10):
+        while not unless and f"cmd={command}" not in await trio.to_thread.run_sync(
+            server.command, "CLIENT", "LIST"
+        ):
+            await trio.sleep(0.05)
+
+
+async def test_a_wake_up_wait_unblocked_by_a_demotion_goes_on_at_the_new_primary(
+    tmp_path: Path,
+) -> None:
+    """The process's wake-up ``BLMPOP`` is blocked on A when B is promoted, the endpoint
+    moved to B and A made B's replica by a bare ``REPLICAOF`` (no ``CLIENT KILL``): A
+    answers it ``-UNBLOCKED``. Nothing was popped, so the wait goes on at once on a new
+    connection through the endpoint, which reaches B, and pops the wake-up pushed there.
+    The process's other connections reached A too: the next write goes to B. Was: the
+    wait failed (the reader backs off), its connection, kept, answered the next wait
+    ``READONLY`` (another failure, another back-off) before it was replaced, and the
+    shared connection answered the next write ``READONLY`` (a caller's ``unavailable``)."""
+    a = RedisServer(tmp_path, name="primary", port=REDIS_A)
+    b = RedisServer(tmp_path, name="replica", port=REDIS_B)
+    holder = "topo2-" + secrets.token_hex(4)
+    with running(a, b):
+        await _pair(a, b)
+        async with serve(a.port) as proxy:
+            s = RedisSubstrate.from_url(proxy.url(), connect_timeout_s=1, command_timeout_s=2)
+            got: list[object] = []
+            with trio.fail_after(30):
+                async with s, trio.open_nursery() as nursery:
+
+                    async def wait() -> None:
+                        try:
+                            got.append(await s.wait_wakes(holder, timeout_s=6, count=10))
+                        except SubstrateUnavailable as exc:
+                            got.append(exc)
+
+                    await s.set_catalogue("topo2-user", "{}")  # a shared connection, on A
+                    await trio.sleep(1.0)  # old enough to be retired on READONLY too
+                    nursery.start_soon(wait)
+                    await _blocked_on(a, "blmpop", unless=got)
+                    b.command("REPLICAOF", "NO", "ONE")
+                    proxy.upstream_port = b.port
+                    a.command("REPLICAOF", "127.0.0.1", str(b.port))
+                    await _blocked_on(b, "blmpop", unless=got)
+                    b.command("RPUSH", wake_key(holder), "u1")
+                # the other connections reached A too: closed, not kept for a READONLY
+                await s.set_catalogue("topo2-user", "{}")
+            assert got == [["u1"]], got
+            assert s.history_changes() == 0  # not probed in the background here
