@@ -13,22 +13,28 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._keys import wake_key
 from deskbridge_hub._redis import RedisSubstrate
+from prometheus_client import REGISTRY
 
 from tests.chaos._trio_proxy import serve
-from tests.chaos.test_redis_topology import _pair
-from tests.procs import RedisServer, running
+from tests.chaos.test_redis_topology import _pair, hub_rig
+from tests.procs import RedisServer, presence_key, running
 
 pytestmark = pytest.mark.chaos
 
 #: this suite's own ports (a shared machine)
 REDIS_A, REDIS_B = 7362, 7363
 HUB_PORTS = iter(range(18600, 18699))
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def _blocked_on(server: RedisServer, command: str, *, unless: list[object]) -> None:
@@ -60,6 +66,7 @@ async def test_a_wake_up_wait_unblocked_by_a_demotion_goes_on_at_the_new_primary
         async with serve(a.port) as proxy:
             s = RedisSubstrate.from_url(proxy.url(), connect_timeout_s=1, command_timeout_s=2)
             got: list[object] = []
+            demoted = sample("deskbridge_redis_reconnects_total", reason="demoted")
             with trio.fail_after(30):
                 async with s, trio.open_nursery() as nursery:
 
@@ -81,4 +88,41 @@ async def test_a_wake_up_wait_unblocked_by_a_demotion_goes_on_at_the_new_primary
                 # the other connections reached A too: closed, not kept for a READONLY
                 await s.set_catalogue("topo2-user", "{}")
             assert got == [["u1"]], got
+            # counted once: the one blocked command the demotion ended
+            assert sample("deskbridge_redis_reconnects_total", reason="demoted") == demoted + 1
             assert s.history_changes() == 0  # not probed in the background here
+
+
+async def test_the_holder_never_tells_its_own_callers_offline_after_a_failover(
+    tmp_path: Path,
+) -> None:
+    """The failover lost the desktop's presence (written last on the old primary, never
+    replicated: deleted on B as it is promoted). Until its rewrite lands, the process
+    holding the socket answers its own callers from what Redis says: it must look again
+    (its own writes may be lost: it has just seen another replication history), never
+    say ``offline`` for a desktop connected to it. A call made at once completes (or is
+    ``unavailable``); ``GET .../presence`` reads online (or 503)."""
+    env = {"DESKBRIDGE_HEARTBEAT_S": "10", "DESKBRIDGE_PRESENCE_TTL_S": "30"}
+    async with hub_rig(tmp_path, env, redis_ports=(REDIS_A, REDIS_B), hub_ports=HUB_PORTS) as r:
+        assert (await r.call("warm-" + secrets.token_hex(3)))["status"] == "completed"
+        r.b.command("REPLICAOF", "NO", "ONE")
+        r.b.command("DEL", presence_key(r.user))  # the write the failover lost
+        await r.fail_over()
+        said: list[bool | None] = []
+        answers: list[dict[str, Any]] = []
+
+        async def call() -> None:
+            answers.append(await r.call("at-once-" + secrets.token_hex(3)))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call)
+                for _ in range(15):
+                    said.append(await r.online(r.holder))
+                    await trio.sleep(0.2)
+        print(said, answers)
+        assert False not in said, said
+        assert answers[0]["status"] in ("completed", "unavailable"), answers
+        metrics = (await r.client.get(f"{r.holder.http}/metrics", timeout=10)).text
+        assert "deskbridge_redis_history_changes_total 1.0" in metrics, metrics
+        assert 'deskbridge_redis_reconnects_total{reason="dead"}' in metrics, metrics

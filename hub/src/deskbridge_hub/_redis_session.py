@@ -168,10 +168,12 @@ class _Session:
         self.subscriber = Subscriber(self, command_timeout_s)
         self.groups: set[str] = set()
         self.closed = False
-        #: Called when a connection that had served is replaced: found dead (Redis
-        #: restarted, a CLIENT KILL: a failover may have happened) or answering from a
-        #: replica. ``_redis_conn`` probes Redis then (its replication history).
-        self.on_reconnect: Callable[[], None] | None = None
+        #: Called when a connection that had served is replaced, with why: ``dead``
+        #: (found closed: Redis restarted, a CLIENT KILL, a failover may have happened),
+        #: ``replica`` (answered READONLY / MASTERDOWN) or ``demoted`` (a blocked
+        #: command ended by the demotion). ``_redis_conn`` counts it and probes Redis
+        #: then (its replication history).
+        self.on_reconnect: Callable[[str], None] | None = None
 
     async def open(self) -> None:
         await self._tg.__aenter__()
@@ -276,19 +278,19 @@ class _Session:
         c, reused = await self._shared_connection()
         replies = await self._exchange_shared(c, commands, timeout_s)
         if reused and _died(c, replies):
-            self._reconnected()
+            self._reconnected("dead")
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
         if _on_replica(c, replies) and c in self._shared:
             self._shared.remove(c)  # no new commands on it; closed once they are answered
             self.start_soon(functools.partial(self._retire, c))
             self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
-            self._reconnected()
+            self._reconnected("replica")
         return replies
 
-    def _reconnected(self) -> None:
+    def _reconnected(self, why: str) -> None:
         if self.on_reconnect is not None:
-            self.on_reconnect()
+            self.on_reconnect(why)
 
     async def _retire(self, c: _Conn) -> None:
         """Close ``c`` once its commands in flight are answered (at most the command
@@ -314,6 +316,8 @@ class _Session:
         for dead in [c for c in self._shared if not c.usable]:
             self._shared.remove(dead)
             dead.scope.cancel()
+            if dead.used:
+                self._reconnected("dead")  # closed by the server or the path, not by us
         return min(self._shared, key=lambda c: c.in_flight, default=None)
 
     async def _exchange_shared(
@@ -371,7 +375,7 @@ class _Session:
         sent_at = anyio.current_time()
         replies = await self._exchange_dedicated(c, commands, timeout_s)
         if reused and _died(c, replies):
-            self._reconnected()
+            self._reconnected("dead")
             c, _ = await self._dedicated(None)  # type: ignore[misc]
             sent_at = anyio.current_time()
             replies = await self._exchange_dedicated(c, commands, timeout_s)
@@ -416,6 +420,7 @@ class _Session:
                 return c, True
             c.scope.cancel()
             self._blocking_open -= 1
+            self._reconnected("dead")  # closed while idle: by the server or the path
         if self._blocking_open >= self._blocking_cap:
             return None
         self._blocking_open += 1
@@ -455,7 +460,7 @@ class _Session:
                 self._leave_demoted_node()
             elif not done:
                 self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
-                self._reconnected()
+                self._reconnected("replica")
             c.used += 1
             return replies
         finally:
@@ -487,7 +492,7 @@ class _Session:
             self._blocking_open -= 1
             self._wake_one()
         self.subscriber.reopen_if_older(0.0)
-        self._reconnected()
+        self._reconnected("demoted")
 
     async def _poll(self, command: tuple[Any, ...], timeout_s: float | None) -> Any:
         """Answer a blocking ``command`` without a dedicated connection: send its
