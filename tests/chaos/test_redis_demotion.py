@@ -126,3 +126,52 @@ async def test_the_holder_never_tells_its_own_callers_offline_after_a_failover(
         metrics = (await r.client.get(f"{r.holder.http}/metrics", timeout=10)).text
         assert "deskbridge_redis_history_changes_total 1.0" in metrics, metrics
         assert 'deskbridge_redis_reconnects_total{reason="dead"}' in metrics, metrics
+
+
+@pytest.mark.parametrize("kind", ["pubsub", "normal"])
+async def test_client_kill_alone_under_traffic_answers_every_call_once_and_promptly(
+    tmp_path: Path, kind: str
+) -> None:
+    """No failover: ``CLIENT KILL TYPE pubsub`` (the processes' subscribers) or ``TYPE
+    normal`` (every command and blocking connection) three times while three callers
+    each make calls of 0.3 s jobs through the holder. Every call completes, within a
+    second and a half of its job (a subscriber not restored would leave callers to
+    their result-list check, 2 s then 4 s apart), each job runs once, and the desktop
+    stays online on the other process."""
+    async with hub_rig(tmp_path, {}, redis_ports=(REDIS_A, REDIS_B), hub_ports=HUB_PORTS) as r:
+        assert (await r.call("warm-" + secrets.token_hex(3)))["status"] == "completed"
+        answers: list[tuple[str, dict[str, Any], float]] = []
+
+        async def caller(i: int) -> None:
+            for j in range(8):
+                key = f"kill-{i}-{j}-" + secrets.token_hex(3)
+                start = trio.current_time()
+                answer = await r.call(key, seconds=0.3, timeout_s=10)
+                answers.append((key, answer, trio.current_time() - start))
+
+        kills: list[int] = []
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(caller, i)
+                for _ in range(3):
+                    await trio.sleep(0.7)
+                    kills.append(
+                        await trio.to_thread.run_sync(r.a.command, "CLIENT", "KILL", "TYPE", kind)
+                    )
+        print(kills, sorted(round(s, 2) for _, _, s in answers))
+        # the hub holds no pub/sub connection (callers' notifications are a list, read
+        # with BLMPOP: docs/operations.md "Failover"), so TYPE pubsub kills nothing
+        assert all(kills) if kind == "normal" else kills == [0, 0, 0], kills
+        late = [(k, a, round(s, 2)) for k, a, s in answers if s > 1.8]
+        assert [a for _, a, _ in answers if a["status"] != "completed"] == []
+        assert late == [], late
+        counts = r.ledger.counts()
+        assert {k: counts.get(k) for k, _, _ in answers} == {k: 1 for k, _, _ in answers}
+        assert await r.online(r.other)
+        # the subscribers are back: a call after the kills is answered by notification
+        start = trio.current_time()
+        assert (await r.call("after-" + secrets.token_hex(3), seconds=0.3))["status"] == (
+            "completed"
+        )
+        assert trio.current_time() - start < 1.3
