@@ -41,7 +41,7 @@ async def _blocked_on(server: RedisServer, command: str, *, unless: list[object]
     """Until a client of ``server`` is blocked in ``command`` (or ``unless`` is not
     empty: the command was answered)."""
     with trio.fail_after(10):
-        while not unless and f"cmd={command}" not in await trio.to_thread.run_sync(
+        while not unless and f"cmd={command}" not in await trio.to_thread.run_sync(  # noqa: ASYNC110 - a real process
             server.command, "CLIENT", "LIST"
         ):
             await trio.sleep(0.05)
