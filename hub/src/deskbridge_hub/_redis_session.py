@@ -278,6 +278,9 @@ class _Session:
         c, reused = await self._shared_connection()
         replies = await self._exchange_shared(c, commands, timeout_s)
         if reused and _died(c, replies):
+            if c in self._shared:  # counted here, not again by ``_least_loaded``
+                self._shared.remove(c)
+                c.scope.cancel()
             self._reconnected("dead")
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
