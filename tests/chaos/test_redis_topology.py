@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,19 +144,25 @@ class HubRig:
 
 
 @contextlib.asynccontextmanager
-async def hub_rig(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[HubRig]:
+async def hub_rig(
+    tmp_path: Path,
+    env: dict[str, str],
+    *,
+    redis_ports: tuple[int, int] = (REDIS_A, REDIS_B),
+    hub_ports: Iterator[int] = HUB_PORTS,
+) -> AsyncIterator[HubRig]:
     """A primary, B its replica; two hub processes through an endpoint in front of A; a
-    sidecar on the first, online."""
-    a = RedisServer(tmp_path, name="primary", port=REDIS_A)
-    b = RedisServer(tmp_path, name="replica", port=REDIS_B)
+    sidecar on the first, online. ``redis_ports``, ``hub_ports``: another suite's own."""
+    a = RedisServer(tmp_path, name="primary", port=redis_ports[0])
+    b = RedisServer(tmp_path, name="replica", port=redis_ports[1])
     with running(a, b):
         await _pair(a, b)
         async with serve(a.port) as proxy:
             user = "topo-" + secrets.token_hex(4)
             ledger = Ledger(tmp_path / "ledger.jsonl")
             hub_env = {**TIMINGS, **env, "DESKBRIDGE_REDIS_URL": proxy.url()}
-            holder = Hub(tmp_path, workers=1, port=next(HUB_PORTS), env=hub_env, name="holder")
-            other = Hub(tmp_path, workers=1, port=next(HUB_PORTS), env=hub_env, name="other")
+            holder = Hub(tmp_path, workers=1, port=next(hub_ports), env=hub_env, name="holder")
+            other = Hub(tmp_path, workers=1, port=next(hub_ports), env=hub_env, name="other")
             sidecar = Sidecar(
                 tmp_path, holder.ws, issue(user), tools=["counting_tools"],
                 env={**TIMINGS, **env, **ledger.env()},

@@ -4,13 +4,19 @@ unavailable substrate as outcome ``unavailable``."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 
 import pytest
+import trio
 from deskbridge_hub import Bridge, SubstrateUnavailable
 from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._own_liveness import own_liveness
 from deskbridge_hub._redis import RedisSubstrate
+from deskbridge_hub._redis_health import Health, HealthMonitor
 from prometheus_client import REGISTRY
+
+from tests.conftest import REDIS_URL, RawRedis
 
 
 def sample(name: str, **labels: str) -> float:
@@ -45,3 +51,47 @@ async def test_unavailable_dispatch_is_counted(autojump_clock) -> None:
     with pytest.raises(Exception):  # noqa: B017 - BadRequest
         await Bridge(sub).dispatch("u1", "", {})
     assert sample("deskbridge_jobs_total", tool="", outcome="unavailable") == 0.0
+
+
+async def test_a_connection_found_dead_is_counted_and_doubts_the_held_presence() -> None:
+    """A shared connection killed under the substrate (Sentinel's ``CLIENT KILL``, a
+    restart): the command is sent again on a new one, and the replacement is counted
+    (``deskbridge_redis_reconnects_total{reason="dead"}``); a desktop held here reads
+    in doubt, not offline, while the probe looks at what changed."""
+    name = "deskbridge-test-" + secrets.token_hex(4)
+    raw = RawRedis(REDIS_URL)
+    own_liveness().holding("held-user")
+    before = sample("deskbridge_redis_reconnects_total", reason="dead")
+    with trio.fail_after(10):
+        async with RedisSubstrate.from_url(REDIS_URL, client_name=name) as sub:
+            await sub.get_presence("nobody")
+            assert not own_liveness().in_doubt("held-user")
+            killed = await raw("CLIENT", "LIST")
+            ids = [
+                line.split(" ", 1)[0].removeprefix("id=")
+                for line in str(killed).splitlines()
+                if f"name={name}" in line
+            ]
+            assert ids
+            for client_id in ids:
+                await raw("CLIENT", "KILL", "ID", client_id)
+            assert await sub.get_presence("nobody") is None  # sent again: answered
+    assert sample("deskbridge_redis_reconnects_total", reason="dead") == before + 1
+    assert own_liveness().in_doubt("held-user") and not own_liveness().in_doubt("other")
+
+
+async def test_another_replication_history_is_counted_once_per_change(autojump_clock) -> None:
+    """``deskbridge_redis_history_changes_total``: a probe that finds another
+    ``master_replid`` than the one before (a failover, a restart without persistence)."""
+    replids = iter(["a" * 40, "a" * 40, "b" * 40, "b" * 40, "c" * 40])
+
+    async def probe() -> Health:
+        await trio.lowlevel.checkpoint()
+        return Health(replid=next(replids))
+
+    monitor = HealthMonitor("127.0.0.1:1", probe)
+    before = sample("deskbridge_redis_history_changes_total")
+    for _ in range(5):
+        await monitor.check()
+    assert monitor.history_changes == 2
+    assert sample("deskbridge_redis_history_changes_total") == before + 2

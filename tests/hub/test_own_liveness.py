@@ -137,3 +137,28 @@ async def test_many_troubled_slots_are_not_walked_on_every_trouble(autojump_cloc
     for slot in range(2000, 2300):  # later: what no longer counts is dropped
         own.slot_troubled(slot)
     assert len(own._slot_trouble_at) <= 300
+
+
+# -- the store changed under this process (``store_changed``) -------------------------------
+
+
+async def test_a_changed_store_puts_held_users_absent_presence_in_doubt_a_while(autojump_clock):
+    """A connection found dead or on a replica, another replication history, an outage
+    ended: the writes this process acknowledged last may be lost, the presence of the
+    desktops it holds among them. Only those: another desktop's absent presence is
+    another process's to doubt."""
+    own = OwnLiveness()
+    own.holding("u1")
+    own.holding("u2")
+    assert not own.in_doubt("u1")
+    own.store_changed()
+    assert own.in_doubt("u1") and own.in_doubt("u2")
+    assert not own.in_doubt("u3") and not own.in_doubt()
+    own.forget("u2")  # its session ended here: its desktop may be gone
+    assert not own.in_doubt("u2")
+    await trio.sleep(DOUBT_AFTER_S - 0.1)
+    assert own.in_doubt("u1")
+    await trio.sleep(0.2)
+    assert not own.in_doubt("u1")
+    own.store_changed()
+    assert own.in_doubt("u1")

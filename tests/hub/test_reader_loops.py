@@ -14,6 +14,7 @@ import trio.testing
 from deskbridge_common import Timings
 from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._errors import SubstrateMisconfigured
+from deskbridge_hub._own_liveness import own_liveness
 from deskbridge_hub._reader import (
     DAEMON_RECORD_TTL_S,
     DISPATCHED_REMEMBERED,
@@ -265,6 +266,25 @@ async def test_a_failover_seen_by_the_probe_beats_every_session_now(autojump_clo
         "writes it acknowledged last may be lost)"
     ]
     assert levels(caplog, "rewriting") == [logging.WARNING]
+
+
+async def test_a_failover_seen_by_the_probe_puts_the_held_desktops_presence_in_doubt(
+    autojump_clock,
+):
+    """Until the beats land, an absent presence of a desktop held here is looked at
+    again (``_own_liveness``), not answered ``offline`` to this process's own callers;
+    a desktop held elsewhere is not this process's to doubt."""
+    script = Script()
+    reader = make_reader(script)
+    beating(reader, Desk("u1"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader._liveness_loop)
+        await trio.sleep(1.5)
+        assert not own_liveness().in_doubt("u1")
+        script.history = 1
+        await trio.sleep(1.1)
+        assert own_liveness().in_doubt("u1") and not own_liveness().in_doubt("u9")
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_lapsed_liveness_key_with_presence_intact_waits_for_the_beats_due(

@@ -154,6 +154,17 @@ SUBSTRATE_ERRORS = Counter(
     "Substrate (Redis) operations that failed as unavailable, by operation.",
     ["operation"],
 )
+REDIS_RECONNECTS = Counter(
+    "deskbridge_redis_reconnects",
+    "Redis connections that had served, replaced: found closed (dead), answering from a "
+    "replica (replica), or a blocked command ended by the node's demotion (demoted).",
+    ["reason"],
+)
+REDIS_HISTORY_CHANGES = Counter(
+    "deskbridge_redis_history_changes",
+    "Health probes that found Redis with another replication history than the probe "
+    "before (master_replid): a failover, or a restart without persistence.",
+)
 QUEUE_ENTRIES = Gauge(
     "deskbridge_queue_entries",
     "Entries in the job streams (XLEN) of the users connected to this process, at scrape.",
@@ -290,6 +301,17 @@ def stale_result() -> None:
 
 def substrate_error(operation: str) -> None:
     SUBSTRATE_ERRORS.labels(operation).inc()
+
+
+def redis_reconnected(reason: str) -> None:
+    """A Redis connection that had served was replaced (``dead``, ``replica``,
+    ``demoted``: ``_redis_session``)."""
+    REDIS_RECONNECTS.labels(reason).inc()
+
+
+def redis_history_changed() -> None:
+    """The health probe found another replication history (``_redis_health``)."""
+    REDIS_HISTORY_CHANGES.inc()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,6 +34,17 @@ slot just changed hands: a migration or a failover ended), or its node unreachab
 :data:`DOUBT_AFTER_S` after, an absent presence of a user in that slot is in doubt too.
 Nothing on a single Redis; one dict look-up per doubt check while some slot is recorded.
 
+The same doubt after the store changed under this process: a connection of it found
+dead (Redis restarted, Sentinel's ``CLIENT KILL``) or on a replica (``READONLY``, a
+demotion), the health probe finding another replication history (a failover), an
+outage ended. A failover may have lost the writes acknowledged last, the newest
+handshakes' presence among them, and the process rewrites every presence it holds
+(``_reader``); until that lands it answered its own callers ``offline`` for a desktop
+connected to it (a fault-injection test: four reads of ``GET .../presence`` over 0.8 s,
+and a call made at once). :meth:`OwnLiveness.store_changed` puts the absent presence of
+every user with a session here (:meth:`OwnLiveness.holding`) in doubt for
+:data:`DOUBT_AFTER_S`; another desktop's is another process's to doubt.
+
 State is per event-loop run (``anyio.lowlevel.RunVar``), as ``_outage``'s; time is the
 loop's clock (``anyio.current_time``).
 """
@@ -77,6 +88,10 @@ class OwnLiveness:
     _slot_trouble_at: dict[int, float] = attrs.field(factory=dict)
     #: when ``_slot_trouble_at`` was last walked to drop what no longer counts
     _slots_pruned_at: float = -math.inf
+    #: users with a session attached here (``holding``; dropped by ``forget``)
+    _held: set[str] = attrs.field(factory=set)
+    #: when the store last changed under this process (``store_changed``)
+    _changed_at: float = -math.inf
 
     def sending(self) -> None:
         """A refresh is being sent (the first of a series that fails marks the start)."""
@@ -121,18 +136,31 @@ class OwnLiveness:
             }
         self._slot_trouble_at[slot] = now
 
+    def holding(self, user_id: str) -> None:
+        """A session of ``user_id`` is attached here (until :meth:`forget`)."""
+        self._held.add(user_id)
+
+    def store_changed(self) -> None:
+        """The store may have lost the writes this process made last: a connection of it
+        was found dead or on a replica, the store has another replication history, or
+        an outage ended. For :data:`DOUBT_AFTER_S` an absent presence of a user held
+        here proves nothing (its rewrite may be on its way)."""
+        self._changed_at = anyio.current_time()
+
     def forget(self, user_id: str) -> None:
         """``user_id`` has no session here any more: an absent presence may be true."""
         self._missed_since.pop(user_id, None)
         self._user_doubt_at.pop(user_id, None)
+        self._held.discard(user_id)
 
     def in_doubt(self, user_id: str | None = None) -> bool:
         """True while this process's writes are held or failing, and for
         :data:`DOUBT_AFTER_S` after they were found lapsed or answered late; with
         ``user_id``, also for :data:`DOUBT_AFTER_S` after a command on the user's
         Cluster slot met trouble (``slot_troubled``), while that user's beats here
-        meet an outage of its slot (past :data:`STALLED_AFTER_S`) and for
-        :data:`DOUBT_AFTER_S` after one rewrote its lapsed presence."""
+        meet an outage of its slot (past :data:`STALLED_AFTER_S`), for
+        :data:`DOUBT_AFTER_S` after one rewrote its lapsed presence, and, for a user
+        held here, for :data:`DOUBT_AFTER_S` after :meth:`store_changed`."""
         now = anyio.current_time()
         since = self._unanswered_since
         if since is not None and now - since > STALLED_AFTER_S:
@@ -141,6 +169,8 @@ class OwnLiveness:
             return True
         if user_id is None:
             return False
+        if now - self._changed_at < DOUBT_AFTER_S and user_id in self._held:
+            return True
         if self._slot_trouble_at:
             at = self._slot_trouble_at.get(key_slot(presence_key(user_id)), -math.inf)
             if now - at < DOUBT_AFTER_S:

@@ -218,6 +218,7 @@ class ProcessReader:
         if not self.running:
             raise RuntimeError("the process reader is not running (start ProcessReader.run)")
         listener.attached_at = trio.current_time()
+        own_liveness().holding(listener.user_id)
         self._listeners[listener.user_id] = listener
         self._beating[listener.session_id] = listener
         # the handshake has just written presence and the catalogue
@@ -370,6 +371,7 @@ class ProcessReader:
                 # the primary. The new primary may lack the last writes, the newest
                 # handshakes' presence among them: other replicas read those desktops
                 # offline until their next beat (a heartbeat: 30 s). Beat every one now.
+                own_liveness().store_changed()  # until they land: not "offline" here
                 log.warning(
                     "Redis failed over or restarted: rewriting the presence of %d "
                     "sessions now (the writes it acknowledged last may be lost)",
@@ -1030,6 +1032,7 @@ class ProcessReader:
         if self._failures:
             log.debug("substrate back after %d failures", self._failures)
             self._failures = 0
+            own_liveness().store_changed()  # what it was writing may be lost
             if not beaten:
                 # Redis may have come back empty: then every presence is rewritten
                 # within a second (the liveness loop looks at one), not a heartbeat

@@ -83,6 +83,7 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 
 from . import _metrics
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
+from ._own_liveness import own_liveness
 from ._redis_cluster import ClusterSession, is_cluster_url, seeds
 from ._redis_health import (
     ACL_CHECK_SCRIPT,
@@ -294,11 +295,19 @@ class RedisConnections:
             max_connections=self._max_connections,
             client_name=self._client_name,
         )
-        # a connection found dead or on a replica: did Redis fail over (the probe reads
-        # its replication history)? A failover with Sentinel's CLIENT KILL showed the hub
-        # nothing else: the commands were sent again on new connections and succeeded.
-        session.on_reconnect = self.monitor.poke
+        session.on_reconnect = self._reconnected
         return session
+
+    def _reconnected(self, why: str) -> None:
+        """A connection that had served was replaced (``_Session.on_reconnect``: ``dead``,
+        ``replica`` or ``demoted``): counted; did Redis fail over (the probe reads its
+        replication history)? A failover with Sentinel's CLIENT KILL showed the hub
+        nothing else: the commands were sent again on new connections and succeeded.
+        Until the probe has looked and the presence this process holds is rewritten, an
+        absent one proves nothing here (``_own_liveness``)."""
+        _metrics.redis_reconnected(why)
+        own_liveness().store_changed()
+        self.monitor.poke()
 
     def statistics(self) -> ConnectionStatistics | None:
         """The connections of this event-loop run's open session, or None when none is

@@ -33,6 +33,8 @@ from typing import Any
 import anyio
 import attrs
 
+from . import _metrics
+
 log = logging.getLogger("deskbridge.hub.redis")
 
 #: The probe's script: a write and a read of its own key (scripting, writes, ACL keys).
@@ -318,6 +320,7 @@ class HealthMonitor:
         if before is not None and None not in (before.replid, health.replid):
             if before.replid != health.replid:
                 self.history_changes += 1
+                _metrics.redis_history_changed()
                 log.warning(
                     "Redis at %s has another replication history (master_replid %s... -> "
                     "%s...): it failed over or restarted, and may have lost the writes it "

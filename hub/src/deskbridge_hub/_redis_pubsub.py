@@ -187,7 +187,7 @@ class Subscriber:
             return
         log.warning(
             "the pub/sub connection reaches a Redis replica (a command connection was "
-            "answered READONLY or MASTERDOWN): reconnecting it"
+            "answered READONLY or MASTERDOWN, or unblocked by the demotion): reconnecting it"
         )
         c.scope.cancel()
 

@@ -27,7 +27,7 @@ import anyio
 import attrs
 from coredis.connection import TCPLocation, UnixDomainSocketLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import ReadOnlyError, ResponseError
+from coredis.exceptions import ReadOnlyError, ResponseError, UnblockedError
 from coredis.pool import ConnectionPool
 
 from ._redis_blocking import block_s, poll_form, poll_reply, with_block_s
@@ -60,6 +60,11 @@ _POLL_MAX_S = 0.25
 #: a command connection finds a replica (kept, it heard only what the demoted node
 #: replicates, nothing at all while that node has no link to the new primary).
 _REOPEN_ON_READONLY_AFTER_S = 1.0
+#: What Redis says (after ``-UNBLOCKED``) to a command blocked on a primary that is made
+#: a replica (``REPLICAOF``: a failover, by Sentinel or by hand); Redis 7's
+#: ``disconnectAllBlockedClients``. The stream read's other UNBLOCKED (its stream
+#: deleted) is not a demotion.
+_DEMOTED_UNBLOCKED = "instance state changed"
 
 
 @attrs.define(eq=False)
@@ -163,10 +168,12 @@ class _Session:
         self.subscriber = Subscriber(self, command_timeout_s)
         self.groups: set[str] = set()
         self.closed = False
-        #: Called when a connection that had served is replaced: found dead (Redis
-        #: restarted, a CLIENT KILL: a failover may have happened) or answering from a
-        #: replica. ``_redis_conn`` probes Redis then (its replication history).
-        self.on_reconnect: Callable[[], None] | None = None
+        #: Called when a connection that had served is replaced, with why: ``dead``
+        #: (found closed: Redis restarted, a CLIENT KILL, a failover may have happened),
+        #: ``replica`` (answered READONLY / MASTERDOWN) or ``demoted`` (a blocked
+        #: command ended by the demotion). ``_redis_conn`` counts it and probes Redis
+        #: then (its replication history).
+        self.on_reconnect: Callable[[str], None] | None = None
 
     async def open(self) -> None:
         await self._tg.__aenter__()
@@ -271,19 +278,22 @@ class _Session:
         c, reused = await self._shared_connection()
         replies = await self._exchange_shared(c, commands, timeout_s)
         if reused and _died(c, replies):
-            self._reconnected()
+            if c in self._shared:  # counted here, not again by ``_least_loaded``
+                self._shared.remove(c)
+                c.scope.cancel()
+            self._reconnected("dead")
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
         if _on_replica(c, replies) and c in self._shared:
             self._shared.remove(c)  # no new commands on it; closed once they are answered
             self.start_soon(functools.partial(self._retire, c))
             self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
-            self._reconnected()
+            self._reconnected("replica")
         return replies
 
-    def _reconnected(self) -> None:
+    def _reconnected(self, why: str) -> None:
         if self.on_reconnect is not None:
-            self.on_reconnect()
+            self.on_reconnect(why)
 
     async def _retire(self, c: _Conn) -> None:
         """Close ``c`` once its commands in flight are answered (at most the command
@@ -309,6 +319,8 @@ class _Session:
         for dead in [c for c in self._shared if not c.usable]:
             self._shared.remove(dead)
             dead.scope.cancel()
+            if dead.used:
+                self._reconnected("dead")  # closed by the server or the path, not by us
         return min(self._shared, key=lambda c: c.in_flight, default=None)
 
     async def _exchange_shared(
@@ -363,11 +375,24 @@ class _Session:
         if got is None:
             return [await self._poll(commands[0], timeout_s)]
         c, reused = got
+        sent_at = anyio.current_time()
         replies = await self._exchange_dedicated(c, commands, timeout_s)
         if reused and _died(c, replies):
-            self._reconnected()
+            self._reconnected("dead")
             c, _ = await self._dedicated(None)  # type: ignore[misc]
+            sent_at = anyio.current_time()
             replies = await self._exchange_dedicated(c, commands, timeout_s)
+        if len(commands) == 1 and _demoted(replies):
+            # Ended unanswered by the node's demotion: nothing was popped or read, so it
+            # is sent once more, for the time it has left, on a new connection (the
+            # idle ones reached the same node and were closed), which an endpoint that
+            # follows the primary takes to the new one. Reaching the demoted node again
+            # (a URL naming it), it is answered READONLY at once.
+            again = _time_left(commands[0], timeout_s, anyio.current_time() - sent_at)
+            if again is not None:
+                command, timeout_s = again
+                c, _ = await self._dedicated(None)  # type: ignore[misc]
+                replies = await self._exchange_dedicated(c, (command,), timeout_s)
         return replies
 
     async def _dedicated(self, patience_s: float | None) -> tuple[_Conn, bool] | None:
@@ -398,6 +423,7 @@ class _Session:
                 return c, True
             c.scope.cancel()
             self._blocking_open -= 1
+            self._reconnected("dead")  # closed while idle: by the server or the path
         if self._blocking_open >= self._blocking_cap:
             return None
         self._blocking_open += 1
@@ -432,9 +458,12 @@ class _Session:
             ]
             replies = [await request for request in requests]
             done = not _on_replica(c, replies)  # else closed: see _REOPEN_ON_READONLY_AFTER_S
-            if not done:
+            if _demoted(replies):
+                done = False
+                self._leave_demoted_node()
+            elif not done:
                 self.subscriber.reopen_if_older(_REOPEN_ON_READONLY_AFTER_S)
-                self._reconnected()
+                self._reconnected("replica")
             c.used += 1
             return replies
         finally:
@@ -446,6 +475,27 @@ class _Session:
                 await self.discard(c)
                 self._blocking_open -= 1
             self._wake_one()
+
+    def _leave_demoted_node(self) -> None:
+        """A blocked command was told the node it reached is a replica now
+        (``_DEMOTED_UNBLOCKED``): every connection open now reached that node. The
+        shared ones are retired (closed once their commands in flight are answered),
+        the idle dedicated ones closed, the subscriber reopened, and the health probe
+        runs (``on_reconnect``); new connections go through the URL's endpoint. Kept,
+        the blocking connection answered the next wait READONLY (the holder's
+        deliveries waited for two failures' back-off), the shared ones the next write
+        of each (a caller told ``unavailable``). A demotion ends each blocked command
+        once, so this cannot loop, whatever the URL names; no age rule is needed."""
+        for c in self._shared:
+            self.start_soon(functools.partial(self._retire, c))
+        self._shared.clear()
+        idle, self._blocking_idle = self._blocking_idle, []
+        for c in idle:  # no command on them: nothing to wait for
+            c.scope.cancel()
+            self._blocking_open -= 1
+            self._wake_one()
+        self.subscriber.reopen_if_older(0.0)
+        self._reconnected("demoted")
 
     async def _poll(self, command: tuple[Any, ...], timeout_s: float | None) -> Any:
         """Answer a blocking ``command`` without a dedicated connection: send its
@@ -499,6 +549,25 @@ def _on_replica(c: _Conn, replies: list[Any]) -> bool:
         or (isinstance(r, ResponseError) and str(r).startswith("MASTERDOWN"))
         for r in replies
     )
+
+
+def _demoted(replies: list[Any]) -> bool:
+    """A blocked command was ended by its node's demotion to a replica."""
+    return any(isinstance(r, UnblockedError) and _DEMOTED_UNBLOCKED in str(r) for r in replies)
+
+
+def _time_left(
+    command: tuple[Any, ...], timeout_s: float | None, spent_s: float
+) -> tuple[tuple[Any, ...], float | None] | None:
+    """``command`` and its reply timeout for what is left of its block time once
+    ``spent_s`` seconds of it went, or None when nothing useful is left (under 10 ms)."""
+    block = block_s(command)
+    if block is None or block is False:  # forever (or not blocking): as it was
+        return command, timeout_s
+    left_s = block - spent_s
+    if left_s < 0.01:
+        return None
+    return with_block_s(command, left_s), None if timeout_s is None else timeout_s - spent_s
 
 
 def _died(c: _Conn, replies: list[Any]) -> bool:
