@@ -1,5 +1,5 @@
 """Redis's topology or connections change under a running hub, the cases
-``test_redis_topology.py`` leaves (its rig, on this suite's own ports):
+``test_redis_topology.py`` leaves (its rig):
 
 * A bare ``REPLICAOF`` (no ``CLIENT KILL``): a blocked command is answered
   ``-UNBLOCKED ... instance state changed (master -> replica?)`` on a connection that
@@ -28,9 +28,6 @@ from tests.procs import RedisServer, presence_key, running
 
 pytestmark = pytest.mark.chaos
 
-#: this suite's own ports (a shared machine)
-REDIS_A, REDIS_B = 7362, 7363
-HUB_PORTS = iter(range(18600, 18699))
 
 
 def sample(name: str, **labels: str) -> float:
@@ -58,8 +55,8 @@ async def test_a_wake_up_wait_unblocked_by_a_demotion_goes_on_at_the_new_primary
     wait failed (the reader backs off), its connection, kept, answered the next wait
     ``READONLY`` (another failure, another back-off) before it was replaced, and the
     shared connection answered the next write ``READONLY`` (a caller's ``unavailable``)."""
-    a = RedisServer(tmp_path, name="primary", port=REDIS_A)
-    b = RedisServer(tmp_path, name="replica", port=REDIS_B)
+    a = RedisServer(tmp_path, name="primary", port=None)
+    b = RedisServer(tmp_path, name="replica", port=None)
     holder = "topo2-" + secrets.token_hex(4)
     with running(a, b):
         await _pair(a, b)
@@ -103,7 +100,7 @@ async def test_the_holder_never_tells_its_own_callers_offline_after_a_failover(
     say ``offline`` for a desktop connected to it. A call made at once completes (or is
     ``unavailable``); ``GET .../presence`` reads online (or 503)."""
     env = {"DESKBRIDGE_HEARTBEAT_S": "10", "DESKBRIDGE_PRESENCE_TTL_S": "30"}
-    async with hub_rig(tmp_path, env, redis_ports=(REDIS_A, REDIS_B), hub_ports=HUB_PORTS) as r:
+    async with hub_rig(tmp_path, env) as r:
         assert (await r.call("warm-" + secrets.token_hex(3)))["status"] == "completed"
         r.b.command("REPLICAOF", "NO", "ONE")
         r.b.command("DEL", presence_key(r.user))  # the write the failover lost
@@ -138,7 +135,7 @@ async def test_client_kill_alone_under_traffic_answers_every_call_once_and_promp
     second and a half of its job (a subscriber not restored would leave callers to
     their result-list check, 2 s then 4 s apart), each job runs once, and the desktop
     stays online on the other process."""
-    async with hub_rig(tmp_path, {}, redis_ports=(REDIS_A, REDIS_B), hub_ports=HUB_PORTS) as r:
+    async with hub_rig(tmp_path, {}) as r:
         assert (await r.call("warm-" + secrets.token_hex(3)))["status"] == "completed"
         answers: list[tuple[str, dict[str, Any], float]] = []
 

@@ -32,9 +32,6 @@ from tests.procs import Hub, Ledger, RedisServer, Sidecar, issue, running
 
 pytestmark = pytest.mark.chaos
 
-#: this suite's own ports (a shared machine)
-REDIS_A, REDIS_B = 7331, 7332
-HUB_PORTS = iter(range(18300, 18340))
 
 
 def _replicate(replica: RedisServer, primary: RedisServer) -> None:
@@ -60,8 +57,8 @@ async def pair_rig(
     ``endpoint``: the hub's URL names a TCP endpoint in front of A (``r.proxy``), which a
     test may point at B for new connections (a DNS name or virtual IP that Sentinel or a
     managed service moves to the new primary); connections already open stay on A."""
-    a = RedisServer(tmp_path, name="primary", port=REDIS_A)
-    b = RedisServer(tmp_path, name="replica", port=REDIS_B)
+    a = RedisServer(tmp_path, name="primary", port=None)
+    b = RedisServer(tmp_path, name="replica", port=None)
     with running(a, b):
         await trio.to_thread.run_sync(a.wait_ready)
         await trio.to_thread.run_sync(b.wait_ready)
@@ -84,7 +81,7 @@ async def _hub_rig(
     user = "failover-" + secrets.token_hex(4)
     ledger = Ledger(tmp_path / "ledger.jsonl")
     hub = Hub(
-        tmp_path, workers=1, port=next(HUB_PORTS),
+        tmp_path, workers=1, port=None,
         env={**TIMINGS, "DESKBRIDGE_REDIS_URL": url},
     )  # fmt: skip
     sidecar = Sidecar(

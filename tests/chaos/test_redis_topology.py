@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,6 @@ from tests.procs import (
 
 pytestmark = pytest.mark.chaos
 
-#: this suite's own ports (a shared machine)
-REDIS_A, REDIS_B = 7334, 7335
-HUB_PORTS = iter(range(18340, 18399))
 
 
 def _synced(replica: RedisServer) -> bool:
@@ -75,8 +72,8 @@ async def test_the_subscriber_follows_an_endpoint_moved_to_the_new_primary(
     command of the substrate has met the demoted node (the hub writes every second: its
     liveness key), the subscriber reconnects through the endpoint, its subscription is
     told of the gap and hears what is published on B."""
-    a = RedisServer(tmp_path, name="primary", port=REDIS_A)
-    b = RedisServer(tmp_path, name="replica", port=REDIS_B)
+    a = RedisServer(tmp_path, name="primary", port=None)
+    b = RedisServer(tmp_path, name="replica", port=None)
     channel = f"bridge:test:{secrets.token_hex(4)}"
     with running(a, b):
         await _pair(a, b)
@@ -147,22 +144,19 @@ class HubRig:
 async def hub_rig(
     tmp_path: Path,
     env: dict[str, str],
-    *,
-    redis_ports: tuple[int, int] = (REDIS_A, REDIS_B),
-    hub_ports: Iterator[int] = HUB_PORTS,
 ) -> AsyncIterator[HubRig]:
     """A primary, B its replica; two hub processes through an endpoint in front of A; a
-    sidecar on the first, online. ``redis_ports``, ``hub_ports``: another suite's own."""
-    a = RedisServer(tmp_path, name="primary", port=redis_ports[0])
-    b = RedisServer(tmp_path, name="replica", port=redis_ports[1])
+    sidecar on the first, online. Every port is a free one."""
+    a = RedisServer(tmp_path, name="primary", port=None)
+    b = RedisServer(tmp_path, name="replica", port=None)
     with running(a, b):
         await _pair(a, b)
         async with serve(a.port) as proxy:
             user = "topo-" + secrets.token_hex(4)
             ledger = Ledger(tmp_path / "ledger.jsonl")
             hub_env = {**TIMINGS, **env, "DESKBRIDGE_REDIS_URL": proxy.url()}
-            holder = Hub(tmp_path, workers=1, port=next(hub_ports), env=hub_env, name="holder")
-            other = Hub(tmp_path, workers=1, port=next(hub_ports), env=hub_env, name="other")
+            holder = Hub(tmp_path, workers=1, port=None, env=hub_env, name="holder")
+            other = Hub(tmp_path, workers=1, port=None, env=hub_env, name="other")
             sidecar = Sidecar(
                 tmp_path, holder.ws, issue(user), tools=["counting_tools"],
                 env={**TIMINGS, **env, **ledger.env()},

@@ -15,8 +15,6 @@ from deskbridge_hub._redis import RedisSubstrate
 
 from tests.procs import RedisServer, running
 
-PORT = 7333
-
 
 async def _set(s: RedisSubstrate, *, read: bool = False) -> None:
     """SET (a write: READONLY on a replica), or with ``read`` a GET (MASTERDOWN on a
@@ -34,7 +32,7 @@ async def _blpop(s: RedisSubstrate) -> None:
 @pytest.mark.parametrize("stale", ["yes", "no"], ids=["readonly", "masterdown"])
 async def test_a_connection_answering_readonly_is_opened_again(tmp_path: Path, stale: str) -> None:
     """``stale`` no: the replica refuses reads too, MASTERDOWN (its primary is down)."""
-    redis = RedisServer(tmp_path, name="readonly", port=PORT)
+    redis = RedisServer(tmp_path, name="readonly", port=None)
     with running(redis):
         await trio.to_thread.run_sync(redis.wait_ready)
         with trio.fail_after(30):
