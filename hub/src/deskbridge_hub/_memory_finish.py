@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import attrs
 
+from ._idempotency import IndexRecord
 from ._jobstate import FORWARDED, JobState
 from ._memory_caller import _Mailbox, _ResultList, _Waiters
 from ._substrate import (
@@ -36,6 +37,14 @@ def _terminal(stored: str) -> bool:
         return JobState.decode(stored).stage.terminal
     except ValueError:
         return False
+
+
+def _deadline_of(record: str) -> float | None:
+    """The job's deadline in an idempotency record (``IndexRecord``), if it has one."""
+    try:
+        return IndexRecord.decode(record).deadline
+    except ValueError:
+        return None
 
 
 def _keep_desk(stored: str | None, state: JobState) -> JobState:
@@ -67,6 +76,7 @@ class MemoryFinishCommands:
     _set: Callable[[str, str, float, float | None], None]
     _extend: Callable[[str, float, float], None]
     _shorten: Callable[[str, float, float], None]
+    server_time: Callable[[], float]
     _result_list: Callable[[str, float], _ResultList | None]
     _mailbox: Callable[[str, float], _Mailbox]
     _xack: Callable[[str, str], int]
@@ -133,7 +143,8 @@ class MemoryFinishCommands:
         idempotency_key: str | None = None,
     ) -> None:
         """Append ``payload``; the list and its job's idempotency record expire at the
-        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
+        later of now + ``ttl_s`` and the record's own expiry (no later than its job's
+        deadline + ``ttl_s``: not a forwarded job's day); end the job's progress log
         with the outcome (if it has one); then notify the mailbox. Wakes
         ``wait_result`` waiters.
 
@@ -167,7 +178,12 @@ class MemoryFinishCommands:
         ikey = idem_key(user_id, idempotency_key or job_id)
         record = self._get(ikey, now) if idempotency_key is not None else None
         if record is not None and record.startswith(job_id + " "):
-            expires_at = max(expires_at, self._kv[ikey][1])
+            left_until = self._kv[ikey][1]
+            deadline = _deadline_of(record)
+            if deadline is not None:  # its own lifetime: no longer a forwarded job's day
+                own = now + ttl_s + max(0.0, deadline - self.server_time())
+                left_until = min(left_until, own)
+            expires_at = max(expires_at, left_until)
             self._kv[ikey] = (record, expires_at)
         lst = self._result_list(key, now)
         if lst is None:

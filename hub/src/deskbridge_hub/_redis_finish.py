@@ -58,6 +58,11 @@ from ._substrate import (
 #: job at least as long as the state (PEXPIRE GT): a retry with the key of a job whose
 #: desktop went away attaches to it, never "offline" (the answer's write then keeps the
 #: result as long as the record).
+#: The answer (a payload, not provisional) sets the record that names the job to its own
+#: lifetime: the job's deadline (the record's last part) + the TTL, at least the TTL, and
+#: no longer than it had left: the delivery's mark and an ``interrupted`` write keep it
+#: as long as a forwarded job's state (a day), which only an unanswered job needs (an
+#: answered key would stay taken, and its result kept, a day).
 #: A terminal state shortens the claim epoch to its own TTL (PEXPIRE LT): the mark keeps
 #: it as long as a forwarded job's state (``_jobstate.forwarded_keep_s``, a day), which
 #: only an unanswered job needs.
@@ -99,6 +104,13 @@ if ARGV[2] ~= '' and ARGV[10] == '' then
     local record = redis.call('GET', KEYS[3])
     if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
       local left = redis.call('PTTL', KEYS[3])
+      local deadline = tonumber(string.match(record, '^%S+ %S+ %S+ (%S+)$') or '')
+      if deadline then
+        local t = redis.call('TIME')
+        local own = ttl + math.max(0, math.ceil(
+          (deadline - tonumber(t[1]) - tonumber(t[2]) / 1000000) * 1000))
+        if left > own then left = own end
+      end
       if left > ttl then ttl = left end
       redis.call('PEXPIRE', KEYS[3], ttl)
     end

@@ -454,6 +454,7 @@ class LedgerSubstrate(Protocol):
         *,
         ttl_s: float,
         deadline: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Marked:
         """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
         that clock) has passed and the stored state is not ``delivered``/
@@ -461,7 +462,11 @@ class LedgerSubstrate(Protocol):
         desktop's ledger answers) answer ``expired``; else if a cancel was requested
         answer ``cancelled``; else SET the job state PX ttl, raise the job's claim epoch (INCR
         ``bridge:fence:{user_id}:job_id``, kept until ``deadline`` + ttl_s, at least
-        ttl_s) and answer ``delivered`` with it. Only ``delivered`` may be forwarded."""
+        ttl_s), keep the record of ``idempotency_key`` (the entry's), if it names this
+        job, at least ttl_s (``PEXPIRE ... GT``: a holder that dies writes nothing more,
+        and a retry must still find the key's job) and answer ``delivered`` with the
+        epoch. Only ``delivered`` may be forwarded. ``read_new_delivered`` and the push
+        delivery of ``submit`` do the same for the entry's ``idempotency_key`` field."""
 
     async def keep_job(
         self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
