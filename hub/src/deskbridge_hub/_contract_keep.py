@@ -98,7 +98,7 @@ async def check_finish_keeps_the_owner_record_as_long_as_the_state(h: SubstrateH
     assert got.verdict == "done"
     await trio.sleep(2 * _SHORT_S)
     assert await s.get_job_state(user, job) == finished
-    assert await s.job_owner(job) == JobOwner(user, "box")
+    assert await s.job_owner(job) == JobOwner(user, "box", answered=True)
     if h.raw is not None:
         assert 1_000 < await h.raw("PTTL", owner_key(job)) <= _LONG_S * 1000
 
@@ -198,3 +198,28 @@ async def check_a_delivery_keeps_the_keys_record_as_long_as_the_state_until_answ
     for job in jobs:  # answered, past its deadline + result TTL: the key is free again
         fresh = await s.submit(user, _submission(user, h.job(), key=f"key-{job}"))
         assert fresh.verdict == "queued", f"the answered key of {job} was still taken"
+
+
+@check
+async def check_a_keep_of_a_chosen_id_that_lands_after_its_answer_keeps_nothing(
+    h: SubstrateHarness,
+) -> None:
+    # The delivery hands a forwarded chosen id's keep (a day) to a loop that sends it
+    # soon; a fast answer's write (result TTL) may land first. Whatever the order, the
+    # answer wins: an answered id is free again with its state, never taken a day.
+    s = h.substrate
+    user, kept, _, _ = await _running(h)
+    other, answered, _, _ = await _running(h)
+    finished = JobState(Stage.FINISHED, other, at=2.0)
+    got = await s.finish(other, answered, '{"status":"completed"}', finished, ttl_s=_SHORT_S)
+    assert got.verdict == "done"
+    owner = await s.job_owner(answered)
+    assert owner is not None and owner.user_id == other  # GET /v1/jobs/{id} still finds it
+    await s.keep_job_ids([kept, answered], ttl_s=_LONG_S)  # lands after the answer
+    if h.raw is not None:
+        assert 0 < await h.raw("PTTL", owner_key(answered)) <= _SHORT_S * 1000
+        assert await h.raw("PTTL", owner_key(kept)) > _SHORT_S * 1000
+    await trio.sleep(2 * _SHORT_S)
+    assert await s.job_owner(answered) is None, "an answered id was kept by a late keep"
+    found = await s.job_owner(kept)
+    assert found is not None and found.user_id == user  # an unanswered one is kept

@@ -22,6 +22,7 @@ from ._memory_caller import _Mailbox, _ResultList, _Waiters
 from ._substrate import (
     MAILBOX_TTL_S,
     Finished,
+    JobOwner,
     fence_key,
     idem_key,
     outcome_event,
@@ -121,7 +122,7 @@ class MemoryFinishCommands:
         self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
         if state.stage.terminal:  # the epoch no longer needs a forwarded job's day
             self._shorten(fence_key(user_id, job_id), now, ttl_s)
-            self._shorten(owner_key(job_id), now, ttl_s)  # nor the chosen id (the keep's)
+            self._answer_owner(job_id, now, ttl_s)  # nor the chosen id (the keep's)
         elif idempotency_key is not None:  # a stage of the delivery: the key's record
             ikey = idem_key(user_id, idempotency_key)  # as long as the state
             record = self._get(ikey, now)
@@ -156,6 +157,14 @@ class MemoryFinishCommands:
         now = await self._enter_ttl(ttl_s)
         self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
         self._notify(job_id, payload, now, notify)
+
+    def _answer_owner(self, job_id: str, now: float, ttl_s: float) -> None:
+        """The owner record (if any) lives ``ttl_s`` more, marked answered: a keep of
+        the id that comes later keeps nothing (``keep_job_ids``)."""
+        raw = self._get(owner_key(job_id), now)
+        if raw is not None:
+            answered = attrs.evolve(JobOwner.decode(raw), answered=True)
+            self._set(owner_key(job_id), answered.encode(), now, ttl_s)
 
     def spoil_key(self, key: str) -> None:
         """Test helper: make ``key`` hold a string, so a list write to it fails as

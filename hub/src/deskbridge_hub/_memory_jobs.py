@@ -16,6 +16,7 @@ import attrs
 from ._jobstate import FORWARDED, JobState, MalformedState, Stage, delivered_again
 from ._substrate import (
     Entry,
+    JobOwner,
     Marked,
     cancel_key,
     fence_key,
@@ -287,8 +288,8 @@ class MemoryJobCommands:
             self._extend(key, now, ttl_s)
 
     async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
-        """Extend each chosen job id's owner record that exists to live at least
-        ``ttl_s`` more, as ``RedisSubstrate.keep_job_ids``.
+        """Extend each chosen job id's owner record that exists, unless it says its job
+        is answered, to live at least ``ttl_s`` more, as ``RedisSubstrate.keep_job_ids``.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -296,7 +297,9 @@ class MemoryJobCommands:
         """
         now = await self._enter_ttl(ttl_s)
         for job_id in job_ids:
-            self._extend(owner_key(job_id), now, ttl_s)
+            raw = self._get(owner_key(job_id), now)
+            if raw is not None and not JobOwner.decode(raw).answered:
+                self._extend(owner_key(job_id), now, ttl_s)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

@@ -11,6 +11,7 @@ from coredis.exceptions import ResponseError, StreamConsumerGroupError
 
 from ._jobstate import JobState
 from ._redis_base import RedisCommandBase, Script, _entries, _ms
+from ._redis_finish import KEEP_ID
 from ._substrate import (
     GROUP,
     Entry,
@@ -402,7 +403,8 @@ class JobCommands(RedisCommandBase):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
 
     async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
-        """PEXPIRE ceil(ttl_s * 1000) GT of each job id's owner record in one write
+        """PEXPIRE ceil(ttl_s * 1000) GT of each job id's owner record unless it says
+        its job is answered (``KEEP_ID``, one EVAL per id in its own slot), in one write
         (split per node under Cluster; see ``Substrate.keep_job_ids``).
 
         Raises:
@@ -412,7 +414,7 @@ class JobCommands(RedisCommandBase):
         if not job_ids:
             return
         px = _ms(ttl_s)
-        commands = [(b"PEXPIRE", owner_key(job_id), px, b"GT") for job_id in job_ids]
+        commands = [KEEP_ID.eval((owner_key(job_id),), (px,)) for job_id in job_ids]
         async with self._session("keep job ids") as s:
             for reply in await s.execute(*commands, timeout_s=self._command_timeout_s):
                 if isinstance(reply, BaseException):

@@ -484,8 +484,9 @@ class LedgerSubstrate(Protocol):
 
     async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
         """Each ``bridge:job:{job_id}`` owner record (of a caller-chosen job id) that
-        exists lives at least ``ttl_s`` more seconds (``PEXPIRE ... GT``: none is
-        shortened, none is made). One write (under Cluster split per node). The
+        exists and is not marked answered (``JobOwner.answered``: the answer's write,
+        which may land first, wins) lives at least ``ttl_s`` more seconds (``PEXPIRE ...
+        GT``: none is shortened, none is made). One write (under Cluster split per node). The
         delivery's keep of a forwarded job's chosen id (``_keepalive``): the mark keeps
         its state ``forwarded_keep_s`` in the user's slot, which cannot reach this one.
 
