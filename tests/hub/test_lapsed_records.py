@@ -206,3 +206,63 @@ async def _holder_dies(state, bridge, monkeypatch, user, *, timeout_s, away_s): 
         assert found is not None, "GET /v1/jobs/{id} would say 404 for a forwarded job"
         assert not found.stage.terminal, found
         nursery.cancel_scope.cancel()
+
+
+async def test_a_retry_with_the_key_of_a_job_whose_holder_died_attaches_to_it(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+    monkeypatch,
+):
+    """A keyed job is delivered and its holder process dies before it writes anything
+    more (no ``interrupted`` mark, no keep). The state is kept a day by the mark
+    (``forwarded_keep_s``); the key's record must live as long, or a retry after the
+    job's deadline + result TTL finds the key free: ``offline`` ("did not run") while
+    the desktop is away, a second job once it is back, which the desktop's ledger runs
+    again once its key window (deadline + result TTL, 300 s after the finish) ended.
+    Was: the record lapsed at the submit's deadline + result TTL (or the last keep +
+    result TTL)."""
+    await _holder_dies_then_retry(state, bridge, monkeypatch, "u1", timeout_s=30, away_s=AWAY_S)
+
+
+async def test_on_redis_a_retry_with_the_key_of_a_job_whose_holder_died_attaches(
+    redis_url, monkeypatch
+):
+    """The same on a real Redis (the mark's script): result TTL 1.5 s, deadline 1 s,
+    4 s after the holder died."""
+    async with _on_redis(redis_url, "died-key") as (hub, redis_bridge, user):
+        await _holder_dies_then_retry(hub, redis_bridge, monkeypatch, user, timeout_s=1, away_s=4.0)
+
+
+async def _holder_dies_then_retry(state, bridge, monkeypatch, user, *, timeout_s, away_s):  # noqa: F811
+    from deskbridge_hub._errors import SubstrateUnavailable
+
+    executed: list[str] = []
+    real_finish = state.substrate.finish
+
+    async def dead(*args, **kwargs):  # the holder is gone: none of its writes land
+        raise SubstrateUnavailable("holder died")
+
+    async with trio.open_nursery() as nursery:
+        first = await connect(nursery, state, user=user, daemon_id="d1")
+
+        async def run_then_die(frame):
+            if isinstance(frame, Job):
+                executed.append(frame.job_id)
+                monkeypatch.setattr(state.substrate, "finish", dead)
+                await first.disconnect()
+
+        nursery.start_soon(sidecar, first, run_then_die)
+        key = f"k-died-{user}"
+        outcome = await bridge.dispatch(
+            user, "click", {}, idempotency_key=key, timeout_s=timeout_s
+        )
+        assert outcome.status in ("timeout", "in_doubt", "unavailable"), outcome
+        assert executed == [outcome.job_id]
+        monkeypatch.setattr(state.substrate, "finish", real_finish)
+        await trio.sleep(away_s)  # past the deadline + result TTL: the record's lifetime
+        assert await state.substrate.get_job_state(user, outcome.job_id) is not None
+        retry = await bridge.dispatch(user, "click", {}, idempotency_key=key, timeout_s=1)
+        assert retry.status != "offline", retry  # "did not run": untrue, it ran
+        assert retry.job_id == outcome.job_id, retry  # attached, not a second job
+        nursery.cancel_scope.cancel()

@@ -194,7 +194,8 @@ async def test_past_its_byte_bound_the_oldest_results_are_dropped_and_answer_in_
         assert "result (4035 bytes) was dropped" in entry.outcome.error.message
         assert entry.answers(entry.job_ids[0], now[0] + 3600)
     assert (await ledger.get("k2")).outcome == Outcome.success("x" * 4000)
-    assert "dropped the results of the 2 oldest finished jobs" in caplog.text
+    # (dropped one by one as the writes went past the bound, not at the prune)
+    assert caplog.text.count("dropped the results of the 1 oldest finished jobs") == 2
     (total,) = ledger._conn.execute("SELECT SUM(outcome_bytes) FROM jobs").fetchone()
     assert total <= 10_000
     ledger.close()
@@ -212,3 +213,23 @@ async def test_past_its_row_cap_the_oldest_finished_rows_go_even_inside_a_jobs_k
     assert await ledger.prune() == 1
     assert sorted(await ledger.keys()) == ["k1", "k2"]
     assert "ledger over its cap of 2 keys" in caplog.text
+
+
+async def test_a_burst_of_large_results_between_prunes_stays_within_the_byte_bound(
+    tmp_path, caplog
+):
+    """The byte bound holds at every write, not only at the prune (every 60 s): a burst
+    of large results between two prunes grew the ledger far past it (here 6 results of
+    4 KB against a 10 KB bound, no prune at all: 24 KB). The newest result stays whole;
+    the oldest are dropped as at the prune (in_doubt, "it ran")."""
+    now = [1_700_000_000.0]
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3", wall_clock=lambda: now[0], max_bytes=10_000)
+    for n in range(6):
+        now[0] += 0.1
+        await ledger.finish(f"k{n}", Outcome.success("x" * 4000), "t", "d", job_id=f"job-{n}")
+        (total,) = ledger._conn.execute("SELECT SUM(outcome_bytes) FROM jobs").fetchone()
+        assert total <= 10_000, f"{total} bytes of results after {n + 1} writes"
+    assert (await ledger.get("k5")).outcome == Outcome.success("x" * 4000)
+    assert (await ledger.get("k0")).outcome.code == "in_doubt"
+    assert "ledger over its size of 10000 bytes" in caplog.text
+    ledger.close()

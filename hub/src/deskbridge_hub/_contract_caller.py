@@ -254,7 +254,9 @@ async def check_published_result_lives_as_long_as_its_idempotency_record(
     key = f"key-{secrets.token_hex(4)}"
     await s.set_presence(user, "s1", 30)
     submission = _submission(user, job, key=key)
-    long_lived = attrs.evolve(submission, index_ttl_s=600.0)
+    # (a record lives until its job's deadline + the result TTL: the answer keeps no
+    # more of it than that, so the deadline is far too)
+    long_lived = attrs.evolve(submission, index_ttl_s=600.0, start_within_s=570.0)
     assert (await s.submit(user, long_lived)).verdict == "queued"
     await s.publish_result(user, job, "done", ttl_s=30, idempotency_key=key)
     if h.raw is not None:

@@ -12,7 +12,15 @@ import trio
 from ._contract import SubstrateHarness, check
 from ._contract_caller import _submission
 from ._jobstate import JobState, Stage
-from ._substrate import JobOwner, cancel_key, fence_key, idem_key, owner_key, state_key
+from ._substrate import (
+    JobOwner,
+    cancel_key,
+    fence_key,
+    idem_key,
+    owner_key,
+    result_key,
+    state_key,
+)
 
 #: Short lifetimes for the checks (they run on a real Redis too), seconds.
 _SHORT_S = 0.3
@@ -90,7 +98,7 @@ async def check_finish_keeps_the_owner_record_as_long_as_the_state(h: SubstrateH
     assert got.verdict == "done"
     await trio.sleep(2 * _SHORT_S)
     assert await s.get_job_state(user, job) == finished
-    assert await s.job_owner(job) == JobOwner(user, "box")
+    assert await s.job_owner(job) == JobOwner(user, "box", answered=True)
     if h.raw is not None:
         assert 1_000 < await h.raw("PTTL", owner_key(job)) <= _LONG_S * 1000
 
@@ -135,3 +143,83 @@ async def check_a_stage_of_the_delivery_keeps_the_keys_record_as_long_as_the_sta
     await trio.sleep(2 * _SHORT_S)
     retry = await s.submit(user, _submission(user, h.job(), key=key))
     assert retry.verdict == "indexed" and (retry.index_value or "").startswith(job + " ")
+
+
+@check
+async def check_a_delivery_keeps_the_keys_record_as_long_as_the_state_until_answered(
+    h: SubstrateHarness,
+) -> None:
+    # A holder that dies writes no ``interrupted`` mark: the delivery's own mark (kept a
+    # day in production) must keep the key's record as long as the state, or a retry
+    # finds the key free while the job may have run. The answer then sets the record back
+    # to its own lifetime (deadline + result TTL, at least the answer's), never a day.
+    s, user = h.substrate, h.user()
+    await s.set_presence(user, "s1", 30)
+    delivered = JobState(Stage.DELIVERED, user, at=1.0, session_id="s1")
+    jobs = (h.job(), h.job())
+    for job in jobs:
+        short = attrs.evolve(
+            _submission(user, job, key=f"key-{job}"), start_within_s=0.0,
+            state_ttl_s=_SHORT_S, index_ttl_s=_SHORT_S,
+        )  # fmt: skip
+        assert (await s.submit(user, short)).verdict == "queued"
+    one, two = jobs
+    (first,) = await s.read_new(user, "c1", count=1, block_ms=None)
+    assert first.fields is not None and first.fields["job_id"] == one
+    # the deadline (start within 0 s) has passed, so the mark must find it forwarded
+    await s.set_job_state(user, one, delivered, ttl_s=_LONG_S)
+    marked = await s.mark_delivered(
+        user, one, delivered, ttl_s=_LONG_S * 10, idempotency_key=f"key-{one}"
+    )
+    assert marked.verdict == "delivered"
+    await s.set_job_state(user, two, delivered, ttl_s=_LONG_S)
+    (second,) = await s.read_new_delivered(
+        user, "c1", count=1, state=delivered, ttl_s=_LONG_S * 10
+    )
+    assert second.marked is not None and second.marked.verdict == "delivered"
+    await trio.sleep(2 * _SHORT_S)  # past the records' own lifetime
+    for job in jobs:
+        retry = await s.submit(user, _submission(user, h.job(), key=f"key-{job}"))
+        assert retry.verdict == "indexed", f"the key's record of {job} lapsed before its state"
+        if h.raw is not None:
+            assert await h.raw("PTTL", idem_key(user, f"key-{job}")) > _LONG_S * 1000
+    finished = JobState(Stage.FINISHED, user, at=2.0)
+    got = await s.finish(
+        user, one, '{"status":"completed"}', finished, ttl_s=_SHORT_S,
+        idempotency_key=f"key-{one}",
+    )  # fmt: skip
+    assert got.verdict == "done"
+    await s.publish_result(user, two, '"x"', ttl_s=_SHORT_S, idempotency_key=f"key-{two}")
+    if h.raw is not None:
+        for job in jobs:
+            assert 0 < await h.raw("PTTL", idem_key(user, f"key-{job}")) <= _SHORT_S * 1000
+            assert 0 < await h.raw("PTTL", result_key(user, job)) <= _SHORT_S * 1000
+    await trio.sleep(2 * _SHORT_S)
+    for job in jobs:  # answered, past its deadline + result TTL: the key is free again
+        fresh = await s.submit(user, _submission(user, h.job(), key=f"key-{job}"))
+        assert fresh.verdict == "queued", f"the answered key of {job} was still taken"
+
+
+@check
+async def check_a_keep_of_a_chosen_id_that_lands_after_its_answer_keeps_nothing(
+    h: SubstrateHarness,
+) -> None:
+    # The delivery hands a forwarded chosen id's keep (a day) to a loop that sends it
+    # soon; a fast answer's write (result TTL) may land first. Whatever the order, the
+    # answer wins: an answered id is free again with its state, never taken a day.
+    s = h.substrate
+    user, kept, _, _ = await _running(h)
+    other, answered, _, _ = await _running(h)
+    finished = JobState(Stage.FINISHED, other, at=2.0)
+    got = await s.finish(other, answered, '{"status":"completed"}', finished, ttl_s=_SHORT_S)
+    assert got.verdict == "done"
+    owner = await s.job_owner(answered)
+    assert owner is not None and owner.user_id == other  # GET /v1/jobs/{id} still finds it
+    await s.keep_job_ids([kept, answered], ttl_s=_LONG_S)  # lands after the answer
+    if h.raw is not None:
+        assert 0 < await h.raw("PTTL", owner_key(answered)) <= _SHORT_S * 1000
+        assert await h.raw("PTTL", owner_key(kept)) > _SHORT_S * 1000
+    await trio.sleep(2 * _SHORT_S)
+    assert await s.job_owner(answered) is None, "an answered id was kept by a late keep"
+    found = await s.job_owner(kept)
+    assert found is not None and found.user_id == user  # an unanswered one is kept

@@ -211,6 +211,7 @@ class EntryServer:
                     self.delivered_state(),
                     ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
                     deadline=envelope.deadline,
+                    idempotency_key=envelope.idempotency_key,
                 ),
                 what=f"mark {job_id} delivered",
             )

@@ -4,6 +4,9 @@ No I/O. The record lives at ``bridge:idem:{<user_id>}:<idempotency_key>`` (the u
 slot, so the caller's one enqueue script reads and writes it with the job's other keys),
 from the enqueue until the job's deadline plus the result TTL, and at least as long as
 the job's published answer (the holder's publish step extends it; docs/outcomes.md).
+While its job is forwarded and unanswered it lives as long as the job's state
+(``_jobstate.forwarded_keep_s``: the delivery's mark keeps it, a holder that dies
+writes nothing more); the answer sets it back to its own lifetime.
 
 A call with a key whose record exists never enqueues: with the same tool and arguments
 it attaches to that job (its answer, or a wait for it); with other arguments or another

@@ -29,7 +29,8 @@ slot, which its script cannot reach, and a holder that dies writes no ``interrup
 mark, so the record lapsed first and ``GET /v1/jobs/{id}`` said 404 on every replica
 while the state was kept. One ``PEXPIRE ... GT`` per forwarded chosen id, sent by this
 loop (batched with the others pending, never on the caller's path); nothing for hub-minted
-ids. The answer's write sets the record back to the result TTL.
+ids. The answer's write sets the record back to the result TTL and marks it answered;
+a keep that lands after it keeps nothing (``_redis_finish.KEEP_ID``).
 """
 
 from __future__ import annotations

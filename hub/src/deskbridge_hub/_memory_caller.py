@@ -183,7 +183,10 @@ class MemoryCallerCommands:
                 daemon_id=daemon,
             )  # fmt: skip
             deadline = float(self._entry_field(user_id, entry_id, "deadline") or 0)
-            marked = self._mark(user_id, sub.job_id, state, sub.delivered_ttl_s, deadline, now)
+            marked = self._mark(
+                user_id, sub.job_id, state, sub.delivered_ttl_s, deadline, now,
+                sub.idempotency_key,
+            )  # fmt: skip
         return Pushed(user_id, Entry(entry.entry_id, entry.fields, marked))
 
     def _daemon_of(self, user_id: str, consumer: str, now: float) -> str | None:
@@ -208,6 +211,7 @@ class MemoryCallerCommands:
         ttl_s: float,
         deadline: float | None,
         now: float,
+        idempotency_key: str | None = None,
     ) -> Marked:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 

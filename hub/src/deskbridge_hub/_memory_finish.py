@@ -16,11 +16,13 @@ from typing import Any
 import anyio
 import attrs
 
+from ._idempotency import IndexRecord
 from ._jobstate import FORWARDED, JobState
 from ._memory_caller import _Mailbox, _ResultList, _Waiters
 from ._substrate import (
     MAILBOX_TTL_S,
     Finished,
+    JobOwner,
     fence_key,
     idem_key,
     outcome_event,
@@ -36,6 +38,14 @@ def _terminal(stored: str) -> bool:
         return JobState.decode(stored).stage.terminal
     except ValueError:
         return False
+
+
+def _deadline_of(record: str) -> float | None:
+    """The job's deadline in an idempotency record (``IndexRecord``), if it has one."""
+    try:
+        return IndexRecord.decode(record).deadline
+    except ValueError:
+        return None
 
 
 def _keep_desk(stored: str | None, state: JobState) -> JobState:
@@ -67,6 +77,7 @@ class MemoryFinishCommands:
     _set: Callable[[str, str, float, float | None], None]
     _extend: Callable[[str, float, float], None]
     _shorten: Callable[[str, float, float], None]
+    server_time: Callable[[], float]
     _result_list: Callable[[str, float], _ResultList | None]
     _mailbox: Callable[[str, float], _Mailbox]
     _xack: Callable[[str, str], int]
@@ -111,7 +122,7 @@ class MemoryFinishCommands:
         self._extend(owner_key(job_id), now, ttl_s)  # a caller-chosen id's, as long
         if state.stage.terminal:  # the epoch no longer needs a forwarded job's day
             self._shorten(fence_key(user_id, job_id), now, ttl_s)
-            self._shorten(owner_key(job_id), now, ttl_s)  # nor the chosen id (the keep's)
+            self._answer_owner(job_id, now, ttl_s)  # nor the chosen id (the keep's)
         elif idempotency_key is not None:  # a stage of the delivery: the key's record
             ikey = idem_key(user_id, idempotency_key)  # as long as the state
             record = self._get(ikey, now)
@@ -133,7 +144,8 @@ class MemoryFinishCommands:
         idempotency_key: str | None = None,
     ) -> None:
         """Append ``payload``; the list and its job's idempotency record expire at the
-        later of now + ``ttl_s`` and the record's own expiry; end the job's progress log
+        later of now + ``ttl_s`` and the record's own expiry (no later than its job's
+        deadline + ``ttl_s``: not a forwarded job's day); end the job's progress log
         with the outcome (if it has one); then notify the mailbox. Wakes
         ``wait_result`` waiters.
 
@@ -145,6 +157,14 @@ class MemoryFinishCommands:
         now = await self._enter_ttl(ttl_s)
         self._push_result(user_id, job_id, payload, now, ttl_s, idempotency_key)
         self._notify(job_id, payload, now, notify)
+
+    def _answer_owner(self, job_id: str, now: float, ttl_s: float) -> None:
+        """The owner record (if any) lives ``ttl_s`` more, marked answered: a keep of
+        the id that comes later keeps nothing (``keep_job_ids``)."""
+        raw = self._get(owner_key(job_id), now)
+        if raw is not None:
+            answered = attrs.evolve(JobOwner.decode(raw), answered=True)
+            self._set(owner_key(job_id), answered.encode(), now, ttl_s)
 
     def spoil_key(self, key: str) -> None:
         """Test helper: make ``key`` hold a string, so a list write to it fails as
@@ -167,7 +187,12 @@ class MemoryFinishCommands:
         ikey = idem_key(user_id, idempotency_key or job_id)
         record = self._get(ikey, now) if idempotency_key is not None else None
         if record is not None and record.startswith(job_id + " "):
-            expires_at = max(expires_at, self._kv[ikey][1])
+            left_until = self._kv[ikey][1]
+            deadline = _deadline_of(record)
+            if deadline is not None:  # its own lifetime: no longer a forwarded job's day
+                own = now + ttl_s + max(0.0, deadline - self.server_time())
+                left_until = min(left_until, own)
+            expires_at = max(expires_at, left_until)
             self._kv[ikey] = (record, expires_at)
         lst = self._result_list(key, now)
         if lst is None:

@@ -16,9 +16,11 @@ import attrs
 from ._jobstate import FORWARDED, JobState, MalformedState, Stage, delivered_again
 from ._substrate import (
     Entry,
+    JobOwner,
     Marked,
     cancel_key,
     fence_key,
+    idem_key,
     job_keys,
     owner_key,
     presence_key,
@@ -152,19 +154,21 @@ class MemoryJobCommands:
         *,
         ttl_s: float,
         deadline: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Marked:
         """Expired (``deadline`` passed on :meth:`server_time`, and the stored state
         does not say the job was forwarded before), else, with the cancel flag set,
         cancelled (never forwarded) or in doubt (forwarded before: the epoch is raised,
         the state untouched), else set
         the state, raise the job's claim epoch (kept until the deadline + ``ttl_s``, at
-        least ``ttl_s``) and answer delivered with it.
+        least ``ttl_s``), keep ``idempotency_key``'s record (if it names the job) at
+        least ``ttl_s`` and answer delivered with the epoch.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter_ttl(ttl_s)
-        return self._mark(user_id, job_id, state, ttl_s, deadline, now)
+        return self._mark(user_id, job_id, state, ttl_s, deadline, now, idempotency_key)
 
     async def read_new_delivered(
         self,
@@ -196,7 +200,8 @@ class MemoryJobCommands:
             fields = entry.fields or {}
             job_id, deadline = fields.get("job_id"), _number(fields.get("deadline"))
             if job_id and deadline is not None and "control" not in fields:
-                marked = self._mark(user_id, job_id, state, ttl_s, deadline, now)
+                key = fields.get("idempotency_key")
+                marked = self._mark(user_id, job_id, state, ttl_s, deadline, now, key)
                 entry = Entry(entry.entry_id, entry.fields, marked)
             out.append(entry)
         return out
@@ -209,6 +214,7 @@ class MemoryJobCommands:
         ttl_s: float,
         deadline: float | None,
         now: float,
+        idempotency_key: str | None = None,
     ) -> Marked:
         at = self.server_time()
         before = self._forwarded(user_id, job_id, now)
@@ -220,6 +226,10 @@ class MemoryJobCommands:
             return Marked("in_doubt", at, self._raise(user_id, job_id, ttl_s, deadline, now))
         state, elsewhere = delivered_again(before, state)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
+        if idempotency_key is not None:  # the key's record, if it names this job
+            ikey = idem_key(user_id, idempotency_key)
+            if (self._get(ikey, now) or "").startswith(job_id + " "):
+                self._extend(ikey, now, ttl_s)
         epoch = self._raise(user_id, job_id, ttl_s, deadline, now)
         return Marked("delivered", at, epoch, elsewhere)
 
@@ -278,8 +288,8 @@ class MemoryJobCommands:
             self._extend(key, now, ttl_s)
 
     async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
-        """Extend each chosen job id's owner record that exists to live at least
-        ``ttl_s`` more, as ``RedisSubstrate.keep_job_ids``.
+        """Extend each chosen job id's owner record that exists, unless it says its job
+        is answered, to live at least ``ttl_s`` more, as ``RedisSubstrate.keep_job_ids``.
 
         Raises:
             ValueError: ``ttl_s`` is not positive.
@@ -287,7 +297,9 @@ class MemoryJobCommands:
         """
         now = await self._enter_ttl(ttl_s)
         for job_id in job_ids:
-            self._extend(owner_key(job_id), now, ttl_s)
+            raw = self._get(owner_key(job_id), now)
+            if raw is not None and not JobOwner.decode(raw).answered:
+                self._extend(owner_key(job_id), now, ttl_s)
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.

@@ -209,7 +209,7 @@ if KEYS[7] then
         local desk = redis.call('HGET', KEYS[11], reader)
         if desk then state = state .. ',"daemon_id":' .. cjson.encode(desk) end
         state = state .. '}'
-        marked = mark(KEYS[5], KEYS[9], KEYS[10], state, ARGV[13], deadline, now)
+        marked = mark(KEYS[5], KEYS[9], KEYS[10], state, ARGV[13], deadline, now, KEYS[6], ARGV[3])
       end
       item = cjson.encode({ARGV[12], entry[1], entry[2], marked})
       pushed = 1

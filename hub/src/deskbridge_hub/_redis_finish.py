@@ -39,6 +39,29 @@ from ._substrate import (
     state_key,
 )
 
+_ANSWER_OWNER = """
+local function answer_owner(okey, ttl)
+  local owner = redis.call('GET', okey)
+  if not owner then return end
+  if string.sub(owner, -2) ~= ' !' then owner = owner .. ' !' end
+  redis.call('SET', okey, owner, 'PX', ttl)
+end
+"""
+
+#: The owner record's answer under Cluster (its own slot): KEYS: owner record. ARGV: TTL ms.
+ANSWER_OWNER = Script(_ANSWER_OWNER + "answer_owner(KEYS[1], ARGV[1])\n")
+
+#: keep_job_ids, one id: PEXPIRE GT unless the record says its job is answered (the
+#: answer's write, ``_ANSWER_OWNER``, may have landed first). KEYS: owner record.
+#: ARGV: TTL ms.
+KEEP_ID = Script(
+    """
+local owner = redis.call('GET', KEYS[1])
+if not owner or string.sub(owner, -2) == ' !' then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[1], 'GT')
+"""
+)
+
 #: KEYS: fence, result, idem, state, jobs, index, [progress, mailbox, owner record] (the
 #: last three only on a single Redis: other slots). With a state, the owner record of a
 #: caller-chosen job id lives at least as long as it (PEXPIRE GT: a job answered after
@@ -58,14 +81,22 @@ from ._substrate import (
 #: job at least as long as the state (PEXPIRE GT): a retry with the key of a job whose
 #: desktop went away attaches to it, never "offline" (the answer's write then keeps the
 #: result as long as the record).
+#: The answer (a payload, not provisional) sets the record that names the job to its own
+#: lifetime: the job's deadline (the record's last part) + the TTL, at least the TTL, and
+#: no longer than it had left: the delivery's mark and an ``interrupted`` write keep it
+#: as long as a forwarded job's state (a day), which only an unanswered job needs (an
+#: answered key would stay taken, and its result kept, a day).
 #: A terminal state shortens the claim epoch to its own TTL (PEXPIRE LT): the mark keeps
 #: it as long as a forwarded job's state (``_jobstate.forwarded_keep_s``, a day), which
 #: only an unanswered job needs.
-#: A terminal state sets the owner record to its own TTL (PEXPIRE: GT and LT at once):
-#: the delivery keeps a forwarded chosen id's record a day (``_keepalive``), which only
-#: an unanswered job needs; an answered id is free again with its state.
+#: A terminal state sets the owner record to its own TTL (PEXPIRE: GT and LT at once)
+#: and marks it answered (``JobOwner.answered``): the delivery keeps a forwarded chosen
+#: id's record a day (``_keepalive``), which only an unanswered job needs; an answered
+#: id is free again with its state, also when that keep lands after the answer (it
+#: keeps no record marked answered, ``KEEP_ID``).
 FINISH = Script(
-    """
+    _ANSWER_OWNER
+    + """
 if ARGV[1] ~= '' then
   local newest = redis.call('GET', KEYS[1])
   if newest and newest ~= ARGV[1] then return {'stale', newest} end
@@ -99,6 +130,13 @@ if ARGV[2] ~= '' and ARGV[10] == '' then
     local record = redis.call('GET', KEYS[3])
     if record and string.sub(record, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then
       local left = redis.call('PTTL', KEYS[3])
+      local deadline = tonumber(string.match(record, '^%S+ %S+ %S+ (%S+)$') or '')
+      if deadline then
+        local t = redis.call('TIME')
+        local own = ttl + math.max(0, math.ceil(
+          (deadline - tonumber(t[1]) - tonumber(t[2]) / 1000000) * 1000))
+        if left > own then left = own end
+      end
       if left > ttl then ttl = left end
       redis.call('PEXPIRE', KEYS[3], ttl)
     end
@@ -110,7 +148,7 @@ if ARGV[6] ~= '' then
   redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[3])
   local stage = cjson.decode(ARGV[6])['stage']
   if stage == 'finished' or stage == 'cancelled' or stage == 'expired' or stage == 'lost' then
-    if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3]) end
+    if KEYS[9] then answer_owner(KEYS[9], ARGV[3]) end
     redis.call('PEXPIRE', KEYS[1], ARGV[3], 'LT')
   else
     if KEYS[9] then redis.call('PEXPIRE', KEYS[9], ARGV[3], 'GT') end
@@ -259,8 +297,10 @@ class FinishCommands(RedisCommandBase):
         flag: GT for a stage of the delivery, none for a terminal state), after the
         script (their keys are in other slots); one write, split per node."""
         after: tuple[tuple[Any, ...], ...] = ()
-        if owner:
+        if owner and owner[1:] == (b"GT",):
             after += ((b"PEXPIRE", owner_key(job_id), *owner),)
+        elif owner:  # the answer: marked answered, so a late keep keeps nothing
+            after += (ANSWER_OWNER.eval((owner_key(job_id),), owner),)
         if payload:
             after += (
                 (b"XADD", progress_key(job_id), b"NOMKSTREAM", b"MAXLEN", b"~", 64, b"*",

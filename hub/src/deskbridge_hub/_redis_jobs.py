@@ -11,12 +11,14 @@ from coredis.exceptions import ResponseError, StreamConsumerGroupError
 
 from ._jobstate import JobState
 from ._redis_base import RedisCommandBase, Script, _entries, _ms
+from ._redis_finish import KEEP_ID
 from ._substrate import (
     GROUP,
     Entry,
     Marked,
     cancel_key,
     fence_key,
+    idem_key,
     job_keys,
     jobs_key,
     owner_key,
@@ -40,6 +42,12 @@ from ._substrate import (
 #: A redelivery records the desktop it goes to (the state's ``daemon_id``), or ``?`` once
 #: an earlier delivery went to another desktop or one not known (``desk``, as
 #: ``_jobstate.delivered_again``), and says so (the reply's fourth item, 1).
+#: A delivery keeps the idempotency record that names the job (``ikey``, if any) as long
+#: as the state (PEXPIRE GT): a holder that dies writes no ``interrupted`` mark, and the
+#: record lapsed at the deadline + result TTL (or its last keep + result TTL) while the
+#: state was kept a day; a retry with the key then found it free (``offline``, or a
+#: second job the desktop's ledger runs again past its key window). The answer's write
+#: sets it back to its own lifetime (``_redis_finish.FINISH``).
 _MARK = """
 local function forwarded(skey)
   local current = redis.call('GET', skey)
@@ -71,7 +79,14 @@ local function raise(fkey, ttl, deadline, now)
   redis.call('PEXPIRE', fkey, keep)
   return epoch
 end
-local function mark(skey, ckey, fkey, state, ttl, deadline, now)
+local function keep_key(ikey, job, ttl)
+  if not ikey or ikey == '' then return end
+  local record = redis.call('GET', ikey)
+  if record and string.sub(record, 1, string.len(job) + 1) == job .. ' ' then
+    redis.call('PEXPIRE', ikey, ttl, 'GT')
+  end
+end
+local function mark(skey, ckey, fkey, state, ttl, deadline, now, ikey, job)
   local sent = forwarded(skey)
   if deadline ~= '' and tonumber(now) >= tonumber(deadline) and not sent then
     return {'expired', now}
@@ -82,20 +97,23 @@ local function mark(skey, ckey, fkey, state, ttl, deadline, now)
   end
   local written, elsewhere = desk(state, sent)
   redis.call('SET', skey, written, 'PX', ttl)
+  keep_key(ikey, job, ttl)
   return {'delivered', now, raise(fkey, ttl, deadline, now), elsewhere}
 end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 """
 _MARK_DELIVERED = Script(
-    _MARK + "return mark(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], now)\n"
+    _MARK
+    + "return mark(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], now, KEYS[4], ARGV[4])\n"
 )
 
 #: read_new_delivered: XREADGROUP ... > (no BLOCK) and, for every entry that is a job
 #: (``job_id`` and a numeric ``deadline``, no ``control``), the mark above, in one step.
 #: KEYS: the stream, presence. ARGV: group, consumer, count, state, TTL ms, then the
 #: state, cancel and fence key prefixes (``_keys`` with an empty job id: every key in the
-#: user's slot), then the reading session's id ('' = no check): nothing is read while
+#: user's slot), then the reading session's id ('' = no check), then the idempotency
+#: record's key prefix (the entry's ``idempotency_key`` names it): nothing is read while
 #: presence names another session (a superseded session, maybe half-open).
 _READ_DELIVERED = Script(
     _MARK
@@ -114,8 +132,10 @@ for _, entry in ipairs(reply[1][2]) do
   local marked = {}
   local job = f['job_id']
   if job and job ~= '' and not f['control'] and tonumber(f['deadline']) then
+    local ikey = nil
+    if f['idempotency_key'] then ikey = ARGV[10] .. f['idempotency_key'] end
     marked = mark(ARGV[6] .. job, ARGV[7] .. job, ARGV[8] .. job, ARGV[4], ARGV[5],
-      f['deadline'], now)
+      f['deadline'], now, ikey, job)
   end
   out[#out + 1] = {entry[1], flat, marked}
 end
@@ -280,11 +300,13 @@ class JobCommands(RedisCommandBase):
         *,
         ttl_s: float,
         deadline: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Marked:
         """One script, one round trip: compare ``deadline`` with the server's ``TIME``
         (unless the stored state says the job was already delivered or interrupted),
-        check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000) and
-        INCR the job's claim epoch (``bridge:fence:{user_id}:job_id``).
+        check the cancel flag, and only then SET the state PX ceil(ttl_s * 1000),
+        INCR the job's claim epoch (``bridge:fence:{user_id}:job_id``) and keep the
+        record of ``idempotency_key`` at least as long, if it names this job.
 
         Returns:
             :class:`Marked` with the verdict, the server's time and (delivered) the epoch.
@@ -293,12 +315,14 @@ class JobCommands(RedisCommandBase):
             SubstrateUnavailable: Redis unreachable.
         """
         limit = "" if deadline is None else repr(float(deadline))
-        keys = (
+        keys: tuple[str, ...] = (
             state_key(user_id, job_id),
             cancel_key(user_id, job_id),
             fence_key(user_id, job_id),
         )
-        args = (state.encode(), _ms(ttl_s), limit)
+        if idempotency_key is not None:  # never an empty key: under Cluster it has a slot
+            keys += (idem_key(user_id, idempotency_key),)
+        args = (state.encode(), _ms(ttl_s), limit, job_id)
         async with self._session("mark delivered") as s:
             (reply,) = await self._script(s, _MARK_DELIVERED, keys, args)
             if isinstance(reply, BaseException):
@@ -332,6 +356,7 @@ class JobCommands(RedisCommandBase):
         args = (
             GROUP, consumer, count, state.encode(), _ms(ttl_s), state_key(user_id, ""),
             cancel_key(user_id, ""), fence_key(user_id, ""), session_id or "",
+            idem_key(user_id, ""),
         )  # fmt: skip
         async with self._session("read + mark delivered") as s:
             (reply,) = await self._script(s, _READ_DELIVERED, keys, args)
@@ -378,7 +403,8 @@ class JobCommands(RedisCommandBase):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
 
     async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
-        """PEXPIRE ceil(ttl_s * 1000) GT of each job id's owner record in one write
+        """PEXPIRE ceil(ttl_s * 1000) GT of each job id's owner record unless it says
+        its job is answered (``KEEP_ID``, one EVAL per id in its own slot), in one write
         (split per node under Cluster; see ``Substrate.keep_job_ids``).
 
         Raises:
@@ -388,7 +414,7 @@ class JobCommands(RedisCommandBase):
         if not job_ids:
             return
         px = _ms(ttl_s)
-        commands = [(b"PEXPIRE", owner_key(job_id), px, b"GT") for job_id in job_ids]
+        commands = [KEEP_ID.eval((owner_key(job_id),), (px,)) for job_id in job_ids]
         async with self._session("keep job ids") as s:
             for reply in await s.execute(*commands, timeout_s=self._command_timeout_s):
                 if isinstance(reply, BaseException):

@@ -454,6 +454,7 @@ class LedgerSubstrate(Protocol):
         *,
         ttl_s: float,
         deadline: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Marked:
         """In one atomic step, on the substrate's clock: if ``deadline`` (Unix seconds on
         that clock) has passed and the stored state is not ``delivered``/
@@ -461,7 +462,11 @@ class LedgerSubstrate(Protocol):
         desktop's ledger answers) answer ``expired``; else if a cancel was requested
         answer ``cancelled``; else SET the job state PX ttl, raise the job's claim epoch (INCR
         ``bridge:fence:{user_id}:job_id``, kept until ``deadline`` + ttl_s, at least
-        ttl_s) and answer ``delivered`` with it. Only ``delivered`` may be forwarded."""
+        ttl_s), keep the record of ``idempotency_key`` (the entry's), if it names this
+        job, at least ttl_s (``PEXPIRE ... GT``: a holder that dies writes nothing more,
+        and a retry must still find the key's job) and answer ``delivered`` with the
+        epoch. Only ``delivered`` may be forwarded. ``read_new_delivered`` and the push
+        delivery of ``submit`` do the same for the entry's ``idempotency_key`` field."""
 
     async def keep_job(
         self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
@@ -479,8 +484,9 @@ class LedgerSubstrate(Protocol):
 
     async def keep_job_ids(self, job_ids: Sequence[str], *, ttl_s: float) -> None:
         """Each ``bridge:job:{job_id}`` owner record (of a caller-chosen job id) that
-        exists lives at least ``ttl_s`` more seconds (``PEXPIRE ... GT``: none is
-        shortened, none is made). One write (under Cluster split per node). The
+        exists and is not marked answered (``JobOwner.answered``: the answer's write,
+        which may land first, wins) lives at least ``ttl_s`` more seconds (``PEXPIRE ...
+        GT``: none is shortened, none is made). One write (under Cluster split per node). The
         delivery's keep of a forwarded job's chosen id (``_keepalive``): the mark keeps
         its state ``forwarded_keep_s`` in the user's slot, which cannot reach this one.
 

@@ -182,20 +182,31 @@ class Claimed:
 MAILBOX_TTL_S = 120.0
 
 
+#: The last part of an answered job's owner record (``JobOwner.answered``).
+ANSWERED_MARK = " !"
+
+
 @attrs.frozen
 class JobOwner:
-    """The value of ``bridge:job:{<job_id>}``: whose job, and where its caller waits."""
+    """The value of ``bridge:job:{<job_id>}``: whose job, where its caller waits, and
+    whether the job is answered: the answer's write appends :data:`ANSWERED_MARK` (in
+    the record's own slot), so a keep of a forwarded id that lands after it keeps
+    nothing (``Substrate.keep_job_ids``) and the id is free again with the answer's
+    state, whatever the order of the two writes."""
 
     user_id: str
     reply_to: str | None = None
+    answered: bool = False
 
     def encode(self) -> str:
-        return self.user_id if self.reply_to is None else f"{self.user_id} {self.reply_to}"
+        text = self.user_id if self.reply_to is None else f"{self.user_id} {self.reply_to}"
+        return text + ANSWERED_MARK if self.answered else text
 
     @classmethod
     def decode(cls, text: str) -> JobOwner:
-        user_id, _, reply_to = text.partition(" ")
-        return cls(user_id, reply_to or None)
+        answered = text.endswith(ANSWERED_MARK)
+        user_id, _, reply_to = text.removesuffix(ANSWERED_MARK).partition(" ")
+        return cls(user_id, reply_to or None, answered)
 
 
 @attrs.frozen(kw_only=True)

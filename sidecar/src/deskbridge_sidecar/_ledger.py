@@ -41,9 +41,12 @@ One SQLite file (the standard library's ``sqlite3``), one row per idempotency ke
   the cap, the oldest *finished* rows go first even if still inside their window, with
   a WARNING naming how many (each may allow a duplicate if redelivered); started rows
   are never evicted. Outcomes together hold at most ``max_bytes`` (:data:`MAX_BYTES`,
-  64 MiB): past it, the oldest finished rows' results are dropped (``compacted``) and
-  the row answers ``in_doubt`` saying the job ran and its result was dropped, never
-  "did not run", and never runs it again; a WARNING names how many.
+  64 MiB): past it, the oldest finished rows' results are dropped (``compacted``) down
+  to :data:`COMPACT_TO` of it, and the row answers ``in_doubt`` saying the job ran and
+  its result was dropped, never "did not run", and never runs it again; a WARNING names
+  how many. The bound is checked at every write of an outcome (a running upper bound,
+  no SUM per write), not only at the prune: a burst of large results between two
+  prunes (60 s) grew the ledger far past it.
 * Corruption: the file is checked (``PRAGMA quick_check``) at open; a file that is not
   a database or fails the check is moved aside (``<name>.corrupt-<unix time>``), one
   ERROR line says so and that its history is lost, and a fresh ledger starts. It never
@@ -120,6 +123,9 @@ def job_keep_s(result_ttl_s: float = RESULT_TTL_S) -> float:
 JOB_KEEP_S = job_keep_s()
 #: Most bytes of outcomes kept (see the module docstring: compaction past it).
 MAX_BYTES = 64 * 1024 * 1024
+#: Past ``max_bytes``, results are dropped until the outcomes hold at most this share of
+#: it: a ledger at its bound would otherwise compact (and SUM every row) at every write.
+COMPACT_TO = 0.875
 #: An outcome this small is never compacted (the in_doubt text is about as long).
 _COMPACT_MIN_BYTES = 512
 
@@ -233,6 +239,9 @@ class Ledger:
     #: (st_dev, st_ino) of the file opened, or None (in memory): writes check the path
     #: still names it
     _identity: tuple[int, int] | None = None
+    #: at least the bytes of outcomes held (exact after each compaction, raised by each
+    #: write; None: not counted yet): the bound is checked at every write without a SUM
+    _bytes_at_most: int | None = attrs.field(default=None, init=False)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -509,6 +518,21 @@ class Ledger:
         self, key: str, outcome: Outcome, tool: str, digest: str, job_id: str | None, now: float
     ) -> None:
         text = outcome_to_json(outcome)
+        self._write_outcome(key, text, tool, digest, job_id, now)
+        # the byte bound holds at every write: between two prunes (60 s) a burst of
+        # large results grew the ledger far past it
+        if self._bytes_at_most is not None:
+            self._bytes_at_most += len(text.encode("utf-8"))
+        if self._bytes_at_most is None or self._bytes_at_most > self.max_bytes:
+            try:  # the outcome is written: a failed compaction is the next prune's
+                self._compact()
+            except sqlite3.Error as exc:
+                self._bytes_at_most = None
+                log.warning("ledger: could not drop old results past its size: %s", exc)
+
+    def _write_outcome(
+        self, key: str, text: str, tool: str, digest: str, job_id: str | None, now: float
+    ) -> None:
         size = len(text.encode("utf-8"))
         self._check_in_place()
         with self._guard("write"):
@@ -607,11 +631,15 @@ class Ledger:
         return deleted
 
     def _compact(self) -> None:
-        """Past ``max_bytes`` of outcomes, drop the oldest finished rows' results: each
-        row then answers ``in_doubt`` saying its job ran (never "did not run")."""
+        """Past ``max_bytes`` of outcomes, drop the oldest finished rows' results down to
+        :data:`COMPACT_TO` of it (so that the next compaction, and its SUM over every
+        row, comes only after that many more bytes): each row then answers ``in_doubt``
+        saying its job ran (never "did not run")."""
         (total,) = self._conn.execute("SELECT COALESCE(SUM(outcome_bytes), 0) FROM jobs").fetchone()
+        self._bytes_at_most = total
         if total <= self.max_bytes:
             return
+        target = int(self.max_bytes * COMPACT_TO)
         rows = self._conn.execute(
             "SELECT key, tool, finished_at, outcome, outcome_bytes FROM jobs WHERE finished_at "
             "IS NOT NULL AND outcome_bytes > ? ORDER BY finished_at",
@@ -619,7 +647,7 @@ class Ledger:
         )
         compacted: list[tuple[str, int, str]] = []
         for key, tool, finished_at, text, size in rows:
-            if total <= self.max_bytes:
+            if total <= target:
                 break
             was = outcome_from_json(text)
             outcome = Outcome.failure(
@@ -635,6 +663,7 @@ class Ledger:
         self._conn.executemany(
             "UPDATE jobs SET outcome = ?, outcome_bytes = ? WHERE key = ?", compacted
         )
+        self._bytes_at_most = total
         log.warning(
             "ledger over its size of %d bytes of results: dropped the results of the %d "
             "oldest finished jobs (a redelivery of one of them is answered in_doubt: it ran, "
