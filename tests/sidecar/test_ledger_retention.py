@@ -6,10 +6,12 @@ idempotency record) is over. MockClock, the in-memory ledger on the test's wall 
 
 from __future__ import annotations
 
+import sqlite3
+
 import attrs
 import trio
 from deskbridge_sidecar import Outcome, _ledger
-from deskbridge_sidecar._ledger import Ledger
+from deskbridge_sidecar._ledger import Ledger, outcome_to_json
 from deskbridge_sidecar.testing import FakeWallClock
 
 from .runner_kit import counting, job, make
@@ -232,4 +234,55 @@ async def test_a_burst_of_large_results_between_prunes_stays_within_the_byte_bou
     assert (await ledger.get("k5")).outcome == Outcome.success("x" * 4000)
     assert (await ledger.get("k0")).outcome.code == "in_doubt"
     assert "ledger over its size of 10000 bytes" in caplog.text
+    ledger.close()
+
+
+async def test_a_ledger_within_its_byte_bound_does_not_sum_its_results_at_each_write(tmp_path):
+    """Writes that keep the running total at or under the bound sum nothing (the total
+    is read at open and kept running); a write past the bound sums, then compacts. A
+    SUM per write would cost the ledger's whole size at each finish."""
+    now = [1_700_000_000.0]
+    size = len(outcome_to_json(Outcome.success("x" * 1000)).encode("utf-8"))
+    ledger = Ledger.open(
+        tmp_path / "ledger.sqlite3", wall_clock=lambda: now[0], max_bytes=2 * size
+    )
+    sums: list[str] = []
+    ledger._conn.set_trace_callback(lambda sql: sums.append(sql) if "SUM(" in sql else None)
+    for n in range(2):  # the second write brings the total to exactly the bound
+        now[0] += 0.1
+        await ledger.finish(f"k{n}", Outcome.success("x" * 1000), "t", "d", job_id=f"job-{n}")
+    assert sums == []
+    now[0] += 0.1
+    await ledger.finish("k2", Outcome.success("x" * 1000), "t", "d", job_id="job-2")
+    assert len(sums) == 1, sums  # past the bound: summed, then compacted
+    assert (await ledger.get("k0")).outcome.code == "in_doubt"
+    ledger.close()
+
+
+async def test_a_failed_compaction_is_tried_again_at_the_next_write(tmp_path, monkeypatch):
+    """A compaction that fails (a locked or full disk) leaves the written outcome and
+    is tried again at the next write, which sums afresh: the ledger stays writable."""
+    now = [1_700_000_000.0]
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3", wall_clock=lambda: now[0], max_bytes=10_000)
+    real = Ledger._compact
+    calls: list[str] = []
+
+    def failing_once(self: Ledger) -> None:
+        calls.append("compact")
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")
+        real(self)
+
+    monkeypatch.setattr(Ledger, "_compact", failing_once)
+    for n in range(3):  # the third write passes the bound: its compaction fails
+        now[0] += 0.1
+        await ledger.finish(f"k{n}", Outcome.success("x" * 4000), "t", "d", job_id=f"job-{n}")
+    assert calls == ["compact"]
+    assert (await ledger.get("k2")).outcome == Outcome.success("x" * 4000)  # written
+    now[0] += 0.1
+    await ledger.finish("k3", Outcome.success("x" * 4000), "t", "d", job_id="job-3")
+    assert calls == ["compact", "compact"]
+    (total,) = ledger._conn.execute("SELECT SUM(outcome_bytes) FROM jobs").fetchone()
+    assert total <= 10_000, total
+    assert (await ledger.get("k3")).outcome == Outcome.success("x" * 4000)
     ledger.close()
