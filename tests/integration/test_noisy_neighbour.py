@@ -106,3 +106,79 @@ def test_one_user_cannot_hold_every_progress_stream_of_a_process(hub):
     finally:
         for s in held:
             s.close()
+
+
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "flood", "version": "1"},
+    },
+}
+
+
+async def _initialize(client, hub: Hub, user: str):
+    import httpx
+
+    return await client.post(
+        f"{hub.http}/v1/users/{user}/mcp",
+        json=_INITIALIZE,
+        headers={
+            "Authorization": f"Bearer {API_KEY}",
+            "Accept": "application/json, text/event-stream",
+        },
+        timeout=httpx.Timeout(20.0),
+    )
+
+
+def test_one_user_cannot_open_mcp_sessions_without_bound(hub):
+    """Before: 2025-era MCP sessions (``initialize``, ``Mcp-Session-Id``) were bounded
+    only by the SDK's 10,000 per user endpoint and lived 30 minutes idle; each held about
+    40 KB, so one API-key holder opening 4,000 took the process from 180 to 340 MB, for
+    every user's calls. Now a user has at most ``MAX_SESSIONS_PER_USER`` in a process:
+    the next ``initialize`` is 429 naming the bound; another user still opens one."""
+    import httpx
+    from deskbridge_hub._mcp_mount import MAX_SESSIONS_PER_USER
+
+    noisy, other = "noisy-" + secrets.token_hex(3), "other-" + secrets.token_hex(3)
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as client:
+            with trio.fail_after(25):
+                for i in range(MAX_SESSIONS_PER_USER):
+                    r = await _initialize(client, hub, noisy)
+                    assert r.status_code == 200, (i, r.text)
+                r = await _initialize(client, hub, noisy)
+                assert r.status_code == 429, r.text
+                assert "too_many_requests" in r.text and str(MAX_SESSIONS_PER_USER) in r.text
+                r = await _initialize(client, hub, other)
+                assert r.status_code == 200, r.text
+
+    trio.run(main)
+
+
+def test_concurrent_first_mcp_requests_for_a_new_user_are_all_served(hub):
+    """Before: the first request for a user starts that user's MCP endpoint; requests
+    arriving meanwhile found it registered but not yet running and got 500 ("Task group
+    is not initialized") with a traceback in the log (seen with 2,000 new user ids)."""
+    import httpx
+
+    async def main() -> None:
+        statuses: list[int] = []
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=20)) as client:
+            for _ in range(5):
+                user = "new-" + secrets.token_hex(4)
+
+                async def one(user: str = user) -> None:
+                    statuses.append((await _initialize(client, hub, user)).status_code)
+
+                with trio.fail_after(20):
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(10):
+                            nursery.start_soon(one)
+        assert set(statuses) == {200}, statuses
+
+    trio.run(main)
