@@ -186,12 +186,15 @@ async def test_a_request_during_an_endpoints_start_waits_for_it_to_run(
     monkeypatch.setattr(_mcp.UserEndpoint, "run", slow_run)
     endpoints = _endpoints(nursery, Bridge(MemorySubstrate()))
     got: list[object] = []
+    both = trio.Event()
 
     async def request() -> None:
         async with endpoints.using("new") as endpoint:
             assert endpoint is not None
             assert endpoint.manager._task_group is not None  # running: it can serve
             got.append(endpoint)
+            if len(got) == 2:
+                both.set()
 
     nursery.start_soon(request)
     await trio.testing.wait_all_tasks_blocked()
@@ -200,6 +203,5 @@ async def test_a_request_during_an_endpoints_start_waits_for_it_to_run(
     await trio.testing.wait_all_tasks_blocked()
     release.set()
     with trio.fail_after(5):
-        while len(got) < 2:
-            await trio.sleep(0.01)
+        await both.wait()
     assert got[0] is got[1]

@@ -57,10 +57,8 @@ def _open_events(hub: Hub, job: str) -> tuple[socket.socket, str]:
             break
         head += chunk
     text = head.decode(errors="replace")
-    length = next(
-        (int(line.split(":")[1]) for line in text.lower().splitlines() if line.startswith("content-length:")),
-        0,
-    )
+    lines = text.lower().splitlines()
+    length = next((int(x.split(":")[1]) for x in lines if x.startswith("content-length:")), 0)
     while len(head.split(b"\r\n\r\n", 1)[-1]) < length:  # a refusal's body, whole
         chunk = sock.recv(65536)
         if not chunk:

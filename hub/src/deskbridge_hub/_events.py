@@ -47,7 +47,6 @@ from ._jobstate import MalformedState
 from ._progress import watch
 from ._validate import validate_key
 
-
 #: Most event streams one user's jobs may have open at once in one hub process.
 MAX_EVENT_STREAMS_PER_USER = 32
 #: ``Retry-After`` of the 429, seconds.

@@ -92,7 +92,7 @@ _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EN
 def install() -> None:
     """Make Hypercorn (trio worker) in this process close a connection once its peer has
     gone, and rate-limit trio's log lines about failing accepts. Idempotent."""
-    hypercorn_trio_run.TCPServer = PromptClosingTCPServer  # type: ignore[misc]
+    hypercorn_trio_run.TCPServer = PromptClosingTCPServer  # type: ignore[attr-defined]
     logger = logging.getLogger(ACCEPT_LOGGER)
     if not any(isinstance(f, AcceptErrorFilter) for f in logger.filters):
         logger.addFilter(AcceptErrorFilter())

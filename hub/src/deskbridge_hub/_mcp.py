@@ -72,9 +72,9 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from . import _metrics
 from ._bridge import Bridge
 from ._bridge_jobs import MAX_TIMEOUT_S
-from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._http import released_answer
+from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._outcome import Outcome
 from ._progress import ProgressReport
 from ._shutdown import Draining, WaitingCall

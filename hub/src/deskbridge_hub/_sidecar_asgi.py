@@ -24,9 +24,9 @@ from typing import Any
 from deskbridge_common import _codes
 
 from ._errors import SocketClosed
+from ._fd_limits import install as install_fd_limits
 from ._session import serve_sidecar
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
-from ._fd_limits import install as install_fd_limits
 from ._ws_limits import install as install_ws_limits
 
 log = logging.getLogger("deskbridge.hub")
