@@ -166,3 +166,42 @@ async def test_a_refusal_before_serving_is_a_json_rpc_error_with_the_request_id(
     assert answer["jsonrpc"] == "2.0" and answer["id"] == 7, answer
     assert answer["error"]["data"] == {"code": "unavailable"}
     assert answer["error"]["message"] == "unavailable: the hub is not serving yet"
+
+
+async def test_a_request_during_an_endpoints_start_waits_for_it_to_run(
+    autojump_clock, nursery, monkeypatch
+):
+    """Before: the endpoint was registered before its SDK manager ran, so a request that
+    arrived meanwhile took it from the lock-free lookup and the SDK answered 500 ("Task
+    group is not initialized"): seen with concurrent first requests for new user ids."""
+    from deskbridge_hub import _mcp
+
+    release = trio.Event()
+    real_run = _mcp.UserEndpoint.run
+
+    async def slow_run(self, *, task_status=trio.TASK_STATUS_IGNORED):  # type: ignore[no-untyped-def]
+        await release.wait()  # the SDK's manager takes a while to start
+        await real_run(self, task_status=task_status)
+
+    monkeypatch.setattr(_mcp.UserEndpoint, "run", slow_run)
+    endpoints = _endpoints(nursery, Bridge(MemorySubstrate()))
+    got: list[object] = []
+    both = trio.Event()
+
+    async def request() -> None:
+        async with endpoints.using("new") as endpoint:
+            assert endpoint is not None
+            assert endpoint.manager._task_group is not None  # running: it can serve
+            got.append(endpoint)
+            if len(got) == 2:
+                both.set()
+
+    nursery.start_soon(request)
+    await trio.testing.wait_all_tasks_blocked()
+    assert "new" not in endpoints._endpoints  # starting, not yet there to be taken
+    nursery.start_soon(request)
+    await trio.testing.wait_all_tasks_blocked()
+    release.set()
+    with trio.fail_after(5):
+        await both.wait()
+    assert got[0] is got[1]

@@ -83,6 +83,8 @@ REQUEST_TIMEOUT = "request_timeout"  #: the body did not arrive within the body 
 #: a body over the size limit (Werkzeug's name of 413; MCP said ``payload_too_large``)
 REQUEST_ENTITY_TOO_LARGE = "request_entity_too_large"
 UPGRADE_REQUIRED = "upgrade_required"  #: plain HTTP on the WebSocket-only /v1/sidecar
+#: a per-user bound of this process is reached (the message names it; ``Retry-After``)
+TOO_MANY_REQUESTS = "too_many_requests"
 INTERNAL_SERVER_ERROR = "internal_server_error"  #: a bug: logged with its traceback
 DRAINING = "draining"  #: this replica is restarting: nothing was enqueued, retry elsewhere
 NOT_CONFIGURED = "not_configured"  #: the hub has no DESKBRIDGE_SECRET
@@ -100,6 +102,7 @@ HTTP_STATUS_CODES = {
     408: REQUEST_TIMEOUT,
     413: REQUEST_ENTITY_TOO_LARGE,
     426: UPGRADE_REQUIRED,
+    429: TOO_MANY_REQUESTS,
     500: INTERNAL_SERVER_ERROR,
 }
 #: Every code a refused request may carry (besides the job outcomes' codes above).
@@ -128,6 +131,7 @@ __all__ = [
     "JOB_ID_IN_USE",
     "METHOD_NOT_ALLOWED",
     "NOT_CONFIGURED",
+    "TOO_MANY_REQUESTS",
     "NOT_FOUND",
     "REQUEST_ENTITY_TOO_LARGE",
     "REQUEST_TIMEOUT",

@@ -74,6 +74,7 @@ from ._bridge import Bridge
 from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
 from ._http import released_answer
+from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._outcome import Outcome
 from ._progress import ProgressReport
 from ._shutdown import Draining, WaitingCall
@@ -258,6 +259,10 @@ class UserEndpoint:
     open_requests: int = attrs.field(init=False, default=0)
     last_used_s: float = attrs.field(init=False, default=0.0)
 
+    def sessions_open(self) -> int:
+        """How many 2025-era sessions this endpoint holds (the SDK's session table)."""
+        return len(getattr(self.manager, "_server_instances", ()))
+
     def unused_since(self, now_s: float, idle_s: float) -> bool:
         """True when no request is open, no handshake-era session is left and the last
         request ended ``idle_s`` seconds or more before ``now_s``."""
@@ -290,7 +295,9 @@ class UserEndpoint:
             self.server.create_initialization_options, NotificationOptions(tools_changed=True)
         )
         self.manager = StreamableHTTPSessionManager(
-            app=self.server, session_idle_timeout=SESSION_IDLE_TIMEOUT_S
+            app=self.server,
+            session_idle_timeout=SESSION_IDLE_TIMEOUT_S,
+            max_sessions=MAX_SESSIONS_PER_USER,
         )
 
     async def run(

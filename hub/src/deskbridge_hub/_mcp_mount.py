@@ -52,6 +52,16 @@ INVALID_REQUEST = -32600
 EVICT_IDLE_S = 600.0
 #: How often unused endpoints are looked for, seconds.
 REAP_EVERY_S = 60.0
+#: Most 2025-era sessions (``initialize``, ``Mcp-Session-Id``) one user's endpoint keeps
+#: in one process; the next ``initialize`` is 429 naming this bound (the SDK's own bound,
+#: set to the same, answers 503 for one that races past the check). Each session holds
+#: about 40 KB for up to ``SESSION_IDLE_TIMEOUT_S`` (30 min) idle: with the SDK's default
+#: of 10,000 per user, one API-key holder opening 4,000 took a process from 180 to
+#: 340 MB, which every user of the process pays. An agent needs one session per
+#: conversation with a desktop; the 2026 wire needs none.
+MAX_SESSIONS_PER_USER = 64
+#: ``Retry-After`` of that 429, seconds.
+RETRY_AFTER_S = 5
 
 
 @attrs.define(eq=False)
@@ -113,11 +123,19 @@ class McpEndpoints:
             return found
 
     async def _run(self, endpoint: UserEndpoint, *, task_status: Any) -> None:
-        self._endpoints[endpoint.user_id] = endpoint
-        scope = self._scopes[endpoint.user_id] = anyio.CancelScope()
+        scope = anyio.CancelScope()
+
+        def register() -> None:
+            # Only once running: ``using`` takes a registered endpoint without the lock,
+            # and the SDK's manager refuses requests (500, "Task group is not
+            # initialized") until its ``run`` has started (it used to be registered
+            # before: concurrent first requests for a new user got that 500).
+            self._endpoints[endpoint.user_id] = endpoint
+            self._scopes[endpoint.user_id] = scope
+
         try:
             with scope:
-                await endpoint.run(task_status=task_status)
+                await endpoint.run(task_status=_OnStarted(task_status, register))
         finally:
             if self._endpoints.get(endpoint.user_id) is endpoint:  # not a successor's
                 del self._endpoints[endpoint.user_id]
@@ -141,6 +159,18 @@ class McpEndpoints:
         if gone:
             log.debug("stopped %d unused MCP endpoints", len(gone))
         return gone
+
+
+@attrs.define
+class _OnStarted:
+    """A task status that calls ``then`` just before it reports the task started."""
+
+    task_status: Any
+    then: Callable[[], None]
+
+    def started(self, value: Any = None) -> None:
+        self.then()
+        self.task_status.started(value)
 
 
 async def _mcp_module() -> Any:
@@ -233,7 +263,9 @@ def mount_mcp(
                 with drain.tracking_request():
                     await _serve(endpoints, user_id, scope, receive, send, rid)
                 return
-            await _serve(endpoints, user_id, scope, receive, send, rid)
+            await _serve(
+                endpoints, user_id, scope, receive, send, rid, initialize=_is_initialize(raw)
+            )
             return
         await _serve(endpoints, user_id, scope, receive, send)
 
@@ -247,6 +279,8 @@ async def _serve(
     receive: Any,
     send: Any,
     request_id: str | int | None = None,
+    *,
+    initialize: bool = False,
 ) -> None:
     async with endpoints.using(user_id) as endpoint:
         if endpoint is None:
@@ -254,7 +288,36 @@ async def _serve(
                 send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=request_id
             )
             return
+        if initialize and endpoint.sessions_open() >= MAX_SESSIONS_PER_USER and (
+            _opens_session(scope)
+        ):
+            await _send_json(
+                send,
+                429,
+                _codes.TOO_MANY_REQUESTS,
+                f"user {user_id!r} already has {MAX_SESSIONS_PER_USER} MCP sessions open on "
+                "this hub process (MAX_SESSIONS_PER_USER): end one (DELETE with its "
+                "Mcp-Session-Id), let one idle out, or use the 2026 wire (no session)",
+                request_id=request_id,
+                retry_after_s=RETRY_AFTER_S,
+            )
+            return
         await endpoint.manager.handle_request(scope, receive, send)
+
+
+def _opens_session(scope: Any) -> bool:
+    """True for a request that would open a 2025-era session: a POST with no
+    ``Mcp-Session-Id`` and no 2026 ``Mcp-Protocol-Version`` (the SDK's own test of which
+    wire a request speaks) whose body the caller found to be ``initialize``."""
+    headers = dict(scope.get("headers", []))
+    if scope.get("method") != "POST" or b"mcp-session-id" in headers:
+        return False
+    version = headers.get(b"mcp-protocol-version")
+    if version is None:
+        return True
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS  # loaded with the SDK
+
+    return version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS
 
 
 def _request_id(raw: bytes) -> str | int | None:
@@ -266,6 +329,15 @@ def _request_id(raw: bytes) -> str | int | None:
         return None
     rid = value.get("id") if isinstance(value, dict) else None
     return None if isinstance(rid, bool) or not isinstance(rid, str | int) else rid
+
+
+def _is_initialize(raw: bytes) -> bool:
+    """True for a POST body that is an ``initialize`` request (opens a 2025 session)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and value.get("method") == "initialize"
 
 
 def _is_tool_call(raw: bytes) -> bool:
@@ -424,6 +496,7 @@ async def _send_json(
     *,
     allow: str | None = None,
     request_id: str | int | None = None,
+    retry_after_s: int | None = None,
     **extra: Any,
 ) -> None:
     """The hub's own refusal of an MCP request (before the SDK sees it), HTTP
@@ -446,6 +519,8 @@ async def _send_json(
         headers.append((b"allow", allow.encode()))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -24,6 +24,7 @@ from typing import Any
 from deskbridge_common import _codes
 
 from ._errors import SocketClosed
+from ._fd_limits import install as install_fd_limits
 from ._session import serve_sidecar
 from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
 from ._ws_limits import install as install_ws_limits
@@ -122,9 +123,12 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
 
     Also bounds what Hypercorn holds per WebSocket in this process (``_ws_limits``:
     permessage-deflate declined, nothing stored after an oversized message), whichever
-    way Hypercorn was started (``deskbridge-hub serve`` or ``hypercorn ...asgi:app``).
+    way Hypercorn was started (``deskbridge-hub serve`` or ``hypercorn ...asgi:app``),
+    and what a connection that never sends a request costs (``_fd_limits``: its
+    descriptor is freed at its EOF; failing accepts are logged once a minute).
     """
     install_ws_limits()
+    install_fd_limits()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "websocket" or scope.get("path") != SIDECAR_PATH:
