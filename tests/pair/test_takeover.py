@@ -9,6 +9,7 @@ are cancelled; its socket dies without a close frame.
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -36,8 +37,8 @@ class Killable:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
-        if not callable(attr):
-            return attr
+        if not inspect.iscoroutinefunction(attr):
+            return attr  # values and plain methods (``history_changes``) as they are
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.dead:
