@@ -83,3 +83,22 @@ def test_serve_refuses_a_certificate_it_cannot_load(no_serving, capsys, tmp_path
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"deskbridge-hub serve: --certfile {pem}"), err
+
+
+def test_serve_gives_hypercorn_a_listen_backlog_for_a_reconnect_storm(monkeypatch):
+    """``serve`` sets the listen backlog (Hypercorn's default, 100, overflowed at ~500
+    simultaneous connects: the desktops of a restarted pod all dial at once)."""
+    import hypercorn.run
+
+    seen: list[object] = []
+
+    def capture(config: object) -> int:
+        seen.append(config)
+        return 0
+
+    monkeypatch.setattr(hypercorn.run, "run", capture)
+    monkeypatch.setenv("DESKBRIDGE_SECRET", "s" * 32)
+    monkeypatch.setenv("DESKBRIDGE_REDIS_URL", "memory://")
+    assert cli.main(["serve", "--bind", "127.0.0.1:9"]) == 0
+    (config,) = seen
+    assert config.backlog == cli.LISTEN_BACKLOG >= 1024

@@ -333,6 +333,11 @@ def _tls_problem(certfile: str, keyfile: str) -> str | None:
     return None
 
 
+#: Pending connections the listening socket queues (``listen(2)``'s backlog) before the
+#: kernel refuses more: room for a reconnect storm of a few thousand desktops.
+LISTEN_BACKLOG = 2048
+
+
 def _serve(args: argparse.Namespace) -> int:
     from hypercorn.config import Config
     from hypercorn.run import run
@@ -413,6 +418,10 @@ def _serve(args: argparse.Namespace) -> int:
     config.websocket_max_message_size = MAX_MESSAGE_SIZE  # 2 MiB; frames are capped at 1 MiB
     config.websocket_ping_interval = None  # app-level ping runs instead (docs/operations.md)
     config.keep_alive_timeout = 75.0  # seconds, HTTP keep-alive between dispatch calls
+    # A pod's rolling restart moves all its desktops at once: Hypercorn's default listen
+    # backlog (100) overflowed at ~500 simultaneous connects (resets, then the sidecars'
+    # backoff); the kernel caps it at net.core.somaxconn (4096 on current Linux).
+    config.backlog = LISTEN_BACKLOG
     if args.certfile:
         config.certfile = args.certfile
         config.keyfile = args.keyfile
