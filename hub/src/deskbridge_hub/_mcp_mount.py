@@ -225,15 +225,14 @@ def mount_mcp(
                 await _send_jsonrpc_error(send, *refusal)
                 return
             receive = _replayed(raw, receive)
-            rid = _request_id(raw)
             drain = _drain_of(holder)
             if drain is not None and _is_tool_call(raw):
                 # counted like an HTTP dispatch request: a graceful shutdown gives it the
                 # grace, then waits (bounded) for its answer to be written
                 with drain.tracking_request():
-                    await _serve(endpoints, user_id, scope, receive, send, rid)
+                    await _serve(endpoints, user_id, scope, receive, send, raw)
                 return
-            await _serve(endpoints, user_id, scope, receive, send, rid)
+            await _serve(endpoints, user_id, scope, receive, send, raw)
             return
         await _serve(endpoints, user_id, scope, receive, send)
 
@@ -246,12 +245,15 @@ async def _serve(
     scope: Any,
     receive: Any,
     send: Any,
-    request_id: str | int | None = None,
+    raw: bytes | None = None,
 ) -> None:
+    """Hand the request to the user's endpoint, or answer 503 (not serving yet) naming
+    the id of the POST body ``raw``: parsed only then, not on every call's path."""
     async with endpoints.using(user_id) as endpoint:
         if endpoint is None:
+            rid = None if raw is None else _request_id(raw)
             await _send_json(
-                send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=request_id
+                send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=rid
             )
             return
         await endpoint.manager.handle_request(scope, receive, send)
@@ -343,15 +345,7 @@ def _content_type_refusal(scope: Any, raw: bytes) -> tuple[int, str, str | int |
     given = header.decode("latin-1")
     if given.strip().lower().startswith("application/json"):
         return None
-    rid: Any = None
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        value = None
-    if isinstance(value, dict):
-        rid = value.get("id")
-    if isinstance(rid, bool) or not isinstance(rid, str | int):
-        rid = None
+    rid = _request_id(raw)
     shown = safe_text(given) if given else "none"
     message = f"Invalid Request: Content-Type must be application/json (got {shown})"
     return INVALID_REQUEST, message, rid
