@@ -197,9 +197,8 @@ async def test_a_served_post_body_is_parsed_no_more_than_its_checks_need(monkeyp
         return strict.loads(raw, *args, **kwargs)
 
     monkeypatch.setattr(_mcp_mount, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
-    monkeypatch.setattr(
-        _mcp_mount, "strict_json", SimpleNamespace(loads=strict_loads, DuplicateKey=strict.DuplicateKey)
-    )
+    counted = SimpleNamespace(loads=strict_loads, DuplicateKey=strict.DuplicateKey)
+    monkeypatch.setattr(_mcp_mount, "strict_json", counted)
     monkeypatch.setattr(_mcp_mount, "_serve", serve)
 
     async def quart(scope, receive, send):  # never reached
