@@ -205,3 +205,58 @@ async def test_a_request_during_an_endpoints_start_waits_for_it_to_run(
     with trio.fail_after(5):
         await both.wait()
     assert got[0] is got[1]
+
+
+async def test_a_served_post_body_is_parsed_no_more_than_its_checks_need(monkeypatch):
+    """Every MCP POST is parsed by the mount's checks (a JSON-RPC message? a tool call,
+    which the drain tracks?) and then by the SDK. The request's id is needed only for the
+    hub's own 503 (not serving yet): it was parsed out of every body, a third full parse
+    of up to 4 MiB on the path of every served call."""
+    import json
+    from types import SimpleNamespace
+
+    from deskbridge_hub import _mcp_mount
+    from deskbridge_hub._shutdown import Draining
+
+    parses = []
+
+    def loads(raw, *args, **kwargs):  # type: ignore[no-untyped-def]
+        parses.append(raw)
+        return json.loads(raw, *args, **kwargs)
+
+    served = []
+
+    async def serve(endpoints, user_id, scope, receive, send, *rest):  # type: ignore[no-untyped-def]
+        served.append(user_id)
+
+    strict = _mcp_mount.strict_json
+
+    def strict_loads(raw, *args, **kwargs):  # type: ignore[no-untyped-def]
+        parses.append(raw)
+        return strict.loads(raw, *args, **kwargs)
+
+    monkeypatch.setattr(_mcp_mount, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    counted = SimpleNamespace(loads=strict_loads, DuplicateKey=strict.DuplicateKey)
+    monkeypatch.setattr(_mcp_mount, "strict_json", counted)
+    monkeypatch.setattr(_mcp_mount, "_serve", serve)
+
+    async def quart(scope, receive, send):  # never reached
+        raise AssertionError(scope)
+
+    holder = {"state": SimpleNamespace(drain=Draining())}
+    app = _mcp_mount.mount_mcp(quart, SimpleNamespace(nursery=None), holder, ())
+    message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "echo"}}
+    body = json.dumps(message).encode()
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):  # never called: the stub serves nothing
+        raise AssertionError(message)
+
+    headers = [(b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/users/alice/mcp", "headers": headers}
+    with trio.fail_after(5):
+        await app(scope, receive, send)
+    assert served == ["alice"]
+    assert len(parses) <= 2, parses

@@ -358,3 +358,46 @@ async def test_a_command_refused_inside_the_heartbeat_script_is_an_outage(
             redis_server.command("ACL", "SETUSER", "hub", "+getex")
             replies = await s.heartbeat(beats, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
             assert [(r.ours, r.error) for r in replies] == [(True, None)] * 2
+
+
+class _CannedSession:
+    """A session answering the probe's pipeline with a node's INFO (the probe script's
+    value echoed, the ACL check refusing nothing)."""
+
+    closed = False
+
+    def __init__(self, info: str) -> None:
+        self.info = info
+
+    async def open(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def close(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def execute(self, *commands: tuple[object, ...], timeout_s: float | None) -> list[object]:
+        await trio.lowlevel.checkpoint()
+        return [self.info, commands[1][-1], []]
+
+
+@pytest.mark.parametrize(("url", "counted"), [("redis://h:1/0", 1), ("redis+cluster://h:1", 0)])
+async def test_another_replication_history_is_a_change_of_the_store_only_on_a_single_redis(
+    url: str, counted: int
+) -> None:
+    """Under Cluster the probe reaches the node owning its key's slot: another
+    ``master_replid`` there is that one node's failover, or the slot moved to another
+    primary (a resharding: no write lost), not the store's history; a lost presence is
+    rewritten by the beat that failed while its node was down (docs/operations.md,
+    "Failover"). It counted as a failover of the store (every session beaten at once,
+    a warning) although ``history_changes`` says 0 under Cluster."""
+    from deskbridge_hub._redis_conn import RedisConnections
+
+    conns = RedisConnections(
+        url, connect_timeout_s=1, command_timeout_s=1, max_connections=8, client_name=None
+    )
+    node = _CannedSession(PRIMARY + "master_replid:" + "a" * 40 + "\r\n")
+    conns._new_session = lambda: node  # type: ignore[method-assign,assignment,return-value]
+    await conns.monitor.check()
+    node.info = PRIMARY + "master_replid:" + "b" * 40 + "\r\n"
+    await conns.monitor.check()
+    assert conns.monitor.history_changes == counted

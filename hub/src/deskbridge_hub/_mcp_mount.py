@@ -255,16 +255,16 @@ def mount_mcp(
                 await _send_jsonrpc_error(send, *refusal)
                 return
             receive = _replayed(raw, receive)
-            rid = _request_id(raw)
+            method = _method(raw)
             drain = _drain_of(holder)
-            if drain is not None and _is_tool_call(raw):
+            if drain is not None and method == "tools/call":
                 # counted like an HTTP dispatch request: a graceful shutdown gives it the
                 # grace, then waits (bounded) for its answer to be written
                 with drain.tracking_request():
-                    await _serve(endpoints, user_id, scope, receive, send, rid)
+                    await _serve(endpoints, user_id, scope, receive, send, raw)
                 return
             await _serve(
-                endpoints, user_id, scope, receive, send, rid, initialize=_is_initialize(raw)
+                endpoints, user_id, scope, receive, send, raw, initialize=method == "initialize"
             )
             return
         await _serve(endpoints, user_id, scope, receive, send)
@@ -278,14 +278,18 @@ async def _serve(
     scope: Any,
     receive: Any,
     send: Any,
-    request_id: str | int | None = None,
+    raw: bytes | None = None,
     *,
     initialize: bool = False,
 ) -> None:
+    """Hand the request to the user's endpoint, or answer 503 (not serving yet) or 429
+    (``initialize`` past the user's sessions) naming the id of the POST body ``raw``:
+    parsed only then, not on every call's path."""
     async with endpoints.using(user_id) as endpoint:
         if endpoint is None:
+            rid = None if raw is None else _request_id(raw)
             await _send_json(
-                send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=request_id
+                send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=rid
             )
             return
         if initialize and endpoint.sessions_open() >= MAX_SESSIONS_PER_USER and (
@@ -298,7 +302,7 @@ async def _serve(
                 f"user {user_id!r} already has {MAX_SESSIONS_PER_USER} MCP sessions open on "
                 "this hub process (MAX_SESSIONS_PER_USER): end one (DELETE with its "
                 "Mcp-Session-Id), let one idle out, or use the 2026 wire (no session)",
-                request_id=request_id,
+                request_id=None if raw is None else _request_id(raw),
                 retry_after_s=RETRY_AFTER_S,
             )
             return
@@ -331,22 +335,15 @@ def _request_id(raw: bytes) -> str | int | None:
     return None if isinstance(rid, bool) or not isinstance(rid, str | int) else rid
 
 
-def _is_initialize(raw: bytes) -> bool:
-    """True for a POST body that is an ``initialize`` request (opens a 2025 session)."""
+def _method(raw: bytes) -> str | None:
+    """The ``method`` of a POST body (``initialize`` opens a 2025 session, ``tools/call``
+    is a dispatch call), or None: one parse for both questions."""
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
-        return False
-    return isinstance(value, dict) and value.get("method") == "initialize"
-
-
-def _is_tool_call(raw: bytes) -> bool:
-    """True for a POST body that is a ``tools/call`` request (a dispatch call)."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(value, dict) and value.get("method") == "tools/call"
+        return None
+    method = value.get("method") if isinstance(value, dict) else None
+    return method if isinstance(method, str) else None
 
 
 #: What :func:`_read_body` returns when the client disconnected before the body ended.
@@ -415,15 +412,7 @@ def _content_type_refusal(scope: Any, raw: bytes) -> tuple[int, str, str | int |
     given = header.decode("latin-1")
     if given.strip().lower().startswith("application/json"):
         return None
-    rid: Any = None
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        value = None
-    if isinstance(value, dict):
-        rid = value.get("id")
-    if isinstance(rid, bool) or not isinstance(rid, str | int):
-        rid = None
+    rid = _request_id(raw)
     shown = safe_text(given) if given else "none"
     message = f"Invalid Request: Content-Type must be application/json (got {shown})"
     return INVALID_REQUEST, message, rid

@@ -67,6 +67,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import anyio
 import anyio.lowlevel
+import attrs
 from coredis.exceptions import (
     AskError,
     AuthenticationError,
@@ -412,12 +413,18 @@ class RedisConnections:
             for reply in (info, probe, acl):
                 if isinstance(reply, _TRANSPORT_ERRORS):
                     raise reply
-        return interpret(
+        health = interpret(
             coded(info) if isinstance(info, BaseException) else info,
             coded(probe) if isinstance(probe, BaseException) else probe,
             probe_value=value,
             refused=refused_commands(acl),
         )
+        if is_cluster_url(self._url):
+            # the INFO of the one node owning the probe key's slot: another history
+            # there is that node's failover or the slot moved (a resharding), not the
+            # store's (``history_changes`` is 0 under Cluster; docs/operations.md)
+            health = attrs.evolve(health, replid=None)
+        return health
 
     def refuses_work(self, what: str) -> SubstrateUnavailable | None:
         """The error to raise *before* sending ``what`` when the last probe found the

@@ -150,7 +150,8 @@ class Health:
         replid: the node's ``master_replid`` (INFO replication): its replication
             history. Another one means another data set: a replica promoted (a
             failover) or a restart without persistence, either of which may have lost
-            the last writes. None: not read.
+            the last writes. None: not read, or under Cluster (the probe reaches one
+            node, whose history is not the store's; ``RedisConnections.probe``).
         refused: commands the hub sends that the ACL refuses this user (``SCRIPT|LOAD``
             for a subcommand); one of the causes when not empty.
     """
