@@ -293,7 +293,9 @@ async def test_a_timed_out_reply_raises_substrate_unavailable_from_every_scripte
     from deskbridge_hub._jobstate import JobState, Stage
     from deskbridge_hub._redis_session import _Session
 
-    async def timed_out(self: object, *commands: object, timeout_s: float | None) -> list:
+    async def timed_out(
+        self: object, *commands: object, timeout_s: float | None, **_: object
+    ) -> list:
         return [TimeoutError("EVAL timed out after 5.0 seconds") for _ in commands]
 
     monkeypatch.setattr(_Session, "execute", timed_out)

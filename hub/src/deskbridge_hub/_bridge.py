@@ -383,6 +383,9 @@ class Bridge(JobControl):
                     wake_ttl_s=self.timings.presence_ttl_s,
                     # push delivery: the holder forwards without a read of its own
                     delivered_ttl_s=forwarded_keep_s(self.timings.result_ttl_s),
+                    # minted for this call, or claimed by it: a job found under the id is
+                    # this call's (a submit that ran and lost its reply is sent again)
+                    own=job_id_given is None or step.claimed,
                 )
                 if job_id_given is not None and not step.claimed:
                     step.submitted = await self._attach_by_key(
@@ -627,7 +630,8 @@ class Bridge(JobControl):
                 job_id, submission.owner, ttl_s=submission.state_ttl_s
             )
             if step.claimed:
-                return await self._submit(user_id, submission, name, args, step, **kw)
+                mine = attrs.evolve(submission, own=True)
+                return await self._submit(user_id, mine, name, args, step, **kw)
             got = await self._submit(user_id, only, name, args, step, **kw)
         return got
 

@@ -109,12 +109,27 @@ class MemoryCallerCommands:
             raise ValueError("submit with attach_only needs an idempotency_key")
         # atomic at the call's own instant: never ``late``, and the deadline counts from now
         ikey = idem_key(user_id, sub.idempotency_key or sub.job_id)
+        skey = state_key(user_id, sub.job_id)
+
+        def again() -> Submitted:
+            # the call's own job id (``Submission.own``): its job found here was enqueued
+            # by an earlier run of this step, answered as then (as the Redis script)
+            presence = self._get(presence_key(user_id), now)
+            alive = sub.alive_holder is not None and (
+                self._get(proc_key(sub.alive_holder), now) is not None
+            )
+            return Submitted("queued", entry_id="", presence=presence or "", holder_alive=alive)
+
         if sub.idempotency_key is not None:
             record = self._get(ikey, now)
+            if record is not None and sub.own and record.split(" ", 1)[0] == sub.job_id:
+                return again()
             if record is not None:
                 return Submitted("indexed", index_value=record, server_time=self.server_time())
         if sub.attach_only:
             return Submitted("job_id_in_use")
+        if sub.own and self._get(skey, now) is not None:
+            return again()
         presence = self._get(presence_key(user_id), now)
         if presence is None:
             return Submitted("offline")
@@ -131,7 +146,6 @@ class MemoryCallerCommands:
             sha = "" if catalogue is None else _sha1_hex(catalogue)
             if sha != sub.catalogue_sha1:
                 return Submitted("catalogue", catalogue=catalogue)
-        skey = state_key(user_id, sub.job_id)
         if self._get(skey, now) is not None:
             return Submitted("job_id_in_use")
         self._set(skey, sub.state.encode(), now, sub.state_ttl_s)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from coredis.exceptions import NoScriptError
 
+from ._redis_resend import resend_safe_script
 from ._substrate import Entry
 
 if TYPE_CHECKING:
@@ -55,14 +56,21 @@ def _str(value: Any) -> str:
 
 @attrs.frozen
 class Script:
-    """A Lua script: its text (sent with ``EVAL``) and SHA-1."""
+    """A Lua script: its text (sent with ``EVAL``) and SHA-1. ``resend_safe``: a second
+    run after a first whose reply was lost has the first's effect and answers as truly,
+    so it may be sent once more on a new connection (``_redis_resend``)."""
 
     text: str
     sha: str = attrs.field(init=False)
+    resend_safe: bool = attrs.field(default=False, kw_only=True)
 
     @sha.default
     def _sha(self) -> str:
         return hashlib.sha1(self.text.encode("utf-8")).hexdigest()
+
+    def __attrs_post_init__(self) -> None:
+        if self.resend_safe:
+            resend_safe_script(self.text)
 
     def evalsha(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         return (b"EVALSHA", self.sha, len(keys), *keys, *args)
@@ -112,6 +120,7 @@ class RedisCommandBase:
         *,
         before: Sequence[tuple[Any, ...]] = (),
         after: Sequence[tuple[Any, ...]] = (),
+        resend: bool | None = None,
     ) -> list[Any]:
         """Run ``script`` (EVAL with its text) with ``before``/``after`` commands in the
         same write. Returns the replies (exceptions as values) in order.
@@ -125,11 +134,16 @@ class RedisCommandBase:
 
         A script sent alone goes as EVALSHA (issue 10: the submit and finishing scripts
         are 2-4 KiB, which every call packed, sent, and Redis hashed again); a NOSCRIPT
-        reply means nothing ran, so it is sent once more as EVAL (which caches it)."""
+        reply means nothing ran, so it is sent once more as EVAL (which caches it).
+
+        ``resend``: whether the write may be sent once more on a new connection when
+        the one it went out on is found dead (``_Session.execute``; None: the script's
+        own ``resend_safe`` and the command table decide)."""
+        timeout_s = self._command_timeout_s
         if before or after:
             commands = (*before, script.eval(keys, args), *after)
-            return await s.execute(*commands, timeout_s=self._command_timeout_s)
-        replies = await s.execute(script.evalsha(keys, args), timeout_s=self._command_timeout_s)
+            return await s.execute(*commands, timeout_s=timeout_s, resend=resend)
+        replies = await s.execute(script.evalsha(keys, args), timeout_s=timeout_s, resend=resend)
         if isinstance(replies[0], NoScriptError):
-            replies = await s.execute(script.eval(keys, args), timeout_s=self._command_timeout_s)
+            replies = await s.execute(script.eval(keys, args), timeout_s=timeout_s, resend=resend)
         return replies

@@ -114,7 +114,8 @@ class RedisClock:
 #: wake TTL ms, user id, delivered-state TTL ms ('': no push delivery), group, whether to
 #: make sure the group exists ('1': the caller's session has not seen it; '': only when the
 #: stream is missing), the caller's call instant and give-up instant (Redis ms, lower
-#: bounds from ``RedisClock``; '': unknown), then the entry's fields. Every reply starts
+#: bounds from ``RedisClock``; '': unknown), '1' when the job id is the call's own
+#: (``Submission.own``), then the entry's fields. Every reply starts
 #: with ``TIME`` (s, 6 decimals), which feeds ``RedisClock``. A step that runs at or after
 #: the give-up instant answers ``late`` before anything else (the caller has answered
 #: already; a Redis stall held the command); the job's deadline counts ``start_within``
@@ -151,12 +152,23 @@ local function room(key, group, most)
 end
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[17] ~= '' and now_ms >= tonumber(ARGV[17]) then return {now, 'late'} end
+local function again(presence)
+  -- ARGV[18] '1': the job id is this call's own, so its job found here was enqueued
+  -- by an earlier run of this very step whose reply was lost: answered as then
+  local alive = 0
+  if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then alive = 1 end
+  return {now, 'queued', '', presence or '', 0, alive}
+end
 if ARGV[7] ~= '' then
   local record = redis.call('GET', KEYS[6])
+  if record and ARGV[18] == '1' and string.match(record, '^(%S+)') == ARGV[3] then
+    return again(redis.call('GET', KEYS[1]))
+  end
   if record then return {now, 'indexed', record} end
   if ARGV[7] == '2' then return {now, 'job_id_in_use'} end
 end
 local presence = redis.call('GET', KEYS[1])
+if ARGV[18] == '1' and redis.call('EXISTS', KEYS[5]) == 1 then return again(presence) end
 if not presence then return {now, 'offline'} end
 local holder = string.match(presence, '^(.+)%.[^.]*$')
 if holder and holder ~= ARGV[10] then return {now, 'holder', presence} end
@@ -182,7 +194,7 @@ if not redis.call('SET', KEYS[5], ARGV[5], 'NX', 'PX', ARGV[6]) then
   return {now, 'job_id_in_use'}
 end
 local fields = {}
-for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 19, #ARGV do fields[#fields + 1] = ARGV[i] end
 local from_ms = now_ms
 if ARGV[16] ~= '' then from_ms = math.min(now_ms, tonumber(ARGV[16])) end
 local deadline = string.format('%.3f', (from_ms + tonumber(ARGV[4])) / 1000)
@@ -306,6 +318,7 @@ class CallerCommands(RedisCommandBase):
             "",  # whether to make sure of the group: set below, per connection session
             "",  # the call's instant (Redis ms, a lower bound): set below
             "",  # the caller's give-up instant (likewise)
+            "1" if sub.own else "",
             *flat,
         )
         after: tuple[tuple[Any, ...], ...] = ()
@@ -330,7 +343,11 @@ class CallerCommands(RedisCommandBase):
                 at_ms = math.floor(at * 1000)
                 give_up_ms = at_ms + math.floor(sub.give_up_s * 1000)
                 args = (*args[:15], at_ms, give_up_ms, *args[17:])
-            replies = await self._script(s, SUBMIT, keys, args, after=after)
+            # Sent once more on a new connection (its first connection found dead after
+            # Redis may have run it) only when a second run answers truly: an own job id
+            # (a job found under it is this step's, answered ``queued``) or a look-up.
+            resend = sub.own or sub.attach_only
+            replies = await self._script(s, SUBMIT, keys, args, after=after, resend=resend)
             received = time.monotonic()
             for reply in replies:
                 if isinstance(reply, BaseException):

@@ -262,8 +262,11 @@ class ClusterSession:
         finally:
             self._refresh_pending = False
 
-    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
-        """As ``_Session.execute``, on the primary owning the batch's slot.
+    async def execute(
+        self, *commands: tuple[Any, ...], timeout_s: float | None, resend: bool | None = None
+    ) -> list[Any]:
+        """As ``_Session.execute`` (``resend`` included), on the primary owning the
+        batch's slot.
 
         Raises:
             CrossSlot: the batch names keys of two slots (a programming error).
@@ -271,7 +274,7 @@ class ClusterSession:
         try:
             slot = batch_slot(commands)
         except CrossSlot:
-            return await self._split(commands, timeout_s)
+            return await self._split(commands, timeout_s, resend)
         if slot is None and commands and _name(commands[0]) == b"SCRIPT":
             return await self._everywhere(commands, timeout_s)
         if slot is not None and self._slots[slot] is None and not self._mapped:
@@ -309,7 +312,7 @@ class ClusterSession:
                 batch += [commands[i] for i in unit]
             try:
                 node = await self._get(address)
-                answered = await node.execute(*batch, timeout_s=timeout_s)
+                answered = await node.execute(*batch, timeout_s=timeout_s, resend=resend)
             except (RedisConnectionError, OSError) as exc:
                 # the node cannot be reached (a refused connect raises): every command
                 # of the batch has it as its reply, as a transport failure would, so the
@@ -370,7 +373,10 @@ class ClusterSession:
         return order[(order.index(failed) + 1) % len(order)]
 
     async def _split(
-        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
+        self,
+        commands: tuple[tuple[Any, ...], ...],
+        timeout_s: float | None,
+        resend: bool | None = None,
     ) -> list[Any]:
         """A pipeline whose commands live in several slots: one sub-batch per slot, sent
         concurrently, replies put back in order. Each command, and each MULTI ... EXEC
@@ -383,7 +389,9 @@ class ClusterSession:
         replies: list[Any] = [None] * len(commands)
 
         async def run(indexes: list[int]) -> None:
-            got = await self.execute(*(commands[i] for i in indexes), timeout_s=timeout_s)
+            got = await self.execute(
+                *(commands[i] for i in indexes), timeout_s=timeout_s, resend=resend
+            )
             for i, reply in zip(indexes, got, strict=True):
                 replies[i] = reply
 

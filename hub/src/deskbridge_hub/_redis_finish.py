@@ -49,7 +49,7 @@ end
 """
 
 #: The owner record's answer under Cluster (its own slot): KEYS: owner record. ARGV: TTL ms.
-ANSWER_OWNER = Script(_ANSWER_OWNER + "answer_owner(KEYS[1], ARGV[1])\n")
+ANSWER_OWNER = Script(_ANSWER_OWNER + "answer_owner(KEYS[1], ARGV[1])\n", resend_safe=True)
 
 #: keep_job_ids, one id: PEXPIRE GT unless the record says its job is answered (the
 #: answer's write, ``_ANSWER_OWNER``, may have landed first). KEYS: owner record.
@@ -59,7 +59,8 @@ KEEP_ID = Script(
 local owner = redis.call('GET', KEYS[1])
 if not owner or string.sub(owner, -2) == ' !' then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[1], 'GT')
-"""
+""",
+    resend_safe=True,
 )
 
 #: KEYS: fence, result, idem, state, jobs, index, [progress, mailbox, owner record] (the
@@ -174,7 +175,8 @@ if ARGV[2] ~= '' and #KEYS > 6 then
   end
 end
 return {'done', acked}
-"""
+""",
+    resend_safe=True,
 )
 
 

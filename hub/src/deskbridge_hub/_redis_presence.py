@@ -23,6 +23,7 @@ from coredis.exceptions import (
 from ._keys import probe_key
 from ._redis_base import RedisCommandBase, Script, _ms
 from ._redis_conn import UNAVAILABLE_CODES, error_code
+from ._redis_resend import resend_safe_script
 from ._redis_slots import key_slot
 from ._substrate import (
     GROUP,
@@ -46,7 +47,7 @@ _CLEAR_IF_HOLDER = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
 #: Refresh presence only while it is absent or ours (a heartbeat never steals it back).
-_REFRESH_IF_HOLDER = (
+_REFRESH_IF_HOLDER = resend_safe_script(
     "local v = redis.call('GET', KEYS[1]) "
     "if v == false or v == ARGV[1] then "
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0"
@@ -206,7 +207,8 @@ _HOLDER_ALIVE = Script(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
 redis.call('SET', KEYS[2], '1', 'PX', 1000)
 return 0
-"""
+""",
+    resend_safe=True,
 )
 #: Users per heartbeat script (bounds how long one script holds Redis: about a ms).
 _BEAT_USERS = 100

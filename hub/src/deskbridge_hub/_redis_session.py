@@ -32,6 +32,7 @@ from coredis.pool import ConnectionPool
 
 from ._redis_blocking import block_s, poll_form, poll_reply, with_block_s
 from ._redis_pubsub import Subscriber
+from ._redis_resend import resend_safe
 from ._redis_wire import WireConnection
 
 #: Seconds a discarded connection may take to close before we stop waiting.
@@ -257,7 +258,9 @@ class _Session:
 
     # -- commands ----------------------------------------------------------------------
 
-    async def execute(self, *commands: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
+    async def execute(
+        self, *commands: tuple[Any, ...], timeout_s: float | None, resend: bool | None = None
+    ) -> list[Any]:
         """Send ``commands`` in one write on one connection and return their replies; an
         error (a server error reply, a transport failure, a ``timeout_s`` timeout; None:
         no timeout) is returned as its exception instance.
@@ -272,9 +275,14 @@ class _Session:
         close, so no server-side waiter outlives it. A timeout or transport failure
         closes the connection. If a connection that had served earlier commands turns
         out to have died meanwhile (Redis restarted, idle connections killed), the
-        commands are sent once more on a new connection."""
+        commands are sent once more on a new connection, but only when running them
+        twice is harmless: Redis may have run them and lost only the reply. ``resend``
+        says so (True / False); None: the command table of ``_redis_resend`` decides.
+        Otherwise the lost connection's error is their reply."""
+        if resend is None:
+            resend = resend_safe(commands)
         if any(block_s(command) is not False for command in commands):
-            return await self._execute_blocking(commands, timeout_s)
+            return await self._execute_blocking(commands, timeout_s, resend)
         c, reused = await self._shared_connection()
         replies = await self._exchange_shared(c, commands, timeout_s)
         if reused and _died(c, replies):
@@ -282,6 +290,8 @@ class _Session:
                 self._shared.remove(c)
                 c.scope.cancel()
             self._reconnected("dead")
+            if not resend:
+                return replies
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
         if _on_replica(c, replies) and c in self._shared:
@@ -368,7 +378,7 @@ class _Session:
                 self._shared.remove(c)
 
     async def _execute_blocking(
-        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None
+        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None, resend: bool
     ) -> list[Any]:
         polled = len(commands) == 1 and poll_form(commands[0]) is not None
         got = await self._dedicated(_SLOT_PATIENCE_S if polled else None)
@@ -379,6 +389,8 @@ class _Session:
         replies = await self._exchange_dedicated(c, commands, timeout_s)
         if reused and _died(c, replies):
             self._reconnected("dead")
+            if not resend:  # a pop may have taken items: its caller's recovery runs
+                return replies
             c, _ = await self._dedicated(None)  # type: ignore[misc]
             sent_at = anyio.current_time()
             replies = await self._exchange_dedicated(c, commands, timeout_s)

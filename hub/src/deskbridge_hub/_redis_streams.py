@@ -59,7 +59,8 @@ for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', ARGV[3], A
   if body then out[#out + 1] = body else out[#out + 1] = {p[1], false} end
 end
 return out
-"""
+""",
+    resend_safe=True,
 )
 #: Most pending entries examined when sweeping for trimmed entries.
 _TRIMMED_SCAN = 10_000

@@ -261,6 +261,14 @@ class Submission:
             when it names a job, else ``job_id_in_use`` and nothing else is checked or
             written. For a request whose caller-chosen job id another call claimed: the
             same request sent again or at once elsewhere attaches, never enqueues.
+        own: the job id is this call's own (minted by the hub for it, or claimed by it
+            with ``claim_job_id``): a state already stored under it can only have been
+            written by an earlier run of this very step whose reply was lost (its
+            connection died after Redis ran it), so the step answers ``queued`` (with an
+            empty ``entry_id``) instead of ``job_id_in_use``, and an idempotency record
+            naming this job likewise; the step may then be sent again on a new
+            connection (``_redis_resend``). False: a found job proves nothing, and a
+            step whose connection died is answered SubstrateUnavailable.
     """
 
     job_id: str
@@ -280,6 +288,7 @@ class Submission:
     delivered_ttl_s: float | None = None
     give_up_s: float | None = None
     attach_only: bool = False
+    own: bool = False
 
 
 @attrs.frozen
