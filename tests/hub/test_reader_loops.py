@@ -627,6 +627,32 @@ async def test_a_read_that_fails_is_retried_with_the_same_kinds_after_the_back_o
     assert reader._busy == set() and reader._due == {}
 
 
+async def test_a_new_read_that_fails_drains_own_pending_entries_at_its_retry(autojump_clock):
+    """A group read of new entries that fails may have taken entries whose reply was lost
+    (a connection cut after Redis ran it; such reads are not sent again): they are pending
+    on this consumer and no later read of *new* entries returns them. Its retry drains
+    this consumer's pending entries first, so they are served now, not at the reclaim
+    idle (180 s: past the caller's deadline)."""
+    script = Script()
+    reader = make_reader(script)
+    desk = Desk()
+    script.queue("read_new", boom())  # Redis ran it (1-0 now pending here); reply lost
+    script.queue("read_pending", entries("1-0"))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            attached(reader, desk)
+            reader.schedule("u1", NEW)
+            await trio.sleep(1)  # past the back-off
+            await script.wakes_in.send([])  # the wake-up wait answers: Redis is back
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert script.names("set_liveness", "wait_wakes", "clear_liveness") == [
+        "read_new", "read_pending", "read_new",
+    ]  # fmt: skip
+    assert desk.dispatched() == ["1-0"]
+
+
 async def test_a_users_fault_is_logged_and_the_workers_read_on(autojump_clock, caplog):
     script = Script()
     script.queue("take_over", RuntimeError("bug"))

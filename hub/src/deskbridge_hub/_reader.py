@@ -816,7 +816,11 @@ class ProcessReader:
             try:
                 await self._pump(listener, kinds)
             except SubstrateUnavailable as exc:
-                self.schedule(user_id, *kinds)  # once busy is cleared below
+                # once busy is cleared below. A failed read of new entries may have taken
+                # some whose reply was lost (group reads are not sent again: _redis_resend):
+                # pending here, no later read of new entries returns them, so drain first
+                again = kinds | {DRAIN} if NEW in kinds else kinds
+                self.schedule(user_id, *again)
                 await self._failed(f"read for {user_id}", exc)
             except Exception:  # one user's fault must not stop reading for every user
                 log.exception(
