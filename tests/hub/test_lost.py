@@ -97,3 +97,113 @@ async def test_a_trimmed_entry_whose_job_was_delivered_is_not_lost(autojump_cloc
     lost = await sub.wait_result("u1", "j-queued", timeout_s=1)
     assert lost is not None and '"lost"' in lost
     assert await sub.wait_result("u1", "j-delivered", timeout_s=1) is None
+
+
+async def test_a_retry_with_the_key_of_a_lost_job_is_told_lost(autojump_clock):
+    """A keyed job trimmed away while ``queued`` is answered ``lost`` by the entry index's
+    pass, which has no entry fields left (no key). The key's record lives until the job's
+    deadline + the result TTL; the answer must live as long (docs/outcomes.md: "at least
+    as long as its answer is kept"), so a retry with the key after the result TTL, while
+    the record still names the job, gets that answer. Was: the answer was kept the result
+    TTL only, the retry attached to a job with nothing left to read and waited its whole
+    ``timeout_s`` for ``timeout`` with the stage ``unknown``."""
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    after_s = state.timings.result_ttl_s + 5
+    await _lost_then_retry(state, bridge, "u1", timeout_s=600, after_s=after_s)
+
+
+async def test_on_redis_a_retry_with_the_key_of_a_deleted_job_is_told_lost(
+    redis_url, raw_redis
+):
+    """The same on a real Redis, the entry deleted by an operator (XDEL): the finish
+    script keeps the answer as long as the record. Real time, result TTL 1.5 s, deadline
+    3 s (the record: 4.5 s), the retry 2 s after the answer."""
+    import time
+    import uuid
+
+    from deskbridge_common import Timings
+    from deskbridge_hub import RedisSubstrate
+    from deskbridge_hub._session import HubState
+    from deskbridge_hub._substrate import jobs_key
+
+    async def xdel(user):
+        for entry_id, _ in await raw_redis("XRANGE", jobs_key(user), "-", "+"):
+            await raw_redis("XDEL", jobs_key(user), entry_id)
+
+    timings = Timings(heartbeat_s=0.5, presence_ttl_s=1.5, reclaim_idle_s=3.0, result_ttl_s=1.5)
+    async with RedisSubstrate.from_url(redis_url) as substrate:
+        state = HubState(
+            substrate=substrate, timings=timings, consumer="hub-1", wall_clock=time.time
+        )
+        bridge = Bridge(substrate, timings, wall_clock=time.time)
+        user = f"lost-{uuid.uuid4().hex[:8]}"
+        await _lost_then_retry(
+            state, bridge, user, timeout_s=3, after_s=2.0, trim=xdel, clock=time.time
+        )
+
+
+async def _lost_then_retry(state, bridge, user, *, timeout_s, after_s, trim=None, clock=wall):
+    from deskbridge_hub._delivery import EntryServer
+
+    sub = state.substrate
+    await sub.set_presence(user, "s1", 3 * (timeout_s + after_s))  # a desktop nobody serves
+    server = EntryServer(sub, state.timings, user, "s1", clock)
+    key = f"k-lost-{user}"
+    got = {}
+    async with trio.open_nursery() as nursery:
+
+        async def call():
+            got["first"] = await bridge.dispatch(
+                user, "echo", {}, idempotency_key=key, timeout_s=timeout_s
+            )
+
+        nursery.start_soon(call)
+        with trio.fail_after(30):
+            while not (await sub.queue_info(user)).length:  # noqa: ASYNC110 - bounded
+                await trio.sleep(0.05)
+        if trim is None:
+            for i in range(3):
+                await sub.enqueue(user, {"filler": str(i)}, maxlen=1)  # trims its body
+        else:
+            await trim(user)
+        await server.answer_deleted([])
+    first = got["first"]
+    assert first.status == "lost", first
+    await trio.sleep(after_s)  # past the answer's result TTL, inside the record's lifetime
+    with trio.fail_after(timeout_s + 30):
+        retry = await bridge.dispatch(user, "echo", {}, idempotency_key=key, timeout_s=timeout_s)
+    assert retry.job_id == first.job_id, retry  # attached, not a second job
+    assert retry.status == "lost", retry  # the truth, not a timeout on nothing
+
+
+async def test_a_retry_with_the_key_of_a_job_cancelled_while_queued_is_told_cancelled(
+    autojump_clock,
+):
+    """The other answer written without the entry's fields: a cancel of a ``queued`` job
+    (the bridge's, from the job state). Its answer must be kept as long as the key's
+    record too. Was: a retry after the result TTL waited for ``timeout``, stage
+    ``unknown``."""
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    sub = state.substrate
+    await sub.set_presence("u1", "s1", 3000)  # a desktop nobody serves
+    got = {}
+    async with trio.open_nursery() as nursery:
+
+        async def call():
+            got["first"] = await bridge.dispatch(
+                "u1", "echo", {}, idempotency_key="k-cancel", job_id="j-cancel", timeout_s=600
+            )
+
+        nursery.start_soon(call)
+        with trio.fail_after(30):
+            while (await sub.get_job_state("u1", "j-cancel")) is None:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert await bridge.cancel("j-cancel") == "queued"
+    assert got["first"].status == "cancelled", got["first"]
+    await trio.sleep(state.timings.result_ttl_s + 5)
+    with trio.fail_after(630):
+        retry = await bridge.dispatch("u1", "echo", {}, idempotency_key="k-cancel", timeout_s=600)
+    assert retry.job_id == "j-cancel", retry
+    assert retry.status == "cancelled", retry

@@ -370,7 +370,10 @@ class Bridge(JobControl):
                         args_json=args_json,
                     ),
                     start_within_s=start_within_s,
-                    state=JobState(Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox),
+                    state=JobState(
+                        Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox,
+                        idempotency_key=indexed_key,
+                    ),  # fmt: skip
                     state_ttl_s=state_ttl_s,
                     maxlen=self.timings.jobs_maxlen,
                     catalogue_sha1=await self._validated(user_id, name, args),

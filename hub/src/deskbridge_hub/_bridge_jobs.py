@@ -175,6 +175,7 @@ class JobControl:
             finished = await self.substrate.finish(
                 user_id, job_id, cancelled_before_start(), cancelled, ttl_s=ttl_s,
                 notify=state.reply_to, epoch=0,
+                idempotency_key=state.idempotency_key,  # its answer as long as the record
             )  # fmt: skip
             if finished.verdict == "stale":  # delivered meanwhile, maybe answered too
                 answered = await self._answered(user_id, job_id)

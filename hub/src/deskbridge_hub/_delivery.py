@@ -193,7 +193,10 @@ class EntryServer:
             if job_id:
                 payload = failed_payload(MALFORMED, str(exc))
                 tool = entry.fields.get("name")
-                await self.finish(entry.entry_id, job_id, "failed", payload, tool=tool)
+                key = entry.fields.get("idempotency_key")
+                await self.finish(
+                    entry.entry_id, job_id, "failed", payload, tool=tool, idempotency_key=key
+                )
             else:
                 _metrics.job_served(self, "failed", tool=entry.fields.get("name"))
                 await self.ack(entry.entry_id)
@@ -315,6 +318,8 @@ class EntryServer:
         envelope: JobEnvelope | None = None,
         tool: str | None = None,
         epoch: int | None = None,
+        idempotency_key: str | None = None,
+        notify: str | None = None,
     ) -> None:
         """Answer the entry in one substrate step (retried until it happens): the fence,
         the result (durable first), the terminal stage, the XACK.
@@ -327,6 +332,9 @@ class EntryServer:
             envelope: the decoded entry, if it decoded (metrics and the job's log line).
             tool: the tool's name when the entry did not decode.
             epoch: the delivery's claim epoch (None: an answer no delivery produced).
+            idempotency_key: the job's key when the entry did not decode (or its fields
+                are gone): the answer is kept as long as the key's record.
+            notify: the caller's mailbox when there is no envelope (from the job state).
 
         A newer delivery of the job (larger epoch) refuses the answer: it is logged and
         counted, nothing is written, and the entry is left to that delivery.
@@ -345,8 +353,10 @@ class EntryServer:
                 ttl_s=self.timings.result_ttl_s,
                 entry_id=entry_id,
                 epoch=epoch,
-                notify=envelope.reply_to if envelope is not None else None,
-                idempotency_key=envelope.idempotency_key if envelope is not None else None,
+                notify=envelope.reply_to if envelope is not None else notify,
+                idempotency_key=envelope.idempotency_key
+                if envelope is not None
+                else idempotency_key,
             ),
             what=f"finish {job_id}",
         )
@@ -409,7 +419,8 @@ class EntryServer:
         """
         if job_id is None:
             job_id = (await self.substrate.job_ids(self.user_id, [entry_id])).get(entry_id)
-        stage = None if job_id is None else await self._stage(job_id)
+        state = None if job_id is None else await self._state(job_id)
+        stage = None if state is None else state.stage
         if job_id is not None and stage is Stage.QUEUED:
             if await self.substrate.forget(self.user_id, entry_id):
                 log.warning(
@@ -418,7 +429,13 @@ class EntryServer:
                     entry_id,
                     job_id,
                 )
-                await self.finish(entry_id, job_id, "lost", lost_payload())
+                # (the key from the queued state: the entry's fields are gone, and the
+                # answer must be kept as long as the key's record, docs/outcomes.md)
+                await self.finish(
+                    entry_id, job_id, "lost", lost_payload(),
+                    idempotency_key=None if state is None else state.idempotency_key,
+                    notify=None if state is None else state.reply_to,
+                )  # fmt: skip
                 return
         elif job_id is not None and (owned or stage is None or stage.terminal):
             if owned and stage in FORWARDED:
@@ -434,12 +451,11 @@ class EntryServer:
         if owned:
             await self.ack(entry_id)
 
-    async def _stage(self, job_id: str) -> Stage | None:
+    async def _state(self, job_id: str) -> JobState | None:
         try:
-            state = await self.substrate.get_job_state(self.user_id, job_id)
+            return await self.substrate.get_job_state(self.user_id, job_id)
         except MalformedState:
             return None
-        return None if state is None else state.stage
 
     async def _answer_interrupted(
         self,

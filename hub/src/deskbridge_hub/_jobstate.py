@@ -158,6 +158,11 @@ class JobState:
             ``?`` (:data:`MIXED`) once deliveries went to more than one desktop or to
             one not known (a desktop's "I never started it" then does not mean it did
             not run); None: not recorded (never delivered, or an older writer).
+        idempotency_key: the caller's key of a ``queued`` job (its submit writes it):
+            an answer written once the entry's fields are gone (``lost`` for a trimmed
+            or deleted entry, a cancel of a queued job) names the key's record with it,
+            so the answer is kept as long as the record. None: no key (or an older
+            writer); a stage of the delivery is written without it.
     """
 
     stage: Stage = attrs.field(converter=Stage)
@@ -166,6 +171,7 @@ class JobState:
     session_id: str | None = None
     reply_to: str | None = None
     daemon_id: str | None = None
+    idempotency_key: str | None = None
 
     def advance(
         self, stage: Stage, *, at: float | None = None, session_id: str | None = None
@@ -189,6 +195,8 @@ class JobState:
             body["reply_to"] = self.reply_to
         if self.daemon_id is not None:
             body["daemon_id"] = self.daemon_id
+        if self.idempotency_key is not None:
+            body["idempotency_key"] = self.idempotency_key
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -207,6 +215,7 @@ class JobState:
                 session_id=body.get("session_id"),
                 reply_to=body.get("reply_to"),
                 daemon_id=body.get("daemon_id"),
+                idempotency_key=body.get("idempotency_key"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MalformedState(f"not a job state: {str(text)[:80]!r} ({exc})") from None
