@@ -32,6 +32,7 @@ from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
 from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted, unauthorized_message
+from ._peer_noise import LogBudget
 from ._shutdown import Draining
 from ._validate import validate_user_id
 
@@ -60,15 +61,39 @@ REAP_EVERY_S = 60.0
 #: 340 MB, which every user of the process pays. An agent needs one session per
 #: conversation with a desktop; the 2026 wire needs none.
 MAX_SESSIONS_PER_USER = 64
-#: ``Retry-After`` of that 429, seconds.
+#: ``Retry-After`` of that 429 (and of the one at :data:`MAX_ENDPOINTS`), seconds.
 RETRY_AFTER_S = 5
+#: Most user endpoints (each its own SDK server and session manager) one process keeps.
+#: A request for a user with none, at the bound, stops the least recently used endpoint
+#: nobody uses (no request open, no listening stream, no 2025 session alive) to make
+#: room; when every one is in use it is 429 naming this bound. Why 4,096: each endpoint
+#: costs about 22 KB and a catalogue-watcher task waking every 2 s (a real ``serve
+#: --workers 1``: 5,000 new ids took it from 103 to 210 MB and 10 % of a core idle), so
+#: the bound holds that to ~90 MB and 10-15 % of a core; a stopped idle endpoint costs
+#: its user only a new one (~2 ms) at the next request, so the bound refuses only when
+#: 4,096 users have a call, a listening stream or a session open on this very process at
+#: once. Unbounded, an API-key holder touching 100 new user ids a second would have held
+#: 60,000 endpoints (~1.3 GB) for their 10 idle minutes.
+MAX_ENDPOINTS = 4096
+
+
+class EndpointsFull(Exception):
+    """Every one of the process's :data:`MAX_ENDPOINTS` endpoints is in use (a request
+    open, a listening stream, a 2025 session alive): no endpoint for a new user now."""
+
+    def __init__(self, bound: int) -> None:
+        super().__init__(f"{bound} MCP user endpoints in use")
+        self.bound = bound
 
 
 @attrs.define(eq=False)
 class McpEndpoints:
     """Every user's MCP endpoint in this process, created on first use and stopped once
     unused for ``EVICT_IDLE_S`` (no request open, no handshake-era session left), so user
-    ids that came and went (a typo, a one-off agent) cost nothing for good.
+    ids that came and went (a typo, a one-off agent) cost nothing for good. At most
+    :data:`MAX_ENDPOINTS` at once: a new user's endpoint takes the place of the least
+    recently used one nobody uses (:meth:`using` raises :class:`EndpointsFull` when every
+    one is in use).
 
     Args:
         get_nursery: the nursery endpoints run in (quart-trio's ``app.nursery``).
@@ -90,7 +115,12 @@ class McpEndpoints:
     @contextlib.asynccontextmanager
     async def using(self, user_id: str) -> AsyncIterator[UserEndpoint | None]:
         """The running endpoint for ``user_id`` (started if new) for one request, or None
-        while the app is not serving. It is not stopped while a request uses it."""
+        while the app is not serving. It is not stopped while a request uses it.
+
+        Raises:
+            EndpointsFull: ``user_id`` has no endpoint, the process holds
+                :data:`MAX_ENDPOINTS` and every one is in use (raised on entry).
+        """
         endpoint = self._endpoints.get(user_id)
         if endpoint is None:
             endpoint = await self._start(user_id)
@@ -103,6 +133,8 @@ class McpEndpoints:
         finally:
             endpoint.open_requests -= 1
             endpoint.last_used_s = anyio.current_time()
+            if self._endpoints.get(user_id) is endpoint:  # the most recently used: last
+                self._endpoints[user_id] = self._endpoints.pop(user_id)
 
     async def _start(self, user_id: str) -> UserEndpoint | None:
         bridge = self.get_bridge()
@@ -111,6 +143,8 @@ class McpEndpoints:
         async with self._lock:
             found = self._endpoints.get(user_id)
             if found is None:
+                if len(self._endpoints) >= MAX_ENDPOINTS and not self._evict_one():
+                    raise EndpointsFull(MAX_ENDPOINTS)
                 mcp = await _mcp_module()
                 found = mcp.UserEndpoint(
                     user_id, bridge, is_draining=self.is_draining, get_drain=self.get_drain
@@ -140,6 +174,8 @@ class McpEndpoints:
             if self._endpoints.get(endpoint.user_id) is endpoint:  # not a successor's
                 del self._endpoints[endpoint.user_id]
                 del self._scopes[endpoint.user_id]
+            if endpoint.open_requests == 0:  # (a request may still hold it at app stop)
+                endpoint.release()  # freed by reference counting, even once frozen
 
     async def _reap(self) -> None:
         """Every ``REAP_EVERY_S``, stop the endpoints unused for ``EVICT_IDLE_S``."""
@@ -154,11 +190,25 @@ class McpEndpoints:
         """Stop the endpoints unused for ``EVICT_IDLE_S`` at ``now_s``; returns whose."""
         gone = [u for u, e in self._endpoints.items() if e.unused_since(now_s, EVICT_IDLE_S)]
         for user_id in gone:
-            del self._endpoints[user_id]
-            self._scopes.pop(user_id).cancel()
+            self._stop(user_id)
         if gone:
             log.debug("stopped %d unused MCP endpoints", len(gone))
         return gone
+
+    def _evict_one(self) -> bool:
+        """Stop the least recently used endpoint nobody uses (``_endpoints`` is kept in
+        order of last use, oldest first); False when every one is in use."""
+        victim = next((u for u, e in self._endpoints.items() if not e.in_use()), None)
+        if victim is None:
+            return False
+        self._stop(victim)
+        return True
+
+    def _stop(self, user_id: str) -> None:
+        """Forget ``user_id``'s endpoint at once and cancel its task (which ends at its
+        next checkpoint; its end leaves a successor's registration alone)."""
+        del self._endpoints[user_id]
+        self._scopes.pop(user_id).cancel()
 
 
 @attrs.define
@@ -185,6 +235,10 @@ async def _mcp_module() -> Any:
     if module is None:
         module = await anyio.to_thread.run_sync(importlib.import_module, name)
     return module
+
+
+#: The WARNING about a refusal at ``MAX_ENDPOINTS``: one a minute, counting the rest.
+_full_log = LogBudget(burst=0, interval_s=60.0)
 
 
 def mount_mcp(
@@ -283,30 +337,64 @@ async def _serve(
     initialize: bool = False,
 ) -> None:
     """Hand the request to the user's endpoint, or answer 503 (not serving yet) or 429
-    (``initialize`` past the user's sessions) naming the id of the POST body ``raw``:
-    parsed only then, not on every call's path."""
-    async with endpoints.using(user_id) as endpoint:
-        if endpoint is None:
-            rid = None if raw is None else _request_id(raw)
-            await _send_json(
-                send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=rid
+    (``initialize`` past the user's sessions; every endpoint of the process in use)
+    naming the id of the POST body ``raw``: parsed only then, not on every call's path."""
+    try:
+        async with endpoints.using(user_id) as endpoint:
+            await _serve_with(endpoint, user_id, scope, receive, send, raw, initialize)
+    except EndpointsFull as exc:
+        await _send_json(
+            send,
+            429,
+            _codes.TOO_MANY_REQUESTS,
+            f"this hub process already has {exc.bound} MCP user endpoints, each in use (a "
+            "request, a listening stream or a 2025 session open) (MAX_ENDPOINTS): retry "
+            "later (another replica may serve it), or end idle 2025 sessions (DELETE)",
+            request_id=_id_of(raw),
+            retry_after_s=RETRY_AFTER_S,
+        )
+        quiet = _full_log.admit(anyio.current_time())
+        if quiet is not None:
+            more = f" ({quiet} more since the last line)" if quiet else ""
+            log.warning(
+                "MCP endpoints full: %d in use; a new user's request answered 429%s",
+                exc.bound,
+                more,
             )
-            return
-        if initialize and endpoint.sessions_open() >= MAX_SESSIONS_PER_USER and (
-            _opens_session(scope)
-        ):
-            await _send_json(
-                send,
-                429,
-                _codes.TOO_MANY_REQUESTS,
-                f"user {user_id!r} already has {MAX_SESSIONS_PER_USER} MCP sessions open on "
-                "this hub process (MAX_SESSIONS_PER_USER): end one (DELETE with its "
-                "Mcp-Session-Id), let one idle out, or use the 2026 wire (no session)",
-                request_id=None if raw is None else _request_id(raw),
-                retry_after_s=RETRY_AFTER_S,
-            )
-            return
-        await endpoint.manager.handle_request(scope, receive, send)
+
+
+def _id_of(raw: bytes | None) -> str | int | None:
+    return None if raw is None else _request_id(raw)
+
+
+async def _serve_with(
+    endpoint: UserEndpoint | None,
+    user_id: str,
+    scope: Any,
+    receive: Any,
+    send: Any,
+    raw: bytes | None,
+    initialize: bool,
+) -> None:
+    """One request on ``endpoint`` (None: the app is not serving yet, 503)."""
+    if endpoint is None:
+        await _send_json(
+            send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=_id_of(raw)
+        )
+        return
+    if initialize and endpoint.sessions_open() >= MAX_SESSIONS_PER_USER and _opens_session(scope):
+        await _send_json(
+            send,
+            429,
+            _codes.TOO_MANY_REQUESTS,
+            f"user {user_id!r} already has {MAX_SESSIONS_PER_USER} MCP sessions open on "
+            "this hub process (MAX_SESSIONS_PER_USER): end one (DELETE with its "
+            "Mcp-Session-Id), let one idle out, or use the 2026 wire (no session)",
+            request_id=_id_of(raw),
+            retry_after_s=RETRY_AFTER_S,
+        )
+        return
+    await endpoint.manager.handle_request(scope, receive, send)
 
 
 def _opens_session(scope: Any) -> bool:
