@@ -647,9 +647,8 @@ async def test_a_new_read_that_fails_drains_own_pending_entries_at_its_retry(aut
             await script.wakes_in.send([])  # the wake-up wait answers: Redis is back
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
-    assert script.names("set_liveness", "wait_wakes", "clear_liveness") == [
-        "read_new", "read_pending", "read_new",
-    ]  # fmt: skip
+    reads = [name for name in script.names() if name.startswith("read_")]
+    assert reads == ["read_new", "read_pending", "read_new"]
     assert desk.dispatched() == ["1-0"]
 
 
