@@ -176,7 +176,11 @@ async def test_an_answered_chosen_job_id_is_free_again_after_the_result_ttl(
         nursery.cancel_scope.cancel()
 
 
-async def _holder_dies(state, bridge, monkeypatch, user, *, timeout_s, away_s):  # noqa: F811
+@asynccontextmanager
+async def _holder_died(state, bridge, monkeypatch, user, *, timeout_s, away_s, **dispatch):  # noqa: F811
+    """A job of ``user`` (``dispatch``: its job id or idempotency key) delivered, run once,
+    then its holder dies before writing anything more; yields its first outcome
+    ``away_s`` later, with the holder's writes landing again."""
     from deskbridge_hub._errors import SubstrateUnavailable
 
     executed: list[str] = []
@@ -195,17 +199,24 @@ async def _holder_dies(state, bridge, monkeypatch, user, *, timeout_s, away_s): 
                 await first.disconnect()
 
         nursery.start_soon(sidecar, first, run_then_die)
-        job_id = f"chosen-died-{user}"
-        outcome = await bridge.dispatch(user, "click", {}, job_id=job_id, timeout_s=timeout_s)
+        outcome = await bridge.dispatch(user, "click", {}, timeout_s=timeout_s, **dispatch)
         assert outcome.status in ("timeout", "in_doubt", "unavailable"), outcome
-        assert executed == [job_id]
+        assert executed == [outcome.job_id]
         monkeypatch.setattr(state.substrate, "finish", real_finish)
-        await trio.sleep(away_s)  # past the timeout + result TTL: the claim's lifetime
-        assert await state.substrate.get_job_state(user, job_id) is not None  # kept a day
+        await trio.sleep(away_s)  # past the deadline + result TTL: the records' lifetime
+        assert await state.substrate.get_job_state(user, outcome.job_id) is not None  # a day
+        yield outcome
+        nursery.cancel_scope.cancel()
+
+
+async def _holder_dies(state, bridge, monkeypatch, user, *, timeout_s, away_s):  # noqa: F811
+    job_id = f"chosen-died-{user}"
+    async with _holder_died(
+        state, bridge, monkeypatch, user, timeout_s=timeout_s, away_s=away_s, job_id=job_id
+    ):
         found = await bridge.job_state(job_id)
         assert found is not None, "GET /v1/jobs/{id} would say 404 for a forwarded job"
         assert not found.stage.terminal, found
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_retry_with_the_key_of_a_job_whose_holder_died_attaches_to_it(
@@ -235,34 +246,11 @@ async def test_on_redis_a_retry_with_the_key_of_a_job_whose_holder_died_attaches
 
 
 async def _holder_dies_then_retry(state, bridge, monkeypatch, user, *, timeout_s, away_s):  # noqa: F811
-    from deskbridge_hub._errors import SubstrateUnavailable
-
-    executed: list[str] = []
-    real_finish = state.substrate.finish
-
-    async def dead(*args, **kwargs):  # the holder is gone: none of its writes land
-        raise SubstrateUnavailable("holder died")
-
-    async with trio.open_nursery() as nursery:
-        first = await connect(nursery, state, user=user, daemon_id="d1")
-
-        async def run_then_die(frame):
-            if isinstance(frame, Job):
-                executed.append(frame.job_id)
-                monkeypatch.setattr(state.substrate, "finish", dead)
-                await first.disconnect()
-
-        nursery.start_soon(sidecar, first, run_then_die)
-        key = f"k-died-{user}"
-        outcome = await bridge.dispatch(
-            user, "click", {}, idempotency_key=key, timeout_s=timeout_s
-        )
-        assert outcome.status in ("timeout", "in_doubt", "unavailable"), outcome
-        assert executed == [outcome.job_id]
-        monkeypatch.setattr(state.substrate, "finish", real_finish)
-        await trio.sleep(away_s)  # past the deadline + result TTL: the record's lifetime
-        assert await state.substrate.get_job_state(user, outcome.job_id) is not None
+    key = f"k-died-{user}"
+    async with _holder_died(
+        state, bridge, monkeypatch, user, timeout_s=timeout_s, away_s=away_s,
+        idempotency_key=key,
+    ) as outcome:  # fmt: skip
         retry = await bridge.dispatch(user, "click", {}, idempotency_key=key, timeout_s=1)
         assert retry.status != "offline", retry  # "did not run": untrue, it ran
         assert retry.job_id == outcome.job_id, retry  # attached, not a second job
-        nursery.cancel_scope.cancel()
