@@ -8,12 +8,22 @@ operator saw ``online`` for a desktop whose calls were answered ``offline``, and
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
 
 from deskbridge_hub import HubConfig, create_app
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._own_liveness import own_liveness
 
 API = "/v1/admin"
+
+
+@asynccontextmanager
+async def _served():
+    """The app on a fresh memory substrate, served in-process: yields (substrate, client)."""
+    substrate = MemorySubstrate()
+    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=substrate)
+    async with app.test_app() as test_app:
+        yield substrate, test_app.test_client()
 
 
 async def _admin_views(client, user: str) -> tuple[dict, dict]:
@@ -24,10 +34,7 @@ async def _admin_views(client, user: str) -> tuple[dict, dict]:
 
 
 async def test_a_dead_holder_s_desktop_is_offline_to_the_operator_too(autojump_clock):
-    substrate = MemorySubstrate()
-    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=substrate)
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
+    async with _served() as (substrate, client):
         user = "adm-dead"
         # a session of a process whose liveness key is gone (killed: kill -9)
         await substrate.set_presence(user, "deadprocess00001.abc", ttl_s=30)
@@ -50,10 +57,7 @@ async def test_a_dead_holder_s_desktop_is_offline_to_the_operator_too(autojump_c
 
 
 async def test_a_listed_dead_holder_s_desktop_is_offline(autojump_clock):
-    substrate = MemorySubstrate()
-    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=substrate)
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
+    async with _served() as (substrate, client):
         user = "adm-dead-listed"
         await substrate.set_presence(user, "deadprocess00002.abc", ttl_s=30)
         record = {"session_id": "deadprocess00002.abc", "connected_at": 1.0}
@@ -67,10 +71,7 @@ async def test_no_presence_in_doubt_is_unknown_to_the_operator(autojump_clock):
     """While this process's own writes are in doubt a call finding no presence is
     answered ``unavailable`` (503), not ``offline``: the admin views say ``online:
     null``, status ``unknown``, not a confident offline."""
-    substrate = MemorySubstrate()
-    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=substrate)
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
+    async with _served() as (substrate, client):
         user = "adm-doubt"
         record = {"session_id": "p.s", "connected_at": 1.0, "ended_at": 2.0}
         await substrate.record_desktop(user, json.dumps(record), at_s=2.0)
@@ -90,10 +91,7 @@ async def test_an_asleep_desktop_is_asleep_in_every_view(autojump_clock):
     from deskbridge_hub._inspect_cli import desktops_table
     from deskbridge_hub._substrate_values import Asleep
 
-    substrate = MemorySubstrate()
-    app = create_app(HubConfig(secrets=("s" * 40,)), substrate=substrate)
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
+    async with _served() as (substrate, client):
         user = "adm-asleep"
         record = {"session_id": "p.s", "connected_at": 1.0, "ended_at": 2.0}
         await substrate.record_desktop(user, json.dumps(record), at_s=2.0)
