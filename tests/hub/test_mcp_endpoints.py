@@ -63,6 +63,46 @@ async def test_the_catalogue_is_read_only_while_someone_listens(autojump_clock, 
     assert reads == []
 
 
+async def test_an_endpoint_nobody_listens_to_does_not_wake(autojump_clock, nursery):
+    """An idle endpoint (no request open, no session) read nothing but still woke every
+    ``poll_s`` until it was reaped: 4,096 of them, the bound per process, took 10-15 % of
+    a core. Its watcher now waits for a request; one that comes is still served within
+    ``poll_s``."""
+    bridge = Bridge(MemorySubstrate())
+    reads: list[float] = []
+    real_tools = bridge.tools
+
+    async def counting_tools(user_id: str):  # type: ignore[no-untyped-def]
+        reads.append(trio.current_time())
+        return await real_tools(user_id)
+
+    bridge.tools = counting_tools  # type: ignore[method-assign]
+    endpoints = _endpoints(nursery, bridge)
+    async with endpoints.using("quiet") as endpoint:
+        assert endpoint is not None
+
+    class WatcherSteps(trio.abc.Instrument):
+        count = 0
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if "_watch_catalogue" in task.name:
+                self.count += 1
+
+    steps = WatcherSteps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        await trio.sleep(100 * endpoint.poll_s)
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.count <= 5, steps.count  # the rounds around the request, then asleep (was 100)
+    assert reads == []
+    async with endpoints.using("quiet") as again:
+        assert again is endpoint
+        came = trio.current_time()
+        await trio.sleep(1.5 * endpoint.poll_s)
+        assert reads and reads[0] - came <= endpoint.poll_s
+
+
 async def test_a_tools_list_does_not_swallow_the_change_other_sessions_must_hear(
     autojump_clock, nursery
 ):

@@ -36,7 +36,8 @@ when its enqueue was sent but had not landed yet), unless the call carried
 and keeps it.
 
 Catalogue changes: a watcher per user endpoint re-reads the catalogue every
-``CATALOGUE_POLL_S`` and, when it differs, sends ``notifications/tools/list_changed`` to
+``CATALOGUE_POLL_S`` while someone can hear a change (it sleeps, without waking, until a
+request comes otherwise) and, when it differs, sends ``notifications/tools/list_changed`` to
 every handshake-era session that has made a request, and publishes ``ToolsListChanged``
 to ``subscriptions/listen`` streams (2026 wire).
 
@@ -259,6 +260,19 @@ class UserEndpoint:
     #: one ended (trio clock, seconds): kept by ``_mcp_mount``.
     open_requests: int = attrs.field(init=False, default=0)
     last_used_s: float = attrs.field(init=False, default=0.0)
+    #: Set by :meth:`request_started`: the watcher, idle while nobody listens, waits on it.
+    _listener_came: anyio.Event = attrs.field(init=False, factory=anyio.Event)
+
+    def request_started(self) -> None:
+        """Count one more open HTTP request (``_mcp_mount``; :meth:`request_ended` ends
+        it) and wake the catalogue watcher if it waits for a listener."""
+        self.open_requests += 1
+        self._listener_came.set()
+
+    def request_ended(self, now_s: float) -> None:
+        """Count one open HTTP request less; ``now_s`` (trio clock, seconds) is when."""
+        self.open_requests -= 1
+        self.last_used_s = now_s
 
     def sessions_open(self) -> int:
         """How many 2025-era sessions this endpoint holds (the SDK's session table)."""
@@ -466,6 +480,12 @@ class UserEndpoint:
 
     async def _watch_catalogue(self) -> None:
         while True:
+            if not self.listened_to():
+                # Nobody to tell: no wake-ups either until a request comes (an endpoint
+                # idle until it is reaped woke every poll_s for nothing: 4,096 of them,
+                # the bound per process, took 10-15 % of a core).
+                await self._listener_came.wait()
+                self._listener_came = anyio.Event()
             await anyio.sleep(self.poll_s)
             if not self.listened_to():  # nobody to tell: no Redis reads for nothing
                 continue

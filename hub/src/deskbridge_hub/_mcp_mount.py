@@ -67,13 +67,13 @@ RETRY_AFTER_S = 5
 #: A request for a user with none, at the bound, stops the least recently used endpoint
 #: nobody uses (no request open, no listening stream, no 2025 session alive) to make
 #: room; when every one is in use it is 429 naming this bound. Why 4,096: each endpoint
-#: costs about 22 KB and a catalogue-watcher task waking every 2 s (a real ``serve
-#: --workers 1``: 5,000 new ids took it from 103 to 210 MB and 10 % of a core idle), so
-#: the bound holds that to ~90 MB and 10-15 % of a core; a stopped idle endpoint costs
-#: its user only a new one (~2 ms) at the next request, so the bound refuses only when
-#: 4,096 users have a call, a listening stream or a session open on this very process at
-#: once. Unbounded, an API-key holder touching 100 new user ids a second would have held
-#: 60,000 endpoints (~1.3 GB) for their 10 idle minutes.
+#: costs about 22 KB (a real ``serve --workers 1``: 5,000 new ids took it from 103 to
+#: 210 MB), so the bound holds that to ~90 MB; its catalogue watcher sleeps until a
+#: request comes (it woke every 2 s, 10-15 % of a core at the bound); a stopped idle
+#: endpoint costs its user only a new one (~2 ms) at the next request, so the bound
+#: refuses only when 4,096 users have a call, a listening stream or a session open on
+#: this very process at once. Unbounded, an API-key holder touching 100 new user ids a
+#: second would have held 60,000 endpoints (~1.3 GB) for their 10 idle minutes.
 MAX_ENDPOINTS = 4096
 
 
@@ -127,12 +127,11 @@ class McpEndpoints:
         if endpoint is None:
             yield None
             return
-        endpoint.open_requests += 1  # no await since the lookup: the reaper cannot cut in
+        endpoint.request_started()  # no await since the lookup: the reaper cannot cut in
         try:
             yield endpoint
         finally:
-            endpoint.open_requests -= 1
-            endpoint.last_used_s = anyio.current_time()
+            endpoint.request_ended(anyio.current_time())
             if self._endpoints.get(user_id) is endpoint:  # the most recently used: last
                 self._endpoints[user_id] = self._endpoints.pop(user_id)
 
