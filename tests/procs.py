@@ -206,7 +206,11 @@ class Sidecar(Proc):
         # of "the same desktop" passes the first one's ``data_dir``).
         self.data_dir = data_dir or tmp / f"{name}-{secrets.token_hex(3)}-data"
         full_env = {
-            "PYTHONPATH": str(Path(__file__).parent / "tools"),
+            # the test tools, then what the test run was given (a worktree's sources
+            # ahead of the installed packages: the sidecar runs the same code as the hub)
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(Path(__file__).parent / "tools"), os.environ.get("PYTHONPATH")) if p
+            ),
             "DESKBRIDGE_DATA_DIR": str(self.data_dir),
         }
         full_env.update(env or {})

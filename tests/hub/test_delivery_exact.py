@@ -476,3 +476,24 @@ async def test_a_cancelled_redelivery_s_in_doubt_answer_is_fenced(autojump_clock
     server.substrate = NewerDeliveryFirst(substrate)
     await server.serve(entry, FakeExecutor())
     assert await answer(substrate) is None  # the newer delivery answers
+
+
+def test_a_result_with_a_lone_surrogate_is_answered_failed_bad_result():
+    # an older (or hostile) sidecar's text that is not valid Unicode: the HTTP answer
+    # carried "\udce9" as is, the MCP endpoint could not serialise it (no answer at all)
+    status, payload = outcome_of(JobResult("d", True, result={"name": "caf\udce9.txt"}))
+    assert status == "failed", payload
+    body = json.loads(payload)
+    assert body["error"]["code"] == "bad_result", body
+    json.dumps(body, ensure_ascii=False).encode("utf-8")  # the answer is valid text
+
+
+def test_a_result_outside_the_basic_plane_is_answered_as_it_came():
+    status, payload = outcome_of(JobResult("d", True, result={"s": "\U0001f600 \\ud800"}))
+    assert status == "completed" and json.loads(payload)["result"] == {"s": "\U0001f600 \\ud800"}
+
+
+def test_an_error_message_with_a_lone_surrogate_is_answered_with_a_replacement_character():
+    status, payload = outcome_of(JobResult("d", False, error=JobError("boom", "caf\udce9")))
+    assert status == "failed"
+    assert json.loads(payload)["error"] == {"code": "boom", "message": "caf\ufffd"}

@@ -64,3 +64,18 @@ async def test_relay_coalesces_and_bridge_reports(autojump_clock):
         nursery.cancel_scope.cancel()
     assert parse_progress('{"watching": true}') is None
     assert parse_progress('{"outcome": {}}') is None and parse_progress("nope") is None
+
+
+async def test_relay_replaces_a_lone_surrogate_in_a_message(autojump_clock):
+    # an older sidecar's file name that is not UTF-8: it reached SSE watchers as
+    # "\udce9", which MCP's progress notifications cannot serialise
+    substrate = MemorySubstrate()
+    relay = ProgressRelay(substrate, ttl_s=60)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(relay.run)
+        relay.offer("j1", Progress(id="d", progress=1, message="reading caf\udce9.txt"))
+        await trio.sleep(0.1)
+        ((_, payload),) = await substrate.read_progress("j1", "0", block_ms=1)
+        nursery.cancel_scope.cancel()
+    report = parse_progress(payload)
+    assert report is not None and report.message == "reading caf\ufffd.txt"

@@ -50,12 +50,15 @@ import attrs
 import trio
 from deskbridge_common import (
     BAD_JOB,
+    BAD_RESULT,
     MALFORMED,
     OUTCOME_ERROR_CODES,
     Job,
     JobResult,
     LocalProtocolError,
     Timings,
+    holds_lone_surrogate,
+    replace_lone_surrogates,
 )
 
 from . import _metrics
@@ -119,11 +122,24 @@ class Executor(Protocol):
 
 
 def outcome_of(result: JobResult) -> tuple[str, str]:
-    """The outcome name and the result payload for a sidecar's ``job_result``."""
+    """The outcome name and the result payload for a sidecar's ``job_result``.
+
+    Text that is not valid Unicode (a lone surrogate, from an older sidecar: today's
+    answers ``bad_result`` itself) never reaches a caller: such a result is ``failed``
+    ``bad_result`` (the tool ran; its value cannot be given as text), and an error
+    message (or code) has U+FFFD in its place. Refusing the frame instead would close the socket,
+    and the same desktop's ledger would send the same answer again at each redelivery."""
     if result.ok:
-        return "completed", result_payload("completed", result=result.result)
-    code = result.error.code if result.error else "failed"
-    message = result.error.message if result.error else "failed"
+        payload = result_payload("completed", result=result.result)
+        if not holds_lone_surrogate(payload):
+            return "completed", payload
+        error = {
+            "code": BAD_RESULT,
+            "message": "the desktop's result is not valid Unicode text (a lone surrogate)",
+        }
+        return "failed", result_payload("failed", error=error)
+    code = replace_lone_surrogates(result.error.code) if result.error else "failed"
+    message = replace_lone_surrogates(result.error.message) if result.error else "failed"
     status = code if code in OUTCOME_ERROR_CODES else "failed"
     return status, result_payload(status, error={"code": code, "message": message})
 

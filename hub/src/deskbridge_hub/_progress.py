@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 import attrs
-from deskbridge_common import DESK_STAGES, Progress
+from deskbridge_common import DESK_STAGES, Progress, replace_lone_surrogates
 
 from ._substrate import Substrate
 
@@ -96,7 +96,11 @@ class ProgressRelay:
             for job_id, frame in batch.items():
                 payload = json.dumps(
                     ProgressReport(
-                        frame.progress, frame.total, frame.message, frame.stage
+                        frame.progress,
+                        frame.total,
+                        # valid text only (an older sidecar's lone surrogate: U+FFFD)
+                        None if frame.message is None else replace_lone_surrogates(frame.message),
+                        frame.stage,
                     ).to_json()
                 )
                 try:

@@ -27,6 +27,8 @@ from deskbridge_common import (
     JobResult,
     RawJSON,
     encode_frame,
+    holds_lone_surrogate,
+    replace_lone_surrogates,
 )
 
 #: Longest error message sent, in characters (a crash repr is cut to this).
@@ -74,7 +76,8 @@ class Outcome:
         """Wrap a tool's return value, normalised to plain JSON.
 
         Serialises ``result`` once (compact, ASCII). A value that is not
-        JSON-serialisable, contains NaN/Infinity, nests too deeply, or would not fit in a
+        JSON-serialisable, contains NaN/Infinity or a lone surrogate (text that is not
+        valid Unicode), nests too deeply, or would not fit in a
         ``MAX_FRAME_BYTES`` frame with the longest delivery id becomes a ``bad_result``
         failure instead (the tool ran; its value cannot be sent). Checking here, once,
         means a cached outcome can always be sent, so a redelivery can never break the
@@ -84,6 +87,12 @@ class Outcome:
             text = json.dumps(result, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError) as exc:
             return cls.failure(BAD_RESULT, f"result is not JSON-serialisable: {exc!r}")
+        if holds_lone_surrogate(text):  # a name that is not UTF-8, as os.fsdecode gives it
+            return cls.failure(
+                BAD_RESULT,
+                "result is not valid Unicode text: it holds a lone surrogate (text decoded "
+                "from bytes that are not UTF-8, such as a file name)",
+            )
         if len(text) > MAX_RESULT_BYTES:  # ASCII: characters are bytes
             return cls.failure(
                 BAD_RESULT,
@@ -94,8 +103,10 @@ class Outcome:
 
     @classmethod
     def failure(cls, code: str, message: str) -> Outcome:
-        """A failed outcome with ``code`` (1-64 chars) and ``message`` (truncated)."""
-        return cls(ok=False, error=JobError(code=code, message=truncate(message)))
+        """A failed outcome with ``code`` (1-64 chars) and ``message`` (truncated; a lone
+        surrogate in it replaced by U+FFFD)."""
+        message = truncate(replace_lone_surrogates(message))
+        return cls(ok=False, error=JobError(code=code, message=message))
 
     @property
     def code(self) -> str | None:

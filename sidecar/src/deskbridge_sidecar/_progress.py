@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
-from deskbridge_common import MAX_PROGRESS_MESSAGE_CHARS
+from deskbridge_common import MAX_PROGRESS_MESSAGE_CHARS, replace_lone_surrogates
 
 #: Least time between two ``progress`` frames for one delivery, seconds (5 a second).
 PROGRESS_INTERVAL_S = 0.2
@@ -95,7 +95,8 @@ class ProgressState:
 class Progress:
     """The callback a tool receives: ``progress(progress, total=None, message=None)``:
     how far it has got and, when known, out of how much (any unit, the same for both:
-    items, bytes, percent), and a short message (cut to 1024 characters).
+    items, bytes, percent), and a short message (cut to 1024 characters; a lone surrogate
+    in it replaced by U+FFFD).
 
     Raises (when called):
         ValueError: ``progress`` or ``total`` not a finite number, or a negative ``total``.
@@ -127,7 +128,7 @@ class Progress:
         if total is not None and total < 0:
             raise ValueError(f"total must be >= 0, got {total!r}")
         if message is not None:
-            message = str(message)[:MAX_PROGRESS_MESSAGE_CHARS]
+            message = replace_lone_surrogates(str(message)[:MAX_PROGRESS_MESSAGE_CHARS])
         update = ProgressUpdate(float(progress), None if total is None else float(total), message)
         if self._state is None:
             return

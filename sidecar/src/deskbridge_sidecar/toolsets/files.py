@@ -303,7 +303,7 @@ def _dir_entry(item: os.DirEntry[str]) -> dict[str, Any]:
     try:
         info = item.stat(follow_symlinks=False)
     except OSError:
-        return {"name": item.name, "type": "unknown"}
+        return {**_named(item.name), "type": "unknown"}
     return _described(item.name, info)
 
 
@@ -311,14 +311,26 @@ def _entry(path: Path, name: str) -> dict[str, Any]:
     try:
         info = path.lstat()
     except OSError:
-        return {"name": name, "type": "unknown"}
+        return {**_named(name), "type": "unknown"}
     return _described(name, info)
 
 
 def _described(name: str, info: os.stat_result) -> dict[str, Any]:
     kind = _fdwalk.kind_of(info.st_mode)
     kind = kind if kind in ("file", "folder", "symlink") else "other"
-    return {"name": name, "type": kind, "bytes": info.st_size, "modified": info.st_mtime}
+    return {**_named(name), "type": kind, "bytes": info.st_size, "modified": info.st_mtime}
+
+
+def _named(name: str) -> dict[str, Any]:
+    """``{"name": name}``; a name that is not UTF-8 (Linux allows any bytes; Python
+    gives lone surrogates, which no answer may carry) has its odd bytes written
+    ``\\xNN`` and says so (``name_not_utf8``): listed, though not a path to pass back."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        escaped = os.fsencode(name).decode("utf-8", "backslashreplace")
+        return {"name": escaped, "name_not_utf8": True}
+    return {"name": name}
 
 
 __all__ = ["FilesToolset"]
