@@ -540,10 +540,11 @@ class Bridge(JobControl):
             try:
                 got = await self.substrate.submit(user_id, sub)
             except SubstrateUnavailable as exc:
-                # no connection could be made: nothing was sent, nothing enqueued (the
-                # short answer, and a caller-chosen id is free again; a newcomer was told
-                # to look up a job that could not exist)
-                step.in_doubt = not exc.unsent
+                # no connection could be made (nothing was sent), or Redis refused the
+                # step before its first write (out of memory, a replica, ...): nothing
+                # enqueued (the short answer, and a caller-chosen id is free again; the
+                # caller was told to look up a job that could not exist, and GET said 404)
+                step.in_doubt = not (exc.unsent or exc.refused)
                 raise
             step.in_doubt = False
             return got
