@@ -28,6 +28,29 @@ async def _desktop(nursery, state, ran, seconds=1.0):  # noqa: F811
     nursery.start_soon(sidecar, peer, run)
 
 
+async def _two_copies(state, job_id, key):  # noqa: F811
+    """The same request from two replicas (two Bridges), the second 10 ms after the
+    first; both must be answered ``completed`` with ``job_id``. Returns the second."""
+    first, second = (Bridge(state.substrate, state.timings, wall_clock=state.wall_clock)
+                     for _ in "ab")  # fmt: skip
+    outcomes = {}
+
+    async def call(name, bridge, delay):  # noqa: F811
+        await trio.sleep(delay)
+        outcomes[name] = await bridge.dispatch(
+            "u1", "click", {"a": 1}, job_id=job_id, idempotency_key=key
+        )
+
+    async with trio.open_nursery() as callers:
+        callers.start_soon(call, "first", first, 0)
+        callers.start_soon(call, "second", second, 0.01)
+    assert {n: (o.job_id, o.status) for n, o in outcomes.items()} == {
+        "first": (job_id, "completed"),
+        "second": (job_id, "completed"),
+    }
+    return second
+
+
 async def test_the_same_request_sent_again_attaches_to_its_own_job(
     autojump_clock, state, bridge  # noqa: F811
 ):
@@ -91,17 +114,27 @@ async def test_another_request_naming_a_used_job_id_is_still_refused(
 async def test_a_copy_that_comes_between_the_claim_and_the_enqueue_looks_again(
     autojump_clock, state, monkeypatch  # noqa: F811
 ):
-    """The first copy has claimed the id and its enqueue is held (a slow round trip); the
-    second copy finds the key naming no job yet, looks again every 50 ms, and attaches
-    once the job is enqueued. A copy that never sees the job enqueued gives up after 10
-    looks (0.5 s) with ``job_id_in_use``."""
+    """The first copy, on an older hub (its claim carries no request digest), has
+    claimed the id and its enqueue is held (a slow round trip); the second copy finds the
+    key naming no job yet, looks again every 50 ms, and attaches once the job is
+    enqueued. A copy that never sees the job enqueued gives up after 10 looks (0.5 s)
+    with ``job_id_in_use``."""
     from deskbridge_hub import _bridge
 
     ran: list[str] = []
     s = state.substrate
-    submit = s.submit
+    submit, claim = s.submit, s.claim_job_id
     held = trio.Event()
     looks: list[float] = []
+    claims: list[JobOwner] = []
+
+    async def older_first_claim(job_id, owner, *, ttl_s):
+        if not claims:
+            owner = JobOwner(owner.user_id, owner.reply_to)  # an older hub's record
+        claims.append(owner)
+        return await claim(job_id, owner, ttl_s=ttl_s)
+
+    monkeypatch.setattr(s, "claim_job_id", older_first_claim)
 
     async def slow_submit(user_id, sub):
         if sub.attach_only:
@@ -113,24 +146,9 @@ async def test_a_copy_that_comes_between_the_claim_and_the_enqueue_looks_again(
         return await submit(user_id, sub)
 
     monkeypatch.setattr(s, "submit", slow_submit)
-    first, second = (Bridge(s, state.timings, wall_clock=state.wall_clock) for _ in "ab")
-    outcomes = {}
     async with trio.open_nursery() as nursery:
         await _desktop(nursery, state, ran)
-
-        async def call(name, bridge, delay):  # noqa: F811
-            await trio.sleep(delay)
-            outcomes[name] = await bridge.dispatch(
-                "u1", "click", {"a": 1}, job_id="J5", idempotency_key="K5"
-            )
-
-        async with trio.open_nursery() as callers:
-            callers.start_soon(call, "first", first, 0)
-            callers.start_soon(call, "second", second, 0.01)
-        assert {n: (o.job_id, o.status) for n, o in outcomes.items()} == {
-            "first": ("J5", "completed"),
-            "second": ("J5", "completed"),
-        }
+        second = await _two_copies(state, "J5", "K5")
         assert ran == ["J5"]
         assert len(looks) == 4  # three while held, the fourth found the job
         gaps = [b - a for a, b in zip(looks, looks[1:], strict=False)]
@@ -143,4 +161,34 @@ async def test_a_copy_that_comes_between_the_claim_and_the_enqueue_looks_again(
             await second.dispatch("u1", "click", {}, job_id="J6", idempotency_key="K6")
         assert len(looks) == _bridge.JOB_ID_RELOOKS + 1
         assert trio.current_time() - started == pytest.approx(0.5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_copy_that_comes_between_the_claim_and_the_enqueue_knows_the_claim(
+    autojump_clock, state, monkeypatch  # noqa: F811
+):
+    """The claim carries its request (``JobOwner.request``): the second copy, finding
+    the id claimed by the same request while the first copy's enqueue is held, goes on
+    as its claimer (no looks): one of the two enqueues, the other finds the job under the
+    id; both get its answer, it ran once."""
+    ran: list[str] = []
+    s = state.substrate
+    submit = s.submit
+    held = trio.Event()
+    sent: list[str] = []
+
+    async def slow_submit(user_id, sub):
+        sent.append("attach_only" if sub.attach_only else "own" if sub.own else "other")
+        if len(sent) == 1:
+            await held.wait()  # the first copy's enqueue
+        got = await submit(user_id, sub)
+        held.set()
+        return got
+
+    monkeypatch.setattr(s, "submit", slow_submit)
+    async with trio.open_nursery() as nursery:
+        await _desktop(nursery, state, ran)
+        await _two_copies(state, "J7", "K7")
+        assert ran == ["J7"]
+        assert "attach_only" not in sent, sent  # was: the second looked the key up
         nursery.cancel_scope.cancel()

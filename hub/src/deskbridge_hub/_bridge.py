@@ -35,7 +35,7 @@ from ._errors import (
     JobIdInUse,
     SubstrateUnavailable,
 )
-from ._idempotency import IndexRecord, args_digest
+from ._idempotency import IndexRecord, args_digest, request_digest
 from ._jobs import job_fields, parse_result
 from ._jobstate import JobState, Stage, forwarded_keep_s
 from ._outcome import Outcome, Presence, offline_outcome, plain_offline, timeout_outcome
@@ -98,6 +98,14 @@ class _Unread:
 
 
 _UNREAD = _Unread()
+
+
+def _may_be_ours(owner: JobOwner | None, user_id: str, key: str | None) -> bool:
+    """Whether a caller-chosen job id another call has claimed (``owner``: its record,
+    None when gone meanwhile) may be this request's own job: the request has an
+    idempotency key and the id's owner is this user. Then the key decides
+    (``Bridge._attach_by_key``), never another user's job."""
+    return key is not None and (owner is None or owner.user_id == user_id)
 
 
 @attrs.define
@@ -334,7 +342,9 @@ class Bridge(JobControl):
         now = self.wall_clock()
         start_within_s = timeout_s if deadline is None else _start_within_s(deadline, now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
-        owner = JobOwner(user_id, self.waiters.mailbox)
+        owner = JobOwner(
+            user_id, self.waiters.mailbox, request=request_digest(name, digest, indexed_key)
+        )
         # Every step is bounded by the caller's time: a Redis that stalls (it answers
         # within the 5 s command timeout, but later than the caller wanted) does not make
         # the call outlast its timeout_s (plus ANSWER_GRACE_S for the looks once it is up).
@@ -351,12 +361,18 @@ class Bridge(JobControl):
                     step.claimed = await self.substrate.claim_job_id(
                         job_id, owner, ttl_s=state_ttl_s
                     )
-                    if not step.claimed and not await self._may_be_ours(
-                        job_id, user_id, indexed_key
-                    ):
-                        raise JobIdInUse(
-                            f"job_id {job_id!r} already names another job", job_id=job_id
+                    if not step.claimed:
+                        held = await self.substrate.job_owner(job_id)
+                        # this very request's claim (its reply was lost, the call answered
+                        # unavailable; or a copy's on another replica): go on as its
+                        # claimer, whose submit finds a job enqueued under the id
+                        step.claimed = held is not None and held.request == owner.request and (
+                            held.user_id == user_id
                         )
+                        if not step.claimed and not _may_be_ours(held, user_id, indexed_key):
+                            raise JobIdInUse(
+                                f"job_id {job_id!r} already names another job", job_id=job_id
+                            )
                 submission = Submission(
                     job_id=job_id,
                     # the caller's trace context goes on to the tool
@@ -432,6 +448,10 @@ class Bridge(JobControl):
                 if record.deadline is not None and submitted.server_time is not None:
                     # that job's own deadline: the time left on the substrate's clock
                     start_until = anyio.current_time() + record.deadline - submitted.server_time
+            elif submitted.verdict == "queued" and job_id_given is not None:
+                # found under the id, not enqueued by this step: another copy of this
+                # request may have enqueued it (its mailbox is notified, its deadline holds)
+                attached = not submitted.entry_id
             elif submitted.verdict != "queued":
                 if submitted.verdict == "offline":
                     await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
@@ -540,10 +560,11 @@ class Bridge(JobControl):
             try:
                 got = await self.substrate.submit(user_id, sub)
             except SubstrateUnavailable as exc:
-                # no connection could be made: nothing was sent, nothing enqueued (the
-                # short answer, and a caller-chosen id is free again; a newcomer was told
-                # to look up a job that could not exist)
-                step.in_doubt = not exc.unsent
+                # no connection could be made (nothing was sent), or Redis refused the
+                # step before its first write (out of memory, a replica, ...): nothing
+                # enqueued (the short answer, and a caller-chosen id is free again; the
+                # caller was told to look up a job that could not exist, and GET said 404)
+                step.in_doubt = not (exc.unsent or exc.refused)
                 raise
             step.in_doubt = False
             return got
@@ -592,16 +613,6 @@ class Bridge(JobControl):
                 return submitted
             submitted = await once(submission)
         return submitted
-
-    async def _may_be_ours(self, job_id: str, user_id: str, key: str | None) -> bool:
-        """Whether a caller-chosen ``job_id`` another call has claimed may be this
-        request's own job: the request has an idempotency key and the id's owner is
-        this user (or the claim is gone meanwhile). Then the key decides
-        (:meth:`_attach_by_key`), never another user's job."""
-        if key is None:
-            return False
-        owner = await self.substrate.job_owner(job_id)
-        return owner is None or owner.user_id == user_id
 
     async def _attach_by_key(
         self,

@@ -34,10 +34,15 @@ class SubstrateUnavailable(BridgeError):
         unsent: True when no connection to Redis could be made, so nothing of the
             operation was sent (the Bridge then knows a submit enqueued nothing);
             False when it may have reached Redis.
+        refused: True when Redis answered the operation with an error reply that
+            proves it wrote nothing (a submit refused before its script's first write:
+            out of memory, too few replicas, a replica, a failed snapshot); the Bridge
+            then knows the job was not enqueued, as with ``unsent``.
     """
 
     status = "unavailable"
     unsent = False
+    refused = False
 
 
 class SubstrateMisconfigured(SubstrateUnavailable):

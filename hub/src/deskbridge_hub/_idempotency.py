@@ -30,6 +30,16 @@ def args_digest(args: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
+def request_digest(tool: str, digest: str, key: str | None) -> str:
+    """SHA-256 (hex, first 32 digits) of one request naming its own job id: its tool,
+    :func:`args_digest` of its arguments and its idempotency key (None: none given,
+    the job id is its key). Carried in the id's owner record (``JobOwner.request``), so
+    the same request sent again knows the claim for its own (a claim whose reply was
+    lost, a copy on another replica)."""
+    text = f"{tool}\n{digest}\n{'' if key is None else '=' + key}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
 @attrs.frozen
 class IndexRecord:
     """What an idempotency key names.

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._errors import SubstrateUnavailable
 from ._redis_base import RedisCommandBase, Script, _ms
+from ._redis_conn import refused_at_first_write
 from ._redis_jobs import _MARK
 from ._substrate import (
     GROUP,
@@ -330,6 +332,36 @@ class CallerCommands(RedisCommandBase):
                 (b"PEXPIRE", wake, _ms(sub.wake_ttl_s)),
                 (b"EXEC",),
             )
+        script_error: list[BaseException] = []  # the script's own error reply, if any
+        try:
+            return await self._submit_once(user_id, sub, keys, args, after, called, script_error)
+        except SubstrateUnavailable as exc:
+            if not (script_error and exc.__cause__ is script_error[0]):
+                raise
+            if not refused_at_first_write(script_error[0]):
+                raise
+            # Redis refused the script at its first write: the script reads all it decides
+            # on before it writes, its own job too (``own``: a job an earlier send of this
+            # step enqueued is answered ``queued``, no write), so nothing was enqueued
+            refused = SubstrateUnavailable(
+                f"{exc}; nothing was enqueued (refused before the submit's first write): "
+                "retry once Redis takes writes"
+            )
+            refused.refused = True
+            raise refused from exc.__cause__
+
+    async def _submit_once(
+        self,
+        user_id: str,
+        sub: Submission,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        after: tuple[tuple[Any, ...], ...],
+        called: float,
+        script_error: list[BaseException],
+    ) -> Submitted:
+        """:meth:`submit`'s round trip and the reading of its reply; the script's error
+        reply, if it has one, goes into ``script_error`` before it is raised (mapped)."""
         async with self._session("submit") as s:
             if user_id not in s.groups:  # the script makes sure of the group if it enqueues
                 args = (*args[:14], "1", *args[15:])
@@ -349,6 +381,8 @@ class CallerCommands(RedisCommandBase):
             resend = sub.own or sub.attach_only
             replies = await self._script(s, SUBMIT, keys, args, after=after, resend=resend)
             received = time.monotonic()
+            if isinstance(replies[0], BaseException):
+                script_error.append(replies[0])  # (its refusal may prove it wrote nothing)
             for reply in replies:
                 if isinstance(reply, BaseException):
                     raise reply

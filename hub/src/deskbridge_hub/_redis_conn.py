@@ -112,6 +112,16 @@ UNAVAILABLE_CODES = (
     "CLUSTERDOWN",
     "TRYAGAIN",
 )
+#: Server states Redis (>= 7.0) fails a script without flags on only at the script's
+#: *first write*: once a script has written, these states never fail it
+#: (``scriptVerifyWriteCommandAllow`` and ``scriptVerifyOOM`` in Redis' script.c). An
+#: error reply with one of these codes to a script that reads all it decides on before
+#: its first write (the submit script) proves the script wrote nothing. Not here: codes
+#: Redis gives before it runs a command at all (BUSY, LOADING, MASTERDOWN, NOSCRIPT,
+#: the Cluster's): the reply is the last send's, and a step sent once more after its
+#: connection was found dead (``_redis_resend``) says nothing of the first send; nor
+#: NOPERM, which a script meets per command, after earlier writes too.
+REFUSED_AT_FIRST_WRITE = ("OOM", "MISCONF", "READONLY", "NOREPLICAS")
 _UNAVAILABLE_ERRORS = (
     RedisConnectionError,
     OSError,  # includes TimeoutError
@@ -183,6 +193,12 @@ def coded(exc: BaseException) -> Exception:
     if error_code(exc) == "NOPERM" and not text.startswith("NOPERM"):
         return ResponseError(f"NOPERM {text.removeprefix('ERR ')}")
     return exc if isinstance(exc, Exception) else Exception(text)
+
+
+def refused_at_first_write(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error reply a script gets only at its first write
+    (:data:`REFUSED_AT_FIRST_WRITE`)."""
+    return isinstance(exc, ResponseError) and error_code(coded(exc)) in REFUSED_AT_FIRST_WRITE
 
 
 def _reason(exc: BaseException) -> str:

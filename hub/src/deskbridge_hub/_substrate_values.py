@@ -184,6 +184,8 @@ MAILBOX_TTL_S = 120.0
 
 #: The last part of an answered job's owner record (``JobOwner.answered``).
 ANSWERED_MARK = " !"
+#: What starts the request digest in an owner record (user ids and mailboxes never do).
+REQUEST_MARK = "="
 
 
 @attrs.frozen
@@ -197,16 +199,27 @@ class JobOwner:
     user_id: str
     reply_to: str | None = None
     answered: bool = False
+    #: the request that claimed the id (``_idempotency.request_digest``), stored as
+    #: `` =<digest>`` before the answered mark; None in records of older hubs
+    request: str | None = attrs.field(default=None, kw_only=True)
 
     def encode(self) -> str:
         text = self.user_id if self.reply_to is None else f"{self.user_id} {self.reply_to}"
+        if self.request is not None:
+            text += f" {REQUEST_MARK}{self.request}"
         return text + ANSWERED_MARK if self.answered else text
 
     @classmethod
     def decode(cls, text: str) -> JobOwner:
         answered = text.endswith(ANSWERED_MARK)
-        user_id, _, reply_to = text.removesuffix(ANSWERED_MARK).partition(" ")
-        return cls(user_id, reply_to or None, answered)
+        user_id, *rest = text.removesuffix(ANSWERED_MARK).split(" ")
+        request = reply_to = None
+        for part in rest:
+            if part.startswith(REQUEST_MARK):
+                request = part.removeprefix(REQUEST_MARK)
+            elif part:
+                reply_to = part
+        return cls(user_id, reply_to, answered, request=request)
 
 
 @attrs.frozen(kw_only=True)
