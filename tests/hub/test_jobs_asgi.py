@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import trio
 from deskbridge_hub import HubConfig, _app, _tracing, create_app
+from deskbridge_hub._bridge_jobs import queue_full
 from deskbridge_hub._errors import (
     BadRequest,
     IdempotencyKeyReused,
@@ -211,6 +212,7 @@ CASES = [
     ("key-reused", _raising(IdempotencyKeyReused("other args", job_id="j0")), ONLINE, JSON,
      GOOD),
     ("job-id-in-use", _raising(JobIdInUse("taken")), ONLINE, JSON, GOOD),
+    ("queue-full", _raising(queue_full(ONLINE, 3, None)), ONLINE, JSON, GOOD),
     ("bad-request", _raising(BadRequest("no such tool", field="name")), ONLINE, JSON, GOOD),
     ("unexpected-error", _raising(RuntimeError("boom")), ONLINE, JSON, GOOD),
 ]  # fmt: skip

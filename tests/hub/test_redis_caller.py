@@ -23,7 +23,14 @@ from deskbridge_hub._jobstate import JobState, Stage
 from deskbridge_hub._redis import RedisSubstrate
 from deskbridge_hub._redis_caller import CLOCK_DRIFT, MAX_WIDENING_S, RedisClock
 from deskbridge_hub._redis_slots import key_slot
-from deskbridge_hub._substrate import GROUP, idem_key, jobs_key, mailbox_key, state_key
+from deskbridge_hub._substrate import (
+    GROUP,
+    idem_key,
+    index_key,
+    jobs_key,
+    mailbox_key,
+    state_key,
+)
 
 from ..conftest import REDIS_URL, RawRedis
 from .redis_kit import delete_tagged
@@ -376,3 +383,28 @@ async def test_an_idle_process_reads_the_clock_again_before_its_next_submit(
         sub = attrs.evolve(_submission(user, "job-b"), give_up_s=1.0, write_owner=False)
         assert (await substrate.submit(user, sub)).verdict == "queued"
     assert calls == [b"TIME"]
+
+
+async def test_the_last_places_of_a_queue_go_to_exactly_as_many_racing_callers(
+    user: str, raw_redis: RawRedis
+) -> None:
+    """The count (HLEN of the entry index) and the XADD are one script: twenty submits
+    racing from two processes' substrates for a queue with room for five enqueue five,
+    the rest are refused (``queue_full``) and write nothing, as the stream and the index
+    show (a count read in a round trip of its own let more than five in)."""
+    verdicts: list[str] = []
+    async with RedisSubstrate.from_url(REDIS_URL) as one, RedisSubstrate.from_url(REDIS_URL) as two:
+        await one.set_presence(user, "s1", 30)
+
+        async def submit(substrate: RedisSubstrate) -> None:
+            sub = attrs.evolve(_submission(user, f"job-{secrets.token_hex(6)}"), maxlen=5)
+            verdicts.append((await substrate.submit(user, sub)).verdict)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(20):
+                    nursery.start_soon(submit, (one, two)[i % 2])
+    assert sorted(verdicts) == ["queue_full"] * 15 + ["queued"] * 5
+    assert await raw_redis("XLEN", jobs_key(user)) == 5
+    assert await raw_redis("HLEN", index_key(user)) == 5
+    assert len(await raw_redis("KEYS", f"bridge:state:{{{user}}}:*")) == 5

@@ -135,7 +135,7 @@ async def redis_harness(
 LAYOUT_CHECKS = sorted(
     name
     for name, fn in CHECKS.items()
-    if fn.__module__.endswith(("._contract_caller", "._contract_finish"))
+    if fn.__module__.endswith(("._contract_caller", "._contract_finish", "._contract_room"))
 )
 RUNS = [
     (kind, name)

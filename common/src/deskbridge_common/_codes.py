@@ -90,6 +90,8 @@ DRAINING = "draining"  #: this replica is restarting: nothing was enqueued, retr
 NOT_CONFIGURED = "not_configured"  #: the hub has no DESKBRIDGE_SECRET
 TOKEN_NOT_YET_VALID = "token_not_yet_valid"  #: a sidecar token issued in the future
 JOB_ID_IN_USE = "job_id_in_use"  #: a caller-chosen job id that names another job
+#: the user already has ``DESKBRIDGE_JOBS_MAXLEN`` jobs queued or running (429, ``limit``)
+QUEUE_FULL = "queue_full"
 #: a browser request from another site or origin to a route behind the API key (403)
 CROSS_SITE_REQUEST = "cross_site_request"
 #: The code of each HTTP status whose answer is the status itself (not an outcome).
@@ -113,6 +115,7 @@ HTTP_ERROR_CODES = frozenset(
         NOT_CONFIGURED,
         TOKEN_NOT_YET_VALID,
         JOB_ID_IN_USE,
+        QUEUE_FULL,
         CROSS_SITE_REQUEST,
         IDEMPOTENCY_KEY_REUSED,
         UNAVAILABLE,
@@ -131,6 +134,7 @@ __all__ = [
     "JOB_ID_IN_USE",
     "METHOD_NOT_ALLOWED",
     "NOT_CONFIGURED",
+    "QUEUE_FULL",
     "TOO_MANY_REQUESTS",
     "NOT_FOUND",
     "REQUEST_ENTITY_TOO_LARGE",

@@ -22,6 +22,7 @@ from ._errors import (
     JobInDoubt,
     JobLost,
     JobTimeout,
+    QueueFull,
     SubstrateUnavailable,
     UnknownJob,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "MemorySubstrate",
     "Outcome",
     "Presence",
+    "QueueFull",
     "RedisSubstrate",
     "Substrate",
     "SubstrateUnavailable",

@@ -27,6 +27,7 @@ from ._bridge_jobs import (
     JobControl,
     _check,
     minted_user,
+    queue_full,
 )
 from ._catalogue import CatalogueCache
 from ._errors import (
@@ -276,6 +277,8 @@ class Bridge(JobControl):
                 says which).
             JobIdInUse: the caller-chosen ``job_id`` already names another job (the
                 same request sent again with its ``idempotency_key`` attaches instead).
+            QueueFull: the user already has ``timings.jobs_maxlen`` jobs not yet
+                acknowledged (queued or running); nothing was enqueued or recorded.
             IdempotencyKeyReused: ``idempotency_key`` already started a job with another
                 tool or other args (``job_id`` names that job); nothing is enqueued.
             SubstrateUnavailable: Redis unreachable or refusing writes. With ``job_id``
@@ -460,6 +463,8 @@ class Bridge(JobControl):
                     return plain_offline(user_id, started, job_id=job_id_given)
                 if submitted.verdict == "job_id_in_use":
                     raise JobIdInUse(f"job_id {job_id!r} already names another job", job_id=job_id)
+                if submitted.verdict == "queue_full":  # nothing written; the id is freed below
+                    raise queue_full(user_id, submission.maxlen, job_id_given)
                 # The catalogue (or the holder) kept changing under us, the request is
                 # not at fault: a 503 to retry, not a 400 (seen while Redis refused writes:
                 # the desktop's session and catalogue came and went).
@@ -808,6 +813,8 @@ class Bridge(JobControl):
                 known (``unknown`` also when the enqueue step had not answered).
             IdempotencyKeyReused: the key already started a job with another tool or
                 other args; nothing is enqueued.
+            QueueFull: the user's queue is full (``timings.jobs_maxlen`` jobs queued or
+                running); nothing is enqueued.
             SubstrateUnavailable: Redis unreachable.
             BadRequest: malformed input.
         """

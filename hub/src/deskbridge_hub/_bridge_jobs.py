@@ -13,6 +13,7 @@ from deskbridge_common import Timings
 
 from ._errors import (
     BadRequest,
+    QueueFull,
     UnknownJob,
 )
 from ._jobs import cancelled_before_start
@@ -35,6 +36,34 @@ ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 USER_SEPARATOR = "~"
 #: The form of a hub-minted job id: ``uuid4().hex``, ``~``, the user id.
 _MINTED = re.compile(r"[0-9a-f]{32}~(.+)")
+
+
+#: ``Retry-After`` of a ``queue_full`` refusal, seconds (``QueueFull.retry_after_s``):
+#: the desktop works its queue off at its own pace, which no replica knows; the hub's
+#: other 429s say 5 s too.
+QUEUE_FULL_RETRY_AFTER_S = 5
+#: A cancel's control entry trims the stream at this many times ``jobs_maxlen``, not at
+#: ``jobs_maxlen``: a cancel is never refused for want of room (it makes room), and at a
+#: full queue its entry trimmed at the bound would take the oldest accepted job's body
+#: (the memory substrate trims exactly; Redis' ``~`` once 100 such entries waited
+#: unread). Room for one cancel per accepted job (docs/architecture.md, "A full queue
+#: refuses new work").
+CANCEL_TRIM_FACTOR = 2
+
+
+def queue_full(user_id: str, limit: int, job_id: str | None) -> QueueFull:
+    """The refusal of a call to a user whose queue holds ``limit`` jobs not yet
+    acknowledged (the submit's ``queue_full``), naming the limit and its variable."""
+    return QueueFull(
+        f"the desktop of {user_id} already has {limit} jobs queued or running, the most "
+        f"DESKBRIDGE_JOBS_MAXLEN allows; nothing was enqueued (accepted jobs are never "
+        f"dropped to make room): retry in {QUEUE_FULL_RETRY_AFTER_S} s or later, with the "
+        "same idempotency_key",
+        user_id=user_id,
+        limit=limit,
+        retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
+        job_id=job_id,
+    )
 
 
 def minted_user(job_id: str) -> str | None:
@@ -160,7 +189,8 @@ class JobControl:
             # stands and nothing is left to cancel; "delivered" (202) was untrue
             return "finished"
         control = {"control": "cancel", "job_id": job_id}
-        await self.substrate.enqueue(user_id, control, maxlen=self.timings.jobs_maxlen)
+        trim_at = CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen  # never an accepted job
+        await self.substrate.enqueue(user_id, control, maxlen=trim_at)
         holder = await self.substrate.get_presence(user_id)
         if holder is not None:
             await self._wake(holder, user_id)

@@ -131,6 +131,37 @@ class JobIdInUse(BridgeError):
     status = "conflict"
 
 
+class QueueFull(BridgeError):
+    """The user already has ``limit`` jobs not yet acknowledged (queued or in flight:
+    ``DESKBRIDGE_JOBS_MAXLEN``); this one was refused and nothing was enqueued or
+    recorded. Accepted work is never dropped to make room: retry after
+    ``retry_after_s`` seconds (HTTP 429 ``queue_full`` with ``Retry-After``), with the
+    same idempotency key if the call had one.
+
+    Attributes:
+        user_id: whose queue is full.
+        limit: the bound, entries (``Timings.jobs_maxlen``).
+        retry_after_s: a hint, seconds: when a retry may find room.
+    """
+
+    status = "queue_full"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        user_id: str,
+        limit: int,
+        retry_after_s: int,
+        job_id: str | None = None,
+        **details: Any,
+    ):
+        super().__init__(message, job_id=job_id, **details)
+        self.user_id = user_id
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+
 # -- errors inside the hub process (never raised to a dispatch caller) --------------------
 
 

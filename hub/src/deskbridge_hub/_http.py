@@ -15,7 +15,7 @@ import trio
 from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
-from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
+from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, QueueFull, SubstrateUnavailable
 from ._http_body import parse_json_body
 from ._outcome import Outcome
 from ._unavailable_log import note_unavailable
@@ -111,8 +111,20 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, content_type="application/json")
 
 
+def answer_headers(answer: Answer) -> list[tuple[str, str]]:
+    """The headers an answer carries besides its content type: ``Retry-After`` when its
+    error says when to retry (``error.retry_after_s``: a full queue's 429)."""
+    error = answer[1].get("error")
+    if isinstance(error, dict) and isinstance(error.get("retry_after_s"), int):
+        return [("Retry-After", str(error["retry_after_s"]))]
+    return []
+
+
 def _respond(answer: Answer) -> Response:
-    return _json(answer[1], answer[0])
+    response = _json(answer[1], answer[0])
+    for name, value in answer_headers(answer):
+        response.headers[name] = value
+    return response
 
 
 def error_answer(status: int, code: str, message: str, **extra: Any) -> Answer:
@@ -125,16 +137,17 @@ def _error(status: int, code: str, message: str, **extra: Any) -> Response:
 
 
 #: The dispatch API's errors that have an answer of their own (``bridge_error_answer``).
-BRIDGE_ERRORS = (SubstrateUnavailable, IdempotencyKeyReused, JobIdInUse, BadRequest)
+BRIDGE_ERRORS = (SubstrateUnavailable, IdempotencyKeyReused, JobIdInUse, QueueFull, BadRequest)
 
 
 def bridge_error_answer(
-    exc: SubstrateUnavailable | IdempotencyKeyReused | JobIdInUse | BadRequest,
+    exc: SubstrateUnavailable | IdempotencyKeyReused | JobIdInUse | QueueFull | BadRequest,
 ) -> Answer:
     """The answer to an error of ``BRIDGE_ERRORS``: ``SubstrateUnavailable`` -> 503
     ``unavailable`` (naming the job if it was enqueued: its outcome is unknown),
-    ``IdempotencyKeyReused`` -> 422, ``JobIdInUse`` -> 409, ``BadRequest`` -> 400 naming
-    the field."""
+    ``IdempotencyKeyReused`` -> 422, ``JobIdInUse`` -> 409, ``QueueFull`` -> 429
+    ``queue_full`` with its ``limit`` and ``retry_after_s`` (``Retry-After``: see
+    :func:`answer_headers`), ``BadRequest`` -> 400 naming the field."""
     if isinstance(exc, SubstrateUnavailable):
         note_unavailable(str(exc))
         body: dict[str, Any] = {
@@ -150,6 +163,10 @@ def bridge_error_answer(
         )
     if isinstance(exc, JobIdInUse):
         return error_answer(409, _codes.JOB_ID_IN_USE, str(exc), field="job_id")
+    if isinstance(exc, QueueFull):
+        return error_answer(
+            429, _codes.QUEUE_FULL, str(exc), limit=exc.limit, retry_after_s=exc.retry_after_s
+        )
     return error_answer(400, _codes.BAD_REQUEST, str(exc), field=exc.field)
 
 

@@ -41,6 +41,7 @@ from . import _metrics, _tracing
 from ._http import (
     BRIDGE_ERRORS,
     Answer,
+    answer_headers,
     bridge_error_answer,
     draining_answer,
     error_answer,
@@ -185,6 +186,7 @@ async def _send(send: Any, answer: Answer, quart: Any) -> None:
     status, body = answer
     data = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+    headers += [(k.lower().encode(), v.encode()) for k, v in answer_headers(answer)]
     with trio.move_on_after(_seconds(quart["RESPONSE_TIMEOUT"])):
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})

@@ -21,7 +21,10 @@ Outcomes map as follows:
   ``failed``, which says the tool ran);
 - anything else the hub refuses before enqueueing (unknown tool, bad ``_meta``) -> the
   JSON-RPC error ``-32602`` naming the field, ``data: {"code": "bad_request", "field"}``
-  (the spec: an unknown tool is a protocol error).
+  (the spec: an unknown tool is a protocol error);
+- a full queue (HTTP's 429 ``queue_full``: the user already has ``jobs_maxlen`` jobs
+  queued or running) -> the JSON-RPC error ``-32603``, as the MCP mount's own 429s,
+  ``data: {"code": "queue_full", "limit", "retry_after_s"}``.
 
 Progress: a ``tools/call`` carrying a ``progressToken`` gets ``notifications/progress``
 for the tool's progress reports (``Bridge.dispatch(on_progress=...)``), leaving out a
@@ -74,7 +77,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from . import _metrics
 from ._bridge import Bridge
 from ._bridge_jobs import MAX_TIMEOUT_S
-from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, SubstrateUnavailable
+from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, QueueFull, SubstrateUnavailable
 from ._http import released_answer
 from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._outcome import Outcome
@@ -451,6 +454,16 @@ class UserEndpoint:
             ) from None
         except JobIdInUse as exc:  # a fresh UUID: practically impossible
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
+        except QueueFull as exc:  # HTTP's 429: as the MCP mount's own 429s, -32603 + data
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"{_codes.QUEUE_FULL}: {exc}",
+                data={
+                    "code": _codes.QUEUE_FULL,
+                    "limit": exc.limit,
+                    "retry_after_s": exc.retry_after_s,
+                },
+            ) from None
         except SubstrateUnavailable as exc:
             return unavailable_result(exc)
         except anyio.get_cancelled_exc_class():

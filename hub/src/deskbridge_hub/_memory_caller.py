@@ -88,6 +88,7 @@ class MemoryCallerCommands:
     _progress: dict[str, Any]
     _kv: dict[str, tuple[str, float]]
     _daemon_records: dict[str, tuple[dict[str, str], float]]
+    _index: dict[str, dict[Any, str]]
     _enter: Callable[[], Any]
     _check: Callable[[], None]
     _get: Callable[[str, float], str | None]
@@ -146,6 +147,8 @@ class MemoryCallerCommands:
             sha = "" if catalogue is None else _sha1_hex(catalogue)
             if sha != sub.catalogue_sha1:
                 return Submitted("catalogue", catalogue=catalogue)
+        if len(self._index.get(user_id, {})) >= sub.maxlen:  # as the script's HLEN
+            return Submitted("queue_full")
         if self._get(skey, now) is not None:
             return Submitted("job_id_in_use")
         self._set(skey, sub.state.encode(), now, sub.state_ttl_s)

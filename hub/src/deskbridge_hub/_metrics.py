@@ -58,9 +58,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 #: A call whose caller went away before its answer (counted and logged, never sent).
 ABANDONED = "abandoned"
+#: A call refused because its user's queue was full (``QueueFull``: 429 ``queue_full``).
+QUEUE_FULL = "queue_full"
 #: Outcomes a caller gets without any holder finishing the job (and ``abandoned``: no
 #: answer at all).
-CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable", ABANDONED})
+CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable", QUEUE_FULL, ABANDONED})
 #: Most distinct ``tool`` label values the per-tool metrics of one process take. A
 #: name takes one only when it is known to be a tool of the user's desktop: found in
 #: the catalogue the call was checked against (``call_tool_known``), announced by the
@@ -418,9 +420,10 @@ def call_tool_known() -> None:
 
 def timed_dispatch(fn: _F) -> _F:
     """Decorate ``Bridge.dispatch``: count each answer by tool and outcome and observe
-    its latency; a SubstrateUnavailable counts as ``unavailable`` (and is re-raised).
-    Bad requests are not jobs and are not counted."""
-    from ._errors import SubstrateUnavailable
+    its latency; a SubstrateUnavailable counts as ``unavailable``, a QueueFull as
+    ``queue_full`` (both re-raised): answers a caller got, as ``offline`` is. Bad requests
+    are not jobs and are not counted."""
+    from ._errors import QueueFull, SubstrateUnavailable
     from ._shutdown import current_call
 
     @functools.wraps(fn)
@@ -434,6 +437,13 @@ def timed_dispatch(fn: _F) -> _F:
             elapsed_s = time.monotonic() - started
             job_answered(
                 str(name), "unavailable", elapsed_s,
+                user_id=user_id, job_id=exc.job_id, known=note.tool_known,
+            )  # fmt: skip
+            raise
+        except QueueFull as exc:  # refused, nothing enqueued: as offline, an answer
+            elapsed_s = time.monotonic() - started
+            job_answered(
+                str(name), QUEUE_FULL, elapsed_s,
                 user_id=user_id, job_id=exc.job_id, known=note.tool_known,
             )  # fmt: skip
             raise

@@ -51,6 +51,11 @@ _OUTCOME_CODES = {
         "cancelled, declined (at the desktop), in_doubt (outcomes); or the error `job_id_in_use`",
     ),
     "410": _json(_OUTCOME, "expired or lost"),
+    "429": _err(
+        "queue_full: the user already has DESKBRIDGE_JOBS_MAXLEN jobs queued or running "
+        "(`error.limit`); nothing was enqueued, retry after `Retry-After` seconds "
+        "(`error.retry_after_s`) with the same idempotency_key"
+    ),
     "422": _json(
         _OUTCOME_OR_ERROR,
         "failed (the tool's error; an outcome), or the error `idempotency_key_reused`",
@@ -160,6 +165,15 @@ def _routes(version: str) -> dict[str, Any]:
                                 "code": {"type": "string"},
                                 "message": {"type": "string"},
                                 "field": {"type": "string"},
+                                "limit": {
+                                    "type": "integer",
+                                    "description": "queue_full: the bound, jobs queued or "
+                                    "running per user",
+                                },
+                                "retry_after_s": {
+                                    "type": "integer",
+                                    "description": "queue_full: as the Retry-After header",
+                                },
                                 "job_id": {
                                     "type": "string",
                                     "description": "idempotency_key_reused: the job the key "

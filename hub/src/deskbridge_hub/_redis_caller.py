@@ -125,11 +125,13 @@ class RedisClock:
 #: with the job's deadline appended; an indexed key is answered with the record (TIME
 #: first, as every reply). Order matters: the idempotency index first (a key whose job may
 #: still run is never answered "offline"), then presence and the process it names, the
-#: catalogue version, the job id claim, and only then any other write: the stream's
-#: consumer group is made here (``XGROUP CREATE ... MKSTREAM``, BUSYGROUP ignored) just
-#: before the XADD, so a refused submit (offline, a dead holder, a stale catalogue, a job
-#: id in use) writes nothing at all (it was made before the script, in the same write:
-#: every unknown user id called left an empty stream without a TTL). On a single Redis the
+#: catalogue version, the queue's bound (``queue_full`` while the user's entry index
+#: holds maxlen entries, HLEN: the ones not yet acknowledged), the job id claim, and only
+#: then any other write: the stream's consumer group is made here (``XGROUP CREATE ...
+#: MKSTREAM``, BUSYGROUP ignored) just before the XADD, so a refused submit (offline, a
+#: dead holder, a stale catalogue, a full queue, a job id in use) writes nothing at all
+#: (it was made before the script, in the same write: every unknown user id called left
+#: an empty stream without a TTL). On a single Redis the
 #: script also reads the holder's liveness key: absent, it answers ``holder`` (the caller
 #: checks that process and answers offline: a dead process's presence is not written to);
 #: present, the reply says so and the caller's liveness cache is refreshed without a round
@@ -185,6 +187,9 @@ if ARGV[1] ~= '-' then
   if catalogue then sha = redis.sha1hex(catalogue) end
   if sha ~= ARGV[1] then return {now, 'catalogue', catalogue} end
 end
+-- the queue's bound: the index holds every entry not yet acknowledged (dropped with the
+-- XACK), so the trim below never has to take an accepted entry to make room
+if redis.call('HLEN', KEYS[4]) >= tonumber(ARGV[2]) then return {now, 'queue_full'} end
 if ARGV[15] == '1' or redis.call('EXISTS', KEYS[3]) == 0 then
   -- the group only now, on the path that enqueues: a refused submit leaves no stream
   local made = redis.pcall('XGROUP', 'CREATE', KEYS[3], ARGV[14], '0', 'MKSTREAM')

@@ -233,7 +233,9 @@ class Submission:
         start_within_s: the job must start within this many seconds (>= 0).
         state: the ``queued`` job state, claimed NX for ``state_ttl_s``.
         state_ttl_s: how long the state (and the owner record) lives.
-        maxlen: the stream's ``MAXLEN ~``.
+        maxlen: the stream's ``MAXLEN ~``, and the queue's bound: with this many entries
+            of the user not yet acknowledged (the entry index's length) the step answers
+            ``queue_full`` and writes nothing, so the trim never takes an unread entry.
         catalogue_sha1: SHA-1 (hex) of the catalogue the caller validated against ("" for
             none cached), or None to skip the catalogue check (``status``).
         idempotency_key: the caller's key to index (None: the key is the job id itself,
@@ -312,11 +314,12 @@ class Submitted:
         verdict: ``queued`` (enqueued); ``offline`` (no presence; nothing written);
             ``catalogue`` (the desktop's catalogue is not the one the caller validated
             against: ``catalogue`` holds it, None if there is none; nothing written);
-            ``job_id_in_use`` (nothing written); ``indexed`` (the idempotency key already
-            names a job: ``index_value`` is its record; nothing written); ``holder`` (the
-            presence names a hub process other than ``alive_holder``: ``presence`` holds
-            it; nothing written); ``late`` (the step ran after the caller's
-            ``give_up_s``; nothing written).
+            ``job_id_in_use`` (nothing written); ``queue_full`` (the user already has
+            ``maxlen`` entries not yet acknowledged; nothing written); ``indexed`` (the
+            idempotency key already names a job: ``index_value`` is its record; nothing
+            written); ``holder`` (the presence names a hub process other than
+            ``alive_holder``: ``presence`` holds it; nothing written); ``late`` (the step
+            ran after the caller's ``give_up_s``; nothing written).
         catalogue: see ``catalogue``.
         index_value: see ``indexed``.
         entry_id: the stream entry ID when ``queued``.

@@ -1,0 +1,81 @@
+"""Contract checks of the queue's bound (see ``_contract``): ``submit`` refuses a job
+(``queue_full``) while the user has ``maxlen`` entries not yet acknowledged, writing
+nothing, so the stream's ``MAXLEN ~`` trim never has to drop accepted work to make room
+(docs/architecture.md, "A full queue refuses new work")."""
+
+from __future__ import annotations
+
+import attrs
+
+from ._contract import SubstrateHarness, check
+from ._contract_caller import _submission
+from ._substrate import Submission
+
+
+def _bounded(user: str, job: str, most: int, *, key: str | None = None) -> Submission:
+    return attrs.evolve(_submission(user, job, key=key), maxlen=most)
+
+
+@check
+async def check_submit_refuses_past_maxlen_unacknowledged_and_leaves_nothing(
+    h: SubstrateHarness,
+) -> None:
+    """``maxlen`` entries not yet acknowledged (queued, or read and in flight): the next
+    submit answers ``queue_full`` and writes nothing (no state, no idempotency record, no
+    owner record, no entry); a retry with the same key once an XACK made room enqueues;
+    a retry of an accepted key still attaches (``indexed``: the key is looked at first)."""
+    s, user = h.substrate, h.user()
+    await s.set_presence(user, "s1", 30)
+    jobs = [h.job() for _ in range(3)]
+    for i, job in enumerate(jobs):
+        got = await s.submit(user, _bounded(user, job, 3, key=f"k{i}"))
+        assert got.verdict == "queued", got
+    before = None if h.keys_of is None else sorted(await h.keys_of(user))
+    late = h.job()
+    full = await s.submit(user, _bounded(user, late, 3, key="k3"))
+    assert full.verdict == "queue_full", full
+    assert await s.get_job_state(user, late) is None
+    assert await s.job_owner(late) is None
+    assert (await s.queue_info(user)).length == 3
+    if h.keys_of is not None:
+        assert sorted(await h.keys_of(user)) == before, "a refused submit left keys behind"
+    # a retry of an accepted request attaches to its job, full or not
+    assert (await s.submit(user, _bounded(user, h.job(), 3, key="k0"))).verdict == "indexed"
+    # read (in flight) is not acknowledged: still full
+    (first,) = await s.read_new(user, "c1", count=1, block_ms=1)
+    assert (await s.submit(user, _bounded(user, late, 3, key="k3"))).verdict == "queue_full"
+    assert await s.ack(user, first.entry_id) == 1
+    again = await s.submit(user, _bounded(user, late, 3, key="k3"))
+    assert again.verdict == "queued", again
+    assert await s.job_ids(user, [again.entry_id or ""]) == {again.entry_id: late}
+
+
+@check
+async def check_accepted_entries_are_never_trimmed_to_make_room(h: SubstrateHarness) -> None:
+    """With ``maxlen`` 100 (Redis trims ``~``: whole nodes of 100 entries), a desktop
+    that reads and acknowledges some while a flood keeps coming: every entry a submit
+    accepted keeps its body until it is read (no ``trimmed``), and the acknowledged ones
+    are what the trim takes."""
+    s, user, most = h.substrate, h.user(), 100
+    await s.set_presence(user, "s1", 30)
+    accepted: list[str] = []
+    refused = 0
+    for round_ in range(3):
+        for _ in range(most + 20):
+            got = await s.submit(user, _bounded(user, h.job(), most))
+            if got.verdict == "queued":
+                accepted.append(got.entry_id or "")
+            else:
+                assert got.verdict == "queue_full", got
+                refused += 1
+        assert await s.trimmed(user) == [], f"round {round_}: an accepted entry was trimmed"
+        # the desktop catches up with 90 of them (read, acknowledged)
+        for entry in await s.read_new(user, "c1", count=90, block_ms=1):
+            assert entry.fields is not None, "an accepted entry lost its body"
+            await s.ack(user, entry.entry_id)
+    # each round: room for 100, then for the 90 acknowledged; the rest refused
+    assert (len(accepted), refused) == (most + 2 * 90, 3 * (most + 20) - most - 2 * 90)
+    unread = await s.read_new(user, "c1", count=10 * most, block_ms=1)
+    assert len(unread) == most - 90
+    assert all(e.fields is not None for e in unread)
+    assert (await s.queue_info(user)).length <= 2 * most
