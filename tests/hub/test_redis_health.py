@@ -401,3 +401,27 @@ async def test_another_replication_history_is_a_change_of_the_store_only_on_a_si
     node.info = PRIMARY + "master_replid:" + "b" * 40 + "\r\n"
     await conns.monitor.check()
     assert conns.monitor.history_changes == counted
+
+
+async def test_a_password_at_a_redis_that_has_none_is_named_at_start(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: ``redis://:secret@`` at a Redis without a password started silently (HELLO's
+    AUTH as ``default``, a user with ``nopass``, accepts any password): the operator
+    believed the store protected. A warning at start, not a refusal: the hub works, and
+    the URL is set before ``requirepass`` when a password is rolled out without a stop."""
+    url = f"redis://:not-checked@127.0.0.1:{redis_server.port}/0"
+    caplog.set_level(logging.INFO, "deskbridge.hub.redis")
+    with trio.fail_after(10):
+        health = await RedisSubstrate.from_url(url).health_check()
+    assert health is not None and health.ok  # it serves
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "DESKBRIDGE_REDIS_URL gives a password" in warned[0]
+    assert "no password" in warned[0] and "not-checked" not in warned[0]
+    caplog.clear()
+    redis_server.command("CONFIG", "SET", "requirepass", "not-checked")
+    with trio.fail_after(10):
+        health = await RedisSubstrate.from_url(url).health_check()
+    assert health is not None and health.ok
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -161,6 +161,18 @@ def test_wrong_or_missing_kid_is_refused(kid):
     _rejected(token)
 
 
+@pytest.mark.parametrize("headers", [{}, {"kid": ""}], ids=["absent", "empty"])
+def test_a_token_without_kid_says_so_and_what_the_hub_expects(headers):
+    """Was "token signed with an unknown key" for a token signed with the hub's own
+    secret by a tool that sets no ``kid``: the operator looked for a wrong secret."""
+    claims = {"sub": "alice", "exp": int(time.time()) + 60}
+    token = jwt.encode(claims, SECRET, algorithm="HS256", headers=headers)
+    message = _rejected(token)
+    assert "unknown key" not in message
+    assert message.startswith("token has no kid header"), message
+    assert "SHA-256" in message and "deskbridge-hub token" in message
+
+
 @pytest.mark.parametrize("with_signature", [False, True])
 def test_alg_none_is_refused(with_signature):
     claims = {"sub": "alice", "exp": int(time.time()) + 60}

@@ -175,3 +175,22 @@ def test_sockets_that_leave_an_unfinished_message_do_not_pile_up(hub_and_good_us
     grown = ws.rss_mb(hub.pid) - before
     assert grown < 40, grown  # 60 x 1.5 MB = 90 MB when every one is kept
     _echo_works(hub, good)
+
+
+def test_a_message_over_the_transport_cap_is_closed_1009_with_a_reason_naming_it(
+    hub_and_good_user,
+):
+    """Before: Hypercorn closed with 1009 and no reason, so the peer (and its log) could
+    not tell which limit it crossed."""
+    hub, good = hub_and_good_user
+    sock, _head = ws.connect(hub.port, issue("evil-" + secrets.token_hex(4)))
+    with sock:
+        _welcomed(sock)
+        try:
+            sock.sendall(ws.frame(b'{"type": "ping", "nonce": "' + b"a" * (2 << 20) + b'"}'))
+        except OSError:
+            pass  # the hub may close before it has read all of it
+        code, reason, _ended = ws.read_until_close(sock, 10)
+    assert code == 1009
+    assert reason.startswith("message over 2 MiB"), reason
+    _echo_works(hub, good)

@@ -207,3 +207,38 @@ async def test_run_daemon_until_its_scope_is_cancelled(nursery):
                 scope.cancel()
         await hub.closed.wait()
         assert hub.closed_with == (1001, "sidecar stopping")
+
+
+async def test_a_message_over_the_sidecars_limit_is_closed_1009_with_a_reason_naming_it(
+    nursery,
+):
+    """The other direction of the hub's transport cap: a message from the hub over
+    ``MAX_FRAME_BYTES`` characters is refused by trio-websocket before the codec, with
+    1009 and a reason that names the limit, both to the hub and to the session."""
+    from deskbridge_common import MAX_FRAME_BYTES
+    from deskbridge_sidecar import TransportClosed
+
+    hub_saw: list[tuple[int, str | None]] = []
+    done = trio.Event()
+
+    async def oversized(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        try:
+            await ws.send_message("a" * (MAX_FRAME_BYTES + 1))
+            await ws.get_message()
+        except ConnectionClosed as exc:
+            hub_saw.append((exc.reason.code, exc.reason.reason))
+        finally:
+            done.set()
+
+    with trio.fail_after(DEADLINE_S):
+        server = await nursery.start(
+            functools.partial(serve_websocket, oversized, "127.0.0.1", 0, ssl_context=None)
+        )
+        url = f"ws://127.0.0.1:{server.port}/v1/sidecar"
+        async with WebSocketConnector().connect(url, []) as transport:
+            with pytest.raises(TransportClosed) as closed:
+                await transport.receive()
+        await done.wait()
+    assert closed.value.code == 1009 and str(MAX_FRAME_BYTES) in closed.value.reason
+    assert hub_saw == [(1009, closed.value.reason)]

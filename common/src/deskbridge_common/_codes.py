@@ -82,6 +82,8 @@ METHOD_NOT_ALLOWED = "method_not_allowed"  #: the route exists; ``Allow`` lists 
 REQUEST_TIMEOUT = "request_timeout"  #: the body did not arrive within the body timeout
 #: a body over the size limit (Werkzeug's name of 413; MCP said ``payload_too_large``)
 REQUEST_ENTITY_TOO_LARGE = "request_entity_too_large"
+#: a JSON body route given a body whose Content-Type is present and not JSON (415)
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 UPGRADE_REQUIRED = "upgrade_required"  #: plain HTTP on the WebSocket-only /v1/sidecar
 #: a per-user bound of this process is reached (the message names it; ``Retry-After``)
 TOO_MANY_REQUESTS = "too_many_requests"
@@ -103,6 +105,7 @@ HTTP_STATUS_CODES = {
     405: METHOD_NOT_ALLOWED,
     408: REQUEST_TIMEOUT,
     413: REQUEST_ENTITY_TOO_LARGE,
+    415: UNSUPPORTED_MEDIA_TYPE,
     426: UPGRADE_REQUIRED,
     429: TOO_MANY_REQUESTS,
     500: INTERNAL_SERVER_ERROR,
@@ -138,6 +141,7 @@ __all__ = [
     "TOO_MANY_REQUESTS",
     "NOT_FOUND",
     "REQUEST_ENTITY_TOO_LARGE",
+    "UNSUPPORTED_MEDIA_TYPE",
     "REQUEST_TIMEOUT",
     "TOKEN_NOT_YET_VALID",
     "UNAUTHORIZED",

@@ -49,7 +49,7 @@ from ._http import (
     with_chosen_job_id,
 )
 from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it from here
-from ._http_body import _no_other_fields, _timeout_s, parse_job
+from ._http_body import _no_other_fields, _timeout_s, check_media_type, parse_job
 from ._jobs_asgi import mount_jobs
 from ._mcp_mount import mount_mcp
 from ._middleware import _access_log, _tracking_http
@@ -214,7 +214,10 @@ def create_app(
                 # its "check --hub" hint, retrying for ever
                 exc = NotFound()
         limit = app.config["MAX_CONTENT_LENGTH"]
-        response = _respond(http_error_answer(exc.code, exc.name, where, body_limit=limit))
+        answer = http_error_answer(
+            exc.code, exc.name, where, body_limit=limit, description=exc.description
+        )
+        response = _respond(answer)
         allowed = getattr(exc, "valid_methods", None)
         if allowed:
             response.headers["Allow"] = ", ".join(sorted(allowed))
@@ -270,6 +273,7 @@ def create_app(
         only what that one hands on (a request under a ``root_path``) and gives the path
         its 405 ``Allow: POST`` for other methods."""
         raw = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+        check_media_type(request.headers.get("Content-Type"), raw)  # 415: Quart's handler
         try:
             job = parse_job(raw)
             state: HubState = holder["state"]

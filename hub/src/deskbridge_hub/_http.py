@@ -16,7 +16,7 @@ from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
 from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, QueueFull, SubstrateUnavailable
-from ._http_body import parse_json_body
+from ._http_body import check_media_type, parse_json_body
 from ._outcome import Outcome
 from ._unavailable_log import note_unavailable
 from ._validate import validate_job_id
@@ -184,19 +184,27 @@ def body_too_large_message(limit: int, where: str) -> str:
 
 
 def http_error_answer(
-    status: int | None, name: str | None, where: str, *, body_limit: int | None = None
+    status: int | None,
+    name: str | None,
+    where: str,
+    *,
+    body_limit: int | None = None,
+    description: str | None = None,
 ) -> Answer:
     """The JSON answer to an HTTP error (Werkzeug's ``HTTPException``: its ``code`` and
     ``name``) for the request ``where`` ("POST /path"), e.g. 404 ``not_found`` "Not
     Found: GET /x" (Quart's default is an HTML page). The request's path is the
     client's: capped, its control characters escaped (a decoded ``%0a`` is not echoed).
     The code is the one ``_codes.HTTP_STATUS_CODES`` lists for the status, whichever way
-    in; Werkzeug's name, in snake case, only for a status it does not list."""
+    in; Werkzeug's name, in snake case, only for a status it does not list. A 415 says
+    its ``description`` (``_http_body.check_media_type``: the type expected and given)."""
     code = _codes.HTTP_STATUS_CODES.get(status or 500) or (
         (name or "error").lower().replace(" ", "_").replace("'", "")
     )
     if status == 413 and body_limit is not None:
         return error_answer(413, code, body_too_large_message(body_limit, where))
+    if status == 415 and description:
+        return error_answer(415, code, f"{description}: {safe_text(where)}")
     return error_answer(status or 500, code, f"{name}: {safe_text(where)}")
 
 
@@ -206,9 +214,10 @@ def with_chosen_job_id(answer: Answer, raw_body: bytes | None) -> Answer:
     refused before anything was enqueued (offline, 400, 409, 422, an ``unavailable`` or
     ``draining`` 503) echoes the caller's own id (docs/outcomes.md). It names no job.
     A body that is not such an object (unreadable, the id malformed) adds nothing, and
-    so does a 500 (an unexpected error: what it left behind is not known)."""
+    neither does a 415 (the body was not read: another media type) or a 500 (an
+    unexpected error: what it left behind is not known)."""
     status, body = answer
-    if status == 500 or body.get("job_id") is not None or not raw_body:
+    if status in (415, 500) or body.get("job_id") is not None or not raw_body:
         return answer
     try:
         request_body = json.loads(raw_body)
@@ -267,10 +276,11 @@ def _needs_key(path: str) -> bool:
 
 
 async def _json_body(*, empty: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The current Quart request's body as a JSON object (``parse_json_body``)."""
-    return parse_json_body(
-        await request.get_data(cache=True, as_text=False, parse_form_data=False), empty=empty
-    )
+    """The current Quart request's body as a JSON object (``check_media_type``, then
+    ``parse_json_body``)."""
+    raw = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+    check_media_type(request.headers.get("Content-Type"), raw)
+    return parse_json_body(raw, empty=empty)
 
 
 def outcome_answer(outcome: Outcome) -> Answer:

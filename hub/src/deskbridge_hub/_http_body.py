@@ -1,6 +1,7 @@
 """Strict parsing of an HTTP request's JSON body and its fields, shared by the Quart
 routes (``_http._json_body``) and the plain-ASGI job route (``_jobs_asgi``): every
-refusal is a ``BadRequest`` naming the field (the API answers 400)."""
+refusal is a ``BadRequest`` naming the field (the API answers 400), except a body of
+another media type (415, :func:`check_media_type`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 from typing import Any, NamedTuple
 
 from deskbridge_common import _strict_json as strict_json
+from deskbridge_common._logtext import safe_text
+from werkzeug.exceptions import UnsupportedMediaType
 
 from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import BadRequest
@@ -25,6 +28,32 @@ def finite_float(text: str) -> float:
 def no_constant(name: str) -> Any:
     """``parse_constant`` of the strict parser: ``NaN`` and ``Infinity`` are not JSON."""
     raise ValueError(f"{name} is not JSON")
+
+
+def check_media_type(content_type: str | None, raw: bytes) -> None:
+    """Refuse a body of another media type than JSON, before it is read as JSON.
+
+    A body with no ``Content-Type`` (or an empty one) is read as JSON: scripts and HTTP
+    clients that send none keep working. ``application/json`` and any structured
+    ``+json`` type (RFC 6839), whatever their parameters, are JSON. An empty body has no
+    media type to refuse (``curl -X POST -d ''`` sends the form type).
+
+    Raises:
+        werkzeug.exceptions.UnsupportedMediaType: 415; its ``description`` names the
+            expected type and the one given (the routes answer it as JSON,
+            ``unsupported_media_type``).
+    """
+    if not raw.strip() or not (content_type or "").strip():
+        return
+    essence = content_type.split(";", 1)[0].strip().lower()  # type: ignore[union-attr]
+    if essence == "application/json" or (
+        essence.startswith("application/") and essence.endswith("+json")
+    ):
+        return
+    raise UnsupportedMediaType(
+        description=f"Content-Type must be application/json (or none), got "
+        f"{safe_text(essence[:100])!r}"
+    )
 
 
 def parse_json_body(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from ._http import (
     unauthorized_message,
     with_chosen_job_id,
 )
-from ._http_body import JobRequest, parse_job
+from ._http_body import JobRequest, check_media_type, parse_job
 
 #: The route's path; the user id is one segment, as Werkzeug's default converter takes it.
 _PATH = re.compile(r"/v1/users/([^/]+)/jobs\Z")
@@ -99,6 +99,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             raw = await _read_body(receive, headers, app.config)
             if raw is None:
                 return None
+            check_media_type(headers.get("content-type"), raw)
             job = parse_job(raw)
             if holder["state"].drain.active:
                 _metrics.call_refused_draining(job.name, user_id=user_id, job_id=job.job_id)
@@ -128,7 +129,9 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
     def _error_answer(exc: Exception, where: str) -> Answer:
         if isinstance(exc, HTTPException):  # 413, 408
             limit = app.config["MAX_CONTENT_LENGTH"]
-            return http_error_answer(exc.code, exc.name, where, body_limit=limit)
+            return http_error_answer(
+                exc.code, exc.name, where, body_limit=limit, description=exc.description
+            )
         if isinstance(exc, BRIDGE_ERRORS):
             return bridge_error_answer(exc)
         # what Quart's ``handle_exception`` logs and answers

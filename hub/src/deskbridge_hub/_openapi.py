@@ -101,8 +101,9 @@ def document(version: str) -> dict[str, Any]:
 def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
     """Add the answers a route gives for reasons not its own, where it does not describe
     them itself: 401 (an API key is required: ``security``), 400 (a path value that is
-    not a valid user id or job id, a query value out of its bounds), 408 and 413 (a body
-    that did not arrive within Quart's ``BODY_TIMEOUT``, or over ``MAX_CONTENT_LENGTH``)
+    not a valid user id or job id, a query value out of its bounds), 408, 413 and 415 (a
+    body that did not arrive within Quart's ``BODY_TIMEOUT``, over ``MAX_CONTENT_LENGTH``,
+    or of another media type than JSON: ``_http_body.check_media_type``)
     and 503 (Redis unavailable: every ``/v1/`` route and the admin page's ``/admin/api/``
     reads or writes it).
     ``tests/hub/test_openapi.py`` probes each route for these and fails on a status the
@@ -121,6 +122,13 @@ def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
             if "requestBody" in op:
                 answers.setdefault("408", _err("the body did not arrive within 60 s"))
                 answers.setdefault("413", _err("body over the size limit"))
+                answers.setdefault(
+                    "415",
+                    _err(
+                        "a body whose Content-Type is present and not JSON "
+                        "(application/json or a +json type; none is read as JSON)"
+                    ),
+                )
             if path.startswith(("/v1/", "/admin/api/")):
                 answers.setdefault("503", _err("Redis unavailable"))
     return doc

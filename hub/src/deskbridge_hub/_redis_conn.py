@@ -63,7 +63,7 @@ import functools
 import secrets
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -93,6 +93,7 @@ from ._redis_health import (
     Health,
     HealthMonitor,
     interpret,
+    password_unchecked,
     refused_commands,
 )
 from ._redis_session import ConnectionStatistics, _Session, _split
@@ -265,6 +266,11 @@ class RedisConnections:
         self._db = db or (parts.path.strip("/") if parts.scheme != "unix" else "") or "0"
         self._health_interval_s = health_interval_s
         self._probe_key = f"bridge:health:{{{secrets.token_hex(8)}}}"
+        # the default user's password, which the probe checks Redis has (``_redis_health``)
+        user = unquote(parts.username or "") or "default"
+        self._default_password = (
+            unquote(parts.password) if parts.password and user == "default" else None
+        )
         self.monitor = HealthMonitor(self.address, self.probe)
 
     async def enter(self, owner: object) -> None:
@@ -413,20 +419,23 @@ class RedisConnections:
 
     async def probe(self) -> Health:
         """One health probe (``_redis_health``): INFO, a scripted write + read of this
-        instance's probe key and the ACL check of the commands the hub sends, pipelined.
+        instance's probe key, the ACL check of the commands the hub sends and, when the
+        URL gives the default user's password, ``AUTH`` with it, pipelined.
 
         Raises:
             SubstrateUnavailable: Redis unreachable (transport failure or timeout).
         """
         value = secrets.token_hex(4)
+        commands: list[tuple[Any, ...]] = [
+            (b"INFO", b"replication", b"memory", b"persistence"),
+            (b"EVAL", PROBE_SCRIPT, 1, self._probe_key, value),
+            (b"EVAL", ACL_CHECK_SCRIPT, 1, self._probe_key, *_NEEDED_SPECS),
+        ]
+        if self._default_password is not None:  # does Redis check it?
+            commands.append((b"AUTH", self._default_password))
         async with self.session("health probe") as s:
-            info, probe, acl = await s.execute(
-                (b"INFO", b"replication", b"memory", b"persistence"),
-                (b"EVAL", PROBE_SCRIPT, 1, self._probe_key, value),
-                (b"EVAL", ACL_CHECK_SCRIPT, 1, self._probe_key, *_NEEDED_SPECS),
-                timeout_s=self.command_timeout_s,
-            )
-            for reply in (info, probe, acl):
+            info, probe, acl, *auth = await s.execute(*commands, timeout_s=self.command_timeout_s)
+            for reply in (info, probe, acl, *auth):
                 if isinstance(reply, _TRANSPORT_ERRORS):
                     raise reply
         health = interpret(
@@ -434,6 +443,7 @@ class RedisConnections:
             coded(probe) if isinstance(probe, BaseException) else probe,
             probe_value=value,
             refused=refused_commands(acl),
+            unchecked_password=password_unchecked(auth[0] if auth else None),
         )
         if is_cluster_url(self._url):
             # the INFO of the one node owning the probe key's slot: another history

@@ -15,7 +15,14 @@ One *probe* finds out, in one round trip on a shared connection:
   (``bridge:health:{<probe id>}``, 10 s TTL): scripting, writes and the ACL key pattern;
 * ``EVAL`` of a script that asks the ACL (``redis.acl_check_cmd``) about every command
   the hub sends (:data:`NEEDED_COMMANDS`): a user allowed scripts but not, say,
-  XREADGROUP or BLMPOP otherwise passed, then failed every call.
+  XREADGROUP or BLMPOP otherwise passed, then failed every call;
+* when ``DESKBRIDGE_REDIS_URL`` gives a password for the default user, ``AUTH <password>``
+  (the one-argument form): HELLO's ``AUTH default <password>`` is accepted with *any*
+  password by a Redis without one (its ``default`` user is ``nopass``), so
+  ``redis://:secret@`` at such a Redis started silently; the one-argument form answers
+  "called without any password configured", which the start-up line turns into a
+  WARNING (:data:`UNCHECKED_PASSWORD`). Not a refusal: the hub works, and rolling a
+  password out without a stop sets the URL before ``requirepass``.
 
 :func:`interpret` turns the replies into a :class:`Health` (pure, tested without I/O).
 :class:`HealthMonitor` probes when the substrate is entered, then every ``interval_s``
@@ -132,6 +139,22 @@ def refused_commands(reply: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+#: The start-up WARNING when Redis answers ``AUTH <password>`` that it has no password.
+UNCHECKED_PASSWORD = (
+    "DESKBRIDGE_REDIS_URL gives a password, but this Redis has no password for its default "
+    "user and accepts any: anyone who reaches it can read and write the hub's keys. Set "
+    "requirepass (or an ACL user) to the URL's password, or drop it from the URL"
+)
+#: The words of Redis' answer to a one-argument AUTH when the default user is ``nopass``.
+_NO_PASSWORD_CONFIGURED = "without any password configured"
+
+
+def password_unchecked(auth: Any) -> bool:
+    """Whether the reply to ``AUTH <password>`` (a value or an exception instance; None:
+    not sent) says Redis has no password for its default user."""
+    return isinstance(auth, BaseException) and _NO_PASSWORD_CONFIGURED in str(auth)
+
+
 #: Fewest seconds between two probes triggered by failing commands.
 _POKE_MIN_INTERVAL_S = 1.0
 
@@ -154,6 +177,8 @@ class Health:
             node, whose history is not the store's; ``RedisConnections.probe``).
         refused: commands the hub sends that the ACL refuses this user (``SCRIPT|LOAD``
             for a subcommand); one of the causes when not empty.
+        warnings: worth a WARNING at start, not a reason to refuse work
+            (:data:`UNCHECKED_PASSWORD`).
     """
 
     causes: tuple[str, ...] = ()
@@ -162,6 +187,7 @@ class Health:
     summary: str = ""
     replid: str | None = None
     refused: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -186,11 +212,17 @@ def _error_code(exc: BaseException) -> str:
 
 
 def interpret(
-    info: Any, probe: Any, *, probe_value: str, refused: tuple[str, ...] = ()
+    info: Any,
+    probe: Any,
+    *,
+    probe_value: str,
+    refused: tuple[str, ...] = (),
+    unchecked_password: bool = False,
 ) -> Health:
     """Replies of the probe (each a value or an exception instance) -> Health.
     ``refused``: the commands the hub needs that Redis' ACL refuses this user
-    (:func:`refused_commands`)."""
+    (:func:`refused_commands`); ``unchecked_password``: Redis has no password for the
+    URL's (:func:`password_unchecked`)."""
     causes: list[str] = []
     notes: list[str] = []
     evicting = False
@@ -247,8 +279,15 @@ def interpret(
             f"the Redis user lacks a permission the hub needs (ACL): cannot run "
             f"{', '.join(refused)}; grant it (ACL SETUSER <user> {grants})"
         )
+    warnings = (UNCHECKED_PASSWORD,) if unchecked_password else ()
     return Health(
-        tuple(causes), evicting, tuple(notes), ", ".join(summary), replid=replid, refused=refused
+        tuple(causes),
+        evicting,
+        tuple(notes),
+        ", ".join(summary),
+        replid=replid,
+        refused=refused,
+        warnings=warnings,
     )
 
 
@@ -337,6 +376,8 @@ class HealthMonitor:
         return health
 
     def _log_start(self, health: Health) -> None:
+        for warning in health.warnings:
+            log.warning("Redis at %s: %s", self.address, warning)
         notes = "".join(f"; note: {n}" for n in health.notes)
         if health.ok:
             log.info("Redis at %s usable: %s%s", self.address, health.summary, notes)

@@ -21,6 +21,7 @@ _KEYLESS = frozenset(
         b"PSUBSCRIBE", b"UNSUBSCRIBE", b"PUNSUBSCRIBE", b"TIME", b"HELLO", b"SELECT",
         b"CLIENT", b"CLUSTER", b"ASKING", b"ACL", b"COMMAND", b"SCRIPT", b"FUNCTION",
         b"READONLY", b"READWRITE", b"DBSIZE", b"ECHO", b"WAIT", b"WAITAOF", b"CONFIG",
+        b"AUTH",
     }
 )  # fmt: skip
 #: Commands whose keys are all arguments but the last (a timeout).

@@ -73,6 +73,15 @@ class TokenNotYetValid(TokenRejected):
 _JWT = jwt.PyJWT(options={"enforce_minimum_key_length": True})
 
 
+#: The refusal of a token whose header has no ``kid`` (or an empty one): what the hub
+#: expects there, and what sets it.
+NO_KID = (
+    "token has no kid header: the hub picks the secret to verify with by kid, the first 16 "
+    "hex digits of the SHA-256 of the signing secret (deskbridge-hub token and issue_token "
+    "set it; docs/security.md)"
+)
+
+
 def key_id(secret: str) -> str:
     """The ``kid`` header for ``secret``: the first 16 hex digits of its SHA-256."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()[:16]
@@ -155,9 +164,9 @@ def verify_token_claims(
         TokenExpired: signature good, ``exp`` more than ``leeway_s`` in the past.
         TokenNotYetValid: signature good, ``iat`` more than ``leeway_s`` in the future
             (the minting machine's clock is ahead; transient).
-        TokenRejected: malformed, ``alg`` other than HS256 (``none`` included), unknown
-            ``kid``, bad signature, ``sub`` or ``exp`` missing, or a ``sub`` that is not a
-            valid user id.
+        TokenRejected: malformed, ``alg`` other than HS256 (``none`` included), no
+            ``kid`` (:data:`NO_KID`) or an unknown one, bad signature, ``sub`` or
+            ``exp`` missing, or a ``sub`` that is not a valid user id.
     """
     # the bound DESKBRIDGE_TOKEN_LEEWAY_S has: a leeway of 1e12 s accepted a token expired
     # 30,000 years ago when given from Python
@@ -169,6 +178,8 @@ def verify_token_claims(
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError as exc:
         raise TokenRejected(f"malformed token: {exc}") from None
+    if not header.get("kid"):  # "unknown key" sent the operator looking for a wrong secret
+        raise TokenRejected(NO_KID)
     by_kid = {key_id(s): s for s in secrets if s}
     secret = by_kid.get(str(header.get("kid")))
     if secret is None:

@@ -18,7 +18,9 @@ against a real ``deskbridge-hub serve``, docs/security.md "A malicious sidecar")
   kept the TCP connection open: 100 MB sent after the 1009 raised the worker to 231 MB.
   :class:`BoundedWebsocketBuffer` checks before it stores and, once over, stores nothing
   more; the socket is then silent to the session, whose liveness timer ends it (4002,
-  ``ping_interval_s + ping_timeout_s``) if the peer never answers the close.
+  ``ping_interval_s + ping_timeout_s``) if the peer never answers the close. Hypercorn's
+  1009 carries no reason, so the peer could not tell which limit it crossed:
+  :class:`ClosingConnection` gives it one, :data:`MESSAGE_TOO_BIG_REASON`.
 
 - **Frames wsproto refuses** (invalid UTF-8, reserved bits, an unknown opcode, an
   unmasked frame, a control frame over 125 bytes): wsproto reports its own parse failure
@@ -39,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from deskbridge_common import CLOSE_MESSAGE_TOO_BIG, MAX_FRAME_BYTES
 from hypercorn.protocol import ws_stream
 from wsproto.connection import Connection, ConnectionState
 from wsproto.events import CloseConnection, Event
@@ -48,6 +51,12 @@ from wsproto.extensions import PerMessageDeflate
 #: bytes of a binary one). The protocol's own cap (``MAX_FRAME_BYTES``, 1 MiB of UTF-8)
 #: is checked by the codec on what gets through; this one bounds what Hypercorn holds.
 MAX_MESSAGE_SIZE = 2 * 1024 * 1024
+#: The reason of the transport's 1009 (Hypercorn sends none): the limit, and the
+#: protocol's own, lower one that the codec names in its 1009s.
+MESSAGE_TOO_BIG_REASON = (
+    f"message over {MAX_MESSAGE_SIZE >> 20} MiB ({MAX_MESSAGE_SIZE} characters), the hub's "
+    f"WebSocket message limit; a frame may be at most {MAX_FRAME_BYTES >> 20} MiB"
+)
 
 
 class DeclinedPerMessageDeflate(PerMessageDeflate):
@@ -85,7 +94,21 @@ class BoundedWebsocketBuffer(ws_stream.WebsocketBuffer):
 
 
 class ClosingConnection(Connection):
-    """wsproto's connection, whose own parse failures are closes Hypercorn answers."""
+    """wsproto's connection, whose own parse failures are closes Hypercorn answers, and
+    whose reasonless 1009 (Hypercorn's, for a message over the buffer's cap) names the
+    limit."""
+
+    def send(self, event: Event) -> bytes:
+        """wsproto's ``send``; a ``CloseConnection`` with code 1009 and no reason gets
+        :data:`MESSAGE_TOO_BIG_REASON` (only Hypercorn closes so: the session's 1009s
+        carry the codec's reason). Raises what wsproto raises."""
+        if (
+            isinstance(event, CloseConnection)
+            and event.code == CLOSE_MESSAGE_TOO_BIG
+            and not event.reason
+        ):
+            event = CloseConnection(code=event.code, reason=MESSAGE_TOO_BIG_REASON)
+        return super().send(event)
 
     def events(self) -> Generator[Event, None, None]:
         """wsproto's events; a ``CloseConnection`` that no close frame produced (the
@@ -109,6 +132,7 @@ def install() -> None:
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
+    "MESSAGE_TOO_BIG_REASON",
     "BoundedWebsocketBuffer",
     "ClosingConnection",
     "DeclinedPerMessageDeflate",
