@@ -23,6 +23,7 @@ def _closed_port() -> int:
         ["call", "alice", "echo", "--hub", "127.0.0.1:8080"],
         ["inspect", "desktops", "--hub", "127.0.0.1:8080"],
         ["inspect", "user", "alice", "--hub", "ws://127.0.0.1:8080"],
+        ["cancel", "job-1", "--hub", "127.0.0.1:8080"],
     ],
 )
 def test_hub_without_an_http_scheme_is_a_usage_error(capsys, argv):
@@ -62,12 +63,21 @@ def test_call_refuses_a_user_id_the_hub_would_in_one_line(capsys, user):
     )
 
 
-@pytest.mark.parametrize("command", [["call", "alice", "echo"], ["inspect", "desktops"]])
+@pytest.mark.parametrize(
+    "command", [["call", "alice", "echo"], ["inspect", "desktops"], ["cancel", "job-1"]]
+)
 def test_hub_not_running_is_one_plain_line(capsys, command):
     hub = f"http://127.0.0.1:{_closed_port()}"
     assert cli.main([*command, "--hub", hub]) == 1
     err = capsys.readouterr().err
     assert err == f"deskbridge-hub {command[0]}: cannot reach hub at {hub}: Connection refused\n"
+
+
+@pytest.mark.parametrize("job_id", ["a b", "..", ""])
+def test_cancel_refuses_a_job_id_the_hub_would_in_one_line(capsys, job_id):
+    assert cli.main(["cancel", job_id, "--hub", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("deskbridge-hub cancel: JOB_ID ") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("url", [None, "memory://"])

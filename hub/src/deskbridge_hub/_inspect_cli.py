@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         path = f"/v1/admin/users/{quote(args.id, safe='')}"
     else:
         path = f"/v1/jobs/{quote(args.id, safe='')}"
-    status, body = _get(args.hub, path)
+    status, body = request_json(args.hub, path)
     if status is None:
         print(
             f"deskbridge-hub inspect: cannot reach hub at {args.hub}: {unreachable_reason(body)}",
@@ -122,8 +122,11 @@ def unreachable_reason(exc: object) -> str:
     return getattr(reason, "strerror", None) or str(reason)
 
 
-def _get(hub: str, path: str) -> tuple[int | None, Any]:
-    req = urllib.request.Request(hub.rstrip("/") + path)
+def request_json(hub: str, path: str, method: str = "GET") -> tuple[int | None, Any]:
+    """``method`` ``hub`` + ``path`` with the first key of ``$DESKBRIDGE_API_KEY``:
+    (HTTP status, the JSON answer), or (None, the exception) when the hub could not be
+    reached or answered no JSON (a 30 s bound on the whole request)."""
+    req = urllib.request.Request(hub.rstrip("/") + path, method=method)
     key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
