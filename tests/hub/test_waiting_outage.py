@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 from deskbridge_hub import SubstrateUnavailable
 from deskbridge_hub._waiting import FAILURE_PATIENCE_S, ResultWaiters
 
@@ -81,3 +82,76 @@ async def test_a_mailbox_that_keeps_failing_is_reported_though_the_results_answe
     with pytest.raises(SubstrateUnavailable):
         await _wait(substrate, timeout_s=60)
     assert trio.current_time() - start <= FAILURE_PATIENCE_S + 0.5
+
+
+class Popped:
+    """A mailbox whose first read pops every notification, then its reply is lost: an
+    error (``cut``) or a read that never returns (the reader's caller gives up and
+    cancels it). The payloads are in the result lists (the truth) all along."""
+
+    def __init__(self, cut: bool) -> None:
+        self.cut = cut
+        self.results = {"j1": "one", "j2": "two"}
+        self.reads = 0
+
+    async def read_notifications(self, mailbox, *, count, block_ms):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        if self.reads == 1:  # popped j1's and j2's notifications; the reply is lost
+            await trio.sleep(0.01)
+            if self.cut:
+                raise SubstrateUnavailable("Redis at x unavailable (BLMPOP notify): cut")
+            await trio.sleep_forever()
+        await trio.sleep(block_ms / 1000)
+        return []
+
+    async def get_result(self, user_id, job_id):  # type: ignore[no-untyped-def]
+        return self.results[job_id]
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["reply-cut", "reader-cancelled"])
+async def test_a_lost_mailbox_read_sends_every_waiter_to_its_result_list(autojump_clock, cut):
+    """A mailbox read whose popped notifications were lost (its connection cut, or its
+    reader's caller gone) left the *other* waiters of the process to their own next look
+    at their result lists, 2 to 10 s later. Now every waiter looks at once."""
+    substrate = Popped(cut)
+    waiters = ResultWaiters(substrate)  # type: ignore[arg-type]
+    answered: dict[str, float] = {}
+    start = trio.current_time()
+
+    async def wait(job_id: str, cancel_at_s: float | None = None) -> None:
+        waiter = waiters.register("u1", job_id)
+        try:
+            with trio.move_on_after(cancel_at_s if cancel_at_s is not None else 60):
+                payload = await waiters.wait(waiter, timeout_s=60)
+                answered[job_id] = trio.current_time() - start
+                assert payload == substrate.results[job_id]
+        finally:
+            waiters.unregister(waiter)
+
+    async with trio.open_nursery() as nursery:
+        # j1's waiter reads the mailbox first; without a cut its caller gives up at 5 ms
+        nursery.start_soon(wait, "j1", None if cut else 0.005)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(wait, "j2")
+    assert answered["j2"] < 0.5, answered  # was CHECK_FIRST_S (2 s) or later
+
+
+async def test_a_reader_whose_wait_ends_lets_its_read_end_first(autojump_clock):
+    """A reader's read used to block until the very instant its wait ended, so its
+    caller's timeout cut it in flight (what it popped lost, every waiter sent to its
+    result list); it now ends ``READ_MARGIN_S`` before, and the wait ends quietly."""
+
+    class Counting(Flaky):
+        cut_reads = 0
+
+        async def read_notifications(self, mailbox, *, count, block_ms):  # type: ignore[no-untyped-def]
+            try:
+                return await super().read_notifications(mailbox, count=count, block_ms=block_ms)
+            except trio.Cancelled:
+                self.cut_reads += 1
+                raise
+
+    substrate = Counting(up_at=0)
+    for timeout_s in (0.3, 1.7, 2.5):
+        assert await _wait(substrate, timeout_s=timeout_s) is None
+    assert substrate.cut_reads == 0

@@ -11,7 +11,10 @@ nothing needs a background task (the public ``Bridge`` stays a plain object that
 under trio and asyncio).
 
 The mailbox is a notification, the result list is the truth: a notification lost (the
-reader cancelled mid-read, a process restarted) costs latency, never an answer. Every
+reader cancelled mid-read, a process restarted) costs latency, never an answer. A read
+that ended without its reply (an error, or cancelled in flight) may have popped other
+waiters' notifications, so every waiter of the process then looks at its result list at
+once (they waited 2-10 s for their own next look). Every
 waiter also reads its job's result list itself (``LINDEX``, nothing popped) on a growing
 interval (``CHECK_FIRST_S`` doubling to ``CHECK_MAX_S``) and once more when its time is
 up; a waiter that attached to another caller's job (an idempotency-key retry, maybe on
@@ -36,6 +39,11 @@ log = logging.getLogger("deskbridge.hub.waiting")
 #: Longest single mailbox read, seconds: bounds how long a reader that has stopped
 #: waiting can keep others from reading (it hands over on return).
 READ_BLOCK_S = 1.0
+#: A reader's read ends this long, seconds, before its own wait does: a read cut off by
+#: its caller's timeout may have popped other waiters' notifications, and would send
+#: every waiter of the process to its result list (the last READ_MARGIN_S of its wait,
+#: the waiter reads nothing; its final look at its result list is the truth).
+READ_MARGIN_S = 0.05
 #: Most notifications taken per read.
 READ_COUNT = 256
 #: A waiter's own check of its result list: first after this many seconds, then doubling
@@ -79,6 +87,11 @@ class ResultWaiters:
     mailbox: str = attrs.Factory(lambda: uuid.uuid4().hex)
     _waiting: dict[str, list[Waiter]] = attrs.Factory(dict)
     _reader: Waiter | None = None
+    #: Mailbox reads that ended without their reply (an error, or cancelled in flight):
+    #: each may have popped other waiters' notifications, so every waiter looks at its
+    #: result list when this changes.
+    _lost_reads: int = 0
+    _read_failing: bool = False
 
     def register(self, user_id: str, job_id: str) -> Waiter:
         """Start listening for ``job_id`` (before it is enqueued, so no answer can be
@@ -133,10 +146,14 @@ class ResultWaiters:
         # When each of the two reads began failing in a row (the mailbox and the result
         # list may be on different Cluster nodes: one's success says nothing of the other)
         failing: dict[str, float] = {}
+        lost_reads = self._lost_reads
         try:
             with anyio.move_on_after(timeout_s):
                 while waiter.payload is None:
                     now = anyio.current_time()
+                    if self._lost_reads != lost_reads:  # its notification may be gone
+                        lost_reads = self._lost_reads
+                        next_check = min(next_check, now)
                     what = "result" if now >= next_check else "mailbox"
                     try:
                         if what == "result":
@@ -147,8 +164,9 @@ class ResultWaiters:
                             interval = min(interval * 2, most)
                             next_check = anyio.current_time() + interval
                             continue
-                        if self._reader is None:
-                            await self._read_once(waiter, until=min(next_check, deadline))
+                        read_until = deadline - READ_MARGIN_S
+                        if self._reader is None and now < read_until:
+                            await self._read_once(waiter, until=min(next_check, read_until))
                             failing.pop(what, None)
                             continue
                     except SubstrateUnavailable:
@@ -182,8 +200,19 @@ class ResultWaiters:
             items = await self.substrate.read_notifications(
                 self.mailbox, count=READ_COUNT, block_ms=max(1, math.ceil(block_s * 1000))
             )
+        except anyio.get_cancelled_exc_class():  # cancelled in flight: what it popped is lost
+            self._read_lost()
+            raise
+        except BaseException:
+            # The first failure in a row may have lost a reply; the next ones (an outage:
+            # the reader retries every FAILURE_RETRY_S) pop nothing: no need to wake all.
+            if not self._read_failing:
+                self._read_lost()
+            self._read_failing = True
+            raise
         finally:
             self._reader = None
+        self._read_failing = False
         self._deliver(items)
         if waiter.payload is not None:
             self._hand_over()
@@ -193,6 +222,13 @@ class ResultWaiters:
             for w in self._waiting.get(job_id, ()):
                 if w.payload is None:
                     w.payload = payload
+                    w.wake.set()
+
+    def _read_lost(self) -> None:
+        self._lost_reads += 1
+        for waiters in self._waiting.values():
+            for w in waiters:
+                if w.payload is None:
                     w.wake.set()
 
     def _hand_over(self) -> None:
