@@ -98,3 +98,43 @@ def test_a_file_name_that_is_not_utf8_reaches_every_caller_as_valid_text(tmp_pat
         failed = anyio.run(mcp_call, hub.http, user, mode, "odd_error", {}, backend="asyncio")
         assert failed.is_error and "cannot open caf\ufffd.txt" in failed.content[0].text, failed
     assert ledger.counts() == {"k1": 1, "k-legacy": 1, "k-auto": 1}
+
+
+async def mcp_list(hub_http: str, user: str, mode: str):
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30.0)
+    async with http:
+        transport = streamable_http_client(f"{hub_http}/v1/users/{user}/mcp", http_client=http)
+        async with Client(transport, mode=mode) as client:
+            with anyio.fail_after(20):
+                return await client.list_tools()
+
+
+def test_a_tool_description_that_is_not_utf8_keeps_the_catalogue_usable(tmp_path, procs):
+    """A description and schema naming a folder that is not UTF-8: ``GET .../tools``
+    answered the escape and MCP ``tools/list`` failed for the user in both protocol
+    modes. Now the catalogue carries U+FFFD in its place and every tool stays callable."""
+    user = "odd-" + secrets.token_hex(4)
+    hub = procs.hub(tmp_path, TIMINGS)
+    procs.add(Sidecar(tmp_path, hub.ws, issue(user), tools=["odd_catalogue_tools"], env=TIMINGS))
+    wait_online(hub.http, user)
+
+    with httpx.Client(headers=headers(), timeout=30.0) as client:
+        r = client.get(f"{hub.http}/v1/users/{user}/tools")
+    assert r.status_code == 200, r.text
+    body = strict(r.content)
+    assert isinstance(body, dict), body
+    tools = {t["name"]: t for t in body["tools"]}
+    odd = tools["in_odd_folder"]
+    assert odd["description"] == "Return NAME, a file of caf\ufffd.", odd
+    assert odd["args_schema"]["properties"]["name"]["description"] == "a file in caf\ufffd"
+
+    for mode in ("legacy", "auto"):
+        listed = anyio.run(mcp_list, hub.http, user, mode, backend="asyncio")
+        names = {t.name: t for t in listed.tools}
+        assert names["in_odd_folder"].description == "Return NAME, a file of caf\ufffd."
+        called = anyio.run(
+            mcp_call, hub.http, user, mode, "in_odd_folder", {"name": "a"}, backend="asyncio"
+        )
+        assert not called.is_error, called
+    status, body = post(hub.http, user, {"name": "in_odd_folder", "args": {"name": "b"}})
+    assert status == 200 and body["result"] == {"name": "b"}, body

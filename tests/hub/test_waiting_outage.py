@@ -155,3 +155,64 @@ async def test_a_reader_whose_wait_ends_lets_its_read_end_first(autojump_clock):
     for timeout_s in (0.3, 1.7, 2.5):
         assert await _wait(substrate, timeout_s=timeout_s) is None
     assert substrate.cut_reads == 0
+
+
+class Stalled(Flaky):
+    """The process stalls (SIGSTOP, a VM paused) during its first mailbox read: that
+    read fails once the process runs again, by its own timeout, ``stall_s`` after it
+    began; Redis itself answers throughout (``block_s`` each black-holed command takes
+    to fail, for the outage case)."""
+
+    def __init__(self, stall_s: float, *, black_hole: bool = False) -> None:
+        super().__init__(up_at=0.0)
+        self.stall_s = stall_s
+        self.black_hole = black_hole
+        self.stalled = False
+
+    async def read_notifications(self, mailbox, *, count, block_ms):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.black_hole or not self.stalled:
+            self.stalled = True
+            await trio.sleep(self.stall_s)
+            raise SubstrateUnavailable("Redis at x unavailable (BLMPOP notify): timed out")
+        await trio.sleep(block_ms / 1000)
+        return []
+
+    async def get_result(self, user_id, job_id):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.black_hole:
+            await trio.sleep(self.stall_s)
+            raise SubstrateUnavailable("Redis at x unavailable (LINDEX): timed out")
+        return self.results.get(job_id)
+
+
+async def test_one_read_that_failed_across_a_stall_of_the_process_is_not_an_outage(
+    autojump_clock,
+):
+    """Found by fault injection (a hub worker SIGSTOPped 40 s, a caller waiting in it):
+    the mailbox read begun before the stall failed by its own timeout when the process
+    ran again, and the patience, counted from when that read began, was already spent:
+    the caller was answered 503 ``unavailable`` ("Redis ... BLMPOP timed out") although
+    Redis answered throughout and its job's result was there. Now a failure is told only
+    once a second read has failed too: the result list, read first, answers."""
+    start = trio.current_time()
+    substrate = Stalled(stall_s=40.0)
+
+    async def publish() -> None:
+        await trio.sleep(30)  # another replica answers the job meanwhile
+        substrate.results["j1"] = '{"ok": true}'
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(publish)
+        assert await _wait(substrate, timeout_s=90) == '{"ok": true}'
+    assert trio.current_time() - start < 41
+
+
+async def test_an_outage_where_every_read_hangs_is_told_after_a_second_read_fails(
+    autojump_clock,
+):
+    start = trio.current_time()
+    substrate = Stalled(stall_s=5.0, black_hole=True)  # each command: the 5 s timeout
+    with pytest.raises(SubstrateUnavailable):
+        await _wait(substrate, timeout_s=90)
+    assert trio.current_time() - start <= 2 * 5.0 + 0.5

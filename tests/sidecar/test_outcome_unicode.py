@@ -15,6 +15,15 @@ from deskbridge_common import BAD_RESULT
 from deskbridge_sidecar import Outcome
 from deskbridge_sidecar._progress import Progress, ProgressState
 
+#: A folder name as ``os.fsdecode`` gives ``b"caf\xe9"`` (not UTF-8), and a catalogue
+#: schema naming it in a description, a key and an ``enum`` value.
+ODD = "caf\udce9"
+ODD_SCHEMA = {
+    "type": "object",
+    "properties": {"folder": {"type": "string", "description": f"under {ODD}"},
+                   ODD: {"enum": [ODD, "plain"]}},
+}  # fmt: skip
+
 
 def test_a_result_with_a_lone_surrogate_is_a_bad_result():
     outcome = Outcome.success({"entries": [{"name": "caf\udce9.txt"}]})
@@ -44,3 +53,24 @@ async def test_a_progress_message_with_a_lone_surrogate_is_sendable_text():
     Progress(state)(1, total=2, message="reading caf\udce9.txt")
     assert state.latest is not None and state.latest.message == "reading caf\ufffd.txt"
     json.dumps(state.latest.message, ensure_ascii=False).encode("utf-8")
+
+
+def test_a_catalogue_entry_with_a_lone_surrogate_is_sent_as_valid_text():
+    """A description or schema text built from a name that is not UTF-8 (``os.fsdecode``)
+    made MCP ``tools/list`` fail for the user and ``GET .../tools`` answer the escape:
+    the hello now carries U+FFFD in its place, in strings and keys alike."""
+    from deskbridge_common import Hello, encode_frame
+    from deskbridge_sidecar import Tool
+
+    def pick(folder: str) -> dict:
+        return {}
+
+    tool = Tool.from_function(pick, description=f"Pick a file in {ODD}", args_schema=ODD_SCHEMA)
+    spec = tool.spec()
+    assert spec.description == "Pick a file in caf\ufffd"
+    props = spec.args_schema["properties"]
+    assert props["folder"]["description"] == "under caf\ufffd"
+    assert props["caf\ufffd"] == {"enum": ["caf\ufffd", "plain"]}
+    frame = encode_frame(Hello(protocol_version=1, sidecar_version="t", tools=(spec,)))
+    assert "\\ud" not in frame.lower()
+    assert tool.fingerprint() == tool.fingerprint()  # stable

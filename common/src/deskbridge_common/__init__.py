@@ -71,13 +71,14 @@ from ._frames import (
 )
 from ._logtext import MAX_MESSAGE_CHARS, MAX_VALUE_CHARS, TextFormatter, safe_text
 from ._timings import Timings
-from ._unicode import holds_lone_surrogate, replace_lone_surrogates
+from ._unicode import holds_lone_surrogate, replace_lone_surrogates, replace_lone_surrogates_in
 
 __version__ = "0.1.0"
 
 __all__ = [
     "holds_lone_surrogate",
     "replace_lone_surrogates",
+    "replace_lone_surrogates_in",
     "MIN_WRITE_BYTES_S",
     "MAX_MESSAGE_CHARS",
     "MAX_VALUE_CHARS",

@@ -9,6 +9,7 @@ messages. No I/O.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 
 def holds_lone_surrogate(text: str) -> bool:
@@ -47,4 +48,28 @@ def replace_lone_surrogates(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-__all__ = ["holds_lone_surrogate", "replace_lone_surrogates"]
+def replace_lone_surrogates_in(value: Any) -> Any:
+    """A JSON value (as ``json.loads`` gives it) with :func:`replace_lone_surrogates`
+    applied to every string in it, keys included: for a tool's catalogue entry (its
+    description, its schema's texts), which must reach callers as valid text.
+
+    Returns ``value`` itself when no string in it holds a lone surrogate (the usual case:
+    one ``json.dumps``), else a copy. Values that are not JSON (tuples, numbers) are
+    kept as they are, lists and tuples become lists.
+    """
+    if not holds_lone_surrogate(json.dumps(value, default=str)):
+        return value
+    return _replaced(value)
+
+
+def _replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return replace_lone_surrogates(value)
+    if isinstance(value, dict):
+        return {_replaced(k): _replaced(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replaced(v) for v in value]
+    return value
+
+
+__all__ = ["holds_lone_surrogate", "replace_lone_surrogates", "replace_lone_surrogates_in"]

@@ -19,6 +19,8 @@ from deskbridge_common import (
     Hello,
     RemoteProtocolError,
     Welcome,
+    replace_lone_surrogates,
+    replace_lone_surrogates_in,
 )
 
 from ._asleep import SleepRecord
@@ -31,6 +33,23 @@ if TYPE_CHECKING:
     from ._session import HubSession
 
 log = logging.getLogger("deskbridge.hub.session")
+
+
+def valid_text(hello: Hello) -> Hello:
+    """``hello`` with U+FFFD for each lone surrogate in its catalogue's descriptions and
+    schemas (an older sidecar's text built from a name that is not UTF-8): stored as
+    sent, it made MCP ``tools/list`` fail for the user and ``GET .../tools`` answer an
+    escape strict parsers refuse. Replaced rather than refused (1007): the sidecar would
+    send the same hello at every reconnect, and the desktop would serve nothing."""
+    tools = tuple(
+        attrs.evolve(
+            t,
+            description=replace_lone_surrogates(t.description),
+            args_schema=replace_lone_surrogates_in(t.args_schema),
+        )
+        for t in hello.tools
+    )
+    return hello if tools == hello.tools else attrs.evolve(hello, tools=tools)
 
 
 async def handshake(session: HubSession) -> PresenceKeeper:
@@ -65,6 +84,7 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         except RemoteProtocolError as exc:
             raise EndSession(exc.close_code, exc.reason) from None
         raise AssertionError("handshake deadline passed but the Connection disagrees")
+    frame = valid_text(frame)
     for i, spec in enumerate(frame.tools):
         problem = check_tool_schema(spec.args_schema)
         if problem:

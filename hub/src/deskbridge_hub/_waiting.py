@@ -60,6 +60,9 @@ ATTACHED_CHECK_MAX_S = 0.25
 #: ``FAILURE_RETRY_S``, before it reports the outage: one connection killed under the
 #: mailbox read (a proxy's idle cut, CLIENT KILL) failed the caller at once while its
 #: job completed; an outage that lasts is still told within seconds, with the job's id.
+#: At least two reads in a row must have failed: one read that took longer than this to
+#: fail by itself (it began before a stall of this process: SIGSTOP, a paused VM) is not
+#: an outage; where every command hangs, it is told after two command timeouts.
 FAILURE_PATIENCE_S = 2.0
 FAILURE_RETRY_S = 0.1
 
@@ -145,7 +148,9 @@ class ResultWaiters:
         next_check = anyio.current_time() + (0.0 if attached else first)
         # When each of the two reads began failing in a row (the mailbox and the result
         # list may be on different Cluster nodes: one's success says nothing of the other)
+        # and how many reads failed in those streaks: one read alone is never an outage.
         failing: dict[str, float] = {}
+        strikes: dict[str, int] = {}
         lost_reads = self._lost_reads
         try:
             with anyio.move_on_after(timeout_s):
@@ -159,6 +164,7 @@ class ResultWaiters:
                         if what == "result":
                             payload = await self.substrate.get_result(waiter.user_id, waiter.job_id)
                             failing.pop(what, None)
+                            strikes.pop(what, None)
                             if payload is not None:
                                 return payload
                             interval = min(interval * 2, most)
@@ -168,10 +174,18 @@ class ResultWaiters:
                         if self._reader is None and now < read_until:
                             await self._read_once(waiter, until=min(next_check, read_until))
                             failing.pop(what, None)
+                            strikes.pop(what, None)
                             continue
                     except SubstrateUnavailable:
                         since = failing.setdefault(what, now)
-                        if anyio.current_time() - since >= FAILURE_PATIENCE_S:
+                        strikes[what] = strikes.get(what, 0) + 1
+                        # A second failed read too: one read that failed by its own
+                        # timeout across a stall of this process (SIGSTOP, a paused VM)
+                        # had spent the patience alone, while Redis answered throughout.
+                        if (
+                            anyio.current_time() - since >= FAILURE_PATIENCE_S
+                            and sum(strikes.values()) >= 2
+                        ):
                             raise
                         await anyio.sleep(FAILURE_RETRY_S)
                         if what == "mailbox":  # the result list is the truth: look at it

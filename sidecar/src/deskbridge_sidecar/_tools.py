@@ -35,7 +35,7 @@ from typing import Annotated, Any, TypeVar, overload
 import attrs
 import pydantic
 import trio
-from deskbridge_common import ToolSpec
+from deskbridge_common import ToolSpec, replace_lone_surrogates, replace_lone_surrogates_in
 
 from ._consent import approval_after_wait_s
 from ._errors import ArgsInvalid, ToolError
@@ -173,11 +173,13 @@ class Tool:
     def spec(self) -> ToolSpec:
         """This tool's catalogue entry for the ``hello`` frame (with its
         ``@needs_approval`` declaration, read from :attr:`fn` now: the mark may be put on
-        above or below ``@tool``)."""
+        above or below ``@tool``). Text that is not valid Unicode (a lone surrogate: a
+        name that is not UTF-8, as ``os.fsdecode`` gives it) gets U+FFFD in its place:
+        callers must be able to read the catalogue (MCP ``tools/list`` failed)."""
         return ToolSpec(
             name=self.name,
-            description=self.description[:4096],
-            args_schema=self.args_schema,
+            description=replace_lone_surrogates(self.description[:4096]),
+            args_schema=replace_lone_surrogates_in(self.args_schema),
             side_effects=self.side_effects,
             approval_after_wait_s=approval_after_wait_s(self.fn),
         )
