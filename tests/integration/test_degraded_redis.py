@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.hub.test_redis_health import LEAST_PRIVILEGE
 from tests.procs import (
     Hub,
     RedisServer,
@@ -85,10 +86,6 @@ def _wait_present(redis: RedisServer, user: str) -> None:
         timeout_s=20,
         what="sidecar present",
     )
-
-
-#: The least-privilege user docs/operations.md recommends ("Redis requirements").
-LEAST_PRIVILEGE = ("~bridge:*", "&bridge:*", "+@all", "-@dangerous", "+info")
 
 
 def _as_acl_user(tmp_path: Path, redis: RedisServer, *rules: str) -> tuple[Hub, Sidecar, str]:

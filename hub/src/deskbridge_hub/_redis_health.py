@@ -346,8 +346,9 @@ class HealthMonitor:
 
     @property
     def refused(self) -> str | None:
-        """The ACL cause when the last probe found commands the hub sends refused to
-        this user (nothing the hub enqueues could be served), else None."""
+        """The ACL cause when the last probe found commands calls need refused to this
+        user (nothing the hub enqueues could be served), else None; commands only the
+        operator views send are :meth:`views_refused`."""
         if self.health is not None and self.health.refused:
             return next(c for c in self.health.causes if "(ACL)" in c)
         return None
