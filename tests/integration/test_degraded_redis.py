@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.hub.test_redis_health import LEAST_PRIVILEGE
 from tests.procs import (
     Hub,
     RedisServer,
@@ -75,12 +76,35 @@ def _connected(tmp_path: Path, redis: RedisServer) -> tuple[Hub, Sidecar, str]:
     hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": redis.url, **FAST})
     hub.wait_healthy()
     sidecar = Sidecar(tmp_path, hub.ws, issue(user))
+    _wait_present(redis, user)
+    return hub, sidecar, user
+
+
+def _wait_present(redis: RedisServer, user: str) -> None:
     wait_until(
         lambda: redis.command("EXISTS", presence_key(user)) == 1,
         timeout_s=20,
         what="sidecar present",
     )
-    return hub, sidecar, user
+
+
+def _as_acl_user(tmp_path: Path, redis: RedisServer, *rules: str) -> tuple[Hub, Sidecar, str]:
+    """A hub (one worker) whose Redis user ``hub`` has ``rules`` only, and a sidecar."""
+    redis.command("ACL", "SETUSER", "hub", "on", ">pw", *rules)
+    user = f"acl-{secrets.token_hex(4)}"
+    url = f"redis://hub:pw@127.0.0.1:{redis.port}/0"
+    hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": url, **FAST})
+    return hub, Sidecar(tmp_path, hub.ws, issue(user)), user
+
+
+def _start_up_line(hub: Hub, timeout_s: float) -> str:
+    """The hub's first log line about its Redis (the probe's verdict)."""
+    lines = wait_until(
+        lambda: [ln for ln in log_text(hub).splitlines() if "Redis at" in ln],
+        timeout_s=timeout_s,
+        what="the start-up line about Redis",
+    )
+    return str(lines[0])
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
@@ -203,28 +227,13 @@ def test_a_redis_user_lacking_a_command_is_named_at_start_never_a_500(
     the first call was a 500 and the reader logged a traceback every second while calls
     timed out "queued". Now the start-up line names the command at ERROR, /healthz
     answers 503 with it, and calls are answered 503 ``unavailable``, never a 500."""
-    redis.command(
-        "ACL", "SETUSER", "hub", "on", ">pw",
-        "~bridge:*", "&bridge:*", "+@all", "-@dangerous", "+info", "-xreadgroup",
-    )  # fmt: skip
-    user = f"acl-{secrets.token_hex(4)}"
-    url = f"redis://hub:pw@127.0.0.1:{redis.port}/0"
-    hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": url, **FAST})
-    sidecar = Sidecar(tmp_path, hub.ws, issue(user))
+    hub, sidecar, user = _as_acl_user(tmp_path, redis, *LEAST_PRIVILEGE, "-xreadgroup")
     with running(sidecar, hub), api() as client:
-        line = wait_until(
-            lambda: [ln for ln in log_text(hub).splitlines() if "Redis at" in ln],
-            timeout_s=60,
-            what="the start-up line about Redis",
-        )[0]
+        line = _start_up_line(hub, timeout_s=60)
         assert "ERROR" in line and STARTS in line and "XREADGROUP" in line, line
         health = httpx.get(hub.http + "/healthz", timeout=2)
         assert health.status_code == 503 and "XREADGROUP" in health.text, health.text
-        wait_until(
-            lambda: redis.command("EXISTS", presence_key(user)) == 1,
-            timeout_s=20,
-            what="sidecar present",
-        )
+        _wait_present(redis, user)
         answers = [_call(client, hub, user) for _ in range(3)]
         assert answers == [(503, "unavailable")] * 3, answers
         # the operator grants it: usable again without a restart
@@ -245,21 +254,72 @@ def test_a_redis_user_with_only_the_needed_commands_serves(
     from deskbridge_hub._redis_health import NEEDED_COMMANDS, needed_command_name
 
     grants = sorted({f"+{needed_command_name(c).lower()}" for c in NEEDED_COMMANDS})
-    redis.command(
-        "ACL", "SETUSER", "hub", "on", ">pw", "~bridge:*", "-@all",
+    hub, sidecar, user = _as_acl_user(
+        tmp_path, redis, "~bridge:*", "-@all",
         "+hello", "+auth", "+client|setname", "+info", *grants,
     )  # fmt: skip
-    user = f"acl-{secrets.token_hex(4)}"
-    url = f"redis://hub:pw@127.0.0.1:{redis.port}/0"
-    hub = Hub(tmp_path, workers=1, env={"DESKBRIDGE_REDIS_URL": url, **FAST})
-    hub.wait_healthy()
-    sidecar = Sidecar(tmp_path, hub.ws, issue(user))
     with running(sidecar, hub), api() as client:
-        wait_until(
-            lambda: redis.command("EXISTS", presence_key(user)) == 1,
-            timeout_s=20,
-            what="sidecar present",
-        )
+        hub.wait_healthy()
+        _wait_present(redis, user)
         assert [_call(client, hub, user) for _ in range(3)] == [(200, "completed")] * 3
+        # the operator views' commands are in the list too
+        desktops = client.get(f"{hub.http}/v1/admin/desktops")
+        assert desktops.status_code == 200, desktops.text
+        assert user in [d["user_id"] for d in desktops.json()["desktops"]]
+        assert client.get(f"{hub.http}/v1/admin/users/{user}").status_code == 200
     log = log_text(hub)
     assert "Traceback" not in log and "NOPERM" not in log, log[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("denied", "grant"),
+    [
+        (("-zcard", "-zrange"), "+zcard +zrange"),
+        # every operator-only command: the directory's writes fail (best effort), calls serve
+        (("-zadd", "-zremrangebyscore", "-zcard", "-zrange", "-xlen"),
+         "+xlen +zadd +zremrangebyscore +zcard +zrange"),
+    ],
+)  # fmt: skip
+def test_a_redis_user_lacking_only_operator_view_commands_serves_calls(
+    tmp_path: Path, redis: RedisServer, denied: tuple[str, ...], grant: str
+) -> None:
+    """A user without the admin desktops directory's ZCARD / ZRANGE had every call
+    refused ``unavailable`` before enqueue and /healthz 503 (a balancer took the replica
+    out), for a missing dashboard grant. Now calls complete, /healthz answers 200 with
+    the refused commands in ``warnings``, the start-up line is a WARNING naming the
+    grant, and the desktops directory (API and ``inspect``) answers 503 naming it until
+    the operator grants it, without a restart."""
+    from tests.integration.test_admin import inspect
+
+    hub, sidecar, user = _as_acl_user(tmp_path, redis, *LEAST_PRIVILEGE, *denied)
+    with running(sidecar, hub), api() as client:
+        hub.wait_healthy()
+        line = _start_up_line(hub, timeout_s=20)
+        assert "WARNING" in line and STARTS not in line and grant in line, line
+        health = httpx.get(hub.http + "/healthz", timeout=2)
+        assert health.status_code == 200, health.text
+        (warning,) = health.json()["warnings"]
+        assert f"ACL SETUSER <user> {grant}" in warning, warning
+        _wait_present(redis, user)
+        assert [_call(client, hub, user) for _ in range(3)] == [(200, "completed")] * 3
+        desktops = client.get(f"{hub.http}/v1/admin/desktops")
+        assert desktops.status_code == 503, desktops.text
+        assert f"ACL SETUSER <user> {grant}" in desktops.json()["error"]["message"]
+        out = inspect(hub, "desktops")
+        assert out.returncode == 1 and f"ACL SETUSER <user> {grant}" in out.stderr, out
+        # the operator grants them: served again without a restart
+        redis.command("ACL", "SETUSER", "hub", *(f"+{d[1:]}" for d in denied))
+        wait_until(
+            lambda: "warnings" not in httpx.get(hub.http + "/healthz", timeout=2).json(),
+            timeout_s=10,
+            what="the warning gone",
+        )
+        desktops = client.get(f"{hub.http}/v1/admin/desktops")
+        assert desktops.status_code == 200, desktops.text
+        listed = [d["user_id"] for d in desktops.json()["desktops"]]
+        # without ZADD the session's start was not recorded: listed from its next session
+        assert listed == ([] if "-zadd" in denied else [user]), listed
+        assert inspect(hub, "desktops").returncode == 0
+        assert _call(client, hub, user) == (200, "completed")
+    log = log_text(hub)
+    assert "Traceback" not in log and STARTS not in log, log[-4000:]

@@ -243,7 +243,10 @@ def create_app(
     @app.get("/healthz")
     async def healthz():  # type: ignore[no-untyped-def]
         """Readiness: Redis answers PING and this replica takes calls (a draining one
-        refuses every call ``503 draining``: not ready, ``draining: true``)."""
+        refuses every call ``503 draining``: not ready, ``draining: true``). What stops
+        only an operator view (Redis commands refused to the hub's user that only the
+        admin views send) is listed in ``warnings`` and keeps it ready: a balancer must
+        not take a serving replica out for a dashboard grant."""
         state: HubState = holder["state"]
         try:
             with trio.fail_after(HEALTHZ_PING_TIMEOUT_S):
@@ -256,7 +259,11 @@ def create_app(
         if state.drain.active:
             body = {"ok": False, "substrate": "ok", "draining": True, "consumer": state.consumer}
             return _json(body, 503)
-        return _json({"ok": True, "substrate": "ok", "consumer": state.consumer})
+        ready: dict[str, Any] = {"ok": True, "substrate": "ok", "consumer": state.consumer}
+        warnings = state.substrate.health_warnings()
+        if warnings:
+            ready["warnings"] = list(warnings)
+        return _json(ready)
 
     @app.get("/v1/users/<user_id>/presence")
     async def presence(user_id: str):  # type: ignore[no-untyped-def]

@@ -82,7 +82,13 @@ class RedisDirectory:
 
     async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
         """ZCARD and ZRANGE REV WITHSCORES LIMIT offset limit of the index.
-        Raises SubstrateUnavailable."""
+        Raises SubstrateUnavailable: Redis unreachable, or the last health probe found
+        a command of the directory refused to this user (ACL; unsent, naming the grant:
+        refused index writes leave a listing that answers, stale)."""
+        refuses = self._refuses_view  # type: ignore[attr-defined]
+        refused = refuses("directory", "the desktops directory")
+        if refused is not None:
+            raise refused
         async with self._session("list desktops") as s:  # type: ignore[attr-defined]
             total, raw = await s.execute(
                 (b"ZCARD", INDEX_KEY),

@@ -236,3 +236,7 @@ class MemorySubstrate(
     def history_changes(self) -> int:
         """Always 0: this store never loses writes it acknowledged."""
         return 0
+
+    def health_warnings(self) -> tuple[str, ...]:
+        """Always empty: no permissions to lack."""
+        return ()

@@ -286,7 +286,8 @@ def _routes(version: str) -> dict[str, Any]:
             "/healthz": {
                 "get": _probe(
                     "Readiness: Redis is usable and the replica takes calls (503 with the "
-                    "cause if not: Redis, or draining)."
+                    "cause if not: Redis, or draining). 200 with `warnings` when only an "
+                    "operator view cannot work (Redis commands refused that only it sends)."
                 )
             },
             "/metrics": {

@@ -197,6 +197,9 @@ class RedisSubstrate(
     def _refuses_work(self, what: str) -> SubstrateUnavailable | None:
         return self._connections.refuses_work(what)
 
+    def _refuses_view(self, view: str, what: str) -> SubstrateUnavailable | None:
+        return self._connections.refuses_view(view, what)
+
     async def _call(self, session: _Session, *command: Any, block_s: float | None = 0.0) -> Any:
         """One command; server errors raise. ``block_s``: its own blocking time (None:
         forever), to which the command timeout is added."""
@@ -234,6 +237,13 @@ class RedisSubstrate(
         refused = self._connections.unusable(f"a {what} read")
         if refused is not None:
             raise refused
+
+    def health_warnings(self) -> tuple[str, ...]:
+        """What the last health probe found that does not stop calls but stops an
+        operator view: commands only those views send, refused by the ACL (each with
+        its grant). Empty when there is none, or before the first probe."""
+        cause = self._connections.monitor.views_refused()
+        return () if cause is None else (cause,)
 
     async def health_check(self) -> Health | None:
         """Probe now (``_redis_health``): role, eviction policy, AOF, a scripted write.

@@ -111,6 +111,11 @@ class RedisCommandBase:
         command the hub needs (``RedisConnections.refuses_work``), else None."""
         raise NotImplementedError  # pragma: no cover
 
+    def _refuses_view(self, view: str, what: str) -> SubstrateUnavailable | None:
+        """The error to raise before sending ``what`` while the ACL refuses this user a
+        command the operator view ``view`` needs (``RedisConnections.refuses_view``)."""
+        raise NotImplementedError  # pragma: no cover
+
     async def _script(
         self,
         s: _Session,

@@ -457,7 +457,17 @@ class RedisConnections:
         ACL refusing this user a command the hub needs, else None: a job enqueued then
         could not be read, delivered or answered (it waited out its caller as "queued",
         the desktop blamed). Nothing is sent, so its ``unsent`` is True."""
-        cause = self.monitor.refused
+        return self._unsent(what, self.monitor.refused)
+
+    def refuses_view(self, view: str, what: str) -> SubstrateUnavailable | None:
+        """The error to raise *before* sending ``what`` when the last probe found the
+        ACL refusing this user a command the operator view ``view`` needs (a key of
+        ``_redis_health.VIEW_COMMANDS``), else None: it names the grant, where Redis'
+        NOPERM would name one command (or none: a listing whose index writes were
+        refused answers, stale). Calls are not refused for it. ``unsent`` is True."""
+        return self._unsent(what, self.monitor.views_refused(view))
+
+    def _unsent(self, what: str, cause: str | None) -> SubstrateUnavailable | None:
         if cause is None:
             return None
         refused = SubstrateUnavailable(f"Redis at {self.address} cannot serve {what}: {cause}")

@@ -15,7 +15,9 @@ One *probe* finds out, in one round trip on a shared connection:
   (``bridge:health:{<probe id>}``, 10 s TTL): scripting, writes and the ACL key pattern;
 * ``EVAL`` of a script that asks the ACL (``redis.acl_check_cmd``) about every command
   the hub sends (:data:`NEEDED_COMMANDS`): a user allowed scripts but not, say,
-  XREADGROUP or BLMPOP otherwise passed, then failed every call;
+  XREADGROUP or BLMPOP otherwise passed, then failed every call. A refused command that
+  only operator views send (:data:`VIEW_COMMANDS`) is a warning, not a cause: calls go
+  on, readiness passes, and only those views answer ``unavailable`` naming the grant;
 * when ``DESKBRIDGE_REDIS_URL`` gives a password for the default user, ``AUTH <password>``
   (the one-argument form): HELLO's ``AUTH default <password>`` is accepted with *any*
   password by a Redis without one (its ``default`` user is ``nopass``), so
@@ -75,7 +77,6 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("HLEN", "K"),
     ("RPUSH", "K", "v"),
     ("LINDEX", "K", "0"),
-    ("LLEN", "K"),
     ("BLPOP", "K", "1"),
     ("LMPOP", "1", "K", "LEFT"),
     ("BLMPOP", "1", "1", "K", "LEFT"),
@@ -100,6 +101,27 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("ZCARD", "K"),
     ("ZRANGE", "K", "0", "1"),
 )
+#: The commands of NEEDED_COMMANDS that only operator views send, by the substrate read
+#: that sends or relies on them: ``view -> (what it serves, commands)``. Refused, that
+#: read raises SubstrateUnavailable (unsent) naming the grant, and nothing else changes;
+#: every command not listed here serves calls (the call path, the reader and delivery,
+#: and their maintenance: heartbeat, reclaim, prune), so refused it refuses calls. Who
+#: sends what is pinned by ``tests/hub/test_redis_acl_views.py``.
+VIEW_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # ``list_desktops``: the index is written at each session start and end (ZADD,
+    # ZREMRANGEBYSCORE: without them the listing is stale) and paged (ZCARD, ZRANGE)
+    "directory": (
+        "the desktops directory (GET /v1/admin/desktops, inspect desktops, /admin/)",
+        ("ZADD", "ZREMRANGEBYSCORE", "ZCARD", "ZRANGE"),
+    ),
+    # ``queue_info`` (XLEN + XPENDING; XPENDING serves reclaim too)
+    "queue": (
+        "queue depths (the admin API's queue, inspect, /metrics queue gauges)",
+        ("XLEN",),
+    ),
+}
+#: Every command only operator views send.
+_VIEW_ONLY = frozenset(c for _, commands in VIEW_COMMANDS.values() for c in commands)
 #: Asks Redis (>= 7.0: ``redis.acl_check_cmd``) whether this connection's user may run
 #: each command of ARGV (one per argument, words separated by spaces, ``K`` standing for
 #: KEYS[1]); returns the 1-based positions of the refused ones. A command this Redis
@@ -175,10 +197,14 @@ class Health:
             failover) or a restart without persistence, either of which may have lost
             the last writes. None: not read, or under Cluster (the probe reaches one
             node, whose history is not the store's; ``RedisConnections.probe``).
-        refused: commands the hub sends that the ACL refuses this user (``SCRIPT|LOAD``
-            for a subcommand); one of the causes when not empty.
+        refused: commands calls need (the call path and its maintenance) that the ACL
+            refuses this user (``SCRIPT|LOAD`` for a subcommand); one of the causes
+            when not empty.
         warnings: worth a WARNING at start, not a reason to refuse work
             (:data:`UNCHECKED_PASSWORD`).
+        views_refused: commands only operator views send (:data:`VIEW_COMMANDS`) that
+            the ACL refuses this user: not a cause (calls are served); those views
+            answer ``unavailable`` with :attr:`views_cause`.
     """
 
     causes: tuple[str, ...] = ()
@@ -188,6 +214,7 @@ class Health:
     replid: str | None = None
     refused: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    views_refused: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -196,6 +223,35 @@ class Health:
     @property
     def cause(self) -> str:
         return "; ".join(self.causes)
+
+    @property
+    def views_cause(self) -> str | None:
+        """The warning about :attr:`views_refused` (the views they stop, the grant), or
+        None when the operator views have every command they need."""
+        if not self.views_refused:
+            return None
+        stopped = [
+            what
+            for what, commands in VIEW_COMMANDS.values()
+            if set(commands) & set(self.views_refused)
+        ]
+        return (
+            f"{_acl_refusal('the operator views need', self.views_refused)}; until then "
+            f"{' and '.join(stopped)} answer unavailable (calls are served)"
+        )
+
+    def views_refusing(self, view: str) -> bool:
+        """Whether a command ``view`` (a key of :data:`VIEW_COMMANDS`) needs is refused."""
+        return bool(set(VIEW_COMMANDS[view][1]) & set(self.views_refused))
+
+
+def _acl_refusal(whom: str, refused: tuple[str, ...]) -> str:
+    """The one wording of an ACL refusal, with the grant that ends it."""
+    grants = " ".join(f"+{name.lower()}" for name in refused)
+    return (
+        f"the Redis user lacks a permission {whom} (ACL): cannot run {', '.join(refused)}; "
+        f"grant it (ACL SETUSER <user> {grants})"
+    )
 
 
 def _info_fields(text: str) -> dict[str, str]:
@@ -220,9 +276,10 @@ def interpret(
     unchecked_password: bool = False,
 ) -> Health:
     """Replies of the probe (each a value or an exception instance) -> Health.
-    ``refused``: the commands the hub needs that Redis' ACL refuses this user
-    (:func:`refused_commands`); ``unchecked_password``: Redis has no password for the
-    URL's (:func:`password_unchecked`)."""
+    ``refused``: the commands the hub sends that Redis' ACL refuses this user
+    (:func:`refused_commands`); those only operator views send are a warning
+    (``Health.views_refused``), the others a cause; ``unchecked_password``: Redis has no
+    password for the URL's (:func:`password_unchecked`)."""
     causes: list[str] = []
     notes: list[str] = []
     evicting = False
@@ -273,12 +330,10 @@ def interpret(
             causes.append(f"{meaning}: {probe}")
     elif probe != probe_value:
         causes.append(f"a scripted write did not read back (got {probe!r})")
+    views_refused = tuple(name for name in refused if name in _VIEW_ONLY)
+    refused = tuple(name for name in refused if name not in _VIEW_ONLY)
     if refused:
-        grants = " ".join(f"+{name.lower()}" for name in refused)
-        causes.append(
-            f"the Redis user lacks a permission the hub needs (ACL): cannot run "
-            f"{', '.join(refused)}; grant it (ACL SETUSER <user> {grants})"
-        )
+        causes.append(_acl_refusal("the hub needs", refused))
     warnings = (UNCHECKED_PASSWORD,) if unchecked_password else ()
     return Health(
         tuple(causes),
@@ -288,6 +343,7 @@ def interpret(
         replid=replid,
         refused=refused,
         warnings=warnings,
+        views_refused=views_refused,
     )
 
 
@@ -324,11 +380,20 @@ class HealthMonitor:
 
     @property
     def refused(self) -> str | None:
-        """The ACL cause when the last probe found commands the hub sends refused to
-        this user (nothing the hub enqueues could be served), else None."""
+        """The ACL cause when the last probe found commands calls need refused to this
+        user (nothing the hub enqueues could be served), else None; commands only the
+        operator views send are :meth:`views_refused`."""
         if self.health is not None and self.health.refused:
             return next(c for c in self.health.causes if "(ACL)" in c)
         return None
+
+    def views_refused(self, view: str | None = None) -> str | None:
+        """The warning (``Health.views_cause``) when the last probe found a command
+        ``view`` needs refused to this user (None: any operator view), else None."""
+        health = self.health
+        if health is None or (view is not None and not health.views_refusing(view)):
+            return None
+        return health.views_cause
 
     def poke(self) -> None:
         """Probe again soon (a command failed in a way the probe may explain)."""
@@ -373,20 +438,34 @@ class HealthMonitor:
             self._log_change(before, health)
         elif was_unreachable is not None:
             log.info("Redis at %s reachable again", self.address)
+        if before is not None and before.views_refused != health.views_refused:
+            self._log_views(health)
         return health
 
     def _log_start(self, health: Health) -> None:
         for warning in health.warnings:
             log.warning("Redis at %s: %s", self.address, warning)
         notes = "".join(f"; note: {n}" for n in health.notes)
-        if health.ok:
+        if health.ok and health.views_cause is not None:
+            # calls are served: not the ERROR of a hub that cannot serve (issue: a
+            # missing dashboard grant took every call down)
+            log.warning(
+                "Redis at %s usable for calls, but %s (%s)%s",
+                self.address,
+                health.views_cause,
+                health.summary,
+                notes,
+            )
+        elif health.ok:
             log.info("Redis at %s usable: %s%s", self.address, health.summary, notes)
         else:
+            views = "" if health.views_cause is None else f"; also {health.views_cause}"
             log.error(
-                "Redis at %s cannot serve the hub: %s (%s)%s",
+                "Redis at %s cannot serve the hub: %s (%s)%s%s",
                 self.address,
                 health.cause,
                 health.summary,
+                views,
                 notes,
             )
 
@@ -395,6 +474,12 @@ class HealthMonitor:
             log.warning("Redis at %s usable again (was: %s)", self.address, before.cause)
         else:
             log.error("Redis at %s cannot serve the hub: %s", self.address, after.cause)
+
+    def _log_views(self, after: Health) -> None:
+        if after.views_cause is None:
+            log.info("Redis at %s: the operator views have their commands again", self.address)
+        else:
+            log.warning("Redis at %s: %s", self.address, after.views_cause)
 
     async def run(self, interval_s: float) -> None:
         """Probe at once, then every ``interval_s`` and soon after each :meth:`poke`."""

@@ -340,8 +340,12 @@ class StreamCommands(RedisCommandBase):
             A :class:`QueueInfo`; a missing stream or group reads as empty.
 
         Raises:
-            SubstrateUnavailable: Redis unreachable.
+            SubstrateUnavailable: Redis unreachable, or the last health probe found XLEN
+                refused to this user (ACL; unsent, naming the grant).
         """
+        refused = self._refuses_view("queue", "a queue read")
+        if refused is not None:
+            raise refused
         key = jobs_key(user_id)
         async with self._session("XPENDING") as s:
             length = int(await self._call(s, b"XLEN", key))

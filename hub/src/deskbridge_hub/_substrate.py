@@ -559,3 +559,9 @@ class Substrate(
         Redis failover or a restart without persistence, seen by its health probe as
         another replication history): its last writes, presence among them, may be
         lost. 0 for a store that cannot tell; only increases."""
+
+    def health_warnings(self) -> tuple[str, ...]:
+        """What the store's last health check found that does not stop calls but stops
+        an operator view (Redis: commands only those views send, refused by the ACL,
+        each with its grant); ``/healthz`` reports them and still answers 200. Empty
+        when there is none."""
