@@ -113,8 +113,8 @@ class WebSocketSettings:
         max_message_size: largest incoming message, as ``len()`` of the text (so at
             most ``MAX_FRAME_BYTES`` characters, 1 MiB); bigger closes with 1009. The
             codec then enforces ``MAX_FRAME_BYTES`` in UTF-8 bytes.
-        connect_timeout_s: seconds for TCP connect + TLS + HTTP upgrade (10 s); then
-            :class:`ConnectFailed` and backoff.
+        connect_timeout_s: seconds for TCP connect (+ the proxy's ``CONNECT``) + TLS +
+            HTTP upgrade (10 s); then :class:`ConnectFailed` and backoff.
         disconnect_timeout_s: seconds to wait for the close handshake before the TCP
             connection is dropped anyway (5 s, ``Timings.close_timeout_s``).
         receive_buffer_size: bytes per read from the TCP stream (64 KiB).
