@@ -212,6 +212,9 @@ class Sidecar(Proc):
                 p for p in (str(Path(__file__).parent / "tools"), os.environ.get("PYTHONPATH")) if p
             ),
             "DESKBRIDGE_DATA_DIR": str(self.data_dir),
+            # the test run's own proxy variables must not send a loopback hub through a
+            # proxy (an empty value counts as unset); tests/integration/test_proxy.py sets them
+            **dict.fromkeys(("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"), ""),
         }
         full_env.update(env or {})
         super().__init__(argv, full_env, tmp / f"{name}-{secrets.token_hex(3)}.log")

@@ -30,7 +30,14 @@ from ._daemon import (
     run_daemon,
 )
 from ._dedupe import DedupeCache
-from ._errors import ConnectFailed, HandshakeRejected, TokenRefused, TransportClosed
+from ._errors import (
+    ConnectFailed,
+    HandshakeRejected,
+    ProxyAuthFailed,
+    ProxyRefused,
+    TokenRefused,
+    TransportClosed,
+)
 from ._isolate import isolated
 from ._outcome import (
     BAD_ARGS,
@@ -43,6 +50,7 @@ from ._outcome import (
     Outcome,
 )
 from ._progress import PROGRESS_INTERVAL_S, Progress, ProgressUpdate
+from ._proxy import Proxy, proxy_from_env
 from ._runner import ToolRunner
 from ._session import (
     CLOCK_GAP,
@@ -114,6 +122,9 @@ __all__ = [
     "FileDesk",
     "HandshakeRejected",
     "Outcome",
+    "Proxy",
+    "ProxyAuthFailed",
+    "ProxyRefused",
     "Session",
     "SessionEnd",
     "TokenRefused",
@@ -129,6 +140,7 @@ __all__ = [
     "invoke",
     "isolated",
     "needs_approval",
+    "proxy_from_env",
     "run_daemon",
     "sidecar_url",
     "tool",

@@ -38,10 +38,19 @@ from ._catalogue import acknowledge, catalogue_at_start
 from ._consent import ApprovalDesk, file_desk
 from ._daemon_stats import DaemonStatistics
 from ._dedupe import DedupeCache
-from ._errors import ConnectFailed, HandshakeRejected, LedgerError, Superseded, TokenRefused
+from ._errors import (
+    ConnectFailed,
+    HandshakeRejected,
+    LedgerError,
+    ProxyAuthFailed,
+    ProxyRefused,
+    Superseded,
+    TokenRefused,
+)
 from ._graceful import ANSWER_FLUSH_S as ANSWER_FLUSH_S  # re-exported
 from ._graceful import give_up_gracefully
 from ._ledger import LEDGER_FILE, MAX_ENTRIES, PRUNE_INTERVAL_S, Ledger, job_keep_s
+from ._proxy import Proxy
 from ._reconnect import (
     CONNECT_FAILED,
     HEALTHY_SESSION_S,
@@ -115,6 +124,10 @@ class Daemon:
             Ignored when ``connector`` is given.
         connector: how to open sockets (default :class:`WebSocketConnector`; tests pass
             ``deskbridge_sidecar.testing.FakeHub``).
+        proxy: an HTTP proxy for the default connector (``CONNECT``; ``_proxy``), or
+            None: direct. The CLI takes it from ``HTTPS_PROXY``/``HTTP_PROXY`` and
+            ``NO_PROXY`` (:func:`~._proxy.proxy_from_env`); a daemon built in Python reads
+            no environment. Ignored when ``connector`` is given.
         websocket: trio-websocket settings for the default connector (default:
             :class:`WebSocketSettings` with ``disconnect_timeout_s`` =
             ``timings.close_timeout_s``).
@@ -154,6 +167,7 @@ class Daemon:
     wall_clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True)
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
     connector: Connector | None = attrs.field(default=None, kw_only=True)
+    proxy: Proxy | None = attrs.field(default=None, kw_only=True)
     websocket: WebSocketSettings | None = attrs.field(default=None, kw_only=True)
     random: Callable[[], float] = attrs.field(default=_random.random, kw_only=True)
     data_dir: Path | None = attrs.field(default=None, kw_only=True)
@@ -189,7 +203,9 @@ class Daemon:
             settings = self.websocket or WebSocketSettings(
                 disconnect_timeout_s=self.timings.close_timeout_s
             )
-            self.connector = WebSocketConnector(ssl_context=self.ssl_context, settings=settings)
+            self.connector = WebSocketConnector(
+                ssl_context=self.ssl_context, settings=settings, proxy=self.proxy
+            )
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect and serve, reconnecting, until stopped.
@@ -203,6 +219,8 @@ class Daemon:
 
         Raises:
             TokenRefused: the hub answered the upgrade with 401 or 403 (logged first).
+            ProxyAuthFailed: the HTTP proxy refused our credentials with 407 (logged
+                first; not retried: :class:`ProxyAuthFailed` says why).
             LedgerLocked: another sidecar process holds the ledger in ``data_dir``.
             LedgerError: the ledger cannot be created or read (a corrupt file is moved
                 aside and replaced, not raised).
@@ -216,7 +234,7 @@ class Daemon:
         if self._ran:
             raise RuntimeError("Daemon.run() was already called; create a new Daemon")
         self._ran = True
-        failure: TokenRefused | Superseded | LedgerError | None = None
+        failure: TokenRefused | ProxyAuthFailed | Superseded | LedgerError | None = None
         t = self.timings
         if self.ledger is not None:
             ledger = self.ledger
@@ -269,7 +287,7 @@ class Daemon:
                         self._daemon_id = ledger.instance_id
                         try:
                             await self._run_with_ledger(work, task_status)
-                        except (TokenRefused, Superseded) as exc:
+                        except (TokenRefused, ProxyAuthFailed, Superseded) as exc:
                             failure = exc
                     work.cancel_scope.cancel()
         finally:
@@ -283,7 +301,7 @@ class Daemon:
 
     async def _run_with_ledger(self, work: trio.Nursery, task_status: trio.TaskStatus[str]) -> None:
         """The ledger is open and loaded: write the status, prune, watch for sleep, and
-        run the connect loop (which raises TokenRefused or Superseded to stop)."""
+        run the connect loop (which raises TokenRefused, ProxyAuthFailed or Superseded to stop)."""
         assert self._runner is not None
         if self.status_file is not None:  # the ledger is ours, and so is the status
             work.start_soon(self._write_status, self.status_file)
@@ -409,7 +427,12 @@ class Daemon:
             rejected_status: int | None = None
             retry_after_s: float | None = None
             self._connect_attempts += 1
-            log.info("connecting to %s (attempt %d)", self.url, self._connect_attempts)
+            log.info(
+                "connecting to %s%s (attempt %d)",
+                self.url,
+                f" through proxy {self.proxy.label}" if self.proxy is not None else "",
+                self._connect_attempts,
+            )
             started_at = trio.current_time()
             try:
                 async with self.connector.connect(self.url, headers) as transport:
@@ -459,6 +482,12 @@ class Daemon:
                         "/v1/sidecar, which a URL without a path gets)"
                     )
                 end = self._failed(REJECTED, why, started_at)
+            except ProxyRefused as exc:
+                if exc.status_code == 407:  # credentials read once: retrying cannot help
+                    log.error("%s; not retried: fix the proxy URL and start again", exc)
+                    self._last_end = self._failed(CONNECT_FAILED, str(exc), started_at)
+                    raise ProxyAuthFailed(str(exc)) from None
+                end = self._failed(CONNECT_FAILED, str(exc), started_at)
             except ConnectFailed as exc:
                 end = self._failed(CONNECT_FAILED, str(exc), started_at)
             except Exception:  # a bug or an unmapped library error: log it, keep going

@@ -33,6 +33,36 @@ class ConnectFailed(Exception):
     """
 
 
+class ProxyRefused(ConnectFailed):
+    """The HTTP proxy answered ``CONNECT`` with a status other than 2xx.
+
+    The message names the proxy (never its password), the hub's ``host:port`` and the
+    status. 407 (credentials refused) stops the daemon (:class:`ProxyAuthFailed`);
+    every other status is retried with backoff.
+
+    Attributes:
+        status_code: the proxy's HTTP status (407, 403, 502 ...).
+    """
+
+    def __init__(self, message: str, *, status_code: int):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ProxyAuthFailed(Exception):
+    """The HTTP proxy refused our credentials (407). The proxy URL is read once at start,
+    so no retry could send others, and retrying a wrong password can lock the person's
+    account: the daemon stops (the CLI exits 2, like a refused token).
+
+    Attributes:
+        message: the refusal's line (names the proxy, never its password).
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 class HandshakeRejected(Exception):
     """The hub answered the WebSocket upgrade with an HTTP error status.
 
@@ -151,6 +181,8 @@ __all__ = [
     "LedgerFull",
     "LedgerTemporary",
     "LedgerLocked",
+    "ProxyAuthFailed",
+    "ProxyRefused",
     "Superseded",
     "TokenRefused",
     "ToolError",

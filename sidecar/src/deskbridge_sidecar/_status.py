@@ -3,9 +3,10 @@
 The running daemon rewrites a small JSON status file once a second (atomically: a temporary
 file renamed over it) in the platform's user state directory; ``status`` reads it locally,
 never over the network, and checks that the process that wrote it is still alive. Fields:
-``pid``, ``hub``, ``connected``, ``session_id``, ``since`` (Unix seconds of the current
-state), ``last_error`` (how the previous session or attempt ended), ``tools``,
-``version``, ``updated_at``.
+``pid``, ``hub``, ``proxy`` (the HTTP proxy's label, password masked; null: direct),
+``connected``, ``session_id``, ``since`` (Unix seconds of the current state),
+``last_error`` (how the previous session or attempt ended), ``tools``, ``version``,
+``updated_at``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ def _describe_end(end: Any) -> str | None:
 
 def snapshot(daemon: Any, hub: str, tools: list[str], since: float) -> dict[str, Any]:
     stats = daemon.statistics()
+    proxy = getattr(daemon, "proxy", None)
     from ._version import __version__
 
     return {
         "pid": os.getpid(),
         "version": __version__,
         "hub": hub,
+        "proxy": proxy.label if proxy is not None else None,
         "connected": stats.session_id is not None,
         "session_id": stats.session_id,
         "since": since,
@@ -134,10 +137,11 @@ def report(path: Path, *, as_json: bool = False) -> tuple[int, str]:
     assert body is not None
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(body["since"]))
     lines = [f"deskbridge-sidecar {body.get('version', '')} running (pid {body['pid']})"]
+    hub = body["hub"] + (f" through proxy {body['proxy']}" if body.get("proxy") else "")
     if body["connected"]:
-        lines.append(f"connected to {body['hub']} since {when} (session {body['session_id']})")
+        lines.append(f"connected to {hub} since {when} (session {body['session_id']})")
     else:
-        lines.append(f"NOT connected to {body['hub']} since {when}")
+        lines.append(f"NOT connected to {hub} since {when}")
     if body.get("last_error"):
         lines.append(f"last error: {body['last_error']}")
     lines.append(f"tools: {', '.join(body.get('tools') or [])}")

@@ -24,6 +24,7 @@ import trio_websocket
 from deskbridge_common import CLOSE_ABNORMAL, MAX_FRAME_BYTES
 
 from ._errors import ConnectFailed, HandshakeRejected, TransportClosed
+from ._proxy import Proxy, open_tunnel
 
 log = logging.getLogger("deskbridge.sidecar.transport")
 
@@ -112,8 +113,8 @@ class WebSocketSettings:
         max_message_size: largest incoming message, as ``len()`` of the text (so at
             most ``MAX_FRAME_BYTES`` characters, 1 MiB); bigger closes with 1009. The
             codec then enforces ``MAX_FRAME_BYTES`` in UTF-8 bytes.
-        connect_timeout_s: seconds for TCP connect + TLS + HTTP upgrade (10 s); then
-            :class:`ConnectFailed` and backoff.
+        connect_timeout_s: seconds for TCP connect (+ the proxy's ``CONNECT``) + TLS +
+            HTTP upgrade (10 s); then :class:`ConnectFailed` and backoff.
         disconnect_timeout_s: seconds to wait for the close handshake before the TCP
             connection is dropped anyway (5 s, ``Timings.close_timeout_s``).
         receive_buffer_size: bytes per read from the TCP stream (64 KiB).
@@ -172,10 +173,14 @@ class WebSocketConnector:
         ssl_context: verification for ``wss://`` (None: the system trust store). Not
             used for ``ws://``.
         settings: library settings (see :class:`WebSocketSettings`).
+        proxy: an HTTP proxy to reach the hub through (``CONNECT``, ``_proxy``), or
+            None: direct. TLS (``wss://``) runs inside the tunnel, verified against the
+            hub's host name as without a proxy.
     """
 
     ssl_context: ssl.SSLContext | None = None
     settings: WebSocketSettings = attrs.field(factory=WebSocketSettings)
+    proxy: Proxy | None = None
 
     @asynccontextmanager
     async def connect(
@@ -253,7 +258,10 @@ class WebSocketConnector:
     ) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
         try:
             with trio.fail_at(deadline):
-                tcp = await trio.open_tcp_stream(host, port)
+                if self.proxy is not None:
+                    tcp = await open_tunnel(self.proxy, host, port)
+                else:
+                    tcp = await trio.open_tcp_stream(host, port)
                 if not secure:
                     return tcp
                 context = self.ssl_context or ssl.create_default_context()
@@ -265,8 +273,9 @@ class WebSocketConnector:
                     raise
                 return tls
         except trio.TooSlowError:
+            via = f" through proxy {self.proxy.label}" if self.proxy is not None else ""
             raise ConnectFailed(
-                f"cannot connect to {host}:{port} within {self.settings.connect_timeout_s:g} s"
+                f"cannot connect to {host}:{port}{via} within {self.settings.connect_timeout_s:g} s"
             ) from None
         except trio.BrokenResourceError as exc:
             cause = exc.__cause__ or exc

@@ -23,6 +23,7 @@ import signal
 import ssl
 import sys
 import traceback
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,9 +33,10 @@ from deskbridge_common._envnames import unknown_variable_lines
 
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
-from ._errors import LedgerFull, LedgerTemporary, Superseded, TokenRefused
+from ._errors import LedgerFull, LedgerTemporary, ProxyAuthFailed, Superseded, TokenRefused
 from ._ledger import LEDGER_FILE, LedgerError, final_os_error
 from ._logformat import make_formatter
+from ._proxy import PROXY_VARIABLES, Proxy, proxy_from_env
 from ._tools import ToolRegistry
 from ._transport import sidecar_url
 from ._version import __version__
@@ -47,6 +49,10 @@ environment:
   DESKBRIDGE_HUB_URL   hub URL when --hub is not given
   DESKBRIDGE_TOKEN     token when --token is not given (preferred: arguments show in ps)
   DESKBRIDGE_DATA_DIR  directory of the job ledger when --data-dir is not given
+  HTTPS_PROXY, HTTP_PROXY, NO_PROXY (or lower case)
+                       reach a wss:// (ws://) hub through this HTTP proxy
+                       (http://[user:pass@]host:port, CONNECT), unless NO_PROXY
+                       lists the hub's host (docs/operations.md); --no-proxy: never
   DESKBRIDGE_<NAME>    timing overrides in seconds, e.g. DESKBRIDGE_PING_TIMEOUT_S=10,
                        DESKBRIDGE_BACKOFF_MAX_S=30, DESKBRIDGE_DEDUPE_TTL_S=300,
                        DESKBRIDGE_WEDGE_GAP_S=5 (any field of deskbridge_common.Timings)
@@ -55,8 +61,9 @@ exit status:
   0    stopped by SIGTERM (a running tool gets DESKBRIDGE_GRACE_S, 20 s, to finish;
        past it, or on a second signal, the hub is told in_doubt for it; a tool that
        ignores cancellation is left behind 5 s later: the process exits anyway)
-  2    usage error, the hub refused the token (HTTP 401/403), or the ledger
-       cannot be used (another sidecar holds it; directory not writable)
+  2    usage error, the hub refused the token (HTTP 401/403), the HTTP proxy
+       refused its credentials (407), or the ledger cannot be used (another
+       sidecar holds it; directory not writable)
   75   the disk (or quota) is too full to open the ledger, or another fault of the
        disk or machine (I/O error, too many open files): temporary, so a service
        manager restarts the sidecar (EX_TEMPFAIL; not 2: it is no final stop)
@@ -124,6 +131,11 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         action="store_true",
         help="run every sync tool in a separate process, so a long C call holding the "
         "GIL cannot stall the connection (a tool marked @isolated always does)",
+    )
+    run.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="connect to the hub directly, whatever HTTPS_PROXY / HTTP_PROXY say",
     )
     run.add_argument(
         "--no-sleep-notifications",
@@ -312,7 +324,7 @@ async def _serve(daemon: Daemon) -> int:
         nursery.start_soon(_stop_on_signals, daemon, stopped_by)
         try:
             await daemon.run()
-        except TokenRefused:
+        except (TokenRefused, ProxyAuthFailed):  # logged by the daemon
             status = 2
         except Superseded:
             status = EXIT_SUPERSEDED
@@ -437,6 +449,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 _CLOSERS: list[Callable[[], None]] = []
 
 
+def _route_line(url: str, proxy: Proxy | None, no_proxy_flag: bool) -> str | None:
+    """How the hub is reached, for the start line: through which proxy, or direct and
+    why; None when no proxy variable is set (nothing to say)."""
+    if proxy is not None:
+        return f"through proxy {proxy.label} ({proxy.variable})"
+    scheme = url.partition(":")[0]
+    named = [name for name in PROXY_VARIABLES.get(scheme, ()) if os.environ.get(name, "").strip()]
+    if not named:
+        return None
+    if no_proxy_flag:
+        return f"direct (--no-proxy; {named[0]} is ignored)"
+    host = urllib.parse.urlsplit(url).hostname
+    return f"direct (NO_PROXY matches {host})"
+
+
 def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namespace) -> Daemon:
     try:  # the config file and the stored token fill in what flags and variables do not
         cfg = _config.load_config(
@@ -468,6 +495,10 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
         timings = Timings.from_env()
     except ValueError as exc:
         run_parser.error(f"bad timing in the environment: {exc}")
+    try:
+        proxy = None if args.no_proxy else proxy_from_env(url, os.environ)
+    except ValueError as exc:  # names the variable, never the password
+        run_parser.error(str(exc))
     ssl_context = None
     if args.ca_file:
         if not url.startswith("wss://"):
@@ -521,12 +552,15 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or _default_data_dir()
     log.info("deskbridge-sidecar %s: tools %s", __version__, ["status", *registry.names()])
     log.debug("ledger file: %s", os.path.join(data_dir, LEDGER_FILE))
+    if (route := _route_line(url, proxy, args.no_proxy)) is not None:
+        log.info("hub connection: %s", route)
     return Daemon(
         hub,
         token,
         registry=registry,
         timings=timings,
         ssl_context=ssl_context,
+        proxy=proxy,
         data_dir=Path(data_dir),
         isolate_sync_tools=args.isolate_sync_tools,
         sleep_notifications=not args.no_sleep_notifications,
