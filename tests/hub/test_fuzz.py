@@ -52,6 +52,7 @@ from deskbridge_common import (
 )
 from deskbridge_common._codec import frame_to_dict
 from deskbridge_hub import Bridge, HubConfig, create_app
+from deskbridge_hub._inbound import FRAMES_PER_S
 from deskbridge_hub._jobs import JobEnvelope
 from deskbridge_hub._memory import MemorySubstrate
 from deskbridge_hub._session import HubState, serve_sidecar
@@ -611,9 +612,11 @@ def test_a_ping_flood_is_backpressured_and_other_users_keep_working():
     report: dict[str, Any] = {}
     _run(_flood_scenario, report)
     # bounded: socket buffer to the peer (1000) + send queue (256) + socket buffer to
-    # the hub (1000) + a few in hand; a hub that buffered without limit would take all
+    # the hub (1000) + a few in hand; a hub that buffered without limit would take all.
+    # The hub reads the peer at its inbound budget (``_inbound``): the bound is reached
+    # over seconds, not at once, and then holds until the socket is closed.
     assert report["sent_when_blocked"] <= 1000 + 256 + 1000 + 10
-    assert report["sent"] == report["sent_when_blocked"]  # and it stays blocked
+    assert report["sent"] <= 1000 + 256 + 1000 + 10
 
 
 def test_a_flooding_sidecar_that_never_reads_is_dropped_by_the_ping_deadline():
@@ -621,4 +624,7 @@ def test_a_flooding_sidecar_that_never_reads_is_dropped_by_the_ping_deadline():
     _run(_flood_scenario, report)
     t = Timings()
     assert report["close_code"] == 4002
-    assert report["closed_after_s"] <= t.ping_interval_s + t.ping_timeout_s + 1
+    # plus the time the inbound budget takes to read enough pings to fill the send queue
+    # and the peer's buffer with pongs
+    fill_s = (1000 + 256) / FRAMES_PER_S
+    assert report["closed_after_s"] <= t.ping_interval_s + t.ping_timeout_s + fill_s + 1

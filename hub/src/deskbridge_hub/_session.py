@@ -60,6 +60,7 @@ from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
 from ._handshake import handshake
+from ._inbound import InboundBudget
 from ._logging import fields
 from ._peer_noise import LogBudget
 from ._presence import PresenceKeeper
@@ -130,6 +131,9 @@ class HubSession(SessionTimers):
     _end_note: tuple[int | None, str] | None = None
     #: lines about the peer's refused or ignored frames (``_peer_noise``)
     _noise: LogBudget = attrs.field(factory=LogBudget)
+    #: how fast the peer's messages are read (``_inbound``: a flooder slows only itself)
+    _inbound: InboundBudget = attrs.field(factory=InboundBudget)
+    _inbound_wait_s: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -357,6 +361,7 @@ class HubSession(SessionTimers):
         """
         raw = await self.socket.receive()
         self._heard_s = trio.current_time()  # any message proves the peer alive (pings)
+        self._inbound_wait_s = self._inbound.charge(self._heard_s, len(raw))
         try:
             return self._conn.receive(raw)
         except RemoteProtocolError as exc:
@@ -418,6 +423,8 @@ class HubSession(SessionTimers):
         while True:
             for event in await self._receive():
                 await self._route(event)
+            if self._inbound_wait_s > 0.0:  # over its budget: the peer's sends wait
+                await trio.sleep(self._inbound_wait_s)
 
     async def _route(self, event: Event) -> None:
         if isinstance(event, JobResult):

@@ -1,0 +1,62 @@
+"""One sidecar cannot make its hub process parse frames as fast as it can send them
+(``_inbound``): a session reads its peer's messages within a budget and, past it, stops
+reading for a while (TCP backpressure on the peer, nothing dropped). Found by fault
+injection: one user's raw client sending ~4,400 bogus ``job_result`` frames a second took
+~30 % of a hub core and another user's echo p50 from 88 to 220 ms."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from deskbridge_common import Hello, JobResult, Timings, Welcome
+from deskbridge_hub import Bridge
+from deskbridge_hub._inbound import BURST, FRAMES_PER_S, InboundBudget
+from deskbridge_hub._memory import MemorySubstrate
+from deskbridge_hub._session import HubState, serve_sidecar
+from deskbridge_hub.testing import socket_pair
+
+from tests.hub.test_peer_noise import _pong, _wall
+
+
+def test_the_budget_lets_a_burst_through_then_paces_to_its_rate():
+    budget = InboundBudget(frames_per_s=100, burst=5, bytes_per_s=1_000, bytes_burst=10_000)
+    assert [budget.charge(0.0, 10) for _ in range(5)] == [0.0] * 5
+    assert budget.charge(0.0, 10) == 0.01  # one frame over: 1/100 s
+    assert budget.charge(0.01, 10) == 0.01  # refilled one, spent one: still one over
+    assert budget.charge(10.0, 10) == 0.0  # refilled to the burst, not past it
+    assert budget.charge(10.0, 10_500) == 0.51  # bytes: 510 over at 1,000 a second
+
+
+def test_a_legit_sidecars_busiest_moment_is_within_the_burst():
+    """32 jobs in flight answered at once (a redelivery answered from the ledger), each
+    with a progress frame and 1 MiB of result: not paced."""
+    budget = InboundBudget()
+    assert all(budget.charge(0.0, 2**20) == 0.0 for _ in range(32))
+    assert all(budget.charge(0.0, 200) == 0.0 for _ in range(32))
+
+
+async def test_a_flooding_sidecar_is_read_at_its_budget(autojump_clock):
+    state = HubState(
+        substrate=MemorySubstrate(clock=_wall), timings=Timings(), consumer="hub-1",
+        wall_clock=_wall,
+    )  # fmt: skip
+    bridge = Bridge(state.substrate, state.timings, wall_clock=_wall)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.reader.run)
+        peers = {}
+        for user in ("evil", "good"):
+            hub_side, peer = socket_pair(buffer=100)
+            nursery.start_soon(serve_sidecar, state, hub_side, user)
+            await peer.send(Hello(protocol_version=1, sidecar_version="t"))
+            assert isinstance(await peer.receive(), Welcome)
+            peers[user] = peer
+        nursery.start_soon(_pong, peers["evil"])
+        frames = 3 * BURST
+        start = trio.current_time()
+        for i in range(frames):  # blocks once the hub stops reading and the buffer is full
+            await peers["evil"].send(JobResult(f"never-{i}", True, 1))
+        took_s = trio.current_time() - start
+        # the hub read the burst at once, then FRAMES_PER_S a second; 100 in the buffer
+        assert took_s >= (frames - BURST - 100 - 1) / FRAMES_PER_S, took_s
+        del bridge
+        nursery.cancel_scope.cancel()
