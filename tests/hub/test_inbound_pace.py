@@ -16,6 +16,7 @@ from deskbridge_hub._session import HubState, serve_sidecar
 from deskbridge_hub.testing import socket_pair
 
 from tests.hub.test_peer_noise import _pong, _wall
+from tests.hub.test_session import answer_jobs, connect, make_state, wall
 
 
 def test_the_budget_lets_a_burst_through_then_paces_to_its_rate():
@@ -27,12 +28,23 @@ def test_the_budget_lets_a_burst_through_then_paces_to_its_rate():
     assert budget.charge(10.0, 10_500) == 0.51  # bytes: 510 over at 1,000 a second
 
 
-def test_a_legit_sidecars_busiest_moment_is_within_the_burst():
-    """32 jobs in flight answered at once (a redelivery answered from the ledger), each
-    with a progress frame and 1 MiB of result: not paced."""
-    budget = InboundBudget()
-    assert all(budget.charge(0.0, 2**20) == 0.0 for _ in range(32))
-    assert all(budget.charge(0.0, 200) == 0.0 for _ in range(32))
+async def test_answers_to_the_hubs_deliveries_are_never_paced(autojump_clock):
+    """A desktop answering jobs as fast as callers send them (the compare bench's 1x64
+    shape: ~1,300 jobs a second through one socket) is not held to the budget: its
+    answers are bounded by what the hub sends. Charging every message had paced it to
+    FRAMES_PER_S (768 answers took seconds)."""
+    state = make_state()
+    bridge = Bridge(state.substrate, state.timings, wall_clock=wall)
+    async with trio.open_nursery() as nursery:
+        peer, _ = await connect(nursery, state)
+        nursery.start_soon(answer_jobs, peer, [])
+        start = trio.current_time()
+        for wave in range(12):  # 64 callers at a time, under the queue's bound
+            async with trio.open_nursery() as callers:
+                for n in range(64):
+                    callers.start_soon(bridge.dispatch, "u1", "echo", {"n": wave * 64 + n})
+        assert trio.current_time() - start < 0.5
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_flooding_sidecar_is_read_at_its_budget(autojump_clock):
@@ -57,6 +69,6 @@ async def test_a_flooding_sidecar_is_read_at_its_budget(autojump_clock):
             await peers["evil"].send(JobResult(f"never-{i}", True, 1))
         took_s = trio.current_time() - start
         # the hub read the burst at once, then FRAMES_PER_S a second; 100 in the buffer
-        assert took_s >= (frames - BURST - 100 - 1) / FRAMES_PER_S, took_s
+        assert took_s >= (frames - BURST - 100 - 2) / FRAMES_PER_S, took_s
         del bridge
         nursery.cancel_scope.cancel()

@@ -3,12 +3,14 @@
 A socket's peer decides how much it sends; every message costs the process that serves it
 CPU (a read, a JSON parse, a route), shared by every user of that process. Found by fault
 injection: one user's raw client sending ~4,400 bogus ``job_result`` frames a second took
-~30 % of a hub core and another user's echo p50 from 88 to 220 ms. A session now reads its
-peer within an :class:`InboundBudget` (a token bucket on messages and on characters) and,
-past it, waits before reading the next message: the peer's sends block on TCP (nothing is
-dropped, no close), so a flooder slows only itself. A sidecar runs one tool at a time and
-sends at most one progress frame per 0.2 s per job, so its busiest moment (32 deliveries
-answered at once from its ledger, each with up to 1 MiB of result) fits in the burst.
+~30 % of a hub core and another user's echo p50 from 88 to 220 ms. A session now reads
+its peer's messages of its own initiative (anything but the answer to a delivery the hub
+sent: those are bounded by what the hub sends, 32 in flight) within an
+:class:`InboundBudget` (a token bucket on messages and on characters) and, past it, waits
+before reading the next message: the peer's sends block on TCP (nothing is dropped, no
+close), so a flooder slows only itself. A sidecar's own messages are pings (one every
+``ping_interval_s``), pongs, progress (at most one per 0.2 s per job, one tool at a time),
+``sleeping`` and ``error``: far inside the budget, whatever the rate of its jobs.
 Pure (no I/O): the session asks how long to wait and sleeps.
 """
 
@@ -16,15 +18,14 @@ from __future__ import annotations
 
 import attrs
 
-#: Messages a second a session reads from its peer past the burst.
+#: Messages of its own initiative a second a session reads from its peer past the burst.
 FRAMES_PER_S = 200.0
 #: Messages read at once before the rate applies (also the most a quiet peer saves up).
 BURST = 400
-#: Characters a second a session reads from its peer past the burst (4 MiB).
-BYTES_PER_S = 4.0 * 2**20
-#: Characters read at once before that rate applies (48 MiB: 32 results of 1 MiB and
-#: their envelopes and progress, with room).
-BYTES_BURST = 48.0 * 2**20
+#: Characters a second a session reads from its peer past the burst (1 MiB).
+BYTES_PER_S = 1.0 * 2**20
+#: Characters read at once before that rate applies (8 MiB).
+BYTES_BURST = 8.0 * 2**20
 
 
 @attrs.define

@@ -133,7 +133,7 @@ class HubSession(SessionTimers):
     _noise: LogBudget = attrs.field(factory=LogBudget)
     #: how fast the peer's messages are read (``_inbound``: a flooder slows only itself)
     _inbound: InboundBudget = attrs.field(factory=InboundBudget)
-    _inbound_wait_s: float = 0.0
+    _last_size: int = 0
 
     def __attrs_post_init__(self) -> None:
         self.session_id = self.session_id or self.state.new_session_id()
@@ -361,7 +361,7 @@ class HubSession(SessionTimers):
         """
         raw = await self.socket.receive()
         self._heard_s = trio.current_time()  # any message proves the peer alive (pings)
-        self._inbound_wait_s = self._inbound.charge(self._heard_s, len(raw))
+        self._last_size = len(raw)
         try:
             return self._conn.receive(raw)
         except RemoteProtocolError as exc:
@@ -421,18 +421,24 @@ class HubSession(SessionTimers):
 
     async def _reader(self) -> None:
         while True:
+            answered = False
             for event in await self._receive():
-                await self._route(event)
-            if self._inbound_wait_s > 0.0:  # over its budget: the peer's sends wait
-                await trio.sleep(self._inbound_wait_s)
+                answered |= await self._route(event)
+            if not answered:  # the peer's own initiative: within its budget (_inbound)
+                wait_s = self._inbound.charge(trio.current_time(), self._last_size)
+                if wait_s > 0.0:  # over it: the peer's sends wait on TCP
+                    await trio.sleep(wait_s)
 
-    async def _route(self, event: Event) -> None:
+    async def _route(self, event: Event) -> bool:
+        """Act on one event of the peer's; True when it answered a delivery the hub sent
+        (so its cost is bounded by what the hub sends, not charged to the peer's budget)."""
         if isinstance(event, JobResult):
             delivery = self.deliveries.get(event.id)
             if delivery is None:  # its serving task is gone (cancelled): nobody waits
                 self._refused(event, "its delivery is no longer awaited")
-                return
+                return False
             delivery.answer(event)
+            return True
         elif isinstance(event, Progress):
             delivery = self.deliveries.get(event.id)
             if delivery is not None:
@@ -455,6 +461,7 @@ class HubSession(SessionTimers):
                 self._refused(event.frame, event.reason)
             else:
                 self._noisy(logging.INFO, "%s ignored: %s", event.frame.type, event.reason)
+        return False
 
     def _refused(self, result: JobResult, why: str) -> None:
         self._noisy(
