@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.what == "user":
         print(user_text(body))
     else:
-        print(table([[k, _cell(v)] for k, v in body.items()], ["field", "value"]))
+        print(job_text(body))
     return 0
 
 
@@ -214,6 +214,16 @@ def _user_state(body: dict[str, Any]) -> str:
             "week (the directory's memory): check the user id"
         )
     return f"{state} (since when is not known)"
+
+
+def job_text(body: dict[str, Any]) -> str:
+    """``GET /v1/jobs/{job_id}`` as a field/value table; ``at`` (a Unix time) in UTC, as
+    ``desktops`` and ``user`` print times."""
+    rows = [
+        [k, f"{_when(v)} UTC" if k == "at" and isinstance(v, int | float) else _cell(v)]
+        for k, v in body.items()
+    ]
+    return table(rows, ["field", "value"])
 
 
 def user_text(body: dict[str, Any]) -> str:
