@@ -150,3 +150,18 @@ def test_ctrl_c_while_call_waits_is_one_line_not_a_traceback():
     assert len(lines) == 1, lines
     assert lines[0].startswith("deskbridge-hub call: interrupted")
     assert "job may still run" in lines[0] and "--idempotency-key" in lines[0]
+
+
+def test_inspect_refused_for_want_of_a_key_says_the_key_is_not_set(
+    monkeypatch, capsys, fake_hub  # noqa: F811
+):
+    # a newcomer pass: ``call`` says "DESKBRIDGE_API_KEY is not set" after a 401 sent
+    # without a key; ``inspect`` printed the 401 alone
+    hub, _, replies = fake_hub
+    replies.append((401, b'{"error": {"code": "unauthorized", "message": "missing key"}}'))
+    monkeypatch.delenv("DESKBRIDGE_API_KEY", raising=False)
+    assert cli.main(["inspect", "desktops", "--hub", hub]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "deskbridge-hub inspect: 401 unauthorized: missing key",
+        "deskbridge-hub inspect: DESKBRIDGE_API_KEY is not set",
+    ]

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             f"{error.get('message', body)}",
             file=sys.stderr,
         )
+        if status == 401 and not first_api_key():  # as ``call`` says it
+            print("deskbridge-hub inspect: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(body, indent=2))
@@ -122,9 +124,15 @@ def unreachable_reason(exc: object) -> str:
     return getattr(reason, "strerror", None) or str(reason)
 
 
+def first_api_key() -> str:
+    """The first key of ``$DESKBRIDGE_API_KEY`` ("" when unset), which ``call`` and
+    ``inspect`` send."""
+    return os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+
+
 def _get(hub: str, path: str) -> tuple[int | None, Any]:
     req = urllib.request.Request(hub.rstrip("/") + path)
-    key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+    key = first_api_key()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     try:

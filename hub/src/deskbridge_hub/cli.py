@@ -254,7 +254,7 @@ def _call(args: argparse.Namespace) -> int:
     url = f"{args.hub.rstrip('/')}/v1/users/{urllib.parse.quote(args.user_id, safe='')}/jobs"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
-    key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+    key = _inspect_cli.first_api_key()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     wait_s = (args.timeout_s or 90.0) + 10.0
