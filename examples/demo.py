@@ -89,7 +89,14 @@ async def _main() -> int:
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.monotonic()
-    code = trio.run(_main)
+    interrupted = False
+    try:
+        code = trio.run(_main)
+    except* KeyboardInterrupt:  # Ctrl-C (trio wraps it in groups): one line, exit 130
+        interrupted = True
+    if interrupted:
+        print("interrupted", file=sys.stderr)
+        return 130
     print(f"total {time.monotonic() - started:.1f} s")
     return code
 

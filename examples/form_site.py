@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -39,13 +40,25 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8123)
     port = parser.parse_args().port
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    except OSError as exc:  # the port is taken: one line, not a traceback
+        print(f"form_site: cannot listen on 127.0.0.1:{port}: {exc.strerror}", file=sys.stderr)
+        return 2
     print(f"form at http://127.0.0.1:{port}/form", flush=True)
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # Ctrl-C: one line, exit 130 (as the hub and the sidecar)
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        server.server_close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -38,6 +38,17 @@ def test_presence_ttl_must_outlive_the_heartbeat():
         Timings.from_env({"DESKBRIDGE_PRESENCE_TTL_S": "25"})  # heartbeat stays 30
 
 
+def test_a_heartbeat_past_the_presence_ttl_names_the_heartbeat_variable_too():
+    """A newcomer pass: DESKBRIDGE_HEARTBEAT_S=1000 alone was refused as
+    "DESKBRIDGE_PRESENCE_TTL_S: ...", a variable nobody had set; the ordering names both."""
+    with pytest.raises(ValueError) as refused:
+        Timings.from_env({"DESKBRIDGE_HEARTBEAT_S": "1000"})
+    assert str(refused.value).startswith(
+        "DESKBRIDGE_PRESENCE_TTL_S and DESKBRIDGE_HEARTBEAT_S: presence_ttl_s (90) must "
+        "exceed heartbeat_s (1000)"
+    )
+
+
 @pytest.mark.parametrize("name", ["grace_s", "heartbeat_s", "result_ttl_s", "ping_timeout_s"])
 def test_an_infinite_timing_is_refused_with_its_variable_named(name):
     """DESKBRIDGE_GRACE_S=inf started a hub whose drain never gave up (a newcomer pass):

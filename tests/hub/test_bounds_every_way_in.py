@@ -24,14 +24,17 @@ from tests.hub.test_session import wall
 
 @pytest.fixture
 def fake_hub() -> Iterator[tuple[str, list[bytes], list[tuple[int, bytes]]]]:
-    """A hub stand-in: records each POST body, answers what the test put in ``replies``
-    (default: 500)."""
+    """A hub stand-in: records each POST body, answers each POST and GET with what the
+    test put in ``replies`` (default: 500)."""
     seen: list[bytes] = []
     replies: list[tuple[int, bytes]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.do_GET()
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             status, body = replies.pop(0) if replies else (500, b"{}")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -120,3 +120,58 @@ def test_a_reader_that_leaves_early_is_no_traceback():
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
     assert proc.returncode == 1
+
+
+def test_ctrl_c_while_call_waits_is_one_line_not_a_traceback():
+    """A newcomer pass: Ctrl-C on ``deskbridge-hub call`` waiting for a long tool printed
+    urllib's KeyboardInterrupt traceback (40 lines). Now one line saying what became of
+    the call, exit 130 (as the sidecar's Ctrl-C)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hub = Path(sys.executable).parent / "deskbridge-hub"
+    with socket.socket() as listening:  # a hub that takes the request and never answers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        listening.settimeout(60)
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        env = {**os.environ, "DESKBRIDGE_API_KEY": "k"}
+        proc = subprocess.Popen(
+            [str(hub), "call", "alice", "sleep", "--args", '{"seconds": 30}', "--hub", url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            conn, _ = listening.accept()  # the call is on its way: it waits for the answer
+            with conn:
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait(10)
+    assert b"Traceback" not in err, err.decode()
+    assert proc.returncode == 130
+    assert out == b""
+    lines = err.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("deskbridge-hub call: interrupted")
+    assert "job may still run" in lines[0] and "--idempotency-key" in lines[0]
+
+
+def test_inspect_refused_for_want_of_a_key_says_the_key_is_not_set(
+    monkeypatch, capsys, fake_hub  # noqa: F811
+):
+    # a newcomer pass: ``call`` says "DESKBRIDGE_API_KEY is not set" after a 401 sent
+    # without a key; ``inspect`` printed the 401 alone
+    hub, _, replies = fake_hub
+    replies.append((401, b'{"error": {"code": "unauthorized", "message": "missing key"}}'))
+    monkeypatch.delenv("DESKBRIDGE_API_KEY", raising=False)
+    assert cli.main(["inspect", "desktops", "--hub", hub]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "deskbridge-hub inspect: 401 unauthorized: missing key",
+        "deskbridge-hub inspect: DESKBRIDGE_API_KEY is not set",
+    ]

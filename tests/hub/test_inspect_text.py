@@ -66,3 +66,14 @@ def test_a_user_no_sidecar_ever_connected_as_is_said_to_be_never_seen():
     assert state == "state       offline (since when is not known)", state
     state = user_text({**never, "since": 0.0, "ended_at": 0.0}).split("\n")[1]
     assert state == "state       offline since 1970-01-01 00:00:00 UTC", state
+
+
+def test_a_job_page_shows_its_time_in_utc_not_as_a_unix_number():
+    # a newcomer pass: ``inspect job J`` printed "at 1796442411.614957" while ``desktops``
+    # and ``user`` print UTC times
+    from deskbridge_hub._inspect_cli import job_text
+
+    body = {"job_id": "j", "stage": "delivered", "user_id": "alice", "at": 1796442411.6}
+    rows = dict(line.split(None, 1) for line in job_text(body).split("\n")[1:])
+    assert rows["at"] == "2026-12-05 03:46:51 UTC"
+    assert rows["stage"] == "delivered"

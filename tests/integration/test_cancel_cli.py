@@ -42,6 +42,8 @@ def test_cancel_ends_a_running_job_and_says_what_it_found(tmp_path: Path) -> Non
         )
         refused = cancel(hub, job_id, key="wrong-key")
         assert refused.returncode == 1 and "401" in refused.stderr, refused
+        keyless = cancel(hub, job_id, key="")
+        assert keyless.returncode == 1 and "DESKBRIDGE_API_KEY is not set" in keyless.stderr
         out = cancel(hub, job_id)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"{job_id}: cancel requested (stage delivered)"

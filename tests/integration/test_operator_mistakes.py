@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import BIN, REDIS_URL, SECRET, Proc, RedisServer, free_port, running, wait_until
+from tests.procs import (
+    BIN,
+    REDIS_URL,
+    SECRET,
+    Hub,
+    Proc,
+    RedisServer,
+    free_port,
+    running,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -246,6 +256,28 @@ def test_bind_port_in_use_prints_one_line() -> None:
     assert "Traceback" not in done.stderr + done.stdout
     assert f"deskbridge-hub serve: cannot listen on 127.0.0.1:{port}: Address already in use" in (
         done.stderr
+    )
+
+
+def test_a_second_hub_on_a_port_a_two_worker_hub_serves_is_refused(tmp_path: Path) -> None:
+    """A newcomer pass: ``serve --workers 2`` bound its socket with SO_REUSEPORT
+    (Hypercorn's ``create_sockets`` does for workers > 1), so a second ``serve --workers
+    2`` on the same port started without a word and the kernel shared the connections
+    between the two hubs (each with its own secret, Redis, code version)."""
+    first = Hub(tmp_path, workers=2)
+    with running(first):
+        first.wait_healthy()
+        done = _run(
+            [str(BIN / "deskbridge-hub"), "serve", "--bind", f"127.0.0.1:{first.port}",
+             "--workers", "2"],
+            _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=REDIS_URL),
+        )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert "Running on" not in out, out
+    assert done.returncode == 2, out
+    assert (
+        f"deskbridge-hub serve: cannot listen on 127.0.0.1:{first.port}: Address already in use"
+        in done.stderr
     )
 
 

@@ -233,6 +233,23 @@ def test_sidecar_url_refuses(bad):
         sidecar_url(bad)
 
 
+def test_sidecar_url_names_every_scheme_it_takes():
+    # a newcomer pass: http:// is taken, but the refusal said "must start with ws:// or
+    # wss://" only
+    with pytest.raises(ValueError, match=r"ws://, wss://, http:// or https://, got 'ftp://h'"):
+        sidecar_url("ftp://h")
+
+
+@pytest.mark.parametrize("url", ["ws://user:pw@h:8080", "wss://token@hub.example"])
+def test_sidecar_url_refuses_credentials_in_it(url):
+    """A newcomer pass: ``ws://user:pw@host`` connected (the token authenticates; the
+    user and password were sent nowhere) and logged the password in every "connecting
+    to" line and the status file."""
+    with pytest.raises(ValueError, match="user name or password") as refused:
+        sidecar_url(url)
+    assert "pw" not in str(refused.value) and "token@" not in str(refused.value)
+
+
 def test_outcome_reply_uses_the_given_id():
     reply = decode_frame(encode_frame(Outcome.success({"a": 1}).reply("d-9")))
     assert (reply.id, reply.ok, reply.result, reply.error) == ("d-9", True, {"a": 1}, None)

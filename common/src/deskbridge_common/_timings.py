@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -122,7 +123,15 @@ class Timings:
             # Each value was parsed by its field's own type (int or float) just above.
             return cls(**values)  # type: ignore[arg-type]
         except ValueError as exc:
-            raise ValueError(f"DESKBRIDGE_{str(exc).upper().split(' ', 1)[0]}: {exc}") from None
+            # every field the message names (the ordering check names two: a variable
+            # nobody set was blamed alone when the heartbeat was the one raised)
+            named = sorted(
+                (m.start(), "DESKBRIDGE_" + f.name.upper())
+                for f in attrs.fields(cls)
+                if (m := re.search(rf"\b{f.name}\b", str(exc)))
+            )
+            prefix = " and ".join(var for _, var in named) or "DESKBRIDGE_<TIMING>"
+            raise ValueError(f"{prefix}: {exc}") from None
 
     def env_names(self) -> dict[str, str]:
         """Map each field name to its environment variable name."""

@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from ._cli_args import hub_url_problem
-from ._inspect_cli import request_json, unreachable_reason
+from ._inspect_cli import first_api_key, request_json, unreachable_reason
 from ._validate import validate_job_id
 
 #: Exit statuses (also in ``cancel --help`` and docs/operations.md).
@@ -81,4 +81,6 @@ def run(args: argparse.Namespace) -> int:
         f"deskbridge-hub cancel: {status} {error.get('code', '')}: {error.get('message', body)}",
         file=sys.stderr,
     )
+    if status == 401 and not first_api_key():  # as ``call`` and ``inspect`` say it
+        print("deskbridge-hub cancel: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
     return EXIT_UNKNOWN if status == 404 else EXIT_FAILED

@@ -36,8 +36,10 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
+import trio
 from deskbridge_common import _codes
 from quart import Response
 from quart_trio import QuartTrio
@@ -51,6 +53,11 @@ from ._validate import validate_key
 MAX_EVENT_STREAMS_PER_USER = 32
 #: ``Retry-After`` of the 429, seconds.
 RETRY_AFTER_S = 5
+#: Seconds of silence after which a stream sends an SSE comment line (``: keep-alive``),
+#: which clients skip: a job running without progress reports otherwise sent nothing
+#: until its outcome, and a proxy's read timeout (nginx: 60 s) cut the stream. 15 s as
+#: the MCP SDK's SSE ping.
+KEEPALIVE_S = 15.0
 
 
 class _Streams:
@@ -131,11 +138,20 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
 
         async def events() -> AsyncIterator[bytes]:
             ttl_s = bridge.timings.result_ttl_s
+            said_at = trio.current_time()
             try:
-                async for kind, data in watch(substrate, job_id, ttl_s=ttl_s, is_over=is_over):
-                    yield _event(kind, data)
-                    if kind == "outcome":
-                        return
+                # closed when the outcome returns early (else a ResourceWarning at GC)
+                async with aclosing(watch(substrate, job_id, ttl_s=ttl_s, is_over=is_over)) as seen:
+                    async for kind, data in seen:
+                        if kind == "idle":
+                            if trio.current_time() - said_at < KEEPALIVE_S:
+                                continue
+                            yield b": keep-alive\n\n"
+                        else:
+                            yield _event(kind, data)
+                        said_at = trio.current_time()
+                        if kind == "outcome":
+                            return
                 # answered before the stream opened (maybe a moment before, on another
                 # replica): its answer, as every other reader gets it, when still kept
                 try:

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             f"{error.get('message', body)}",
             file=sys.stderr,
         )
+        if status == 401 and not first_api_key():  # as ``call`` says it
+            print("deskbridge-hub inspect: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(body, indent=2))
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.what == "user":
         print(user_text(body))
     else:
-        print(table([[k, _cell(v)] for k, v in body.items()], ["field", "value"]))
+        print(job_text(body))
     return 0
 
 
@@ -122,12 +124,18 @@ def unreachable_reason(exc: object) -> str:
     return getattr(reason, "strerror", None) or str(reason)
 
 
+def first_api_key() -> str:
+    """The first key of ``$DESKBRIDGE_API_KEY`` ("" when unset), which ``call``,
+    ``inspect`` and ``cancel`` send."""
+    return os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+
+
 def request_json(hub: str, path: str, method: str = "GET") -> tuple[int | None, Any]:
     """``method`` ``hub`` + ``path`` with the first key of ``$DESKBRIDGE_API_KEY``:
     (HTTP status, the JSON answer), or (None, the exception) when the hub could not be
     reached or answered no JSON (a 30 s bound on the whole request)."""
     req = urllib.request.Request(hub.rstrip("/") + path, method=method)
-    key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+    key = first_api_key()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     try:
@@ -217,6 +225,16 @@ def _user_state(body: dict[str, Any]) -> str:
             "week (the directory's memory): check the user id"
         )
     return f"{state} (since when is not known)"
+
+
+def job_text(body: dict[str, Any]) -> str:
+    """``GET /v1/jobs/{job_id}`` as a field/value table; ``at`` (a Unix time) in UTC, as
+    ``desktops`` and ``user`` print times."""
+    rows = [
+        [k, f"{_when(v)} UTC" if k == "at" and isinstance(v, int | float) else _cell(v)]
+        for k, v in body.items()
+    ]
+    return table(rows, ["field", "value"])
 
 
 def user_text(body: dict[str, Any]) -> str:

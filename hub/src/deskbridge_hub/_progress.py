@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -113,8 +113,9 @@ class ProgressRelay:
 
 async def watch(
     substrate: Substrate, job_id: str, *, ttl_s: float, is_over: Callable[[], Awaitable[bool]]
-) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """The events of one job: ``("progress", report)`` ..., then ``("outcome", payload)``.
+) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+    """The events of one job: ``("progress", report)`` ..., then ``("outcome", payload)``;
+    ``("idle", {})`` after each block (:data:`WATCH_BLOCK_MS`) that brought nothing.
 
     Opens the job's progress stream first (an entry :data:`WATCHING`), so the outcome is
     appended to it when the result is published.
@@ -134,8 +135,10 @@ async def watch(
     after = "0"
     while True:
         entries = await substrate.read_progress(job_id, after, block_ms=WATCH_BLOCK_MS)
-        if not entries and await is_over():
-            return
+        if not entries:
+            if await is_over():
+                return
+            yield "idle", {}
         for entry_id, payload in entries:
             after = entry_id
             try:

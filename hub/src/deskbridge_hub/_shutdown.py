@@ -221,7 +221,7 @@ async def drain_on_sigterm(
     Must run in the main thread's trio run (Hypercorn worker processes do).
     """
     send, receive = trio.open_memory_channel[_Request](math.inf)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with _bare_cancel(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as watchers:
             watchers.start_soon(_pass_signals, signals, send.clone())
             if _supervisor_pipe is not None:
@@ -240,6 +240,27 @@ async def drain_on_sigterm(
                 nursery.cancel_scope.cancel()
             exit_process()
             watchers.cancel_scope.cancel()  # exit_process returned: a test's
+
+
+@contextlib.contextmanager
+def _bare_cancel() -> Iterator[None]:
+    """Re-raise a group holding only ``trio.Cancelled`` as its first ``Cancelled``.
+
+    Stopped from outside (a bare ``hypercorn -w 1`` on Ctrl-C cancels the app's tasks),
+    the watcher's nursery raised a group of ``Cancelled``, and quart-trio's background
+    task wrapper logs any exception group as an error: 60 lines of tracebacks on every
+    such stop. A bare ``Cancelled`` passes that wrapper to its cancel scope.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        cancelled, rest = group.split(trio.Cancelled)
+        if rest is not None or cancelled is None:
+            raise
+        first: BaseException = cancelled
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 async def _pass_signals(

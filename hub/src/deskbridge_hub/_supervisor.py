@@ -34,6 +34,7 @@ Here one operator action is one drain in every worker:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import multiprocessing
 import os
@@ -147,7 +148,7 @@ def run(config: Config, workers: int, grace_s: float) -> int:
     # our SIG_IGN of the start (below) and was lost; the workers were never asked to
     # drain. Started here, before any of that, it is already running at each start.
     resource_tracker.ensure_running()
-    sockets = config.create_sockets()
+    sockets = listening_sockets(config)
     wake_r, wake_w = socket.socketpair()
     wake_r.setblocking(False)
     wake_w.setblocking(False)
@@ -291,6 +292,23 @@ def run(config: Config, workers: int, grace_s: float) -> int:
 def _note(signum: int, frame: Any) -> None:
     """The Python-level handler: the signal number reaches the loop through the wakeup
     fd (``signal.set_wakeup_fd``); nothing to do here."""
+
+
+def listening_sockets(config: Config) -> Sockets:
+    """Bind ``config``'s addresses once, for every worker to inherit, without SO_REUSEPORT.
+
+    Hypercorn's ``create_sockets`` sets SO_REUSEPORT when ``config.workers`` > 1 (for its
+    own workers, which do not need it either: they inherit the one bound socket). With it
+    a second ``serve --workers N`` on the same port started without a word and the kernel
+    shared the connections between the two hubs; without it that bind fails with
+    "Address already in use", as for ``--workers 1``.
+
+    Raises:
+        OSError: an address could not be bound (in use, a host that does not resolve).
+    """
+    single = copy.copy(config)
+    single.workers = 1
+    return single.create_sockets()
 
 
 def _received(wake: socket.socket) -> list[int]:

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         help="call a tool on a user's desktop through a running hub's HTTP API",
         description="POST /v1/users/USER_ID/jobs on a running hub and print the JSON answer, "
         "authenticated with the first key of $DESKBRIDGE_API_KEY. "
-        "Exit 0 when completed, 1 for any other outcome, 2 for usage errors.",
+        "Exit 0 when completed, 1 for any other outcome, 2 for usage errors, 130 on Ctrl-C.",
     )
     c.add_argument("user_id", metavar="USER_ID")
     c.add_argument("tool", metavar="TOOL", type=checked(validate_tool_name))
@@ -165,6 +165,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The Python docs' recipe: stdout to devnull, so the flush at exit is quiet too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, not urllib's traceback; 130 as a shell
+        print(f"deskbridge-hub {args.command}: interrupted{_left_behind(args)}", file=sys.stderr)
+        return 130
+
+
+def _left_behind(args: argparse.Namespace) -> str:
+    """What a Ctrl-C leaves behind, said after "interrupted": a job the hub took runs to
+    its outcome when its HTTP caller goes away (docs/architecture.md)."""
+    if args.command != "call":
+        return ""
+    if args.idempotency_key is not None:
+        return (
+            "; if the hub had the call, its job may still run: retry with the same "
+            "--idempotency-key to get its outcome without a second run"
+        )
+    return (
+        "; if the hub had the call, its job may still run (`deskbridge-hub inspect user "
+        f"{args.user_id}` lists pending jobs); --idempotency-key makes a retry safe"
+    )
 
 
 #: Most ``serve --workers``: each worker is a process with its own Redis connections
@@ -239,7 +258,7 @@ def _call(args: argparse.Namespace) -> int:
     url = f"{args.hub.rstrip('/')}/v1/users/{urllib.parse.quote(args.user_id, safe='')}/jobs"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
-    key = os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
+    key = _inspect_cli.first_api_key()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     wait_s = (args.timeout_s or 90.0) + 10.0

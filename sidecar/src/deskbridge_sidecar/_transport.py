@@ -82,18 +82,28 @@ def sidecar_url(hub_url: str) -> str:
 
     Raises:
         ValueError: not a ws/wss/http/https URL, no host, a port that is not a number in
-            1-65535, or an unclosed ``[`` (the message quotes the URL).
+            1-65535, an unclosed ``[`` (the message quotes the URL), or a user name or
+            password in it (quoted without them).
     """
     try:
         parts = urllib.parse.urlsplit(hub_url.strip())
-        port = parts.port  # ValueError: not a number, or out of 0-65535
+        credentials = "@" in parts.netloc
+        port = None if credentials else parts.port  # ValueError: not a number, not 0-65535
     except ValueError as exc:
         raise ValueError(f"hub URL {hub_url!r}: {exc}") from None
+    if credentials:  # said without them: every later message quotes the URL
+        bare = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        raise ValueError(
+            f"hub URL {bare!r} holds a user name or password: take it out (the token "
+            "authenticates; it was sent nowhere, and logged with the URL)"
+        )
     if port == 0:
         raise ValueError(f"hub URL {hub_url!r}: port 0 cannot be dialled")
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme.lower(), parts.scheme.lower())
     if scheme not in ("ws", "wss"):
-        raise ValueError(f"hub URL must start with ws:// or wss://, got {hub_url!r}")
+        raise ValueError(
+            f"hub URL must start with ws://, wss://, http:// or https://, got {hub_url!r}"
+        )
     if not parts.hostname:
         raise ValueError(f"hub URL has no host: {hub_url!r}")
     path = parts.path if parts.path not in ("", "/") else SIDECAR_PATH
