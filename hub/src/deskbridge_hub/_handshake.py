@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deskbridge.hub.session")
 
+#: The close reason of 1013 when Redis cannot be used at the handshake.
+UNAVAILABLE_REASON = "substrate unavailable; try again later"
+
 
 async def handshake(session: HubSession) -> PresenceKeeper:
     """Run the handshake on ``session``'s socket; sets ``session.hello`` and its
@@ -86,9 +89,7 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         try:
             await presence.announce()
         except SubstrateUnavailable:
-            raise EndSession(
-                CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
-            ) from None
+            raise EndSession(CLOSE_TRY_AGAIN_LATER, UNAVAILABLE_REASON) from None
         try:
             session.sleep = SleepRecord(
                 session.state.substrate, session.user_id, session.state.wall_clock

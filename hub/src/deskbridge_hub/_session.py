@@ -98,6 +98,8 @@ class HubSession(SessionTimers):
     user_id: str
     session_id: str = ""
     expires_at: float | None = None
+    #: the token's ``iat`` (None: it has none), for revocations (``revoke``)
+    issued_at: float | None = None
     hello: Hello | None = None
     deliveries: dict[str, Outstanding] = attrs.field(factory=dict)
     on_progress: ProgressHook | None = None
@@ -535,6 +537,7 @@ async def serve_sidecar(
     user_id: str,
     *,
     expires_at: float | None = None,
+    issued_at: float | None = None,
     on_progress: ProgressHook | None = None,
 ) -> None:
     """Serve one authenticated sidecar socket until it closes (see module docstring).
@@ -545,6 +548,8 @@ async def serve_sidecar(
         user_id: the user, taken from the verified token only.
         expires_at: the token's ``exp`` (Unix seconds, wall clock): the session is closed
             with 4003 when it passes, so a token's lifetime bounds its sessions too.
+        issued_at: the token's ``iat`` (Unix seconds; None: it has none): a revocation
+            of the user with a later cut-off closes the session (4003, ``_revocation``).
         on_progress: called with ``(job_id, Progress)`` for each ``progress`` frame of a
             delivery on this socket, from the reader (it must not block).
 
@@ -552,7 +557,9 @@ async def serve_sidecar(
     bounded by ``CLEANUP_TIMEOUT_S``); in-flight entries stay pending and are
     redelivered.
     """
-    await HubSession(state, socket, user_id, expires_at=expires_at, on_progress=on_progress).run()
+    await HubSession(
+        state, socket, user_id, expires_at=expires_at, issued_at=issued_at, on_progress=on_progress
+    ).run()
 
 
 __all__ = [

@@ -93,6 +93,7 @@ from ._keys import (
 from ._keys import (
     wake_key as wake_key,
 )
+from ._revocation import RevocationSubstrate as RevocationSubstrate
 from ._substrate_desktop import Asleep as Asleep
 from ._substrate_desktop import DesktopSubstrate as DesktopSubstrate
 from ._substrate_desktop import asleep_key as asleep_key
@@ -125,6 +126,12 @@ from ._substrate_values import (
     Pushed as Pushed,
 )
 from ._substrate_values import (
+    Revocation as Revocation,
+)
+from ._substrate_values import (
+    Revoked as Revoked,
+)
+from ._substrate_values import (
     Submission as Submission,
 )
 from ._substrate_values import (
@@ -132,6 +139,9 @@ from ._substrate_values import (
 )
 from ._substrate_values import (
     Superseded as Superseded,
+)
+from ._substrate_values import (
+    WakeItem as WakeItem,
 )
 
 
@@ -282,9 +292,7 @@ class ReaderSubstrate(Protocol):
         heartbeat (:class:`Superseded` from ``wait_wakes``). ``check``: the notice asks
         instead whether that process holds ``session_id`` (``Superseded.check``)."""
 
-    async def wait_wakes(
-        self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed | Superseded]:
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[WakeItem]:
         """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:
         in push order, the user ids pushed (possibly repeated), the entries callers
         read for this process (:class:`Pushed`) and the supersede notices
@@ -348,45 +356,45 @@ class ResultSubstrate(Protocol):
         provisional: bool = False,
     ) -> Finished:
         """The holder's one step for an answered entry (one round trip; one script in the
-        user's slot), in this order, which matters because a failing write stops the
-        step where it fails and keeps what came before:
+             user's slot), in this order, which matters because a failing write stops the
+             step where it fails and keeps what came before:
 
-        1. the fence: with ``epoch``, if the job's claim epoch (raised by
-           :meth:`LedgerSubstrate.mark_delivered`) is another one, answer ``stale`` and
-           write nothing (a newer delivery owns the job). No epoch stored (expired, or
-           the store lost it) or ``epoch`` None: no check;
-   1b. a terminal answer is final: if the job's stored state is terminal (finished,
-       cancelled, expired, lost: another writer answered it first, e.g. a cancel racing
-       the holder's ``expired``, or a stage report racing the tool's answer), only step
-       4 happens and the answer is ``settled`` (``done`` if the stored state is
-       ``state`` itself: this step retried after its reply was lost);
-        2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
-           PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
-           first);
-        3. SET the job's ``state`` PX ttl_s, and keep the job id's owner record
-           (``bridge:job:{job_id}``, if any) at least as long (``PEXPIRE ... GT``: a job
-           answered after its deadline outlived the record's deadline + result TTL;
-           under Cluster it is in another slot and follows with step 5);
-        4. with ``entry_id``: XACK it and HDEL it from the entry index;
-        5. (if a payload was published) the outcome ends the job's progress stream and
-           ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
-           Under Redis Cluster these keys live in other slots, so they follow in a second
-           round trip, only once the step said ``done``.
+             1. the fence: with ``epoch``, if the job's claim epoch (raised by
+                :meth:`LedgerSubstrate.mark_delivered`) is another one, answer ``stale`` and
+                write nothing (a newer delivery owns the job). No epoch stored (expired, or
+                the store lost it) or ``epoch`` None: no check;
+        1b. a terminal answer is final: if the job's stored state is terminal (finished,
+            cancelled, expired, lost: another writer answered it first, e.g. a cancel racing
+            the holder's ``expired``, or a stage report racing the tool's answer), only step
+            4 happens and the answer is ``settled`` (``done`` if the stored state is
+            ``state`` itself: this step retried after its reply was lost);
+             2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
+                PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
+                first);
+             3. SET the job's ``state`` PX ttl_s, and keep the job id's owner record
+                (``bridge:job:{job_id}``, if any) at least as long (``PEXPIRE ... GT``: a job
+                answered after its deadline outlived the record's deadline + result TTL;
+                under Cluster it is in another slot and follows with step 5);
+             4. with ``entry_id``: XACK it and HDEL it from the entry index;
+             5. (if a payload was published) the outcome ends the job's progress stream and
+                ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
+                Under Redis Cluster these keys live in other slots, so they follow in a second
+                round trip, only once the step said ``done``.
 
-        ``provisional``: step 2 is left out, the payload only goes to the caller (step 5):
-        an answer that is not the job's last word (an ``in_doubt`` at a hand-over whose
-        desktop comes back, ``detail.pending``), so :meth:`get_result` and every retry
-        attached by the idempotency key wait for the job's real outcome.
+             ``provisional``: step 2 is left out, the payload only goes to the caller (step 5):
+             an answer that is not the job's last word (an ``in_doubt`` at a hand-over whose
+             desktop comes back, ``detail.pending``), so :meth:`get_result` and every retry
+             attached by the idempotency key wait for the job's real outcome.
 
-        Returns:
-            :class:`Finished`.
+             Returns:
+                 :class:`Finished`.
 
-        Raises:
-            ValueError: ``ttl_s`` is not positive.
-            SubstrateUnavailable: the store is unreachable; the step may or may not have
-                happened (retrying it is safe: the XACK of an acknowledged entry is 0).
-            Other store errors (a key of another type) propagate; the step stopped at the
-            write that failed, so a failed result write leaves the entry pending.
+             Raises:
+                 ValueError: ``ttl_s`` is not positive.
+                 SubstrateUnavailable: the store is unreachable; the step may or may not have
+                     happened (retrying it is safe: the XACK of an acknowledged entry is 0).
+                 Other store errors (a key of another type) propagate; the step stopped at the
+                 write that failed, so a failed result write leaves the entry pending.
         """
 
     async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
@@ -541,12 +549,13 @@ class Substrate(
     ResultSubstrate,
     LedgerSubstrate,
     DesktopSubstrate,
+    RevocationSubstrate,
     Protocol,
 ):
-    """Everything the hub needs from its store: the six parts (``DesktopSubstrate`` in
-    ``_substrate_desktop``), plus health and lifetime. ``MemorySubstrate`` and
-    ``RedisSubstrate`` implement all of it; the shared contract suite is
-    ``deskbridge_hub.testing.check_substrate``."""
+    """Everything the hub needs from its store: the seven parts (``DesktopSubstrate`` in
+    ``_substrate_desktop``, ``RevocationSubstrate`` in ``_revocation``), plus health and
+    lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
+    contract suite is ``deskbridge_hub.testing.check_substrate``."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""

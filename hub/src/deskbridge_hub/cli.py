@@ -1,4 +1,5 @@
-"""``deskbridge-hub``: serve the hub, issue sidecar tokens, call a tool over the HTTP API."""
+"""``deskbridge-hub``: serve the hub, issue and revoke sidecar tokens, call a tool over the
+HTTP API, inspect a running hub."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 
 from deskbridge_common import _strict_json as strict_json
 
-from . import _inspect_cli
+from . import _inspect_cli, _revoke_cli
 from ._bridge_jobs import ARGS_ENCODER, MAX_TIMEOUT_S
 from ._cli_args import checked, hub_url_problem, integer, seconds
 from ._config import DEFAULT_MAX_ARGS_BYTES, MEMORY_URL, max_args_bytes, redis_url_problem
@@ -126,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"seconds to wait, in (0, {MAX_TIMEOUT_S:.0f}] (default 90)",
     )
+    _revoke_cli.add_parser(sub)
     _inspect_cli.add_parser(sub)
     return p
 
@@ -155,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _token(args)
         if args.command == "call":
             return _call(args)
+        if args.command == "revoke":
+            return _revoke_cli.run(args)
         return _inspect_cli.run(args)
     except BrokenPipeError:
         # `deskbridge-hub inspect desktops | head`: the reader left (was a traceback).
