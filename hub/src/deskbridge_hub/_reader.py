@@ -7,7 +7,9 @@ trip. Three loops, all owned by :meth:`ProcessReader.run`'s nursery:
 * **wake-ups**: the enqueuer pushes the user id onto this process's wake list
   (``bridge:wake:{<holder>}``; the holder id is the prefix of the session id that
   presence holds). One blocking BLMPOP per process pops them; each woken user is read
-  once, without BLOCK, for as long as a read comes back full.
+  once, without BLOCK, for as long as a read comes back full. The same list carries
+  notices: a supersede (``Superseded``) and a token revocation (``Revoked``, handed to
+  ``_revocation.RevocationWatch``, whose sweep also runs in this reader's nursery).
 * **heartbeat**: each session is beaten every ``heartbeat_s`` (30 s by default), counted
   from its handshake, so the beats of many sessions spread over the interval; beats due
   within ``BEAT_BATCH_S`` of each other go out in one pipelined write (one script per

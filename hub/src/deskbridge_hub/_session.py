@@ -8,7 +8,8 @@ nursery owned by the session holding
 * the **heartbeat** (``_presence.PresenceKeeper``): presence, supersede, hand-over;
 * the **timers**: an application-level ping with a deadline and the token's expiry,
   kept for every session of the process by one task (``_pacer``), which visits
-  :meth:`HubSession.pace` (``_session_timers``); a watch task raises what it decided;
+  :meth:`HubSession.pace` (``_session_timers``), and the token's revocation
+  (:meth:`HubSession.revoke`, from ``_revocation``); a watch task raises what they decided;
 * one **serving task** per entry the process reader (``_reader``) hands it; serving one
   entry is ``_delivery.EntryServer``, socket-free, with this session as its
   :class:`~deskbridge_hub._delivery.Executor`. The session does not read the stream:
