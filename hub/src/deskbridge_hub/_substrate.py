@@ -356,45 +356,45 @@ class ResultSubstrate(Protocol):
         provisional: bool = False,
     ) -> Finished:
         """The holder's one step for an answered entry (one round trip; one script in the
-             user's slot), in this order, which matters because a failing write stops the
-             step where it fails and keeps what came before:
+        user's slot), in this order, which matters because a failing write stops the
+        step where it fails and keeps what came before:
 
-             1. the fence: with ``epoch``, if the job's claim epoch (raised by
-                :meth:`LedgerSubstrate.mark_delivered`) is another one, answer ``stale`` and
-                write nothing (a newer delivery owns the job). No epoch stored (expired, or
-                the store lost it) or ``epoch`` None: no check;
-        1b. a terminal answer is final: if the job's stored state is terminal (finished,
-            cancelled, expired, lost: another writer answered it first, e.g. a cancel racing
-            the holder's ``expired``, or a stage report racing the tool's answer), only step
-            4 happens and the answer is ``settled`` (``done`` if the stored state is
-            ``state`` itself: this step retried after its reply was lost);
-             2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
-                PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
-                first);
-             3. SET the job's ``state`` PX ttl_s, and keep the job id's owner record
-                (``bridge:job:{job_id}``, if any) at least as long (``PEXPIRE ... GT``: a job
-                answered after its deadline outlived the record's deadline + result TTL;
-                under Cluster it is in another slot and follows with step 5);
-             4. with ``entry_id``: XACK it and HDEL it from the entry index;
-             5. (if a payload was published) the outcome ends the job's progress stream and
-                ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
-                Under Redis Cluster these keys live in other slots, so they follow in a second
-                round trip, only once the step said ``done``.
+        1. the fence: with ``epoch``, if the job's claim epoch (raised by
+           :meth:`LedgerSubstrate.mark_delivered`) is another one, answer ``stale`` and
+           write nothing (a newer delivery owns the job). No epoch stored (expired, or
+           the store lost it) or ``epoch`` None: no check;
+   1b. a terminal answer is final: if the job's stored state is terminal (finished,
+       cancelled, expired, lost: another writer answered it first, e.g. a cancel racing
+       the holder's ``expired``, or a stage report racing the tool's answer), only step
+       4 happens and the answer is ``settled`` (``done`` if the stored state is
+       ``state`` itself: this step retried after its reply was lost);
+        2. ``payload`` (if not None) as :meth:`publish_result` writes it: RPUSH +
+           PEXPIRE ttl_s, the idempotency record kept as long (invariant 3: durable
+           first);
+        3. SET the job's ``state`` PX ttl_s, and keep the job id's owner record
+           (``bridge:job:{job_id}``, if any) at least as long (``PEXPIRE ... GT``: a job
+           answered after its deadline outlived the record's deadline + result TTL;
+           under Cluster it is in another slot and follows with step 5);
+        4. with ``entry_id``: XACK it and HDEL it from the entry index;
+        5. (if a payload was published) the outcome ends the job's progress stream and
+           ``<job_id> <payload>`` goes to the mailbox ``notify``, as :meth:`publish_result`.
+           Under Redis Cluster these keys live in other slots, so they follow in a second
+           round trip, only once the step said ``done``.
 
-             ``provisional``: step 2 is left out, the payload only goes to the caller (step 5):
-             an answer that is not the job's last word (an ``in_doubt`` at a hand-over whose
-             desktop comes back, ``detail.pending``), so :meth:`get_result` and every retry
-             attached by the idempotency key wait for the job's real outcome.
+        ``provisional``: step 2 is left out, the payload only goes to the caller (step 5):
+        an answer that is not the job's last word (an ``in_doubt`` at a hand-over whose
+        desktop comes back, ``detail.pending``), so :meth:`get_result` and every retry
+        attached by the idempotency key wait for the job's real outcome.
 
-             Returns:
-                 :class:`Finished`.
+        Returns:
+            :class:`Finished`.
 
-             Raises:
-                 ValueError: ``ttl_s`` is not positive.
-                 SubstrateUnavailable: the store is unreachable; the step may or may not have
-                     happened (retrying it is safe: the XACK of an acknowledged entry is 0).
-                 Other store errors (a key of another type) propagate; the step stopped at the
-                 write that failed, so a failed result write leaves the entry pending.
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: the store is unreachable; the step may or may not have
+                happened (retrying it is safe: the XACK of an acknowledged entry is 0).
+            Other store errors (a key of another type) propagate; the step stopped at the
+            write that failed, so a failed result write leaves the entry pending.
         """
 
     async def wait_result(self, user_id: str, job_id: str, *, timeout_s: float) -> str | None:
