@@ -54,12 +54,12 @@ def _senders(command: str) -> set[str]:
 
 
 def test_a_refused_operator_command_is_a_warning_not_a_cause() -> None:
-    health = interpret(PRIMARY, "v", probe_value="v", refused=("ZCARD", "ZRANGE"))
+    health = interpret(PRIMARY, "v", probe_value="v", refused=("ZCARD", "XLEN"))
     assert health.ok and health.refused == (), health
-    assert health.views_refused == ("ZCARD", "ZRANGE")
+    assert health.views_refused == ("ZCARD", "XLEN")
     assert health.views_cause is not None
-    assert "cannot run ZCARD, ZRANGE" in health.views_cause
-    assert "ACL SETUSER <user> +zcard +zrange" in health.views_cause
+    assert "cannot run ZCARD" in health.views_cause
+    assert "+zcard" in health.views_cause
     assert "desktops directory" in health.views_cause
 
 
@@ -76,13 +76,19 @@ def test_every_operator_command_is_asked_about_by_the_probe() -> None:
         assert set(commands) <= names, view
 
 
+def test_the_revocation_index_commands_are_needed_for_calls() -> None:
+    """ZADD / ZREMRANGEBYSCORE / ZRANGE keep the token revocation index as well as the
+    directory: a user without them cannot have revoked sessions closed by the sweep, so
+    they stay causes (fail closed), not warnings."""
+    health = interpret(PRIMARY, "v", probe_value="v", refused=("ZRANGE",))
+    assert not health.ok and health.refused == ("ZRANGE",), health
+    assert _senders("ZRANGE") == {"_directory.py", "_revocation.py"}
+
+
 @pytest.mark.parametrize(
     ("command", "modules"),
     [
-        ("ZADD", {"_directory.py"}),  # a session's start and end (the directory's index)
-        ("ZREMRANGEBYSCORE", {"_directory.py"}),
         ("ZCARD", {"_directory.py"}),  # the listing
-        ("ZRANGE", {"_directory.py"}),
         ("XLEN", {"_redis_streams.py"}),  # queue_info only: admin API and /metrics
     ],
 )
@@ -106,7 +112,7 @@ def test_every_command_the_probe_asks_about_is_sent_by_the_hub() -> None:
 def test_the_start_up_line_is_a_warning_and_the_grant_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    found = [interpret(PRIMARY, "v", probe_value="v", refused=("ZCARD", "ZRANGE"))]
+    found = [interpret(PRIMARY, "v", probe_value="v", refused=("ZCARD",))]
 
     async def probe() -> Health:
         await trio.lowlevel.checkpoint()
@@ -121,7 +127,7 @@ def test_the_start_up_line_is_a_warning_and_the_grant_is_logged(
         assert monitor.views_refused("queue") is None
         (start,) = caplog.records
         assert start.levelno == logging.WARNING, start.getMessage()
-        assert "+zcard +zrange" in start.getMessage()
+        assert "+zcard" in start.getMessage()
         assert "cannot serve the hub" not in start.getMessage()
         await monitor.check()  # unchanged: no second line
         assert len(caplog.records) == 1
@@ -140,7 +146,7 @@ def test_the_start_up_line_is_a_warning_and_the_grant_is_logged(
 async def test_a_user_lacking_only_the_directory_reads_serves_calls(
     redis_server: RedisServer,
 ) -> None:
-    denied = ("-zcard", "-zrange")
+    denied = ("-zcard",)
     redis_server.command("ACL", "SETUSER", "hub", "on", ">pw", *LEAST_PRIVILEGE, *denied)
     s = RedisSubstrate.from_url(f"redis://hub:pw@127.0.0.1:{redis_server.port}/0")
     user, holder = f"acl-{secrets.token_hex(4)}", f"h{secrets.token_hex(4)}"
@@ -149,7 +155,7 @@ async def test_a_user_lacking_only_the_directory_reads_serves_calls(
             health = await s.health_check()
             assert health is not None and health.ok, health
             (warning,) = s.health_warnings()
-            assert "ACL SETUSER <user> +zcard +zrange" in warning
+            assert "ACL SETUSER <user> +zcard" in warning
             await s.ping()  # readiness passes
             await s.set_liveness(holder, 30, consumer="c1", max_pending=32)
             await s.set_presence(user, f"{holder}.s1", 30)
@@ -159,9 +165,9 @@ async def test_a_user_lacking_only_the_directory_reads_serves_calls(
             assert (await s.queue_info(user)).length == 1  # XLEN: granted
             with pytest.raises(SubstrateUnavailable) as refused:
                 await s.list_desktops(offset=0, limit=10)
-            assert "+zcard +zrange" in str(refused.value) and refused.value.unsent
+            assert "+zcard" in str(refused.value) and refused.value.unsent
             assert "NOPERM" not in str(refused.value)  # said before sending
-            redis_server.command("ACL", "SETUSER", "hub", "+zcard", "+zrange")
+            redis_server.command("ACL", "SETUSER", "hub", "+zcard")
             await s.health_check()
             assert s.health_warnings() == ()
             assert (await s.list_desktops(offset=0, limit=10)).total == 0

@@ -5,7 +5,8 @@
   when), sidecar version, tools and, for online ones, queue depth and pending entries.
 * ``GET /v1/admin/users/{user_id}`` - one desktop: presence, its session record, tool
   catalogue, queue length, pending entries with consumer, idle time, delivery count and
-  job id (the jobs in flight).
+  job id (the jobs in flight), and the user's token revocation (``revoked``: ``before``
+  and ``at``, Unix seconds, or null; ``_revocation``).
 * ``GET /v1/jobs/{job_id}`` - one job's state (``_jobstate``) and, once answered, its
   ``outcome`` (the result payload, while kept).
 
@@ -199,6 +200,8 @@ def register(app: QuartTrio, holder: dict[str, Any], json_response: Any) -> None
             "pending": pending,
         }
         row["in_flight"] = [p["job_id"] for p in pending if p["job_id"]]
+        revocation = await substrate.get_revocation(user_id)
+        row["revoked"] = None if revocation is None else revocation.shown()
         return json_response(row)
 
     @app.get("/v1/jobs/<job_id>")

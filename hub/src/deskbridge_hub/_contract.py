@@ -127,6 +127,7 @@ async def check_substrate(
         _contract_finish,
         _contract_jobs,
         _contract_keep,
+        _contract_revoke,
         _contract_room,
         _contract_streams,  # noqa: F401 - register their checks
     )

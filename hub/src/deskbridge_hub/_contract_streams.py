@@ -13,7 +13,7 @@ import trio.testing
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
 from ._contract_caller import _submission
 from ._jobstate import JobState, Stage
-from ._substrate import Beat, Claimed, Entry, Pushed, Submission, Superseded, jobs_key
+from ._substrate import Beat, Claimed, Entry, Pushed, Submission, Superseded, WakeItem, jobs_key
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -313,7 +313,7 @@ async def check_a_wake_wakes_a_blocked_waiter_and_a_cancelled_wait_pops_nothing(
 ) -> None:
     s, holder = h.substrate, f"holder-{h.user()}"
     h.on_user(holder)
-    got: list[list[str | Pushed | Superseded]] = []
+    got: list[list[WakeItem]] = []
 
     async def waiter() -> None:
         got.append(await s.wait_wakes(holder, timeout_s=10, count=10))

@@ -78,7 +78,7 @@ class RedisDirectory:
                 (b"ZREMRANGEBYSCORE", INDEX_KEY, b"-inf", at_ms - int(RETENTION_S * 1000)),
                 timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
             )
-            _raise_any(replies)  # inside the session: mapped to SubstrateUnavailable
+            raise_any(replies)  # inside the session: mapped to SubstrateUnavailable
 
     async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
         """ZCARD and ZRANGE REV WITHSCORES LIMIT offset limit of the index.
@@ -96,8 +96,8 @@ class RedisDirectory:
                  offset, limit, b"WITHSCORES"),
                 timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
             )  # fmt: skip
-            _raise_any((total, raw))
-        return DirectoryPage(int(total), tuple(_pairs(raw)))
+            raise_any((total, raw))
+        return DirectoryPage(int(total), tuple(scored_pairs(raw)))
 
     async def desktops_info(
         self, user_ids: Sequence[str]
@@ -121,7 +121,7 @@ class RedisDirectory:
                 *commands,
                 timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
             )
-            _raise_any(replies)
+            raise_any(replies)
         rows = [tuple(_text(r) for r in replies[i : i + 4]) for i in range(0, len(replies), 4)]
         return rows  # type: ignore[return-value]
 
@@ -131,7 +131,7 @@ class MemoryDirectory:
 
     async def record_desktop(self, user_id: str, info: str, *, at_s: float) -> None:
         now = await self._enter()  # type: ignore[attr-defined]
-        index = _memory_index(self)
+        index = memory_scores(self, "_directory_index")
         index[user_id] = at_s
         for user, when in list(index.items()):
             if when < at_s - RETENTION_S:
@@ -140,7 +140,7 @@ class MemoryDirectory:
 
     async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
         await self._enter()  # type: ignore[attr-defined]
-        index = _memory_index(self)
+        index = memory_scores(self, "_directory_index")
         rows = sorted(index.items(), key=lambda kv: (-kv[1], kv[0]))
         return DirectoryPage(len(rows), tuple(rows[offset : offset + limit]))
 
@@ -162,15 +162,18 @@ class MemoryDirectory:
         ]
 
 
-def _memory_index(substrate: Any) -> dict[str, float]:
-    index = substrate.__dict__.get("_directory_index")
+def memory_scores(substrate: Any, name: str) -> dict[str, float]:
+    """A ``MemorySubstrate``'s sorted set ``name`` (member -> score), made on first use
+    (the directory's index, the revocations' index)."""
+    index = substrate.__dict__.get(name)
     if index is None:
-        index = substrate.__dict__["_directory_index"] = {}
+        index = substrate.__dict__[name] = {}
     typed: dict[str, float] = index
     return typed
 
 
-def _raise_any(replies: Sequence[Any]) -> None:
+def raise_any(replies: Sequence[Any]) -> None:
+    """Raise the first exception among pipelined ``replies``."""
     for reply in replies:
         if isinstance(reply, BaseException):
             raise reply
@@ -180,7 +183,9 @@ def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _pairs(raw: Any) -> list[tuple[str, float]]:
+def scored_pairs(raw: Any) -> list[tuple[str, float]]:
+    """A ZRANGE ... WITHSCORES reply (RESP2 or RESP3) as ``(member, score / 1000)``:
+    scores are Unix milliseconds, returned as seconds."""
     if raw and isinstance(raw[0], list | tuple):  # RESP3: [[member, score], ...]
         return [(_text(m) or "", float(sc) / 1000) for m, sc in raw]
     return [(_text(raw[i]) or "", float(raw[i + 1]) / 1000) for i in range(0, len(raw), 2)]

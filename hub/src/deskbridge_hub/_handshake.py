@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deskbridge.hub.session")
 
+#: The close reason of 1013 when Redis cannot be used at the handshake.
+UNAVAILABLE_REASON = "substrate unavailable; try again later"
+
 
 def valid_text(hello: Hello) -> Hello:
     """``hello`` with U+FFFD for each lone surrogate in its catalogue's descriptions and
@@ -106,9 +109,7 @@ async def handshake(session: HubSession) -> PresenceKeeper:
         try:
             await presence.announce()
         except SubstrateUnavailable:
-            raise EndSession(
-                CLOSE_TRY_AGAIN_LATER, "substrate unavailable; try again later"
-            ) from None
+            raise EndSession(CLOSE_TRY_AGAIN_LATER, UNAVAILABLE_REASON) from None
         try:
             session.sleep = SleepRecord(
                 session.state.substrate, session.user_id, session.state.wall_clock

@@ -251,6 +251,12 @@ def user_text(body: dict[str, Any]) -> str:
     if body.get("end"):
         end = body["end"]
         lines.append(f"last end    {_text(end.get('code'))} {_text(end.get('reason'))}")
+    revoked = body.get("revoked")
+    if isinstance(revoked, dict):
+        lines.append(
+            f"revoked     tokens issued before {_when(revoked.get('before'))} UTC are refused "
+            f"(revoked {_when(revoked.get('at'))} UTC)"
+        )
     pending = body["queue"]["pending"]
     if pending:
         lines.append("")

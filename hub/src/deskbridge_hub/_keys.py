@@ -82,6 +82,16 @@ def asleep_key(user_id: str) -> str:
     return f"bridge:asleep:{{{user_id}}}"
 
 
+def revoked_key(user_id: str) -> str:
+    """The user's revocation record (``_revocation``): no TTL."""
+    return f"bridge:revoked:{{{user_id}}}"
+
+
+#: The index of revocations (sorted set: user id scored by its cut-off in ms), read by
+#: every hub process's sweep (``_revocation``); one key for every user.
+REVOCATIONS_KEY = "bridge:revocations"
+
+
 def proc_key(holder_id: str) -> str:
     return f"bridge:proc:{{{holder_id}}}"
 

@@ -54,6 +54,7 @@ from ._memory_streams import (
     StreamID,
     _Stream,
 )
+from ._revocation import MemoryRevocations
 
 
 @attrs.define(eq=False)
@@ -65,6 +66,7 @@ class MemorySubstrate(
     MemoryDesktopCommands,
     MemoryFinishCommands,
     MemoryDirectory,
+    MemoryRevocations,
 ):
     """The substrate contract in one process, on ``anyio.current_time()``.
 

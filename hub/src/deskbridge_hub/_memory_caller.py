@@ -20,7 +20,7 @@ from ._substrate import (
     Pushed,
     Submission,
     Submitted,
-    Superseded,
+    WakeItem,
     idem_key,
     owner_key,
     presence_key,
@@ -40,9 +40,9 @@ class _ResultList:
 @attrs.define(eq=False)
 class _WakeList:
     """A holder process's wake list (``bridge:wake:{holder}``): user ids, pushed
-    entries and supersede notices."""
+    entries, supersede and revocation notices."""
 
-    items: deque[str | Pushed | Superseded]
+    items: deque[WakeItem]
     expires_at: float
 
 
@@ -232,9 +232,7 @@ class MemoryCallerCommands:
     ) -> Marked:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
-    def _wake_now(
-        self, holder_id: str, item: str | Pushed | Superseded, now: float, ttl_s: float
-    ) -> None:
+    def _wake_now(self, holder_id: str, item: WakeItem, now: float, ttl_s: float) -> None:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
     def _enqueue_now(self, user_id: str, sub: Submission) -> str:

@@ -18,13 +18,14 @@ from ._substrate import (
     BeatReply,
     Pushed,
     Superseded,
+    WakeItem,
     presence_key,
     proc_key,
     tools_key,
 )
 
 
-def _received(item: str | Pushed | Superseded) -> str | Pushed | Superseded:
+def _received(item: WakeItem) -> WakeItem:
     """A popped wake list item; a pushed entry dated with the local clock now (as the
     Redis substrate's ``wait_wakes``)."""
     if not isinstance(item, Pushed):
@@ -176,9 +177,7 @@ class MemoryPresenceCommands:
         now = await self._enter_ttl(ttl_s)
         self._wake_now(holder_id, Superseded(user_id, session_id, check), now, ttl_s)
 
-    def _wake_now(
-        self, holder_id: str, item: str | Pushed | Superseded, now: float, ttl_s: float
-    ) -> None:
+    def _wake_now(self, holder_id: str, item: WakeItem, now: float, ttl_s: float) -> None:
         wakes = self._wakes.get(holder_id)
         if wakes is None or now >= wakes.expires_at:
             wakes = self._wakes[holder_id] = _WakeList(deque(), now + ttl_s)
@@ -186,9 +185,7 @@ class MemoryPresenceCommands:
         wakes.expires_at = now + ttl_s
         self._notify_wakes()
 
-    async def wait_wakes(
-        self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed | Superseded]:
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[WakeItem]:
         """Pop up to ``count`` items from the holder's wake list, waiting up to
         ``timeout_s`` seconds (0 = forever) for the first.
 

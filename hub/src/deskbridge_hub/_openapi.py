@@ -277,6 +277,12 @@ def _routes(version: str) -> dict[str, Any]:
                         "end": {"type": ["object", "null"]},
                         "hub_consumer": {"type": ["string", "null"]},
                         "queue": {"type": "object"},
+                        "revoked": {
+                            "type": ["object", "null"],
+                            "description": "one user only: `{before, at}` (Unix seconds), "
+                            "its tokens issued before `before` are refused "
+                            "(`deskbridge-hub revoke`); null: never revoked",
+                        },
                     },
                 },
             },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -11,13 +12,17 @@ import trio
 from deskbridge_common import Timings
 
 from ._keepalive import RunningJobs
+from ._logging import fields
 from ._pacer import Pacer
 from ._reader import ProcessReader
+from ._revocation import RevocationWatch
 from ._shutdown import Draining
 from ._substrate import Substrate
 
 if TYPE_CHECKING:
     from ._session import HubSession
+
+log = logging.getLogger("deskbridge.hub.session")
 
 #: Handshakes of one process doing their Redis work at once (``HubState.handshakes``).
 #: Each holds a few round trips (~1-5 ms on loopback), so 32 admit thousands a second
@@ -48,6 +53,8 @@ class HubState:
         running_jobs: the jobs this process's sessions are serving, whose records it keeps
             alive while they run (``_keepalive``).
         pacer: every session's ping and token-expiry timers, in one task (``_pacer``).
+        revocations: applies token revocations to this process's sessions (``_revocation``:
+            a notice at once, a sweep once per heartbeat); run by the reader.
         handshakes: admission of handshakes past ``hello`` (presence, catalogue,
             ``welcome``): at most ``HANDSHAKE_CONCURRENCY`` at once; the others wait their
             turn (within the sidecar's handshake deadline) instead of piling Redis work
@@ -66,6 +73,7 @@ class HubState:
     holder_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
     reader: ProcessReader = attrs.field(init=False)
     running_jobs: RunningJobs = attrs.field(init=False)
+    revocations: RevocationWatch = attrs.field(init=False)
     pacer: Pacer = attrs.field(factory=Pacer)
     handshakes: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(HANDSHAKE_CONCURRENCY)
@@ -73,10 +81,13 @@ class HubState:
 
     def __attrs_post_init__(self) -> None:
         self.running_jobs = RunningJobs(self.substrate, self.timings.result_ttl_s)
+        self.revocations = RevocationWatch(
+            self.substrate, self.timings.heartbeat_s, self.wall_clock, self.revoke_sessions
+        )
         self.reader = ProcessReader(
             self.substrate, self.timings, self.consumer, self.holder_id, self.inflight,
             timers=self.pacer, max_pending=self.max_inflight_per_session,
-            running_jobs=self.running_jobs,
+            running_jobs=self.running_jobs, revocations=self.revocations,
         )  # fmt: skip
 
     def add_session(self, session: HubSession) -> None:
@@ -92,6 +103,22 @@ class HubState:
             mine.pop(session.session_id, None)
             if not mine:
                 del self.by_user[session.user_id]
+
+    def revoke_sessions(self, user_id: str, before_s: float) -> int:
+        """Close this process's sessions of ``user_id`` whose token was issued before
+        ``before_s`` (``HubSession.revoke``: 4003 "token revoked"); returns how many.
+        Never blocks."""
+        ended = 0
+        for session in list(self.by_user.get(user_id, {}).values()):
+            if session.revoke(before_s):
+                ended += 1
+                log.warning(
+                    "session %s of %s: its token was revoked; closing it (4003)",
+                    session.session_id,
+                    user_id,
+                    extra=fields(user_id=user_id, session_id=session.session_id),
+                )
+        return ended
 
     def new_session_id(self) -> str:
         """A session id naming this process: ``"<holder_id>.<random>"``."""

@@ -7,7 +7,9 @@ trip. Three loops, all owned by :meth:`ProcessReader.run`'s nursery:
 * **wake-ups**: the enqueuer pushes the user id onto this process's wake list
   (``bridge:wake:{<holder>}``; the holder id is the prefix of the session id that
   presence holds). One blocking BLMPOP per process pops them; each woken user is read
-  once, without BLOCK, for as long as a read comes back full.
+  once, without BLOCK, for as long as a read comes back full. The same list carries
+  notices: a supersede (``Superseded``) and a token revocation (``Revoked``, handed to
+  ``_revocation.RevocationWatch``, whose sweep also runs in this reader's nursery).
 * **heartbeat**: each session is beaten every ``heartbeat_s`` (30 s by default), counted
   from its handshake, so the beats of many sessions spread over the interval; beats due
   within ``BEAT_BATCH_S`` of each other go out in one pipelined write (one script per
@@ -60,7 +62,8 @@ from ._retry import (
     PROCESS_LIVENESS_TTL_S,
     READ_ERROR_BACKOFF_S,
 )
-from ._substrate import Beat, BeatReply, Entry, Pushed, Substrate, Superseded
+from ._revocation import RevocationWatch
+from ._substrate import Beat, BeatReply, Entry, Pushed, Revoked, Substrate, Superseded
 
 __all__ = ["Listener", "ProcessReader"]
 
@@ -146,6 +149,7 @@ class ProcessReader:
             sessions).
         timers: the process's session timers (``_pacer``), run alongside, or None.
         running_jobs: see the attribute.
+        revocations: see the attribute.
         max_pending: see the attribute.
     """
 
@@ -158,6 +162,9 @@ class ProcessReader:
     #: The jobs this process serves, whose records are kept alive while they run
     #: (``_keepalive``), run alongside, or None.
     running_jobs: RunningJobs | None = None
+    #: Applies token revocations to this process's sessions (``_revocation``): the wake-up
+    #: loop hands it the notices it pops, and its sweep runs alongside; or None.
+    revocations: RevocationWatch | None = None
     #: Most deliveries a session takes at once (``max_inflight_per_session``): callers
     #: push an entry to this process only while the group has fewer pending.
     max_pending: int = 32
@@ -307,6 +314,8 @@ class ProcessReader:
                 await nursery.start(self.timers.run)
             if self.running_jobs is not None:
                 nursery.start_soon(self.running_jobs.run)
+            if self.revocations is not None:
+                nursery.start_soon(self.revocations.run)
             for _ in range(WORKERS):
                 nursery.start_soon(self._worker)
             self.running = True
@@ -502,7 +511,10 @@ class ProcessReader:
             self._recovered()
             woken: list[str] = []
             for item in users:
-                if isinstance(item, Superseded) and item.check:
+                if isinstance(item, Revoked):
+                    if self.revocations is not None:
+                        self.revocations.notice(item)
+                elif isinstance(item, Superseded) and item.check:
                     await self._clear_ended(item.user_id, item.session_id)
                 elif isinstance(item, Superseded):
                     self._superseded(item)

@@ -40,6 +40,7 @@ from ._redis_presence import PresenceCommands
 from ._redis_pubsub import DEFAULT_BUFFER, Subscription
 from ._redis_session import DEFAULT_MAX_CONNECTIONS, ConnectionStatistics, _Session
 from ._redis_streams import StreamCommands
+from ._revocation import RedisRevocations
 from ._substrate import (
     GROUP,
     jobs_key,
@@ -54,6 +55,7 @@ class RedisSubstrate(
     FinishCommands,
     DesktopCommands,
     RedisDirectory,
+    RedisRevocations,
 ):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 

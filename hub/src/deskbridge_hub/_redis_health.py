@@ -108,11 +108,14 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
 #: and their maintenance: heartbeat, reclaim, prune), so refused it refuses calls. Who
 #: sends what is pinned by ``tests/hub/test_redis_acl_views.py``.
 VIEW_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    # ``list_desktops``: the index is written at each session start and end (ZADD,
-    # ZREMRANGEBYSCORE: without them the listing is stale) and paged (ZCARD, ZRANGE)
+    # ``list_desktops`` counts its index (ZCARD). Its other commands (ZADD and
+    # ZREMRANGEBYSCORE at each session start and end, ZRANGE to page) also keep the
+    # token revocation index (``_revocation``: ``revoke``'s record, every process's sweep
+    # once a heartbeat), which closes revoked sessions: needed, so a user without them
+    # is refused calls (fail closed: a revoked laptop must not keep its session).
     "directory": (
         "the desktops directory (GET /v1/admin/desktops, inspect desktops, /admin/)",
-        ("ZADD", "ZREMRANGEBYSCORE", "ZCARD", "ZRANGE"),
+        ("ZCARD",),
     ),
     # ``queue_info`` (XLEN + XPENDING; XPENDING serves reclaim too)
     "queue": (

@@ -32,7 +32,9 @@ from ._substrate import (
     Entry,
     Marked,
     Pushed,
+    Revoked,
     Superseded,
+    WakeItem,
     daemons_key,
     index_key,
     jobs_key,
@@ -370,9 +372,7 @@ class PresenceCommands(RedisCommandBase):
                 if isinstance(reply, BaseException):
                     raise reply  # inside the session: mapped to SubstrateUnavailable
 
-    async def wait_wakes(
-        self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed | Superseded]:
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[WakeItem]:
         """BLMPOP timeout_s 1 ``bridge:wake:{holder_id}`` LEFT COUNT count.
 
         Returns:
@@ -511,14 +511,17 @@ def _beat_groups(beats: Sequence[Beat], *, by_slot: bool) -> list[list[int]]:
     ]
 
 
-def _wake_item(item: str, received_at: float) -> str | Pushed | Superseded:
+def _wake_item(item: str, received_at: float) -> WakeItem:
     """One wake list item: a user id (user ids never start with ``[`` or ``{``), a
     pushed entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the
-    mark script's reply, ``{}`` when it did not mark), or a supersede notice's JSON
-    ``{"superseded": session id, "user": user id}`` (``{"check": ...}``: a doubt)."""
+    mark script's reply, ``{}`` when it did not mark), a supersede notice's JSON
+    ``{"superseded": session id, "user": user id}`` (``{"check": ...}``: a doubt), or a
+    revocation notice's ``{"revoked": cut-off, "user": user id}`` (``_revocation``)."""
     if item.startswith("{"):
         try:
             notice = json.loads(item)
+            if "revoked" in notice:
+                return Revoked(str(notice["user"]), float(notice["revoked"]))
             if "check" in notice:
                 return Superseded(str(notice["user"]), str(notice["check"]), check=True)
             return Superseded(str(notice["user"]), str(notice["superseded"]))

@@ -8,7 +8,8 @@ nursery owned by the session holding
 * the **heartbeat** (``_presence.PresenceKeeper``): presence, supersede, hand-over;
 * the **timers**: an application-level ping with a deadline and the token's expiry,
   kept for every session of the process by one task (``_pacer``), which visits
-  :meth:`HubSession.pace` (``_session_timers``); a watch task raises what it decided;
+  :meth:`HubSession.pace` (``_session_timers``), and the token's revocation
+  (:meth:`HubSession.revoke`, from ``_revocation``); a watch task raises what they decided;
 * one **serving task** per entry the process reader (``_reader``) hands it; serving one
   entry is ``_delivery.EntryServer``, socket-free, with this session as its
   :class:`~deskbridge_hub._delivery.Executor`. The session does not read the stream:
@@ -99,6 +100,8 @@ class HubSession(SessionTimers):
     user_id: str
     session_id: str = ""
     expires_at: float | None = None
+    #: the token's ``iat`` (None: it has none), for revocations (``revoke``)
+    issued_at: float | None = None
     hello: Hello | None = None
     deliveries: dict[str, Outstanding] = attrs.field(factory=dict)
     on_progress: ProgressHook | None = None
@@ -549,6 +552,7 @@ async def serve_sidecar(
     user_id: str,
     *,
     expires_at: float | None = None,
+    issued_at: float | None = None,
     on_progress: ProgressHook | None = None,
 ) -> None:
     """Serve one authenticated sidecar socket until it closes (see module docstring).
@@ -559,6 +563,8 @@ async def serve_sidecar(
         user_id: the user, taken from the verified token only.
         expires_at: the token's ``exp`` (Unix seconds, wall clock): the session is closed
             with 4003 when it passes, so a token's lifetime bounds its sessions too.
+        issued_at: the token's ``iat`` (Unix seconds; None: it has none): a revocation
+            of the user with a later cut-off closes the session (4003, ``_revocation``).
         on_progress: called with ``(job_id, Progress)`` for each ``progress`` frame of a
             delivery on this socket, from the reader (it must not block).
 
@@ -566,7 +572,9 @@ async def serve_sidecar(
     bounded by ``CLEANUP_TIMEOUT_S``); in-flight entries stay pending and are
     redelivered.
     """
-    await HubSession(state, socket, user_id, expires_at=expires_at, on_progress=on_progress).run()
+    await HubSession(
+        state, socket, user_id, expires_at=expires_at, issued_at=issued_at, on_progress=on_progress
+    ).run()
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from deskbridge_common import (
 )
 
 from ._errors import EndSession
+from ._revocation import REVOKED_REASON
 
 #: A job forwarded to a socket silent this long (seconds) is followed by a ping
 #: (:meth:`SessionTimers.probe`); sockets busier than this prove themselves by their
@@ -31,10 +32,11 @@ if TYPE_CHECKING:
 
 
 class SessionTimers:
-    """Ping and token expiry of ``HubSession`` (see the module docstring)."""
+    """Ping, token expiry and revocation of ``HubSession`` (see the module docstring)."""
 
     state: HubState
     expires_at: float | None
+    issued_at: float | None
     _ending: str | None
     _conn: Connection
     _send: trio.MemorySendChannel[str]
@@ -148,6 +150,23 @@ class SessionTimers:
         self._probing = True
         self._next_ping_s = now_s
         self.state.pacer.add(self, now_s)
+
+    def revoke(self, before_s: float) -> bool:
+        """The user's tokens issued before ``before_s`` were revoked (``_revocation``):
+        if this session's token is one of them (or has no ``iat``), end the session now
+        with 4003 and :data:`~deskbridge_hub._revocation.REVOKED_REASON`, on purpose (its
+        running jobs are answered ``in_doubt``, as when the token expires). Never blocks.
+
+        Returns:
+            True if the session is ended by it.
+        """
+        if self._done or self._timed_out is not None:
+            return False
+        if self.issued_at is not None and self.issued_at >= before_s:
+            return False
+        self._ending = "token revoked"
+        self._end_now(EndSession(CLOSE_TOKEN_EXPIRED, REVOKED_REASON))
+        return True
 
     def _end_now(self, end: EndSession) -> None:
         self._timed_out = end

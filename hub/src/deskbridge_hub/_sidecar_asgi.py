@@ -21,12 +21,14 @@ import logging
 import math
 from typing import Any
 
-from deskbridge_common import _codes
+from deskbridge_common import CLOSE_TRY_AGAIN_LATER, _codes
 
-from ._errors import SocketClosed
+from ._errors import SocketClosed, SubstrateUnavailable
 from ._fd_limits import install as install_fd_limits
+from ._handshake import UNAVAILABLE_REASON
+from ._revocation import refusal
 from ._session import serve_sidecar
-from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_token_claims
+from ._tokens import TokenExpired, TokenNotYetValid, TokenRejected, verify_claims
 from ._ws_limits import install as install_ws_limits
 
 log = logging.getLogger("deskbridge.hub")
@@ -109,6 +111,15 @@ async def _upgrade_required(send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _utc(ts: float) -> str:
+    """``ts`` (Unix seconds) as ``YYYY-MM-DD HH:MM:SS`` UTC (``-`` when not finite)."""
+    import datetime
+
+    if not math.isfinite(ts):
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
     """Wrap ``asgi_app`` so ``/v1/sidecar`` WebSockets are served here (module docstring).
 
@@ -164,9 +175,7 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
             )
             return
         try:
-            user_id, expires_at = verify_token_claims(
-                token.strip(), config.secrets, leeway_s=config.token_leeway_s
-            )
+            claims = verify_claims(token.strip(), config.secrets, leeway_s=config.token_leeway_s)
         except TokenRejected as exc:
             log.warning("sidecar handshake refused: %s", exc)
             if isinstance(exc, TokenNotYetValid):
@@ -178,10 +187,39 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
             else:
                 await _refuse(send, 403, _codes.FORBIDDEN, str(exc))
             return
+        user_id = claims.user_id
+        try:  # one read: the user's revocation record (``_revocation``)
+            revoked = await refusal(state.substrate, user_id, claims.issued_at)
+        except SubstrateUnavailable as exc:
+            # as the handshake's own Redis work answers it (docs/protocol.md): 1013, so
+            # the sidecar retries within its short window
+            log.warning("sidecar handshake of %s refused: %s", user_id, exc)
+            await send({"type": "websocket.accept"})
+            await AsgiSocket(receive, send).close(CLOSE_TRY_AGAIN_LATER, UNAVAILABLE_REASON)
+            return
+        if revoked is not None:
+            log.warning(
+                "sidecar handshake refused: token of %s revoked (issued before %s)",
+                user_id,
+                _utc(revoked.before_s),
+            )
+            await _refuse(
+                send,
+                401,
+                _codes.UNAUTHORIZED,
+                f"token revoked: tokens of {user_id} issued before "
+                f"{_utc(revoked.before_s)} UTC are refused; issue a new one",
+            )
+            return
         await send({"type": "websocket.accept"})
         socket = AsgiSocket(receive, send)
         await serve_sidecar(
-            state, socket, user_id, expires_at=expires_at, on_progress=holder["progress"].offer
+            state,
+            socket,
+            user_id,
+            expires_at=claims.valid_until,
+            issued_at=claims.issued_at,
+            on_progress=holder["progress"].offer,
         )
         await socket.close(1000, "")
 

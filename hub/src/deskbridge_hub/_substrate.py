@@ -93,6 +93,7 @@ from ._keys import (
 from ._keys import (
     wake_key as wake_key,
 )
+from ._revocation import RevocationSubstrate as RevocationSubstrate
 from ._substrate_desktop import Asleep as Asleep
 from ._substrate_desktop import DesktopSubstrate as DesktopSubstrate
 from ._substrate_desktop import asleep_key as asleep_key
@@ -125,6 +126,12 @@ from ._substrate_values import (
     Pushed as Pushed,
 )
 from ._substrate_values import (
+    Revocation as Revocation,
+)
+from ._substrate_values import (
+    Revoked as Revoked,
+)
+from ._substrate_values import (
     Submission as Submission,
 )
 from ._substrate_values import (
@@ -132,6 +139,9 @@ from ._substrate_values import (
 )
 from ._substrate_values import (
     Superseded as Superseded,
+)
+from ._substrate_values import (
+    WakeItem as WakeItem,
 )
 
 
@@ -282,9 +292,7 @@ class ReaderSubstrate(Protocol):
         heartbeat (:class:`Superseded` from ``wait_wakes``). ``check``: the notice asks
         instead whether that process holds ``session_id`` (``Superseded.check``)."""
 
-    async def wait_wakes(
-        self, holder_id: str, *, timeout_s: float, count: int
-    ) -> list[str | Pushed | Superseded]:
+    async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[WakeItem]:
         """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:
         in push order, the user ids pushed (possibly repeated), the entries callers
         read for this process (:class:`Pushed`) and the supersede notices
@@ -541,12 +549,13 @@ class Substrate(
     ResultSubstrate,
     LedgerSubstrate,
     DesktopSubstrate,
+    RevocationSubstrate,
     Protocol,
 ):
-    """Everything the hub needs from its store: the six parts (``DesktopSubstrate`` in
-    ``_substrate_desktop``), plus health and lifetime. ``MemorySubstrate`` and
-    ``RedisSubstrate`` implement all of it; the shared contract suite is
-    ``deskbridge_hub.testing.check_substrate``."""
+    """Everything the hub needs from its store: the seven parts (``DesktopSubstrate`` in
+    ``_substrate_desktop``, ``RevocationSubstrate`` in ``_revocation``), plus health and
+    lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
+    contract suite is ``deskbridge_hub.testing.check_substrate``."""
 
     async def ping(self) -> None:
         """Round trip to the store (health check)."""

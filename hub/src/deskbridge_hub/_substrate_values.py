@@ -3,6 +3,8 @@ stream entries, claims, delivery verdicts, job owners, submissions."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 
 import attrs
@@ -378,3 +380,66 @@ class Superseded:
     user_id: str
     session_id: str
     check: bool = False
+
+
+@attrs.frozen
+class Revoked:
+    """A notice on a holder process's wake list: ``user_id``'s tokens issued before
+    ``before_s`` are revoked (``deskbridge-hub revoke`` pushes it to the process whose
+    session holds presence), as ``wait_wakes`` returns it. The process closes its
+    sessions of that user whose token's ``iat`` is earlier (``_revocation``).
+
+    Attributes:
+        user_id: whose tokens.
+        before_s: the cut-off, Unix seconds.
+    """
+
+    user_id: str
+    before_s: float
+
+
+@attrs.frozen
+class Revocation:
+    """A user's revocation record (``bridge:revoked:{<user_id>}``, ``_revocation``):
+    every token of the user whose ``iat`` is earlier than ``before_s`` (or that has no
+    ``iat``) is refused.
+
+    Attributes:
+        before_s: the cut-off, Unix seconds (a whole second: ``iat`` is one).
+        at_s: when it was recorded, Unix seconds (the revoking machine's clock).
+    """
+
+    before_s: float
+    at_s: float
+
+    def refuses(self, issued_at: float | None) -> bool:
+        """True if a token issued at ``issued_at`` (its ``iat``; None: none) is revoked."""
+        return issued_at is None or issued_at < self.before_s
+
+    def shown(self) -> dict[str, float | None]:
+        """``{"before": ..., "at": ...}`` as the admin API shows it (a record that did not
+        decode: ``before`` null)."""
+        before = self.before_s if math.isfinite(self.before_s) else None
+        return {"before": before, "at": self.at_s}
+
+    def encode(self) -> str:
+        """JSON ``{"before": ..., "at": ...}``, as stored."""
+        return json.dumps({"before": self.before_s, "at": self.at_s})
+
+    @classmethod
+    def decode(cls, text: str | bytes | None) -> Revocation | None:
+        """The record from its JSON, or None (absent). A record that does not decode
+        refuses every token (``before_s`` = +inf): a revocation is never dropped for
+        its form."""
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(float(data["before"]), float(data["at"]))
+        except (ValueError, KeyError, TypeError):
+            return cls(math.inf, 0.0)
+
+
+#: One item ``wait_wakes`` pops from a holder process's wake list: a user id to read, a
+#: pushed entry, or a notice.
+WakeItem = str | Pushed | Superseded | Revoked

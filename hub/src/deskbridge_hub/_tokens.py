@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Sequence
 
+import attrs
 import jwt
 
 from ._validate import validate_user_id
@@ -138,6 +139,23 @@ def verify_token(token: str, secrets: Sequence[str], *, leeway_s: float = TOKEN_
     return verify_token_claims(token, secrets, leeway_s=leeway_s)[0]
 
 
+@attrs.frozen
+class TokenClaims:
+    """What a verified token says (:func:`verify_claims`).
+
+    Attributes:
+        user_id: its ``sub``.
+        valid_until: ``exp + leeway_s``, Unix seconds: after it this hub refuses the
+            token (a session using it is closed then, 4003).
+        issued_at: its ``iat``, Unix seconds, or None when it has none (a token minted
+            elsewhere): a revocation of the user (``_revocation``) refuses it then.
+    """
+
+    user_id: str
+    valid_until: float
+    issued_at: float | None
+
+
 def verify_token_claims(
     token: str,
     secrets: Sequence[str],
@@ -145,7 +163,20 @@ def verify_token_claims(
     leeway_s: float = TOKEN_LEEWAY_S,
     now: float | None = None,
 ) -> tuple[str, float]:
-    """Verify a sidecar token and return ``(user_id, valid_until)``.
+    """Verify a sidecar token and return ``(user_id, valid_until)`` (see
+    :func:`verify_claims`, which raises the same)."""
+    claims = verify_claims(token, secrets, leeway_s=leeway_s, now=now)
+    return claims.user_id, claims.valid_until
+
+
+def verify_claims(
+    token: str,
+    secrets: Sequence[str],
+    *,
+    leeway_s: float = TOKEN_LEEWAY_S,
+    now: float | None = None,
+) -> TokenClaims:
+    """Verify a sidecar token and return what it says.
 
     Args:
         token: the compact JWT.
@@ -156,9 +187,9 @@ def verify_token_claims(
         now: the hub's time, Unix seconds (default: the wall clock).
 
     Returns:
-        The user id, and ``exp + leeway_s`` in Unix seconds: the instant after which this
-        hub no longer accepts the token (a session using it is closed then, so a closed
-        sidecar is not let back in with the same token).
+        The user id, ``exp + leeway_s`` in Unix seconds (the instant after which this
+        hub no longer accepts the token: a session using it is closed then, so a closed
+        sidecar is not let back in with the same token), and ``iat`` if it has one.
 
     Raises:
         TokenExpired: signature good, ``exp`` more than ``leeway_s`` in the past.
@@ -218,4 +249,4 @@ def verify_token_claims(
         validate_user_id(user_id)
     except ValueError as exc:
         raise TokenRejected(str(exc)) from None
-    return user_id, valid_until
+    return TokenClaims(user_id, valid_until, None if iat is None else float(iat))

@@ -1,5 +1,6 @@
-"""``deskbridge-hub``: serve the hub, issue sidecar tokens, call a tool over the HTTP API,
-inspect and cancel (``_inspect_cli``, ``_cancel_cli``)."""
+"""``deskbridge-hub``: serve the hub, issue and revoke sidecar tokens, call a tool over the
+HTTP API, inspect a running hub and cancel a job (``_inspect_cli``, ``_cancel_cli``,
+``_revoke_cli``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 from deskbridge_common import _strict_json as strict_json
 
-from . import _cancel_cli, _inspect_cli
+from . import _cancel_cli, _inspect_cli, _revoke_cli
 from ._bridge_jobs import ARGS_ENCODER, MAX_TIMEOUT_S
 from ._cli_args import checked, hub_url_problem, integer, seconds
 from ._config import DEFAULT_MAX_ARGS_BYTES, MEMORY_URL, max_args_bytes, redis_url_problem
@@ -127,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"seconds to wait, in (0, {MAX_TIMEOUT_S:.0f}] (default 90)",
     )
+    _revoke_cli.add_parser(sub)
     _inspect_cli.add_parser(sub)
     _cancel_cli.add_parser(sub)
     return p
@@ -159,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _call(args)
         if args.command == "cancel":
             return _cancel_cli.run(args)
+        if args.command == "revoke":
+            return _revoke_cli.run(args)
         return _inspect_cli.run(args)
     except BrokenPipeError:
         # `deskbridge-hub inspect desktops | head`: the reader left (was a traceback).
