@@ -47,6 +47,10 @@ def test_deployment_probes_drain_and_budget() -> None:
     (hub,) = pod["containers"]
     assert hub["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert hub["livenessProbe"]["httpGet"]["path"] == "/livez"
+    # an overloaded hub answers late; a restart would carry its load to the other pods
+    live = hub["livenessProbe"]
+    assert live["timeoutSeconds"] >= 10, live
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60, live
     pre_stop_s = int(hub["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert pre_stop_s >= 5
     env = {e["name"]: e.get("value") for e in hub["env"]}
