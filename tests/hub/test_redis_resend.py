@@ -90,6 +90,7 @@ async def reply_cutter() -> AsyncIterator[ReplyCutter]:
             yield proxy
         finally:
             nursery.cancel_scope.cancel()
+    await listener.aclose()  # not closed by serve_listeners: a socket for the GC to warn of
 
 
 def _submission(user: str, job: str, *, own: bool) -> Submission:
