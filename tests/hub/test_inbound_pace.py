@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import trio
 import trio.testing
-from deskbridge_common import Hello, JobResult, Timings, Welcome
+from deskbridge_common import JobResult
 from deskbridge_hub import Bridge
 from deskbridge_hub._inbound import BURST, FRAMES_PER_S, InboundBudget
-from deskbridge_hub._memory import MemorySubstrate
-from deskbridge_hub._session import HubState, serve_sidecar
-from deskbridge_hub.testing import socket_pair
 
-from tests.hub.test_peer_noise import _pong, _wall
+from tests.hub.test_peer_noise import _pong
 from tests.hub.test_session import answer_jobs, connect, make_state, wall
 
 
@@ -48,27 +45,15 @@ async def test_answers_to_the_hubs_deliveries_are_never_paced(autojump_clock):
 
 
 async def test_a_flooding_sidecar_is_read_at_its_budget(autojump_clock):
-    state = HubState(
-        substrate=MemorySubstrate(clock=_wall), timings=Timings(), consumer="hub-1",
-        wall_clock=_wall,
-    )  # fmt: skip
-    bridge = Bridge(state.substrate, state.timings, wall_clock=_wall)
+    state = make_state()
     async with trio.open_nursery() as nursery:
-        await nursery.start(state.reader.run)
-        peers = {}
-        for user in ("evil", "good"):
-            hub_side, peer = socket_pair(buffer=100)
-            nursery.start_soon(serve_sidecar, state, hub_side, user)
-            await peer.send(Hello(protocol_version=1, sidecar_version="t"))
-            assert isinstance(await peer.receive(), Welcome)
-            peers[user] = peer
-        nursery.start_soon(_pong, peers["evil"])
-        frames = 3 * BURST
+        evil, _ = await connect(nursery, state, "evil")  # a socket buffer of 1,000
+        nursery.start_soon(_pong, evil)
+        frames = 3 * BURST + 1000
         start = trio.current_time()
         for i in range(frames):  # blocks once the hub stops reading and the buffer is full
-            await peers["evil"].send(JobResult(f"never-{i}", True, 1))
+            await evil.send(JobResult(f"never-{i}", True, 1))
         took_s = trio.current_time() - start
-        # the hub read the burst at once, then FRAMES_PER_S a second; 100 in the buffer
-        assert took_s >= (frames - BURST - 100 - 2) / FRAMES_PER_S, took_s
-        del bridge
+        # the hub read the burst at once, then FRAMES_PER_S a second; 1,000 in the buffer
+        assert took_s >= (frames - BURST - 1000 - 2) / FRAMES_PER_S, took_s
         nursery.cancel_scope.cancel()

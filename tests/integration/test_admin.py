@@ -20,12 +20,17 @@ from tests.procs import API_KEY, BIN, Hub, Sidecar, api, issue, running, wait_un
 pytestmark = pytest.mark.integration
 
 
-def inspect(hub: Hub, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DESKBRIDGE_API_KEY": API_KEY, "DESKBRIDGE_HUB_HTTP": hub.http}
+def hub_cli(hub: Hub, *argv: str, key: str = API_KEY) -> subprocess.CompletedProcess:
+    """``deskbridge-hub ARGV`` against ``hub`` (``DESKBRIDGE_HUB_HTTP``) with ``key``."""
+    env = {**os.environ, "DESKBRIDGE_API_KEY": key, "DESKBRIDGE_HUB_HTTP": hub.http}
     return subprocess.run(
-        [str(BIN / "deskbridge-hub"), "inspect", *argv],
+        [str(BIN / "deskbridge-hub"), *argv],
         env=env, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
+
+
+def inspect(hub: Hub, *argv: str) -> subprocess.CompletedProcess:
+    return hub_cli(hub, "inspect", *argv)
 
 
 def test_admin_api_and_inspect(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ running job without composing the HTTP request; each answer has its exit status.
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -11,17 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import API_KEY, BIN, Hub, Sidecar, api, issue, running, wait_until
+from tests.integration.test_admin import hub_cli
+from tests.procs import API_KEY, Hub, Sidecar, api, issue, running, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def cancel(hub: Hub, *argv: str, key: str = API_KEY) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DESKBRIDGE_API_KEY": key, "DESKBRIDGE_HUB_HTTP": hub.http}
-    return subprocess.run(
-        [str(BIN / "deskbridge-hub"), "cancel", *argv],
-        env=env, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    return hub_cli(hub, "cancel", *argv, key=key)
 
 
 def test_cancel_ends_a_running_job_and_says_what_it_found(tmp_path: Path) -> None:
