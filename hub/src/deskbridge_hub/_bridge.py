@@ -115,11 +115,15 @@ class _Step:
 
     Attributes:
         claimed: the caller-chosen job id is claimed (its owner record is ours).
+        adopted: claimed by another copy of this very request (the record carries its
+            digest), whose own submit may still enqueue the job under it: never dropped
+            by this call (``_unclaim``), its TTL ends it.
         in_doubt: a submit was sent and has not answered: it may have enqueued the job.
         submitted: the last submit's answer, once one answered.
     """
 
     claimed: bool = False
+    adopted: bool = False
     in_doubt: bool = False
     submitted: Submitted | None = None
 
@@ -288,7 +292,8 @@ class Bridge(JobControl):
                 session kept changing over the submit's retries (nothing enqueued; retry).
 
         A refused call (any of these but a ``job_id`` one) leaves its caller-chosen
-        ``job_id`` free again.
+        ``job_id`` free again, unless another copy of the same request claimed it (that
+        copy may still enqueue under it: the claim's TTL ends it).
 
         Cancellation: stops waiting; the job stays queued and runs unless its deadline
         passes first.
@@ -372,6 +377,7 @@ class Bridge(JobControl):
                         step.claimed = held is not None and held.request == owner.request and (
                             held.user_id == user_id
                         )
+                        step.adopted = step.claimed
                         if not step.claimed and not _may_be_ours(held, user_id, indexed_key):
                             raise JobIdInUse(
                                 f"job_id {job_id!r} already names another job", job_id=job_id
@@ -455,6 +461,8 @@ class Bridge(JobControl):
                 # found under the id, not enqueued by this step: another copy of this
                 # request may have enqueued it (its mailbox is notified, its deadline holds)
                 attached = not submitted.entry_id
+                if step.adopted and submitted.entry_id:
+                    await self._reclaim_adopted(job_id, owner, state_ttl_s, give_up)
             elif submitted.verdict != "queued":
                 if submitted.verdict == "offline":
                     await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
@@ -662,9 +670,24 @@ class Bridge(JobControl):
         if not step.claimed:
             return
         step.claimed = False
+        if step.adopted:  # another copy's claim: that copy may yet enqueue under it
+            return
         with anyio.CancelScope(shield=True), anyio.move_on_after(until - anyio.current_time()):
             try:
                 await self.substrate.forget_job_id(job_id)
+            except SubstrateUnavailable:
+                pass
+
+    async def _reclaim_adopted(
+        self, job_id: str, owner: JobOwner, ttl_s: float, give_up: float
+    ) -> None:
+        """This call enqueued its job under a claim another copy of the request made,
+        which that copy drops if it was refused before (``offline``, ``queue_full``):
+        claim the id again (SET NX: a record still there, maybe marked answered, is
+        left as it is), so it names the job. Best effort, within the caller's time."""
+        with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
+            try:
+                await self.substrate.claim_job_id(job_id, owner, ttl_s=ttl_s)
             except SubstrateUnavailable:
                 pass
 

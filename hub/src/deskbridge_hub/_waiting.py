@@ -75,6 +75,9 @@ class Waiter:
     job_id: str
     payload: str | None = None
     wake: anyio.Event = attrs.Factory(anyio.Event)
+    #: until when (``anyio.current_time()``) it may read the mailbox: its wait's end less
+    #: ``READ_MARGIN_S`` (-inf while not in :meth:`ResultWaiters.wait`)
+    reads_until: float = -math.inf
 
 
 @attrs.define(eq=False)
@@ -144,6 +147,7 @@ class ResultWaiters:
             else (CHECK_FIRST_S, CHECK_MAX_S)
         )
         deadline = anyio.current_time() + timeout_s
+        read_until = waiter.reads_until = deadline - READ_MARGIN_S
         interval = first
         next_check = anyio.current_time() + (0.0 if attached else first)
         # When each of the two reads began failing in a row (the mailbox and the result
@@ -170,12 +174,13 @@ class ResultWaiters:
                             interval = min(interval * 2, most)
                             next_check = anyio.current_time() + interval
                             continue
-                        read_until = deadline - READ_MARGIN_S
                         if self._reader is None and now < read_until:
                             await self._read_once(waiter, until=min(next_check, read_until))
                             failing.pop(what, None)
                             strikes.pop(what, None)
                             continue
+                        if self._reader is None:  # it reads no more: another one does
+                            self._hand_over()
                     except SubstrateUnavailable:
                         since = failing.setdefault(what, now)
                         strikes[what] = strikes.get(what, 0) + 1
@@ -201,9 +206,12 @@ class ResultWaiters:
                 return waiter.payload
             return await self.substrate.get_result(waiter.user_id, waiter.job_id)
         finally:
+            waiter.reads_until = -math.inf
             if self._reader is waiter:
                 self._reader = None
-                self._hand_over()
+            # (the reader's own read has ended, ``_read_once`` cleared it: leaving
+            # without its answer, it hands the reading over too, as after its last read)
+            self._hand_over()
 
     async def _read_once(self, waiter: Waiter, *, until: float) -> None:
         """Read the mailbox once as this process's reader, for at most ``READ_BLOCK_S``
@@ -246,11 +254,13 @@ class ResultWaiters:
                     w.wake.set()
 
     def _hand_over(self) -> None:
-        """Wake one waiter still without its answer so it becomes the reader."""
+        """Wake one waiter still without its answer that may still read (not in its
+        last ``READ_MARGIN_S``) so it becomes the reader."""
         if self._reader is not None:
             return
+        now = anyio.current_time()
         for waiters in self._waiting.values():
             for w in waiters:
-                if w.payload is None:
+                if w.payload is None and w.reads_until > now:
                     w.wake.set()
                     return
