@@ -90,3 +90,51 @@ def test_revoke_exits_1_when_redis_cannot_be_reached(monkeypatch, capsys):
     assert cli.main(["revoke", "alice"]) == 1
     err = capsys.readouterr().err
     assert "127.0.0.1" in err and "hunter2" not in err and "nothing was revoked" in err
+
+
+@pytest.mark.parametrize("unsent", [True, False])
+def test_revoke_says_nothing_was_revoked_only_when_nothing_was_sent(
+    monkeypatch, capsys, redis_url, unsent
+):
+    """A write whose reply was lost (Redis stalled, the connection cut after sending) may
+    have been recorded: seen with real Redis behind a proxy swallowing replies, the CLI
+    said "nothing was revoked" while the record was there. Only an unsent write proves
+    that; otherwise it says the revocation may be recorded and that repeating is safe."""
+    from deskbridge_hub import _revocation
+    from deskbridge_hub._errors import SubstrateUnavailable
+
+    async def lost(*args: object, **kwargs: object) -> object:
+        exc = SubstrateUnavailable("Redis at 127.0.0.1:1 unavailable (revoke tokens): timed out")
+        exc.unsent = unsent
+        raise exc
+
+    monkeypatch.setattr(_revocation, "revoke_user", lost)
+    monkeypatch.setenv("DESKBRIDGE_REDIS_URL", redis_url)
+    assert cli.main(["revoke", "alice"]) == 1
+    err = capsys.readouterr().err
+    if unsent:
+        assert "nothing was revoked" in err
+    else:
+        assert "nothing was revoked" not in err
+        assert "may" in err and "revoke alice" in err and "again" in err
+
+
+def test_revoke_keeps_a_later_cut_off_says_so_and_does_not_wait_for_it(
+    user, raw_redis, redis_url, monkeypatch, capsys
+):
+    """A revocation made on a clock 10 min ahead of this machine's is kept (its tokens
+    stay refused), the command says its own clock may be behind, and it returns once
+    its own cut-off has passed, not the kept one."""
+    later = float(int(time.time()) + 600)
+    stored = json.dumps({"before": later, "at": later - 0.5})
+    _raw(raw_redis, "SET", f"bridge:revoked:{{{user}}}", stored)
+    monkeypatch.setenv("DESKBRIDGE_REDIS_URL", redis_url)
+    start = time.monotonic()
+    assert cli.main(["revoke", user]) == 0
+    assert time.monotonic() - start < 10
+    assert json.loads(str(_raw(raw_redis, "GET", f"bridge:revoked:{{{user}}}"))) == {
+        "before": later,
+        "at": later - 0.5,
+    }
+    out = capsys.readouterr().out
+    assert "kept" in out and "behind" in out

@@ -59,7 +59,10 @@ async def _asgi(app: Any, method: str, path: str, headers: dict[str, str], body:
         await app(scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(data)
+    try:
+        return status, json.loads(data)
+    except ValueError:  # the MCP SDK's event stream
+        return status, data.decode()
 
 
 def _code(answer: dict[str, Any]) -> str:
@@ -202,3 +205,46 @@ async def test_an_mcp_post_that_is_not_json_is_answered_json(content_type) -> No
     assert status == 400
     assert answer["id"] == 1 and answer["error"]["code"] == -32600, answer
     assert "Content-Type must be application/json" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/jsonx", "application/json-seq"])
+async def test_an_mcp_post_of_a_type_that_only_starts_like_json_is_the_hub_s_answer(
+    content_type,
+) -> None:
+    """The mount's check took any type starting with ``application/json``; the SDK then
+    answered ``415`` with ``id: null``: two answers for one condition, the second without
+    the request's id. (A real clock: an answer that reaches the SDK starts it on anyio.)"""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": content_type,
+    }
+    body = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list"}'
+    async with app.test_app():
+        status, answer = await _asgi(app, "POST", "/v1/users/alice/mcp", headers, body)
+    assert status == 400, answer
+    assert answer["id"] == 7 and answer["error"]["code"] == -32600, answer
+    assert content_type in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "content_type", ["Application/JSON", "APPLICATION/JSON; charset=utf-8", " application/json"]
+)
+async def test_an_mcp_post_of_json_in_any_case_is_served(content_type) -> None:
+    """Media types are case-insensitive (RFC 9110 8.3.1), as the HTTP routes read them;
+    the mount let ``Application/JSON`` through and the SDK, comparing case-sensitively,
+    refused it ``415`` with ``id: null``."""
+    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=(KEY,)), substrate=MemorySubstrate())
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": content_type,
+    }
+    body = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion":'
+        b' "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}'
+    )
+    async with app.test_app():
+        status, answer = await _asgi(app, "POST", "/v1/users/alice/mcp", headers, body)
+    assert status == 200, answer

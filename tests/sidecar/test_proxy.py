@@ -153,6 +153,18 @@ def test_connect_request_names_the_hub_in_the_request_line_and_host() -> None:
     assert b"\r\nProxy-Authorization: Basic eDp5\r\n" in v6
 
 
+def test_connect_request_names_an_international_hub_by_its_ascii_form() -> None:
+    """A hub named in Unicode (reached directly: trio encodes the name for DNS) failed
+    through a proxy with "proxy ... answered CONNECT with 'latin-1' codec can't
+    encode", blamed on the proxy and retried for ever; ``bücher`` went out as one raw
+    byte. The request line and ``Host`` carry the name's IDNA form, as DNS sees it."""
+    wire = connect_request("例え.jp", 443, authorization=None)
+    assert wire.startswith(b"CONNECT xn--r8jz45g.jp:443 HTTP/1.1\r\nHost: xn--r8jz45g.jp:443\r\n")
+    assert connect_request("bücher.example", 80, authorization=None).startswith(
+        b"CONNECT xn--bcher-kva.example:80 "
+    )
+
+
 def test_connect_reply_parsing() -> None:
     assert parse_connect_reply(b"HTTP/1.1 200 Connection established\r\n") is None  # more
     ok = parse_connect_reply(b"HTTP/1.1 200 Connection established\r\nVia: x\r\n\r\n")

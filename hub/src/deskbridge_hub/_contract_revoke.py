@@ -30,7 +30,7 @@ async def check_a_revocation_is_stored_for_good_and_read_back(h: SubstrateHarnes
     try:
         assert await s.get_revocation(user) is None
         first = Revocation(before_s=float(int(now)), at_s=now)
-        assert await s.revoke_tokens(user, first) is None  # nobody holds presence
+        assert await s.revoke_tokens(user, first) == (None, first)  # nobody holds presence
         assert await s.get_revocation(user) == first
         assert await s.get_revocation(other) is None  # one user's record only
         later = Revocation(before_s=float(int(now) + 5), at_s=now + 4.5)
@@ -43,12 +43,32 @@ async def check_a_revocation_is_stored_for_good_and_read_back(h: SubstrateHarnes
 
 
 @check
+async def check_an_earlier_cut_off_never_replaces_a_later_one(h: SubstrateHarness) -> None:
+    """A second ``revoke`` run on a clock behind the first's (another operator's
+    machine) keeps the later cut-off: the tokens the first one refused stay refused, in
+    the record the handshake reads and in the index the sweep reads."""
+    s, user = h.substrate, h.user()
+    now = float(int(time.time()))
+    later = Revocation(before_s=now, at_s=now - 0.5)
+    try:
+        await s.revoke_tokens(user, later)
+        reply = await s.revoke_tokens(user, Revocation(now - 600, now - 600.5))
+        assert await s.get_revocation(user) == later
+        assert dict(await s.recent_revocations(since_s=now - 60)).get(user) == now
+        assert reply == (None, later)  # nobody holds presence; the record in force
+        again = Revocation(before_s=now, at_s=now + 0.2)  # the same second: kept too
+        assert (await s.revoke_tokens(user, again))[1] == later
+    finally:
+        await _forget(h, user)
+
+
+@check
 async def check_revoking_names_the_session_holding_presence(h: SubstrateHarness) -> None:
     s, user = h.substrate, h.user()
     now = time.time()
     try:
         await s.set_presence(user, "h1.s1", 30)
-        assert await s.revoke_tokens(user, Revocation(float(int(now)), now)) == "h1.s1"
+        assert (await s.revoke_tokens(user, Revocation(float(int(now)), now)))[0] == "h1.s1"
         assert await s.get_presence(user) == "h1.s1"  # presence is not touched
     finally:
         await _forget(h, user)

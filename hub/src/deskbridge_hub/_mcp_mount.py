@@ -494,10 +494,19 @@ def _refusal(raw: bytes) -> tuple[int, str, str | int | None] | None:
 def _content_type_refusal(scope: Any, raw: bytes) -> tuple[int, str, str | int | None] | None:
     """``-32600`` for a POST whose ``Content-Type`` is not JSON, or None. The SDK's answer
     was ``400 Invalid Content-Type header`` as text/plain (curl's default type is a
-    form's): the hub's one answer that was not JSON, which an MCP client could not read."""
-    header = next((v for k, v in scope.get("headers", []) if k == b"content-type"), b"")
+    form's): the hub's one answer that was not JSON, which an MCP client could not read.
+
+    JSON is the media type ``application/json`` in any case, with any parameters (RFC
+    9110 8.3.1, as the HTTP routes read it); the header is then rewritten in ``scope`` to
+    the lower-case form the SDK compares with. This check took any type *starting* with
+    ``application/json`` (``application/jsonx``) and left ``Application/JSON`` as sent:
+    the SDK refused both ``415`` with ``id: null``, a second answer for one condition."""
+    headers = scope.get("headers", [])
+    header = next((v for k, v in headers if k == b"content-type"), b"")
     given = header.decode("latin-1")
-    if given.strip().lower().startswith("application/json"):
+    if given.split(";", 1)[0].strip().lower() == "application/json":
+        scope["headers"] = [(k, v) for k, v in headers if k != b"content-type"]
+        scope["headers"].append((b"content-type", b"application/json"))
         return None
     rid = _request_id(raw)
     shown = safe_text(given) if given else "none"

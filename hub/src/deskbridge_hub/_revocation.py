@@ -24,6 +24,7 @@ Where it is checked, and what it costs:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -55,11 +56,16 @@ class RevocationSubstrate(Protocol):
     ``_contract_revoke``). Every method raises ``SubstrateUnavailable`` when the store
     cannot be reached."""
 
-    async def revoke_tokens(self, user_id: str, revocation: Revocation) -> str | None:
-        """SET ``bridge:revoked:{user_id}`` (no TTL), ZADD the index (score: the cut-off
-        in ms), drop index entries older than ``INDEX_RETENTION_S`` before it, and GET
-        the user's presence, in one round trip. Returns the session presence names, or
-        None."""
+    async def revoke_tokens(
+        self, user_id: str, revocation: Revocation
+    ) -> tuple[str | None, Revocation]:
+        """Write ``bridge:revoked:{user_id}`` (no TTL) unless the record there has a
+        cut-off at least as late (:data:`KEEP_LATER`: a second revocation made on a
+        clock behind the first's must not let the tokens it refused back in), ZADD the
+        index with ``GT`` (score: the cut-off in ms), drop index entries older than
+        ``INDEX_RETENTION_S`` before it, and GET the user's presence, in one round
+        trip. Returns the session presence names (or None) and the record in force
+        (``revocation``, or the later one kept)."""
 
     async def get_revocation(self, user_id: str) -> Revocation | None:
         """GET ``bridge:revoked:{user_id}``, decoded; None if absent."""
@@ -76,25 +82,69 @@ class RevocationSubstrate(Protocol):
         and PEXPIRE it ``ttl_s`` (one round trip)."""
 
 
+#: The record's write: SET KEYS[1] = ARGV[1] unless the stored record's cut-off is at
+#: least ARGV[2] (a record that does not decode is replaced: the operator revoking now
+#: asks for "refused up to now", which it says); returns the record in force. Found with
+#: faketime: a second ``revoke`` on a clock 10 min behind replaced the first's record and
+#: a token the first had refused connected again.
+KEEP_LATER = """
+local old = redis.call('GET', KEYS[1])
+if old then
+  local ok, rec = pcall(cjson.decode, old)
+  if ok and type(rec) == 'table' then
+    local before = tonumber(rec['before'])
+    if before and before >= tonumber(ARGV[2]) then return old end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
+
+@functools.cache
+def _keep_later() -> Any:
+    """:data:`KEEP_LATER` as a ``_redis_base.Script`` (imported here: ``_redis_base``
+    imports the substrate module, which imports this one). Safe to run twice."""
+    from ._redis_base import Script
+
+    return Script(KEEP_LATER, resend_safe=True)
+
+
+def keeps(stored: Revocation | None, new: Revocation) -> bool:
+    """True if ``stored`` stays in force against ``new`` (its cut-off is at least as
+    late): :data:`KEEP_LATER`'s rule, for the in-memory substrate. A record that did not
+    decode (cut-off +inf) is replaced, as the script does."""
+    return stored is not None and math.isfinite(stored.before_s) and (
+        stored.before_s >= new.before_s
+    )
+
+
 class RedisRevocations:
     """Revocation commands of ``RedisSubstrate`` (uses its session and call plumbing)."""
 
-    async def revoke_tokens(self, user_id: str, revocation: Revocation) -> str | None:
+    async def revoke_tokens(
+        self, user_id: str, revocation: Revocation
+    ) -> tuple[str | None, Revocation]:
         """See :class:`RevocationSubstrate` (under Cluster the index is written to its
         own slot in the same write). Raises SubstrateUnavailable."""
         before_ms = int(revocation.before_s * 1000)
         oldest_ms = before_ms - int(INDEX_RETENTION_S * 1000)
         async with self._session("revoke tokens") as s:  # type: ignore[attr-defined]
-            replies = await s.execute(
-                (b"SET", revoked_key(user_id), revocation.encode()),
-                (b"ZADD", REVOCATIONS_KEY, before_ms, user_id),
-                (b"ZREMRANGEBYSCORE", REVOCATIONS_KEY, b"-inf", f"({oldest_ms}"),
-                (b"GET", presence_key(user_id)),
-                timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
+            replies = await self._script(  # type: ignore[attr-defined]
+                s,
+                _keep_later(),
+                [revoked_key(user_id)],
+                [revocation.encode(), repr(revocation.before_s)],
+                after=(
+                    (b"ZADD", REVOCATIONS_KEY, b"GT", before_ms, user_id),
+                    (b"ZREMRANGEBYSCORE", REVOCATIONS_KEY, b"-inf", f"({oldest_ms}"),
+                    (b"GET", presence_key(user_id)),
+                ),
             )
             raise_any(replies)  # inside the session: mapped to SubstrateUnavailable
+        kept = Revocation.decode(replies[0]) or revocation
         holder = replies[3]
-        return holder.decode() if isinstance(holder, bytes) else holder
+        return (holder.decode() if isinstance(holder, bytes) else holder), kept
 
     async def get_revocation(self, user_id: str) -> Revocation | None:
         """GET the record. Raises SubstrateUnavailable."""
@@ -134,18 +184,24 @@ _MEMORY_INDEX = "_revocation_index"
 class MemoryRevocations:
     """Revocation commands of ``MemorySubstrate`` (same contract, in process)."""
 
-    async def revoke_tokens(self, user_id: str, revocation: Revocation) -> str | None:
+    async def revoke_tokens(
+        self, user_id: str, revocation: Revocation
+    ) -> tuple[str | None, Revocation]:
         """See :class:`RevocationSubstrate`. Raises SubstrateUnavailable."""
         now = await self._enter()  # type: ignore[attr-defined]
-        self._set(revoked_key(user_id), revocation.encode(), now, None)  # type: ignore[attr-defined]
+        stored = Revocation.decode(self._get(revoked_key(user_id), now))  # type: ignore[attr-defined]
+        kept = stored if stored is not None and keeps(stored, revocation) else revocation
+        if kept is revocation:
+            self._set(revoked_key(user_id), revocation.encode(), now, None)  # type: ignore[attr-defined]
         index = memory_scores(self, _MEMORY_INDEX)
-        index[user_id] = float(int(revocation.before_s * 1000)) / 1000
+        score = float(int(revocation.before_s * 1000)) / 1000
+        index[user_id] = max(score, index.get(user_id, score))  # ZADD GT
         oldest_s = revocation.before_s - INDEX_RETENTION_S
         for user, before_s in list(index.items()):
             if before_s < oldest_s:
                 del index[user]
         holder: str | None = self._get(presence_key(user_id), now)  # type: ignore[attr-defined]
-        return holder
+        return holder, kept
 
     async def get_revocation(self, user_id: str) -> Revocation | None:
         """The record. Raises SubstrateUnavailable."""
@@ -177,16 +233,25 @@ class Revoking:
     """What :func:`revoke_user` did.
 
     Attributes:
-        revocation: the record written.
+        revocation: the record in force: the one asked for, or a stored one whose
+            cut-off is later (kept: a revocation never lets a refused token back in).
         holder: the session presence named when it was written, or None.
         notified: its process was told (False: nobody held presence, the session id
             names no process, or the notice could not be written: the sweep closes it
             within a heartbeat).
+        asked: the record this call asked for (its cut-off is on the caller's clock).
     """
 
     revocation: Revocation
     holder: str | None
     notified: bool
+    asked: Revocation
+
+    @property
+    def kept_later(self) -> bool:
+        """A stored revocation with a later cut-off was kept (the caller's clock may be
+        behind the one that made it)."""
+        return self.revocation.before_s > self.asked.before_s
 
 
 def cut_off(now_s: float) -> float:
@@ -199,8 +264,9 @@ def cut_off(now_s: float) -> float:
 async def revoke_user(
     substrate: Any, user_id: str, *, now_s: float, notice_ttl_s: float = 90.0
 ) -> Revoking:
-    """Revoke every token of ``user_id`` issued up to ``now_s`` (see :func:`cut_off`),
-    and tell the process holding the user's session, if any.
+    """Revoke every token of ``user_id`` issued up to ``now_s`` (see :func:`cut_off`;
+    a stored revocation with a later cut-off stays in force), and tell the process
+    holding the user's session, if any.
 
     Args:
         substrate: the shared substrate (a :class:`RevocationSubstrate`).
@@ -215,8 +281,8 @@ async def revoke_user(
 
     Cancellation: the record may or may not have been written.
     """
-    revocation = Revocation(before_s=cut_off(now_s), at_s=now_s)
-    holder = await substrate.revoke_tokens(user_id, revocation)
+    asked = Revocation(before_s=cut_off(now_s), at_s=now_s)
+    holder, revocation = await substrate.revoke_tokens(user_id, asked)
     process = holder_of(holder) if holder else None
     notified = False
     if process is not None:
@@ -227,7 +293,7 @@ async def revoke_user(
             notified = True
         except SubstrateUnavailable as exc:
             log.warning("could not tell %s's process of the revocation: %s", user_id, exc)
-    return Revoking(revocation, holder, notified)
+    return Revoking(revocation, holder, notified, asked)
 
 
 # -- the hub process's side ----------------------------------------------------------------

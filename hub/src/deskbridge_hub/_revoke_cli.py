@@ -5,7 +5,8 @@ Writes the user's revocation record (``_revocation``), tells the hub process hol
 user's session (it closes it with 4003 "token revoked" at once; every process's sweep does
 within a heartbeat otherwise), waits until the cut-off second has passed (so a token
 issued once the command returned is accepted), and says what it did. Exit status: 0
-revoked, 1 Redis could not be reached (nothing was revoked), 2 usage.
+revoked, 1 Redis could not be reached (nothing was revoked; or the write went out and
+its answer was lost: it may be recorded, and the message says to run it again), 2 usage.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ environment:
 
 exit status:
   0  revoked (the record is written; says whether a session was told)
-  1  Redis could not be reached: nothing was revoked
+  1  Redis could not be reached: nothing was revoked (or, when the write went out and
+     its answer was lost, it may be recorded: the message says so; run it again)
   2  usage: no or an in-memory DESKBRIDGE_REDIS_URL, a malformed user id
 """
 
@@ -91,10 +93,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         done = trio.run(_revoke, os.environ["DESKBRIDGE_REDIS_URL"], args.user_id, ttl_s)
     except SubstrateUnavailable as exc:
-        print(f"deskbridge-hub revoke: {exc}; nothing was revoked", file=sys.stderr)
+        if exc.unsent or exc.refused:
+            said = "nothing was revoked"
+        else:  # sent, and its reply lost (a stall, a cut connection): maybe recorded
+            said = (
+                "the revocation may or may not be recorded: run deskbridge-hub revoke "
+                f"{args.user_id} again (repeating it is safe)"
+            )
+        print(f"deskbridge-hub revoke: {exc}; {said}", file=sys.stderr)
         return 1
     before = _utc(done.revocation.before_s)
     print(f"revoked: tokens of {args.user_id} issued before {before} UTC are refused")
+    if done.kept_later:
+        print(
+            f"(an earlier revocation's later cut-off is kept; this machine's clock says "
+            f"{_utc(done.asked.at_s)} UTC: it may be behind the one that made it)"
+        )
     if done.holder is None:
         print(f"no sidecar of {args.user_id} is connected")
     elif done.notified:
@@ -119,5 +133,6 @@ async def _revoke(url: str, user_id: str, ttl_s: float) -> Any:
     finally:
         await substrate.aclose()
     # a token issued once this returns (on this clock) is issued after the cut-off
-    await trio.sleep(max(0.0, done.revocation.before_s - time.time()))
+    # (this command's: a later one kept was made on a clock ahead of this one)
+    await trio.sleep(max(0.0, done.asked.before_s - time.time()))
     return done

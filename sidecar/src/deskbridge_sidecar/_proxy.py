@@ -190,7 +190,14 @@ def no_proxy_matches(host: str, port: int, no_proxy: str) -> bool:
 
 
 def _authority(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    """``host:port`` as the request line names it: an IPv6 address in brackets, a name
+    in its ASCII (IDNA) form, the form DNS and the proxy see (a Unicode name could not
+    be sent: latin-1 refused it, or sent ``ü`` as one raw byte)."""
+    if ":" in host:
+        return f"[{host}]:{port}"
+    if not host.isascii():
+        host = host.encode("idna").decode("ascii")
+    return f"{host}:{port}"
 
 
 def connect_request(host: str, port: int, *, authorization: str | None) -> bytes:
