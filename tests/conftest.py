@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,6 +14,13 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 REDIS_URL = os.environ.get("DESKBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# A suite started in the background by a shell without job control (`.ci/run &`, nohup)
+# inherits SIGINT ignored, and so would every process it starts: the Ctrl-C tests' SIGINT
+# would then do nothing. A handler here (not an ignore) is reset to the default in each
+# child, which then gets Python's KeyboardInterrupt as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def redis_problem(url: str, timeout_s: float = 1.0) -> str | None:
