@@ -152,7 +152,7 @@ def test_ctrl_c_while_call_waits_is_one_line_not_a_traceback():
                 out, err = proc.communicate(timeout=60)
         finally:
             proc.kill()
-            proc.wait(10)
+            proc.communicate(timeout=10)  # reaps it and closes its pipes
     assert b"Traceback" not in err, err.decode()
     assert proc.returncode == 130
     assert out == b""
