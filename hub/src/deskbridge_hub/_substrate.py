@@ -435,9 +435,10 @@ class LedgerSubstrate(Protocol):
         """HMGET the index: job id of each entry ID still indexed (enqueued, not acked)."""
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
-        """Indexed entries older than the stream's first entry and in no consumer's
-        pending entries list (trimmed by MAXLEN before any consumer read them, or the
-        stream was deleted): ``[(entry_id, job_id)]``."""
+        """Indexed entries no longer in the stream (older than its first entry: trimmed
+        by MAXLEN, or the stream was deleted; or deleted from its middle: XDEL) and in no
+        consumer's pending entries list (no consumer read them): ``[(entry_id,
+        job_id)]``, oldest first."""
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL the entry from the index. True if this call removed it (the caller then
