@@ -118,6 +118,27 @@ async def test_a_cancel_at_a_full_queue_trims_no_accepted_job(autojump_clock, st
         nursery.cancel_scope.cancel()
 
 
+async def test_repeated_cancels_of_a_running_job_enqueue_one_control_entry(
+    autojump_clock, state, bridge
+):
+    """Each cancel of a running job added an indexed ``control: cancel`` entry; with more
+    unread entries than ``CANCEL_TRIM_FACTOR`` x the bound, the cancel's own trim took
+    accepted jobs nobody had read (their callers told ``lost``). A cancel of a job whose
+    cancel is already requested (its flag set) adds none, and still answers its stage."""
+    from deskbridge_hub._bridge_jobs import USER_SEPARATOR
+    from deskbridge_hub._jobstate import JobState, Stage
+
+    sub = state.substrate
+    await sub.set_presence("u1", "ghost", 3600)
+    job_id = f"j-run{USER_SEPARATOR}u1"
+    await sub.claim_job("u1", job_id, JobState(Stage.DELIVERED, "u1"), ttl_s=600)
+    for _ in range(3 * state.timings.jobs_maxlen):
+        assert await bridge.cancel(job_id) == "delivered"
+    controls = [f for f in sub._streams["u1"].entries.values() if f.get("control") == "cancel"]
+    assert controls == [{"control": "cancel", "job_id": job_id}]
+    assert len(sub._index["u1"]) == 1
+
+
 async def test_entries_deleted_from_the_middle_are_answered_lost_and_free_the_queue(
     autojump_clock, state, bridge
 ):

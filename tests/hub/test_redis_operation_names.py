@@ -61,6 +61,7 @@ OPERATIONS: list[tuple[str, Call]] = [
     ("read + mark delivered",
      lambda s: s.read_new_delivered("u1", "c1", count=1, state=STATE, ttl_s=60)),
     ("SET cancel", lambda s: s.request_cancel("u1", "j1", ttl_s=60)),
+    ("SET cancel sent", lambda s: s.cancel_sent("u1", "j1")),
     ("keep job", lambda s: s.keep_job("u1", "j1", ttl_s=60, idempotency_key="k1")),
     ("SET tools", lambda s: s.set_catalogue("u1", "[]")),
     ("GET tools", lambda s: s.get_catalogue("u1")),

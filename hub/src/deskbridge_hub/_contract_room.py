@@ -9,6 +9,7 @@ import attrs
 
 from ._contract import SubstrateHarness, check
 from ._contract_caller import _submission
+from ._jobstate import JobState, Stage
 from ._substrate import Beat, Submission
 
 
@@ -107,3 +108,28 @@ async def check_an_entry_deleted_from_the_middle_is_swept_and_frees_its_room(
     assert await s.forget(user, ids[2]) is True
     assert await s.trimmed(user) == []
     assert (await s.submit(user, _bounded(user, h.job(), most))).verdict == "queued"
+
+
+@check
+async def check_a_cancel_flag_tells_whether_its_control_entry_was_sent(
+    h: SubstrateHarness,
+) -> None:
+    """Each cancel of a running job sends one indexed control entry only while none was
+    sent: ``request_cancel`` sets the flag (an existing one keeps its value and TTL) and
+    says whether a control entry is still to be sent, ``cancel_sent`` records that one
+    was. A flag set and never marked (the control entry's XADD failed) still asks for
+    one; a marked flag is still a cancel flag (a delivery of the job is refused)."""
+    s, user, job = h.substrate, h.user(), h.job()
+    assert await s.request_cancel(user, job, ttl_s=60) is True
+    assert await s.request_cancel(user, job, ttl_s=60) is True  # never marked: send it
+    await s.cancel_sent(user, job)
+    for _ in range(3):
+        assert await s.request_cancel(user, job, ttl_s=60) is False
+    state = JobState(Stage.QUEUED, user, at=1.0)
+    await s.claim_job(user, job, state, ttl_s=60)
+    delivered = state.advance(Stage.DELIVERED, at=2.0)
+    marked = await s.mark_delivered(user, job, delivered, ttl_s=60, deadline=None)
+    assert marked.verdict == "cancelled", marked
+    other = h.job()
+    await s.cancel_sent(user, other)  # no flag: nothing marked, nothing written
+    assert await s.request_cancel(user, other, ttl_s=60) is True

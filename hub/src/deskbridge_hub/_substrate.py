@@ -40,6 +40,9 @@ from typing import Protocol
 from ._inspection import QueueInfo
 from ._jobstate import JobState
 from ._keys import (
+    CANCEL_SENT as CANCEL_SENT,
+)
+from ._keys import (
     GROUP as GROUP,
 )
 from ._keys import (
@@ -514,8 +517,14 @@ class LedgerSubstrate(Protocol):
         epoch (no delivery exists, so a cancel may answer ``cancelled`` again). True if
         it did."""
 
-    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
-        """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> bool:
+        """SET ``bridge:cancel:{user_id}:job_id`` NX PX ttl (an existing flag keeps its
+        value and TTL). True when no cancel control entry is recorded as sent for the job
+        (the flag was absent, or not marked by :meth:`cancel_sent`): send one."""
+
+    async def cancel_sent(self, user_id: str, job_id: str) -> None:
+        """Mark the job's cancel flag (if set) as having sent its control entry (SET XX
+        KEEPTTL): later cancels of the job send none."""
 
     async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
         """SET ``bridge:job:{job_id}`` NX PX ttl: True if no job (of any user) has this id.
