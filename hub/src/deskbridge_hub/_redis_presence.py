@@ -77,8 +77,11 @@ _REFRESH_IF_HOLDER = resend_safe_script(
 #: is; a newer session's value stays and its TTL becomes ours (with every process on the
 #: same timings: its own), and our id is written only where presence is absent. The
 #: index is looked at (HLEN, then XRANGE + HKEYS) only when the group is not quiet or the
-#: beat is deep; XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when
-#: the group has another consumer.
+#: beat is deep; a deep beat that found no trimmed entry then looks for entries deleted
+#: from the middle of the stream (``LUA_DELETED``: XINFO STREAM, and XRANGE id id per
+#: record up to the stream's largest deleted ID: none on a stream never XDELed);
+#: XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when the group has
+#: another consumer.
 #:
 #: Why many users per script (issue 10, idle CPU): one EVALSHA per user cost the hub one
 #: request, one reply and 15 packed arguments per desktop and heartbeat, about an eighth
