@@ -188,6 +188,42 @@ async def test_trimmed_entry_is_answered_lost_before_its_timeout(autojump_clock,
     XTRIM or XDEL, another writer's trim; a full queue refuses new calls, so the submit's
     own trim never takes one, tests/hub/test_queue_full.py): its caller is answered
     ``lost`` as soon as a desktop's session sweeps, not at its timeout."""
+
+    async def trim() -> None:  # an outside trim to 3 entries: the two oldest jobs' bodies
+        for i in range(2):
+            await state.substrate.enqueue("u1", {"filler": str(i)}, maxlen=3)
+
+    statuses, ran = await _three_queued_then_served(state, bridge, trim, wait_s=10)
+    assert statuses == {"k0": "lost", "k1": "lost", "k2": "completed"}
+    assert sorted(ran) == ["k2"]
+
+
+async def test_entry_deleted_from_the_middle_is_answered_lost_by_a_session(
+    autojump_clock, state, bridge
+):
+    """The same for a queued entry deleted from the middle of the stream (an operator's
+    XDEL; the stream's first entry stays): the session reads the others, its next beat is
+    deep and finds the gap, the sweep answers the caller ``lost`` and drops its index
+    record. Was: the sweep looked only below the stream's first entry; the caller waited
+    for its timeout and the record took a place in the queue for ever."""
+    from deskbridge_hub._memory_streams import _format_id
+
+    sub = state.substrate
+
+    async def xdel() -> None:  # k1's entry
+        sub.delete_entry("u1", _format_id(sorted(sub._index["u1"])[1]))
+
+    wait_s = 2 * state.timings.heartbeat_s  # less than the 90 s call timeout
+    statuses, ran = await _three_queued_then_served(state, bridge, xdel, wait_s=wait_s)
+    assert statuses == {"k0": "completed", "k1": "lost", "k2": "completed"}
+    assert sorted(ran) == ["k0", "k2"]
+    assert sub._index.get("u1", {}) == {}
+
+
+async def _three_queued_then_served(state, bridge, take_bodies, *, wait_s):
+    """Three calls (``k0``..``k2``) queued for a desktop that looks online, then
+    ``take_bodies()``, then a desktop connects and answers every job; after ``wait_s``:
+    each call's status by key, and the keys the desktop ran."""
     await state.substrate.set_presence("u1", "ghost", 3600)  # looks online, nobody reads
     outcomes = []
 
@@ -198,8 +234,7 @@ async def test_trimmed_entry_is_answered_lost_before_its_timeout(autojump_clock,
         for i in range(3):
             nursery.start_soon(caller, f"k{i}")
             await trio.sleep(0.01)
-        for i in range(2):  # an outside trim to 3 entries: the two oldest jobs' bodies
-            await state.substrate.enqueue("u1", {"filler": str(i)}, maxlen=3)
+        await take_bodies()
         await trio.sleep(1)
         peer = await connect(nursery, state)
         ran = []
@@ -210,12 +245,10 @@ async def test_trimmed_entry_is_answered_lost_before_its_timeout(autojump_clock,
                 await peer.send(JobResult(frame.id, True, {}))
 
         nursery.start_soon(sidecar, peer, answer)
-        await trio.sleep(10)  # far less than the 90 s call timeout
-        assert len(outcomes) == 3
-        statuses = dict((k, o.status) for k, o in outcomes)
-        assert statuses == {"k0": "lost", "k1": "lost", "k2": "completed"}
-        assert sorted(ran) == ["k2"]
+        await trio.sleep(wait_s)
         nursery.cancel_scope.cancel()
+    assert len(outcomes) == 3, outcomes
+    return dict((k, o.status) for k, o in outcomes), ran
 
 
 async def test_cancel_queued_job_is_never_started(autojump_clock, state, bridge):

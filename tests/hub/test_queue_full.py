@@ -9,6 +9,8 @@ MemorySubstrate, memory sockets, MockClock (autojump)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 import trio
 import trio.testing
@@ -37,17 +39,17 @@ def bridge(state: HubState) -> Bridge:
     return Bridge(state.substrate, state.timings, wall_clock=wall)
 
 
-async def test_a_flood_is_refused_and_every_accepted_job_runs(autojump_clock, state, bridge):
-    """Five calls to a desktop that looks online and reads nothing, with room for three:
-    the first three wait and complete once a desktop reads them; the last two are
-    refused at once (they were ``lost`` before: the two oldest, trimmed). A retry of a
-    refused call with its key, once there is room, runs the job."""
-    await state.substrate.set_presence("u1", "ghost", 3600)  # looks online, nobody reads
-    outcomes: dict[str, str] = {}
+def _caller(
+    bridge: Bridge, outcomes: dict[str, str], **options: float
+) -> Callable[[str], Awaitable[None]]:
+    """A call of ``echo`` for ``u1`` (room for three) under the key and job id ``key``
+    that records its answer in ``outcomes[key]`` (a ``QueueFull`` checked first)."""
 
     async def caller(key: str) -> None:
         try:
-            outcome = await bridge.dispatch("u1", "echo", {}, idempotency_key=key, job_id=key)
+            outcome = await bridge.dispatch(
+                "u1", "echo", {}, idempotency_key=key, job_id=key, **options
+            )
         except QueueFull as exc:
             assert (exc.limit, exc.user_id) == (3, "u1")
             assert exc.retry_after_s > 0
@@ -55,6 +57,18 @@ async def test_a_flood_is_refused_and_every_accepted_job_runs(autojump_clock, st
             outcomes[key] = exc.status
         else:
             outcomes[key] = outcome.status
+
+    return caller
+
+
+async def test_a_flood_is_refused_and_every_accepted_job_runs(autojump_clock, state, bridge):
+    """Five calls to a desktop that looks online and reads nothing, with room for three:
+    the first three wait and complete once a desktop reads them; the last two are
+    refused at once (they were ``lost`` before: the two oldest, trimmed). A retry of a
+    refused call with its key, once there is room, runs the job."""
+    await state.substrate.set_presence("u1", "ghost", 3600)  # looks online, nobody reads
+    outcomes: dict[str, str] = {}
+    caller = _caller(bridge, outcomes)
 
     async with trio.open_nursery() as nursery:
         for i in range(5):
@@ -101,6 +115,65 @@ async def test_a_cancel_at_a_full_queue_trims_no_accepted_job(autojump_clock, st
         await trio.testing.wait_all_tasks_blocked()
         assert await bridge.cancel("j2") == "queued"
         assert await state.substrate.trimmed("u1") == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_repeated_cancels_of_a_running_job_enqueue_one_control_entry(
+    autojump_clock, state, bridge
+):
+    """Each cancel of a running job added an indexed ``control: cancel`` entry; with more
+    unread entries than ``CANCEL_TRIM_FACTOR`` x the bound, the cancel's own trim took
+    accepted jobs nobody had read (their callers told ``lost``). A cancel of a job whose
+    cancel is already requested (its flag set) adds none, and still answers its stage."""
+    from deskbridge_hub._bridge_jobs import USER_SEPARATOR
+    from deskbridge_hub._jobstate import JobState, Stage
+
+    sub = state.substrate
+    await sub.set_presence("u1", "ghost", 3600)
+    job_id = f"j-run{USER_SEPARATOR}u1"
+    await sub.claim_job("u1", job_id, JobState(Stage.DELIVERED, "u1"), ttl_s=600)
+    for _ in range(3 * state.timings.jobs_maxlen):
+        assert await bridge.cancel(job_id) == "delivered"
+    controls = [f for f in sub._streams["u1"].entries.values() if f.get("control") == "cancel"]
+    assert controls == [{"control": "cancel", "job_id": job_id}]
+    assert len(sub._index["u1"]) == 1
+
+
+async def test_entries_deleted_from_the_middle_are_answered_lost_and_free_the_queue(
+    autojump_clock, state, bridge
+):
+    """An operator's XDEL of queued entries behind the stream's first entry: the lost
+    entry sweep answers their callers ``lost`` and drops their index records, so they
+    stop counting against the bound and new calls are accepted again. Was: the sweep
+    looked only below the stream's first entry; the records stayed for ever (the callers
+    waited for their timeout) and, with the bound's worth of them, every call was refused
+    ``queue_full`` for good."""
+    from deskbridge_hub._delivery import EntryServer
+    from deskbridge_hub._memory_streams import _format_id
+
+    sub = state.substrate  # room for three
+    await sub.set_presence("u1", "ghost", 3600)  # looks online, nobody reads
+    outcomes: dict[str, str] = {}
+    caller = _caller(bridge, outcomes, timeout_s=600)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(caller, f"k{i}")
+            await trio.testing.wait_all_tasks_blocked()
+        first, *rest = sorted(sub._index["u1"])
+        for leaked in rest:  # k1 and k2: the first entry stays
+            sub.delete_entry("u1", _format_id(leaked))
+        await caller("k3")
+        assert outcomes == {"k3": "queue_full"}  # the leaked records fill the bound
+        await EntryServer(sub, state.timings, "u1", "ghost", wall).answer_deleted([])
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcomes == {"k3": "queue_full", "k1": "lost", "k2": "lost"}
+        assert list(sub._index["u1"]) == [first]
+        for key in ("k3", "k4"):  # room again: accepted, they wait in the queue
+            nursery.start_soon(caller, key)
+            await trio.testing.wait_all_tasks_blocked()
+        assert len(sub._index["u1"]) == 3 and "k4" not in outcomes
+        assert outcomes["k3"] == "queue_full"  # (its first answer; the retry waits)
         nursery.cancel_scope.cancel()
 
 

@@ -61,6 +61,7 @@ OPERATIONS: list[tuple[str, Call]] = [
     ("read + mark delivered",
      lambda s: s.read_new_delivered("u1", "c1", count=1, state=STATE, ttl_s=60)),
     ("SET cancel", lambda s: s.request_cancel("u1", "j1", ttl_s=60)),
+    ("SET cancel sent", lambda s: s.cancel_sent("u1", "j1")),
     ("keep job", lambda s: s.keep_job("u1", "j1", ttl_s=60, idempotency_key="k1")),
     ("SET tools", lambda s: s.set_catalogue("u1", "[]")),
     ("GET tools", lambda s: s.get_catalogue("u1")),
@@ -138,31 +139,49 @@ def _parse(buffer: bytearray) -> list[str] | None:
     return words
 
 
-async def test_the_trimmed_sweep_names_its_pending_read() -> None:
-    """``trimmed``'s second step (XPENDING of the entries it found) fails on its own: the
-    fake Redis answers the XRANGE + HGETALL (one indexed entry, an empty stream) and
-    drops the connection at the XPENDING."""
+#: The fake Redis' XRANGE + HGETALL replies for ``trimmed`` and the step it then fails.
+SWEEP_STEPS = [
+    # an empty stream, one indexed entry: found at once, XPENDING dropped
+    ("XPENDING", b"*0\r\n", b"%1\r\n$3\r\n1-0\r\n$2\r\nj1\r\n"),
+    # its first entry 1-0, 2-0 indexed too: the look for deleted entries dropped
+    (
+        "XINFO+XRANGE",
+        b"*1\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n",
+        b"%2\r\n$3\r\n1-0\r\n$2\r\nj1\r\n$3\r\n2-0\r\n$2\r\nj2\r\n",
+    ),
+]
 
-    async def answers_until_xpending(stream: trio.SocketStream) -> None:
+
+@pytest.mark.parametrize(
+    ("step", "xrange", "hgetall"), SWEEP_STEPS, ids=[s for s, *_ in SWEEP_STEPS]
+)
+async def test_the_trimmed_sweep_names_its_later_steps(
+    step: str, xrange: bytes, hgetall: bytes
+) -> None:
+    """``trimmed``'s later steps (the look for entries deleted from the middle of the
+    stream, XPENDING of the entries it found) fail on their own: the fake Redis answers
+    the XRANGE + HGETALL and drops the connection at the next command."""
+
+    async def answers_until_the_step(stream: trio.SocketStream) -> None:
         buffer = bytearray()
         while (words := await _commands(stream, buffer)) is not None:
             name = words[0].upper()
             if name == "HELLO":
                 await stream.send_all(HELLO_REPLY)
             elif name == "XRANGE":
-                await stream.send_all(b"*0\r\n")
+                await stream.send_all(xrange)
             elif name == "HGETALL":
-                await stream.send_all(b"%1\r\n$3\r\n1-0\r\n$2\r\nj1\r\n")
+                await stream.send_all(hgetall)
             else:
                 await stream.aclose()
                 return
 
     async with trio.open_nursery() as nursery:
         serve = functools.partial(trio.serve_tcp, host="127.0.0.1")
-        listeners = await nursery.start(serve, answers_until_xpending, 0)
+        listeners = await nursery.start(serve, answers_until_the_step, 0)
         port = listeners[0].socket.getsockname()[1]
         s = RedisSubstrate.from_url(f"redis://127.0.0.1:{port}/0", connect_timeout_s=1.0)
-        await _names_itself(s, "XPENDING", lambda s: s.trimmed("u1"))
+        await _names_itself(s, step, lambda s: s.trimmed("u1"))
         nursery.cancel_scope.cancel()
 
 

@@ -52,6 +52,9 @@ async def memory_harness() -> AsyncIterator[SubstrateHarness]:
     async def keys_of(user_id: str) -> list[str]:
         return substrate.keys_of(user_id)
 
+    async def xdel(user_id: str, entry_id: str) -> None:
+        substrate.delete_entry(user_id, entry_id)
+
     yield SubstrateHarness(
         substrate,
         delete_stream,
@@ -59,6 +62,7 @@ async def memory_harness() -> AsyncIterator[SubstrateHarness]:
         make_unavailable,
         spoil_key=substrate.spoil_key,
         keys_of=keys_of,
+        xdel=xdel,
     )
 
 

@@ -183,17 +183,25 @@ class JobControl:
         # The flag outlives any deadline the job can have (its entry may be read much
         # later than the result TTL: a desktop back after 10 minutes, for a job with an
         # hour to start); with the result TTL only, the cancelled job then ran.
-        await self.substrate.request_cancel(user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s)
+        send = await self.substrate.request_cancel(
+            user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s
+        )
         if state.stage is not Stage.QUEUED and await self._answered(user_id, job_id):
             # answered between the read above and the flag (a stale read): the answer
             # stands and nothing is left to cancel; "delivered" (202) was untrue
             return "finished"
-        control = {"control": "cancel", "job_id": job_id}
-        trim_at = CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen  # never an accepted job
-        await self.substrate.enqueue(user_id, control, maxlen=trim_at)
-        holder = await self.substrate.get_presence(user_id)
-        if holder is not None:
-            await self._wake(holder, user_id)
+        if send:
+            # One control entry per job: each repeated cancel of a running job added an
+            # indexed one, and more unread entries than the trim's room (below) took
+            # accepted jobs nobody had read. Marked sent only once written: a cancel
+            # whose XADD failed leaves the flag unmarked, so its retry sends it.
+            control = {"control": "cancel", "job_id": job_id}
+            trim_at = CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen  # never an accepted job
+            await self.substrate.enqueue(user_id, control, maxlen=trim_at)
+            await self.substrate.cancel_sent(user_id, job_id)
+            holder = await self.substrate.get_presence(user_id)
+            if holder is not None:
+                await self._wake(holder, user_id)
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now, but
             # only if no delivery was ever marked (epoch 0: refused once the job's claim

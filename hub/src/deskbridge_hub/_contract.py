@@ -67,6 +67,7 @@ class SubstrateHarness:
     on_mailbox: Callable[[str], None] = lambda mailbox: None
     spoil_key: Callable[[str], None] | None = None
     keys_of: Callable[[str], Awaitable[list[str]]] | None = None
+    xdel: Callable[[str, str], Awaitable[None]] | None = None
 
     def user(self) -> str:
         user_id = f"test-{secrets.token_hex(6)}"
@@ -90,6 +91,19 @@ class SubstrateHarness:
             await self.raw("SET", key, "spoiled")
         else:
             raise RuntimeError("this harness cannot spoil a key (give spoil_key or raw)")
+
+    async def delete_entry(self, user_id: str, entry_id: str) -> None:
+        """Delete one entry of the user's stream, as an operator's XDEL (see ``xdel``).
+
+        Raises:
+            RuntimeError: the harness can do neither.
+        """
+        if self.xdel is not None:
+            await self.xdel(user_id, entry_id)
+        elif self.raw is not None:
+            assert await self.raw("XDEL", jobs_key(user_id), entry_id) == 1
+        else:
+            raise RuntimeError("this harness cannot delete an entry (give xdel or raw)")
 
     async def fill(self, user_id: str, n: int, *, maxlen: int) -> None:
         for i in range(n):

@@ -9,7 +9,8 @@ import attrs
 
 from ._contract import SubstrateHarness, check
 from ._contract_caller import _submission
-from ._substrate import Submission
+from ._jobstate import JobState, Stage
+from ._substrate import Beat, Submission
 
 
 def _bounded(user: str, job: str, most: int, *, key: str | None = None) -> Submission:
@@ -79,3 +80,56 @@ async def check_accepted_entries_are_never_trimmed_to_make_room(h: SubstrateHarn
     assert len(unread) == most - 90
     assert all(e.fields is not None for e in unread)
     assert (await s.queue_info(user)).length <= 2 * most
+
+
+@check
+async def check_an_entry_deleted_from_the_middle_is_swept_and_frees_its_room(
+    h: SubstrateHarness,
+) -> None:
+    """An operator's XDEL of a queued entry in the middle of the stream (the stream's
+    first entry stays): its index record would stay for ever and, as the bound counts
+    the index, lower the user's bound for good. A deep beat asks for the sweep, the
+    sweep's ``trimmed`` lists it (not an entry a consumer read and was then deleted: its
+    reader answers that one), and once it is forgotten the next submit has room.
+    Was: only entries older than the stream's first entry were found."""
+    s, user, most = h.substrate, h.user(), 4
+    await s.set_presence(user, "s1", 30)
+    jobs = [h.job() for _ in range(most)]
+    ids = [(await s.submit(user, _bounded(user, job, most))).entry_id or "" for job in jobs]
+    read = await s.read_new(user, "c1", count=2, block_ms=1)
+    assert [e.entry_id for e in read] == ids[:2]
+    await h.delete_entry(user, ids[1])  # read, then deleted: its reader's to answer
+    await h.delete_entry(user, ids[2])  # queued, deleted from the middle
+    assert (await s.submit(user, _bounded(user, h.job(), most))).verdict == "queue_full"
+    deep = [Beat(user, "s1", deep=True)]
+    (beat,) = await s.heartbeat(deep, ttl_s=30, consumer="c1", reclaim_idle_ms=60_000)
+    assert beat.trimmed_due, beat
+    assert await s.trimmed(user) == [(ids[2], jobs[2])]
+    assert await s.forget(user, ids[2]) is True
+    assert await s.trimmed(user) == []
+    assert (await s.submit(user, _bounded(user, h.job(), most))).verdict == "queued"
+
+
+@check
+async def check_a_cancel_flag_tells_whether_its_control_entry_was_sent(
+    h: SubstrateHarness,
+) -> None:
+    """Each cancel of a running job sends one indexed control entry only while none was
+    sent: ``request_cancel`` sets the flag (an existing one keeps its value and TTL) and
+    says whether a control entry is still to be sent, ``cancel_sent`` records that one
+    was. A flag set and never marked (the control entry's XADD failed) still asks for
+    one; a marked flag is still a cancel flag (a delivery of the job is refused)."""
+    s, user, job = h.substrate, h.user(), h.job()
+    assert await s.request_cancel(user, job, ttl_s=60) is True
+    assert await s.request_cancel(user, job, ttl_s=60) is True  # never marked: send it
+    await s.cancel_sent(user, job)
+    for _ in range(3):
+        assert await s.request_cancel(user, job, ttl_s=60) is False
+    state = JobState(Stage.QUEUED, user, at=1.0)
+    await s.claim_job(user, job, state, ttl_s=60)
+    delivered = state.advance(Stage.DELIVERED, at=2.0)
+    marked = await s.mark_delivered(user, job, delivered, ttl_s=60, deadline=None)
+    assert marked.verdict == "cancelled", marked
+    other = h.job()
+    await s.cancel_sent(user, other)  # no flag: nothing marked, nothing written
+    assert await s.request_cancel(user, other, ttl_s=60) is True

@@ -27,6 +27,10 @@ def state_key(user_id: str, job_id: str) -> str:
     return f"bridge:state:{{{user_id}}}:{job_id}"
 
 
+#: The cancel flag's value once a cancel control entry was sent for the job (else "1").
+CANCEL_SENT = "sent"
+
+
 def cancel_key(user_id: str, job_id: str) -> str:
     return f"bridge:cancel:{{{user_id}}}:{job_id}"
 

@@ -52,6 +52,7 @@ from ._memory_presence import MemoryPresenceCommands
 from ._memory_streams import (
     MemoryStreamCommands,
     StreamID,
+    _parse_id,
     _Stream,
 )
 from ._revocation import MemoryRevocations
@@ -123,6 +124,15 @@ class MemorySubstrate(
         stream = self._streams.pop(user_id, None)
         if stream is not None:
             stream.notify()
+
+    def delete_entry(self, user_id: str, entry_id: str) -> None:
+        """Delete one entry from the user's stream, as an operator's XDEL: its body goes,
+        its index record and any pending entries list entry stay, and the stream's
+        largest deleted ID moves up to it (Redis 7: ``max-deleted-entry-id``)."""
+        stream = self._streams.get(user_id)
+        sid = _parse_id(entry_id)
+        if stream is not None and stream.entries.pop(sid, None) is not None:
+            stream.max_deleted = max(stream.max_deleted, sid)
 
     def set_unavailable(self, unavailable: bool) -> None:
         """While True every call raises SubstrateUnavailable, including blocked reads and

@@ -15,6 +15,7 @@ import attrs
 
 from ._jobstate import FORWARDED, JobState, MalformedState, Stage, delivered_again
 from ._substrate import (
+    CANCEL_SENT,
     Entry,
     JobOwner,
     Marked,
@@ -301,10 +302,29 @@ class MemoryJobCommands:
             if raw is not None and not JobOwner.decode(raw).answered:
                 self._extend(owner_key(job_id), now, ttl_s)
 
-    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
-        """Flag ``job_id`` as cancelled for ``ttl_s`` seconds.
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> bool:
+        """Flag ``job_id`` as cancelled for ``ttl_s`` seconds unless it is flagged
+        already (that flag stays as it is). True unless the flag says its control entry
+        was sent (:meth:`cancel_sent`).
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
-        self._set(cancel_key(user_id, job_id), "1", await self._enter(), ttl_s)
+        now = await self._enter()
+        key = cancel_key(user_id, job_id)
+        flag = self._get(key, now)
+        if flag is None:
+            self._set(key, "1", now, ttl_s)
+        return flag != CANCEL_SENT
+
+    async def cancel_sent(self, user_id: str, job_id: str) -> None:
+        """Mark the job's cancel flag, if set, as having sent its control entry (its TTL
+        kept).
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        key = cancel_key(user_id, job_id)
+        if self._get(key, now) is not None:
+            self._kv[key] = (CANCEL_SENT, self._kv[key][1])

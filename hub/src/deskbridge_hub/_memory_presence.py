@@ -284,5 +284,8 @@ class MemoryPresenceCommands:
                 index = self._index.get(beat.user_id, {})
                 floor = min(stream.entries) if stream is not None and stream.entries else None
                 trimmed = any(floor is None or sid < floor for sid in index)
+                # deleted from the middle (XDEL): a deep beat looks (the script's price)
+                entries = stream.entries if stream is not None else {}
+                trimmed = trimmed or (beat.deep and any(sid not in entries for sid in index))
             replies.append(BeatReply(True, backlog, reclaim, trimmed, taken=holder is None or lost))
         return replies

@@ -351,21 +351,21 @@ class MemoryStreamCommands:
         return {e: j for e, j in found.items() if j is not None}
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
-        """Indexed entries older than the stream's first entry, or all when the stream
-        is gone.
+        """Indexed entries no longer in the stream (older than its first entry, deleted
+        from its middle, or all when the stream is gone) and in no pending entries list.
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         await self._enter()
         stream = self._streams.get(user_id)
-        floor = min(stream.entries) if stream is not None and stream.entries else None
         index = self._index.get(user_id, {})
+        entries = stream.entries if stream is not None else {}
         pel = stream.pel if stream is not None else {}
         return [
             (_format_id(sid), job_id)
             for sid, job_id in sorted(index.items())
-            if (floor is None or sid < floor) and sid not in pel
+            if sid not in entries and sid not in pel
         ]
 
     async def forget(self, user_id: str, entry_id: str) -> bool:

@@ -54,6 +54,50 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: Most index records one look for entries deleted from the middle of a user's stream
+#: looks up (``XRANGE id id`` each; the index holds about ``jobs_maxlen`` records, 500 by
+#: default, so one look usually covers them all, and an oversized index is covered over
+#: several sweeps as the records found are dropped).
+DELETED_SCAN = 1000
+#: Lua shared by scripts that compare entry IDs and look for deleted entries: ``older(a,
+#: b)``, and ``deleted(kj, ids, most)``: of the entry IDs ``ids``, those at or after the
+#: stream's first entry that are no longer in it (deleted from its middle: an operator's
+#: XDEL), each looked up with ``XRANGE id id``, at most ``most`` looked up. On Redis >= 7.0
+#: only IDs up to the stream's ``max-deleted-entry-id`` can be deleted ones (an XDEL
+#: raises it, a trim does not), so the others are not looked up: a stream that never saw
+#: an XDEL costs one XINFO STREAM. An empty or missing stream: ``{}`` (every indexed
+#: entry is older than its first, which the trimmed rule already covers).
+#: ``DELETED_SCAN`` (Lua) is :data:`DELETED_SCAN`.
+LUA_DELETED = f"local DELETED_SCAN = {DELETED_SCAN}\n" + """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function older(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function deleted(kj, ids, most)
+  local info = redis.pcall('XINFO', 'STREAM', kj)
+  if info.err then return {} end
+  local t = {}
+  for i = 1, #info, 2 do t[info[i]] = info[i + 1] end
+  local first, top = t['first-entry'], t['max-deleted-entry-id']
+  if not first then return {} end
+  local gone, looked = {}, 0
+  for _, id in ipairs(ids) do
+    if looked >= most then break end
+    if not older(id, first[1]) and (not top or not older(top, id)) then
+      looked = looked + 1
+      if redis.call('XRANGE', kj, id, id)[1] == nil then gone[#gone + 1] = id end
+    end
+  end
+  return gone
+end
+"""
+
+
 @attrs.frozen
 class Script:
     """A Lua script: its text (sent with ``EVAL``) and SHA-1. ``resend_safe``: a second

@@ -94,6 +94,7 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("XGROUP", "DELCONSUMER", "K", "g", "c"),
     ("XINFO", "GROUPS", "K"),
     ("XINFO", "CONSUMERS", "K", "g"),
+    ("XINFO", "STREAM", "K"),  # the deep beat's and the sweep's look for deleted entries
     ("MULTI",),
     ("EXEC",),
     ("ZADD", "K", "1", "m"),

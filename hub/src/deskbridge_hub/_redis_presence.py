@@ -21,7 +21,7 @@ from coredis.exceptions import (
 )
 
 from ._keys import probe_key
-from ._redis_base import RedisCommandBase, Script, _ms
+from ._redis_base import LUA_DELETED, RedisCommandBase, Script, _ms
 from ._redis_conn import UNAVAILABLE_CODES, error_code
 from ._redis_resend import resend_safe_script
 from ._redis_slots import key_slot
@@ -77,24 +77,18 @@ _REFRESH_IF_HOLDER = resend_safe_script(
 #: is; a newer session's value stays and its TTL becomes ours (with every process on the
 #: same timings: its own), and our id is written only where presence is absent. The
 #: index is looked at (HLEN, then XRANGE + HKEYS) only when the group is not quiet or the
-#: beat is deep; XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when
-#: the group has another consumer.
+#: beat is deep; a deep beat that found no trimmed entry then looks for entries deleted
+#: from the middle of the stream (``LUA_DELETED``: XINFO STREAM, and XRANGE id id per
+#: record up to the stream's largest deleted ID: none on a stream never XDELed);
+#: XPENDING only with entries pending; XINFO CONSUMERS (pruning) only when the group has
+#: another consumer.
 #:
 #: Why many users per script (issue 10, idle CPU): one EVALSHA per user cost the hub one
 #: request, one reply and 15 packed arguments per desktop and heartbeat, about an eighth
 #: of an idle hub's CPU at 10,000 desktops; batched, a user adds 7 arguments and a
 #: 5-integer reply. Each user's beat is what it was; users are independent (one's reply
 #: never depends on another's keys).
-_HEARTBEAT = """
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function older(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  return am < bm or (am == bm and as < bs)
-end
+_HEARTBEAT = LUA_DELETED + """
 local function record(flat)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
@@ -165,12 +159,15 @@ local function beat(kp, kt, kj, ki, kd, session, catalogue, deep)
     if head[1] == nil then
       trimmed = 1
     else
-      for _, id in ipairs(redis.call('HKEYS', ki)) do
+      local ids = redis.call('HKEYS', ki)
+      for _, id in ipairs(ids) do
         if older(id, head[1][1]) then
           trimmed = 1
           break
         end
       end
+      -- deleted from the middle (XDEL): looked for on a deep beat only (its price)
+      if trimmed == 0 and deep and deleted(kj, ids, DELETED_SCAN)[1] then trimmed = 1 end
     end
   end
   return {1, backlog, reclaim, trimmed, taken}

@@ -17,7 +17,15 @@ from coredis.exceptions import (
 )
 
 from ._inspection import PendingEntry, QueueInfo
-from ._redis_base import RedisCommandBase, Script, _entries, _str, _stream_id
+from ._redis_base import (
+    DELETED_SCAN,
+    LUA_DELETED,
+    RedisCommandBase,
+    Script,
+    _entries,
+    _str,
+    _stream_id,
+)
 from ._redis_jobs import _no_group
 from ._redis_session import _Session
 from ._substrate import (
@@ -59,6 +67,17 @@ for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', ARGV[3], A
   if body then out[#out + 1] = body else out[#out + 1] = {p[1], false} end
 end
 return out
+""",
+    resend_safe=True,
+)
+#: The entry IDs of ARGV[2..] at or after the stream's first entry that are no longer in
+#: it (``LUA_DELETED``), at most ARGV[1] looked up. KEYS: the stream. Reads only.
+_DELETED = Script(
+    LUA_DELETED
+    + """
+local ids = {}
+for i = 2, #ARGV do ids[i - 1] = ARGV[i] end
+return deleted(KEYS[1], ids, tonumber(ARGV[1]))
 """,
     resend_safe=True,
 )
@@ -280,8 +299,9 @@ class StreamCommands(RedisCommandBase):
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
         """Indexed entries older than the stream's first entry (or all of them when the
-        stream is gone) and in no consumer's pending entries list: trimmed by MAXLEN
-        before any consumer read them.
+        stream is gone), or no longer in it (deleted from its middle: XDEL; at most
+        ``DELETED_SCAN`` looked up), and in no consumer's pending entries list: trimmed
+        or deleted before any consumer read them.
 
         Returns:
             ``[(entry_id, job_id)]``, oldest first.
@@ -301,12 +321,17 @@ class StreamCommands(RedisCommandBase):
         if isinstance(index, list):  # RESP2 flat reply
             index = dict(zip(index[::2], index[1::2], strict=True))
         floor = _stream_id(first[0][0]) if first else None
-        lost = [
-            (entry_id, job_id)
-            for entry_id, job_id in index.items()
-            if floor is None or _stream_id(entry_id) < floor
-        ]
-        lost.sort(key=lambda pair: _stream_id(pair[0]))
+        ids = sorted(index, key=_stream_id)
+        gone = [e for e in ids if floor is None or _stream_id(e) < floor]
+        if floor is not None and len(gone) < len(ids):  # and those deleted from the middle
+            async with self._session("XINFO+XRANGE") as s:
+                (deleted,) = await self._script(
+                    s, _DELETED, (jobs_key(user_id),), (DELETED_SCAN, *ids[len(gone) :])
+                )
+                if isinstance(deleted, BaseException):
+                    raise deleted  # inside the session: mapped to SubstrateUnavailable
+            gone += [_str(e) for e in deleted]
+        lost = sorted(((e, index[e]) for e in gone), key=lambda pair: _stream_id(pair[0]))
         if not lost:
             return []
         # Entries read by a consumer are its to answer (issue 11.3): drop the ones pending.

@@ -40,6 +40,9 @@ from typing import Protocol
 from ._inspection import QueueInfo
 from ._jobstate import JobState
 from ._keys import (
+    CANCEL_SENT as CANCEL_SENT,
+)
+from ._keys import (
     GROUP as GROUP,
 )
 from ._keys import (
@@ -435,9 +438,10 @@ class LedgerSubstrate(Protocol):
         """HMGET the index: job id of each entry ID still indexed (enqueued, not acked)."""
 
     async def trimmed(self, user_id: str) -> list[tuple[str, str]]:
-        """Indexed entries older than the stream's first entry and in no consumer's
-        pending entries list (trimmed by MAXLEN before any consumer read them, or the
-        stream was deleted): ``[(entry_id, job_id)]``."""
+        """Indexed entries no longer in the stream (older than its first entry: trimmed
+        by MAXLEN, or the stream was deleted; or deleted from its middle: XDEL) and in no
+        consumer's pending entries list (no consumer read them): ``[(entry_id,
+        job_id)]``, oldest first."""
 
     async def forget(self, user_id: str, entry_id: str) -> bool:
         """HDEL the entry from the index. True if this call removed it (the caller then
@@ -513,8 +517,14 @@ class LedgerSubstrate(Protocol):
         epoch (no delivery exists, so a cancel may answer ``cancelled`` again). True if
         it did."""
 
-    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
-        """SET ``bridge:cancel:{user_id}:job_id`` PX ttl."""
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> bool:
+        """SET ``bridge:cancel:{user_id}:job_id`` NX PX ttl (an existing flag keeps its
+        value and TTL). True when no cancel control entry is recorded as sent for the job
+        (the flag was absent, or not marked by :meth:`cancel_sent`): send one."""
+
+    async def cancel_sent(self, user_id: str, job_id: str) -> None:
+        """Mark the job's cancel flag (if set) as having sent its control entry (SET XX
+        KEEPTTL): later cancels of the job send none."""
 
     async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
         """SET ``bridge:job:{job_id}`` NX PX ttl: True if no job (of any user) has this id.

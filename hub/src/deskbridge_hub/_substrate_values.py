@@ -50,8 +50,9 @@ class BeatReply:
         reclaim_due: an entry has been pending for at least the reclaim idle: run a
             reclaim pass for this user.
         trimmed_due: the entry index names an entry older than the stream's first entry
-            (or the stream is gone): look for entries trimmed before anyone read them.
-            Checked when the group is not quiet, or the beat is ``deep``.
+            (or the stream is gone), or, on a ``deep`` beat, one deleted from the
+            stream's middle (XDEL): look for entries trimmed or deleted before anyone
+            read them. Checked when the group is not quiet, or the beat is ``deep``.
         error: the store refused this user's beat (one of its keys holds the wrong kind
             of value: another program wrote it, or an operator did), with its message;
             nothing else is known (every flag False). Other users' beats are unaffected.
