@@ -22,6 +22,8 @@ from deskbridge_hub import Bridge, _mcp, _mcp_mount
 from deskbridge_hub._mcp_mount import McpEndpoints, mount_mcp
 from deskbridge_hub._memory import MemorySubstrate
 
+from tests.mcp_wire import initialize_2025
+
 assert _mcp  # imported now: its import in a thread would let the autojump clock run on
 
 #: The bound in these tests (the real one is thousands: each endpoint costs SDK objects).
@@ -128,16 +130,7 @@ async def test_an_endpoint_with_an_open_request_is_never_evicted(
 
 # -- through the mounted ASGI app: a real 2025 session, and the 429 ---------------------
 
-_INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "1"},
-    },
-}
+_INITIALIZE = initialize_2025("test")
 
 
 async def _post(

@@ -31,6 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ToolsListChanged
 
+from tests.mcp_wire import initialize_2025
 from tests.procs import API_KEY, Hub, Ledger, Sidecar, issue, running, wait_until
 from tests.sites import serve_site
 
@@ -399,16 +400,7 @@ async def _progress_over_mcp(hub: Hub, user: str, mode: str) -> list:
 def test_initialize_advertises_tools_list_changed(hub):
     """The hub sends notifications/tools/list_changed (below), so the 2025-era handshake must
     advertise ``capabilities.tools.listChanged: true`` (it said false)."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "curl", "version": "1"},
-        },
-    }
+    body = initialize_2025("curl")
     headers = {
         "Authorization": f"Bearer {API_KEY}",
         "Accept": "application/json, text/event-stream",

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
+from tests.mcp_wire import initialize_2025
 from tests.procs import API_KEY, REDIS_URL, Hub, running
 
 pytestmark = pytest.mark.integration
@@ -106,16 +107,7 @@ def test_one_user_cannot_hold_every_progress_stream_of_a_process(hub):
             s.close()
 
 
-_INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "flood", "version": "1"},
-    },
-}
+_INITIALIZE = initialize_2025("flood")
 
 
 async def _initialize(client, hub: Hub, user: str):
