@@ -183,22 +183,20 @@ class JobControl:
         # The flag outlives any deadline the job can have (its entry may be read much
         # later than the result TTL: a desktop back after 10 minutes, for a job with an
         # hour to start); with the result TTL only, the cancelled job then ran.
-        send = await self.substrate.request_cancel(
-            user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s
-        )
+        # The flag and the job's one control entry are one step (``send_cancel``): each
+        # repeated cancel of a running job added an indexed entry, and past the trim's
+        # room (below) they took accepted jobs nobody had read; two cancels at once each
+        # found the flag unmarked when the mark was a later write. A step that failed
+        # (503) wrote neither, so its retry sends the entry.
+        sent = await self.substrate.send_cancel(
+            user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s,
+            maxlen=CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen,  # never an accepted job
+        )  # fmt: skip
         if state.stage is not Stage.QUEUED and await self._answered(user_id, job_id):
             # answered between the read above and the flag (a stale read): the answer
             # stands and nothing is left to cancel; "delivered" (202) was untrue
             return "finished"
-        if send:
-            # One control entry per job: each repeated cancel of a running job added an
-            # indexed one, and more unread entries than the trim's room (below) took
-            # accepted jobs nobody had read. Marked sent only once written: a cancel
-            # whose XADD failed leaves the flag unmarked, so its retry sends it.
-            control = {"control": "cancel", "job_id": job_id}
-            trim_at = CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen  # never an accepted job
-            await self.substrate.enqueue(user_id, control, maxlen=trim_at)
-            await self.substrate.cancel_sent(user_id, job_id)
+        if sent is not None:
             holder = await self.substrate.get_presence(user_id)
             if holder is not None:
                 await self._wake(holder, user_id)
