@@ -172,3 +172,66 @@ async def test_a_refused_copy_s_late_claim_delete_leaves_the_other_copy_s_job_it
                 assert await bridge.cancel(job) == "queued"  # was: UnknownJob (404)
         assert outcomes["second"].status == "cancelled"
         assert outcomes["second"].job_id == job
+
+
+async def test_a_cancel_of_a_running_job_whose_state_was_rewound_gets_the_desktop_s_answer(
+    autojump_clock: Any,
+) -> None:
+    """A store that lost its last writes (an older snapshot, a replica promoted without
+    them) rewinds a job running on the desktop to ``queued`` and drops its claim epoch.
+    The cancel read ``queued`` and answered the job's caller ``cancelled`` at once,
+    while the tool (a sync one: it cannot be interrupted) ran on and completed; its
+    answer was dropped (the job had one). Now, while a live hub process holds the user's
+    socket, that holder answers: the job is in flight there, so the cancel frame goes to
+    the desktop, and the desktop's answer (``completed``) is the caller's. It ran once;
+    the caller and the canceller each got a terminal, true answer. (MemorySubstrate, a
+    real hub session and reader, a fake sidecar; MockClock.)"""
+    from deskbridge_common import Cancel, Job, JobResult
+    from deskbridge_hub._session import HubState
+    from deskbridge_hub._substrate import fence_key
+
+    from tests.hub.test_outcomes import connect, sidecar
+    from tests.hub.test_session import wall
+
+    sub = MemorySubstrate(clock=wall)
+    state = HubState(substrate=sub, timings=Timings(), consumer="hub-1", wall_clock=wall)
+    bridge = Bridge(sub, state.timings, wall_clock=wall)
+    ran: list[str] = []
+    cancels: list[str] = []
+    arrived = trio.Event()
+    outcomes: list[Any] = []
+    answered = trio.Event()
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state)
+
+        async def sync_tool(frame: Any) -> None:  # a thread: a cancel cannot stop it
+            if isinstance(frame, Cancel):
+                cancels.append(frame.id)
+            elif isinstance(frame, Job):
+                ran.append(frame.job_id)
+                arrived.set()
+                await trio.sleep(20)
+                await peer.send(JobResult(frame.id, True, {"done": True}))
+
+        nursery.start_soon(sidecar, peer, sync_tool)
+
+        async def caller() -> None:
+            outcomes.append(
+                await bridge.dispatch("u1", "click", {}, job_id="job-rw", timeout_s=600)
+            )
+            answered.set()
+
+        nursery.start_soon(caller)
+        with trio.fail_after(30):
+            await arrived.wait()
+        # the store rewinds: the job's state back to queued, its claim epoch gone
+        queued = JobState(Stage.QUEUED, "u1", at=wall(), reply_to=bridge.waiters.mailbox)
+        await sub.set_job_state("u1", "job-rw", queued, ttl_s=600)
+        sub._kv.pop(fence_key("u1", "job-rw"), None)
+        assert await bridge.cancel("job-rw") == "queued"  # 202: requested
+        with trio.fail_after(60):
+            await answered.wait()
+        nursery.cancel_scope.cancel()
+    assert [o.status for o in outcomes] == ["completed"], outcomes  # was: cancelled
+    assert ran == ["job-rw"]  # executed exactly once
+    assert len(cancels) == 1  # the holder sent the cancel frame to the desktop
