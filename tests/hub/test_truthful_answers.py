@@ -37,17 +37,17 @@ async def test_a_cancel_of_a_job_answered_after_its_state_was_read_says_finished
         marked = []
         if read == "delivered":  # else the cancel's read finds it queued
             marked.append(await s.mark_delivered("u1", "job-f", delivered, ttl_s=300))
-        real_request_cancel = s.request_cancel
+        real_send_cancel = s.send_cancel
 
-        async def answered_first(user_id: str, job_id: str, *, ttl_s: float) -> bool:
+        async def answered_first(user_id: str, job_id: str, **kwargs: float) -> str | None:
             if not marked:
                 marked.append(await s.mark_delivered("u1", "job-f", delivered, ttl_s=300))
             done = JobState(Stage.FINISHED, "u1", at=wall())
             payload = json.dumps({"status": "completed", "result": 1})
             await s.finish("u1", "job-f", payload, done, ttl_s=300, epoch=marked[0].epoch)
-            return await real_request_cancel(user_id, job_id, ttl_s=ttl_s)
+            return await real_send_cancel(user_id, job_id, **kwargs)
 
-        s.request_cancel = answered_first  # type: ignore[method-assign]
+        s.send_cancel = answered_first  # type: ignore[method-assign]
         assert await bridge.cancel("job-f") == "finished"
         nursery.cancel_scope.cancel()
 

@@ -36,3 +36,12 @@ async def record(key: str, seconds: float = 0.0) -> dict:
     await trio.sleep(seconds)
     _append("end", key, time.time())
     return {"key": key, "pid": os.getpid(), "started": started}
+
+
+@tool(side_effects=True, description="As record, in a worker thread: a cancel cannot stop it.")
+def record_sync(key: str, seconds: float = 0.0) -> dict:
+    started = time.time()
+    _append("start", key, started)
+    time.sleep(seconds)
+    _append("end", key, time.time())
+    return {"key": key, "pid": os.getpid(), "started": started}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -351,8 +352,9 @@ class Bridge(JobControl):
         start_within_s = timeout_s if deadline is None else _start_within_s(deadline, now)
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         owner = JobOwner(
-            user_id, self.waiters.mailbox, request=request_digest(name, digest, indexed_key)
-        )
+            user_id, self.waiters.mailbox, request=request_digest(name, digest, indexed_key),
+            claim=secrets.token_hex(8),  # this call's own: it drops no other copy's claim
+        )  # fmt: skip
         # Every step is bounded by the caller's time: a Redis that stalls (it answers
         # within the 5 s command timeout, but later than the caller wanted) does not make
         # the call outlast its timeout_s (plus ANSWER_GRACE_S for the looks once it is up).
@@ -431,7 +433,7 @@ class Bridge(JobControl):
                 # ran later, and a job it enqueued has its deadline at the caller's, not
                 # later: it will not start after this answer.
                 if not step.in_doubt:
-                    await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
+                    await self._unclaim(job_id, owner, step, until=give_up + ANSWER_GRACE_S)
                 return timeout_outcome(
                     job_id,
                     "unknown",
@@ -448,8 +450,9 @@ class Bridge(JobControl):
                         "another tool; use a new key for a new request",
                         job_id=record.job_id,
                     )
-                # A retry: attach to the job the key started, wherever it was enqueued.
-                await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)  # names no job
+                # A retry: attach to the job the key started, wherever it was enqueued
+                # (this call's claim names no job).
+                await self._unclaim(job_id, owner, step, until=give_up + ANSWER_GRACE_S)
                 self.waiters.unregister(waiter)
                 job_id, attached = record.job_id, True
                 _metrics.call_names_job(job_id)  # a retry attached: the earlier call's job
@@ -465,7 +468,7 @@ class Bridge(JobControl):
                     await self._reclaim_adopted(job_id, owner, state_ttl_s, give_up)
             elif submitted.verdict != "queued":
                 if submitted.verdict == "offline":
-                    await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
+                    await self._unclaim(job_id, owner, step, until=give_up + ANSWER_GRACE_S)
                     with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
                         return await offline_outcome(self.substrate, user_id, started, job_id_given)
                     return plain_offline(user_id, started, job_id=job_id_given)
@@ -510,7 +513,7 @@ class Bridge(JobControl):
                     exc.job_id = exc.job_id or job_id
             elif step.submitted is None or step.submitted.verdict != "queued":
                 # refused, or failed before anything was enqueued: the id is free again
-                await self._unclaim(job_id, step, until=give_up + ANSWER_GRACE_S)
+                await self._unclaim(job_id, owner, step, until=give_up + ANSWER_GRACE_S)
             raise
         finally:
             self.waiters.unregister(waiter)
@@ -662,7 +665,7 @@ class Bridge(JobControl):
             got = await self._submit(user_id, only, name, args, step, **kw)
         return got
 
-    async def _unclaim(self, job_id: str, step: _Step, *, until: float) -> None:
+    async def _unclaim(self, job_id: str, owner: JobOwner, step: _Step, *, until: float) -> None:
         """Drop a caller-chosen job id's owner record (``claim_job_id``) that names no
         enqueued job, so the id is free again at once (a refused call, an unknown tool,
         a reused key, a call answered offline), best effort, by ``until`` (the caller's
@@ -674,7 +677,7 @@ class Bridge(JobControl):
             return
         with anyio.CancelScope(shield=True), anyio.move_on_after(until - anyio.current_time()):
             try:
-                await self.substrate.forget_job_id(job_id)
+                await self.substrate.forget_job_id(job_id, owner)  # if still its own
             except SubstrateUnavailable:
                 pass
 
@@ -683,11 +686,14 @@ class Bridge(JobControl):
     ) -> None:
         """This call enqueued its job under a claim another copy of the request made,
         which that copy drops if it was refused before (``offline``, ``queue_full``):
-        claim the id again (SET NX: a record still there, maybe marked answered, is
-        left as it is), so it names the job. Best effort, within the caller's time."""
+        claim the id again as this call's own (``replace``: a record marked answered is
+        left as it is), so it names the job. The copy's drop removes only its own record
+        (``forget_job_id``), so one that lands after this claim leaves it (it took the
+        id of the running job away when this was a SET NX, refused while that copy's
+        record was still there). Best effort, within the caller's time."""
         with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
             try:
-                await self.substrate.claim_job_id(job_id, owner, ttl_s=ttl_s)
+                await self.substrate.claim_job_id(job_id, owner, ttl_s=ttl_s, replace=True)
             except SubstrateUnavailable:
                 pass
 

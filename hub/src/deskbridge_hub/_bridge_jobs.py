@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from ._errors import (
 )
 from ._jobs import cancelled_before_start
 from ._jobstate import LONGEST_TIMEOUT_S, JobState, MalformedState, Stage
+from ._keys import holder_of
 from ._outcome import _TIMEOUT_MESSAGES
 from ._substrate import Substrate
 from ._validate import validate_key, validate_user_id
@@ -86,6 +88,18 @@ class JobControl:
     async def _wake(self, session_id: str, user_id: str) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    async def _holder_alive(
+        self, user_id: str, holder: str, *, within_s: float = math.inf
+    ) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    async def _held(self, user_id: str, presence: str | None) -> bool:
+        """Whether ``presence`` (the user's, just read) names a session of a hub process
+        that is alive (its liveness key, looked at again ``LIVENESS_RECHECK_S`` later
+        when gone: a live process rewrites it each second)."""
+        holder = None if presence is None else holder_of(presence)
+        return holder is not None and await self._holder_alive(user_id, holder)
+
     async def job_state(self, job_id: str) -> JobState | None:
         """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
         its state expired).
@@ -153,6 +167,10 @@ class JobControl:
         is answered "cancelled" when the job never reached a desktop or when the desktop
         cancelled its async tool; a job delivered before and cancelled before its
         redelivery is answered ``in_doubt`` by the hub that reads it (it may have run).
+        A job found ``queued`` is answered here only when no live hub process holds the
+        desktop's socket; otherwise that holder answers (it alone knows whether the job
+        runs: a store that lost its last writes shows a running job ``queued``). Cancels
+        at once of one job write one control entry between them (``send_cancel``).
 
         Returns:
             The stage the job was in: ``queued``, ``delivered``, ``awaiting_approval`` or
@@ -183,25 +201,35 @@ class JobControl:
         # The flag outlives any deadline the job can have (its entry may be read much
         # later than the result TTL: a desktop back after 10 minutes, for a job with an
         # hour to start); with the result TTL only, the cancelled job then ran.
-        send = await self.substrate.request_cancel(
-            user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s
-        )
+        # The flag and the job's one control entry are one step (``send_cancel``): each
+        # repeated cancel of a running job added an indexed entry, and past the trim's
+        # room (below) they took accepted jobs nobody had read; two cancels at once each
+        # found the flag unmarked when the mark was a later write. A step that failed
+        # (503) wrote neither, so its retry sends the entry.
+        sent = await self.substrate.send_cancel(
+            user_id, job_id, ttl_s=MAX_TIMEOUT_S + ttl_s,
+            maxlen=CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen,  # never an accepted job
+        )  # fmt: skip
         if state.stage is not Stage.QUEUED and await self._answered(user_id, job_id):
             # answered between the read above and the flag (a stale read): the answer
             # stands and nothing is left to cancel; "delivered" (202) was untrue
             return "finished"
-        if send:
-            # One control entry per job: each repeated cancel of a running job added an
-            # indexed one, and more unread entries than the trim's room (below) took
-            # accepted jobs nobody had read. Marked sent only once written: a cancel
-            # whose XADD failed leaves the flag unmarked, so its retry sends it.
-            control = {"control": "cancel", "job_id": job_id}
-            trim_at = CANCEL_TRIM_FACTOR * self.timings.jobs_maxlen  # never an accepted job
-            await self.substrate.enqueue(user_id, control, maxlen=trim_at)
-            await self.substrate.cancel_sent(user_id, job_id)
-            holder = await self.substrate.get_presence(user_id)
-            if holder is not None:
-                await self._wake(holder, user_id)
+        presence = await self.substrate.get_presence(user_id)
+        if sent is not None and presence is not None:
+            await self._wake(presence, user_id)
+        if state.stage is Stage.QUEUED and await self._held(user_id, presence):
+            # A live hub process holds the desktop's socket: it answers, and only it can
+            # tell whether the job runs (a store that lost its last writes rewinds a
+            # running job to "queued" and drops its claim epoch; answered here, its
+            # caller was told "cancelled" while the tool ran on). The holder reads the
+            # entry with the flag (never forwarded: "cancelled"), or has it in flight and
+            # sends the cancel frame (the desktop's answer, cancelled or the real one).
+            # Answered otherwise meanwhile (e.g. ``expired`` by that holder, after this
+            # cancel's stale read): a terminal answer is final, the cancel changed nothing.
+            answer = await self._stage_now(user_id, job_id)
+            if answer is not None and answer.terminal and answer is not Stage.CANCELLED:
+                return "finished"
+            return Stage.QUEUED.value
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now, but
             # only if no delivery was ever marked (epoch 0: refused once the job's claim
@@ -254,11 +282,17 @@ class JobControl:
     async def _answered(self, user_id: str, job_id: str) -> bool:
         """Whether ``job_id`` has a terminal answer now (a fresh read; a state that is
         gone or malformed counts as not answered)."""
+        now = await self._stage_now(user_id, job_id)
+        return now is not None and now.terminal
+
+    async def _stage_now(self, user_id: str, job_id: str) -> Stage | None:
+        """``job_id``'s stage now (a fresh read), None when its state is gone or
+        malformed."""
         try:
             now = await self.substrate.get_job_state(user_id, job_id)
         except MalformedState:
-            return False
-        return now is not None and now.stage.terminal
+            return None
+        return None if now is None else now.stage
 
 
 def _valid_user(user_id: str) -> bool:

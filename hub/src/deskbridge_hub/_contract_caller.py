@@ -276,10 +276,36 @@ async def check_job_id_claims_are_global(h: SubstrateHarness) -> None:
     assert await s.claim_job_id(job, JobOwner("u1", "box"), ttl_s=60) is True
     assert await s.claim_job_id(job, JobOwner("u2"), ttl_s=60) is False
     assert await s.job_owner(job) == JobOwner("u1", "box")
-    await s.forget_job_id(job)
+    await s.forget_job_id(job, JobOwner("u1", "box"))
     assert await s.job_owner(job) is None
     assert await s.claim_job_id(job, JobOwner("u2"), ttl_s=60) is True
     assert await s.job_owner(job) == JobOwner("u2")
+
+
+@check
+async def check_a_copy_drops_only_its_own_job_id_claim(h: SubstrateHarness) -> None:
+    """Copies of one request claim a job id with records that differ in their claim
+    token. A copy that enqueued the job claims the id again with ``replace`` (whatever
+    unanswered record is there); a refused copy's ``forget_job_id`` that lands after it
+    deletes nothing (it deleted the record naming the running job). A record marked
+    answered is never replaced."""
+    s, job = h.substrate, h.job()
+    first = JobOwner("u1", "box", request="d1", claim="aaaa")
+    second = JobOwner("u1", "box", request="d1", claim="bbbb")
+    assert await s.claim_job_id(job, first, ttl_s=60) is True
+    assert await s.claim_job_id(job, second, ttl_s=60) is False
+    assert await s.claim_job_id(job, second, ttl_s=60, replace=True) is True
+    await s.forget_job_id(job, first)  # the refused copy's late drop
+    assert await s.job_owner(job) == second
+    await s.forget_job_id(job, second)
+    assert await s.job_owner(job) is None
+    assert await s.claim_job_id(job, second, ttl_s=60, replace=True) is True  # free: made
+    await s.finish("u1", job, "{}", JobState(Stage.FINISHED, "u1", at=2.0), ttl_s=60)
+    answered = await s.job_owner(job)
+    assert answered is not None and answered.answered
+    assert await s.claim_job_id(job, first, ttl_s=60, replace=True) is False
+    await s.forget_job_id(job, second)  # not the record as claimed any more
+    assert await s.job_owner(job) == answered
 
 
 @check

@@ -5,6 +5,7 @@ nothing, so the stream's ``MAXLEN ~`` trim never has to drop accepted work to ma
 
 from __future__ import annotations
 
+import anyio
 import attrs
 
 from ._contract import SubstrateHarness, check
@@ -114,22 +115,36 @@ async def check_an_entry_deleted_from_the_middle_is_swept_and_frees_its_room(
 async def check_a_cancel_flag_tells_whether_its_control_entry_was_sent(
     h: SubstrateHarness,
 ) -> None:
-    """Each cancel of a running job sends one indexed control entry only while none was
-    sent: ``request_cancel`` sets the flag (an existing one keeps its value and TTL) and
-    says whether a control entry is still to be sent, ``cancel_sent`` records that one
-    was. A flag set and never marked (the control entry's XADD failed) still asks for
-    one; a marked flag is still a cancel flag (a delivery of the job is refused)."""
+    """Each cancel of a job sends one indexed control entry only while none was sent:
+    ``send_cancel`` sets the flag (an existing one keeps its value and TTL), adds the
+    entry and marks the flag ``sent`` in one step, so cancels at once write one entry
+    between them. A flag set by ``request_cancel`` alone (a withdrawn job's) still gets
+    its entry; a marked flag is still a cancel flag (a delivery of the job is refused)."""
     s, user, job = h.substrate, h.user(), h.job()
-    assert await s.request_cancel(user, job, ttl_s=60) is True
-    assert await s.request_cancel(user, job, ttl_s=60) is True  # never marked: send it
-    await s.cancel_sent(user, job)
-    for _ in range(3):
-        assert await s.request_cancel(user, job, ttl_s=60) is False
+    await s.request_cancel(user, job, ttl_s=60)
+    sent = await s.send_cancel(user, job, ttl_s=60, maxlen=10)
+    assert sent is not None
+    at_once: list[str | None] = [None] * 4
+
+    async def cancel(i: int) -> None:
+        at_once[i] = await s.send_cancel(user, job, ttl_s=60, maxlen=10)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(at_once)):
+            tg.start_soon(cancel, i)
+    assert at_once == [None] * 4, at_once
+    assert await s.job_ids(user, [sent]) == {sent: job}  # indexed like a job
     state = JobState(Stage.QUEUED, user, at=1.0)
     await s.claim_job(user, job, state, ttl_s=60)
     delivered = state.advance(Stage.DELIVERED, at=2.0)
     marked = await s.mark_delivered(user, job, delivered, ttl_s=60, deadline=None)
     assert marked.verdict == "cancelled", marked
     other = h.job()
-    await s.cancel_sent(user, other)  # no flag: nothing marked, nothing written
-    assert await s.request_cancel(user, other, ttl_s=60) is True
+    in_a_row = [await s.send_cancel(user, other, ttl_s=60, maxlen=10) for _ in range(3)]
+    assert in_a_row[0] is not None and in_a_row[1:] == [None, None]
+    fields = [e.fields for e in await s.read_new(user, "c1", count=10, block_ms=None)]
+    controls = [f for f in fields if f and f.get("control") == "cancel"]
+    assert controls == [
+        {"control": "cancel", "job_id": job},
+        {"control": "cancel", "job_id": other},
+    ], controls

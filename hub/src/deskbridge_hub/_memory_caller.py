@@ -241,10 +241,14 @@ class MemoryCallerCommands:
     def _entry_field(self, user_id: str, entry_id: str, name: str) -> str | None:
         raise NotImplementedError  # pragma: no cover - provided by MemorySubstrate
 
-    async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
-        """Store the owner record unless one is live; True if stored."""
+    async def claim_job_id(
+        self, job_id: str, owner: JobOwner, *, ttl_s: float, replace: bool = False
+    ) -> bool:
+        """Store the owner record unless one is live (``replace``: unless the live one
+        is marked answered); True if stored."""
         now = await self._enter()
-        if self._get(owner_key(job_id), now) is not None:
+        held = self._get(owner_key(job_id), now)
+        if held is not None and (not replace or JobOwner.decode(held).answered):
             return False
         self._set(owner_key(job_id), owner.encode(), now, ttl_s)
         return True
@@ -254,10 +258,11 @@ class MemoryCallerCommands:
         raw = self._get(owner_key(job_id), await self._enter())
         return None if raw is None else JobOwner.decode(raw)
 
-    async def forget_job_id(self, job_id: str) -> None:
-        """Drop the owner record."""
-        await self._enter()
-        self._kv.pop(owner_key(job_id), None)
+    async def forget_job_id(self, job_id: str, owner: JobOwner) -> None:
+        """Drop the owner record if it is still ``owner``'s."""
+        now = await self._enter()
+        if self._get(owner_key(job_id), now) == owner.encode():
+            self._kv.pop(owner_key(job_id), None)
 
     def _mailbox(self, mailbox: str, now: float) -> _Mailbox:
         box = self._mailboxes.get(mailbox)

@@ -60,6 +60,7 @@ class MemoryJobCommands:
     _extend: Callable[[str, float, float], None]
     server_time: Callable[[], float]
     _read_new_nowait: Callable[[str, str, int], list[Entry]]
+    _xadd: Callable[..., str]
 
     # -- results -----------------------------------------------------------------------
 
@@ -302,29 +303,46 @@ class MemoryJobCommands:
             if raw is not None and not JobOwner.decode(raw).answered:
                 self._extend(owner_key(job_id), now, ttl_s)
 
-    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> bool:
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """Flag ``job_id`` as cancelled for ``ttl_s`` seconds unless it is flagged
-        already (that flag stays as it is). True unless the flag says its control entry
-        was sent (:meth:`cancel_sent`).
+        already (that flag stays as it is).
 
         Raises:
             SubstrateUnavailable: marked unavailable.
         """
         now = await self._enter()
+        self._flag_cancel(cancel_key(user_id, job_id), now, ttl_s)
+
+    async def send_cancel(
+        self, user_id: str, job_id: str, *, ttl_s: float, maxlen: int
+    ) -> str | None:
+        """Flag ``job_id`` as :meth:`request_cancel` does and, unless the flag says its
+        control entry was sent, add the indexed ``control: cancel`` entry (trimmed to
+        ``maxlen``) and mark the flag ``sent`` (its TTL kept), in one step (no
+        checkpoint between), as ``RedisSubstrate.send_cancel``.
+
+        Returns:
+            The control entry's ID, or None when one was sent before.
+
+        Raises:
+            ValueError: ``maxlen`` < 1 or ``ttl_s`` not positive.
+            SubstrateUnavailable: marked unavailable.
+        """
+        if maxlen < 1 or not ttl_s > 0:
+            raise ValueError(f"send_cancel needs maxlen >= 1 and ttl_s > 0, got {maxlen}, {ttl_s}")
+        now = await self._enter()
         key = cancel_key(user_id, job_id)
+        if self._flag_cancel(key, now, ttl_s) == CANCEL_SENT:
+            return None
+        control = {"control": "cancel", "job_id": job_id}
+        entry_id = self._xadd(user_id, control, now, maxlen=maxlen, start_within_s=None)
+        self._kv[key] = (CANCEL_SENT, self._kv[key][1])
+        return entry_id
+
+    def _flag_cancel(self, key: str, now: float, ttl_s: float) -> str:
+        """SET ``key`` 1 NX PX ttl (no checkpoint); its value now."""
         flag = self._get(key, now)
         if flag is None:
             self._set(key, "1", now, ttl_s)
-        return flag != CANCEL_SENT
+        return flag or "1"
 
-    async def cancel_sent(self, user_id: str, job_id: str) -> None:
-        """Mark the job's cancel flag, if set, as having sent its control entry (its TTL
-        kept).
-
-        Raises:
-            SubstrateUnavailable: marked unavailable.
-        """
-        now = await self._enter()
-        key = cancel_key(user_id, job_id)
-        if self._get(key, now) is not None:
-            self._kv[key] = (CANCEL_SENT, self._kv[key][1])

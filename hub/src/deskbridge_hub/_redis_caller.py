@@ -56,6 +56,31 @@ CLOCK_DRIFT = 1e-4
 #: past made a healthy submit with a shorter ``timeout_s`` answer ``late`` at once.
 MAX_WIDENING_S = 0.01
 
+#: forget_job_id: DEL the owner record only if it is still the claim's own (its token
+#: makes copies of one request differ): a refused copy's DEL that landed after another
+#: copy enqueued the job and claimed the id again took the running job's id away
+#: (``GET``/``DELETE /v1/jobs/{id}`` 404, the id free for another job). KEYS: owner
+#: record. ARGV: the record as claimed.
+_FORGET_ID = Script(
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+""",
+    resend_safe=True,
+)
+#: claim_job_id(replace=True): the owner record of the job the caller enqueued under
+#: the id, unless the record says the job is answered (``_redis_finish._ANSWER_OWNER``).
+#: KEYS: owner record. ARGV: record, TTL ms.
+_RECLAIM_ID = Script(
+    """
+local owner = redis.call('GET', KEYS[1])
+if owner and string.sub(owner, -2) == ' !' then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+""",
+    resend_safe=True,
+)
+
 
 @attrs.define
 class RedisClock:
@@ -418,15 +443,27 @@ class CallerCommands(RedisCommandBase):
             return Submitted("holder", presence=rest[0])
         return Submitted(str(verdict))
 
-    async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
-        """SET ``bridge:job:{job_id}`` NX PX ceil(ttl_s * 1000).
+    async def claim_job_id(
+        self, job_id: str, owner: JobOwner, *, ttl_s: float, replace: bool = False
+    ) -> bool:
+        """SET ``bridge:job:{job_id}`` NX PX ceil(ttl_s * 1000); ``replace``: EVAL
+        ``_RECLAIM_ID`` (SET PX unless the record is marked answered).
 
         Returns:
-            True if the id was free (of every user's jobs) and is now claimed.
+            True if the id was free (of every user's jobs) and is now claimed; with
+            ``replace``, True if written.
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
+        if replace:
+            async with self._session("reclaim job owner") as s:
+                (reply,) = await self._script(
+                    s, _RECLAIM_ID, (owner_key(job_id),), (owner.encode(), _ms(ttl_s))
+                )
+                if isinstance(reply, BaseException):
+                    raise reply  # inside the session: mapped to SubstrateUnavailable
+            return bool(reply)
         async with self._session("SET NX job owner") as s:
             reply = await self._call(
                 s, b"SET", owner_key(job_id), owner.encode(), b"NX", b"PX", _ms(ttl_s)
@@ -443,14 +480,16 @@ class CallerCommands(RedisCommandBase):
             raw = await self._call(s, b"GET", owner_key(job_id))
         return None if raw is None else JobOwner.decode(raw)
 
-    async def forget_job_id(self, job_id: str) -> None:
-        """DEL ``bridge:job:{job_id}``.
+    async def forget_job_id(self, job_id: str, owner: JobOwner) -> None:
+        """EVAL ``_FORGET_ID``: DEL ``bridge:job:{job_id}`` if it is ``owner.encode()``.
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
         async with self._session("DEL job owner") as s:
-            await self._call(s, b"DEL", owner_key(job_id))
+            (reply,) = await self._script(s, _FORGET_ID, (owner_key(job_id),), (owner.encode(),))
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
 
     async def get_result(self, user_id: str, job_id: str) -> str | None:
         """LINDEX ``bridge:result:{user_id}:job_id`` 0 (nothing is popped).

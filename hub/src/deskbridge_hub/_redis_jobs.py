@@ -10,10 +10,9 @@ from typing import Any
 from coredis.exceptions import ResponseError, StreamConsumerGroupError
 
 from ._jobstate import JobState
-from ._redis_base import RedisCommandBase, Script, _entries, _ms, _str
+from ._redis_base import RedisCommandBase, Script, _entries, _ms
 from ._redis_finish import KEEP_ID
 from ._substrate import (
-    CANCEL_SENT,
     GROUP,
     Entry,
     Marked,
@@ -436,33 +435,14 @@ class JobCommands(RedisCommandBase):
                 raise reply  # inside the session: mapped to SubstrateUnavailable
         return bool(reply)
 
-    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> bool:
-        """SET ``bridge:cancel:{user_id}:job_id`` 1 NX PX ceil(ttl_s * 1000), then GET it
-        (one write): True unless it says ``sent`` (:meth:`cancel_sent`).
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
+        """SET ``bridge:cancel:{user_id}:job_id`` 1 NX PX ceil(ttl_s * 1000).
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
         """
-        key = cancel_key(user_id, job_id)
         async with self._session("SET cancel") as s:
-            replies = await s.execute(
-                (b"SET", key, "1", b"NX", b"PX", _ms(ttl_s)),
-                (b"GET", key),
-                timeout_s=self._command_timeout_s,
-            )
-            for reply in replies:
-                if isinstance(reply, BaseException):
-                    raise reply  # inside the session: mapped to SubstrateUnavailable
-        return replies[1] is None or _str(replies[1]) != CANCEL_SENT
-
-    async def cancel_sent(self, user_id: str, job_id: str) -> None:
-        """SET ``bridge:cancel:{user_id}:job_id`` ``sent`` XX KEEPTTL.
-
-        Raises:
-            SubstrateUnavailable: Redis unreachable.
-        """
-        async with self._session("SET cancel sent") as s:
-            await self._call(s, b"SET", cancel_key(user_id, job_id), CANCEL_SENT, b"XX", b"KEEPTTL")
+            await self._call(s, b"SET", cancel_key(user_id, job_id), "1", b"NX", b"PX", _ms(ttl_s))
 
     async def set_catalogue(self, user_id: str, catalogue: str) -> None:
         """SET ``bridge:tools:{user_id}`` catalogue (no TTL: the last known catalogue).

@@ -23,15 +23,18 @@ from ._redis_base import (
     RedisCommandBase,
     Script,
     _entries,
+    _ms,
     _str,
     _stream_id,
 )
 from ._redis_jobs import _no_group
 from ._redis_session import _Session
 from ._substrate import (
+    CANCEL_SENT,
     GROUP,
     Claimed,
     Entry,
+    cancel_key,
     index_key,
     jobs_key,
 )
@@ -54,6 +57,23 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(field
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[2]) end
 return id
 """
+#: send_cancel: the cancel flag (SET NX: an existing one keeps its value and TTL) and,
+#: unless it says ``sent``, the indexed ``control: cancel`` entry and the ``sent`` mark,
+#: in one step: two cancels of one job at once each found the flag unmarked (a SET NX +
+#: GET, then the XADD and the mark as later writes) and each wrote an entry.
+#: KEYS: cancel flag, stream, index (the user's slot). ARGV: TTL ms, maxlen, job id,
+#: the ``sent`` mark. Reply: the entry ID, or nil (sent before).
+_SEND_CANCEL = Script(
+    """
+redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1])
+if redis.call('GET', KEYS[1]) == ARGV[4] then return false end
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
+  'control', 'cancel', 'job_id', ARGV[3])
+redis.call('HSET', KEYS[3], id, ARGV[3])
+redis.call('SET', KEYS[1], ARGV[4], 'XX', 'KEEPTTL')
+return id
+"""
+)
 #: This consumer's pending entries with their bodies, oldest first: XPENDING for the
 #: consumer, then XRANGE per entry (a missing body: trimmed or deleted). A look, unlike
 #: XREADGROUP 0, which restarts each entry's idle time and raises its delivery count: a
@@ -136,6 +156,38 @@ class StreamCommands(RedisCommandBase):
             s.groups.add(user_id)
             assert isinstance(entry_id, str), entry_id
             return entry_id
+
+    async def send_cancel(
+        self, user_id: str, job_id: str, *, ttl_s: float, maxlen: int
+    ) -> str | None:
+        """EVAL ``_SEND_CANCEL`` (see ``Substrate.send_cancel``), after XGROUP CREATE ...
+        0 MKSTREAM in the same write on the first write per user and session, as
+        :meth:`enqueue`.
+
+        Returns:
+            The control entry's ID, or None when one was sent before.
+
+        Raises:
+            ValueError: ``maxlen`` < 1 or ``ttl_s`` not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes; the step may or
+                may not have run.
+        """
+        if maxlen < 1:
+            raise ValueError(f"send_cancel needs maxlen >= 1, got {maxlen!r}")
+        keys = (cancel_key(user_id, job_id), jobs_key(user_id), index_key(user_id))
+        args = (_ms(ttl_s), maxlen, job_id, CANCEL_SENT)
+        async with self._session("cancel control") as s:
+            before: tuple[tuple[Any, ...], ...] = ()
+            if user_id not in s.groups:
+                before = ((b"XGROUP CREATE", jobs_key(user_id), GROUP, "0", b"MKSTREAM"),)
+            *created, sent = await self._script(s, _SEND_CANCEL, keys, args, before=before)
+            for reply in (*created, sent):
+                if isinstance(reply, BaseException) and not isinstance(
+                    reply, StreamDuplicateConsumerGroupError
+                ):
+                    raise reply  # inside the session: mapped to SubstrateUnavailable
+        s.groups.add(user_id)
+        return None if sent is None else _str(sent)
 
     async def read_pending(self, user_id: str, consumer: str, *, count: int) -> list[Entry]:
         """XPENDING key bridge-workers - + count consumer, and XRANGE of each entry, in

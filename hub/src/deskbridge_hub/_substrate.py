@@ -517,24 +517,50 @@ class LedgerSubstrate(Protocol):
         epoch (no delivery exists, so a cancel may answer ``cancelled`` again). True if
         it did."""
 
-    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> bool:
-        """SET ``bridge:cancel:{user_id}:job_id`` NX PX ttl (an existing flag keeps its
-        value and TTL). True when no cancel control entry is recorded as sent for the job
-        (the flag was absent, or not marked by :meth:`cancel_sent`): send one."""
+    async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
+        """SET ``bridge:cancel:{user_id}:job_id`` 1 NX PX ttl (an existing flag keeps its
+        value and TTL): the job's deliveries are refused from now on. Writes no control
+        entry (``Bridge.withdraw`` of a job whose enqueue may still land)."""
 
-    async def cancel_sent(self, user_id: str, job_id: str) -> None:
-        """Mark the job's cancel flag (if set) as having sent its control entry (SET XX
-        KEEPTTL): later cancels of the job send none."""
+    async def send_cancel(
+        self, user_id: str, job_id: str, *, ttl_s: float, maxlen: int
+    ) -> str | None:
+        """One atomic step: :meth:`request_cancel`, and unless the flag says ``sent``,
+        XADD the indexed ``control: cancel`` entry for ``job_id`` to the user's stream
+        (MAXLEN ~ ``maxlen``, the group made if missing, as :meth:`enqueue`) and mark the
+        flag ``sent`` (its TTL kept). So concurrent cancels of one job write one control
+        entry between them, and a step that failed wrote neither the entry nor the mark
+        (its retry sends it).
 
-    async def claim_job_id(self, job_id: str, owner: JobOwner, *, ttl_s: float) -> bool:
+        Returns:
+            The control entry's ID, or None when an earlier cancel of the job sent one.
+
+        Raises:
+            ValueError: ``maxlen`` < 1 or ``ttl_s`` not positive.
+            SubstrateUnavailable: the store is unreachable or refused the write (the
+                step may or may not have run).
+        """
+
+    async def claim_job_id(
+        self, job_id: str, owner: JobOwner, *, ttl_s: float, replace: bool = False
+    ) -> bool:
         """SET ``bridge:job:{job_id}`` NX PX ttl: True if no job (of any user) has this id.
-        Used before :meth:`submit` when the caller chose the job id."""
+        Used before :meth:`submit` when the caller chose the job id.
+
+        ``replace``: the caller enqueued its job under the id (going on with another
+        copy's claim of the same request): write ``owner`` whatever record is there,
+        unless it is marked answered (the job's answer landed first; left as it is), in
+        one step. A refused copy's late :meth:`forget_job_id` then finds another
+        record and keeps it. True if written."""
 
     async def job_owner(self, job_id: str) -> JobOwner | None:
         """GET ``bridge:job:{job_id}``: whose job it is and its caller's mailbox, or None."""
 
-    async def forget_job_id(self, job_id: str) -> None:
-        """DEL ``bridge:job:{job_id}`` (a claimed id whose job was never enqueued)."""
+    async def forget_job_id(self, job_id: str, owner: JobOwner) -> None:
+        """DEL ``bridge:job:{job_id}`` if it is still ``owner``'s record, as written by
+        :meth:`claim_job_id` (one step): a claimed id whose job was never enqueued. A
+        record rewritten meanwhile (another copy's re-claim of the job it enqueued, the
+        answered mark) stays."""
 
     async def submit(self, user_id: str, submission: Submission) -> Submitted:
         """The caller's one step (one script, one round trip; see :class:`Submission`):

@@ -189,6 +189,8 @@ MAILBOX_TTL_S = 120.0
 ANSWERED_MARK = " !"
 #: What starts the request digest in an owner record (user ids and mailboxes never do).
 REQUEST_MARK = "="
+#: What starts a claim's own token in an owner record (user ids and mailboxes never do).
+CLAIM_MARK = "#"
 
 
 @attrs.frozen
@@ -205,9 +207,18 @@ class JobOwner:
     #: the request that claimed the id (``_idempotency.request_digest``), stored as
     #: `` =<digest>`` before the answered mark; None in records of older hubs
     request: str | None = attrs.field(default=None, kw_only=True)
+    #: the claiming call's own token (random), stored as `` #<token>`` right after the
+    #: user id (an older hub reads the last other part as ``reply_to``: still the
+    #: mailbox): copies of one request write records that differ only here, so a copy
+    #: drops only its own claim (``Substrate.forget_job_id``); None in older records
+    claim: str | None = attrs.field(default=None, kw_only=True)
 
     def encode(self) -> str:
-        text = self.user_id if self.reply_to is None else f"{self.user_id} {self.reply_to}"
+        text = self.user_id
+        if self.claim is not None:
+            text += f" {CLAIM_MARK}{self.claim}"
+        if self.reply_to is not None:
+            text += f" {self.reply_to}"
         if self.request is not None:
             text += f" {REQUEST_MARK}{self.request}"
         return text + ANSWERED_MARK if self.answered else text
@@ -216,13 +227,15 @@ class JobOwner:
     def decode(cls, text: str) -> JobOwner:
         answered = text.endswith(ANSWERED_MARK)
         user_id, *rest = text.removesuffix(ANSWERED_MARK).split(" ")
-        request = reply_to = None
+        request = reply_to = claim = None
         for part in rest:
             if part.startswith(REQUEST_MARK):
                 request = part.removeprefix(REQUEST_MARK)
+            elif part.startswith(CLAIM_MARK):
+                claim = part.removeprefix(CLAIM_MARK)
             elif part:
                 reply_to = part
-        return cls(user_id, reply_to, answered, request=request)
+        return cls(user_id, reply_to, answered, request=request, claim=claim)
 
 
 @attrs.frozen(kw_only=True)
