@@ -589,21 +589,26 @@ def client_on_worker(hub: Hub, *, not_pid: int, attempts: int = 50) -> tuple[htt
     raise RuntimeError(f"no connection landed on a worker other than {not_pid}")
 
 
+def upgrade_request(port: int, token: str) -> bytes:
+    """The bytes of a WebSocket upgrade request to ``/v1/sidecar`` on 127.0.0.1:``port``
+    with ``Authorization: Bearer token`` (a fresh ``Sec-WebSocket-Key``)."""
+    import base64
+
+    key = base64.b64encode(secrets.token_bytes(16)).decode()
+    return (
+        f"GET /v1/sidecar HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n"
+    ).encode()
+
+
 def raw_upgrade(hub: Hub, token: str, *, timeout_s: float = 5.0) -> tuple[int, str]:
     """One WebSocket upgrade request to ``/v1/sidecar`` on a fresh TCP connection,
     closed as soon as the answer's head (and a short body) is read. Returns
     ``(HTTP status, body text)``; 101 means the upgrade was accepted."""
-    import base64
-
-    key = base64.b64encode(secrets.token_bytes(16)).decode()
-    request = (
-        f"GET /v1/sidecar HTTP/1.1\r\nHost: 127.0.0.1:{hub.port}\r\n"
-        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-        f"Authorization: Bearer {token}\r\n\r\n"
-    )
     with socket.create_connection(("127.0.0.1", hub.port), timeout=timeout_s) as sock:
-        sock.sendall(request.encode())
+        sock.sendall(upgrade_request(hub.port, token))
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = sock.recv(65536)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import secrets
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -172,3 +174,55 @@ def test_concurrent_first_mcp_requests_for_a_new_user_are_all_served(hub):
         assert set(statuses) == {200}, statuses
 
     trio.run(main)
+
+
+def test_a_user_reconnecting_in_a_loop_is_told_to_wait_and_others_still_connect(hub, tmp_path):
+    """Found by fault injection (``bench/handshake_storm.py``): one client with a valid
+    token doing the whole handshake 300 times a second took another user's echo p50 from
+    4.7 to 81 ms on one worker; nothing bounded it. Now past a burst the process refuses
+    that user's upgrades with 429 ``too_many_requests`` and ``Retry-After`` (before any
+    Redis work), a real sidecar of the user prints why and comes back after it, and
+    another user's sidecar connects meanwhile."""
+    from deskbridge_hub._handshake_pace import BURST
+
+    from tests.procs import Sidecar, api, issue, raw_upgrade, wait_log, wait_until
+
+    looping, other = "looping-" + secrets.token_hex(3), "other-" + secrets.token_hex(3)
+    token = issue(looping)
+    answers = [raw_upgrade(hub, token) for _ in range(BURST + 20)]
+    statuses = [status for status, _body in answers]
+    assert statuses[:BURST] == [101] * BURST, statuses
+    assert statuses[BURST:].count(429) >= 15, statuses  # a refill may admit one a second
+    assert "too_many_requests" in answers[-1][1]
+    stop = threading.Event()
+
+    def keep_looping() -> None:  # the loop goes on while the real sidecar starts
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline:
+            raw_upgrade(hub, token)
+            time.sleep(0.05)
+
+    looper = threading.Thread(target=keep_looping, daemon=True)
+    looper.start()
+    bystander = Sidecar(tmp_path, hub.ws, issue(other), name="bystander")
+    desktop = Sidecar(tmp_path, hub.ws, token, name="looping")
+    try:
+        with running(bystander, desktop), api() as client:
+            wait_until(
+                lambda: client.get(f"{hub.http}/v1/users/{other}/presence").json()["online"],
+                timeout_s=30,
+                what="the other user's sidecar online",
+            )
+            wait_log(desktop, r"HTTP 429 \(too_many_requests", timeout_s=30)
+            stop.set()
+            looper.join(10)
+            wait_until(
+                lambda: client.get(f"{hub.http}/v1/users/{looping}/presence").json()["online"],
+                timeout_s=30,
+                what="the looping user's sidecar online after Retry-After",
+            )
+            r = client.post(f"{hub.http}/v1/users/{looping}/jobs", json={"name": "echo"})
+            assert r.status_code == 200, r.text
+    finally:
+        stop.set()
+        looper.join(10)

@@ -266,16 +266,21 @@ async def test_superseded_stops_with_one_warning(autojump_clock, nursery, hub, w
     assert len(hub.attempts) == 1
 
 
+def _refuse_every_upgrade(hub, status: int, code: str, message: str, retry_after_s: float) -> None:
+    """Make the fake hub refuse every upgrade as a hub does: status, JSON error, Retry-After."""
+    hub.reject_status, hub.reject_code, hub.reject_message = status, code, message
+    hub.reject_retry_after_s = retry_after_s
+
+
 async def test_a_refusal_that_may_pass_is_retried_and_its_reason_printed(
     autojump_clock, nursery, hub, wall, caplog
 ):
     """Issue 11 items 2 and 6: a token minted on a clock ahead of the hub's, or a hub
     without its secret yet, is not final; the sidecar retries (after Retry-After) and
     prints what the hub said."""
-    hub.reject_status = 403
-    hub.reject_code = "token_not_yet_valid"
-    hub.reject_message = "token not yet valid (iat 12 s ahead)"
-    hub.reject_retry_after_s = 12
+    _refuse_every_upgrade(
+        hub, 403, "token_not_yet_valid", "token not yet valid (iat 12 s ahead)", 12
+    )
     daemon = make_daemon(hub, wall, random=lambda: 0.5)
     nursery.start_soon(daemon.run)
     attempts = await hub.wait_attempts(3)
@@ -369,6 +374,27 @@ async def test_other_refusals_keep_the_growing_window(autojump_clock, nursery, h
     attempts = await hub.wait_attempts(8)
     gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
     assert gaps == pytest.approx([0.999 * w for w in [0.5, 1, 2, 4, 8, 16, 30]])
+
+
+async def test_a_hub_asking_to_slow_down_is_honoured_and_the_window_keeps_growing(
+    autojump_clock, nursery, hub, wall, caplog
+):
+    """A hub process refuses a user's handshakes past its per-user budget with 429
+    ``too_many_requests`` and ``Retry-After`` (``deskbridge_hub._handshake_pace``): the
+    sidecar waits at least that long, its own window keeps doubling (429 is not the short
+    window of a hub that cannot reach Redis), and it prints what the hub said."""
+    _refuse_every_upgrade(
+        hub, 429, "too_many_requests", "too many handshakes of u1 on this hub process", 3
+    )
+    daemon = make_daemon(hub, wall, random=lambda: 0.999)
+    nursery.start_soon(daemon.run)
+    attempts = await hub.wait_attempts(8)
+    gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert gaps == pytest.approx([3, 3, 3, 0.999 * 4, 0.999 * 8, 0.999 * 16, 0.999 * 30])
+    assert "HTTP 429 (too_many_requests: too many handshakes of u1" in caplog.text
+    hub.reject_status = None
+    s = await hub.next_session()
+    assert (await s.call("echo", {"ok": 1})).ok
 
 
 @pytest.mark.parametrize("token", ["", "abc\n", " abc", "a b", "abc\x00", "abcé"])

@@ -21,6 +21,7 @@ import logging
 import math
 from typing import Any
 
+import trio
 from deskbridge_common import CLOSE_TRY_AGAIN_LATER, _codes
 
 from ._errors import SocketClosed, SubstrateUnavailable
@@ -177,7 +178,10 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
         try:
             claims = verify_claims(token.strip(), config.secrets, leeway_s=config.token_leeway_s)
         except TokenRejected as exc:
-            log.warning("sidecar handshake refused: %s", exc)
+            quiet = state.token_log.admit(trio.current_time())
+            if quiet is not None:  # one line per attempt let one client flood the log
+                more = f" ({quiet} more refused tokens since the last line)" if quiet else ""
+                log.warning("sidecar handshake refused: %s%s", exc, more)
             if isinstance(exc, TokenNotYetValid):
                 # Transient (the minting clock runs ahead): 503 so the sidecar retries.
                 wait_s = max(1, math.ceil(exc.valid_in_s))
@@ -188,6 +192,23 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
                 await _refuse(send, 403, _codes.FORBIDDEN, str(exc))
             return
         user_id = claims.user_id
+        # charged only now: forged tokens naming a user must not spend that user's budget
+        now_s = trio.current_time()
+        wait_s = state.handshake_budget.admit(user_id, now_s)
+        if wait_s > 0:
+            line = state.handshake_budget.refusal_line(user_id, now_s)
+            if line is not None:
+                log.warning("%s", line)
+            await _refuse(
+                send,
+                429,
+                _codes.TOO_MANY_REQUESTS,
+                f"too many handshakes of {user_id} on this hub process; retry after the "
+                "Retry-After seconds (is another sidecar of this user, or a crash loop, "
+                "reconnecting?)",
+                retry_after_s=state.handshake_budget.retry_after_s(wait_s),
+            )
+            return
         try:  # one read: the user's revocation record (``_revocation``)
             revoked = await refusal(state.substrate, user_id, claims.issued_at)
         except SubstrateUnavailable as exc:

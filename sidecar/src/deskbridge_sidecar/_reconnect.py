@@ -25,6 +25,9 @@ Reconnect policy, by how the last session ended:
   timeout, clock gap, a malformed frame — full-jitter exponential backoff: first retry
   within ``backoff_initial_s`` (0.5 s), the window doubling up to ``backoff_max_s``
   (30 s) while attempts keep failing.
+  A 429 (a hub process pacing this user's handshakes: a crash loop, or another sidecar
+  of the user reconnecting) is one of these: the window keeps growing, and the delay is
+  at least its ``Retry-After``.
 
 When the backoff starts again. A session the hub *welcomed* and that stayed open at
 least ``HEALTHY_SESSION_S`` (2 s) was healthy: the backoff resets, so the first
