@@ -178,7 +178,7 @@ async def test_over_http_a_refused_call_is_503_overloaded_with_retry_after(
         assert (error["code"], error["reason"]) == ("overloaded", "calls")
         assert error["retry_after_s"] == OVERLOAD_RETRY_AFTER_S
         assert "DESKBRIDGE_MAX_CALLS=1" in error["message"]
-        assert status.status_code == 503 and status.headers["Retry-After"] == "1"
+        assert status.status_code == 503 and status.headers["Retry-After"] == "2"
         assert (await status.get_json())["error"]["code"] == "overloaded"
         assert _count("overloaded") - before == 2.0
         assert h.substrate.entries(ONLINE) == 1
@@ -244,7 +244,7 @@ async def test_over_mcp_an_overloaded_refusal_is_a_json_rpc_error_with_its_code(
     error = raised.value.error
     assert error.code == types.INTERNAL_ERROR
     assert error.message.startswith("overloaded: ") and "DESKBRIDGE_MAX_CALLS" in error.message
-    assert error.data == {"code": "overloaded", "reason": "calls", "retry_after_s": 1}
+    assert error.data == {"code": "overloaded", "reason": "calls", "retry_after_s": 2}
 
 
 def test_the_bounds_come_from_the_environment():

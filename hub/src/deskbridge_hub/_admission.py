@@ -50,10 +50,12 @@ LAG_PROBE_S = 0.1
 #: average): one stall of 0.8 s alone moves it from 0 to 0.24 s, under the default
 #: bound; a lag that stays at 0.5 s (twice the default bound) passes it in two samples.
 LAG_WEIGHT = 0.3
-#: ``Retry-After`` of an ``overloaded`` refusal, seconds: a refusal is immediate and a
-#: slot frees as soon as any call ends (an echo call takes milliseconds), so a second
-#: later is likely to find room; clients should back off further (with jitter) on repeats.
-OVERLOAD_RETRY_AFTER_S = 1
+#: ``Retry-After`` of an ``overloaded`` refusal, seconds: about the time a full house of
+#: calls turns over (500 calls at the overload bench's 250-450 calls/s: 1-2 s), so a
+#: retry then is likely to find room, while refused callers that all came back after 1 s
+#: cost the process a refusal each per second (about 0.5 ms of CPU each: a quarter of a
+#: core for 500 of them). Clients should back off further, with jitter, on repeats.
+OVERLOAD_RETRY_AFTER_S = 2
 
 
 @attrs.define(eq=False)
