@@ -11,6 +11,7 @@ arrived. MemorySubstrate, MockClock (autojump).
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -152,24 +153,18 @@ async def test_over_http_a_refused_call_is_503_overloaded_with_retry_after(
 
     async with hub(monkeypatch, asgi_route=asgi_route, max_calls=1, shed_lag_s=0.0) as h:
         await h.substrate.inner.set_presence(ONLINE, "sess-1", 3600.0)
-        first: list[int] = []
-
-        async def wait_in_queue() -> None:
-            r = await h.client.post(PATH, data=b'{"name": "echo", "timeout_s": 5}', headers=JSON)
-            first.append(r.status_code)
-
         before = _count("overloaded")
-        body = b'{"name": "echo", "job_id": "mine-2", "idempotency_key": "key-2"}'
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(wait_in_queue)
+        async with trio.open_nursery() as nursery:  # one call holds the only slot 5 s
+            waits = b'{"name": "echo", "timeout_s": 5}'
+            nursery.start_soon(functools.partial(h.client.post, PATH, data=waits, headers=JSON))
             await trio.testing.wait_all_tasks_blocked()
+            body = b'{"name": "echo", "job_id": "mine-2", "idempotency_key": "key-2"}'
             writes = list(h.substrate.calls)
             started = trio.current_time()
             r = await h.client.post(PATH, data=body, headers=JSON)
             status = await h.client.post(f"/v1/users/{ONLINE}/status", headers=JSON)
             assert trio.current_time() == started  # at once, not after a wait
             assert h.substrate.calls == writes  # nothing looked at, nothing written
-        assert first == [504]
         assert r.status_code == 503, await r.get_data()
         assert r.headers["Retry-After"] == str(OVERLOAD_RETRY_AFTER_S)
         answer = await r.get_json()
@@ -229,20 +224,10 @@ async def test_over_http_timeout_s_counts_from_the_handler_s_start(autojump_cloc
 async def test_over_mcp_an_overloaded_refusal_is_a_json_rpc_error_with_its_code():
     """As ``queue_full``: a JSON-RPC error (``-32603``) whose ``data`` holds what HTTP's
     error body holds."""
-    import types as pytypes
-
-    import mcp_types as types
-    from deskbridge_hub._mcp import UserEndpoint
-    from mcp.shared.exceptions import MCPError
+    from tests.hub.test_queue_full import mcp_call_error
 
     admission = CallAdmission(0, None, trio.current_time)  # no room at all
-    bridge = Bridge(MemorySubstrate(), admission=admission)
-    endpoint = UserEndpoint("u1", bridge)
-    ctx = pytypes.SimpleNamespace(params={"_meta": {}}, session=None)
-    with pytest.raises(MCPError) as raised:
-        await endpoint._call_tool(ctx, types.CallToolRequestParams(name="echo", arguments={}))
-    error = raised.value.error
-    assert error.code == types.INTERNAL_ERROR
+    error = await mcp_call_error(Bridge(MemorySubstrate(), admission=admission))
     assert error.message.startswith("overloaded: ") and "DESKBRIDGE_MAX_CALLS" in error.message
     assert error.data == {"code": "overloaded", "reason": "calls", "retry_after_s": 2}
 
@@ -251,7 +236,7 @@ def test_the_bounds_come_from_the_environment():
     from deskbridge_hub import HubConfig
 
     default = HubConfig.from_env({})
-    assert (default.max_calls, default.shed_lag_s) == (500, 0.25)
+    assert (default.max_calls, default.shed_lag_s) == (500, 0.5)
     config = HubConfig.from_env({"DESKBRIDGE_MAX_CALLS": "64", "DESKBRIDGE_SHED_LAG_S": "0"})
     assert (config.max_calls, config.shed_lag_s) == (64, 0.0)
     for bad in ({"DESKBRIDGE_MAX_CALLS": "0"}, {"DESKBRIDGE_SHED_LAG_S": "-1"}):

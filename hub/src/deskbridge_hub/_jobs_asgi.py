@@ -18,7 +18,10 @@ by ``Content-Length`` or by what arrived; 408 after Quart's ``BODY_TIMEOUT``), i
 (``_http.outcome_answer``) or its error (``_http.bridge_error_answer``), or, when a
 graceful restart's grace ends while it waits, 503 ``unavailable`` naming the job
 (``_http.released_answer``); anything else
-is logged on the app's logger and answered 500, as Quart does. A client that goes away
+is logged on the app's logger and answered 500, as Quart does. The call's ``timeout_s``
+counts from when this handler began (``Bridge.dispatch(started_at=...)``), so the time
+its body took to arrive is in it; an overloaded process refuses the call at once (503
+``overloaded``, ``Bridge.admission``). A client that goes away
 cancels the call, and an answer not taken within ``RESPONSE_TIMEOUT`` is dropped, as with
 quart-trio. Every other request (another method, another path, a request under a
 ``root_path``) goes to Quart unchanged; the Quart route stays for those and for the

@@ -88,7 +88,7 @@ from ._errors import (
     QueueFull,
     SubstrateUnavailable,
 )
-from ._http import released_answer
+from ._http import bridge_error_answer, released_answer
 from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._outcome import Outcome
 from ._progress import ProgressReport
@@ -464,25 +464,14 @@ class UserEndpoint:
             ) from None
         except JobIdInUse as exc:  # a fresh UUID: practically impossible
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
-        except QueueFull as exc:  # HTTP's 429: as the MCP mount's own 429s, -32603 + data
+        except (QueueFull, Overloaded) as exc:
+            # HTTP's 429 queue_full, 503 overloaded: as the MCP mount's own 429s, -32603,
+            # with HTTP's error body (but its message) as data
+            error = bridge_error_answer(exc)[1]["error"]
             raise MCPError(
                 types.INTERNAL_ERROR,
-                f"{_codes.QUEUE_FULL}: {exc}",
-                data={
-                    "code": _codes.QUEUE_FULL,
-                    "limit": exc.limit,
-                    "retry_after_s": exc.retry_after_s,
-                },
-            ) from None
-        except Overloaded as exc:  # HTTP's 503 overloaded: nothing enqueued, retry later
-            raise MCPError(
-                types.INTERNAL_ERROR,
-                f"{_codes.OVERLOADED}: {exc}",
-                data={
-                    "code": _codes.OVERLOADED,
-                    "reason": exc.reason,
-                    "retry_after_s": exc.retry_after_s,
-                },
+                f"{exc.status}: {exc}",
+                data={k: v for k, v in error.items() if k != "message"},
             ) from None
         except SubstrateUnavailable as exc:
             return unavailable_result(exc)
