@@ -236,7 +236,7 @@ def test_the_bounds_come_from_the_environment():
     from deskbridge_hub import HubConfig
 
     default = HubConfig.from_env({})
-    assert (default.max_calls, default.shed_lag_s) == (500, 0.5)
+    assert (default.max_calls, default.shed_lag_s) == (500, 0.25)
     config = HubConfig.from_env({"DESKBRIDGE_MAX_CALLS": "64", "DESKBRIDGE_SHED_LAG_S": "0"})
     assert (config.max_calls, config.shed_lag_s) == (64, 0.0)
     for bad in ({"DESKBRIDGE_MAX_CALLS": "0"}, {"DESKBRIDGE_SHED_LAG_S": "-1"}):

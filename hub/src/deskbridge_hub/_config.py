@@ -62,7 +62,7 @@ class HubConfig:
             default 500: ``_admission.DEFAULT_MAX_CALLS`` says where it comes from).
         shed_lag_s: refuse new dispatch calls (503 ``overloaded``) while the process's
             event loop lags more than this, seconds (``DESKBRIDGE_SHED_LAG_S``, default
-            0.5, in [0, 60]; 0 turns the lag gate off).
+            0.25, in [0, 60]; 0 turns the lag gate off).
     """
 
     redis_url: str | None = None
