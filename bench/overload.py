@@ -25,9 +25,13 @@ by more than 1 s and by more than 5 s) and how long ``/metrics`` took to answer,
 probe's answers, and how long after the load stopped the probe's calls were normal again
 (five in a row within 3x the baseline p50 and at most 250 ms).
 
+Then, for every caller's answer, how late it came against the asked ``timeout_s`` (in
+time, T + 0.5 s, T + 1 s, ... , refusals apart, no answer within T + 20 s) and where its
+time went (the hub's ``elapsed_ms``, its dispatch, against the rest).
+
 Usage: ./dev bench overload [--idle 3000] [--busy 100] [--sidecars 3] [--callers 1000]
        [--load-s 60] [--timeout-s 10] [--recovery-s 60] [--hub-env NAME=VALUE ...]
-       [--keep-logs DIR]
+       [--redis-port 6416] [--hub-port P] [--keep-logs DIR]
 The swarm raises its own ``ulimit -n`` to the hard limit: give the shell a hard limit above
 the desktops (``ulimit -Hn``).
 """
@@ -217,6 +221,7 @@ def main() -> int:
     p.add_argument("--baseline-s", type=float, default=10.0)
     p.add_argument("--recovery-s", type=float, default=60.0)
     p.add_argument("--redis-port", type=int, default=6416)
+    p.add_argument("--hub-port", type=int, default=0, help="default: a free port")
     p.add_argument("--hub-env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--keep-logs", default="", metavar="DIR")
     p.add_argument("--json", default="")
@@ -229,7 +234,12 @@ def main() -> int:
         procs: list[Proc] = [redis]
         try:
             env = dict(kv.split("=", 1) for kv in args.hub_env)
-            hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis.url, **env})
+            hub = Hub(
+                tmp,
+                workers=1,
+                port=args.hub_port or None,
+                env={"DESKBRIDGE_REDIS_URL": redis.url, **env},
+            )
             procs.append(hub)
             hub.wait_healthy()
             real = [f"real-{i}" for i in range(args.sidecars)]
@@ -461,6 +471,15 @@ def report(out: dict, args) -> None:
     )
     for line, n in flood.get("retry_after", {}).items():
         print(f"    {n:8d}  {line}")
+    print(f"  answers against the asked timeout_s (T = {args.timeout_s:g} s):")
+    for band, n in flood.get("vs_timeout", {}).items():
+        print(f"    {n:8d}  {band}")
+    for split, title in (("split_ms", "all answers"), ("late_split_ms", "answers after T+1 s")):
+        parts = flood.get(split, {})
+        n = next(iter(parts.values()), {}).get("n", 0)
+        print(f"  where the time went, {title} ({n}), ms p50 / p99 / max:")
+        for what, lat in parts.items():
+            print(f"    {what:<14} {lat['p50']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f}")
     rec = out.get("recovered_after_s")
     print(
         "  probe calls normal again after the load stopped: "

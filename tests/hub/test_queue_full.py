@@ -231,26 +231,33 @@ async def test_over_http_a_full_queue_is_429_queue_full_with_retry_after(
         assert r.status_code == 504 and (await r.get_json())["detail"]["stage"] == "queued"
 
 
-async def test_over_mcp_a_full_queue_is_a_json_rpc_error_with_its_code():
-    """As the hub's other refusals on MCP: a JSON-RPC error (``-32603``, as the 429s of
-    the MCP mount) whose ``data`` holds what HTTP's error body holds."""
+async def mcp_call_error(bridge: Bridge):
+    """The JSON-RPC error of an MCP ``tools/call`` of ``echo`` for ``u1`` through
+    ``bridge`` (``-32603``: asserted), which must refuse it."""
     import types as pytypes
 
     import mcp_types as types
-    from deskbridge_hub._bridge_jobs import queue_full
     from deskbridge_hub._mcp import UserEndpoint
     from mcp.shared.exceptions import MCPError
+
+    endpoint = UserEndpoint("u1", bridge)
+    ctx = pytypes.SimpleNamespace(params={"_meta": {}}, session=None)
+    with pytest.raises(MCPError) as raised:
+        await endpoint._call_tool(ctx, types.CallToolRequestParams(name="echo", arguments={}))
+    assert raised.value.error.code == types.INTERNAL_ERROR
+    return raised.value.error
+
+
+async def test_over_mcp_a_full_queue_is_a_json_rpc_error_with_its_code():
+    """As the hub's other refusals on MCP: a JSON-RPC error (``-32603``, as the 429s of
+    the MCP mount) whose ``data`` holds what HTTP's error body holds."""
+    from deskbridge_hub._bridge_jobs import queue_full
 
     async def dispatch(*args, **kwargs):
         raise queue_full("u1", 7, None)
 
     bridge = Bridge(MemorySubstrate())
     bridge.dispatch = dispatch  # type: ignore[method-assign]
-    endpoint = UserEndpoint("u1", bridge)
-    ctx = pytypes.SimpleNamespace(params={"_meta": {}}, session=None)
-    with pytest.raises(MCPError) as raised:
-        await endpoint._call_tool(ctx, types.CallToolRequestParams(name="echo", arguments={}))
-    error = raised.value.error
-    assert error.code == types.INTERNAL_ERROR
+    error = await mcp_call_error(bridge)
     assert error.message.startswith("queue_full: ") and "DESKBRIDGE_JOBS_MAXLEN" in error.message
     assert error.data == {"code": "queue_full", "limit": 7, "retry_after_s": 5}

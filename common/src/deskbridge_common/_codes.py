@@ -94,6 +94,9 @@ TOKEN_NOT_YET_VALID = "token_not_yet_valid"  #: a sidecar token issued in the fu
 JOB_ID_IN_USE = "job_id_in_use"  #: a caller-chosen job id that names another job
 #: the user already has ``DESKBRIDGE_JOBS_MAXLEN`` jobs queued or running (429, ``limit``)
 QUEUE_FULL = "queue_full"
+#: this hub process is past what it can answer in time (calls in flight or loop lag):
+#: refused at once, nothing enqueued (503, ``retry_after_s``, ``Retry-After``)
+OVERLOADED = "overloaded"
 #: a browser request from another site or origin to a route behind the API key (403)
 CROSS_SITE_REQUEST = "cross_site_request"
 #: The code of each HTTP status whose answer is the status itself (not an outcome).
@@ -119,6 +122,7 @@ HTTP_ERROR_CODES = frozenset(
         TOKEN_NOT_YET_VALID,
         JOB_ID_IN_USE,
         QUEUE_FULL,
+        OVERLOADED,
         CROSS_SITE_REQUEST,
         IDEMPOTENCY_KEY_REUSED,
         UNAVAILABLE,
@@ -137,6 +141,7 @@ __all__ = [
     "JOB_ID_IN_USE",
     "METHOD_NOT_ALLOWED",
     "NOT_CONFIGURED",
+    "OVERLOADED",
     "QUEUE_FULL",
     "TOO_MANY_REQUESTS",
     "NOT_FOUND",

@@ -32,6 +32,8 @@ KNOWN: frozenset[str] = frozenset(
         "DESKBRIDGE_API_KEY",
         "DESKBRIDGE_MAX_INFLIGHT",
         "DESKBRIDGE_MAX_ARGS_BYTES",
+        "DESKBRIDGE_MAX_CALLS",
+        "DESKBRIDGE_SHED_LAG_S",
         "DESKBRIDGE_TOKEN_LEEWAY_S",
         "DESKBRIDGE_LOG_LEVEL",
         "DESKBRIDGE_LOG_FORMAT",

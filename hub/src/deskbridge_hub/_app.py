@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import WebsocketMismatch
 
 from . import _admin, _connectors, _cross_site, _gcwatch, _metrics, _openapi, _tracing
+from ._admission import CallAdmission
 from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable, UnknownJob
@@ -153,7 +154,10 @@ def create_app(
             wall_clock=time.time,
             max_inflight_per_session=config.max_inflight_per_session,
         )
-        bridge = Bridge(sub, config.timings, max_args_bytes=config.max_args_bytes)
+        admission = CallAdmission(config.max_calls, config.shed_lag_s, trio.current_time)
+        bridge = Bridge(
+            sub, config.timings, max_args_bytes=config.max_args_bytes, admission=admission
+        )
         relay = ProgressRelay(sub, config.timings.result_ttl_s)
         holder.update(state=state, bridge=bridge, progress=relay)
         app.extensions["deskbridge"] = holder
@@ -168,12 +172,15 @@ def create_app(
         )
         relaying = trio.CancelScope()  # one scope per task: a scope enters one with-block
         app.add_background_task(_run_in, relaying, relay.run)
+        admission_probe = trio.CancelScope()
+        app.add_background_task(_run_in, admission_probe, admission.probe, trio.sleep)
         log.info("hub serving; consumer %s; substrate %s", state.consumer, type(sub).__name__)
         announce_serving()  # to ``serve --workers N``'s supervisor: a crash from now on
         try:
             yield
         finally:
             lag_probe.cancel()
+            admission_probe.cancel()
             relaying.cancel()
             reading.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):

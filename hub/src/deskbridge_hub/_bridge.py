@@ -7,6 +7,7 @@ runs under trio and asyncio alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ import attrs
 from deskbridge_common import Timings
 
 from . import _metrics
+from ._admission import CallAdmission
 from ._bridge_jobs import (
     ARGS_ENCODER,
     MAX_TIMEOUT_S,
@@ -143,12 +145,20 @@ class Bridge(JobControl):
             compact JSON with non-ASCII escaped (what goes on the stream); 256 KiB,
             ``DESKBRIDGE_MAX_ARGS_BYTES`` for the hub. Every way in (HTTP, MCP, Python)
             is bounded here.
+        admission: the admission gates every :meth:`dispatch` (and so :meth:`call` and
+            :meth:`status`) passes first (``_admission``); default None: no bound. The
+            hub's own Bridge has the process's (``DESKBRIDGE_MAX_CALLS``,
+            ``DESKBRIDGE_SHED_LAG_S``), so its HTTP, MCP and status calls share it. A
+            Bridge an application makes for itself runs in that application's process,
+            whose own code bounds its concurrency (every call is an ``await`` it sees):
+            unbounded unless it passes one.
     """
 
     substrate: Substrate
     timings: Timings = attrs.field(factory=Timings)
     wall_clock: Callable[[], float] = time.time
     max_args_bytes: int = attrs.field(default=MAX_ARGS_BYTES, kw_only=True)
+    admission: CallAdmission | None = attrs.field(default=None, kw_only=True)
     waiters: ResultWaiters = attrs.field(init=False)
     catalogues: CatalogueCache = attrs.field(init=False, factory=CatalogueCache)
     _holders: dict[str, str] = attrs.field(init=False, factory=dict)
@@ -241,6 +251,7 @@ class Bridge(JobControl):
         deadline: float | None = None,
         job_id: str | None = None,
         on_progress: Callable[[ProgressReport], Awaitable[None]] | None = None,
+        started_at: float | None = None,
     ) -> Outcome:
         """Run tool ``name`` on the user's desktop and wait for its terminal answer.
 
@@ -265,6 +276,10 @@ class Bridge(JobControl):
             on_progress: awaited with each :class:`ProgressReport` the tool sends while
                 this call waits (rate-limited at the sidecar, latest value only, best
                 effort: a Redis hiccup stops the reports, never the call).
+            started_at: when the caller's ``timeout_s`` began, on ``anyio.current_time()``
+                (default: now; a later time counts as now). The HTTP route passes when
+                its handler began, so the time the request's body took to arrive counts
+                in ``timeout_s`` too.
 
         Returns:
             An :class:`Outcome` whose status is completed, failed, expired, lost,
@@ -291,6 +306,9 @@ class Bridge(JobControl):
                 written, or the wait for an enqueued job's answer failed): look it up;
                 without, nothing was enqueued. Also when the desktop's catalogue or
                 session kept changing over the submit's retries (nothing enqueued; retry).
+            Overloaded: ``admission`` refused the call (this process has its bound of
+                calls in flight, or its loop lags past its bound); checked first, before
+                anything else: nothing was looked at or enqueued.
 
         A refused call (any of these but a ``job_id`` one) leaves its caller-chosen
         ``job_id`` free again, unless another copy of the same request claimed it (that
@@ -299,7 +317,39 @@ class Bridge(JobControl):
         Cancellation: stops waiting; the job stays queued and runs unless its deadline
         passes first.
         """
+        # O(1), before anything else: a count and the loop's lag (``_admission``)
+        admission = self.admission
+        admitted = contextlib.nullcontext() if admission is None else admission.admitted(user_id)
+        with admitted:
+            return await self._dispatch(
+                user_id,
+                name,
+                args,
+                idempotency_key=idempotency_key,
+                timeout_s=timeout_s,
+                deadline=deadline,
+                job_id=job_id,
+                on_progress=on_progress,
+                started_at=started_at,
+            )
+
+    async def _dispatch(
+        self,
+        user_id: str,
+        name: str,
+        args: dict[str, Any] | None,
+        *,
+        idempotency_key: str | None,
+        timeout_s: float | None,
+        deadline: float | None,
+        job_id: str | None,
+        on_progress: Callable[[ProgressReport], Awaitable[None]] | None,
+        started_at: float | None,
+    ) -> Outcome:
+        """:meth:`dispatch`, admitted."""
         started = anyio.current_time()
+        if started_at is not None:
+            started = min(started, started_at)
         job_id_given = job_id
         _check(validate_user_id, user_id, "user_id")
         _check(validate_tool_name, name, "name")
@@ -376,8 +426,10 @@ class Bridge(JobControl):
                         # this very request's claim (its reply was lost, the call answered
                         # unavailable; or a copy's on another replica): go on as its
                         # claimer, whose submit finds a job enqueued under the id
-                        step.claimed = held is not None and held.request == owner.request and (
-                            held.user_id == user_id
+                        step.claimed = (
+                            held is not None
+                            and held.request == owner.request
+                            and (held.user_id == user_id)
                         )
                         step.adopted = step.claimed
                         if not step.claimed and not _may_be_ours(held, user_id, indexed_key):
@@ -398,7 +450,10 @@ class Bridge(JobControl):
                     ),
                     start_within_s=start_within_s,
                     state=JobState(
-                        Stage.QUEUED, user_id, at=now, reply_to=self.waiters.mailbox,
+                        Stage.QUEUED,
+                        user_id,
+                        at=now,
+                        reply_to=self.waiters.mailbox,
                         idempotency_key=indexed_key,
                     ),  # fmt: skip
                     state_ttl_s=state_ttl_s,
@@ -844,6 +899,8 @@ class Bridge(JobControl):
                 other args; nothing is enqueued.
             QueueFull: the user's queue is full (``timings.jobs_maxlen`` jobs queued or
                 running); nothing is enqueued.
+            Overloaded: this Bridge's ``admission`` refused the call (a Bridge made
+                without one never raises it); nothing is enqueued.
             SubstrateUnavailable: Redis unreachable.
             BadRequest: malformed input.
         """
@@ -861,6 +918,6 @@ class Bridge(JobControl):
             round-trip time.
 
         Raises:
-            BadRequest, SubstrateUnavailable: as :meth:`dispatch`.
+            BadRequest, SubstrateUnavailable, Overloaded: as :meth:`dispatch`.
         """
         return await self.dispatch(user_id, "status", {}, timeout_s=timeout_s)

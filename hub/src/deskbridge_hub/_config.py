@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import attrs
 from deskbridge_common import MAX_FRAME_BYTES, Timings
 
+from ._admission import DEFAULT_MAX_CALLS, DEFAULT_SHED_LAG_S
 from ._redis_options import query_problem
 from ._tokens import MAX_TOKEN_LEEWAY_S, TOKEN_LEEWAY_S
 
@@ -26,6 +27,10 @@ DEFAULT_MAX_ARGS_BYTES = 256 * 1024
 MAX_INFLIGHT_LIMIT = 10_000
 #: Largest ``DESKBRIDGE_REDIS_MAX_CONNECTIONS``: Redis' default ``maxclients``.
 MAX_REDIS_CONNECTIONS_LIMIT = 10_000
+#: Largest ``DESKBRIDGE_MAX_CALLS``: each call holds a socket (a file descriptor).
+MAX_CALLS_LIMIT = 1_000_000
+#: Largest ``DESKBRIDGE_SHED_LAG_S``, seconds.
+MAX_SHED_LAG_S = 60.0
 
 
 @attrs.frozen(kw_only=True)
@@ -52,6 +57,12 @@ class HubConfig:
         redis_max_connections: most Redis connections the process holds at once
             (``DESKBRIDGE_REDIS_MAX_CONNECTIONS``, default 16, at least 3; see
             docs/operations.md, "Redis requirements").
+        max_calls: most dispatch calls (HTTP, MCP, status) in flight in the process at
+            once; more are refused at once with 503 ``overloaded`` (``DESKBRIDGE_MAX_CALLS``,
+            default 500: ``_admission.DEFAULT_MAX_CALLS`` says where it comes from).
+        shed_lag_s: refuse new dispatch calls (503 ``overloaded``) while the process's
+            event loop lags more than this, seconds (``DESKBRIDGE_SHED_LAG_S``, default
+            0.25, in [0, 60]; 0 turns the lag gate off).
     """
 
     redis_url: str | None = None
@@ -62,6 +73,8 @@ class HubConfig:
     max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES
     token_leeway_s: float = TOKEN_LEEWAY_S
     redis_max_connections: int = 16
+    max_calls: int = DEFAULT_MAX_CALLS
+    shed_lag_s: float = DEFAULT_SHED_LAG_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HubConfig:
@@ -90,6 +103,10 @@ class HubConfig:
                 env, "DESKBRIDGE_TOKEN_LEEWAY_S", TOKEN_LEEWAY_S, most=MAX_TOKEN_LEEWAY_S
             ),
             redis_max_connections=_redis_max_connections(env),
+            max_calls=_int(env, "DESKBRIDGE_MAX_CALLS", DEFAULT_MAX_CALLS, most=MAX_CALLS_LIMIT),
+            shed_lag_s=_seconds(
+                env, "DESKBRIDGE_SHED_LAG_S", DEFAULT_SHED_LAG_S, most=MAX_SHED_LAG_S
+            ),
         )
 
 

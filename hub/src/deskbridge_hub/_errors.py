@@ -162,6 +162,30 @@ class QueueFull(BridgeError):
         self.retry_after_s = retry_after_s
 
 
+class Overloaded(BridgeError):
+    """This hub process is past what it can answer in time (too many calls in flight,
+    or its event loop lagging: ``_admission``); the call was refused at once and nothing
+    was enqueued or recorded, so a retry (here after ``retry_after_s`` seconds, or at
+    another replica) is safe. HTTP 503 ``overloaded`` with ``Retry-After``.
+
+    Attributes:
+        user_id: whose call was refused.
+        reason: ``calls`` (``DESKBRIDGE_MAX_CALLS`` in flight) or ``lag`` (the loop lags
+            more than ``DESKBRIDGE_SHED_LAG_S``).
+        retry_after_s: a hint, seconds.
+    """
+
+    status = "overloaded"
+
+    def __init__(
+        self, message: str, *, user_id: str, reason: str, retry_after_s: int, **details: Any
+    ):
+        super().__init__(message, **details)
+        self.user_id = user_id
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
 # -- errors inside the hub process (never raised to a dispatch caller) --------------------
 
 

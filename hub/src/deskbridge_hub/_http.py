@@ -15,7 +15,14 @@ import trio
 from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
-from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, QueueFull, SubstrateUnavailable
+from ._errors import (
+    BadRequest,
+    IdempotencyKeyReused,
+    JobIdInUse,
+    Overloaded,
+    QueueFull,
+    SubstrateUnavailable,
+)
 from ._http_body import check_media_type, parse_json_body
 from ._outcome import Outcome
 from ._unavailable_log import note_unavailable
@@ -113,7 +120,8 @@ def _json(body: Any, status: int = 200) -> Response:
 
 def answer_headers(answer: Answer) -> list[tuple[str, str]]:
     """The headers an answer carries besides its content type: ``Retry-After`` when its
-    error says when to retry (``error.retry_after_s``: a full queue's 429)."""
+    error says when to retry (``error.retry_after_s``: a full queue's 429, an overloaded
+    process's 503)."""
     error = answer[1].get("error")
     if isinstance(error, dict) and isinstance(error.get("retry_after_s"), int):
         return [("Retry-After", str(error["retry_after_s"]))]
@@ -137,17 +145,30 @@ def _error(status: int, code: str, message: str, **extra: Any) -> Response:
 
 
 #: The dispatch API's errors that have an answer of their own (``bridge_error_answer``).
-BRIDGE_ERRORS = (SubstrateUnavailable, IdempotencyKeyReused, JobIdInUse, QueueFull, BadRequest)
+BRIDGE_ERRORS = (
+    SubstrateUnavailable,
+    IdempotencyKeyReused,
+    JobIdInUse,
+    QueueFull,
+    Overloaded,
+    BadRequest,
+)
 
 
 def bridge_error_answer(
-    exc: SubstrateUnavailable | IdempotencyKeyReused | JobIdInUse | QueueFull | BadRequest,
+    exc: SubstrateUnavailable
+    | IdempotencyKeyReused
+    | JobIdInUse
+    | QueueFull
+    | Overloaded
+    | BadRequest,
 ) -> Answer:
     """The answer to an error of ``BRIDGE_ERRORS``: ``SubstrateUnavailable`` -> 503
     ``unavailable`` (naming the job if it was enqueued: its outcome is unknown),
     ``IdempotencyKeyReused`` -> 422, ``JobIdInUse`` -> 409, ``QueueFull`` -> 429
     ``queue_full`` with its ``limit`` and ``retry_after_s`` (``Retry-After``: see
-    :func:`answer_headers`), ``BadRequest`` -> 400 naming the field."""
+    :func:`answer_headers`), ``Overloaded`` -> 503 ``overloaded`` with its ``reason``
+    and ``retry_after_s`` (``Retry-After``), ``BadRequest`` -> 400 naming the field."""
     if isinstance(exc, SubstrateUnavailable):
         note_unavailable(str(exc))
         body: dict[str, Any] = {
@@ -166,6 +187,10 @@ def bridge_error_answer(
     if isinstance(exc, QueueFull):
         return error_answer(
             429, _codes.QUEUE_FULL, str(exc), limit=exc.limit, retry_after_s=exc.retry_after_s
+        )
+    if isinstance(exc, Overloaded):
+        return error_answer(
+            503, _codes.OVERLOADED, str(exc), reason=exc.reason, retry_after_s=exc.retry_after_s
         )
     return error_answer(400, _codes.BAD_REQUEST, str(exc), field=exc.field)
 

@@ -136,9 +136,11 @@ class JobRequest(NamedTuple):
     job_id: str | None
     timeout_s: float | None  # seconds; None: the bridge's default
 
-    async def dispatch(self, bridge: Any, user_id: str) -> Any:
+    async def dispatch(self, bridge: Any, user_id: str, *, started_at: float | None = None) -> Any:
         """``bridge.dispatch(user_id, ...)`` with these fields; returns its ``Outcome``
-        and raises what it raises (the routes map the errors to answers)."""
+        and raises what it raises (the routes map the errors to answers). ``started_at``:
+        when the request's handling began (``trio.current_time()``), if the route knows:
+        its ``timeout_s`` counts from then (``Bridge.dispatch``)."""
         return await bridge.dispatch(
             user_id,
             self.name,
@@ -146,6 +148,7 @@ class JobRequest(NamedTuple):
             idempotency_key=self.idempotency_key,
             timeout_s=self.timeout_s,
             job_id=self.job_id,
+            started_at=started_at,
         )
 
 

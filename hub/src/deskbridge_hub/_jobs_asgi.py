@@ -18,7 +18,10 @@ by ``Content-Length`` or by what arrived; 408 after Quart's ``BODY_TIMEOUT``), i
 (``_http.outcome_answer``) or its error (``_http.bridge_error_answer``), or, when a
 graceful restart's grace ends while it waits, 503 ``unavailable`` naming the job
 (``_http.released_answer``); anything else
-is logged on the app's logger and answered 500, as Quart does. A client that goes away
+is logged on the app's logger and answered 500, as Quart does. The call's ``timeout_s``
+counts from when this handler began (``Bridge.dispatch(started_at=...)``), so the time
+its body took to arrive is in it; an overloaded process refuses the call at once (503
+``overloaded``, ``Bridge.admission``). A client that goes away
 cancels the call, and an answer not taken within ``RESPONSE_TIMEOUT`` is dropped, as with
 quart-trio. Every other request (another method, another path, a request under a
 ``root_path``) goes to Quart unchanged; the Quart route stays for those and for the
@@ -82,17 +85,18 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
         if match is None:
             await asgi_app(scope, receive, send)
             return
+        entered = trio.current_time()  # the caller's timeout_s counts from here
         headers = _headers(scope)
         if not key_accepted(headers.get("authorization", ""), config.api_keys):
             message = unauthorized_message(headers.get("authorization", ""))
             await _send(send, error_answer(401, _codes.UNAUTHORIZED, message), app.config)
             return
-        answer = await _answer(receive, match.group(1), headers, f"POST {scope['path']}")
+        answer = await _answer(receive, match.group(1), headers, f"POST {scope['path']}", entered)
         if answer is not None:  # None: the client went away
             await _send(send, answer, app.config)
 
     async def _answer(
-        receive: Any, user_id: str, headers: dict[str, str], where: str
+        receive: Any, user_id: str, headers: dict[str, str], where: str, entered: float
     ) -> Answer | None:
         raw: bytes | None = None
         try:
@@ -109,17 +113,18 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
         answer: Answer | None = None
         async with trio.open_nursery() as nursery:  # quart-trio's: cancelled on disconnect
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            answer = with_chosen_job_id(await _dispatch(user_id, job, headers, where), raw)
+            dispatched = await _dispatch(user_id, job, headers, where, entered)
+            answer = with_chosen_job_id(dispatched, raw)
             nursery.cancel_scope.cancel()
         return answer
 
     async def _dispatch(
-        user_id: str, job: JobRequest, headers: dict[str, str], where: str
+        user_id: str, job: JobRequest, headers: dict[str, str], where: str, entered: float
     ) -> Answer:
         outcome = None
         try:
             with holder["state"].drain.waiting() as call, _tracing.extracted(headers):
-                outcome = await job.dispatch(holder["bridge"], user_id)
+                outcome = await job.dispatch(holder["bridge"], user_id, started_at=entered)
         except Exception as exc:
             return _error_answer(exc, where)
         if outcome is None:  # released: the grace of a graceful restart ended meanwhile

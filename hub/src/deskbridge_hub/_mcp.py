@@ -24,7 +24,10 @@ Outcomes map as follows:
   (the spec: an unknown tool is a protocol error);
 - a full queue (HTTP's 429 ``queue_full``: the user already has ``jobs_maxlen`` jobs
   queued or running) -> the JSON-RPC error ``-32603``, as the MCP mount's own 429s,
-  ``data: {"code": "queue_full", "limit", "retry_after_s"}``.
+  ``data: {"code": "queue_full", "limit", "retry_after_s"}``;
+- an overloaded process (HTTP's 503 ``overloaded``: this process has its bound of calls
+  in flight, or its loop lags past its bound; nothing was enqueued) -> the JSON-RPC error
+  ``-32603`` likewise, ``data: {"code": "overloaded", "reason", "retry_after_s"}``.
 
 Progress: a ``tools/call`` carrying a ``progressToken`` gets ``notifications/progress``
 for the tool's progress reports (``Bridge.dispatch(on_progress=...)``), leaving out a
@@ -77,8 +80,15 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from . import _metrics
 from ._bridge import Bridge
 from ._bridge_jobs import MAX_TIMEOUT_S
-from ._errors import BadRequest, IdempotencyKeyReused, JobIdInUse, QueueFull, SubstrateUnavailable
-from ._http import released_answer
+from ._errors import (
+    BadRequest,
+    IdempotencyKeyReused,
+    JobIdInUse,
+    Overloaded,
+    QueueFull,
+    SubstrateUnavailable,
+)
+from ._http import bridge_error_answer, released_answer
 from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._outcome import Outcome
 from ._progress import ProgressReport
@@ -454,15 +464,14 @@ class UserEndpoint:
             ) from None
         except JobIdInUse as exc:  # a fresh UUID: practically impossible
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
-        except QueueFull as exc:  # HTTP's 429: as the MCP mount's own 429s, -32603 + data
+        except (QueueFull, Overloaded) as exc:
+            # HTTP's 429 queue_full, 503 overloaded: as the MCP mount's own 429s, -32603,
+            # with HTTP's error body (but its message) as data
+            error = bridge_error_answer(exc)[1]["error"]
             raise MCPError(
                 types.INTERNAL_ERROR,
-                f"{_codes.QUEUE_FULL}: {exc}",
-                data={
-                    "code": _codes.QUEUE_FULL,
-                    "limit": exc.limit,
-                    "retry_after_s": exc.retry_after_s,
-                },
+                f"{exc.status}: {exc}",
+                data={k: v for k, v in error.items() if k != "message"},
             ) from None
         except SubstrateUnavailable as exc:
             return unavailable_result(exc)

@@ -39,6 +39,7 @@ from prometheus_client import (
 )
 
 from ._logging import fields
+from ._peer_noise import LogBudget
 from ._tracing import trace_id
 
 if TYPE_CHECKING:
@@ -62,6 +63,13 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 ABANDONED = "abandoned"
 #: A call refused because its user's queue was full (``QueueFull``: 429 ``queue_full``).
 QUEUE_FULL = "queue_full"
+#: A call refused by this process's admission control (``Overloaded``: 503
+#: ``overloaded``): counted, never logged one line each (there may be hundreds a second
+#: exactly when the process has least CPU to spare), but a WARNING at most once per
+#: ``OVERLOAD_LOG_INTERVAL_S`` counting them.
+OVERLOADED = "overloaded"
+#: At most one ``overloaded`` WARNING line per this many seconds (per process).
+OVERLOAD_LOG_INTERVAL_S = 10.0
 #: Outcomes a caller gets without any holder finishing the job (and ``abandoned``: no
 #: answer at all).
 CALLER_ONLY_OUTCOMES = frozenset({"offline", "timeout", "unavailable", QUEUE_FULL, ABANDONED})
@@ -365,6 +373,26 @@ def job_answered(
     )
 
 
+_overload_lines = LogBudget(burst=0, interval_s=OVERLOAD_LOG_INTERVAL_S)
+
+
+def call_refused_overloaded(tool: str, exc: Exception, *, known: bool = False) -> None:
+    """A call refused by admission control (``Overloaded``): counted as
+    ``deskbridge_jobs_total{outcome="overloaded"}``; one WARNING line on
+    ``deskbridge.hub.calls`` at most every ``OVERLOAD_LOG_INTERVAL_S``, saying why and
+    how many were refused since the last line. No latency is observed (nothing ran)."""
+    _child(JOBS, tool_label(tool, admit=known), OVERLOADED).inc()
+    held = _overload_lines.admit(time.monotonic())
+    if held is not None:
+        calls_log.warning(
+            "refusing calls (503 overloaded, nothing enqueued): %s (%d more refused since "
+            "the last such line)",
+            exc,
+            held,
+            extra=fields(answer=OVERLOADED),
+        )
+
+
 def call_refused_draining(
     tool: str, *, user_id: str, job_id: str | None, known: bool = False
 ) -> None:
@@ -423,9 +451,10 @@ def call_tool_known() -> None:
 def timed_dispatch(fn: _F) -> _F:
     """Decorate ``Bridge.dispatch``: count each answer by tool and outcome and observe
     its latency; a SubstrateUnavailable counts as ``unavailable``, a QueueFull as
-    ``queue_full`` (both re-raised): answers a caller got, as ``offline`` is. Bad requests
-    are not jobs and are not counted."""
-    from ._errors import QueueFull, SubstrateUnavailable
+    ``queue_full`` (both re-raised): answers a caller got, as ``offline`` is; an
+    Overloaded as ``overloaded`` (:func:`call_refused_overloaded`, re-raised). Bad
+    requests are not jobs and are not counted."""
+    from ._errors import Overloaded, QueueFull, SubstrateUnavailable
     from ._shutdown import current_call
 
     @functools.wraps(fn)
@@ -448,6 +477,9 @@ def timed_dispatch(fn: _F) -> _F:
                 str(name), QUEUE_FULL, elapsed_s,
                 user_id=user_id, job_id=exc.job_id, known=note.tool_known,
             )  # fmt: skip
+            raise
+        except Overloaded as exc:  # refused before anything was looked at
+            call_refused_overloaded(str(name), exc, known=note.tool_known)
             raise
         except anyio.get_cancelled_exc_class():
             elapsed_s = time.monotonic() - started

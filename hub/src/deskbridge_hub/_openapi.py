@@ -60,7 +60,12 @@ _OUTCOME_CODES = {
         _OUTCOME_OR_ERROR,
         "failed (the tool's error; an outcome), or the error `idempotency_key_reused`",
     ),
-    "503": _json(_OUTCOME, "offline, unavailable (Redis) or draining"),
+    "503": _json(
+        _OUTCOME_OR_ERROR,
+        "offline, unavailable (Redis) or draining; or the error `overloaded`: this hub process "
+        "has DESKBRIDGE_MAX_CALLS calls in flight or its loop lags (`error.reason`: calls, "
+        "lag); nothing was enqueued, retry after `Retry-After` seconds or at another replica",
+    ),
     "504": _json(
         _OUTCOME,
         "timeout; `detail.stage` says what is known (`detail.may_start_within_s`: an attached "
@@ -180,7 +185,14 @@ def _routes(version: str) -> dict[str, Any]:
                                 },
                                 "retry_after_s": {
                                     "type": "integer",
-                                    "description": "queue_full: as the Retry-After header",
+                                    "description": "queue_full, overloaded: as the "
+                                    "Retry-After header",
+                                },
+                                "reason": {
+                                    "type": "string",
+                                    "enum": ["calls", "lag"],
+                                    "description": "overloaded: which bound of the process "
+                                    "(DESKBRIDGE_MAX_CALLS, DESKBRIDGE_SHED_LAG_S)",
                                 },
                                 "job_id": {
                                     "type": "string",

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 from deskbridge_common import CLOSE_TRY_AGAIN_LATER, _codes
 
+from ._accept import install as install_accept
 from ._errors import SocketClosed, SubstrateUnavailable
 from ._fd_limits import install as install_fd_limits
 from ._handshake import UNAVAILABLE_REASON
@@ -137,10 +138,12 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
     permessage-deflate declined, nothing stored after an oversized message), whichever
     way Hypercorn was started (``deskbridge-hub serve`` or ``hypercorn ...asgi:app``),
     and what a connection that never sends a request costs (``_fd_limits``: its
-    descriptor is freed at its EOF; failing accepts are logged once a minute).
+    descriptor is freed at its EOF; failing accepts are logged once a minute), and how
+    fast a busy process takes new connections (``_accept``: in bursts).
     """
     install_ws_limits()
     install_fd_limits()
+    install_accept()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "websocket" or scope.get("path") != SIDECAR_PATH:

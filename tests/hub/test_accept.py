@@ -1,0 +1,83 @@
+"""Accepting connections in bursts (``_accept``).
+
+Was (``bench/overload.py``): trio's accept loop took one connection per pass of the event
+loop (every ``accept`` yields), so a process busy with a thousand calls took 10-20 new
+connections a second and callers waited 20-30 s in the listen backlog before the hub saw
+their request. Loopback sockets, no sleeping; every wait bounded.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+import trio.testing
+from deskbridge_hub import _accept
+from hypercorn.trio import run as hypercorn_trio_run
+
+
+def _listening() -> trio.SocketListener:
+    """A listener as Hypercorn's trio worker makes one (a stdlib socket, listening)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+
+async def test_connections_waiting_are_taken_without_yielding_up_to_the_burst():
+    inner = _listening()
+    listener = _accept.EagerSocketListener(inner, burst=3)
+    port = inner.socket.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+    try:
+        with trio.fail_after(10):
+            # the connections are in the backlog (the handshake is the kernel's)
+            await trio.testing.wait_all_tasks_blocked()
+            taken = []
+            for _ in range(3):
+                with trio.testing.assert_no_checkpoints():
+                    taken.append(await listener.accept())
+            with trio.testing.assert_checkpoints():  # the burst is over: it yields
+                taken.append(await listener.accept())
+            with trio.testing.assert_no_checkpoints():  # a new burst
+                taken.append(await listener.accept())
+            for stream, client in zip(taken, clients, strict=True):
+                client.sendall(b"x")
+                assert await stream.receive_some(1) == b"x"
+                assert stream.getsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY)
+            with trio.move_on_after(0.2) as nothing:  # none waiting: it waits, as trio's
+                await listener.accept()
+            assert nothing.cancelled_caught
+            for stream in taken:
+                await stream.aclose()
+    finally:
+        for client in clients:
+            client.close()
+        await listener.aclose()
+    assert inner.socket.fileno() == -1
+
+
+async def test_trio_s_own_listener_yields_at_every_accept():
+    """What the burst is for: trio's ``SocketListener.accept`` checkpoints every time."""
+    listener = _listening()
+    port = listener.socket.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        with trio.fail_after(10), trio.testing.assert_checkpoints():
+            stream = await listener.accept()
+        await stream.aclose()
+    finally:
+        client.close()
+        await listener.aclose()
+
+
+async def test_install_gives_hypercorn_s_worker_listeners_that_accept_in_bursts(monkeypatch):
+    monkeypatch.setattr(hypercorn_trio_run, "trio", trio)
+    _accept.install()
+    _accept.install()  # idempotent
+    seen = hypercorn_trio_run.trio  # type: ignore[attr-defined]
+    assert seen.serve_listeners is _accept.serve_listeners
+    assert seen.SocketListener is trio.SocketListener and seen.socket is trio.socket
+    plain = _accept.eager(_listening())
+    assert isinstance(plain, _accept.EagerSocketListener)
+    await plain.aclose()
