@@ -57,6 +57,7 @@ from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
 from ._asleep import SleepRecord
+from ._cancel_notice import answer_cancel_notice
 from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
@@ -192,6 +193,7 @@ class HubSession(SessionTimers):
                     daemon_id=self.hello.daemon_id if self.hello else None,
                     on_retaken=self._record_again,
                     on_cut_off=self._cut_off_soon,
+                    on_cancel=self._cancel_asked,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
@@ -528,15 +530,35 @@ class HubSession(SessionTimers):
         finally:
             self.deliveries.pop(job.id, None)
 
+    def _cancel_asked(self, job_id: str) -> None:
+        """A cancel notice (``_cancel_notice``), from the process reader: answered in this
+        session's nursery (a reader must not wait on one session)."""
+        if self._nursery is None or self._done:
+            return
+        self._nursery.start_soon(
+            lambda: answer_cancel_notice(
+                self.state.substrate,
+                self.user_id,
+                job_id,
+                forwarded=lambda j: any(d.job_id == j for d in self.deliveries.values()),
+                send_cancel=self.cancel,
+                wall_clock=self.state.wall_clock,
+                ttl_s=self.state.timings.result_ttl_s,
+            )
+        )
+
     async def cancel(self, job_id: str) -> None:
-        """A cancel control entry: send ``cancel`` at once for a delivery of that job on
-        this socket. (Queued jobs are refused by the cancel flag when read.)"""
+        """A cancel control entry or notice: send ``cancel`` at once for a delivery of that
+        job on this socket, once per delivery. (Queued jobs are refused by the cancel
+        flag when read.)"""
         for delivery_id, delivery in list(self.deliveries.items()):
             if (
                 delivery.job_id == job_id
                 and not delivery.done.is_set()
+                and not delivery.cancel_sent
                 and delivery_id in self._conn.outstanding
             ):
+                delivery.cancel_sent = True
                 log.info(
                     "session %s: cancelling job %s (delivery %s)",
                     self.session_id,
