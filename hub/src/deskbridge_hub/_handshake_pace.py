@@ -21,9 +21,14 @@ gets N times the rate, still a few handshakes a second, and no Redis write per a
 
 Where the numbers come from: the real sidecar's honest worst case is its reconnects while
 the hub answers 1013 (Redis down): full jitter over a window of at most 2 s, so one a
-second on average, with short runs faster; after a restart close it reconnects at once and
-retries a draining hub three times (those 503s come before the token check and are not
-charged). A burst of 10 and 1 a second leave all of that alone.
+second on average, with short runs faster, for as long as the outage lasts -- a random
+walk around the bucket's rate, so those are given back (below); after a restart close it
+reconnects at once and retries a draining hub three times (those 503s come before the
+token check and are not charged). A burst of 10 and 1 a second leave the rest alone.
+
+A handshake the hub refuses for its own outage (1013: Redis unreachable or refusing
+writes) is given back (:meth:`HandshakeBudget.refund`): a sidecar retrying through a
+Redis outage of minutes is never paced.
 
 Refused handshakes of a user are logged once, then at most once per :data:`LOG_EVERY_S`
 counting the rest (the count of a storm's last seconds is dropped with its bucket, once
@@ -108,6 +113,18 @@ class HandshakeBudget:
             return 0.0
         bucket.refused += 1
         return round((1.0 - bucket.tokens) / self.per_s, 9)
+
+    def refund(self, user_id: str) -> None:
+        """Give back the handshake :meth:`admit` charged to ``user_id`` last: the hub
+        refused it for its own outage (Redis unreachable or refusing writes: 1013).
+        The sidecar retries those about once a second for as long as the outage lasts
+        (full jitter over at most 2 s), a random walk around this bucket's rate: charged,
+        most sidecars met a 429 within a few minutes, and a 429 sends a sidecar to its
+        full backoff window (up to 30 s after Redis is back). Such an attempt writes
+        nothing, the cost the budget bounds. A bucket already forgotten stays so."""
+        bucket = self._buckets.get(user_id)
+        if bucket is not None:
+            bucket.tokens = min(self.burst, bucket.tokens + 1.0)
 
     def retry_after_s(self, wait_s: float) -> int:
         """``Retry-After`` for a refusal that said ``wait_s``: whole seconds, 1 to 60."""

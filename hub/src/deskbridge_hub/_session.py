@@ -151,14 +151,19 @@ class HubSession(SessionTimers):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self) -> int | None:
         """Serve the socket until it closes. Never raises for peer misbehaviour:
-        protocol errors close the socket with their close code."""
+        protocol errors close the socket with their close code.
+
+        Returns:
+            The close code of a handshake refused before the welcome (e.g. 1013: the
+            store was unavailable), else None (welcomed, then served).
+        """
         try:
             presence = await self._handshake()
         except EndSession as refused:
             await self._close(refused.code, refused.reason)
-            return
+            return refused.code
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
             self.state.wall_clock, self.hello.daemon_id if self.hello else None,
@@ -237,6 +242,7 @@ class HubSession(SessionTimers):
         if ended:
             end = ended[0]
             await self._close(end.code, end.reason)
+        return None
 
     async def close(self, code: int, reason: str) -> None:
         """End the session from outside (graceful shutdown): send the close frame
@@ -576,7 +582,7 @@ async def serve_sidecar(
     expires_at: float | None = None,
     issued_at: float | None = None,
     on_progress: ProgressHook | None = None,
-) -> None:
+) -> int | None:
     """Serve one authenticated sidecar socket until it closes (see module docstring).
 
     Args:
@@ -590,11 +596,14 @@ async def serve_sidecar(
         on_progress: called with ``(job_id, Progress)`` for each ``progress`` frame of a
             delivery on this socket, from the reader (it must not block).
 
+    Returns:
+        The close code of a handshake refused before the welcome, else None.
+
     Cancellation: ends the session; presence is cleared only if still ours (shielded,
     bounded by ``CLEANUP_TIMEOUT_S``); in-flight entries stay pending and are
     redelivered.
     """
-    await HubSession(
+    return await HubSession(
         state, socket, user_id, expires_at=expires_at, issued_at=issued_at, on_progress=on_progress
     ).run()
 
