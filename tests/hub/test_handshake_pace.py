@@ -205,3 +205,21 @@ async def test_a_sidecar_retrying_through_a_redis_outage_is_never_paced(
         sub.inner.set_unavailable(False)
         monkeypatch.undo()
         assert await _attempt(client, token) == 101
+
+
+async def test_a_flood_of_forged_tokens_does_not_hide_the_first_expired_one(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The budget of lines about refused tokens was one per process: once a client
+    sending forged tokens had spent it, the first line about another problem (a real
+    user's token expired) was left out for up to 10 s and then only counted. Each kind
+    of refusal now has its own budget."""
+    async with running_hub() as (client, _sub):
+        forged = _bearer(issue_token(OTHER_SECRET, "someone", lifetime_s=600))
+        for _ in range(100):
+            assert (await refused(client, forged))[0] == 403
+        expired = _bearer(issue_token(SECRET, "alice", lifetime_s=1, now=0))
+        with caplog.at_level(logging.WARNING, logger="deskbridge.hub"):
+            assert (await refused(client, expired))[0] == 401
+        lines = [r.getMessage() for r in caplog.records]
+        assert any("expired" in line for line in lines), lines

@@ -32,9 +32,9 @@ Redis outage of minutes is never paced.
 
 Refused handshakes of a user are logged once, then at most once per :data:`LOG_EVERY_S`
 counting the rest (the count of a storm's last seconds is dropped with its bucket, once
-full again). Also here: the process's budget of log lines about refused tokens
-(:func:`token_log`), which wrote one WARNING per attempt (2,551 lines in 8.5 s from one
-client at 300 a second).
+full again). Also here: the process's budgets of log lines about refused tokens, one per
+kind of refusal (:func:`token_log`), which wrote one WARNING per attempt (2,551 lines in
+8.5 s from one client at 300 a second).
 Pure (no I/O): the caller passes its monotonic time (``trio.current_time()``).
 """
 
@@ -163,9 +163,30 @@ class HandshakeBudget:
             del self._buckets[user_id]
 
 
-def token_log() -> LogBudget:
-    """A fresh budget of log lines about refused sidecar tokens (one per process)."""
-    return LogBudget(burst=TOKEN_LOG_BURST, interval_s=TOKEN_LOG_EVERY_S)
+@attrs.define(eq=False)
+class TokenLog:
+    """The process's budgets of log lines about refused sidecar tokens, one per kind of
+    refusal (:data:`TOKEN_LOG_BURST` at once, then one per :data:`TOKEN_LOG_EVERY_S`
+    counting the rest). One budget for all let a client sending forged tokens spend it,
+    and the first line about another problem (a real user's expired token) was left out
+    for up to 10 s and then only counted. The kinds are the verifier's exception
+    classes: a few. Not thread-safe; times are monotonic seconds."""
+
+    _budgets: dict[str, LogBudget] = attrs.field(init=False, factory=dict)
+
+    def admit(self, kind: str, now_s: float) -> int | None:
+        """As :meth:`LogBudget.admit`, on ``kind``'s budget."""
+        budget = self._budgets.get(kind)
+        if budget is None:
+            budget = self._budgets[kind] = LogBudget(
+                burst=TOKEN_LOG_BURST, interval_s=TOKEN_LOG_EVERY_S
+            )
+        return budget.admit(now_s)
+
+
+def token_log() -> TokenLog:
+    """Fresh budgets of log lines about refused sidecar tokens (one per process)."""
+    return TokenLog()
 
 
 __all__ = [
@@ -174,5 +195,6 @@ __all__ = [
     "PER_S",
     "HandshakeBudget",
     "HandshakeStatistics",
+    "TokenLog",
     "token_log",
 ]

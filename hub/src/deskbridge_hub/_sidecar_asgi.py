@@ -178,7 +178,7 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
         try:
             claims = verify_claims(token.strip(), config.secrets, leeway_s=config.token_leeway_s)
         except TokenRejected as exc:
-            quiet = state.token_log.admit(trio.current_time())
+            quiet = state.token_log.admit(type(exc).__name__, trio.current_time())
             if quiet is not None:  # one line per attempt let one client flood the log
                 more = f" ({quiet} more refused tokens since the last line)" if quiet else ""
                 log.warning("sidecar handshake refused: %s%s", exc, more)
