@@ -13,15 +13,21 @@ before it). Each process now admits a user's handshakes within a token bucket
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import trio
+from deskbridge_common import CLOSE_TRY_AGAIN_LATER
 from deskbridge_hub import issue_token
+from deskbridge_hub._errors import SubstrateUnavailable
 from deskbridge_hub._handshake_pace import (
     BURST,
     PER_S,
     HandshakeBudget,
 )
+from deskbridge_sidecar._backoff import Backoff
+from deskbridge_sidecar._reconnect import UNAVAILABLE_MAX_S
+from quart.testing.connections import WebsocketDisconnectError, WebsocketResponseError
 
 from tests.hub.test_http_api import OTHER_SECRET, SECRET, _bearer, _hello, refused, running_hub
 
@@ -149,3 +155,71 @@ async def test_refused_tokens_are_not_logged_one_line_each(autojump_clock, caplo
                 assert status == 403
         lines = [r for r in caplog.records if "sidecar handshake refused" in r.getMessage()]
         assert 1 <= len(lines) <= 20, len(lines)
+
+
+# -- what the hub refuses for its own outage is not the user's ----------------------------
+
+
+async def _attempt(client: Any, headers: dict[str, str]) -> int:
+    """One sidecar handshake: 101 (welcomed), the refusal's HTTP status, or the close
+    code of an upgrade closed before the welcome (1013)."""
+    async with client.websocket("/v1/sidecar", headers=headers) as ws:
+        try:
+            await _hello(ws)
+        except WebsocketResponseError as exc:
+            return int(exc.response.status_code)
+        except WebsocketDisconnectError as exc:
+            return int(exc.args[0])
+    return 101
+
+
+@pytest.mark.parametrize("outage", ["unreachable", "refusing_writes"])
+async def test_a_sidecar_retrying_through_a_redis_outage_is_never_paced(
+    autojump_clock: Any, outage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While Redis is down the hub answers each handshake 1013 and the sidecar retries
+    with full jitter over a window of at most ``UNAVAILABLE_MAX_S`` (2 s): about one a
+    second, with runs faster. Each of those attempts was charged, so over an outage of a
+    few minutes most sidecars met a 429 (140 of 200 seeded sidecar RNGs in 5 minutes),
+    and a 429 is not an outage to the sidecar: its next delay is drawn from its full
+    backoff window (up to 30 s), so it came back up to 27 s after Redis did instead of
+    within 2 s. Here: the sidecar's own backoff, drawing 0.45 of its 2 s window each time
+    (0.9 s). ``refusing_writes``: the revocation read answers, the handshake's presence
+    write does not (a failover, a full Redis)."""
+    async with running_hub() as (client, sub):
+        token = _bearer(issue_token(SECRET, "patient", lifetime_s=3600))
+        backoff = Backoff(random=lambda: 0.45)
+        if outage == "unreachable":
+            sub.inner.set_unavailable(True)
+        else:
+
+            async def refused_write(*_args: Any, **_kwargs: Any) -> Any:
+                raise SubstrateUnavailable("READONLY (test fault)")
+
+            monkeypatch.setattr(sub.inner, "set_presence", refused_write)
+        answers = []
+        for _ in range(round(3 * BURST / (1 - 0.9 * PER_S))):
+            answers.append(await _attempt(client, token))
+            await trio.sleep(backoff.next_delay(UNAVAILABLE_MAX_S))
+        assert set(answers) == {CLOSE_TRY_AGAIN_LATER}, answers  # was: 429 past ~100
+        sub.inner.set_unavailable(False)
+        monkeypatch.undo()
+        assert await _attempt(client, token) == 101
+
+
+async def test_a_flood_of_forged_tokens_does_not_hide_the_first_expired_one(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The budget of lines about refused tokens was one per process: once a client
+    sending forged tokens had spent it, the first line about another problem (a real
+    user's token expired) was left out for up to 10 s and then only counted. Each kind
+    of refusal now has its own budget."""
+    async with running_hub() as (client, _sub):
+        forged = _bearer(issue_token(OTHER_SECRET, "someone", lifetime_s=600))
+        for _ in range(100):
+            assert (await refused(client, forged))[0] == 403
+        expired = _bearer(issue_token(SECRET, "alice", lifetime_s=1, now=0))
+        with caplog.at_level(logging.WARNING, logger="deskbridge.hub"):
+            assert (await refused(client, expired))[0] == 401
+        lines = [r.getMessage() for r in caplog.records]
+        assert any("expired" in line for line in lines), lines

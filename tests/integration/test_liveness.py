@@ -400,11 +400,11 @@ def test_sigterm_worker_finishes_the_job_closes_1012_and_sidecar_moves(tmp_path,
                 os.kill(doomed, signal.SIGTERM)
                 termed = time.monotonic()
                 wait_log(hub, rf"shutdown\[{doomed}\]: SIGTERM: draining", timeout_s=5)
-                # handshakes reaching the draining worker are refused with 503
-                probe = issue(new_user("probe"))
+                # handshakes reaching the draining worker are refused with 503 (a user
+                # each: one user's handshakes on the live worker are paced, 429 past 10)
                 answers = []
                 while time.monotonic() < termed + JOB_S - 1 and 503 not in answers:
-                    status_code, body = raw_upgrade(hub, probe)
+                    status_code, body = raw_upgrade(hub, issue(new_user("probe")))
                     answers.append(status_code)
                     if status_code == 503:
                         assert '"draining"' in body, body

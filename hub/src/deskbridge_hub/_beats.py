@@ -62,6 +62,9 @@ class Listener:
             (``BeatReply.unavailable``): their retry backs off.
         beat_errors: its beats that failed in a row for a reason other than an outage
             (the heartbeat raised): they back off, and only its own success resets it.
+        on_cancel: called with a job id from a cancel notice (:class:`CancelAsked`): the
+            session sends the job's ``cancel`` frame or answers it ``cancelled``
+            (``_cancel_notice``), whatever its room; it must not block (None: ignored).
         on_cut_off: called when this process has not reached Redis for
             ``ProcessReader.cut_off_s`` (partitioned from it): the session ends with
             1013 so that its sidecar reconnects, to a replica that can serve it.
@@ -91,6 +94,7 @@ class Listener:
     beat_errors: int = 0  # its beats failed in a row for a reason other than an outage
     beat_misses: int = 0  # its beats missed in a row for an outage of its Cluster node
     on_cut_off: Callable[[], None] | None = None
+    on_cancel: Callable[[str], None] | None = None
     attached_at: float = -math.inf
     #: Beats found presence held by another session: how many checks of that holder
     #: (``_presence_doubt``) found it possibly real; at ``_reader.DOUBT_ASKS`` the next

@@ -797,15 +797,17 @@ class Bridge(JobControl):
         self._dead[holder] = anyio.current_time() + HOLDER_DEAD_CACHE_S
         return False
 
-    async def _wake(self, session_id: str, user_id: str) -> None:
-        """Tell the process holding the user's socket to read the stream now (its
-        heartbeat would find the entry within ``heartbeat_s`` anyway, so a failure here
-        is not the caller's)."""
+    async def _notify_cancel(self, session_id: str, user_id: str, job_id: str) -> None:
+        """Tell the process holding the user's socket that ``job_id`` is cancelled
+        (``_cancel_notice``), with a wake-up (its heartbeat would find the control entry
+        within ``heartbeat_s`` anyway, so a failure here is not the caller's)."""
         holder = holder_of(session_id)
         if holder is None:
             return
         try:
-            await self.substrate.wake(holder, user_id, ttl_s=self.timings.presence_ttl_s)
+            await self.substrate.notify_cancel(
+                holder, user_id, job_id, ttl_s=self.timings.presence_ttl_s
+            )
         except SubstrateUnavailable:
             pass
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from deskbridge_common import Timings
 
+from ._cancel_notice import finish_cancelled_before_start
 from ._errors import (
     BadRequest,
     QueueFull,
     UnknownJob,
 )
-from ._jobs import cancelled_before_start
 from ._jobstate import LONGEST_TIMEOUT_S, JobState, MalformedState, Stage
 from ._keys import holder_of
 from ._outcome import _TIMEOUT_MESSAGES
@@ -85,7 +85,9 @@ class JobControl:
     timings: Timings
     wall_clock: Callable[[], float]
 
-    async def _wake(self, session_id: str, user_id: str) -> None:  # pragma: no cover
+    async def _notify_cancel(
+        self, session_id: str, user_id: str, job_id: str
+    ) -> None:  # pragma: no cover
         raise NotImplementedError
 
     async def _holder_alive(
@@ -216,7 +218,9 @@ class JobControl:
             return "finished"
         presence = await self.substrate.get_presence(user_id)
         if sent is not None and presence is not None:
-            await self._wake(presence, user_id)
+            # the holder handles the notice whatever room its session has (the control
+            # entry waits behind the jobs queued before it: ``_cancel_notice``)
+            await self._notify_cancel(presence, user_id, job_id)
         if state.stage is Stage.QUEUED and await self._held(user_id, presence):
             # A live hub process holds the desktop's socket: it answers, and only it can
             # tell whether the job runs (a store that lost its last writes rewinds a
@@ -237,12 +241,9 @@ class JobControl:
             # above and the cancel flag: it is on the desktop then, and the cancel frame
             # and that delivery's answer tell the truth, never "cancelled before it
             # started" about a job that runs.
-            cancelled = state.advance(Stage.CANCELLED, at=self.wall_clock())
-            finished = await self.substrate.finish(
-                user_id, job_id, cancelled_before_start(), cancelled, ttl_s=ttl_s,
-                notify=state.reply_to, epoch=0,
-                idempotency_key=state.idempotency_key,  # its answer as long as the record
-            )  # fmt: skip
+            finished = await finish_cancelled_before_start(
+                self.substrate, user_id, job_id, state, at=self.wall_clock(), ttl_s=ttl_s
+            )
             if finished.verdict == "stale":  # delivered meanwhile, maybe answered too
                 answered = await self._answered(user_id, job_id)
                 return "finished" if answered else Stage.DELIVERED.value

@@ -13,7 +13,17 @@ import trio.testing
 from ._contract import GROUP_MAXLEN, SubstrateHarness, check, read_all
 from ._contract_caller import _submission
 from ._jobstate import JobState, Stage
-from ._substrate import Beat, Claimed, Entry, Pushed, Submission, Superseded, WakeItem, jobs_key
+from ._substrate import (
+    Beat,
+    CancelAsked,
+    Claimed,
+    Entry,
+    Pushed,
+    Submission,
+    Superseded,
+    WakeItem,
+    jobs_key,
+)
 
 # -- enqueue and reads ---------------------------------------------------------------------
 
@@ -348,6 +358,24 @@ async def check_a_supersede_notice_is_popped_in_push_order_with_the_wakes(
             Superseded("u1", "h1.s1"),
             Superseded("u3", "h1.s3", check=True),
             "u2",
+        ]
+
+
+@check
+async def check_a_cancel_notice_is_popped_behind_its_user_s_wake_up(
+    h: SubstrateHarness,
+) -> None:
+    """``notify_cancel`` pushes the user id (a hub of an older version reads the stream)
+    and the notice, in that order, in one step."""
+    s, holder = h.substrate, f"holder-{h.user()}"
+    h.on_user(holder)
+    await s.wake(holder, "u1", ttl_s=30)
+    await s.notify_cancel(holder, "u2", "job-9", ttl_s=30)
+    with trio.fail_after(3):
+        assert await s.wait_wakes(holder, timeout_s=1, count=10) == [
+            "u1",
+            "u2",
+            CancelAsked("u2", "job-9"),
         ]
 
 

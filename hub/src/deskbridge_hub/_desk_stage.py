@@ -44,12 +44,15 @@ class Outstanding:
         done: set once the result came.
         result: the sidecar's ``job_result``, once it came.
         stage: the latest stage the desktop reported (``progress.stage``), or None.
+        cancel_sent: its ``cancel`` frame was sent (once: a cancel notice and the job's
+            control entry both ask for it, ``_cancel_notice``).
     """
 
     job_id: str
     done: trio.Event = attrs.field(factory=trio.Event)
     result: JobResult | None = None
     stage: str | None = None
+    cancel_sent: bool = False
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
     def answer(self, result: JobResult) -> None:

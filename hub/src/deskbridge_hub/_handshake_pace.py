@@ -21,15 +21,20 @@ gets N times the rate, still a few handshakes a second, and no Redis write per a
 
 Where the numbers come from: the real sidecar's honest worst case is its reconnects while
 the hub answers 1013 (Redis down): full jitter over a window of at most 2 s, so one a
-second on average, with short runs faster; after a restart close it reconnects at once and
-retries a draining hub three times (those 503s come before the token check and are not
-charged). A burst of 10 and 1 a second leave all of that alone.
+second on average, with short runs faster, for as long as the outage lasts -- a random
+walk around the bucket's rate, so those are given back (below); after a restart close it
+reconnects at once and retries a draining hub three times (those 503s come before the
+token check and are not charged). A burst of 10 and 1 a second leave the rest alone.
+
+A handshake the hub refuses for its own outage (1013: Redis unreachable or refusing
+writes) is given back (:meth:`HandshakeBudget.refund`): a sidecar retrying through a
+Redis outage of minutes is never paced.
 
 Refused handshakes of a user are logged once, then at most once per :data:`LOG_EVERY_S`
 counting the rest (the count of a storm's last seconds is dropped with its bucket, once
-full again). Also here: the process's budget of log lines about refused tokens
-(:func:`token_log`), which wrote one WARNING per attempt (2,551 lines in 8.5 s from one
-client at 300 a second).
+full again). Also here: the process's budgets of log lines about refused tokens, one per
+kind of refusal (:func:`token_log`), which wrote one WARNING per attempt (2,551 lines in
+8.5 s from one client at 300 a second).
 Pure (no I/O): the caller passes its monotonic time (``trio.current_time()``).
 """
 
@@ -109,6 +114,18 @@ class HandshakeBudget:
         bucket.refused += 1
         return round((1.0 - bucket.tokens) / self.per_s, 9)
 
+    def refund(self, user_id: str) -> None:
+        """Give back the handshake :meth:`admit` charged to ``user_id`` last: the hub
+        refused it for its own outage (Redis unreachable or refusing writes: 1013).
+        The sidecar retries those about once a second for as long as the outage lasts
+        (full jitter over at most 2 s), a random walk around this bucket's rate: charged,
+        most sidecars met a 429 within a few minutes, and a 429 sends a sidecar to its
+        full backoff window (up to 30 s after Redis is back). Such an attempt writes
+        nothing, the cost the budget bounds. A bucket already forgotten stays so."""
+        bucket = self._buckets.get(user_id)
+        if bucket is not None:
+            bucket.tokens = min(self.burst, bucket.tokens + 1.0)
+
     def retry_after_s(self, wait_s: float) -> int:
         """``Retry-After`` for a refusal that said ``wait_s``: whole seconds, 1 to 60."""
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait_s)))
@@ -146,9 +163,30 @@ class HandshakeBudget:
             del self._buckets[user_id]
 
 
-def token_log() -> LogBudget:
-    """A fresh budget of log lines about refused sidecar tokens (one per process)."""
-    return LogBudget(burst=TOKEN_LOG_BURST, interval_s=TOKEN_LOG_EVERY_S)
+@attrs.define(eq=False)
+class TokenLog:
+    """The process's budgets of log lines about refused sidecar tokens, one per kind of
+    refusal (:data:`TOKEN_LOG_BURST` at once, then one per :data:`TOKEN_LOG_EVERY_S`
+    counting the rest). One budget for all let a client sending forged tokens spend it,
+    and the first line about another problem (a real user's expired token) was left out
+    for up to 10 s and then only counted. The kinds are the verifier's exception
+    classes: a few. Not thread-safe; times are monotonic seconds."""
+
+    _budgets: dict[str, LogBudget] = attrs.field(init=False, factory=dict)
+
+    def admit(self, kind: str, now_s: float) -> int | None:
+        """As :meth:`LogBudget.admit`, on ``kind``'s budget."""
+        budget = self._budgets.get(kind)
+        if budget is None:
+            budget = self._budgets[kind] = LogBudget(
+                burst=TOKEN_LOG_BURST, interval_s=TOKEN_LOG_EVERY_S
+            )
+        return budget.admit(now_s)
+
+
+def token_log() -> TokenLog:
+    """Fresh budgets of log lines about refused sidecar tokens (one per process)."""
+    return TokenLog()
 
 
 __all__ = [
@@ -157,5 +195,6 @@ __all__ = [
     "PER_S",
     "HandshakeBudget",
     "HandshakeStatistics",
+    "TokenLog",
     "token_log",
 ]

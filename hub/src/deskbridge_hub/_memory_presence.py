@@ -16,6 +16,7 @@ from ._memory_streams import StreamID, _deadline, _Stream
 from ._substrate import (
     Beat,
     BeatReply,
+    CancelAsked,
     Pushed,
     Superseded,
     WakeItem,
@@ -176,6 +177,19 @@ class MemoryPresenceCommands:
         """
         now = await self._enter_ttl(ttl_s)
         self._wake_now(holder_id, Superseded(user_id, session_id, check), now, ttl_s)
+
+    async def notify_cancel(
+        self, holder_id: str, user_id: str, job_id: str, *, ttl_s: float
+    ) -> None:
+        """Append ``user_id`` and a :class:`CancelAsked` notice to the holder's wake list
+        (as :meth:`wake`).
+
+        Raises:
+            ValueError: ``ttl_s`` not positive. SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter_ttl(ttl_s)
+        self._wake_now(holder_id, user_id, now, ttl_s)
+        self._wake_now(holder_id, CancelAsked(user_id, job_id), now, ttl_s)
 
     def _wake_now(self, holder_id: str, item: WakeItem, now: float, ttl_s: float) -> None:
         wakes = self._wakes.get(holder_id)

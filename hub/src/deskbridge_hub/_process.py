@@ -11,11 +11,10 @@ import attrs
 import trio
 from deskbridge_common import Timings
 
-from ._handshake_pace import HandshakeBudget, token_log
+from ._handshake_pace import HandshakeBudget, TokenLog, token_log
 from ._keepalive import RunningJobs
 from ._logging import fields
 from ._pacer import Pacer
-from ._peer_noise import LogBudget
 from ._reader import ProcessReader
 from ._revocation import RevocationWatch
 from ._shutdown import Draining
@@ -63,7 +62,7 @@ class HubState:
             onto a saturated event loop when thousands of desktops connect at once.
         handshake_budget: each user's handshakes admitted by this process, per second
             (``_handshake_pace``: past it, 429 with ``Retry-After`` before the upgrade).
-        token_log: the budget of WARNING lines about refused sidecar tokens.
+        token_log: the budgets of WARNING lines about refused sidecar tokens (per kind).
     """
 
     substrate: Substrate
@@ -84,7 +83,7 @@ class HubState:
         factory=lambda: trio.CapacityLimiter(HANDSHAKE_CONCURRENCY)
     )
     handshake_budget: HandshakeBudget = attrs.field(factory=HandshakeBudget)
-    token_log: LogBudget = attrs.field(factory=token_log)
+    token_log: TokenLog = attrs.field(factory=token_log)
 
     def __attrs_post_init__(self) -> None:
         self.running_jobs = RunningJobs(self.substrate, self.timings.result_ttl_s)

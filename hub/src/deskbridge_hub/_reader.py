@@ -8,8 +8,9 @@ trip. Three loops, all owned by :meth:`ProcessReader.run`'s nursery:
   (``bridge:wake:{<holder>}``; the holder id is the prefix of the session id that
   presence holds). One blocking BLMPOP per process pops them; each woken user is read
   once, without BLOCK, for as long as a read comes back full. The same list carries
-  notices: a supersede (``Superseded``) and a token revocation (``Revoked``, handed to
-  ``_revocation.RevocationWatch``, whose sweep also runs in this reader's nursery).
+  notices: a supersede (``Superseded``), a token revocation (``Revoked``, handed to
+  ``_revocation.RevocationWatch``, whose sweep also runs in this reader's nursery) and a
+  job's cancel (``CancelAsked``, handed to the session: ``_cancel_notice``).
 * **heartbeat**: each session is beaten every ``heartbeat_s`` (30 s by default), counted
   from its handshake, so the beats of many sessions spread over the interval; beats due
   within ``BEAT_BATCH_S`` of each other go out in one pipelined write (one script per
@@ -63,7 +64,16 @@ from ._retry import (
     READ_ERROR_BACKOFF_S,
 )
 from ._revocation import RevocationWatch
-from ._substrate import Beat, BeatReply, Entry, Pushed, Revoked, Substrate, Superseded
+from ._substrate import (
+    Beat,
+    BeatReply,
+    CancelAsked,
+    Entry,
+    Pushed,
+    Revoked,
+    Substrate,
+    Superseded,
+)
 
 __all__ = ["Listener", "ProcessReader"]
 
@@ -514,6 +524,8 @@ class ProcessReader:
                 if isinstance(item, Revoked):
                     if self.revocations is not None:
                         self.revocations.notice(item)
+                elif isinstance(item, CancelAsked):
+                    self._cancel_asked(item)
                 elif isinstance(item, Superseded) and item.check:
                     await self._clear_ended(item.user_id, item.session_id)
                 elif isinstance(item, Superseded):
@@ -582,6 +594,14 @@ class ProcessReader:
                 await clear_ended(self.substrate, user_id, session_id, self._ended_here)
         except SubstrateUnavailable as exc:  # looked at again at the next such wake-up
             log.debug("clearing a presence of an ended session failed: %s", exc)
+
+    def _cancel_asked(self, notice: CancelAsked) -> None:
+        """A cancel of one of the user's jobs (``_cancel_notice``): handed to the user's
+        session here, whatever its room (its read of the control entry waits for room).
+        No session here: the entry's next reader refuses it by the cancel flag."""
+        listener = self._listeners.get(notice.user_id)
+        if listener is not None and listener.on_cancel is not None:
+            listener.on_cancel(notice.job_id)
 
     def _superseded(self, notice: Superseded) -> None:
         """A newer session of the user took presence from one of ours (on another

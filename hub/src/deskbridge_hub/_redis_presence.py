@@ -29,6 +29,7 @@ from ._substrate import (
     GROUP,
     Beat,
     BeatReply,
+    CancelAsked,
     Entry,
     Marked,
     Pushed,
@@ -354,13 +355,29 @@ class PresenceCommands(RedisCommandBase):
         notice = json.dumps({"check" if check else "superseded": session_id, "user": user_id})
         await self._push_wake("RPUSH superseded", holder_id, notice, ttl_s)
 
-    async def _push_wake(self, operation: str, holder_id: str, item: str, ttl_s: float) -> None:
+    async def notify_cancel(
+        self, holder_id: str, user_id: str, job_id: str, *, ttl_s: float
+    ) -> None:
+        """As :meth:`wake`, with two items: ``user_id`` and the notice (JSON
+        ``{"cancel": job_id, "user": user_id}``; a hub of an older version reads it as a
+        user id it holds no session of).
+
+        Raises:
+            ValueError: ``ttl_s`` is not positive.
+            SubstrateUnavailable: Redis unreachable or refusing writes.
+        """
+        notice = json.dumps({"cancel": job_id, "user": user_id})
+        await self._push_wake("RPUSH cancel", holder_id, user_id, ttl_s, notice)
+
+    async def _push_wake(
+        self, operation: str, holder_id: str, item: str, ttl_s: float, *more: str
+    ) -> None:
         px = _ms(ttl_s)
         key = wake_key(holder_id)
         async with self._session(operation) as s:
             replies = await s.execute(
                 (b"MULTI",),
-                (b"RPUSH", key, item),
+                (b"RPUSH", key, item, *more),
                 (b"PEXPIRE", key, px),
                 (b"EXEC",),
                 timeout_s=self._command_timeout_s,
@@ -513,12 +530,15 @@ def _wake_item(item: str, received_at: float) -> WakeItem:
     pushed entry's JSON ``[user, entry id, [field, value, ...], marked]`` (``marked``: the
     mark script's reply, ``{}`` when it did not mark), a supersede notice's JSON
     ``{"superseded": session id, "user": user id}`` (``{"check": ...}``: a doubt), or a
-    revocation notice's ``{"revoked": cut-off, "user": user id}`` (``_revocation``)."""
+    revocation notice's ``{"revoked": cut-off, "user": user id}`` (``_revocation``), or a
+    cancel notice's ``{"cancel": job id, "user": user id}``."""
     if item.startswith("{"):
         try:
             notice = json.loads(item)
             if "revoked" in notice:
                 return Revoked(str(notice["user"]), float(notice["revoked"]))
+            if "cancel" in notice:
+                return CancelAsked(str(notice["user"]), str(notice["cancel"]))
             if "check" in notice:
                 return Superseded(str(notice["user"]), str(notice["check"]), check=True)
             return Superseded(str(notice["user"]), str(notice["superseded"]))

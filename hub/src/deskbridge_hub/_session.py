@@ -57,6 +57,7 @@ from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
 from ._asleep import SleepRecord
+from ._cancel_notice import answer_cancel_notice
 from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
@@ -150,14 +151,19 @@ class HubSession(SessionTimers):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self) -> int | None:
         """Serve the socket until it closes. Never raises for peer misbehaviour:
-        protocol errors close the socket with their close code."""
+        protocol errors close the socket with their close code.
+
+        Returns:
+            The close code of a handshake refused before the welcome (e.g. 1013: the
+            store was unavailable), else None (welcomed, then served).
+        """
         try:
             presence = await self._handshake()
         except EndSession as refused:
             await self._close(refused.code, refused.reason)
-            return
+            return refused.code
         server = EntryServer(
             self.state.substrate, self.state.timings, self.user_id, self.session_id,
             self.state.wall_clock, self.hello.daemon_id if self.hello else None,
@@ -192,6 +198,7 @@ class HubSession(SessionTimers):
                     daemon_id=self.hello.daemon_id if self.hello else None,
                     on_retaken=self._record_again,
                     on_cut_off=self._cut_off_soon,
+                    on_cancel=self._cancel_asked,
                 )  # fmt: skip
                 if self.state.drain.active:
                     self.stop_reading()
@@ -235,6 +242,7 @@ class HubSession(SessionTimers):
         if ended:
             end = ended[0]
             await self._close(end.code, end.reason)
+        return None
 
     async def close(self, code: int, reason: str) -> None:
         """End the session from outside (graceful shutdown): send the close frame
@@ -528,15 +536,35 @@ class HubSession(SessionTimers):
         finally:
             self.deliveries.pop(job.id, None)
 
+    def _cancel_asked(self, job_id: str) -> None:
+        """A cancel notice (``_cancel_notice``), from the process reader: answered in this
+        session's nursery (a reader must not wait on one session)."""
+        if self._nursery is None or self._done:
+            return
+        self._nursery.start_soon(
+            lambda: answer_cancel_notice(
+                self.state.substrate,
+                self.user_id,
+                job_id,
+                forwarded=lambda j: any(d.job_id == j for d in self.deliveries.values()),
+                send_cancel=self.cancel,
+                wall_clock=self.state.wall_clock,
+                ttl_s=self.state.timings.result_ttl_s,
+            )
+        )
+
     async def cancel(self, job_id: str) -> None:
-        """A cancel control entry: send ``cancel`` at once for a delivery of that job on
-        this socket. (Queued jobs are refused by the cancel flag when read.)"""
+        """A cancel control entry or notice: send ``cancel`` at once for a delivery of that
+        job on this socket, once per delivery. (Queued jobs are refused by the cancel
+        flag when read.)"""
         for delivery_id, delivery in list(self.deliveries.items()):
             if (
                 delivery.job_id == job_id
                 and not delivery.done.is_set()
+                and not delivery.cancel_sent
                 and delivery_id in self._conn.outstanding
             ):
+                delivery.cancel_sent = True
                 log.info(
                     "session %s: cancelling job %s (delivery %s)",
                     self.session_id,
@@ -554,7 +582,7 @@ async def serve_sidecar(
     expires_at: float | None = None,
     issued_at: float | None = None,
     on_progress: ProgressHook | None = None,
-) -> None:
+) -> int | None:
     """Serve one authenticated sidecar socket until it closes (see module docstring).
 
     Args:
@@ -568,11 +596,14 @@ async def serve_sidecar(
         on_progress: called with ``(job_id, Progress)`` for each ``progress`` frame of a
             delivery on this socket, from the reader (it must not block).
 
+    Returns:
+        The close code of a handshake refused before the welcome, else None.
+
     Cancellation: ends the session; presence is cleared only if still ours (shielded,
     bounded by ``CLEANUP_TIMEOUT_S``); in-flight entries stay pending and are
     redelivered.
     """
-    await HubSession(
+    return await HubSession(
         state, socket, user_id, expires_at=expires_at, issued_at=issued_at, on_progress=on_progress
     ).run()
 

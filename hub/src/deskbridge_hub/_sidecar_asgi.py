@@ -181,7 +181,7 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
         try:
             claims = verify_claims(token.strip(), config.secrets, leeway_s=config.token_leeway_s)
         except TokenRejected as exc:
-            quiet = state.token_log.admit(trio.current_time())
+            quiet = state.token_log.admit(type(exc).__name__, trio.current_time())
             if quiet is not None:  # one line per attempt let one client flood the log
                 more = f" ({quiet} more refused tokens since the last line)" if quiet else ""
                 log.warning("sidecar handshake refused: %s%s", exc, more)
@@ -218,6 +218,7 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
             # as the handshake's own Redis work answers it (docs/protocol.md): 1013, so
             # the sidecar retries within its short window
             log.warning("sidecar handshake of %s refused: %s", user_id, exc)
+            state.handshake_budget.refund(user_id)  # the hub's outage, not the user's
             await send({"type": "websocket.accept"})
             await AsgiSocket(receive, send).close(CLOSE_TRY_AGAIN_LATER, UNAVAILABLE_REASON)
             return
@@ -237,7 +238,7 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
             return
         await send({"type": "websocket.accept"})
         socket = AsgiSocket(receive, send)
-        await serve_sidecar(
+        refused = await serve_sidecar(
             state,
             socket,
             user_id,
@@ -245,6 +246,8 @@ def mount_sidecar(asgi_app: Any, holder: dict[str, Any], config: Any) -> Any:
             issued_at=claims.issued_at,
             on_progress=holder["progress"].offer,
         )
+        if refused == CLOSE_TRY_AGAIN_LATER:  # Redis refused the handshake's writes
+            state.handshake_budget.refund(user_id)
         await socket.close(1000, "")
 
     return app

@@ -111,6 +111,9 @@ from ._substrate_values import (
     BeatReply as BeatReply,
 )
 from ._substrate_values import (
+    CancelAsked as CancelAsked,
+)
+from ._substrate_values import (
     Claimed as Claimed,
 )
 from ._substrate_values import (
@@ -294,6 +297,14 @@ class ReaderSubstrate(Protocol):
         trip): the holder process hands that session over now instead of at its next
         heartbeat (:class:`Superseded` from ``wait_wakes``). ``check``: the notice asks
         instead whether that process holds ``session_id`` (``Superseded.check``)."""
+
+    async def notify_cancel(
+        self, holder_id: str, user_id: str, job_id: str, *, ttl_s: float
+    ) -> None:
+        """RPUSH onto ``bridge:wake:{holder_id}`` ``user_id`` (a wake-up: a hub of an
+        older version reads the stream and finds the control entry) and a notice that
+        ``job_id`` (of ``user_id``) is to be cancelled (:class:`CancelAsked` from
+        ``wait_wakes``), and PEXPIRE it ``ttl_s`` (one round trip)."""
 
     async def wait_wakes(self, holder_id: str, *, timeout_s: float, count: int) -> list[WakeItem]:
         """BLMPOP ``bridge:wake:{holder_id}`` LEFT COUNT count with a server-side timeout:

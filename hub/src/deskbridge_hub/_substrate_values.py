@@ -454,6 +454,25 @@ class Revocation:
             return cls(math.inf, 0.0)
 
 
+@attrs.frozen
+class CancelAsked:
+    """A notice on a holder process's wake list: a cancel of ``job_id`` (``user_id``'s)
+    was requested (``Bridge.cancel`` pushes it to the process whose session holds
+    presence), as ``wait_wakes`` returns it. The holder sends the ``cancel`` frame for a
+    delivery of the job on its socket, or answers a job it never forwarded
+    ``cancelled``, whatever room the session has: the job's control entry waits in the
+    stream behind the jobs queued before it, and a session whose in-flight window is
+    full reads nothing (``_cancel_notice``).
+
+    Attributes:
+        user_id: whose job.
+        job_id: the job to cancel.
+    """
+
+    user_id: str
+    job_id: str
+
+
 #: One item ``wait_wakes`` pops from a holder process's wake list: a user id to read, a
 #: pushed entry, or a notice.
-WakeItem = str | Pushed | Superseded | Revoked
+WakeItem = str | Pushed | Superseded | Revoked | CancelAsked
