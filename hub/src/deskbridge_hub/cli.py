@@ -267,23 +267,31 @@ def _call(args: argparse.Namespace) -> int:
         req.add_header("Authorization", f"Bearer {key}")
     wait_s = (args.timeout_s or 90.0) + 10.0
     try:
-        with urllib.request.urlopen(req, timeout=wait_s) as resp:
-            print(resp.read().decode())
-            return 0
-    except urllib.error.HTTPError as exc:
-        answer = exc.read().decode()
-        refused = _refused_option(exc.code, answer)
-        if refused:  # the hub's 400 for one of our values: a usage error, as ours are
-            print(f"deskbridge-hub call: {refused}", file=sys.stderr)
-            return 2
-        print(answer)
-        if exc.code == 401 and not key:
-            print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as exc:
+        status, raw = _inspect_cli.read_answer(req, wait_s)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = _inspect_cli.unreachable_reason(exc)
         print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return 1
+    answered = _inspect_cli.hub_answer(status, args.hub, raw)
+    if isinstance(answered, _inspect_cli.NotTheHub):
+        print(
+            f"deskbridge-hub call: {answered}; if a proxy in front of the hub answered, "
+            "the job may still run",
+            file=sys.stderr,
+        )
+        return 1
+    answer = raw.decode()
+    if status < 400:
+        print(answer)
+        return 0
+    refused = _refused_option(status, answer)
+    if refused:  # the hub's 400 for one of our values: a usage error, as ours are
+        print(f"deskbridge-hub call: {refused}", file=sys.stderr)
+        return 2
+    print(answer)
+    if status == 401 and not key:
+        print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
+    return 1
 
 
 #: The ``call`` option (or argument) that sets each field of the job request.
