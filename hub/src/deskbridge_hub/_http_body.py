@@ -120,6 +120,27 @@ def _timeout_s(body: dict[str, Any], *, default: float | None) -> float | None:
     return float(value)
 
 
+def timeout_option(value: Any) -> float | None:
+    """A call's ``timeout_s`` given outside a body (MCP's ``_meta``), checked as the HTTP
+    body's: seconds in (0, ``MAX_TIMEOUT_S``], or None when absent (None).
+
+    Raises:
+        BadRequest: not a number, or out of range (``field`` is ``timeout_s``).
+    """
+    return _timeout_s({"timeout_s": value}, default=None)
+
+
+def string_option(name: str, value: Any) -> str | None:
+    """``value`` of the option ``name`` given outside a body (MCP's ``_meta``): a string,
+    or None when absent (None).
+
+    Raises:
+        BadRequest: not a string (``field`` is ``name``).
+    """
+    found: str | None = _field({name: value}, name, str, required=False)
+    return found
+
+
 def _no_other_fields(body: dict[str, Any], allowed: set[str]) -> None:
     """Raises BadRequest naming the first (sorted) field of ``body`` not in ``allowed``."""
     unknown = sorted(set(body) - allowed)
