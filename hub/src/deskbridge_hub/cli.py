@@ -335,6 +335,11 @@ def _refused_option(status: int, answer: str) -> str | None:
 
 def _check_serve_args(args: argparse.Namespace) -> str | None:
     """Usage errors that Hypercorn would otherwise turn into tracebacks or silent surprises."""
+    if "://" in args.bind:  # was "--bind host 'http://127.0.0.1' does not resolve"
+        return (
+            f"--bind {args.bind!r}: expected HOST:PORT, not a URL (e.g. --bind "
+            "127.0.0.1:8080; clients then use http://127.0.0.1:8080, sidecars ws://...)"
+        )
     host, sep, port = args.bind.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         return f"--bind {args.bind!r}: expected HOST:PORT with a port in 0-65535"
