@@ -47,6 +47,14 @@ def test_call_args_that_are_not_json_say_where(capsys):
     )
 
 
+def test_call_args_with_a_too_long_integer_say_so_in_the_cli_s_words(capsys):
+    # was Python's "use sys.set_int_max_str_digits() to increase the limit"
+    assert cli.main(["call", "alice", "echo", "--args", '{"a": ' + "9" * 5000 + "}"]) == 2
+    assert capsys.readouterr().err == (
+        "deskbridge-hub call: --args holds an integer of more than 4300 digits\n"
+    )
+
+
 def test_call_args_with_a_repeated_key_is_a_usage_error(capsys):
     # json keeps the last value: the hub refuses such a body, so the CLI says so first
     assert cli.main(["call", "alice", "echo", "--args", '{"a": {"b": 1, "b": 2}}']) == 2

@@ -23,7 +23,7 @@ from . import _cancel_cli, _inspect_cli, _revoke_cli
 from ._bridge_jobs import ARGS_ENCODER, MAX_TIMEOUT_S
 from ._cli_args import checked, hub_url_problem, integer, seconds
 from ._config import DEFAULT_MAX_ARGS_BYTES, MEMORY_URL, max_args_bytes, redis_url_problem
-from ._http_body import finite_float, no_constant
+from ._http_body import finite_float, json_problem, no_constant
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
@@ -235,8 +235,7 @@ def _call(args: argparse.Namespace) -> int:
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
     except (ValueError, RecursionError) as exc:  # say where, as the HTTP API does
-        why = f" ({exc})" if isinstance(exc, ValueError) else " (nested too deeply)"
-        print(f"deskbridge-hub call: --args is not valid JSON{why}", file=sys.stderr)
+        print(f"deskbridge-hub call: {json_problem('--args', exc)}", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
