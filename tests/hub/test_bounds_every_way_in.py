@@ -24,8 +24,8 @@ from tests.hub.test_session import wall
 
 @pytest.fixture
 def fake_hub() -> Iterator[tuple[str, list[bytes], list[tuple[int, bytes]]]]:
-    """A hub stand-in: records each POST body, answers each POST and GET with what the
-    test put in ``replies`` (default: 500)."""
+    """A hub stand-in: records each POST body, answers each POST, GET and DELETE with
+    what the test put in ``replies`` (default: 500)."""
     seen: list[bytes] = []
     replies: list[tuple[int, bytes]] = []
 
@@ -41,6 +41,8 @@ def fake_hub() -> Iterator[tuple[str, list[bytes], list[tuple[int, bytes]]]]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        do_DELETE = do_GET  # noqa: N815 (http.server's name)
 
         def log_message(self, *args: object) -> None:
             pass

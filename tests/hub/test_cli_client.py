@@ -47,6 +47,14 @@ def test_call_args_that_are_not_json_say_where(capsys):
     )
 
 
+def test_call_args_with_a_too_long_integer_say_so_in_the_cli_s_words(capsys):
+    # was Python's "use sys.set_int_max_str_digits() to increase the limit"
+    assert cli.main(["call", "alice", "echo", "--args", '{"a": ' + "9" * 5000 + "}"]) == 2
+    assert capsys.readouterr().err == (
+        "deskbridge-hub call: --args holds an integer of more than 4300 digits\n"
+    )
+
+
 def test_call_args_with_a_repeated_key_is_a_usage_error(capsys):
     # json keeps the last value: the hub refuses such a body, so the CLI says so first
     assert cli.main(["call", "alice", "echo", "--args", '{"a": {"b": 1, "b": 2}}']) == 2
@@ -175,3 +183,50 @@ def test_inspect_refused_for_want_of_a_key_says_the_key_is_not_set(
         "deskbridge-hub inspect: 401 unauthorized: missing key",
         "deskbridge-hub inspect: DESKBRIDGE_API_KEY is not set",
     ]
+
+
+HTML = b"<!DOCTYPE html><html><body><h1>It works</h1></body></html>"
+
+
+@pytest.mark.parametrize(
+    ("command", "answer"),
+    [
+        (["cancel", "job-1"], (404, b"")),
+        (["cancel", "job-1"], (404, HTML)),
+        (["inspect", "job", "job-1"], (404, b"")),
+        (["inspect", "desktops"], (200, HTML)),
+        (["call", "alice", "echo"], (404, HTML)),
+        (["call", "alice", "echo"], (200, HTML)),
+        (["call", "alice", "echo"], (502, b"Bad Gateway")),
+    ],
+    ids=["cancel 404", "cancel 404 html", "inspect 404", "inspect 200 html", "call 404 html",
+         "call 200 html", "call 502"],  # fmt: skip
+)
+def test_an_answer_that_is_not_the_hub_s_is_one_line_naming_it(
+    capsys,
+    fake_hub,  # noqa: F811
+    command,
+    answer,
+):
+    """A newcomer pass: --hub at another web server's port. `cancel` took its bare 404 for
+    "no such job" (exit 4), `inspect` said "404 : Not Found", `call` printed the server's
+    HTML (exit 0 on a 200 page: "completed"). The hub answers JSON objects only: anything
+    else is one line saying the answer is not the hub's, exit 1, nothing on stdout."""
+    hub, _, replies = fake_hub  # another web server where the hub should be
+    replies.append(answer)
+    assert cli.main([*command, "--hub", hub]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(f"deskbridge-hub {command[0]}: HTTP {answer[0]} from {hub}")
+    assert "not a deskbridge hub's answer" in captured.err and "--hub" in captured.err
+
+
+def test_cancel_says_no_such_job_only_for_the_hub_s_own_404(fake_hub):  # noqa: F811
+    """A JSON 404 from another server (an API gateway's ``{"message": "Not Found"}``) is
+    not the hub's ``not_found``: exit 1, not 4 ("no such job")."""
+    hub, _, replies = fake_hub
+    replies.append((404, b'{"message": "Not Found"}'))
+    assert cli.main(["cancel", "job-1", "--hub", hub]) == 1
+    replies.append((404, b'{"error": {"code": "not_found", "message": "no job"}}'))
+    assert cli.main(["cancel", "job-1", "--hub", hub]) == 4

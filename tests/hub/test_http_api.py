@@ -664,3 +664,29 @@ async def test_a_field_of_the_wrong_type_says_which_type_it_must_be(autojump_clo
         r = await post_job(client, body)
         assert r.status_code == 400
         assert needle in (await r.get_json())["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "body is not valid JSON (nested too deeply)",
+        ),
+        (
+            b'{"a": ' + b"9" * 5000 + b"}",
+            "body holds an integer of more than 4300 digits",
+        ),
+    ],
+    ids=["deep", "long integer"],
+)
+def test_json_the_hub_cannot_take_is_refused_in_the_api_s_words(raw, message):
+    """A newcomer pass: the 400 told an API client to "use sys.set_int_max_str_digits() to
+    increase the limit" (Python's advice to the hub's own code), and "maximum recursion
+    depth exceeded while decoding a JSON array from a unicode string"."""
+    from deskbridge_hub import BadRequest
+    from deskbridge_hub._http_body import parse_json_body
+
+    with pytest.raises(BadRequest) as refused:
+        parse_json_body(raw)
+    assert (str(refused.value), refused.value.field) == (message, "$")

@@ -98,6 +98,9 @@ async def test_livez_does_not_touch_redis(autojump_clock):
     [
         (["--bind", "127.0.0.1"], {}, "HOST:PORT"),
         (["--bind", "127.0.0.1:99999"], {}, "HOST:PORT"),
+        # a newcomer's URL where HOST:PORT goes: "host 'http://127.0.0.1' does not resolve"
+        (["--bind", "http://127.0.0.1:8080"], {}, "expected HOST:PORT, not a URL"),
+        (["--bind", "ws://0.0.0.0:8080"], {}, "expected HOST:PORT, not a URL"),
         (["--certfile", "/etc/hostname"], {}, "--certfile and --keyfile go together"),
         ([], {"DESKBRIDGE_REDIS_URL": "notaurl"}, "DESKBRIDGE_REDIS_URL must look like"),
         # a newcomer's typos: Hypercorn's lifespan printed a traceback for these, and

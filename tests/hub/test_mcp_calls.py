@@ -341,3 +341,39 @@ async def test_a_call_waiting_when_the_grace_ends_gets_an_error_result_naming_it
     assert job_id and f"GET /v1/jobs/{job_id}" in body["error"]["message"]
     lines = [r.getMessage() for r in caplog.records if r.name == "deskbridge.hub.calls"]
     assert lines == [f"call for job {job_id} answered: unavailable (click for u1)"]
+
+
+@pytest.mark.parametrize(
+    ("meta", "field", "says"),
+    [
+        ({"deskbridge/timeout_s": 0}, "_meta.deskbridge/timeout_s", "in (0, 86400]"),
+        ({"deskbridge/timeout_s": -1}, "_meta.deskbridge/timeout_s", "in (0, 86400]"),
+        ({"deskbridge/timeout_s": "5"}, "_meta.deskbridge/timeout_s", "must be a number"),
+        ({"deskbridge/timeout_s": True}, "_meta.deskbridge/timeout_s", "must be a number"),
+        ({"deskbridge/idempotency_key": 7}, "_meta.deskbridge/idempotency_key", "a string"),
+    ],
+    ids=["timeout 0", "timeout negative", "timeout string", "timeout bool", "key int"],
+)
+async def test_malformed_meta_is_invalid_params_with_http_s_code_and_field(
+    autojump_clock,
+    state,  # noqa: F811
+    bridge,  # noqa: F811
+    meta,
+    field,
+    says,
+):
+    """A newcomer pass: docs/mcp.md says the hub's own refusals carry HTTP's code and
+    field as ``data`` and name the field; a malformed ``_meta`` value had no ``data`` at
+    all, and a string timeout was told it "must be in (0, 86400]" (HTTP says "must be a
+    number"). Nothing is enqueued."""
+    async with trio.open_nursery() as nursery:
+        peer = await connect(nursery, state, [ToolSpec("click", "click", SCHEMA, True)])
+        nursery.start_soon(sidecar, peer, ignore)
+        with pytest.raises(MCPError) as refused:
+            await _mcp_call(bridge, "click", {"selector": "a"}, meta)
+        error = refused.value.error
+        assert error.code == types.INVALID_PARAMS
+        assert error.data == {"code": "bad_request", "field": field}
+        assert error.message.startswith(f"{field}: ") and says in error.message, error.message
+        assert state.substrate.pending_count("u1") == 0
+        nursery.cancel_scope.cancel()

@@ -197,3 +197,64 @@ async def test_a_write_to_a_stalled_redis_is_bounded_and_closes_the_connection(
         await _with_connection(body, host="127.0.0.1", port=redis.port, write_timeout_s=1.0)
     finally:
         redis.stop()
+
+
+async def _http_like_peer(task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+    """A server that answers every read as an HTTP server does and keeps the connection
+    open (a wrong port: another web service, a proxy)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+
+    async def answer(stream: trio.SocketStream) -> None:
+        async with stream:
+            while await stream.receive_some(4096):
+                await stream.send_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+
+    await trio.serve_listeners(answer, listeners)
+
+
+async def test_a_peer_answering_in_another_protocol_is_a_connection_error_naming_it() -> None:
+    """A newcomer pass: DESKBRIDGE_REDIS_URL at a port where an HTTP server answers raised
+    coredis' InvalidResponse ("Unknown RESP data type: 'H'") out of the handshake: a
+    160-line lifespan traceback and exit 1 from `serve`, a traceback from `revoke`. It is a
+    connection error (the hub retries, the CLI says one line) that says what is wrong."""
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_http_like_peer)
+        conn = WireConnection(TCPLocation("127.0.0.1", port), connect_timeout=5.0)
+        with trio.fail_after(10), pytest.raises(RedisConnectionError) as refused:
+            await conn.run()
+        assert "not Redis' protocol" in str(refused.value), refused.value
+        assert "is it a Redis server" in str(refused.value), refused.value
+        assert not conn.usable
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reply_in_another_protocol_after_the_handshake_fails_the_request_only() -> None:
+    """The same fault met after the handshake (a proxy in front of Redis that starts
+    answering otherwise): coredis' InvalidResponse left the reader and broke the task
+    group that runs the connection. The connection is dropped and the waiting request
+    fails with a connection error naming the cause."""
+
+    async def peer(task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+
+        async def answer(stream: trio.SocketStream) -> None:
+            async with stream:
+                await stream.receive_some(4096)  # HELLO 3
+                await stream.send_all(b"%1\r\n+proto\r\n:3\r\n")
+                while await stream.receive_some(4096):
+                    await stream.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        await trio.serve_listeners(answer, listeners)
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(peer)
+        conn = WireConnection(TCPLocation("127.0.0.1", port), connect_timeout=5.0)
+        with trio.fail_after(10):
+            await nursery.start(conn.run)
+            with pytest.raises(RedisConnectionError) as failed:
+                await conn.create_request(b"PING")
+        assert "not Redis' protocol" in str(failed.value), failed.value
+        assert not conn.usable
+        nursery.cancel_scope.cancel()

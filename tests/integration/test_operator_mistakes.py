@@ -172,6 +172,68 @@ def test_a_server_that_does_not_answer_as_redis_is_named_with_a_reason() -> None
     assert "no answer" in lines[0] and "is it a Redis server" in lines[0], lines[0]
 
 
+class _HttpLikePeer:
+    """A thread answering every read as an HTTP server does, keeping the connection open
+    (DESKBRIDGE_REDIS_URL at the wrong port: a web service, a proxy)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                while conn.recv(4096):
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+            except OSError:
+                return
+
+
+def test_a_server_answering_in_another_protocol_is_one_line_not_a_traceback() -> None:
+    """A newcomer pass: DESKBRIDGE_REDIS_URL at a port where an HTTP server answers was
+    coredis' InvalidResponse out of the handshake: `serve` logged "ERROR deskbridge_hub:
+    Exception" and 160 lines of traceback, then exited 1; `revoke` printed a traceback.
+    Now `serve` keeps serving, retrying, with one line naming the cause, and `revoke`
+    says one line, exit 1, as for a Redis that is down."""
+    peer = _HttpLikePeer()
+    url = f"redis://127.0.0.1:{peer.port}/0"
+    hub = [str(BIN / "deskbridge-hub")]
+    done = _run([*hub, "revoke", "alice"], _env(DESKBRIDGE_REDIS_URL=url))
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out and done.returncode == 1, out
+    assert "not Redis' protocol" in out, out
+    argv = [*hub, "serve", "--bind", f"127.0.0.1:{free_port()}"]
+    env = _env(DESKBRIDGE_SECRET=SECRET, DESKBRIDGE_REDIS_URL=url)
+    try:
+        done = _run(argv, env, timeout_s=8.0)
+    except subprocess.TimeoutExpired as exc:  # it keeps serving, retrying Redis
+        raw = [exc.stderr or b"", exc.stdout or b""]
+        out = "".join(r.decode() if isinstance(r, bytes) else r for r in raw)
+    else:
+        raise AssertionError(f"the hub stopped: {done.stdout + done.stderr}")
+    finally:
+        peer.sock.close()
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if "unreachable (hub starting)" in line]
+    assert lines and "not Redis' protocol" in lines[0], out
+
+
 def test_a_wrong_redis_password_stops_the_hub_in_one_line() -> None:
     # was retried forever as an outage ("unreachable", a WARNING then INFO every 2 s):
     # an authentication failure is a configuration mistake that no retry mends

@@ -105,6 +105,44 @@ def test_registry_builtins_order_and_duplicates():
     assert ToolRegistry(builtins=False).names() == []
 
 
+def test_a_name_clash_names_both_functions():
+    """A newcomer pass: `run --tools a --tools b` with `greet` in both said only "two tools
+    are named 'greet'": which two? With a built-in (`echo`) it did not say that one is the
+    sidecar's own. Both are named, and how to rename one."""
+    mine = types.ModuleType("mine")
+    theirs = types.ModuleType("theirs")
+
+    def greet() -> str:
+        return "a"
+
+    def greet_too() -> str:
+        return "b"
+
+    greet.__module__, greet_too.__module__ = "mine", "theirs"  # as if defined there
+    greet.__qualname__, greet_too.__qualname__ = "greet", "greet_too"
+    mine.greet = tool(greet)
+    theirs.greet = tool(name="greet")(greet_too)
+    registry = ToolRegistry()
+    registry.add_module(mine)
+    with pytest.raises(ValueError) as clash:
+        registry.add_module(theirs)
+    assert str(clash.value) == (
+        "two tools are named 'greet': mine.greet and theirs.greet_too (give one another "
+        "name: @tool(name=...))"
+    )
+
+    def echo() -> str:
+        return "mine"
+
+    echo.__module__, echo.__qualname__ = "mine", "echo"
+    with pytest.raises(ValueError) as builtin:
+        registry.add(echo)
+    assert str(builtin.value) == (
+        "two tools are named 'echo': the sidecar's own (deskbridge_sidecar._tools.echo) and "
+        "mine.echo (give one another name: @tool(name=...))"
+    )
+
+
 def test_plain_functions_get_default_options():
     def plain(x: float) -> float:
         return x

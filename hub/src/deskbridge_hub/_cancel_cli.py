@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from ._cli_args import hub_url_problem
-from ._inspect_cli import first_api_key, request_json, unreachable_reason
+from ._inspect_cli import NotTheHub, first_api_key, request_json, unreachable_reason
 from ._validate import validate_job_id
 
 #: Exit statuses (also in ``cancel --help`` and docs/operations.md).
@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         reason = unreachable_reason(body)
         print(f"deskbridge-hub cancel: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return EXIT_FAILED
+    if isinstance(body, NotTheHub):  # not "no such job" (a 404 of another server)
+        print(f"deskbridge-hub cancel: {body}", file=sys.stderr)
+        return EXIT_FAILED
     if args.json:
         print(json.dumps(body, indent=2))
     answer = body if isinstance(body, dict) else {}
@@ -83,4 +86,5 @@ def run(args: argparse.Namespace) -> int:
     )
     if status == 401 and not first_api_key():  # as ``call`` and ``inspect`` say it
         print("deskbridge-hub cancel: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
-    return EXIT_UNKNOWN if status == 404 else EXIT_FAILED
+    # the hub's own 404 only: a JSON 404 of another server says nothing of the job
+    return EXIT_UNKNOWN if status == 404 and error.get("code") == "not_found" else EXIT_FAILED

@@ -6,6 +6,7 @@ another media type (415, :func:`check_media_type`)."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, NamedTuple
 
 from deskbridge_common import _strict_json as strict_json
@@ -56,6 +57,18 @@ def check_media_type(content_type: str | None, raw: bytes) -> None:
     )
 
 
+def json_problem(what: str, exc: ValueError | RecursionError) -> str:
+    """Why ``what`` (``body``, ``--args``) could not be parsed, in a client's words: the
+    parser's own message, except Python's words for its limits (a RecursionError's
+    "maximum recursion depth exceeded ...", and "use sys.set_int_max_str_digits() to
+    increase the limit", advice for the hub's code, not for a client)."""
+    if isinstance(exc, RecursionError):
+        return f"{what} is not valid JSON (nested too deeply)"
+    if "sys.set_int_max_str_digits" in str(exc):
+        return f"{what} holds an integer of more than {sys.get_int_max_str_digits()} digits"
+    return f"{what} is not valid JSON ({exc})"[:200]
+
+
 def parse_json_body(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:
     """A request body as a JSON object: strict RFC 8259 (no NaN, no Infinity, no
     number that overflows a float), so everything accepted can be re-encoded for the
@@ -78,7 +91,7 @@ def parse_json_body(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[
     except strict_json.DuplicateKey as exc:  # {"name": "echo", "name": "sleep"}
         raise BadRequest(str(exc), field=exc.field) from None
     except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"body is not valid JSON ({exc})"[:200], field="$") from None
+        raise BadRequest(json_problem("body", exc), field="$") from None
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object", field="$")
     return body
@@ -118,6 +131,27 @@ def _timeout_s(body: dict[str, Any], *, default: float | None) -> float | None:
             f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]", field="timeout_s"
         )
     return float(value)
+
+
+def timeout_option(value: Any) -> float | None:
+    """A call's ``timeout_s`` given outside a body (MCP's ``_meta``), checked as the HTTP
+    body's: seconds in (0, ``MAX_TIMEOUT_S``], or None when absent (None).
+
+    Raises:
+        BadRequest: not a number, or out of range (``field`` is ``timeout_s``).
+    """
+    return _timeout_s({"timeout_s": value}, default=None)
+
+
+def string_option(name: str, value: Any) -> str | None:
+    """``value`` of the option ``name`` given outside a body (MCP's ``_meta``): a string,
+    or None when absent (None).
+
+    Raises:
+        BadRequest: not a string (``field`` is ``name``).
+    """
+    found: str | None = _field({name: value}, name, str, required=False)
+    return found
 
 
 def _no_other_fields(body: dict[str, Any], allowed: set[str]) -> None:

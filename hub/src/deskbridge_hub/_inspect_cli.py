@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if isinstance(body, NotTheHub):
+        print(f"deskbridge-hub inspect: {body}", file=sys.stderr)
+        return 1
     if status != 200:
         error = body.get("error", {}) if isinstance(body, dict) else {}
         print(
@@ -130,24 +133,65 @@ def first_api_key() -> str:
     return os.environ.get("DESKBRIDGE_API_KEY", "").split(",")[0].strip()
 
 
+class NotTheHub:
+    """An HTTP answer that is not a deskbridge hub's: the hub answers every request with
+    a JSON object; another server at ``--hub`` (a wrong port, a proxy's own error page)
+    mostly does not. ``str()`` is
+    the one line the CLI prints. (``cancel`` took such a bare 404 for "no such job",
+    ``inspect`` said "404 : Not Found", ``call`` printed the page and exited 0 on a 200.)
+    """
+
+    def __init__(self, status: int, hub: str, raw: bytes) -> None:
+        self.status = status
+        self.hub = hub
+        self.raw = raw
+
+    def __str__(self) -> str:
+        text = self.raw.decode("utf-8", "replace").strip()
+        shown = f"body {' '.join(text.split())[:60]!r}" if text else "an empty body"
+        return (
+            f"HTTP {self.status} from {self.hub}: not a deskbridge hub's answer ({shown}): "
+            "check --hub (the hub's HTTP address, e.g. http://127.0.0.1:8080)"
+        )
+
+
+def hub_answer(status: int, hub: str, raw: bytes) -> Any:
+    """The hub's JSON answer ``raw`` (a dict), or :class:`NotTheHub` when it is not a
+    JSON object (an empty body, a page, plain text)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:  # not JSON, or not UTF-8
+        return NotTheHub(status, hub, raw)
+    return body if isinstance(body, dict) else NotTheHub(status, hub, raw)
+
+
+def read_answer(req: urllib.request.Request, timeout_s: float) -> tuple[int, bytes]:
+    """Send ``req`` and read the whole answer, whatever its status: (status, body).
+
+    Raises:
+        urllib.error.URLError, OSError, ValueError: the hub could not be reached (or
+            the answer not read within ``timeout_s`` seconds per socket operation).
+    """
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:  # a non-2xx answer: read like any other
+        return exc.code, exc.read()
+
+
 def request_json(hub: str, path: str, method: str = "GET") -> tuple[int | None, Any]:
     """``method`` ``hub`` + ``path`` with the first key of ``$DESKBRIDGE_API_KEY``:
-    (HTTP status, the JSON answer), or (None, the exception) when the hub could not be
-    reached or answered no JSON (a 30 s bound on the whole request)."""
+    (HTTP status, the hub's JSON answer or :class:`NotTheHub`), or (None, the exception)
+    when the hub could not be reached (a 30 s bound on each socket operation)."""
     req = urllib.request.Request(hub.rstrip("/") + path, method=method)
     key = first_api_key()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read())
-        except ValueError:
-            return exc.code, {"error": {"message": exc.reason}}
+        status, raw = read_answer(req, 30)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return None, exc
+    return status, hub_answer(status, hub, raw)
 
 
 def _when(ts: Any) -> str:

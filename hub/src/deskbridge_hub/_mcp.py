@@ -79,7 +79,6 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from . import _metrics
 from ._bridge import Bridge
-from ._bridge_jobs import MAX_TIMEOUT_S
 from ._errors import (
     BadRequest,
     IdempotencyKeyReused,
@@ -89,6 +88,7 @@ from ._errors import (
     SubstrateUnavailable,
 )
 from ._http import bridge_error_answer, released_answer
+from ._http_body import string_option, timeout_option
 from ._mcp_mount import MAX_SESSIONS_PER_USER
 from ._outcome import Outcome
 from ._progress import ProgressReport
@@ -107,6 +107,11 @@ SESSION_IDLE_TIMEOUT_S = 30 * 60.0
 #: ``_meta`` keys a ``tools/call`` may carry.
 META_IDEMPOTENCY_KEY = "deskbridge/idempotency_key"
 META_TIMEOUT_S = "deskbridge/timeout_s"
+#: HTTP's body fields that MCP takes in ``_meta``, as MCP's refusals name them.
+_META_FIELDS = {
+    "idempotency_key": f"_meta.{META_IDEMPOTENCY_KEY}",
+    "timeout_s": f"_meta.{META_TIMEOUT_S}",
+}
 #: ``_meta`` key of a listed tool that needs the person's approval (seconds; 0: always).
 META_APPROVAL_AFTER_WAIT_S = "deskbridge/approval_after_wait_s"
 
@@ -209,6 +214,18 @@ async def released_result(
             error=body["error"],
             detail=body.get("detail") or {},
         )
+    )
+
+
+def _invalid_params(exc: BadRequest) -> MCPError:
+    """JSON-RPC's invalid params for a hub refusal other than the args: the field as MCP
+    spells it (``_meta.deskbridge/timeout_s`` for HTTP's ``timeout_s``), HTTP's code and
+    field as ``data``. A malformed ``_meta`` value had no ``data`` (docs/mcp.md)."""
+    field = _META_FIELDS.get(exc.field or "", exc.field)
+    return MCPError(
+        types.INVALID_PARAMS,
+        f"{field}: {exc}",
+        data={"code": _codes.BAD_REQUEST, "field": field},
     )
 
 
@@ -405,18 +422,11 @@ class UserEndpoint:
                 "unavailable", _codes.DRAINING, "this hub replica is restarting; retry"
             )
         meta = (ctx.params or {}).get("_meta") or {}
-        key = meta.get(META_IDEMPOTENCY_KEY)
-        if key is not None and not isinstance(key, str):  # dropped, it would run twice
-            raise MCPError(types.INVALID_PARAMS, f"_meta.{META_IDEMPOTENCY_KEY} must be a string")
-        timeout_s = meta.get(META_TIMEOUT_S)
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or not 0 < timeout_s <= MAX_TIMEOUT_S
-        ):
-            raise MCPError(
-                types.INVALID_PARAMS, f"_meta.{META_TIMEOUT_S} must be in (0, {MAX_TIMEOUT_S:g}]"
-            )
+        try:  # checked as HTTP's body fields are (a key that is no string would run twice)
+            key = string_option("idempotency_key", meta.get(META_IDEMPOTENCY_KEY))
+            timeout_s = timeout_option(meta.get(META_TIMEOUT_S))
+        except BadRequest as exc:
+            raise _invalid_params(exc) from None
         job_id = uuid.uuid4().hex
         on_progress = None
         if meta.get("progressToken") is not None:  # the client asked for progress
@@ -446,12 +456,7 @@ class UserEndpoint:
         except BadRequest as exc:
             if exc.field == "args":  # the model can correct its arguments (SEP-1303)
                 return bad_args_result(exc)
-            field = f"_meta.{META_IDEMPOTENCY_KEY}" if exc.field == "idempotency_key" else exc.field
-            raise MCPError(
-                types.INVALID_PARAMS,
-                f"{field}: {exc}",
-                data={"code": _codes.BAD_REQUEST, "field": field},
-            ) from None
+            raise _invalid_params(exc) from None
         except IdempotencyKeyReused as exc:  # HTTP's 422: the caller's key, not the model's args
             raise MCPError(
                 types.INVALID_PARAMS,

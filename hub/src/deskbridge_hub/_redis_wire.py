@@ -52,7 +52,7 @@ from coredis._packer import Packer
 from coredis.connection import TCPLocation, UnixDomainSocketLocation
 from coredis.constants.resp import DataType
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import RedisError
+from coredis.exceptions import InvalidResponse, RedisError
 from coredis.parser import NotEnoughData, Parser
 
 #: Bytes asked of the socket per receive.
@@ -299,7 +299,7 @@ class WireConnection:
                 ) from exc
             self._parser.feed(data)
             while len(replies) < len(commands):
-                parsed = self._parser.parse(self._decode, self._encoding)
+                parsed = self._parse()
                 if isinstance(parsed, NotEnoughData):
                     break
                 replies.append(parsed[1])
@@ -308,6 +308,26 @@ class WireConnection:
                 raise reply
         if not isinstance(replies[0], dict) or replies[0].get("proto") != 3:
             raise RedisConnectionError(f"HELLO 3 was not accepted: {replies[0]!r}")
+
+    def _parse(self) -> Any:
+        """The parser's next reply, or NotEnoughData.
+
+        Raises:
+            coredis ConnectionError: the bytes are not RESP (:meth:`_not_redis`).
+        """
+        try:
+            return self._parser.parse(self._decode, self._encoding)
+        except InvalidResponse as exc:
+            raise self._not_redis(exc) from exc
+
+    def _not_redis(self, exc: InvalidResponse) -> RedisConnectionError:
+        """A connection error for a peer whose answer is not RESP: a port where another
+        service answers (an HTTP server, a proxy). coredis' own InvalidResponse escaped
+        as a traceback (`serve`'s lifespan, `revoke`) instead of "unavailable"."""
+        return RedisConnectionError(
+            f"{self.location} answered in what is not Redis' protocol ({exc}): "
+            "is it a Redis server (and, for rediss://, one that speaks TLS)?"
+        )
 
     def invalidate(self, reason: str | None = None) -> None:
         """Mark the connection unusable and close it (``run()`` returns once the socket is
@@ -340,7 +360,12 @@ class WireConnection:
                 return
             parser.feed(data)
             while True:
-                parsed = parser.parse(decode, encoding)
+                try:
+                    parsed = parser.parse(decode, encoding)
+                except InvalidResponse as exc:  # fail the waiting requests, end the connection
+                    self._terminated = True
+                    self._fail_all(self._not_redis(exc))
+                    return
                 if isinstance(parsed, NotEnoughData):
                     break
                 kind, value = parsed

@@ -23,7 +23,7 @@ from . import _cancel_cli, _inspect_cli, _revoke_cli
 from ._bridge_jobs import ARGS_ENCODER, MAX_TIMEOUT_S
 from ._cli_args import checked, hub_url_problem, integer, seconds
 from ._config import DEFAULT_MAX_ARGS_BYTES, MEMORY_URL, max_args_bytes, redis_url_problem
-from ._http_body import finite_float, no_constant
+from ._http_body import finite_float, json_problem, no_constant
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
 from ._validate import validate_key, validate_tool_name, validate_user_id
 
@@ -235,8 +235,7 @@ def _call(args: argparse.Namespace) -> int:
         print(f"deskbridge-hub call: --args has a {exc}", file=sys.stderr)
         return 2
     except (ValueError, RecursionError) as exc:  # say where, as the HTTP API does
-        why = f" ({exc})" if isinstance(exc, ValueError) else " (nested too deeply)"
-        print(f"deskbridge-hub call: --args is not valid JSON{why}", file=sys.stderr)
+        print(f"deskbridge-hub call: {json_problem('--args', exc)}", file=sys.stderr)
         return 2
     if not isinstance(tool_args, dict):
         print("deskbridge-hub call: --args must be a JSON object, e.g. '{}'", file=sys.stderr)
@@ -267,23 +266,31 @@ def _call(args: argparse.Namespace) -> int:
         req.add_header("Authorization", f"Bearer {key}")
     wait_s = (args.timeout_s or 90.0) + 10.0
     try:
-        with urllib.request.urlopen(req, timeout=wait_s) as resp:
-            print(resp.read().decode())
-            return 0
-    except urllib.error.HTTPError as exc:
-        answer = exc.read().decode()
-        refused = _refused_option(exc.code, answer)
-        if refused:  # the hub's 400 for one of our values: a usage error, as ours are
-            print(f"deskbridge-hub call: {refused}", file=sys.stderr)
-            return 2
-        print(answer)
-        if exc.code == 401 and not key:
-            print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as exc:
+        status, raw = _inspect_cli.read_answer(req, wait_s)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = _inspect_cli.unreachable_reason(exc)
         print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return 1
+    answered = _inspect_cli.hub_answer(status, args.hub, raw)
+    if isinstance(answered, _inspect_cli.NotTheHub):
+        print(
+            f"deskbridge-hub call: {answered}; if a proxy in front of the hub answered, "
+            "the job may still run",
+            file=sys.stderr,
+        )
+        return 1
+    answer = raw.decode()
+    if status < 400:
+        print(answer)
+        return 0
+    refused = _refused_option(status, answer)
+    if refused:  # the hub's 400 for one of our values: a usage error, as ours are
+        print(f"deskbridge-hub call: {refused}", file=sys.stderr)
+        return 2
+    print(answer)
+    if status == 401 and not key:
+        print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
+    return 1
 
 
 #: The ``call`` option (or argument) that sets each field of the job request.
@@ -327,6 +334,11 @@ def _refused_option(status: int, answer: str) -> str | None:
 
 def _check_serve_args(args: argparse.Namespace) -> str | None:
     """Usage errors that Hypercorn would otherwise turn into tracebacks or silent surprises."""
+    if "://" in args.bind:  # was "--bind host 'http://127.0.0.1' does not resolve"
+        return (
+            f"--bind {args.bind!r}: expected HOST:PORT, not a URL (e.g. --bind "
+            "127.0.0.1:8080; clients then use http://127.0.0.1:8080, sidecars ws://...)"
+        )
     host, sep, port = args.bind.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         return f"--bind {args.bind!r}: expected HOST:PORT with a port in 0-65535"

@@ -275,6 +275,13 @@ def tool_of(obj: Any) -> Tool | None:
     return found if isinstance(found, Tool) else None
 
 
+def _origin(t: Tool) -> str:
+    """Where ``t``'s function is defined, for a name clash: ``module.qualname``, said to
+    be the sidecar's own for the built-ins and toolsets (a clash only named the name)."""
+    where = f"{getattr(t.fn, '__module__', '?')}.{getattr(t.fn, '__qualname__', '?')}"
+    return f"the sidecar's own ({where})" if where.startswith("deskbridge_sidecar.") else where
+
+
 class ToolRegistry:
     """The tools one sidecar offers, by name.
 
@@ -312,7 +319,10 @@ class ToolRegistry:
         if existing is not None:
             if existing is found or existing.fn is found.fn:
                 return existing
-            raise ValueError(f"two tools are named {found.name!r}")
+            raise ValueError(
+                f"two tools are named {found.name!r}: {_origin(existing)} and "
+                f"{_origin(found)} (give one another name: @tool(name=...))"
+            )
         self._tools[found.name] = found
         return found
 
