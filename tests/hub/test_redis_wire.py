@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 import trio
+import trio.testing
 from coredis.connection import TCPLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from deskbridge_hub._redis_wire import WireConnection
@@ -106,7 +107,10 @@ def test_a_timeout_already_over_answers_timeout_error_on_both_backends(backend: 
     assert [type(g) for g in got] == [TimeoutError] * 3, got
 
 
-async def test_a_connection_killed_under_a_waiting_request_fails_it() -> None:
+@pytest.mark.parametrize("self_read", [False, True])
+async def test_a_connection_killed_under_a_waiting_request_fails_it(self_read: bool) -> None:
+    """With or without a reader task (``self_read``: the waiting task reads)."""
+
     async def body(conn: WireConnection) -> None:
         with trio.fail_after(10):
             my_id = await conn.create_request(b"CLIENT ID")
@@ -129,7 +133,7 @@ async def test_a_connection_killed_under_a_waiting_request_fails_it() -> None:
                     await waiting
             assert not conn.usable
 
-    await _with_connection(body)
+    await _with_connection(body, self_read=self_read)
 
 
 async def test_a_cancelled_large_write_still_arrives_whole_and_in_order() -> None:
@@ -258,3 +262,91 @@ async def test_a_reply_in_another_protocol_after_the_handshake_fails_the_request
         assert "not Redis' protocol" in str(failed.value), failed.value
         assert not conn.usable
         nursery.cancel_scope.cancel()
+
+class _Steps(trio.abc.Instrument):
+    """Counts scheduler steps of the connection's own tasks (``run``, the writer)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if "_redis_wire" in task.name:
+            self.steps += 1
+
+
+async def test_a_self_reading_connection_reads_its_replies_in_the_requesting_task() -> None:
+    """A dedicated connection (``self_read``: one request at a time, no push frames) has
+    no reader task: the task awaiting a reply reads it (issue 10: one scheduler pass and
+    one wake-up fewer per blocking command)."""
+
+    async def body(conn: WireConnection) -> None:
+        await trio.testing.wait_all_tasks_blocked()  # the connection's tasks have started
+        steps = _Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            with trio.fail_after(10):
+                for _ in range(20):
+                    assert await conn.create_request(b"PING") == "PONG"
+                key = f"none-{secrets.token_hex(4)}"
+                assert await conn.create_request(b"BLPOP", key, 0.01) is None
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps == 0
+
+    await _with_connection(body, self_read=True)
+
+
+async def test_an_idle_self_reading_connection_closed_by_redis_is_found_before_its_next_use() -> (
+    None
+):
+    """No reader task sees the EOF of an idle dedicated connection: ``idle_alive`` looks
+    (a peek) before the connection is used again, so the next blocking command goes out
+    on a new one instead of failing on the dead one (a pop is never sent twice)."""
+
+    async def body(conn: WireConnection) -> None:
+        with trio.fail_after(10):
+            my_id = await conn.create_request(b"CLIENT ID")
+            assert conn.idle_alive()
+            other = WireConnection(TCPLocation(HOST, int(PORT)), connect_timeout=5.0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(other.run)
+                await other.create_request(b"CLIENT KILL", b"ID", my_id)
+                other.invalidate()
+            while conn.idle_alive():  # noqa: ASYNC110 - the kill's FIN is on its way
+                await trio.sleep(0.01)
+            assert not conn.usable
+
+    await _with_connection(body, self_read=True)
+
+
+async def test_a_blocking_command_after_its_idle_connection_was_killed_is_answered() -> None:
+    """The session's dedicated connections read their own replies: one killed while idle
+    is replaced before the next blocking command, which is answered (not failed)."""
+    from deskbridge_hub._redis_session import _Session
+
+    s = _Session(
+        REDIS_URL, connect_timeout_s=5.0, command_timeout_s=5.0, max_connections=16,
+        client_name="test-self-read",
+    )  # fmt: skip
+    await s.open()
+    try:
+        with trio.fail_after(10):
+            key = f"none-{secrets.token_hex(4)}"
+            assert await s.execute((b"BLPOP", key, 0.01), timeout_s=5.0) == [None]
+            (c,) = s._blocking_idle
+            assert c.conn is not None
+            (my_id,) = await s.execute((b"CLIENT", b"ID"), timeout_s=5.0)
+            listing = await s.execute((b"CLIENT", b"LIST"), timeout_s=5.0)
+            ids = [
+                line.split(" ", 1)[0].removeprefix("id=")
+                for line in listing[0].splitlines()
+                if "name=test-self-read" in line and "cmd=blpop" in line
+            ]
+            assert len(ids) == 1 and ids[0] != str(my_id)
+            assert await s.execute((b"CLIENT KILL", b"ID", ids[0]), timeout_s=5.0) == [1]
+            await trio.sleep(0.1)  # the FIN arrives; nobody reads the idle connection
+            assert await s.execute((b"RPUSH", key, "v"), timeout_s=5.0) == [1]
+            assert await s.execute((b"BLPOP", key, 1), timeout_s=5.0) == [[key, "v"]]
+            assert s.statistics().opened_total == 3  # shared, dedicated, its replacement
+    finally:
+        await s.close()

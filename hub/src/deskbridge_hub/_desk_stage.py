@@ -103,13 +103,15 @@ def stage_recorder(
     (a zombie's report is refused, and it records nothing more). Bounded by
     ``CLEANUP_TIMEOUT_S``; a substrate error or the bound is logged and passed over
     (never raised)."""
-    state = JobState(Stage.DELIVERED, user_id, session_id=session_id)
+    state: JobState | None = None  # built at the first report (most jobs report none)
     fenced_out = False
 
     async def record(stage: Stage) -> None:
         nonlocal state, fenced_out
         if fenced_out:
             return
+        if state is None:
+            state = JobState(Stage.DELIVERED, user_id, session_id=session_id)
         state = state.advance(stage, at=hub.wall_clock())  # InvalidTransition: a bug here
         finished = None
         with trio.move_on_after(CLEANUP_TIMEOUT_S):

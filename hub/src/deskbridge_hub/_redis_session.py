@@ -90,6 +90,11 @@ class _Conn:
     def usable(self) -> bool:
         return self.conn is not None and self.conn.usable
 
+    def idle_alive(self) -> bool:
+        """``usable``, and for a dedicated connection (its replies read by their
+        requesters: no reader task sees its end) not closed by the server while idle."""
+        return self.conn is not None and self.conn.idle_alive()
+
     def started(self, value: object = None) -> None:  # anyio TaskStatus, for conn.run()
         self.ready.set()
 
@@ -214,10 +219,12 @@ class _Session:
 
     # -- opening and closing one connection ------------------------------------------
 
-    async def _host(self, c: _Conn) -> None:
+    async def _host(self, c: _Conn, dedicated: bool = False) -> None:
         try:
             with c.scope:
-                c.conn = WireConnection(self._location, **self._connection_kwargs)
+                c.conn = WireConnection(
+                    self._location, self_read=dedicated, **self._connection_kwargs
+                )
                 await c.conn.run(task_status=c)
         except Exception as exc:  # never crash the session's task group
             c.error = exc
@@ -231,8 +238,10 @@ class _Session:
         with anyio.move_on_after(_CLOSE_WAIT_S, shield=True):
             await c.closed.wait()
 
-    async def connect(self) -> _Conn:
-        """Open one connection (TCP, TLS, HELLO, AUTH, SELECT, CLIENT SETNAME).
+    async def connect(self, *, dedicated: bool = False) -> _Conn:
+        """Open one connection (TCP, TLS, HELLO, AUTH, SELECT, CLIENT SETNAME);
+        ``dedicated``: for blocking commands, one request at a time, whose replies the
+        awaiting task reads itself (``WireConnection``'s ``self_read``).
 
         Raises:
             TimeoutError: not ready within ``connect_timeout_s``.
@@ -242,7 +251,7 @@ class _Session:
             raise RedisConnectionError("the substrate session is closed")
         c = _Conn()
         self._live.add(c)
-        self._tg.start_soon(self._host, c)
+        self._tg.start_soon(self._host, c, dedicated)
         try:
             with anyio.fail_after(self.connect_timeout_s):
                 await c.ready.wait()
@@ -279,8 +288,6 @@ class _Session:
         twice is harmless: Redis may have run them and lost only the reply. ``resend``
         says so (True / False); None: the command table of ``_redis_resend`` decides.
         Otherwise the lost connection's error is their reply."""
-        if resend is None:
-            resend = resend_safe(commands)
         if any(block_s(command) is not False for command in commands):
             return await self._execute_blocking(commands, timeout_s, resend)
         c, reused = await self._shared_connection()
@@ -290,7 +297,7 @@ class _Session:
                 self._shared.remove(c)
                 c.scope.cancel()
             self._reconnected("dead")
-            if not resend:
+            if not (resend_safe(commands) if resend is None else resend):
                 return replies
             c, _ = await self._shared_connection()
             replies = await self._exchange_shared(c, commands, timeout_s)
@@ -347,7 +354,7 @@ class _Session:
         finally:
             c.in_flight -= len(requests)
         c.used += 1
-        if any(isinstance(r, TimeoutError) for r in replies) and not c.probing:
+        if not c.probing and any(isinstance(r, TimeoutError) for r in replies):
             # This batch fails; whether the connection is dead is a PING's to say. A
             # timeout alone is no proof: on a saturated event loop (thousands of
             # handshakes at once, issue 10) replies sit unread past the timeout, and
@@ -378,7 +385,7 @@ class _Session:
                 self._shared.remove(c)
 
     async def _execute_blocking(
-        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None, resend: bool
+        self, commands: tuple[tuple[Any, ...], ...], timeout_s: float | None, resend: bool | None
     ) -> list[Any]:
         polled = len(commands) == 1 and poll_form(commands[0]) is not None
         got = await self._dedicated(_SLOT_PATIENCE_S if polled else None)
@@ -389,8 +396,8 @@ class _Session:
         replies = await self._exchange_dedicated(c, commands, timeout_s)
         if reused and _died(c, replies):
             self._reconnected("dead")
-            if not resend:  # a pop may have taken items: its caller's recovery runs
-                return replies
+            if not (resend_safe(commands) if resend is None else resend):
+                return replies  # a pop may have taken items: its caller's recovery runs
             c, _ = await self._dedicated(None)  # type: ignore[misc]
             sent_at = anyio.current_time()
             replies = await self._exchange_dedicated(c, commands, timeout_s)
@@ -430,7 +437,7 @@ class _Session:
     async def _dedicated_nowait(self) -> tuple[_Conn, bool] | None:
         while self._blocking_idle:
             c = self._blocking_idle.pop()
-            if c.usable:
+            if c.idle_alive():
                 self._blocking_busy += 1
                 return c, True
             c.scope.cancel()
@@ -440,7 +447,7 @@ class _Session:
             return None
         self._blocking_open += 1
         try:
-            c = await self.connect()
+            c = await self.connect(dedicated=True)
         except BaseException:
             self._blocking_open -= 1
             self._wake_one()
@@ -556,11 +563,12 @@ def _split(max_connections: int) -> tuple[int, int]:
 def _on_replica(c: _Conn, replies: list[Any]) -> bool:
     """``c`` answered READONLY or MASTERDOWN (it reached a replica) and is old enough to
     be opened again (``_REOPEN_ON_READONLY_AFTER_S``)."""
-    return anyio.current_time() - c.opened_at >= _REOPEN_ON_READONLY_AFTER_S and any(
-        isinstance(r, ReadOnlyError)
-        or (isinstance(r, ResponseError) and str(r).startswith("MASTERDOWN"))
-        for r in replies
-    )
+    for r in replies:  # the replies first: an error among them is rare, the clock not free
+        if isinstance(r, ReadOnlyError) or (
+            isinstance(r, ResponseError) and str(r).startswith("MASTERDOWN")
+        ):
+            return anyio.current_time() - c.opened_at >= _REOPEN_ON_READONLY_AFTER_S
+    return False
 
 
 def _demoted(replies: list[Any]) -> bool:

@@ -110,6 +110,10 @@ class HubSession(SessionTimers):
     _conn: Connection = attrs.field(init=False)
     _send: trio.MemorySendChannel[str] = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
+    #: held while one frame is written (by the writer, or directly: ``_queue``)
+    _write_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: frames handed to the writer and not written yet (taken from the channel or not)
+    _backlog: int = 0
     _nursery: trio.Nursery | None = None
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _presence: PresenceKeeper | None = None
@@ -117,7 +121,8 @@ class HubSession(SessionTimers):
     _ending: str | None = None
     _reading_stopped: trio.Event = attrs.field(factory=trio.Event)
     _serving: int = 0
-    _serving_changed: trio.Event = attrs.field(factory=trio.Event)
+    #: ``wait_idle`` parks here until no entry is served (unparked as each one ends)
+    _serving_ended: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _next_ping_s: float = 0.0
     _heard_s: float = 0.0  # when the sidecar's last message arrived (trio clock)
     _probing: bool = False
@@ -347,7 +352,7 @@ class HubSession(SessionTimers):
     async def wait_idle(self) -> None:
         """Return once no entry is being served on this socket (graceful shutdown)."""
         while self._serving:
-            await self._serving_changed.wait()
+            await self._serving_ended.park()
 
     async def _guard(self, fn: Callable[[], Awaitable[object]]) -> None:
         try:
@@ -401,34 +406,89 @@ class HubSession(SessionTimers):
 
     # -- tasks -------------------------------------------------------------------------
 
-    async def _queue(self, text: str) -> None:
+    async def _queue(self, text: str, *, direct: bool = False) -> None:
         """Hand ``text`` to the writer; wait only while the send queue is full (a peer
         not reading). With room, no scheduler pass: the caller's next await is one. A
         cancelled caller queues nothing (as ``send`` would).
 
+        Args:
+            direct: write ``text`` from this task when nothing is being written or
+                waits to be (a job of a sequential call: one hand-off to the writer
+                task fewer, issue 10); returns once it is written. Otherwise, or when a
+                write is in progress or frames wait, it is queued behind them.
+
         Raises:
             trio.ClosedResourceError, trio.BrokenResourceError: the writer is gone.
+            EndSession: a direct write found the socket closed (as the writer's
+                ``_guard`` says it).
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing is queued
+        if direct and not self._backlog:
+            try:
+                self._write_lock.acquire_nowait()
+            except trio.WouldBlock:
+                pass  # a write in progress: queued behind it
+            else:
+                try:
+                    await self._write(text)
+                except SocketClosed:
+                    raise EndSession(CLOSE_NORMAL, "socket closed") from None
+                finally:
+                    self._write_lock.release()
+                return
+        self._backlog += 1
+        try:
+            try:
+                self._send.send_nowait(text)
+            except trio.WouldBlock:
+                await self._send.send(text)
+        except BaseException:  # not queued
+            self._backlog -= 1
+            raise
+
+    def _queue_nowait(self, text: str) -> None:
+        """Hand ``text`` to the writer without waiting (the pacer's pings).
+
+        Raises:
+            trio.WouldBlock: the send queue is full.
+            trio.ClosedResourceError, trio.BrokenResourceError: the writer is gone.
+        """
+        self._backlog += 1
         try:
             self._send.send_nowait(text)
-        except trio.WouldBlock:
-            await self._send.send(text)
+        except BaseException:  # not queued
+            self._backlog -= 1
+            raise
+
+    async def _write(self, text: str) -> None:
+        """Write one frame (the caller holds ``_write_lock``). The Connection hears of
+        every write (``writing``/``wrote``): a ping's timeout counts from when it was
+        written, and the pings still queued behind restart theirs (a backlog of jobs on
+        a slow link, or one large job, is not the peer's silence); a write that stalls
+        past its size-aware bound (a peer that stopped reading) still ends the session
+        (4002, at the pacer's visit)."""
+        conn = self._conn
+        conn.writing(text, trio.current_time())
+        await self.socket.send(text)
+        if conn.wrote(text, trio.current_time()):
+            deadline_s = conn.deadline_s  # may be sooner than the visit planned
+            if deadline_s is not None and not self._done:
+                self.state.pacer.add(self, deadline_s)
 
     async def _writer(self) -> None:
-        """The only sender. The Connection hears of every write (``writing``/``wrote``):
-        a ping's timeout counts from when it was written, and the pings still queued
-        behind restart theirs (a backlog of jobs on a slow link, or one large job, is not
-        the peer's silence); a write that stalls past its size-aware bound (a peer that
-        stopped reading) still ends the session (4002, at the pacer's visit)."""
-        conn = self._conn
+        """Writes the queued frames in order, one at a time (a direct write of
+        ``_queue`` in progress first ends: the lock is fair)."""
+        lock = self._write_lock
         async for text in self._recv:
-            conn.writing(text, trio.current_time())
-            await self.socket.send(text)
-            if conn.wrote(text, trio.current_time()):
-                deadline_s = conn.deadline_s  # may be sooner than the visit planned
-                if deadline_s is not None and not self._done:
-                    self.state.pacer.add(self, deadline_s)
+            try:
+                lock.acquire_nowait()
+            except trio.WouldBlock:
+                await lock.acquire()
+            try:
+                await self._write(text)
+            finally:
+                lock.release()
+                self._backlog -= 1
 
     async def _reader(self) -> None:
         while True:
@@ -520,8 +580,8 @@ class HubSession(SessionTimers):
             self.state.reader.served(self.user_id, answered=answered, entry_id=entry.entry_id)
             self._limiter.release_on_behalf_of(entry.entry_id)
             self._serving -= 1
-            self._serving_changed.set()
-            self._serving_changed = trio.Event()
+            if self._serving_ended:  # someone waits (a hand-over): no Event per entry
+                self._serving_ended.unpark_all()
 
     async def execute(self, job: Job, *, epoch: int | None = None) -> JobResult:
         """Send ``job`` and wait for its ``job_result`` (see ``_delivery.Executor``),
@@ -530,8 +590,10 @@ class HubSession(SessionTimers):
         delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id)
         record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id, epoch)
         try:
-            await self._queue(frame)
-            self.probe()  # a job into a socket silent for a while: is anyone there?
+            # a job into a socket silent for a while: is anyone there? (asked first: a
+            # direct write returns once written, and the ping then follows it)
+            self.probe()
+            await self._queue(frame, direct=True)
             return await delivery.wait(record)
         finally:
             self.deliveries.pop(job.id, None)
