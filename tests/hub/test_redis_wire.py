@@ -233,11 +233,15 @@ async def test_a_peer_answering_in_another_protocol_is_a_connection_error_naming
         nursery.cancel_scope.cancel()
 
 
-async def test_a_reply_in_another_protocol_after_the_handshake_fails_the_request_only() -> None:
+@pytest.mark.parametrize("self_read", [False, True])
+async def test_a_reply_in_another_protocol_after_the_handshake_fails_the_request_only(
+    self_read: bool,
+) -> None:
     """The same fault met after the handshake (a proxy in front of Redis that starts
     answering otherwise): coredis' InvalidResponse left the reader and broke the task
     group that runs the connection. The connection is dropped and the waiting request
-    fails with a connection error naming the cause."""
+    fails with a connection error naming the cause; also on a dedicated connection whose
+    requesters read their own replies (``self_read``: no reader task)."""
 
     async def peer(task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -254,7 +258,9 @@ async def test_a_reply_in_another_protocol_after_the_handshake_fails_the_request
 
     async with trio.open_nursery() as nursery:
         port = await nursery.start(peer)
-        conn = WireConnection(TCPLocation("127.0.0.1", port), connect_timeout=5.0)
+        conn = WireConnection(
+            TCPLocation("127.0.0.1", port), connect_timeout=5.0, self_read=self_read
+        )
         with trio.fail_after(10):
             await nursery.start(conn.run)
             with pytest.raises(RedisConnectionError) as failed:
@@ -262,6 +268,7 @@ async def test_a_reply_in_another_protocol_after_the_handshake_fails_the_request
         assert "not Redis' protocol" in str(failed.value), failed.value
         assert not conn.usable
         nursery.cancel_scope.cancel()
+
 
 class _Steps(trio.abc.Instrument):
     """Counts scheduler steps of the connection's own tasks (``run``, the writer)."""

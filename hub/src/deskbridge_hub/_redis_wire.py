@@ -403,7 +403,13 @@ class WireConnection:
         raw, parser, requests = self._raw, self._parser, self._requests
         waited = False
         while not request._done:
-            parsed = parser.parse(self._decode, self._encoding)
+            try:
+                parsed = parser.parse(self._decode, self._encoding)
+            except InvalidResponse as exc:  # as the reader task: fail them, end it
+                self._terminated = True
+                self._fail_all(self._not_redis(exc))
+                self.invalidate()
+                break
             if not isinstance(parsed, NotEnoughData):
                 kind, value = parsed
                 if kind == DataType.PUSH:
