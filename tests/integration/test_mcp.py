@@ -86,7 +86,7 @@ async def _tools_list_and_calls(hub: Hub, user: str, mode: str, ledger: Ledger) 
     with anyio.fail_after(60):
         async with mcp_client(hub, user, mode=mode) as client:
             listed = {t.name: t for t in (await client.list_tools()).tools}
-            assert set(listed) == {"status", "echo", "sleep", "record"}
+            assert set(listed) == {"status", "echo", "sleep", "record", "record_sync"}
             record = listed["record"]
             assert record.description == "Append KEY to the test ledger, then sleep SECONDS."
             assert record.input_schema["properties"]["key"] == {"type": "string"}
