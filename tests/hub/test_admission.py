@@ -124,6 +124,42 @@ async def test_a_lasting_loop_lag_sheds_new_calls_and_a_single_stall_does_not(au
         nursery.cancel_scope.cancel()
 
 
+async def test_one_long_stall_does_not_shed_the_calls_after_it(autojump_clock):
+    """Was: one stall of the whole process (SIGSTOP, a paused VM, a long full garbage
+    collection) longer than 0.83 s moved the smoothed lag past the bound by itself (a 9 s
+    stop: 2.7 s), so the process, prompt again, refused every call for the next 0.7 s
+    (tests/chaos/test_hub_stalled.py's echo after SIGCONT could meet it). A sample counts
+    for at most twice the bound: one stall of any length does not shed; a lag that lasts
+    still sheds within two samples, and sheds no longer than two once it is over."""
+    admission = CallAdmission(None, 0.25, trio.current_time)
+
+    def admit() -> bool:
+        try:
+            with admission.admitted("u1"):
+                return True
+        except Overloaded:
+            return False
+
+    async def hog(lag_s: float, passes: int) -> None:
+        for _ in range(passes):
+            await trio.sleep(LAG_PROBE_S / 2)
+            autojump_clock.jump(lag_s)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(admission.probe, trio.sleep)
+        await trio.sleep(1)
+        for stall_s in (1.0, 9.0, 40.0):
+            await hog(stall_s, 1)
+            await trio.sleep(LAG_PROBE_S)  # the probe has noted it
+            assert admit(), (stall_s, admission.lag_s())
+            await trio.sleep(3)
+        await hog(5.0, 3)  # a lasting lag, however long
+        assert not admit()
+        await trio.sleep(2 * LAG_PROBE_S + 0.01)  # prompt again: two samples
+        assert admit(), admission.lag_s()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_call_s_timeout_counts_from_when_it_started(autojump_clock, substrate):
     """``started_at``: a caller whose request waited 3 s before the dispatch (its body
     arriving) and asked 5 s is answered ``timeout`` 2 s later, 5 s after it started."""

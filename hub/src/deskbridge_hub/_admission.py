@@ -16,8 +16,10 @@ Two gates, both O(1) per call (a counter and two floats; no Redis round trip):
   every step of an admitted call waits, its answer's wake-up included, so past it the
   process cannot keep the deadlines it already took. Read from :meth:`CallAdmission.probe`
   (a sleep of ``LAG_PROBE_S``, how late it woke), smoothed (``LAG_WEIGHT``): a lag that
-  lasts sheds, a single stall (a full garbage collection, the machine busy for a moment)
-  does not refuse the calls that queued behind it, which the process can still serve.
+  lasts sheds, a single stall of any length (a full garbage collection, the machine busy
+  for a moment, a paused VM: each sample counts for at most ``LAG_SAMPLE_CAP`` times the
+  bound) does not refuse the calls that queued behind it, which the process can still
+  serve.
 
 No I/O here; the probe is one task of the app's nursery.
 """
@@ -25,6 +27,7 @@ No I/O here; the probe is one task of the app's nursery.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Iterator
 
 import attrs
@@ -52,6 +55,13 @@ LAG_PROBE_S = 0.1
 #: average): one stall of 0.8 s alone moves it from 0 to 0.24 s, under the default
 #: bound; a lag that stays at 0.5 s (twice the default bound) passes it in two samples.
 LAG_WEIGHT = 0.3
+#: A sample counts for at most this many times ``lag_limit_s``: one stall of any length
+#: (SIGSTOP, a paused VM, a full collection of a large heap) then moves the smoothed lag
+#: to at most ``LAG_WEIGHT`` x 2 = 0.6 of the bound, so the calls after it are taken
+#: (uncapped, a 9 s stop made it 2.7 s: every call refused for the next 0.7 s of a prompt
+#: loop), while a lag of twice the bound or more still sheds in two samples and stops
+#: shedding two samples after it ends.
+LAG_SAMPLE_CAP = 2.0
 #: ``Retry-After`` of an ``overloaded`` refusal, seconds: about the time a full house of
 #: calls turns over (500 calls at the overload bench's 250-450 calls/s: 1-2 s), so a
 #: retry then is likely to find room, while refused callers that all came back after 1 s
@@ -126,10 +136,12 @@ class CallAdmission:
 
         Cancellation: ends the probe; the lag gate then reads the last lag noted.
         """
+        cap_s = LAG_SAMPLE_CAP * self.lag_limit_s if self.lag_limit_s else math.inf
         while True:
             due = self.clock() + LAG_PROBE_S
             await sleep(LAG_PROBE_S)
-            self._lag_s += LAG_WEIGHT * (max(0.0, self.clock() - due) - self._lag_s)
+            late_s = min(max(0.0, self.clock() - due), cap_s)
+            self._lag_s += LAG_WEIGHT * (late_s - self._lag_s)
 
     def statistics(self) -> dict[str, object]:
         """``{"in_flight", "limit", "lag_s", "lag_limit_s", "refused"}``."""
@@ -146,6 +158,7 @@ __all__ = [
     "DEFAULT_MAX_CALLS",
     "DEFAULT_SHED_LAG_S",
     "LAG_PROBE_S",
+    "LAG_SAMPLE_CAP",
     "LAG_WEIGHT",
     "OVERLOAD_RETRY_AFTER_S",
     "CallAdmission",
