@@ -76,6 +76,30 @@ async def test_calls_over_the_bound_are_refused_at_once_and_enqueue_nothing(
     assert admission.in_flight == 0  # cancelled calls give their slot back
 
 
+async def test_the_default_bound_takes_calls_that_only_wait_on_slow_tools(
+    autojump_clock, substrate
+):
+    """Was (default 500): a healthy, idle process with 600 calls each waiting on a 30 s
+    tool of another user refused the 501st with 503 ``overloaded``
+    (``bench/waiting_calls.py``: 500 completed, 100 refused, 1.1 s of hub CPU). The
+    default bound is what a waiting call costs (memory, a descriptor), not CPU: the lag
+    gate guards the CPU."""
+    from deskbridge_hub import HubConfig
+
+    config = HubConfig.from_env({})
+    admission = CallAdmission(config.max_calls, config.shed_lag_s, trio.current_time)
+    bridge = Bridge(substrate, wall_clock=wall, admission=admission)
+    users = [f"u{i}" for i in range(2000)]
+    for user in users:
+        await substrate.set_presence(user, "ghost", 3600)
+    async with trio.open_nursery() as nursery:
+        for user in users:  # each desktop's tool runs 30 s (it never answers here)
+            nursery.start_soon(functools.partial(bridge.dispatch, user, "echo", {}, timeout_s=60))
+        await trio.testing.wait_all_tasks_blocked()
+        assert admission.in_flight == 2000 and admission.refused == {"calls": 0, "lag": 0}
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_bridge_without_admission_takes_every_call(autojump_clock, substrate):
     """A Bridge an application makes for itself (no ``admission``) is not bounded."""
     await substrate.set_presence("u1", "ghost", 3600)
@@ -272,7 +296,7 @@ def test_the_bounds_come_from_the_environment():
     from deskbridge_hub import HubConfig
 
     default = HubConfig.from_env({})
-    assert (default.max_calls, default.shed_lag_s) == (500, 0.25)
+    assert (default.max_calls, default.shed_lag_s) == (5000, 0.25)
     config = HubConfig.from_env({"DESKBRIDGE_MAX_CALLS": "64", "DESKBRIDGE_SHED_LAG_S": "0"})
     assert (config.max_calls, config.shed_lag_s) == (64, 0.0)
     for bad in ({"DESKBRIDGE_MAX_CALLS": "0"}, {"DESKBRIDGE_SHED_LAG_S": "-1"}):

@@ -34,14 +34,22 @@ import attrs
 
 from ._errors import Overloaded
 
-#: Default ``DESKBRIDGE_MAX_CALLS``. Little's law: N calls in flight at a throughput of X
-#: calls/s each wait about N / X. The slowest throughput measured for one process under
-#: overload was 100 calls/s (docs/operations.md, "Overload": 100-280 calls/s on a loaded
-#: 2-core machine), so 500 calls clear in 5 s, the status route's default wait
-#: (``STATUS_TIMEOUT_S``). A call waiting on a slow tool holds a slot too (it costs
-#: little else): raise it where many calls wait on long tools; the lag gate still guards
-#: the CPU.
-DEFAULT_MAX_CALLS = 500
+#: Default ``DESKBRIDGE_MAX_CALLS``: a bound on what waiting calls hold, memory and
+#: descriptors, not on CPU (the lag gate guards the CPU). Most calls wait on slow desktop
+#: tools (browser actions of 5-60 s) and cost little while they wait: measured
+#: (``bench/waiting_calls.py``, 2,000 calls on 2,000 desktops, each tool 30 s) 49.8 KiB
+#: of RSS and one descriptor per waiting call, 3.3 s of hub CPU in all. A process sized
+#: for 10,000 desktops (46 KiB each, bench/README.md "idle.py") in the manifests' 1 GiB
+#: pod holds about 560 MiB idle; 5,000 waiting calls add about 245 MiB and 5,000
+#: descriptors, which stays under both. Was 500 (Little's law on echo throughput): a
+#: healthy, idle process refused the 501st of 600 calls waiting on 30 s tools. With the
+#: count out of reach (10,000), the lag gate alone kept every call it took answered by its
+#: ``timeout_s`` plus the grace in the echo flood of ``bench/overload.py`` (1,000 callers:
+#: 8,054 answered, the latest 0.11 s past T, 92 refused), where 500 refused 2,938 and
+#: completed 3,195. Neither gate keeps deadlines on a machine starved as a whole (2,500
+#: callers on the same 2 cores: answers up to T+8 s with a bound of 500, 1,000 or 5,000,
+#: and the most late with 500); bench/README.md has the runs.
+DEFAULT_MAX_CALLS = 5000
 #: Default ``DESKBRIDGE_SHED_LAG_S``, seconds: ``ANSWER_GRACE_S``, the margin an answer
 #: may take past the caller's ``timeout_s`` for its last looks; a loop that wakes tasks
 #: later than that cannot answer by the deadline plus that margin. Measured
