@@ -233,15 +233,7 @@ def main() -> int:
         redis = start_private_redis(tmp, args.redis_port, "redis-overload")
         procs: list[Proc] = [redis]
         try:
-            env = dict(kv.split("=", 1) for kv in args.hub_env)
-            hub = Hub(
-                tmp,
-                workers=1,
-                port=args.hub_port or None,
-                env={"DESKBRIDGE_REDIS_URL": redis.url, **env},
-            )
-            procs.append(hub)
-            hub.wait_healthy()
+            hub = start_hub(tmp, redis.url, args.hub_port, args.hub_env, procs)
             real = [f"real-{i}" for i in range(args.sidecars)]
             sidecars = [Sidecar(tmp, hub.ws, issue(u, 24 * 3600), name=u) for u in real]
             procs += sidecars
@@ -369,6 +361,16 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     report(out, args)
     return 0
+
+
+def start_hub(tmp: Path, redis_url: str, port: int, hub_env: list[str], procs: list) -> Hub:
+    """One ``serve --workers 1`` on ``redis_url`` (``port`` 0: a free one) with the
+    ``NAME=VALUE`` pairs of ``hub_env``, appended to ``procs``, once healthy."""
+    env = dict(kv.split("=", 1) for kv in hub_env)
+    hub = Hub(tmp, workers=1, port=port or None, env={"DESKBRIDGE_REDIS_URL": redis_url, **env})
+    procs.append(hub)
+    hub.wait_healthy()
+    return hub
 
 
 def baseline_ms(probe: Probe, marks: dict[str, dict]) -> float:

@@ -2,14 +2,15 @@
 
 Each one speaks the real v1 wire protocol (docs/protocol.md) over its own WebSocket:
 ``hello`` with one ``echo`` tool, then it answers ``job`` with a ``job_result`` that
-returns the args, and ``ping`` with ``pong``. With ``--own-pings`` each one also pings as
-the real sidecar does (every welcome's ``ping_interval_s`` after its last pong; no pong
-within ``ping_timeout_s`` drops the socket): ``bench/idle.py`` uses it, so the idle figures
-are those of a real population. It sends nothing else (no status), keeps no dedupe
-ledger and runs no tools: it is the cheapest thing that a hub must treat as a connected
-desktop. The same process serves every system compared (deskbridge's hub and the peers in
-this folder speak the same frames; the peers do not answer pings, so ``compare.py`` runs
-without ``--own-pings``).
+returns the args (after ``args["sleep_s"]`` seconds when the args have it: a slow tool,
+the socket served meanwhile), and ``ping`` with ``pong``. With ``--own-pings`` each one
+also pings as the real sidecar does (every welcome's ``ping_interval_s`` after its last
+pong; no pong within ``ping_timeout_s`` drops the socket): ``bench/idle.py`` uses it, so
+the idle figures are those of a real population. It sends nothing else (no status),
+keeps no dedupe ledger and runs no tools: it is the cheapest thing that a hub must treat
+as a connected desktop. The same process serves every system compared (deskbridge's hub
+and the peers in this folder speak the same frames; the peers do not answer pings, so
+``compare.py`` runs without ``--own-pings``).
 
 Runs until killed; every second it rewrites ``--status-file`` with counters (JSON):
 ``connected`` (sockets open now), ``welcomed`` (sockets past welcome now),
@@ -104,6 +105,15 @@ async def pinger(ws: ClientConnection, welcome: dict, pongs: dict[str, asyncio.E
             pongs.pop(nonce, None)
 
 
+async def answer_later(ws: ClientConnection, answer: str, wait_s: float) -> None:
+    """A slow tool: ``answer`` after ``wait_s`` seconds (the socket may have gone)."""
+    await asyncio.sleep(wait_s)
+    try:
+        await ws.send(answer)
+    except WebSocketException:
+        pass
+
+
 async def desktop(
     url: str, token: str, reconnect_s: float, gate: asyncio.Semaphore, own_pings: bool
 ) -> None:
@@ -132,6 +142,7 @@ async def desktop(
                 COUNTERS["welcomed"] += 1
                 COUNTERS["welcomes"] += 1
                 pongs: dict[str, asyncio.Event] = {}
+                slow: set[asyncio.Task[None]] = set()
                 if own_pings:
                     pinging = asyncio.create_task(pinger(ws, first, pongs))
                 async for raw in ws:
@@ -139,16 +150,16 @@ async def desktop(
                     kind = frame.get("type")
                     if kind == "job":
                         COUNTERS["jobs"] += 1
-                        await ws.send(
-                            json.dumps(
-                                {
-                                    "type": "job_result",
-                                    "id": frame["id"],
-                                    "ok": True,
-                                    "result": frame["args"],
-                                }
-                            )
-                        )
+                        answer = json.dumps(
+                            {"type": "job_result", "id": frame["id"], "ok": True,
+                             "result": frame["args"]}
+                        )  # fmt: skip
+                        wait_s = frame["args"].get("sleep_s")
+                        if isinstance(wait_s, int | float) and wait_s > 0:  # a slow tool
+                            slow.add(asyncio.create_task(answer_later(ws, answer, wait_s)))
+                            slow = {t for t in slow if not t.done()}
+                        else:
+                            await ws.send(answer)
                     elif kind == "ping":
                         COUNTERS["pings"] += 1
                         await ws.send(json.dumps({"type": "pong", "nonce": frame["nonce"]}))

@@ -57,6 +57,31 @@ async def test_connections_waiting_are_taken_without_yielding_up_to_the_burst():
     assert inner.socket.fileno() == -1
 
 
+async def test_a_cancelled_accept_takes_no_connection_as_trio_s():
+    """Was: inside a cancelled scope (Hypercorn's shutdown cancels ``serve_listeners``)
+    the burst still took the connections waiting, up to ``burst`` of them, and the accept
+    loop handed each to a handler during shutdown; trio's ``accept`` raises ``Cancelled``
+    first and leaves them in the backlog. Now so does the burst."""
+    inner = _listening()
+    listener = _accept.EagerSocketListener(inner, burst=3)
+    port = inner.socket.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+    try:
+        with trio.fail_after(10):
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await listener.accept()
+            assert scope.cancelled_caught
+            taken = [await listener.accept() for _ in range(2)]  # both still waiting
+            for stream in taken:
+                await stream.aclose()
+    finally:
+        for client in clients:
+            client.close()
+        await listener.aclose()
+
+
 async def test_trio_s_own_listener_yields_at_every_accept():
     """What the burst is for: trio's ``SocketListener.accept`` checkpoints every time."""
     listener = _listening()

@@ -55,10 +55,18 @@ class EagerSocketListener(trio.abc.Listener[trio.SocketStream]):
         """A connection: one already waiting at once (no checkpoint) while the burst
         lasts, else trio's ``accept`` (a checkpoint, waiting if none is there).
 
+        Cancellation: as trio's: inside a cancelled scope (or past its deadline) it takes
+        no connection and raises ``Cancelled``.
+
         Raises:
             What ``trio.SocketListener.accept`` raises.
         """
-        if self._raw is not None and self._in_a_row < self.burst:
+        if (
+            self._raw is not None
+            and self._in_a_row < self.burst
+            # cancelled (a shutdown): trio's accept raises Cancelled before it takes one
+            and trio.current_effective_deadline() > trio.current_time()
+        ):
             try:
                 sock, _ = self._raw.accept()
             except OSError:  # none waiting (BlockingIOError), or an error trio handles

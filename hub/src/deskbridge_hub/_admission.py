@@ -16,8 +16,10 @@ Two gates, both O(1) per call (a counter and two floats; no Redis round trip):
   every step of an admitted call waits, its answer's wake-up included, so past it the
   process cannot keep the deadlines it already took. Read from :meth:`CallAdmission.probe`
   (a sleep of ``LAG_PROBE_S``, how late it woke), smoothed (``LAG_WEIGHT``): a lag that
-  lasts sheds, a single stall (a full garbage collection, the machine busy for a moment)
-  does not refuse the calls that queued behind it, which the process can still serve.
+  lasts sheds, a single stall of any length (a full garbage collection, the machine busy
+  for a moment, a paused VM: each sample counts for at most ``LAG_SAMPLE_CAP`` times the
+  bound) does not refuse the calls that queued behind it, which the process can still
+  serve.
 
 No I/O here; the probe is one task of the app's nursery.
 """
@@ -25,20 +27,29 @@ No I/O here; the probe is one task of the app's nursery.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Iterator
 
 import attrs
 
 from ._errors import Overloaded
 
-#: Default ``DESKBRIDGE_MAX_CALLS``. Little's law: N calls in flight at a throughput of X
-#: calls/s each wait about N / X. The slowest throughput measured for one process under
-#: overload was 100 calls/s (docs/operations.md, "Overload": 100-280 calls/s on a loaded
-#: 2-core machine), so 500 calls clear in 5 s, the status route's default wait
-#: (``STATUS_TIMEOUT_S``). A call waiting on a slow tool holds a slot too (it costs
-#: little else): raise it where many calls wait on long tools; the lag gate still guards
-#: the CPU.
-DEFAULT_MAX_CALLS = 500
+#: Default ``DESKBRIDGE_MAX_CALLS``: a bound on what waiting calls hold, memory and
+#: descriptors, not on CPU (the lag gate guards the CPU). Most calls wait on slow desktop
+#: tools (browser actions of 5-60 s) and cost little while they wait: measured
+#: (``bench/waiting_calls.py``, 2,000 calls on 2,000 desktops, each tool 30 s) 49.8 KiB
+#: of RSS and one descriptor per waiting call, 3.3 s of hub CPU in all. A process sized
+#: for 10,000 desktops (46 KiB each, bench/README.md "idle.py") in the manifests' 1 GiB
+#: pod holds about 560 MiB idle; 5,000 waiting calls add about 245 MiB and 5,000
+#: descriptors, which stays under both. Was 500 (Little's law on echo throughput): a
+#: healthy, idle process refused the 501st of 600 calls waiting on 30 s tools. With the
+#: count out of reach (10,000), the lag gate alone kept every call it took answered by its
+#: ``timeout_s`` plus the grace in the echo flood of ``bench/overload.py`` (1,000 callers:
+#: 8,054 answered, the latest 0.11 s past T, 92 refused), where 500 refused 2,938 and
+#: completed 3,195. Neither gate keeps deadlines on a machine starved as a whole (2,500
+#: callers on the same 2 cores: answers up to T+8 s with a bound of 500, 1,000 or 5,000,
+#: and the most late with 500); bench/README.md has the runs.
+DEFAULT_MAX_CALLS = 5000
 #: Default ``DESKBRIDGE_SHED_LAG_S``, seconds: ``ANSWER_GRACE_S``, the margin an answer
 #: may take past the caller's ``timeout_s`` for its last looks; a loop that wakes tasks
 #: later than that cannot answer by the deadline plus that margin. Measured
@@ -52,6 +63,13 @@ LAG_PROBE_S = 0.1
 #: average): one stall of 0.8 s alone moves it from 0 to 0.24 s, under the default
 #: bound; a lag that stays at 0.5 s (twice the default bound) passes it in two samples.
 LAG_WEIGHT = 0.3
+#: A sample counts for at most this many times ``lag_limit_s``: one stall of any length
+#: (SIGSTOP, a paused VM, a full collection of a large heap) then moves the smoothed lag
+#: to at most ``LAG_WEIGHT`` x 2 = 0.6 of the bound, so the calls after it are taken
+#: (uncapped, a 9 s stop made it 2.7 s: every call refused for the next 0.7 s of a prompt
+#: loop), while a lag of twice the bound or more still sheds in two samples and stops
+#: shedding two samples after it ends.
+LAG_SAMPLE_CAP = 2.0
 #: ``Retry-After`` of an ``overloaded`` refusal, seconds: about the time a full house of
 #: calls turns over (500 calls at the overload bench's 250-450 calls/s: 1-2 s), so a
 #: retry then is likely to find room, while refused callers that all came back after 1 s
@@ -126,10 +144,12 @@ class CallAdmission:
 
         Cancellation: ends the probe; the lag gate then reads the last lag noted.
         """
+        cap_s = LAG_SAMPLE_CAP * self.lag_limit_s if self.lag_limit_s else math.inf
         while True:
             due = self.clock() + LAG_PROBE_S
             await sleep(LAG_PROBE_S)
-            self._lag_s += LAG_WEIGHT * (max(0.0, self.clock() - due) - self._lag_s)
+            late_s = min(max(0.0, self.clock() - due), cap_s)
+            self._lag_s += LAG_WEIGHT * (late_s - self._lag_s)
 
     def statistics(self) -> dict[str, object]:
         """``{"in_flight", "limit", "lag_s", "lag_limit_s", "refused"}``."""
@@ -146,6 +166,7 @@ __all__ = [
     "DEFAULT_MAX_CALLS",
     "DEFAULT_SHED_LAG_S",
     "LAG_PROBE_S",
+    "LAG_SAMPLE_CAP",
     "LAG_WEIGHT",
     "OVERLOAD_RETRY_AFTER_S",
     "CallAdmission",

@@ -59,7 +59,8 @@ class HubConfig:
             docs/operations.md, "Redis requirements").
         max_calls: most dispatch calls (HTTP, MCP, status) in flight in the process at
             once; more are refused at once with 503 ``overloaded`` (``DESKBRIDGE_MAX_CALLS``,
-            default 500: ``_admission.DEFAULT_MAX_CALLS`` says where it comes from).
+            default 5,000: what waiting calls hold, memory and descriptors;
+            ``_admission.DEFAULT_MAX_CALLS`` says where it comes from).
         shed_lag_s: refuse new dispatch calls (503 ``overloaded``) while the process's
             event loop lags more than this, seconds (``DESKBRIDGE_SHED_LAG_S``, default
             0.25, in [0, 60]; 0 turns the lag gate off).
