@@ -397,13 +397,22 @@ backend pods
         wait_until(ok, timeout_s=timeout_s, what=f"haproxy {self.http} ready")
 
 
-def holder(hubs: Sequence[Hub], user_id: str, session_id: str) -> Hub | None:
-    """The hub process whose log says it welcomed ``session_id`` of ``user_id``."""
+def holder(
+    hubs: Sequence[Hub], user_id: str, session_id: str, *, within_s: float = 10.0
+) -> Hub | None:
+    """The hub process whose log says it welcomed ``session_id`` of ``user_id``, looked
+    for until ``within_s`` seconds have passed (None then). The hub writes the session's
+    presence before its "online" line, so a caller that saw the presence can look before
+    the line is written (a loaded CI machine: the check failed in a full run)."""
     needle = f"session {session_id}: {user_id} online"
-    for hub in hubs:
-        if needle in hub.output():
-            return hub
-    return None
+    give_up = time.monotonic() + within_s
+    while True:
+        for hub in hubs:
+            if needle in hub.output():
+                return hub
+        if time.monotonic() >= give_up:
+            return None
+        time.sleep(0.02)
 
 
 class Ledger:
