@@ -47,17 +47,23 @@ def _two_pods(tmp_path, procs, env, *, ports=None):
     """Pod A through the proxy, pod B direct, HAProxy (first) in front, a sidecar with
     the counting tool through HAProxy, holding its socket on pod A."""
     proxy = RedisPartitionProxy(_redis_port())
-    a = procs.hub(tmp_path, {**env, "DESKBRIDGE_REDIS_URL": proxy.url()}, name="podA")
-    b = procs.hub(tmp_path, env, name="podB")
-    lb = procs.add(HAProxy(tmp_path, [a.port, b.port], balance="first"))
-    lb.wait_ready()
-    user = new_user()
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    sidecar = procs.add(
-        Sidecar(tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()})
-    )
-    sid = wait_online(b.http, user)
-    assert holder([a], user, sid) is a, "the sidecar must start on pod A"
+    try:
+        a = procs.hub(tmp_path, {**env, "DESKBRIDGE_REDIS_URL": proxy.url()}, name="podA")
+        b = procs.hub(tmp_path, env, name="podB")
+        lb = procs.add(HAProxy(tmp_path, [a.port, b.port], balance="first"))
+        lb.wait_ready()
+        user = new_user()
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        sidecar = procs.add(
+            Sidecar(
+                tmp_path, lb.ws, issue(user), tools=["counting_tools"], env={**env, **ledger.env()}
+            )
+        )
+        sid = wait_online(b.http, user)
+        assert holder([a], user, sid) is a, "the sidecar must start on pod A"
+    except BaseException:
+        proxy.close()  # its sockets left to the GC failed later tests (ResourceWarning)
+        raise
     return proxy, a, b, user, ledger, sidecar, sid
 
 
