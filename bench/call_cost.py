@@ -7,6 +7,9 @@ One private ``redis-server``, one ``deskbridge-hub serve --workers 1`` and one f
 
   seq    ``--calls`` calls one after another: p50 latency, hub CPU ms per call (the
          hub's ``/proc/<pid>/stat``), caller CPU ms per call (``time.process_time``)
+  http   ``--calls`` of the same call one after another as ``POST /v1/users/{u}/jobs``
+         (wait) over one keep-alive HTTP connection: the same figures; "HTTP adds" is its
+         hub CPU per call minus seq's (issue 10's "HTTP adds <= 1 ms of hub CPU")
   conc   ``--calls`` calls from ``--concurrency`` tasks to the same user: jobs/s and the
          same CPU figures
 
@@ -17,7 +20,7 @@ checkout, ``--pairs`` times, interleaved. On a shared 2-core machine whose speed
 2x within minutes, only figures taken back to back compare.
 
 Usage: ./dev bench call_cost [--calls 3000] [--concurrency 64] [--pairs 3]
-       [--baseline DIR] [--redis-port 6415]
+       [--baseline DIR] [--redis-port 6415] [--hub-port PORT]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,7 +53,7 @@ def _child(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         redis = start_private_redis(Path(tmp), args.redis_port, "redis-call-cost")
         procs = [redis]
         try:
-            hub, ws, _ = start_hub("deskbridge", Path(tmp), redis.url)
+            hub, ws, http = start_hub("deskbridge", Path(tmp), redis.url, port=args.hub_port)
             procs.append(hub)
             prefix = f"c{secrets.token_hex(2)}-"
             desktops, _ = start_desktops(Path(tmp), ws, prefix, 1)
@@ -58,21 +62,41 @@ def _child(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             hub_pids = group_pids(hub.pid)
 
             async def main() -> None:
+                import httpx
                 from deskbridge_hub import Bridge, RedisSubstrate
 
-                async with RedisSubstrate.from_url(redis.url) as substrate:
-                    bridge = Bridge(substrate)
+                from tests.procs import API_KEY
 
-                    async def call() -> None:
+                async with (
+                    RedisSubstrate.from_url(redis.url) as substrate,
+                    httpx.AsyncClient(
+                        headers={"Authorization": f"Bearer {API_KEY}"},
+                        timeout=30.0,
+                        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                    ) as client,
+                ):
+                    bridge = Bridge(substrate)
+                    job = {"name": "echo", "args": {"i": 1}, "timeout_s": 10}
+
+                    async def bridge_call() -> None:
                         await bridge.call(user, "echo", {"i": 1}, timeout_s=10)
 
+                    async def http_call() -> None:
+                        r = await client.post(f"{http}/v1/users/{user}/jobs", json=job)
+                        if r.status_code != 200:
+                            raise RuntimeError(f"HTTP {r.status_code}: {r.text}")
+
                     for _ in range(200):
-                        await call()
-                    for shape, tasks in (("seq", 1), ("conc", args.concurrency)):
+                        await bridge_call()
+                        await http_call()
+                    shapes = (("seq", 1, bridge_call), ("http", 1, http_call))
+                    for shape, tasks, call in (*shapes, ("conc", args.concurrency, bridge_call)):
                         per_task = args.calls // tasks
                         latencies: list[float] = []
 
-                        async def worker(n: int, lat: list[float] = latencies) -> None:
+                        async def worker(
+                            n: int, lat: list[float] = latencies, call: Any = call
+                        ) -> None:
                             for _ in range(n):
                                 t0 = time.perf_counter()
                                 await call()
@@ -113,11 +137,12 @@ def _run(args: argparse.Namespace, checkout: Path | None) -> dict[str, dict[str,
 
 
 def _line(label: str, r: dict[str, dict[str, float]]) -> str:
-    s, c = r["seq"], r["conc"]
+    s, h, c = r["seq"], r["http"], r["conc"]
     return (
         f"{label:<9} seq p50 {s['p50_ms']:6.3f} ms  hub {s['hub_cpu_ms']:6.3f}  caller "
-        f"{s['caller_cpu_ms']:6.3f} ms/call | conc {c['jobs_per_s']:6.0f} jobs/s  hub "
-        f"{c['hub_cpu_ms']:6.3f}  caller {c['caller_cpu_ms']:6.3f} ms/call"
+        f"{s['caller_cpu_ms']:6.3f} ms/call | http p50 {h['p50_ms']:6.3f} ms  HTTP adds "
+        f"{h['hub_cpu_ms'] - s['hub_cpu_ms']:+6.3f} ms | conc {c['jobs_per_s']:6.0f} jobs/s  "
+        f"hub {c['hub_cpu_ms']:6.3f}  caller {c['caller_cpu_ms']:6.3f} ms/call"
     )
 
 
@@ -128,6 +153,7 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=3, help="runs (pairs with --baseline)")
     p.add_argument("--baseline", default="", metavar="DIR", help="another checkout to pair")
     p.add_argument("--redis-port", type=int, default=6415)
+    p.add_argument("--hub-port", type=int, default=None, help="the hub's (default: a free one)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -82,13 +82,15 @@ def _python() -> str:
     return str(BIN / "python")
 
 
-def start_hub(system: str, tmp: Path, redis_url: str) -> tuple[Proc, str, str]:
-    """Returns (process, ws URL, http URL)."""
+def start_hub(
+    system: str, tmp: Path, redis_url: str, port: int | None = None
+) -> tuple[Proc, str, str]:
+    """Returns (process, ws URL, http URL); ``port`` None: a free one."""
     if system == "deskbridge":
-        hub = Hub(tmp, workers=1, env={"DESKBRIDGE_REDIS_URL": redis_url})
+        hub = Hub(tmp, workers=1, port=port, env={"DESKBRIDGE_REDIS_URL": redis_url})
         hub.wait_healthy()
         return hub, hub.ws, hub.http
-    port = free_port()
+    port = port or free_port()
     proc = Proc(
         [
             _python(),

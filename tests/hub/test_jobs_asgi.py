@@ -20,6 +20,7 @@ import pytest
 import trio
 from deskbridge_hub import HubConfig, _app, _tracing, create_app
 from deskbridge_hub._bridge_jobs import queue_full
+from deskbridge_hub._disconnects import WATCH_AFTER_S
 from deskbridge_hub._errors import (
     BadRequest,
     IdempotencyKeyReused,
@@ -434,3 +435,112 @@ async def test_a_call_waiting_when_the_grace_ends_is_answered_503_with_its_job(
         job_id = answer["job_id"]
         assert lines == [f"call for job {job_id} answered: unavailable (echo for {ONLINE})"]
         assert state.drain.requests == 0
+
+
+# -- the client going away: watched lazily, in one service per process (``_disconnects``) ----
+
+
+class _Request:
+    """One ASGI HTTP call of the job route, driven as Hypercorn drives it: the body in
+    one message, and ``http.disconnect`` queued once the response's last body message has
+    been sent (``disconnect_after_response``). Records the app's ``receive`` calls and
+    whether one was cancelled, and what the app sent."""
+
+    def __init__(self, h: Hub, *, disconnect_after_response: bool = True) -> None:
+        self.scope = h.client.request(PATH, method="POST", headers=AUTH).scope
+        self.to_app, self._from_server = trio.open_memory_channel[dict](10)
+        self.receives = 0
+        self.cancelled_receives = 0
+        self.sent: list[dict] = []
+        self._disconnect_after_response = disconnect_after_response
+
+    async def receive(self) -> dict:
+        self.receives += 1
+        try:
+            return await self._from_server.receive()
+        except trio.Cancelled:
+            self.cancelled_receives += 1
+            raise
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            if self._disconnect_after_response:
+                self.to_app.send_nowait({"type": "http.disconnect"})
+
+    async def body(self, body: bytes) -> None:
+        await self.to_app.send({"type": "http.request", "body": body, "more_body": False})
+
+
+async def test_a_call_answered_at_once_starts_no_watcher(autojump_clock, monkeypatch):
+    """A call answered before ``WATCH_AFTER_S`` reads nothing of its request after the
+    body: no watcher task is started for it (each cost a spawn, a nursery and trio's
+    cancellation: issue 10, "HTTP adds")."""
+    async with hub(monkeypatch) as h:
+        call = _Request(h)
+        await call.body(GOOD)  # the user is offline: answered at once
+        await h.app(call.scope, call.receive, call.send)
+        await trio.sleep(10 * WATCH_AFTER_S)
+        assert call.sent[0]["status"] == 503
+        assert call.receives == 1  # the body; nothing more
+        assert h.holder["disconnects"].statistics() == (0, 0)
+
+
+async def test_a_watched_call_answered_leaves_its_watcher_to_the_servers_disconnect(
+    autojump_clock, monkeypatch
+):
+    """A call that waited past ``WATCH_AFTER_S`` is watched; once it is answered its
+    watcher is not cancelled (trio's cancellation costs more than a task step): it ends
+    on the ``http.disconnect`` the server queues after the response."""
+    async with hub(monkeypatch) as h:
+        await _online(h)
+        call = _Request(h)
+        await call.body(b'{"name": "echo", "timeout_s": 2}')  # no desktop answers
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(h.app, call.scope, call.receive, call.send)
+            await trio.sleep(WATCH_AFTER_S * 1.5)
+            assert call.receives == 2  # the body, then its watcher's read
+        assert trio.current_time() - started == pytest.approx(2, abs=0.5)
+        assert json.loads(call.sent[1]["body"])["status"] == "timeout"
+        await trio.sleep(1)
+        assert call.cancelled_receives == 0
+        assert call.receives == 2  # the watcher read the disconnect and ended
+        assert h.holder["disconnects"].statistics() == (0, 0)
+
+
+async def test_a_client_gone_before_the_watch_starts_is_noticed_within_watch_after_s(
+    autojump_clock, monkeypatch
+):
+    async with hub(monkeypatch) as h:
+        await _online(h)
+        drain = h.holder["state"].drain
+        call = _Request(h)
+        await call.body(b'{"name": "echo", "timeout_s": 60}')
+        await call.to_app.send({"type": "http.disconnect"})  # gone right after the body
+        left = trio.current_time()
+        with trio.fail_after(30):
+            await h.app(call.scope, call.receive, call.send)
+        assert trio.current_time() - left <= WATCH_AFTER_S + 0.01
+        assert call.sent == [] and drain.requests == 0
+
+
+async def test_an_answer_given_up_after_the_response_timeout_leaves_no_watcher(
+    autojump_clock, monkeypatch
+):
+    """No ``http.disconnect`` is promised for an answer never sent: its watcher is
+    cancelled with the request."""
+    async with hub(monkeypatch) as h:
+        await _online(h)
+        h.app.config["RESPONSE_TIMEOUT"] = 9
+        call = _Request(h, disconnect_after_response=False)
+
+        async def never_reads(message: dict) -> None:
+            await trio.sleep_forever()
+
+        await call.body(b'{"name": "echo", "timeout_s": 2}')
+        with trio.fail_after(300):
+            await h.app(call.scope, call.receive, never_reads)
+        await trio.sleep(1)
+        assert call.cancelled_receives == 1
+        assert h.holder["disconnects"].statistics() == (0, 0)

@@ -28,6 +28,7 @@ from . import _admin, _connectors, _cross_site, _gcwatch, _metrics, _openapi, _t
 from ._admission import CallAdmission
 from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
+from ._disconnects import DisconnectWatch
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable, UnknownJob
 from ._events import add_event_routes
 from ._http import (
@@ -159,13 +160,16 @@ def create_app(
             sub, config.timings, max_args_bytes=config.max_args_bytes, admission=admission
         )
         relay = ProgressRelay(sub, config.timings.result_ttl_s)
-        holder.update(state=state, bridge=bridge, progress=relay)
+        disconnects = DisconnectWatch()  # the job route's watchers (``_disconnects``)
+        holder.update(state=state, bridge=bridge, progress=relay, disconnects=disconnects)
         app.extensions["deskbridge"] = holder
         if handle_sigterm:  # a served process (``asgi.py``), not a test
             app.add_background_task(drain_on_sigterm, state, config.timings.grace_s, _exit_now)
             _gcwatch.install()
         reading = trio.CancelScope()  # the process reader: one per process (``_reader``)
         await app.nursery.start(_start_in, reading, state.reader.run)
+        watching = trio.CancelScope()
+        await app.nursery.start(_start_in, watching, disconnects.run)
         lag_probe = trio.CancelScope()
         app.add_background_task(
             _run_in, lag_probe, _metrics.probe_loop_lag, trio.sleep, trio.current_time
@@ -183,6 +187,7 @@ def create_app(
             admission_probe.cancel()
             relaying.cancel()
             reading.cancel()
+            watching.cancel()
             with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
                 await sub.aclose()
 

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from deskbridge_common import _codes
 
-from ._http import _needs_key
+from ._http import _needs_key, asgi_headers
 
 CODE = _codes.CROSS_SITE_REQUEST
 _SAFE_SITES = frozenset({"same-origin", "none"})
@@ -87,9 +87,7 @@ def guard(asgi_app: Any, api_keys: tuple[str, ...] = ("",)) -> Any:
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            headers: dict[str, str] = {}
-            for name, value in scope.get("headers", ()):
-                headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+            headers = asgi_headers(scope)
             why = refusal(scope.get("method", ""), scope.get("path", ""), headers, keyed=keyed)
             if why is not None:
                 body = json.dumps(

@@ -295,6 +295,24 @@ def key_accepted(header: str, api_keys: tuple[str, ...]) -> bool:
     return ok
 
 
+#: Where :func:`asgi_headers` keeps an ASGI request's headers, parsed once per request.
+_HEADERS_KEY = "deskbridge.headers"
+
+
+def asgi_headers(scope: dict[str, Any]) -> dict[str, str]:
+    """An ASGI HTTP request's headers by lower-case name, the first of each (as
+    Werkzeug's ``Headers.get``), decoded as Latin-1. Parsed once per request: kept in
+    ``scope`` for the next middleware that asks (the cross-site guard, then the job
+    route)."""
+    headers: dict[str, str] | None = scope.get(_HEADERS_KEY)
+    if headers is None:
+        headers = {}
+        for name, value in scope.get("headers", ()):
+            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        scope[_HEADERS_KEY] = headers
+    return headers
+
+
 def _needs_key(path: str) -> bool:
     """Routes behind the API key: the dispatch API, metrics and the admin pages."""
     return path.startswith(("/v1/", "/admin")) or path == "/metrics"

@@ -22,10 +22,12 @@ is logged on the app's logger and answered 500, as Quart does. The call's ``time
 counts from when this handler began (``Bridge.dispatch(started_at=...)``), so the time
 its body took to arrive is in it; an overloaded process refuses the call at once (503
 ``overloaded``, ``Bridge.admission``). A client that goes away
-cancels the call, and an answer not taken within ``RESPONSE_TIMEOUT`` is dropped, as with
-quart-trio. Every other request (another method, another path, a request under a
-``root_path``) goes to Quart unchanged; the Quart route stays for those and for the
-path's 405.
+cancels the call, as with quart-trio, but noticed within ``WATCH_AFTER_S`` (0.25 s): the
+process's ``DisconnectWatch`` (``_disconnects``) starts a call's watcher only once it has
+waited that long, so most calls start no task. An answer not taken within
+``RESPONSE_TIMEOUT`` is dropped, as with quart-trio. Every other request (another
+method, another path, a request under a ``root_path``) goes to Quart unchanged; the
+Quart route stays for those and for the path's 405.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ._http import (
     BRIDGE_ERRORS,
     Answer,
     answer_headers,
+    asgi_headers,
     bridge_error_answer,
     draining_answer,
     error_answer,
@@ -70,7 +73,8 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
         app: the Quart app: its ``config`` (``MAX_CONTENT_LENGTH`` bytes,
             ``BODY_TIMEOUT`` and ``RESPONSE_TIMEOUT`` seconds, read per request) and its
             ``logger`` (unexpected errors).
-        holder: the app's holder: ``state`` (``HubState``) and ``bridge`` once serving.
+        holder: the app's holder: ``state`` (``HubState``), ``bridge`` and
+            ``disconnects`` (``DisconnectWatch``) once serving.
         config: the ``HubConfig``: ``api_keys``.
 
     Returns:
@@ -86,49 +90,60 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             await asgi_app(scope, receive, send)
             return
         entered = trio.current_time()  # the caller's timeout_s counts from here
-        headers = _headers(scope)
+        headers = asgi_headers(scope)
         if not key_accepted(headers.get("authorization", ""), config.api_keys):
             message = unauthorized_message(headers.get("authorization", ""))
             await _send(send, error_answer(401, _codes.UNAUTHORIZED, message), app.config)
             return
-        answer = await _answer(receive, match.group(1), headers, f"POST {scope['path']}", entered)
-        if answer is not None:  # None: the client went away
-            await _send(send, answer, app.config)
+        await _serve(receive, send, match.group(1), headers, f"POST {scope['path']}", entered)
 
-    async def _answer(
-        receive: Any, user_id: str, headers: dict[str, str], where: str, entered: float
-    ) -> Answer | None:
+    async def _serve(
+        receive: Any, send: Any, user_id: str, headers: dict[str, str], where: str, entered: float
+    ) -> None:
         raw: bytes | None = None
         try:
             raw = await _read_body(receive, headers, app.config)
             if raw is None:
-                return None
+                return  # the client went away
             check_media_type(headers.get("content-type"), raw)
             job = parse_job(raw)
             if holder["state"].drain.active:
                 _metrics.call_refused_draining(job.name, user_id=user_id, job_id=job.job_id)
-                return with_chosen_job_id(draining_answer(), raw)
+                answer: Answer | None = draining_answer()
+            else:
+                answer = None
         except Exception as exc:
-            return with_chosen_job_id(_error_answer(exc, where), raw)
-        answer: Answer | None = None
-        async with trio.open_nursery() as nursery:  # quart-trio's: cancelled on disconnect
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            dispatched = await _dispatch(user_id, job, headers, where, entered)
-            answer = with_chosen_job_id(dispatched, raw)
-            nursery.cancel_scope.cancel()
-        return answer
+            answer = _error_answer(exc, where)
+        if answer is not None:
+            await _send(send, with_chosen_job_id(answer, raw), app.config)
+            return
+        drain = holder["state"].drain
+        watch = None
+        sent = False
+        try:
+            # cancelled when a graceful restart's grace ends (``call.released``) or, by
+            # the disconnect watch, when the client goes away (as quart-trio does)
+            with drain.waiting() as call:
+                watch = holder["disconnects"].watch(receive, call.scope)
+                answer = await _dispatch(user_id, job, headers, where, entered)
+            watch.answered()
+            if answer is None:
+                if not call.released:
+                    return  # the client went away
+                answer = await released_answer(holder["bridge"], call, job.name, user_id)
+            sent = await _send(send, with_chosen_job_id(answer, raw), app.config)
+        finally:
+            if watch is not None:
+                watch.release(sent=sent)
 
     async def _dispatch(
         user_id: str, job: JobRequest, headers: dict[str, str], where: str, entered: float
     ) -> Answer:
-        outcome = None
         try:
-            with holder["state"].drain.waiting() as call, _tracing.extracted(headers):
+            with _tracing.extracted(headers):
                 outcome = await job.dispatch(holder["bridge"], user_id, started_at=entered)
         except Exception as exc:
             return _error_answer(exc, where)
-        if outcome is None:  # released: the grace of a graceful restart ended meanwhile
-            return await released_answer(holder["bridge"], call, job.name, user_id)
         return outcome_answer(outcome)
 
     def _error_answer(exc: Exception, where: str) -> Answer:
@@ -144,15 +159,6 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
         return http_error_answer(500, "Internal Server Error", where)
 
     return jobs_app
-
-
-def _headers(scope: Any) -> dict[str, str]:
-    """The request's headers by lower-case name, the first of each (as Werkzeug's
-    ``Headers.get``), decoded as Latin-1."""
-    headers: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-    return headers
 
 
 async def _read_body(receive: Any, headers: dict[str, str], quart: Any) -> bytes | None:
@@ -183,14 +189,12 @@ async def _read_body(receive: Any, headers: dict[str, str], quart: Any) -> bytes
     raise RequestTimeout()
 
 
-async def _cancel_on_disconnect(receive: Any, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
+async def _send(send: Any, answer: Answer, quart: Any) -> bool:
+    """Send ``answer`` as ``application/json``, within ``RESPONSE_TIMEOUT`` seconds.
 
-
-async def _send(send: Any, answer: Answer, quart: Any) -> None:
-    """Send ``answer`` as ``application/json``, within ``RESPONSE_TIMEOUT`` seconds."""
+    Returns:
+        Whether it was sent (False: given up after ``RESPONSE_TIMEOUT``).
+    """
     status, body = answer
     data = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
@@ -198,6 +202,8 @@ async def _send(send: Any, answer: Answer, quart: Any) -> None:
     with trio.move_on_after(_seconds(quart["RESPONSE_TIMEOUT"])):
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
+        return True
+    return False
 
 
 def _seconds(timeout: float | None) -> float:

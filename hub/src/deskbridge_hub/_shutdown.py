@@ -22,6 +22,7 @@ import math
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import attrs
@@ -89,25 +90,15 @@ class Draining:
     active: bool = False
     requests: int = 0
     released: bool = False
-    _requests_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _requests_changed: trio.Event | None = attrs.field(default=None, init=False)
     _calls: set[WaitingCall] = attrs.field(factory=set, init=False)
 
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[WaitingCall]:
-        """Run a dispatch call's wait in this block: when the grace ends while it waits,
-        the block is left (cancelled) with ``call.released`` set, and the route answers
-        its caller ``restarting_answer`` (the process is about to exit)."""
-        call = WaitingCall()
-        if self.released:
-            call.release()
-        self._calls.add(call)
-        token = current_call.set(call)
-        try:
-            with call.scope:
-                yield call
-        finally:
-            current_call.reset(token)
-            self._calls.discard(call)
+    def waiting(self) -> _Waiting:
+        """Run a dispatch call's wait in this block (``with drain.waiting() as call``):
+        when the grace ends while it waits, the block is left (cancelled) with
+        ``call.released`` set, and the route answers its caller ``restarting_answer``
+        (the process is about to exit). ``call.scope`` is the block's cancel scope."""
+        return _Waiting(self)
 
     def release_calls(self) -> int:
         """Release every waiting call (the grace is over); returns how many."""
@@ -117,22 +108,70 @@ class Draining:
             call.release()
         return len(calls)
 
-    @contextlib.contextmanager
-    def tracking_request(self) -> Iterator[None]:
-        """Count a dispatch request waiting in this process, so a graceful shutdown can
-        let it get its answer (within the grace) instead of cutting it."""
-        self.requests += 1
-        try:
-            yield
-        finally:
-            self.requests -= 1
-            self._requests_changed.set()
-            self._requests_changed = trio.Event()
+    def tracking_request(self) -> _Tracking:
+        """Count a dispatch request waiting in this process for the block, so a graceful
+        shutdown can let it get its answer (within the grace) instead of cutting it."""
+        return _Tracking(self)
 
     async def wait_requests(self) -> None:
         """Return once no dispatch request is waiting in this process."""
         while self.requests:
+            if self._requests_changed is None:
+                self._requests_changed = trio.Event()
             await self._requests_changed.wait()
+
+    def _request_ended(self) -> None:
+        self.requests -= 1
+        if self._requests_changed is not None:  # someone waits (nobody, but in a drain)
+            self._requests_changed.set()
+            self._requests_changed = None
+
+
+# The blocks of ``Draining`` as classes, not ``contextlib.contextmanager`` generators: they
+# wrap every dispatch request, and a generator's set-up and its StopIteration cost more
+# than the block's own work (issue 10, "HTTP adds").
+
+
+class _Waiting:
+    __slots__ = ("_call", "_drain", "_token")
+
+    def __init__(self, drain: Draining) -> None:
+        self._drain = drain
+        self._call = WaitingCall()
+
+    def __enter__(self) -> WaitingCall:
+        call = self._call
+        if self._drain.released:
+            call.release()
+        self._drain._calls.add(call)
+        self._token = current_call.set(call)
+        call.scope.__enter__()
+        return call
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try:
+            return self._call.scope.__exit__(kind, exc, tb)
+        finally:
+            current_call.reset(self._token)
+            self._drain._calls.discard(self._call)
+
+
+class _Tracking:
+    __slots__ = ("_drain",)
+
+    def __init__(self, drain: Draining) -> None:
+        self._drain = drain
+
+    def __enter__(self) -> None:
+        self._drain.requests += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._drain._request_ended()
 
 
 async def drain(state: HubState, grace_s: float) -> None:

@@ -24,17 +24,24 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-@contextlib.contextmanager
-def extracted(headers: Mapping[str, Any]) -> Iterator[None]:
+def extracted(headers: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
     """Make the trace context in ``headers`` (``traceparent``, ``tracestate``) current
     for the block; headers without one (or a malformed one) change nothing.
 
     Headers without ``traceparent`` (looked up as the mapping looks names up: ASGI's
-    are lower-case, Werkzeug's ignore case) skip the propagator (most requests carry
-    none)."""
+    are lower-case, Werkzeug's ignore case) skip the propagator and the context
+    machinery: most requests carry none, and the job route is hot (issue 10)."""
     if "traceparent" not in headers:
-        yield
-        return
+        return _UNCHANGED
+    return _attached(headers)
+
+
+#: ``nullcontext`` is reentrant and reusable: one for every request without a trace.
+_UNCHANGED: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _attached(headers: Mapping[str, Any]) -> Iterator[None]:
     token = context.attach(propagate.extract(headers))
     try:
         yield
