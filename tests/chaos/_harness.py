@@ -261,6 +261,10 @@ class CuttableProxy:
                 continue
             conn = {"client": client, "upstream": upstream, "cut": False}
             with self._lock:
+                if self._closed:  # closed meanwhile: close() did not see these two
+                    client.close()
+                    upstream.close()
+                    return
                 self._conns.append(conn)
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(conn, src, dst), daemon=True).start()
@@ -312,7 +316,8 @@ class CuttableProxy:
         return n
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self._listener.close()
         with self._lock:
             for conn in self._conns:

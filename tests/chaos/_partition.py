@@ -122,7 +122,11 @@ class RedisPartitionProxy:
             self.accepted += 1
             conn: dict[str, Any] = {"client": client, "upstream": None, "blocking": False}
             conn["gone"] = conn["held"] = False
-            self._conns.append(conn)
+            with self._cond:
+                if self._closed:  # closed meanwhile: close() did not see it
+                    client.close()
+                    return
+                self._conns.append(conn)
             threading.Thread(target=self._start, args=(conn,), daemon=True).start()
 
     def _start(self, conn: dict[str, Any]) -> None:
@@ -135,7 +139,12 @@ class RedisPartitionProxy:
             conn["client"].close()
             conn["gone"] = True
             return
-        conn["upstream"] = upstream
+        with self._cond:
+            if self._closed:  # closed while connecting: close() did not see ``upstream``
+                upstream.close()
+                conn["client"].close()
+                return
+            conn["upstream"] = upstream
         threading.Thread(target=self._pump, args=(conn, "client", "upstream"), daemon=True).start()
         threading.Thread(target=self._pump, args=(conn, "upstream", "client"), daemon=True).start()
 
