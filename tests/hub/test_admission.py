@@ -302,3 +302,64 @@ def test_the_bounds_come_from_the_environment():
     for bad in ({"DESKBRIDGE_MAX_CALLS": "0"}, {"DESKBRIDGE_SHED_LAG_S": "-1"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             HubConfig.from_env(bad)
+
+
+async def test_an_mcp_tools_call_s_timeout_counts_from_when_the_hub_began_its_request(
+    autojump_clock,
+):
+    """As an HTTP call's: the MCP mount stamps when it began the POST (before reading
+    its body) into the request's scope, and ``tools/call`` dispatches with it as
+    ``started_at``. Was: MCP passed none, so the body read and the SDK's queueing fell
+    outside the caller's ``timeout_s``."""
+    import types as pytypes
+
+    import mcp_types as types
+    from deskbridge_hub._mcp import UserEndpoint
+    from deskbridge_hub._mcp_mount import STARTED_AT
+
+    seen: list[float | None] = []
+    bridge = Bridge(MemorySubstrate())
+
+    async def dispatch(*args, started_at=None, **kwargs):
+        seen.append(started_at)
+        raise RuntimeError("stop here")
+
+    bridge.dispatch = dispatch  # type: ignore[method-assign]
+    endpoint = UserEndpoint("u1", bridge)
+    began = trio.current_time() - 3.0
+    request = pytypes.SimpleNamespace(scope={STARTED_AT: began})
+    ctx = pytypes.SimpleNamespace(params={"_meta": {}}, session=None, request=request)
+    with pytest.raises(RuntimeError, match="stop here"):
+        await endpoint._call_tool(ctx, types.CallToolRequestParams(name="echo", arguments={}))
+    assert seen == [began]
+    no_http = pytypes.SimpleNamespace(params={"_meta": {}}, session=None)
+    with pytest.raises(RuntimeError, match="stop here"):
+        await endpoint._call_tool(no_http, types.CallToolRequestParams(name="echo", arguments={}))
+    assert seen == [began, None]
+
+
+async def test_the_mcp_mount_stamps_when_it_began_a_post_before_reading_its_body(autojump_clock):
+    from deskbridge_hub._mcp_mount import STARTED_AT, mount_mcp
+
+    scopes: list[dict] = []
+
+    async def inner(scope, receive, send):  # what the mount passes every other request
+        scopes.append(scope)
+
+    import types as pytypes
+
+    app = mount_mcp(inner, pytypes.SimpleNamespace(nursery=None), {}, ())
+    scope = {"type": "http", "method": "POST", "path": "/v1/users/u1/mcp", "headers": []}
+    before = trio.current_time()
+
+    async def receive():
+        await trio.sleep(2)  # a slow body
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert scope.get(STARTED_AT) == before  # stamped before the 2 s body

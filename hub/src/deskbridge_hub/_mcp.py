@@ -89,7 +89,7 @@ from ._errors import (
 )
 from ._http import bridge_error_answer, released_answer
 from ._http_body import string_option, timeout_option
-from ._mcp_mount import MAX_SESSIONS_PER_USER
+from ._mcp_mount import MAX_SESSIONS_PER_USER, STARTED_AT
 from ._outcome import Outcome
 from ._progress import ProgressReport
 from ._shutdown import Draining, WaitingCall
@@ -452,6 +452,7 @@ class UserEndpoint:
                     timeout_s=timeout_s,
                     job_id=job_id,
                     on_progress=on_progress,
+                    started_at=_started_at(ctx),
                 )
         except BadRequest as exc:
             if exc.field == "args":  # the model can correct its arguments (SEP-1303)
@@ -547,6 +548,16 @@ class UserEndpoint:
         if scope.cancelled_caught:  # not reading its stream: it hears nothing more
             log.info("list_changed not taken within %g s: session forgotten", NOTIFY_TIMEOUT_S)
             self._connections.discard(connection)
+
+
+def _started_at(ctx: Any) -> float | None:
+    """When the hub began the HTTP request carrying this tools/call (``STARTED_AT`` in
+    its ASGI scope, stamped by the MCP mount before the body was read), or None when the
+    request is not an HTTP one the mount saw (then the dispatch counts from its own
+    start)."""
+    scope = getattr(getattr(ctx, "request", None), "scope", None)
+    started = scope.get(STARTED_AT) if isinstance(scope, dict) else None
+    return started if isinstance(started, float) else None
 
 
 __all__ = [

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deskbridge.hub.mcp")
 
+#: The ASGI scope key holding when the hub began a POST to the MCP endpoint, on
+#: ``anyio.current_time()``: ``Bridge.dispatch(started_at=...)`` of its tools/call.
+STARTED_AT = "deskbridge.started_at"
+
 _PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
 _METHODS = frozenset({"GET", "POST", "DELETE"})
@@ -294,6 +298,9 @@ def mount_mcp(
             await _send_json(send, 400, _codes.BAD_REQUEST, str(exc), field="user_id")
             return
         if scope.get("method") == "POST":
+            # a tools/call's timeout_s counts from here, its body read included, as an
+            # HTTP call's does (``_call_tool`` reads it from the request's scope)
+            scope[STARTED_AT] = anyio.current_time()
             raw = await _read_body(receive)
             if raw is _GONE:  # the client left mid-body: nobody to answer
                 return
@@ -610,4 +617,4 @@ async def _send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["McpEndpoints", "mount_mcp"]
+__all__ = ["STARTED_AT", "McpEndpoints", "mount_mcp"]
