@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 from pathlib import Path
 
 import anyio
@@ -351,7 +352,15 @@ async def test_a_blocking_command_after_its_idle_connection_was_killed_is_answer
             ]
             assert len(ids) == 1 and ids[0] != str(my_id)
             assert await s.execute((b"CLIENT KILL", b"ID", ids[0]), timeout_s=5.0) == [1]
-            await trio.sleep(0.1)  # the FIN arrives; nobody reads the idle connection
+            raw = c.conn._raw
+            assert raw is not None
+            while True:  # until the kill's FIN is there (nobody reads the idle connection)
+                try:
+                    if raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        break
+                except BlockingIOError:
+                    pass
+                await trio.sleep(0.01)
             assert await s.execute((b"RPUSH", key, "v"), timeout_s=5.0) == [1]
             assert await s.execute((b"BLPOP", key, 1), timeout_s=5.0) == [[key, "v"]]
             assert s.statistics().opened_total == 3  # shared, dedicated, its replacement
