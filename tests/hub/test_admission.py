@@ -112,6 +112,14 @@ async def test_a_bridge_without_admission_takes_every_call(autojump_clock, subst
         nursery.cancel_scope.cancel()
 
 
+async def _hog(clock: trio.testing.MockClock, lag_s: float, passes: int) -> None:
+    """A loop whose every pass takes ``lag_s``: the clock moves on that much before the
+    probe is woken."""
+    for _ in range(passes):
+        await trio.sleep(LAG_PROBE_S / 2)
+        clock.jump(lag_s)
+
+
 async def test_a_lasting_loop_lag_sheds_new_calls_and_a_single_stall_does_not(autojump_clock):
     """The lag gate reads the probe's smoothed lag: one stall (the clock jumps 0.8 s past
     the probe's wake-up) does not shed; a loop that keeps waking tasks 0.5 s late does,
@@ -126,21 +134,14 @@ async def test_a_lasting_loop_lag_sheds_new_calls_and_a_single_stall_does_not(au
             assert exc.reason == "lag" and "DESKBRIDGE_SHED_LAG_S=0.25" in str(exc)
             return "refused"
 
-    async def hog(lag_s: float, passes: int) -> None:
-        """A loop whose every pass takes ``lag_s``: the clock moves on that much before
-        the probe is woken."""
-        for _ in range(passes):
-            await trio.sleep(LAG_PROBE_S / 2)
-            autojump_clock.jump(lag_s)
-
     async with trio.open_nursery() as nursery:
         nursery.start_soon(admission.probe, trio.sleep)
         await trio.sleep(1)
         assert admission.lag_s() == 0.0 and admit() == "admitted"
-        await hog(0.8, 1)  # one stall
+        await _hog(autojump_clock, 0.8, 1)  # one stall
         await trio.sleep(LAG_PROBE_S)
         assert 0 < admission.lag_s() < 0.25 and admit() == "admitted"
-        await hog(0.5, 3)  # a lasting lag
+        await _hog(autojump_clock, 0.5, 3)  # a lasting lag
         assert admission.lag_s() > 0.25 and admit() == "refused"
         assert admission.refused == {"calls": 0, "lag": 1}
         await trio.sleep(3)  # prompt again
@@ -164,20 +165,15 @@ async def test_one_long_stall_does_not_shed_the_calls_after_it(autojump_clock):
         except Overloaded:
             return False
 
-    async def hog(lag_s: float, passes: int) -> None:
-        for _ in range(passes):
-            await trio.sleep(LAG_PROBE_S / 2)
-            autojump_clock.jump(lag_s)
-
     async with trio.open_nursery() as nursery:
         nursery.start_soon(admission.probe, trio.sleep)
         await trio.sleep(1)
         for stall_s in (1.0, 9.0, 40.0):
-            await hog(stall_s, 1)
+            await _hog(autojump_clock, stall_s, 1)
             await trio.sleep(LAG_PROBE_S)  # the probe has noted it
             assert admit(), (stall_s, admission.lag_s())
             await trio.sleep(3)
-        await hog(5.0, 3)  # a lasting lag, however long
+        await _hog(autojump_clock, 5.0, 3)  # a lasting lag, however long
         assert not admit()
         await trio.sleep(2 * LAG_PROBE_S + 0.01)  # prompt again: two samples
         assert admit(), admission.lag_s()
