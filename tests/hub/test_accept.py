@@ -8,7 +8,9 @@ their request. Loopback sockets, no sleeping; every wait bounded.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 
 import trio
 import trio.testing
@@ -24,12 +26,26 @@ def _listening() -> trio.SocketListener:
     return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
 
-async def test_connections_waiting_are_taken_without_yielding_up_to_the_burst():
+@contextlib.asynccontextmanager
+async def _eager_with_waiting(
+    burst: int, clients: int
+) -> AsyncIterator[tuple[_accept.EagerSocketListener, trio.SocketListener, list[socket.socket]]]:
+    """An eager listener of ``burst`` and ``clients`` connections in its backlog; all
+    closed at the end."""
     inner = _listening()
-    listener = _accept.EagerSocketListener(inner, burst=3)
+    listener = _accept.EagerSocketListener(inner, burst=burst)
     port = inner.socket.getsockname()[1]
-    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+    waiting = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(clients)]
     try:
+        yield listener, inner, waiting
+    finally:
+        for client in waiting:
+            client.close()
+        await listener.aclose()
+
+
+async def test_connections_waiting_are_taken_without_yielding_up_to_the_burst():
+    async with _eager_with_waiting(3, 5) as (listener, inner, clients):
         with trio.fail_after(10):
             # the connections are in the backlog (the handshake is the kernel's)
             await trio.testing.wait_all_tasks_blocked()
@@ -50,10 +66,6 @@ async def test_connections_waiting_are_taken_without_yielding_up_to_the_burst():
             assert nothing.cancelled_caught
             for stream in taken:
                 await stream.aclose()
-    finally:
-        for client in clients:
-            client.close()
-        await listener.aclose()
     assert inner.socket.fileno() == -1
 
 
@@ -62,11 +74,7 @@ async def test_a_cancelled_accept_takes_no_connection_as_trio_s():
     the burst still took the connections waiting, up to ``burst`` of them, and the accept
     loop handed each to a handler during shutdown; trio's ``accept`` raises ``Cancelled``
     first and leaves them in the backlog. Now so does the burst."""
-    inner = _listening()
-    listener = _accept.EagerSocketListener(inner, burst=3)
-    port = inner.socket.getsockname()[1]
-    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
-    try:
+    async with _eager_with_waiting(3, 2) as (listener, _inner, _clients):
         with trio.fail_after(10):
             await trio.testing.wait_all_tasks_blocked()
             with trio.CancelScope() as scope:
@@ -76,10 +84,6 @@ async def test_a_cancelled_accept_takes_no_connection_as_trio_s():
             taken = [await listener.accept() for _ in range(2)]  # both still waiting
             for stream in taken:
                 await stream.aclose()
-    finally:
-        for client in clients:
-            client.close()
-        await listener.aclose()
 
 
 async def test_trio_s_own_listener_yields_at_every_accept():
