@@ -403,7 +403,9 @@ class Bridge(JobControl):
         state_ttl_s = timeout_s + self.timings.result_ttl_s
         owner = JobOwner(
             user_id, self.waiters.mailbox, request=request_digest(name, digest, indexed_key),
-            claim=secrets.token_hex(8),  # this call's own: it drops no other copy's claim
+            # a caller-chosen id's claim is this call's own: it drops no other copy's
+            # (a minted id is never claimed by another copy: none needed, none written)
+            claim=None if job_id_given is None else secrets.token_hex(8),
         )  # fmt: skip
         # Every step is bounded by the caller's time: a Redis that stalls (it answers
         # within the 5 s command timeout, but later than the caller wanted) does not make
