@@ -252,8 +252,10 @@ async def test_builtin_sleep_and_echo(autojump_clock):
     start = trio.current_time()
     outcome = await invoke(registry.get("sleep"), {"seconds": 2.5})
     assert outcome.result == {"slept_s": 2.5} and trio.current_time() - start == 2.5
-    for bad in (-1, "1", True, float("inf")):
+    for bad in (-1, "1", True, float("inf"), 1e308, 86_400.5):
         assert (await invoke(registry.get("sleep"), {"seconds": bad})).code == BAD_ARGS
+    # the longest call (one day) is the longest sleep that can still be waited for
+    assert (await invoke(registry.get("sleep"), {"seconds": 86_400})).ok
     args = {"a": [1, {"b": None}], "c": "d"}
     assert (await invoke(registry.get("echo"), args)).result == args
 

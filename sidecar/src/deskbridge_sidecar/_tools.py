@@ -425,17 +425,28 @@ async def echo(**args: Any) -> dict[str, Any]:
     return args
 
 
+#: The longest ``sleep`` (seconds): the longest ``timeout_s`` a call may ask for (the
+#: hub's ``LONGEST_TIMEOUT_S``, one day). A running tool is not stopped at its call's
+#: deadline (that is a start deadline), so a longer sleep would hold the desktop's
+#: serial worker past every caller's wait.
+LONGEST_SLEEP_S = 24 * 3600.0
+
+
 @tool
 async def sleep(
     seconds: Annotated[
-        float, pydantic.Field(ge=0, allow_inf_nan=False, description="how long, in seconds")
+        float,
+        pydantic.Field(
+            ge=0, le=LONGEST_SLEEP_S, allow_inf_nan=False, description="how long, in seconds"
+        ),
     ],
 ) -> dict[str, Any]:
     """Sleep for `seconds` without blocking anything else; returns {"slept_s": seconds}.
     Cancellable.
 
     Args:
-        seconds: how long, in seconds (finite, >= 0; checked before the tool runs).
+        seconds: how long, in seconds (finite, 0 to ``LONGEST_SLEEP_S`` = 86,400; checked
+            before the tool runs: a larger value is ``bad_args``).
     """
     await trio.sleep(seconds)
     return {"slept_s": seconds}
