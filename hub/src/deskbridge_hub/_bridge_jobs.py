@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 from deskbridge_common import Timings
 
 from ._cancel_notice import finish_cancelled_before_start
@@ -21,6 +22,8 @@ from ._errors import (
 from ._jobstate import LONGEST_TIMEOUT_S, JobState, MalformedState, Stage
 from ._keys import holder_of
 from ._outcome import _TIMEOUT_MESSAGES
+from ._own_liveness import PresenceInDoubt
+from ._retry import LIVENESS_RECHECK_S, PROCESS_LIVENESS_TTL_S
 from ._substrate import Substrate
 from ._validate import validate_key, validate_user_id
 
@@ -51,6 +54,15 @@ QUEUE_FULL_RETRY_AFTER_S = 5
 #: unread). Room for one cancel per accepted job (docs/architecture.md, "A full queue
 #: refuses new work").
 CANCEL_TRIM_FACTOR = 2
+#: How long a cancel that left a ``queued`` job to its live holder waits for that
+#: holder's answer, seconds, before a last look at the holder's liveness key: a holder
+#: that died as the cancel came has lost its key by then (a killed holder left the job
+#: ``queued``, and its caller was answered at its timeout). A live holder answers in
+#: milliseconds; the cancel's 202 waits this long only for a dying or stalled one.
+HOLDER_ANSWER_WAIT_S = PROCESS_LIVENESS_TTL_S
+#: Looks at the job's state while waiting for the holder's answer, seconds apart (a
+#: live holder answers within milliseconds: the first looks are close).
+HOLDER_ANSWER_LOOKS_S: tuple[float, ...] = (0.02, 0.05, 0.1, 0.25)
 
 
 def queue_full(user_id: str, limit: int, job_id: str | None) -> QueueFull:
@@ -95,12 +107,43 @@ class JobControl:
     ) -> bool:  # pragma: no cover
         raise NotImplementedError
 
-    async def _held(self, user_id: str, presence: str | None) -> bool:
-        """Whether ``presence`` (the user's, just read) names a session of a hub process
-        that is alive (its liveness key, looked at again ``LIVENESS_RECHECK_S`` later
-        when gone: a live process rewrites it each second)."""
-        holder = None if presence is None else holder_of(presence)
-        return holder is not None and await self._holder_alive(user_id, holder)
+    async def live_session(
+        self, user_id: str, read: str | None = None, *, look_again: bool = True
+    ) -> str | None:  # pragma: no cover
+        raise NotImplementedError
+
+    async def _alive_after_all(
+        self, holder: str, *, within_s: float = math.inf
+    ) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    async def _holder_answered(self, user_id: str, job_id: str, holder: str) -> Stage | None:
+        """Wait for the live ``holder`` to answer the cancel of ``job_id`` (its stage
+        leaves ``queued``), looking at its liveness key every ``LIVENESS_RECHECK_S`` and
+        a last time once ``HOLDER_ANSWER_WAIT_S`` passed (a holder that died as the
+        cancel came has lost its key by then). Returns the stage then (``QUEUED``: the
+        holder lives and has not answered yet, or the state is gone), or None when the
+        holder was found dead (gone on a second look) without answering: the cancel
+        answers instead.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        began = checked_at = anyio.current_time()
+        looks = iter(HOLDER_ANSWER_LOOKS_S)
+        while True:
+            stage = await self._stage_now(user_id, job_id)
+            if stage is not Stage.QUEUED:
+                return Stage.QUEUED if stage is None else stage
+            now = anyio.current_time()
+            last = now - began >= HOLDER_ANSWER_WAIT_S
+            if last or now - checked_at >= LIVENESS_RECHECK_S:
+                if not await self._alive_after_all(holder):
+                    return None
+                if last:
+                    return await self._stage_now(user_id, job_id) or Stage.QUEUED
+                checked_at = anyio.current_time()
+            await anyio.sleep(next(looks, HOLDER_ANSWER_LOOKS_S[-1]))
 
     async def job_state(self, job_id: str) -> JobState | None:
         """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
@@ -221,7 +264,18 @@ class JobControl:
             # the holder handles the notice whatever room its session has (the control
             # entry waits behind the jobs queued before it: ``_cancel_notice``)
             await self._notify_cancel(presence, user_id, job_id)
-        if state.stage is Stage.QUEUED and await self._held(user_id, presence):
+        if state.stage is Stage.QUEUED:
+            try:
+                # the decision a call makes (``live_session``): an absent presence, or a
+                # holder's liveness key gone, proves nothing while this process saw the
+                # store change (a failover may have lost them with the job's delivery)
+                session = await self.live_session(user_id, presence)
+            except PresenceInDoubt:
+                # The store may have rewound a job running on a desktop to "queued" and
+                # lost the presence with it: "cancelled" may be untrue. The flag refuses
+                # the entry; its holder (or the entry's next reader) answers.
+                return Stage.QUEUED.value
+            holder = None if session is None else holder_of(session)
             # A live hub process holds the desktop's socket: it answers, and only it can
             # tell whether the job runs (a store that lost its last writes rewinds a
             # running job to "queued" and drops its claim epoch; answered here, its
@@ -230,10 +284,14 @@ class JobControl:
             # sends the cancel frame (the desktop's answer, cancelled or the real one).
             # Answered otherwise meanwhile (e.g. ``expired`` by that holder, after this
             # cancel's stale read): a terminal answer is final, the cancel changed nothing.
-            answer = await self._stage_now(user_id, job_id)
+            # A holder that dies before it answers leaves the answer to this cancel.
+            answer = None if holder is None else await self._holder_answered(
+                user_id, job_id, holder
+            )  # fmt: skip
             if answer is not None and answer.terminal and answer is not Stage.CANCELLED:
                 return "finished"
-            return Stage.QUEUED.value
+            if answer is not None:
+                return Stage.QUEUED.value
         if state.stage is Stage.QUEUED:
             # The relay will drop the entry when it reads it; answer the caller now, but
             # only if no delivery was ever marked (epoch 0: refused once the job's claim
