@@ -91,6 +91,9 @@ from ._keys import (
     state_key as state_key,
 )
 from ._keys import (
+    tools_digest_key as tools_digest_key,
+)
+from ._keys import (
     tools_key as tools_key,
 )
 from ._keys import (
