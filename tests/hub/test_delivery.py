@@ -146,6 +146,69 @@ async def test_a_cancelled_redelivery_is_in_doubt_never_cancelled(autojump_clock
     assert await answer(substrate) is None
 
 
+async def _cancelled_redelivery_to(daemon: str | None):
+    """A job forwarded to desktop ``d1``, its socket gone, a cancel, then its entry read
+    again by a session of desktop ``daemon``."""
+    substrate, _, _ = await setup()
+    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0", daemon_id="d1")
+    old = await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
+    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
+    server = EntryServer(
+        substrate, Timings(), USER, "session-2", wall, daemon_id=daemon, tools=frozenset({"echo"})
+    )
+    return substrate, server, entry, old
+
+
+@pytest.mark.parametrize(
+    ("answer_of", "status", "message"),
+    [
+        (lambda job: JobResult(job.id, False, error=JobError("cancelled", "by the hub")),
+         "cancelled", "by the hub"),
+        (lambda job: JobResult(job.id, True, {"done": 1}), "completed", None),
+        (lambda job: JobResult(job.id, False, error=JobError("expired", "not started")),
+         "cancelled", "cancelled before it started"),
+        (lambda job: JobResult(job.id, False, error=JobError("in_doubt", "crashed")),
+         "in_doubt", "crashed"),
+    ],
+)  # fmt: skip
+async def test_a_cancelled_redelivery_to_the_same_desktop_gets_its_answer(
+    autojump_clock, answer_of, status, message
+):
+    """Found by fault injection (tests/chaos/test_cancel_across_takeover.py): the job's
+    pod died, the cancel came, then the same desktop took the job over: it was answered
+    ``in_doubt`` unasked and the desktop got no cancel (its tool ran to its end). Now it
+    goes to that desktop with no time left (its ledger joins or answers, never starts it
+    afresh) and the cancel right behind it; the desktop's answer is the caller's, and its
+    "expired" (never started there) is ``cancelled``."""
+    substrate, server, entry, old = await _cancelled_redelivery_to("d1")
+    executor = FakeExecutor(answer_of)
+    await server.serve(entry, executor)
+    (job,) = executor.jobs
+    assert job.timeout_s == 0.0 and job.deadline <= wall()  # never started afresh
+    assert executor.cancels == ["job-1"]
+    body = await answer(substrate)
+    assert body["status"] == status, body
+    assert message is None or body["error"]["message"] == message, body
+    assert substrate.pending_count(USER) == 0
+    late = await substrate.finish(
+        USER, "job-1", '{"status":"completed"}', JobState(Stage.FINISHED, USER), ttl_s=300,
+        epoch=old.epoch,
+    )  # fmt: skip
+    assert late.verdict == "stale"  # the old delivery's answer is still refused
+
+
+@pytest.mark.parametrize("daemon", ["d2", None])
+async def test_a_cancelled_redelivery_to_another_desktop_is_in_doubt_unasked(
+    autojump_clock, daemon
+):
+    substrate, server, entry, _ = await _cancelled_redelivery_to(daemon)
+    executor = FakeExecutor()
+    await server.serve(entry, executor)
+    assert executor.jobs == [] and executor.cancels == []
+    assert (await answer(substrate))["status"] == "in_doubt"
+
+
 async def test_malformed_entry_is_failed_and_acked(autojump_clock):
     substrate, server, entry = await setup(args="[1]")
     executor = FakeExecutor()

@@ -137,6 +137,16 @@ def cancelled_before_start() -> str:
     )
 
 
+def cancelled_unstarted_payload() -> str:
+    """The payload for a cancelled job delivered before to the desktop it went to again,
+    which said it never started it (no run of its key in its ledger): it did not run."""
+    return result_payload(
+        "cancelled",
+        error={"code": CANCELLED, "message": "cancelled before it started"},
+        detail={"stage": "delivered"},
+    )
+
+
 def interrupted_payload(reason: str, *, pending: bool = False) -> str:
     """The payload for a job that was running on the desktop when its session ended on
     purpose (``reason``: token expired, superseded, hub restarting): it may have acted.

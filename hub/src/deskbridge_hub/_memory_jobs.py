@@ -225,7 +225,9 @@ class MemoryJobCommands:
         if self._get(cancel_key(user_id, job_id), now) is not None:
             if before is None:
                 return Marked("cancelled", at)
-            return Marked("in_doubt", at, self._raise(user_id, job_id, ttl_s, deadline, now))
+            other = delivered_again(before, state)[1]
+            epoch = self._raise(user_id, job_id, ttl_s, deadline, now)
+            return Marked("in_doubt", at, epoch, other)
         state, elsewhere = delivered_again(before, state)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         if idempotency_key is not None:  # the key's record, if it names this job

@@ -39,7 +39,10 @@ from ._substrate import (
 #: again, whose ledger answers (issue 16: a redelivery after a pod kill was answered
 #: "expired" for a job that ran). A cancel flag likewise: a job never forwarded is
 #: "cancelled" (it never started); a forwarded one may have run, so it is "in_doubt",
-#: with a raised epoch so that the old delivery's late answer is refused (one answer).
+#: with a raised epoch so that the old delivery's late answer is refused (one answer),
+#: and the reply's fourth item says whether an earlier delivery went to another desktop
+#: than this one (1; 0: every one went to this daemon, whose ledger knows the job: it is
+#: asked for its answer, ``_delivery``); the state is left as it was.
 #: A redelivery records the desktop it goes to (the state's ``daemon_id``), or ``?`` once
 #: an earlier delivery went to another desktop or one not known (``desk``, as
 #: ``_jobstate.delivered_again``), and says so (the reply's fourth item, 1).
@@ -94,7 +97,8 @@ local function mark(skey, ckey, fkey, state, ttl, deadline, now, ikey, job)
   end
   if redis.call('EXISTS', ckey) == 1 then
     if not sent then return {'cancelled', now} end
-    return {'in_doubt', now, raise(fkey, ttl, deadline, now)}
+    local _, other = desk(state, sent)
+    return {'in_doubt', now, raise(fkey, ttl, deadline, now), other}
   end
   local written, elsewhere = desk(state, sent)
   redis.call('SET', skey, written, 'PX', ttl)

@@ -105,10 +105,12 @@ class Marked:
             token): the job's counter, raised by every delivery, so a later delivery
             (after a reclaim or a takeover) always holds a larger one; None for the other
             verdicts.
-        elsewhere: for ``delivered``, whether an earlier delivery of the job went to
-            another desktop than this one (another ``daemon_id``, or one not known):
-            that desktop may have started it, so this one's "refused as late" is not
-            "did not run" (the recorded ``daemon_id`` is then ``?``).
+        elsewhere: for ``delivered`` and ``in_doubt``, whether an earlier delivery of
+            the job went to another desktop than this one (another ``daemon_id``, or one
+            not known): that desktop may have started it, so this one's "refused as
+            late" is not "did not run" (the recorded ``daemon_id`` is then ``?``; an
+            ``in_doubt`` leaves the state as it was). False for ``in_doubt``: every
+            earlier delivery went to this desktop, whose ledger knows the job.
     """
 
     verdict: str
