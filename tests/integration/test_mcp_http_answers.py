@@ -143,3 +143,18 @@ def test_an_unsupported_protocol_version_header_is_named(hub):
     # the session was not ended by any of it
     r = httpx.post(url, json=listing, headers=session, timeout=10)
     assert r.status_code == 200 and '"tools"' in r.text, r.text
+
+
+def test_a_get_with_last_event_id_opens_the_stream(hub):
+    """The hub keeps no event store (it never sends SSE event ids, so there is nothing to
+    resume): a GET carrying ``Last-Event-ID`` (a client, or an SSE library, reconnecting)
+    got no answer at all from the SDK, which Hypercorn turned into an empty 500. It opens
+    the session's standalone stream, as the same GET without the header does."""
+    session = _session(hub)
+    headers = {**session, "Accept": "text/event-stream", "Last-Event-ID": "0"}
+    with httpx.stream("GET", _url(hub), headers=headers, timeout=10) as r:
+        assert r.status_code == 200, (r.status_code, r.read())
+        assert r.headers["content-type"].startswith("text/event-stream")
+    listing = {"jsonrpc": "2.0", "id": 5, "method": "tools/list"}
+    r = httpx.post(_url(hub), json=listing, headers=session, timeout=10)
+    assert r.status_code == 200 and '"tools"' in r.text, r.text

@@ -333,6 +333,10 @@ def mount_mcp(
                 endpoints, user_id, scope, receive, send, raw, initialize=method == "initialize"
             )
             return
+        if scope.get("method") == "GET":
+            # No event store, so no SSE event ids were ever sent and nothing can be
+            # replayed: a Last-Event-ID is a plain GET (the SDK left it unanswered: 500)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"last-event-id"]
         await _serve(endpoints, user_id, scope, receive, send)
 
     return mcp_app
