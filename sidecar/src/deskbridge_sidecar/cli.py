@@ -29,7 +29,7 @@ from pathlib import Path
 
 import trio
 from deskbridge_common import Timings
-from deskbridge_common._envnames import unknown_variable_lines
+from deskbridge_common._envnames import misspelling_hint, unknown_variable_lines
 
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
@@ -479,11 +479,15 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     args.log_file = args.log_file or cfg.log_file
     args.data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or cfg.data_dir
     if not hub:
-        run_parser.error("the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL")
+        run_parser.error(
+            "the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL"
+            + misspelling_hint("DESKBRIDGE_HUB_URL")
+        )
     token = (token or "").strip()  # a pasted token's newline or a stray space
     if not token:
         run_parser.error(
             "a token is required: --token TOKEN, DESKBRIDGE_TOKEN or `deskbridge-sidecar set-token`"
+            + misspelling_hint("DESKBRIDGE_TOKEN")
         )
     if (problem := token_problem(token)) is not None:
         run_parser.error(f"--token / DESKBRIDGE_TOKEN: {problem}")
