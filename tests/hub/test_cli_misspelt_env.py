@@ -54,13 +54,8 @@ def clean_env(monkeypatch):
     ],
 )
 def test_a_hub_command_names_the_misspelt_variable(
-    clean_env,
-    capsys,
-    fake_hub,
-    argv,
-    variable,
-    typo,  # noqa: F811
-):
+    clean_env, capsys, fake_hub, argv, variable, typo  # noqa: F811
+):  # fmt: skip
     hub, _, replies = fake_hub  # the hub's answer to a call sent without a key
     replies.append((401, b'{"error": {"code": "unauthorized", "message": "missing key"}}'))
     clean_env.setenv(typo, "x" * 32)
