@@ -424,10 +424,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
-        if args.command in ("approve", "decline", "pending"):
-            return _consent_command(args)
-        if args.command in _service_cli.COMMANDS:
-            return _service_cli.run(args)
+        if args.command in ("approve", "decline", "pending") or (
+            args.command in _service_cli.COMMANDS
+        ):
+            return _one_shot(args)
         if args.command != "run":
             parser.print_help(sys.stderr)
             return 2
@@ -443,6 +443,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for close in _CLOSERS:
             close()
     return _for_launchd(status) if getattr(args, "launchd", False) else status
+
+
+def _one_shot(args: argparse.Namespace) -> int:
+    """Run a command other than ``run``. Ctrl-C (``set-token`` waiting for the token on
+    standard input, ``install-service --now`` waiting for systemctl) is one line and 130,
+    as ``deskbridge-hub``'s commands say it (was a KeyboardInterrupt traceback)."""
+    try:
+        if args.command in _service_cli.COMMANDS:
+            return _service_cli.run(args)
+        return _consent_command(args)
+    except KeyboardInterrupt:
+        print(f"deskbridge-sidecar {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 #: Toolset clean-ups to run once the daemon has stopped (the browser).
