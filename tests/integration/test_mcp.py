@@ -638,3 +638,61 @@ def _only_mcp_error(exc: BaseException) -> MCPError:
         exc = exc.exceptions[0]
     assert isinstance(exc, MCPError), exc
     return exc
+
+
+def _answer(r: httpx.Response) -> dict:
+    """The JSON-RPC message of a POST's answer: its JSON body, or its SSE stream's message."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [ln[5:] for ln in r.text.splitlines() if ln.startswith("data:") and ln[5:].strip()]
+        return json.loads(data[-1])
+    return r.json()
+
+
+def test_malformed_params_are_invalid_params_naming_the_field(hub):
+    """``tools/call`` with ``arguments: [1]``, no ``name``, a ``name`` that is a number, a
+    ``progressToken`` that is a list, ``tools/list`` with a numeric cursor: the SDK
+    answered each ``-32602`` "Invalid request parameters" with ``data: ""``, so nobody could
+    tell which field to fix (HTTP says ``args must be a JSON object``, field ``args``).
+    Now the message and ``data.field`` name it, on both wire eras."""
+    base = {
+        "Authorization": f"Bearer {API_KEY}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    url = f"{hub.http}/v1/users/someone/mcp"
+    legacy = {**base, "MCP-Protocol-Version": "2025-06-18"}
+    r = httpx.post(url, json=initialize_2025(), headers=legacy)
+    assert r.status_code == 200, r.text
+    legacy["Mcp-Session-Id"] = r.headers["mcp-session-id"]
+    r = httpx.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                   headers=legacy)  # fmt: skip
+    assert r.status_code == 202, r.text
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    cases = [
+        (legacy, "tools/call", {"name": "echo", "arguments": [1]}, "arguments",
+         "must be a JSON object"),
+        (legacy, "tools/call", {"arguments": {}}, "name", "is required"),
+        (legacy, "tools/call", {"name": 5, "arguments": {}}, "name", "must be a string"),
+        (legacy, "tools/call", {"name": "echo", "_meta": {"progressToken": [1]}},
+         "_meta.progressToken", "must be a string or an integer"),
+        (legacy, "tools/list", {"cursor": 5}, "cursor", "must be a string"),
+        (base, "tools/call", {"name": "echo", "arguments": [1], "_meta": envelope},
+         "arguments", "must be a JSON object"),
+        (base, "tools/call", {"name": "echo", "_meta": {**envelope, "progressToken": {}}},
+         "_meta.progressToken", "must be a string or an integer"),
+    ]  # fmt: skip
+    for n, (headers, method, params, field, words) in enumerate(cases):
+        body = {"jsonrpc": "2.0", "id": 10 + n, "method": method, "params": params}
+        if headers is base:  # the 2026 wire: its headers repeat the body's routing
+            headers = {**base, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method,
+                       "Mcp-Name": str(params["name"])}  # fmt: skip
+        r = httpx.post(url, json=body, headers=headers, timeout=10)
+        answer = _answer(r)
+        assert answer["id"] == 10 + n, (params, answer)
+        error = answer["error"]
+        assert error["code"] == -32602, (params, answer)
+        assert error["message"] == f"{field}: {field} {words}", (params, answer)
+        assert error["data"] == {"code": "bad_request", "field": field}, (params, answer)

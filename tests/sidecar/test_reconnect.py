@@ -197,18 +197,22 @@ async def test_other_http_statuses_are_retried(autojump_clock, nursery, hub, wal
     assert daemon.statistics().last_end.cause == "rejected"
 
 
-async def test_a_404_says_where_the_sidecar_endpoint_is_and_is_retried(
-    autojump_clock, nursery, hub, wall, caplog
+@pytest.mark.parametrize(("status", "code"), [(404, "not_found"), (405, "method_not_allowed")])
+async def test_a_wrong_path_says_where_the_sidecar_endpoint_is_and_is_retried(
+    autojump_clock, nursery, hub, wall, caplog, status, code
 ):
     """``--hub ws://host/wrong``: the hub answers 404; the log says which path serves
-    sidecars (a proxy's route may still appear, so it keeps trying, with backoff)."""
-    hub.reject_status, hub.reject_code = 404, "not_found"
+    sidecars (a proxy's route may still appear, so it keeps trying, with backoff). The
+    URL of an HTTP API route the hub serves with POST (``--hub
+    ws://host/v1/users/alice/jobs``, pasted from the README's curl line) is 405, which
+    said only "Method Not Allowed: WebSocket ..." and no word of --hub."""
+    hub.reject_status, hub.reject_code = status, code
     daemon = make_daemon(hub, wall)
     with caplog.at_level(logging.WARNING, logger="deskbridge.sidecar"):
         nursery.start_soon(daemon.run)
         attempts = await hub.wait_attempts(2)
-    assert [a.outcome for a in attempts] == ["rejected 404"] * 2
-    assert "HTTP 404 (not_found" in caplog.text
+    assert [a.outcome for a in attempts] == [f"rejected {status}"] * 2
+    assert f"HTTP {status} ({code}" in caplog.text
     assert "check --hub (the hub's is /v1/sidecar" in caplog.text
 
 

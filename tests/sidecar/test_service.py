@@ -228,3 +228,21 @@ def test_set_token_stores_a_token_the_hub_issued(
     # within the hub's leeway an expired token is still accepted, as the hub does
     just_expired = issue_token("s" * 32, "bob", lifetime_s=1, now=time.time() - 60)
     assert _config.check_token(just_expired).user_id == "bob"
+
+
+class _InterruptedStdin(io.StringIO):
+    """Standard input on which the person presses Ctrl-C while the command reads."""
+
+    def readline(self, *args: object) -> str:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_set_token_reads_is_one_line_and_130(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``deskbridge-sidecar set-token`` waiting for the token on standard input: Ctrl-C was
+    a KeyboardInterrupt traceback (``deskbridge-hub``'s commands say one line, 130)."""
+    monkeypatch.setattr("sys.stdin", _InterruptedStdin())
+    assert main(["set-token"]) == 130
+    assert capsys.readouterr().err == "deskbridge-sidecar set-token: interrupted\n"
+    assert _config.load_token() is None

@@ -92,3 +92,17 @@ def unknown_variable_lines(environ: Mapping[str, str] | None = None) -> list[str
         hint = f"; did you mean {nearest}?" if nearest else ""
         lines.append(f"unknown environment variable {name} is ignored{hint}")
     return lines
+
+
+def misspelling_hint(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """What to append to an error saying the required variable ``name`` is not set: ``"
+    (DESKBRIDGE_SECRT is set: did you mean DESKBRIDGE_SECRET?)"`` when ``environ`` (default
+    ``os.environ``) holds unknown variables whose nearest known name is ``name``, else "".
+
+    The start-up warning about unknown variables (:func:`unknown_variable_lines`) is far
+    from the one-line error a missing variable gets, and the commands that need one
+    (``token``, ``call``, ``revoke``, ``deskbridge-sidecar run``) printed no warning."""
+    typos = [typo for typo, nearest in unknown_variables(environ) if nearest == name]
+    if not typos:
+        return ""
+    return f" ({', '.join(typos)} {'is' if len(typos) == 1 else 'are'} set: did you mean {name}?)"

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.parse
 from typing import Any
 
-from ._cli_args import hub_url_problem
+from ._cli_args import add_hub_option, hub_url_problem, key_not_set, unreachable_hint
 from ._inspect_cli import NotTheHub, first_api_key, request_json, unreachable_reason
 from ._validate import validate_job_id
 
@@ -41,11 +40,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("job_id", metavar="JOB_ID")
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
-    p.add_argument(
-        "--hub",
-        default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
-        help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
-    )
+    add_hub_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     path = f"/v1/jobs/{urllib.parse.quote(args.job_id, safe='')}"
     status, body = request_json(args.hub, path, method="DELETE")
     if status is None:
-        reason = unreachable_reason(body)
+        reason = unreachable_reason(body) + unreachable_hint(args.hub)
         print(f"deskbridge-hub cancel: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return EXIT_FAILED
     if isinstance(body, NotTheHub):  # not "no such job" (a 404 of another server)
@@ -85,6 +80,6 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if status == 401 and not first_api_key():  # as ``call`` and ``inspect`` say it
-        print("deskbridge-hub cancel: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
+        print(key_not_set("cancel"), file=sys.stderr)
     # the hub's own 404 only: a JSON 404 of another server says nothing of the job
     return EXIT_UNKNOWN if status == 404 and error.get("code") == "not_found" else EXIT_FAILED

@@ -6,8 +6,46 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import urllib.parse
 from collections.abc import Callable
+
+from deskbridge_common._envnames import misspelling_hint
+
+#: Where ``call``, ``inspect`` and ``cancel`` look for the hub without ``--hub`` and
+#: ``$DESKBRIDGE_HUB_HTTP``.
+DEFAULT_HUB_HTTP = "http://127.0.0.1:8080"
+
+
+def add_hub_option(parser: argparse.ArgumentParser) -> None:
+    """``--hub URL``, by default ``$DESKBRIDGE_HUB_HTTP`` or :data:`DEFAULT_HUB_HTTP`."""
+    parser.add_argument(
+        "--hub",
+        default=os.environ.get("DESKBRIDGE_HUB_HTTP", DEFAULT_HUB_HTTP),
+        help=f"hub base URL (default $DESKBRIDGE_HUB_HTTP or {DEFAULT_HUB_HTTP})",
+    )
+
+
+def unreachable_hint(hub: str) -> str:
+    """What to add to "cannot reach hub at ``hub``" when ``hub`` is the default taken for
+    want of ``$DESKBRIDGE_HUB_HTTP``: a misspelling of it in the environment, or
+    ``$DESKBRIDGE_HUB_URL``, the sidecar's variable (a ws:// URL), set instead; else ""."""
+    if "DESKBRIDGE_HUB_HTTP" in os.environ or hub != DEFAULT_HUB_HTTP:
+        return ""
+    hint = misspelling_hint("DESKBRIDGE_HUB_HTTP")
+    if os.environ.get("DESKBRIDGE_HUB_URL"):
+        hint += (
+            " (DESKBRIDGE_HUB_URL is the sidecar's: this command reads --hub or "
+            "DESKBRIDGE_HUB_HTTP, the hub's http:// address)"
+        )
+    return hint
+
+
+def key_not_set(command: str) -> str:
+    """The line saying ``$DESKBRIDGE_API_KEY`` is not set (after a 401 to a request sent
+    without a key), naming a misspelt variable that stands in for it."""
+    hint = misspelling_hint("DESKBRIDGE_API_KEY")
+    return f"deskbridge-hub {command}: DESKBRIDGE_API_KEY is not set{hint}"
 
 
 def seconds(most_s: float) -> Callable[[str], float]:

@@ -25,7 +25,7 @@ from typing import Any
 from deskbridge_common._logtext import escape_controls
 
 from ._admin import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET
-from ._cli_args import hub_url_problem, integer
+from ._cli_args import add_hub_option, hub_url_problem, integer, key_not_set, unreachable_hint
 from ._validate import validate_job_id, validate_user_id
 
 
@@ -48,11 +48,7 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_LIMIT,
         help=f"desktops: rows to show (1-{MAX_LIMIT})",
     )
-    p.add_argument(
-        "--hub",
-        default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
-        help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
-    )
+    add_hub_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     status, body = request_json(args.hub, path)
     if status is None:
         print(
-            f"deskbridge-hub inspect: cannot reach hub at {args.hub}: {unreachable_reason(body)}",
+            f"deskbridge-hub inspect: cannot reach hub at {args.hub}: "
+            f"{unreachable_reason(body)}{unreachable_hint(args.hub)}",
             file=sys.stderr,
         )
         return 1
@@ -93,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if status == 401 and not first_api_key():  # as ``call`` says it
-            print("deskbridge-hub inspect: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
+            print(key_not_set("inspect"), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(body, indent=2))

@@ -90,6 +90,7 @@ from ._errors import (
 from ._http import bridge_error_answer, released_answer
 from ._http_body import string_option, timeout_option
 from ._mcp_mount import MAX_SESSIONS_PER_USER, STARTED_AT
+from ._mcp_params import name_invalid_params
 from ._outcome import Outcome
 from ._progress import ProgressReport
 from ._shutdown import Draining, WaitingCall
@@ -340,6 +341,7 @@ class UserEndpoint:
             on_subscriptions_listen=ListenHandler(self.bus),
         )
         self.server.middleware.append(self._remember_session)
+        self.server.middleware.append(name_invalid_params)  # -32602 naming the field
         # The session manager builds the InitializeResult without NotificationOptions, which
         # would advertise tools.listChanged false although _watch_catalogue sends
         # notifications/tools/list_changed: say so, so clients know to listen.

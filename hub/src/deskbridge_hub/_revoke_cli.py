@@ -49,12 +49,15 @@ def add_parser(sub: Any) -> None:
 
 
 def _usage_problem(user_id: str) -> str | None:
+    from deskbridge_common._envnames import misspelling_hint
+
     from ._config import MEMORY_URL, redis_url_problem
     from ._validate import validate_user_id
 
     url = os.environ.get("DESKBRIDGE_REDIS_URL", "")
     if not url:
-        return "DESKBRIDGE_REDIS_URL is not set: revocations live in the hub's Redis"
+        hint = misspelling_hint("DESKBRIDGE_REDIS_URL")
+        return f"DESKBRIDGE_REDIS_URL is not set: revocations live in the hub's Redis{hint}"
     if url == MEMORY_URL:
         return (
             "DESKBRIDGE_REDIS_URL is memory://: the in-memory substrate lives inside the one "

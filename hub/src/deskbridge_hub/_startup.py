@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Mapping
 
+from deskbridge_common._envnames import misspelling_hint
+
 from ._config import MEMORY_URL, HubConfig
 from ._tokens import check_secret
 
@@ -42,7 +44,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> HubConfig:
     except ValueError as exc:
         _refuse(str(exc))
     if config.redis_url is None:
-        _refuse(NO_REDIS_URL)
+        _refuse(NO_REDIS_URL + misspelling_hint("DESKBRIDGE_REDIS_URL", environ))
     if config.redis_url == MEMORY_URL:
         log.warning(
             "in-memory substrate (DESKBRIDGE_REDIS_URL=memory://): serves this process only; "
@@ -52,7 +54,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> HubConfig:
     if not config.secrets:
         log.error(
             "DESKBRIDGE_SECRET is not set: every sidecar handshake is refused "
-            "(503 not_configured) until the hub restarts with it"
+            "(503 not_configured) until the hub restarts with it%s",
+            misspelling_hint("DESKBRIDGE_SECRET", environ),
         )
     return config
 

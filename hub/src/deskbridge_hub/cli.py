@@ -18,10 +18,19 @@ import urllib.request
 from collections.abc import Sequence
 
 from deskbridge_common import _strict_json as strict_json
+from deskbridge_common._envnames import misspelling_hint
 
 from . import _cancel_cli, _inspect_cli, _revoke_cli
 from ._bridge_jobs import ARGS_ENCODER, MAX_TIMEOUT_S
-from ._cli_args import checked, hub_url_problem, integer, seconds
+from ._cli_args import (
+    add_hub_option,
+    checked,
+    hub_url_problem,
+    integer,
+    key_not_set,
+    seconds,
+    unreachable_hint,
+)
 from ._config import DEFAULT_MAX_ARGS_BYTES, MEMORY_URL, max_args_bytes, redis_url_problem
 from ._http_body import finite_float, json_problem, no_constant
 from ._tokens import DEFAULT_TOKEN_LIFETIME_S, check_secret, issue_token
@@ -110,11 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("user_id", metavar="USER_ID")
     c.add_argument("tool", metavar="TOOL", type=checked(validate_tool_name))
     c.add_argument("--args", default="{}", metavar="JSON", help="tool arguments as a JSON object")
-    c.add_argument(
-        "--hub",
-        default=os.environ.get("DESKBRIDGE_HUB_HTTP", "http://127.0.0.1:8080"),
-        help="hub base URL (default $DESKBRIDGE_HUB_HTTP or http://127.0.0.1:8080)",
-    )
+    add_hub_option(c)
     c.add_argument(
         "--idempotency-key",
         default=None,
@@ -207,7 +212,8 @@ MAX_TOKEN_LIFETIME_S = 10 * 365 * 86_400.0
 def _token(args: argparse.Namespace) -> int:
     secret = os.environ.get("DESKBRIDGE_SECRET", "")
     if not secret:
-        print("deskbridge-hub token: DESKBRIDGE_SECRET is not set", file=sys.stderr)
+        hint = misspelling_hint("DESKBRIDGE_SECRET")
+        print(f"deskbridge-hub token: DESKBRIDGE_SECRET is not set{hint}", file=sys.stderr)
         return 2
     if not (math.isfinite(args.lifetime_s) and 0 < args.lifetime_s <= MAX_TOKEN_LIFETIME_S):
         print(
@@ -269,6 +275,7 @@ def _call(args: argparse.Namespace) -> int:
         status, raw = _inspect_cli.read_answer(req, wait_s)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = _inspect_cli.unreachable_reason(exc)
+        reason += unreachable_hint(args.hub)
         print(f"deskbridge-hub call: cannot reach hub at {args.hub}: {reason}", file=sys.stderr)
         return 1
     answered = _inspect_cli.hub_answer(status, args.hub, raw)
@@ -289,7 +296,7 @@ def _call(args: argparse.Namespace) -> int:
         return 2
     print(answer)
     if status == 401 and not key:
-        print("deskbridge-hub call: DESKBRIDGE_API_KEY is not set", file=sys.stderr)
+        print(key_not_set("call"), file=sys.stderr)
     return 1
 
 
@@ -403,13 +410,15 @@ def _serve(args: argparse.Namespace) -> int:
     if hub.redis_url in (None, MEMORY_URL) and args.workers > 1:
         print(
             "deskbridge-hub serve: the in-memory substrate serves one process only; "
-            "set DESKBRIDGE_REDIS_URL to a redis:// URL to run more than one worker",
+            "set DESKBRIDGE_REDIS_URL to a redis:// URL to run more than one worker"
+            f"{misspelling_hint('DESKBRIDGE_REDIS_URL')}",
             file=sys.stderr,
         )
         return 2
     if not hub.secrets:
         print(
-            "deskbridge-hub serve: DESKBRIDGE_SECRET is not set; sidecars could not authenticate",
+            "deskbridge-hub serve: DESKBRIDGE_SECRET is not set; sidecars could not "
+            f"authenticate{misspelling_hint('DESKBRIDGE_SECRET')}",
             file=sys.stderr,
         )
         return 2
@@ -424,7 +433,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not hub.api_keys and host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"deskbridge-hub serve: binding {args.bind} (not loopback) requires "
-            "DESKBRIDGE_API_KEY for the dispatch API",
+            f"DESKBRIDGE_API_KEY for the dispatch API{misspelling_hint('DESKBRIDGE_API_KEY')}",
             file=sys.stderr,
         )
         return 2
@@ -433,7 +442,8 @@ def _serve(args: argparse.Namespace) -> int:
         # explicitly for the ASGI entry (which refuses an absent URL).
         os.environ["DESKBRIDGE_REDIS_URL"] = MEMORY_URL
         logging.getLogger("deskbridge.hub").info(
-            "DESKBRIDGE_REDIS_URL is not set: in-memory substrate for this one process"
+            "DESKBRIDGE_REDIS_URL is not set: in-memory substrate for this one process%s",
+            misspelling_hint("DESKBRIDGE_REDIS_URL"),
         )
     config = Config()
     config.application_path = "deskbridge_hub.asgi:app"

@@ -476,7 +476,9 @@ class Daemon:
                 rejected_status = exc.status_code
                 retry_after_s = exc.retry_after_s
                 why = f"hub refused the upgrade with {exc.describe()}"
-                if exc.status_code == 404:  # a wrong path: say which one serves sidecars
+                # a wrong path (405: a route the hub serves to POST, pasted from the
+                # HTTP API's examples): say which one serves sidecars
+                if exc.status_code in (404, 405):
                     why += (
                         f"; no sidecar endpoint at {self.url}: check --hub (the hub's is "
                         "/v1/sidecar, which a URL without a path gets)"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import trio
 from deskbridge_common import Timings
-from deskbridge_common._envnames import unknown_variable_lines
+from deskbridge_common._envnames import misspelling_hint, unknown_variable_lines
 
 from . import _config, _service_cli
 from ._daemon import Daemon, token_problem
@@ -424,10 +424,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
-        if args.command in ("approve", "decline", "pending"):
-            return _consent_command(args)
-        if args.command in _service_cli.COMMANDS:
-            return _service_cli.run(args)
+        if args.command in ("approve", "decline", "pending") or (
+            args.command in _service_cli.COMMANDS
+        ):
+            return _one_shot(args)
         if args.command != "run":
             parser.print_help(sys.stderr)
             return 2
@@ -443,6 +443,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for close in _CLOSERS:
             close()
     return _for_launchd(status) if getattr(args, "launchd", False) else status
+
+
+def _one_shot(args: argparse.Namespace) -> int:
+    """Run a command other than ``run``. Ctrl-C (``set-token`` waiting for the token on
+    standard input, ``install-service --now`` waiting for systemctl) is one line and 130,
+    as ``deskbridge-hub``'s commands say it (was a KeyboardInterrupt traceback)."""
+    try:
+        if args.command in _service_cli.COMMANDS:
+            return _service_cli.run(args)
+        return _consent_command(args)
+    except KeyboardInterrupt:
+        print(f"deskbridge-sidecar {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 #: Toolset clean-ups to run once the daemon has stopped (the browser).
@@ -479,11 +492,15 @@ def _daemon_from_args(run_parser: argparse.ArgumentParser, args: argparse.Namesp
     args.log_file = args.log_file or cfg.log_file
     args.data_dir = args.data_dir or os.environ.get("DESKBRIDGE_DATA_DIR") or cfg.data_dir
     if not hub:
-        run_parser.error("the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL")
+        run_parser.error(
+            "the hub URL is required: --hub URL or DESKBRIDGE_HUB_URL"
+            + misspelling_hint("DESKBRIDGE_HUB_URL")
+        )
     token = (token or "").strip()  # a pasted token's newline or a stray space
     if not token:
         run_parser.error(
             "a token is required: --token TOKEN, DESKBRIDGE_TOKEN or `deskbridge-sidecar set-token`"
+            + misspelling_hint("DESKBRIDGE_TOKEN")
         )
     if (problem := token_problem(token)) is not None:
         run_parser.error(f"--token / DESKBRIDGE_TOKEN: {problem}")
