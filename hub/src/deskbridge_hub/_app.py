@@ -54,7 +54,7 @@ from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it fr
 from ._http_body import _no_other_fields, _timeout_s, check_media_type, parse_job
 from ._jobs_asgi import mount_jobs
 from ._mcp_mount import mount_mcp
-from ._middleware import _access_log, _tracking_http
+from ._middleware import _access_log, _tracking_http, _whole_last_send
 from ._process import HubState
 from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S, HEALTHZ_PING_TIMEOUT_S
@@ -357,6 +357,7 @@ def create_app(
     add_event_routes(app, holder)
     # Innermost first: the job route is served inside the request tracking and the
     # access log, as Quart's routes are.
+    app.asgi_app = _whole_last_send(app.asgi_app)  # type: ignore[method-assign]
     app.asgi_app = mount_jobs(app.asgi_app, app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_sidecar(app.asgi_app, holder, config)  # type: ignore[method-assign]
