@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import pytest
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
-from deskbridge_hub import HubConfig, create_app
-from deskbridge_hub._memory import MemorySubstrate
+from tests.hub.hypercorn_kit import exchange, serve_hub, until_eof
 
 #: (method, path, body) of routes served by Quart, by ``_jobs_asgi`` and by the MCP mount.
 ROUTES = [
@@ -39,32 +36,13 @@ KEEP_ALIVE_S = 0.5
 
 @pytest.fixture
 async def hub_port(nursery):
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.keep_alive_timeout = KEEP_ALIVE_S
-    config.accesslog = None
-    app = create_app(HubConfig(secrets=("s" * 40,), api_keys=("k",)), MemorySubstrate())
-    binds = await nursery.start(serve, app, config)
-    return int(binds[0].rsplit(":", 1)[1])
+    return await serve_hub(nursery, keep_alive_timeout_s=KEEP_ALIVE_S)
 
 
 def _request(method: str, path: str, body: bytes, version: str, connection: str) -> bytes:
     head = f"{method} {path} {version}\r\nHost: hub\r\nAuthorization: Bearer k\r\n{connection}"
     head += "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
     return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
-
-
-async def _until_eof(stream: trio.SocketStream, within_s: float) -> bytes:
-    """What the hub sends until it closes the connection.
-
-    Raises:
-        trio.TooSlowError: the connection is still open after ``within_s`` seconds.
-    """
-    data = b""
-    with trio.fail_after(within_s):
-        while chunk := await stream.receive_some():
-            data += chunk
-    return data
 
 
 @pytest.mark.parametrize(
@@ -76,10 +54,7 @@ async def _until_eof(stream: trio.SocketStream, within_s: float) -> bytes:
 async def test_a_connection_the_client_closes_is_closed_after_the_answer(
     hub_port, method, path, body, version, connection
 ):
-    stream = await trio.open_tcp_stream("127.0.0.1", hub_port)
-    async with stream:
-        await stream.send_all(_request(method, path, body, version, connection))
-        data = await _until_eof(stream, 5.0)
+    data = await exchange(hub_port, _request(method, path, body, version, connection))
     assert data.startswith(b"HTTP/1.1 "), data[:200]
     assert b"\r\n\r\n" in data
 
@@ -91,5 +66,5 @@ async def test_an_idle_keep_alive_connection_is_closed_after_keep_alive_timeout(
     stream = await trio.open_tcp_stream("127.0.0.1", hub_port)
     async with stream:
         await stream.send_all(_request(method, path, body, "HTTP/1.1", ""))
-        data = await _until_eof(stream, KEEP_ALIVE_S + 5.0)
+        data = await until_eof(stream, KEEP_ALIVE_S + 5.0)
     assert data.startswith(b"HTTP/1.1 "), data[:200]

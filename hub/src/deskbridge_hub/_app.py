@@ -24,7 +24,16 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import WebsocketMismatch
 
-from . import _admin, _connectors, _cross_site, _gcwatch, _metrics, _openapi, _tracing
+from . import (
+    _admin,
+    _connectors,
+    _cross_site,
+    _gcwatch,
+    _h11_errors,
+    _metrics,
+    _openapi,
+    _tracing,
+)
 from ._admission import CallAdmission
 from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
@@ -355,6 +364,7 @@ def create_app(
         return _json(_openapi.document(__version__))
 
     add_event_routes(app, holder)
+    _h11_errors.install()  # what Hypercorn answers itself (431, 400, 501): JSON bodies
     # Innermost first: the job route is served inside the request tracking and the
     # access log, as Quart's routes are.
     app.asgi_app = _whole_last_send(app.asgi_app)  # type: ignore[method-assign]
