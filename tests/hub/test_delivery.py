@@ -547,6 +547,30 @@ async def test_an_in_doubt_answer_at_a_restart_or_expiry_is_provisional(autojump
     assert substrate.pending_count(USER) == 1
 
 
+@pytest.mark.parametrize(("key", "advice"), [
+    ("key-1", "a retry with the same idempotency key gets it"),
+    ("job-1", "GET /v1/jobs/job-1 reports it (a new call would be a new job)"),
+])  # fmt: skip
+async def test_a_provisional_in_doubt_names_a_key_only_when_the_call_had_one(
+    autojump_clock, key, advice
+):
+    """A call without a key (its entry's key is its job id) was told "a retry with the
+    same idempotency key gets it": a retry without one is a new job."""
+    substrate, server, entry = await setup(reply_to="box-1", idempotency_key=key)
+
+    class Ending(FakeExecutor):
+        def ended_reason(self):
+            return "hub restarting"
+
+        def handed_over(self):
+            return False
+
+    with trio.move_on_after(5):
+        await server.serve(entry, Ending(hang=True))
+    [(_, payload)] = await substrate.read_notifications("box-1", count=10, block_ms=1)
+    assert json.loads(payload)["error"]["message"].endswith(advice)
+
+
 async def test_an_answer_after_the_job_s_answer_changes_nothing_and_is_not_served(
     autojump_clock, caplog
 ):

@@ -319,7 +319,8 @@ def create_app(
         except BRIDGE_ERRORS as exc:  # refused: the caller's own job_id, echoed
             return _respond(with_chosen_job_id(bridge_error_answer(exc), raw))
         if outcome is None:  # released: a graceful restart's grace ended meanwhile
-            answer = await released_answer(holder["bridge"], call, job.name, user_id)
+            keyed = job.idempotency_key is not None
+            answer = await released_answer(holder["bridge"], call, job.name, user_id, keyed=keyed)
             return _respond(with_chosen_job_id(answer, raw))
         return _respond(with_chosen_job_id(outcome_answer(outcome), raw))
 
