@@ -5,11 +5,10 @@ hide (how a connection ends, malformed requests)."""
 from __future__ import annotations
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
-
 from deskbridge_hub import HubConfig, create_app
 from deskbridge_hub._memory import MemorySubstrate
+from hypercorn.config import Config
+from hypercorn.trio import serve
 
 #: The API key of the served app.
 API_KEY = "k"

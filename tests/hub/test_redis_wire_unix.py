@@ -8,13 +8,13 @@ socket test. Every wait bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 import trio
 import trio.testing
@@ -23,10 +23,11 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from deskbridge_hub._redis_wire import WireConnection
 
 from ..procs import wait_until
+from .test_redis_wire import killed_idle_connection_replaced, with_connection
 
 
-@pytest.fixture(scope="module")
-def unix_redis() -> Iterator[str]:
+@contextlib.contextmanager
+def _unix_redis_server() -> Iterator[str]:
     """A private redis-server listening on a Unix socket only; yields the socket's path."""
     with tempfile.TemporaryDirectory(prefix="db-redis-") as tmp:  # short: sun_path limit
         path = str(Path(tmp) / "r.sock")
@@ -43,18 +44,26 @@ def unix_redis() -> Iterator[str]:
             proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def unix_redis() -> Iterator[str]:
+    """One server for the module's tests that leave it running."""
+    with _unix_redis_server() as path:
+        yield path
+
+
+@pytest.fixture
+def own_unix_redis() -> Iterator[str]:
+    """A server of the test's own (it shuts it down)."""
+    with _unix_redis_server() as path:
+        yield path
+
+
 def _conn(path: str, **kw) -> WireConnection:  # type: ignore[no-untyped-def]
     return WireConnection(UnixDomainSocketLocation(path), connect_timeout=5.0, **kw)
 
 
 async def _with_connection(path: str, body, **kw) -> None:  # type: ignore[no-untyped-def]
-    conn = _conn(path, **kw)
-    async with anyio.create_task_group() as tg:
-        await tg.start(conn.run)
-        try:
-            await body(conn)
-        finally:
-            conn.invalidate()
+    await with_connection(UnixDomainSocketLocation(path), body, **kw)
 
 
 async def _kill(path: str, client_id: int, *, when_blocked: bool = False) -> None:
@@ -116,82 +125,45 @@ async def test_a_blocking_read_on_a_unix_connection_redis_closes_fails_it(unix_r
 
 
 async def test_the_session_replaces_an_idle_unix_connection_redis_closed(unix_redis):
-    """Through the session a unix:// URL builds (``_redis_session``): its dedicated
-    connection for blocking commands, killed while idle, is replaced and the next
-    blocking command answered (not failed, not sent twice)."""
-    from deskbridge_hub._redis_session import _Session
-
-    s = _Session(
-        f"unix://{unix_redis}", connect_timeout_s=5.0, command_timeout_s=5.0,
-        max_connections=16, client_name="test-unix-self-read",
-    )  # fmt: skip
-    await s.open()
-    try:
-        with trio.fail_after(10):
-            key = f"none-{secrets.token_hex(4)}"
-            assert await s.execute((b"BLPOP", key, 0.01), timeout_s=5.0) == [None]
-            (c,) = s._blocking_idle
-            assert c.conn is not None and c.conn._raw is not None
-            listing = await s.execute((b"CLIENT", b"LIST"), timeout_s=5.0)
-            (dedicated,) = [
-                line.split(" ", 1)[0].removeprefix("id=")
-                for line in listing[0].splitlines()
-                if "name=test-unix-self-read" in line and "cmd=blpop" in line
-            ]
-            assert await s.execute((b"CLIENT KILL", b"ID", dedicated), timeout_s=5.0) == [1]
-            while c.conn.idle_alive():  # noqa: ASYNC110 - the kill's EOF is on its way
-                await trio.sleep(0.01)
-            assert await s.execute((b"RPUSH", key, "v"), timeout_s=5.0) == [1]
-            assert await s.execute((b"BLPOP", key, 1), timeout_s=5.0) == [[key, "v"]]
-            assert s.statistics().opened_total == 3  # shared, dedicated, its replacement
-    finally:
-        await s.close()
+    """Through the session a unix:// URL builds (``_redis_session``), as over TCP."""
+    await killed_idle_connection_replaced(f"unix://{unix_redis}")
 
 
-async def test_a_blocking_read_when_redis_shuts_down_fails_with_a_connection_error() -> None:
+async def test_a_blocking_read_when_redis_shuts_down_fails_with_a_connection_error(
+    own_unix_redis,
+) -> None:
     """Redis going away entirely (SHUTDOWN: its socket file removed) under a waiting
     blocking read on a self-reading connection, and under an idle one."""
-    with tempfile.TemporaryDirectory(prefix="db-redis-") as tmp:
-        path = str(Path(tmp) / "r.sock")
-        proc = subprocess.Popen(
-            ["redis-server", "--port", "0", "--unixsocket", path, "--save", "",
-             "--appendonly", "no", "--dir", tmp],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            wait_until(lambda: Path(path).exists(), timeout_s=10, what="redis-server's socket")
+    path = own_unix_redis
 
-            async def body(conn: WireConnection) -> None:
-                idle = _conn(path, self_read=True)
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(idle.run)
-                    with trio.fail_after(10):
-                        assert await idle.create_request(b"PING") == "PONG"
-                        my_id = await conn.create_request(b"CLIENT ID")
-                        waiting = conn.create_request(b"BLPOP", f"n-{secrets.token_hex(4)}", 0)
+    async def body(conn: WireConnection) -> None:
+        idle = _conn(path, self_read=True)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(idle.run)
+            with trio.fail_after(10):
+                assert await idle.create_request(b"PING") == "PONG"
+                my_id = await conn.create_request(b"CLIENT ID")
+                waiting = conn.create_request(b"BLPOP", f"n-{secrets.token_hex(4)}", 0)
 
-                        async def shut_down() -> None:
-                            other = _conn(path)
-                            async with trio.open_nursery() as inner:
-                                await inner.start(other.run)
-                                listing = (b"CLIENT", b"LIST", b"ID", my_id)
-                                while "cmd=blpop" not in await other.create_request(*listing):  # noqa: ASYNC110 - polling Redis' own view
-                                    await trio.sleep(0.01)
-                                with pytest.raises(RedisConnectionError):
-                                    await other.create_request(b"SHUTDOWN", b"NOSAVE")
-                                other.invalidate()
-
-                        nursery.start_soon(shut_down)
-                        with pytest.raises(RedisConnectionError):
-                            await waiting
-                        assert not conn.usable
-                        while idle.idle_alive():  # noqa: ASYNC110 - its EOF is on its way
+                async def shut_down() -> None:
+                    other = _conn(path)
+                    async with trio.open_nursery() as inner:
+                        await inner.start(other.run)
+                        listing = (b"CLIENT", b"LIST", b"ID", my_id)
+                        while "cmd=blpop" not in await other.create_request(*listing):  # noqa: ASYNC110 - polling Redis' own view
                             await trio.sleep(0.01)
                         with pytest.raises(RedisConnectionError):
-                            await idle.create_request(b"PING")
-                    idle.invalidate()
+                            await other.create_request(b"SHUTDOWN", b"NOSAVE")
+                        other.invalidate()
 
-            await _with_connection(path, body, self_read=True)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+                nursery.start_soon(shut_down)
+                with pytest.raises(RedisConnectionError):
+                    await waiting
+                assert not conn.usable
+                while idle.idle_alive():  # noqa: ASYNC110 - its EOF is on its way
+                    await trio.sleep(0.01)
+                with pytest.raises(RedisConnectionError):
+                    await idle.create_request(b"PING")
+            idle.invalidate()
+
+    await _with_connection(path, body, self_read=True)

@@ -62,4 +62,6 @@ def test_a_recovered_row_without_a_key_is_not_told_of_one(tmp_path):
 
 def test_a_recovered_row_with_a_key_is_told_to_use_a_new_one(tmp_path):
     message = _recovered_message(tmp_path, key="order-42", job_id="job-7")
-    assert message.endswith("Not run again: check, then retry with a new idempotency key if it should run")
+    assert message.endswith(
+        "Not run again: check, then retry with a new idempotency key if it should run"
+    )

@@ -110,7 +110,9 @@ class JsonErrorWSStream(WSStream):
             (b"content-length", b"%d" % len(body)),
             (b"connection", b"close"),
         ]
-        await self.send(Response(stream_id=self.stream_id, status_code=status_code, headers=headers))
+        await self.send(
+            Response(stream_id=self.stream_id, status_code=status_code, headers=headers)
+        )
         await self.send(Body(stream_id=self.stream_id, data=body))
         await self.send(EndBody(stream_id=self.stream_id))
         await self.config.log.access(
@@ -126,8 +128,8 @@ def install() -> None:
     """Make every HTTP/1.1 connection Hypercorn accepts from now on in this process answer
     an unparseable request, or a WebSocket upgrade it refuses, with a JSON error body.
     Idempotent."""
-    hypercorn.protocol.H11Protocol = JsonErrorH11Protocol  # type: ignore[misc]
-    hypercorn.protocol.h11.WSStream = JsonErrorWSStream  # type: ignore[misc]
+    hypercorn.protocol.H11Protocol = JsonErrorH11Protocol  # type: ignore[attr-defined]
+    hypercorn.protocol.h11.WSStream = JsonErrorWSStream  # type: ignore[attr-defined]
 
 
 __all__ = [
