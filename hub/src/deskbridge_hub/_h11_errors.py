@@ -37,14 +37,10 @@ from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.ws_stream import WSStream
 
-#: The code of each status h11 hints at (``_codes.HTTP_STATUS_CODES`` for the others).
-_CODES = {431: "request_header_fields_too_large", 501: "not_implemented"}
-
-
 def parse_error_body(status: int, reason: str, head_limit: int) -> bytes:
     """The JSON body of Hypercorn's answer ``status`` to a request h11 refused for
     ``reason``; ``head_limit``: the request head's limit, bytes (named by a 431)."""
-    code = _CODES.get(status) or _codes.HTTP_STATUS_CODES.get(status, _codes.BAD_REQUEST)
+    code = _codes.HTTP_STATUS_CODES.get(status, _codes.BAD_REQUEST)
     if status == 431:
         message = (
             f"the request head (request line and headers) is over {head_limit} bytes, the "
