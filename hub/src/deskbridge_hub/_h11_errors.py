@@ -37,6 +37,7 @@ from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.ws_stream import WSStream
 
+
 def parse_error_body(status: int, reason: str, head_limit: int) -> bytes:
     """The JSON body of Hypercorn's answer ``status`` to a request h11 refused for
     ``reason``; ``head_limit``: the request head's limit, bytes (named by a 431)."""
