@@ -429,8 +429,11 @@ async def test_the_terminal_state_names_user_and_time_and_lives_as_long_as_the_r
 
 @pytest.mark.parametrize(
     ("kind", "tool", "outcome"),
-    [("completed", "echo", "completed"), ("malformed", "echo", "failed"),
-     ("lost", "unknown", "lost")],
+    [
+        ("completed", "echo", "completed"),
+        ("malformed", "echo", "failed"),
+        ("lost", "unknown", "lost"),
+    ],
 )
 async def test_every_answer_is_counted_once_by_tool_and_outcome_and_logged_with_its_job(
     autojump_clock, caplog, kind, tool, outcome
@@ -523,9 +526,7 @@ async def test_a_zombies_answer_is_refused_counted_and_logged_once(autojump_cloc
     assert substrate.pending_count(USER) == 1
     assert _metrics.STALE_RESULTS._value.get() == stale + 1
     assert _metrics.SERVED.labels("echo", "completed")._value.get() == served
-    lines = [
-        r.getMessage() for r in caplog.records if r.name.startswith("deskbridge.hub")
-    ]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("deskbridge.hub")]
     assert lines == [
         "user u1: stale answer (completed) of job job-1 refused: delivery epoch 1, newest 2 "
         "(the entry was delivered again meanwhile; that delivery answers)"
@@ -577,7 +578,8 @@ async def test_an_in_doubt_answer_of_a_takeover_elsewhere_is_final_and_acked(aut
         await server.serve(entry, Ending(hang=True))
     body = await answer(substrate)
     assert (body["status"], body["detail"]) == (
-        "in_doubt", {"stage": "interrupted", "reason": "superseded"}
+        "in_doubt",
+        {"stage": "interrupted", "reason": "superseded"},
     )
     assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.FINISHED
     assert substrate.pending_count(USER) == 0
@@ -585,11 +587,10 @@ async def test_an_in_doubt_answer_of_a_takeover_elsewhere_is_final_and_acked(aut
     assert json.loads(payload) == body
 
 
-async def test_an_in_doubt_answer_at_a_restart_or_expiry_is_provisional(autojump_clock):
-    """1012 / 4003: the same desktop comes back, so the caller is told ``in_doubt`` with
-    ``detail.pending`` (its mailbox only) and the job's result stays to come: the entry
-    stays pending for its redelivery, the stage says ``interrupted``."""
-    substrate, server, entry = await setup(reply_to="box-1")
+async def _ended_mid_job(**fields_override):  # type: ignore[no-untyped-def]
+    """The job's session ends on purpose (a hub restart) while it runs: the substrate and
+    the caller's one notification (job id, decoded body)."""
+    substrate, server, entry = await setup(reply_to="box-1", **fields_override)
 
     class Ending(FakeExecutor):
         def ended_reason(self):
@@ -601,13 +602,33 @@ async def test_an_in_doubt_answer_at_a_restart_or_expiry_is_provisional(autojump
     with trio.move_on_after(5):
         await server.serve(entry, Ending(hang=True))
     [(job, payload)] = await substrate.read_notifications("box-1", count=10, block_ms=1)
-    body = json.loads(payload)
+    return substrate, job, json.loads(payload)
+
+
+async def test_an_in_doubt_answer_at_a_restart_or_expiry_is_provisional(autojump_clock):
+    """1012 / 4003: the same desktop comes back, so the caller is told ``in_doubt`` with
+    ``detail.pending`` (its mailbox only) and the job's result stays to come: the entry
+    stays pending for its redelivery, the stage says ``interrupted``."""
+    substrate, job, body = await _ended_mid_job()
     assert (job, body["status"], body["detail"]) == (
         "job-1", "in_doubt", {"stage": "interrupted", "reason": "hub restarting", "pending": True}
-    )
+    )  # fmt: skip
     assert await answer(substrate) is None  # not the job's result
     assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.INTERRUPTED
     assert substrate.pending_count(USER) == 1
+
+
+@pytest.mark.parametrize(("key", "advice"), [
+    ("key-1", "a retry with the same idempotency key gets it"),
+    ("job-1", "GET /v1/jobs/job-1 reports it (a new call would be a new job)"),
+])  # fmt: skip
+async def test_a_provisional_in_doubt_names_a_key_only_when_the_call_had_one(
+    autojump_clock, key, advice
+):
+    """A call without a key (its entry's key is its job id) was told "a retry with the
+    same idempotency key gets it": a retry without one is a new job."""
+    _, _, body = await _ended_mid_job(idempotency_key=key)
+    assert body["error"]["message"].endswith(advice)
 
 
 async def test_an_answer_after_the_job_s_answer_changes_nothing_and_is_not_served(

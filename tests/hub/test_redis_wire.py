@@ -27,7 +27,13 @@ HOST, PORT = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
 
 
 async def _with_connection(body, host=HOST, port=PORT, **kw) -> None:  # type: ignore[no-untyped-def]
-    conn = WireConnection(TCPLocation(host, int(port)), connect_timeout=5.0, **kw)
+    await with_connection(TCPLocation(host, int(port)), body, **kw)
+
+
+async def with_connection(location, body, **kw) -> None:  # type: ignore[no-untyped-def]
+    """``body(conn)`` with a running ``WireConnection`` to ``location`` (``kw``: its
+    options), invalidated after. Shared with ``test_redis_wire_unix``."""
+    conn = WireConnection(location, connect_timeout=5.0, **kw)
     async with anyio.create_task_group() as tg:
         await tg.start(conn.run)
         try:
@@ -330,10 +336,17 @@ async def test_an_idle_self_reading_connection_closed_by_redis_is_found_before_i
 async def test_a_blocking_command_after_its_idle_connection_was_killed_is_answered() -> None:
     """The session's dedicated connections read their own replies: one killed while idle
     is replaced before the next blocking command, which is answered (not failed)."""
+    await killed_idle_connection_replaced(REDIS_URL)
+
+
+async def killed_idle_connection_replaced(url: str) -> None:
+    """Through a session on ``url``: its dedicated connection for blocking commands,
+    killed while idle, is replaced and the next blocking command answered (not failed,
+    not sent twice). Shared with the Unix socket's test (``test_redis_wire_unix``)."""
     from deskbridge_hub._redis_session import _Session
 
     s = _Session(
-        REDIS_URL, connect_timeout_s=5.0, command_timeout_s=5.0, max_connections=16,
+        url, connect_timeout_s=5.0, command_timeout_s=5.0, max_connections=16,
         client_name="test-self-read",
     )  # fmt: skip
     await s.open()

@@ -203,3 +203,33 @@ async def test_pushed_entries_a_worker_meets_after_the_session_stopped_are_queue
         await state.reader._dispatch(listener, {"0-8"}, entries, pushed=True)
         assert unmarked == ["0-7"]  # 0-8 is being served here: left to that delivery
         nursery.cancel_scope.cancel()
+
+
+# -- in_doubt and restarting answers name an idempotency key only when the call had one --
+
+
+def test_an_interrupted_answer_names_a_key_only_when_the_call_had_one() -> None:
+    """Before: "a retry with the same idempotency key gets it" and "retry with a new key"
+    for a call without a key (its key is its job id): a retry without one is a new job."""
+    import json
+
+    from deskbridge_hub._jobs import interrupted_payload
+
+    for pending in (True, False):
+        keyless = json.loads(interrupted_payload("expired", pending=pending, unkeyed_job="j7"))
+        message = keyless["error"]["message"]
+        assert "key" not in message, message
+        keyed = json.loads(interrupted_payload("expired", pending=pending))["error"]["message"]
+        assert "idempotency key" in keyed or "new key" in keyed
+    pending_keyless = json.loads(interrupted_payload("x", pending=True, unkeyed_job="j7"))
+    assert "GET /v1/jobs/j7 reports it" in pending_keyless["error"]["message"]
+
+
+def test_a_released_call_is_told_of_its_key_only_when_it_had_one() -> None:
+    from deskbridge_hub._http import restarting_answer
+
+    _, keyless = restarting_answer("job-7", "running", keyed=False)
+    assert "idempotency" not in keyless["error"]["message"]
+    assert "GET /v1/jobs/job-7" in keyless["error"]["message"]
+    _, keyed = restarting_answer("job-7", "running", keyed=True)
+    assert "retry with the same idempotency_key" in keyed["error"]["message"]

@@ -101,6 +101,10 @@ QUEUE_FULL = "queue_full"
 OVERLOADED = "overloaded"
 #: a browser request from another site or origin to a route behind the API key (403)
 CROSS_SITE_REQUEST = "cross_site_request"
+#: a request head (request line and headers) over Hypercorn's limit (431, before the app)
+REQUEST_HEADER_FIELDS_TOO_LARGE = "request_header_fields_too_large"
+#: a ``Transfer-Encoding`` other than chunked (501, h11's refusal before the app)
+NOT_IMPLEMENTED = "not_implemented"
 #: The code of each HTTP status whose answer is the status itself (not an outcome).
 HTTP_STATUS_CODES = {
     400: BAD_REQUEST,
@@ -114,7 +118,9 @@ HTTP_STATUS_CODES = {
     415: UNSUPPORTED_MEDIA_TYPE,
     426: UPGRADE_REQUIRED,
     429: TOO_MANY_REQUESTS,
+    431: REQUEST_HEADER_FIELDS_TOO_LARGE,
     500: INTERNAL_SERVER_ERROR,
+    501: NOT_IMPLEMENTED,
 }
 #: Every code a refused request may carry (besides the job outcomes' codes above).
 HTTP_ERROR_CODES = frozenset(
@@ -145,6 +151,8 @@ __all__ = [
     "METHOD_NOT_ALLOWED",
     "NOT_ACCEPTABLE",
     "NOT_CONFIGURED",
+    "NOT_IMPLEMENTED",
+    "REQUEST_HEADER_FIELDS_TOO_LARGE",
     "OVERLOADED",
     "QUEUE_FULL",
     "TOO_MANY_REQUESTS",

@@ -24,7 +24,16 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import WebsocketMismatch
 
-from . import _admin, _connectors, _cross_site, _gcwatch, _metrics, _openapi, _tracing
+from . import (
+    _admin,
+    _connectors,
+    _cross_site,
+    _gcwatch,
+    _h11_errors,
+    _metrics,
+    _openapi,
+    _tracing,
+)
 from ._admission import CallAdmission
 from ._bridge import STATUS_TIMEOUT_S, Bridge
 from ._config import MEMORY_URL, HubConfig
@@ -54,7 +63,7 @@ from ._http import HTTP_STATUS as HTTP_STATUS  # re-exported: tests import it fr
 from ._http_body import _no_other_fields, _timeout_s, check_media_type, parse_job
 from ._jobs_asgi import mount_jobs
 from ._mcp_mount import mount_mcp
-from ._middleware import _access_log, _tracking_http
+from ._middleware import _access_log, _tracking_http, _whole_last_send
 from ._process import HubState
 from ._progress import ProgressRelay
 from ._retry import CLEANUP_TIMEOUT_S, HEALTHZ_PING_TIMEOUT_S
@@ -310,7 +319,8 @@ def create_app(
         except BRIDGE_ERRORS as exc:  # refused: the caller's own job_id, echoed
             return _respond(with_chosen_job_id(bridge_error_answer(exc), raw))
         if outcome is None:  # released: a graceful restart's grace ended meanwhile
-            answer = await released_answer(holder["bridge"], call, job.name, user_id)
+            keyed = job.idempotency_key is not None
+            answer = await released_answer(holder["bridge"], call, job.name, user_id, keyed=keyed)
             return _respond(with_chosen_job_id(answer, raw))
         return _respond(with_chosen_job_id(outcome_answer(outcome), raw))
 
@@ -355,8 +365,10 @@ def create_app(
         return _json(_openapi.document(__version__))
 
     add_event_routes(app, holder)
+    _h11_errors.install()  # what Hypercorn answers itself (431, 400, 501): JSON bodies
     # Innermost first: the job route is served inside the request tracking and the
     # access log, as Quart's routes are.
+    app.asgi_app = _whole_last_send(app.asgi_app)  # type: ignore[method-assign]
     app.asgi_app = mount_jobs(app.asgi_app, app, holder, config)  # type: ignore[method-assign]
     app.asgi_app = _tracking_http(app.asgi_app, holder)  # type: ignore[method-assign]
     app.asgi_app = mount_sidecar(app.asgi_app, holder, config)  # type: ignore[method-assign]

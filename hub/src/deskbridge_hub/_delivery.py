@@ -533,7 +533,12 @@ class EntryServer:
                 finished = await self.substrate.finish(
                     self.user_id,
                     job_id,
-                    interrupted_payload(reason, pending=not final),
+                    interrupted_payload(
+                        reason,
+                        pending=not final,
+                        # a call without a key has its job id for key
+                        unkeyed_job=job_id if envelope.idempotency_key == job_id else None,
+                    ),
                     state,
                     # an unanswered job may be redelivered much later (forwarded_keep_s)
                     ttl_s=self.timings.result_ttl_s

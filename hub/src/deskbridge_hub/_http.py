@@ -58,25 +58,26 @@ def draining_answer() -> Answer:
     }
 
 
-def restarting_message(job_id: str | None) -> str:
+def restarting_message(job_id: str | None, *, keyed: bool = True) -> str:
     """What a caller released by a graceful restart is told (``restarting_answer``, the
-    MCP tool result)."""
+    MCP tool result); ``keyed``: the call had an idempotency key (a retry with it
+    attaches; without one a retry is a new job, so only the look-up is offered)."""
     if job_id is None:
         return "this hub replica restarted while the call waited; retry"
+    attach = "retry with the same idempotency_key to attach to it, or " if keyed else ""
     return (
         f"this hub replica restarted while the call waited; job {job_id} may still run: "
-        f"retry with the same idempotency_key to attach to it, or GET /v1/jobs/{job_id} "
-        "(any replica answers)"
+        f"{attach}GET /v1/jobs/{job_id} (any replica answers)"
     )
 
 
-def restarting_answer(job_id: str | None, stage: str) -> Answer:
+def restarting_answer(job_id: str | None, stage: str, *, keyed: bool = True) -> Answer:
     """The answer to a dispatch call still waiting when its replica's grace ended
     (``_shutdown.Draining.release_calls``): 503 ``unavailable`` naming the job and the
     stage it was last known in, like an enqueued job whose outcome is unknown."""
     body: dict[str, Any] = {
         "status": "unavailable",
-        "error": {"code": "unavailable", "message": restarting_message(job_id)},
+        "error": {"code": "unavailable", "message": restarting_message(job_id, keyed=keyed)},
     }
     if job_id is not None:
         body = {"job_id": job_id, **body, "detail": {"stage": stage}}
@@ -99,15 +100,19 @@ async def released_stage(bridge: Any, job_id: str | None) -> str:
     return "unknown"
 
 
-async def released_answer(bridge: Any, call: Any, tool: str, user_id: str) -> Answer:
+async def released_answer(
+    bridge: Any, call: Any, tool: str, user_id: str, *, keyed: bool = True
+) -> Answer:
     """Count and log a released call (``_shutdown.WaitingCall``) as ``unavailable``,
-    look its job's stage up and give its ``restarting_answer``."""
+    look its job's stage up and give its ``restarting_answer`` (``keyed``: the call had
+    an idempotency key)."""
     from . import _metrics
 
     _metrics.call_released(
         tool, user_id=user_id, job_id=call.job_id, elapsed_s=call.elapsed_s, known=call.tool_known
     )
-    return restarting_answer(call.job_id, await released_stage(bridge, call.job_id))
+    stage = await released_stage(bridge, call.job_id)
+    return restarting_answer(call.job_id, stage, keyed=keyed)
 
 
 def _draining() -> Response:

@@ -147,24 +147,34 @@ def cancelled_unstarted_payload() -> str:
     )
 
 
-def interrupted_payload(reason: str, *, pending: bool = False) -> str:
+def interrupted_payload(
+    reason: str, *, pending: bool = False, unkeyed_job: str | None = None
+) -> str:
     """The payload for a job that was running on the desktop when its session ended on
     purpose (``reason``: token expired, superseded, hub restarting): it may have acted.
 
     ``pending``: the answer is provisional (``detail.pending``: the same desktop comes
     back and its ledger answers the redelivery; a retry with the same idempotency key
-    gets that outcome). Otherwise it is final: the job is not delivered again."""
+    gets that outcome). Otherwise it is final: the job is not delivered again.
+    ``unkeyed_job``: the job's id when its call had no idempotency key (its key is its
+    job id): the advice names the job instead of a key (a retry without one is a new
+    job)."""
     if pending:
+        where = (
+            "a retry with the same idempotency key gets it"
+            if unkeyed_job is None
+            else f"GET /v1/jobs/{unkeyed_job} reports it (a new call would be a new job)"
+        )
         message = (
             f"the desktop's session ended ({reason}) while the job ran; it may have acted. "
-            "Its outcome is still to come from the desktop's reconnected session: a retry "
-            "with the same idempotency key gets it"
+            f"Its outcome is still to come from the desktop's reconnected session: {where}"
         )
         detail: dict[str, object] = {"stage": "interrupted", "reason": reason, "pending": True}
     else:
+        again = "retry with a new key" if unkeyed_job is None else "call again"
         message = (
             f"the desktop's session ended ({reason}) while the job ran; it may have acted "
-            "and is not delivered again. Check, then retry with a new key if it should run"
+            f"and is not delivered again. Check, then {again} if it should run"
         )
         detail = {"stage": "interrupted", "reason": reason}
     return result_payload(

@@ -130,7 +130,9 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
             if answer is None:
                 if not call.released:
                     return  # the client went away
-                answer = await released_answer(holder["bridge"], call, job.name, user_id)
+                answer = await released_answer(
+                    holder["bridge"], call, job.name, user_id, keyed=job.idempotency_key is not None
+                )
             sent = await _send(send, with_chosen_job_id(answer, raw), app.config)
         finally:
             if watch is not None:

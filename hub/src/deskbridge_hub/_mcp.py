@@ -202,12 +202,13 @@ def _error_result(status: str, code: str, message: str) -> types.CallToolResult:
 
 
 async def released_result(
-    bridge: Bridge, call: WaitingCall, tool: str, user_id: str
+    bridge: Bridge, call: WaitingCall, tool: str, user_id: str, *, keyed: bool
 ) -> types.CallToolResult:
     """A tool call still waiting when a graceful restart's grace ended: the HTTP API's
     ``restarting_answer`` (503 ``unavailable`` naming the job and its stage) as a result
-    with ``isError: true``, counted and logged once as ``unavailable``."""
-    _, body = await released_answer(bridge, call, tool, user_id)
+    with ``isError: true``, counted and logged once as ``unavailable`` (``keyed``: the
+    call had an idempotency key)."""
+    _, body = await released_answer(bridge, call, tool, user_id, keyed=keyed)
     return outcome_result(
         Outcome(
             job_id=body.get("job_id"),
@@ -492,7 +493,9 @@ class UserEndpoint:
             raise
         if outcome is None:  # released (not withdrawn: a retry may attach to the job)
             assert call is not None
-            return await released_result(self.bridge, call, params.name, self.user_id)
+            return await released_result(
+                self.bridge, call, params.name, self.user_id, keyed=key is not None
+            )
         if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
             outcome = attrs.evolve(outcome, job_id=None)
         return outcome_result(outcome)

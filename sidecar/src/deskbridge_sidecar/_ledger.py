@@ -585,8 +585,7 @@ class Ledger:
                 outcome = Outcome.failure(
                     IN_DOUBT,
                     f"{tool} started at {_utc(started_at)} and the sidecar stopped before it "
-                    "finished; it may have acted. Not run again: check, then retry with a "
-                    "new idempotency key if it should run",
+                    f"finished; it may have acted. {_not_run_again(key, ids)}",
                 )
                 text = outcome_to_json(outcome)
                 self._conn.execute(
@@ -641,12 +640,13 @@ class Ledger:
             return
         target = int(self.max_bytes * COMPACT_TO)
         rows = self._conn.execute(
-            "SELECT key, tool, finished_at, outcome, outcome_bytes FROM jobs WHERE finished_at "
+            "SELECT key, tool, finished_at, outcome, outcome_bytes, job_ids FROM jobs WHERE "
+            "finished_at "
             "IS NOT NULL AND outcome_bytes > ? ORDER BY finished_at",
             (_COMPACT_MIN_BYTES,),
         )
         compacted: list[tuple[str, int, str]] = []
-        for key, tool, finished_at, text, size in rows:
+        for key, tool, finished_at, text, size, ids in rows:
             if total <= target:
                 break
             was = outcome_from_json(text)
@@ -654,8 +654,7 @@ class Ledger:
                 IN_DOUBT,
                 f"{tool} ran and {'completed' if was.ok else 'failed'} at "
                 f"{_utc(finished_at)}; its result ({size} bytes) was dropped to keep the "
-                "sidecar's ledger within its size. Not run again: check, then retry with a "
-                "new idempotency key if it should run",
+                f"sidecar's ledger within its size. {_not_run_again(key, ids)}",
             )
             small = outcome_to_json(outcome)
             compacted.append((small, len(small.encode("utf-8")), key))
@@ -825,6 +824,15 @@ def _move_aside(path: Path) -> Path:
             except OSError as exc:
                 raise LedgerError(f"cannot move the corrupt ledger {src} aside: {exc}") from exc
     return target
+
+
+def _not_run_again(key: str, job_ids: str | None) -> str:
+    """The advice of an ``in_doubt`` answer from the row of ``key`` (``job_ids``: its
+    column): a call without an idempotency key has its job id for key, and is not told
+    of a key it never gave."""
+    if key in _job_ids(job_ids):
+        return "Not run again: check, then call again if it should run"
+    return "Not run again: check, then retry with a new idempotency key if it should run"
 
 
 def _utc(unix_s: float) -> str:

@@ -460,10 +460,15 @@ class ToolRunner:
         names = []
         for run in self._runs.values():
             if run.started and not run.done.is_set() and run.interrupted is None:
+                # a call without a key has its job id for key: no key to speak of
+                advice = (
+                    "Not run again: check, then call again if it should run"
+                    if run.key == run.job_id
+                    else "Not run again under this idempotency key: check, then retry "
+                    "with a new key"
+                )
                 run.interrupted = Outcome.failure(
-                    IN_DOUBT,
-                    f"{run.tool.name} was running when {why}; it may have acted. Not run "
-                    "again under this idempotency key: check, then retry with a new key",
+                    IN_DOUBT, f"{run.tool.name} was running when {why}; it may have acted. {advice}"
                 )
                 run.cancel_scope.cancel()
                 self.nursery.start_soon(self._give_up, run, run.interrupted)
