@@ -120,30 +120,74 @@ async def test_cancel_flag_refuses_the_job_before_it_starts(autojump_clock):
     assert substrate.pending_count(USER) == 0
 
 
-@pytest.mark.parametrize("before", [Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL])
-async def test_a_cancelled_redelivery_is_in_doubt_never_cancelled(autojump_clock, before):
-    """Issue 16: the job went to a desktop whose socket (or pod) then went away, and a
-    cancel came before its redelivery. It may have run: the caller is told ``in_doubt``,
-    never "cancelled before it started"; it is not forwarded again, and the old
-    delivery's late answer is refused (one answer)."""
-    substrate, server, _ = await setup()
-    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0")
+async def _cancelled_redelivery(before: Stage, *, daemon: str | None = "d1"):
+    """job-1 went to desktop d1 (state ``before``), whose socket or pod went away; a cancel
+    came before its redelivery, which is read now by a session of desktop ``daemon``."""
+    substrate, _, _ = await setup()
+    server = EntryServer(
+        substrate, Timings(), USER, "session-1", wall, daemon_id=daemon, tools=frozenset({"echo"})
+    )
+    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0", daemon_id="d1")
     old = await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
-    await substrate.set_job_state(USER, "job-1", JobState(before, USER, at=wall()), ttl_s=300)
+    was = JobState(before, USER, at=wall(), daemon_id="d1")
+    await substrate.set_job_state(USER, "job-1", was, ttl_s=300)
     await substrate.request_cancel(USER, "job-1", ttl_s=60)
     (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
-    executor = FakeExecutor()
+    return substrate, server, entry, old
+
+
+def _refused_as_late(job: Job) -> JobResult:
+    """The desktop's answer to a job it never started, with no time left."""
+    return JobResult(job.id, False, error=JobError("expired", "deadline passed; not started"))
+
+
+FORWARDED_BEFORE = [Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL]
+
+
+@pytest.mark.parametrize("before", FORWARDED_BEFORE)
+async def test_a_cancelled_redelivery_asks_the_desktops_ledger(autojump_clock, before):
+    """Issue 16, cancel2 round: the job may have run, and only the desktop's ledger
+    knows. It is forwarded with no time left (it never starts now): a desktop that ran
+    it answers from its record, and that is the caller's answer (was: ``in_doubt`` from
+    the hub, without asking). The old delivery's late answer is refused (one answer)."""
+    substrate, server, entry, old = await _cancelled_redelivery(before)
+    executor = FakeExecutor(lambda job: JobResult(job.id, True, {"ran": True}))
     await server.serve(entry, executor)
-    assert executor.jobs == []
+    assert [job.timeout_s for job in executor.jobs] == [0.0]
+    assert await answer(substrate) == {"status": "completed", "result": {"ran": True}}
+    assert substrate.pending_count(USER) == 0
+    late = await substrate.finish(
+        USER, "job-1", '{"status":"completed","result":1}', first_state(), ttl_s=300,
+        epoch=old.epoch,
+    )  # fmt: skip
+    assert late.verdict == "stale"
+
+
+@pytest.mark.parametrize("before", FORWARDED_BEFORE)
+async def test_a_cancelled_redelivery_the_desktop_never_started_is_cancelled(
+    autojump_clock, before
+):
+    """The same desktop refuses it as late: its ledger has no start, so it never ran
+    there, the only desktop it went to: ``cancelled`` is true."""
+    substrate, server, entry, _ = await _cancelled_redelivery(before)
+    await server.serve(entry, FakeExecutor(_refused_as_late))
+    body = await answer(substrate)
+    assert body["status"] == "cancelled", body
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.CANCELLED
+
+
+async def test_a_cancelled_redelivery_to_another_desktop_is_in_doubt(autojump_clock):
+    """Another desktop (or one not known) never started it; the first may have: never
+    ``cancelled``, but ``in_doubt`` (as before the round)."""
+    substrate, server, entry, _ = await _cancelled_redelivery(Stage.INTERRUPTED, daemon="d2")
+    await server.serve(entry, FakeExecutor(_refused_as_late))
     body = await answer(substrate)
     assert body["status"] == "in_doubt", body
     assert body["detail"] == {"stage": "interrupted", "reason": "cancelled after it was delivered"}
-    assert substrate.pending_count(USER) == 0
-    late = await substrate.finish(
-        USER, "job-1", '{"status":"completed","result":1}', first, ttl_s=300, epoch=old.epoch
-    )
-    assert late.verdict == "stale"
-    assert await answer(substrate) is None
+
+
+def first_state() -> JobState:
+    return JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0", daemon_id="d1")
 
 
 async def test_malformed_entry_is_failed_and_acked(autojump_clock):

@@ -13,8 +13,11 @@ For one entry, in order:
 4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``; done by
    the process reader in the step that read it, when it came as a new entry): past
    its deadline -> ``expired``, XACK; cancel flag set -> ``cancelled`` (before it
-   started), XACK, or ``in_doubt`` if it had been forwarded before (it may have run;
-   fenced: the old delivery's late answer is refused) (docs/operations.md, "Clocks");
+   started), XACK, or, if it had been forwarded before (it may have run; fenced: the
+   old delivery's late answer is refused), forwarded with no time left (``ask``): the
+   desktop's ledger answers, and its "never started" (``expired``) is ``cancelled``
+   (``in_doubt`` when an earlier delivery went to another desktop) (docs/operations.md,
+   "Clocks");
    the same step raises the job's claim epoch (fencing token) and returns it;
 6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``
    (meanwhile the process keeps the job's records alive: ``_keepalive``);
@@ -244,14 +247,12 @@ class EntryServer:
                 entry.entry_id, job_id, "cancelled", cancelled_before_start(), envelope=envelope
             )
             return
-        if marked.verdict == "in_doubt":  # cancelled, but forwarded before: it may have run
-            await self.finish(
-                entry.entry_id, job_id, "in_doubt", cancelled_in_doubt_payload(),
-                envelope=envelope, epoch=marked.epoch,
-            )  # fmt: skip
-            return
+        # cancelled, but forwarded before: it may have run, and only the desktop's ledger
+        # knows. Forwarded with no time left, it never starts now: the ledger answers
+        # (its record), or the desktop refuses it as late (never started there)
+        asked = marked.verdict == "ask"
         server_time = marked.server_time
-        if entry.received_at is not None:
+        if entry.received_at is not None and not asked:
             # Pushed: marked in the caller's step at submit, popped at ``received_at``;
             # the time this process has held it since counts against the deadline (a
             # stalled holder must not hand the desktop a fresh budget).
@@ -264,7 +265,7 @@ class EntryServer:
                 return
         # The sidecar gets the time left as a duration (its clock may be anything);
         # ``deadline`` is that duration on this hub's clock, for older sidecars.
-        left_s = max(0.0, envelope.deadline - server_time)
+        left_s = 0.0 if asked else max(0.0, envelope.deadline - server_time)
         epoch = marked.epoch
         running = (self.user_id, job_id, envelope.idempotency_key)
         if self.running_jobs is not None:
@@ -311,7 +312,14 @@ class EntryServer:
             if self.running_jobs is not None:
                 self.running_jobs.discard(*running)
         status, payload = outcome_of(result)
-        if status == "expired" and marked.elsewhere:
+        if status == "expired" and asked:
+            # never started on this desktop: "cancelled" if it is the only one it went to
+            status, payload = (
+                ("in_doubt", cancelled_in_doubt_payload())
+                if marked.elsewhere
+                else ("cancelled", cancelled_before_start())
+            )
+        elif status == "expired" and marked.elsewhere:
             # "I never started it" from this desktop; an earlier delivery went to another
             # (or one not known), which may have: never "did not run" (expired)
             status, payload = "in_doubt", delivered_elsewhere_payload()

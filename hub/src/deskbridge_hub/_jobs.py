@@ -164,14 +164,15 @@ def interrupted_payload(reason: str, *, pending: bool = False) -> str:
 
 def cancelled_in_doubt_payload() -> str:
     """The payload for a job whose cancel was found when it was to be delivered again: it
-    had been forwarded to the desktop before (its socket or pod went away without an
-    answer), so it may have run; it is not delivered again."""
+    had been forwarded to a desktop before (its socket or pod went away without an
+    answer), and the desktop asked since never started it but is another one (or one
+    not known): the first may have run it; it is not delivered again."""
     reason = "cancelled after it was delivered"
     return result_payload(
         "in_doubt",
         error={
             "code": "interrupted",
-            "message": "cancel requested after the job had been delivered to the desktop, "
+            "message": "cancel requested after the job had been delivered to a desktop, "
             "which did not answer before its socket went away; it may have acted and is "
             "not delivered again",
         },

@@ -37,8 +37,9 @@ from ._substrate import (
 #: delivered (awaiting approval, or interrupted) may have run, so it goes to the desktop
 #: again, whose ledger answers (issue 16: a redelivery after a pod kill was answered
 #: "expired" for a job that ran). A cancel flag likewise: a job never forwarded is
-#: "cancelled" (it never started); a forwarded one may have run, so it is "in_doubt",
-#: with a raised epoch so that the old delivery's late answer is refused (one answer).
+#: "cancelled" (it never started); a forwarded one may have run, so it is "ask": marked
+#: as a delivery (raised epoch: the old delivery's late answer is refused, one answer)
+#: and forwarded with no time left, so the desktop's ledger answers (cancel2 round).
 #: A redelivery records the desktop it goes to (the state's ``daemon_id``), or ``?`` once
 #: an earlier delivery went to another desktop or one not known (``desk``, as
 #: ``_jobstate.delivered_again``), and says so (the reply's fourth item, 1).
@@ -91,14 +92,15 @@ local function mark(skey, ckey, fkey, state, ttl, deadline, now, ikey, job)
   if deadline ~= '' and tonumber(now) >= tonumber(deadline) and not sent then
     return {'expired', now}
   end
+  local verdict = 'delivered'
   if redis.call('EXISTS', ckey) == 1 then
     if not sent then return {'cancelled', now} end
-    return {'in_doubt', now, raise(fkey, ttl, deadline, now)}
+    verdict = 'ask'
   end
   local written, elsewhere = desk(state, sent)
   redis.call('SET', skey, written, 'PX', ttl)
   keep_key(ikey, job, ttl)
-  return {'delivered', now, raise(fkey, ttl, deadline, now), elsewhere}
+  return {verdict, now, raise(fkey, ttl, deadline, now), elsewhere}
 end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
@@ -154,6 +156,24 @@ local ok, body = pcall(cjson.decode, current)
 if not ok or type(body) ~= 'table' or body['stage'] ~= 'delivered' then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[2])
+return 1
+"""
+)
+
+#: restore_delivery: KEYS: state, fence. ARGV: epoch, state, TTL ms. Only over a stored
+#: ``queued`` state and a claim epoch absent or not above ``epoch``; the epoch's TTL is
+#: never shortened.
+_RESTORE = Script(
+    """
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local ok, body = pcall(cjson.decode, current)
+if not ok or type(body) ~= 'table' or body['stage'] ~= 'queued' then return 0 end
+local held = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if held > tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local keep = math.max(redis.call('PTTL', KEYS[2]), tonumber(ARGV[3]))
+redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
 return 1
 """
 )
@@ -434,6 +454,30 @@ class JobCommands(RedisCommandBase):
             if isinstance(reply, BaseException):
                 raise reply  # inside the session: mapped to SubstrateUnavailable
         return bool(reply)
+
+    async def restore_delivery(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """EVAL ``_RESTORE`` (see ``Substrate.restore_delivery``).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        keys = (state_key(user_id, job_id), fence_key(user_id, job_id))
+        async with self._session("restore delivery") as s:
+            (reply,) = await self._script(s, _RESTORE, keys, (epoch, state.encode(), _ms(ttl_s)))
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
+        return bool(reply)
+
+    async def cancel_requested(self, user_id: str, job_id: str) -> bool:
+        """EXISTS ``bridge:cancel:{user_id}:job_id``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("EXISTS cancel") as s:
+            return bool(await self._call(s, b"EXISTS", cancel_key(user_id, job_id)))
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 NX PX ceil(ttl_s * 1000).
