@@ -23,9 +23,11 @@ Per system, after a warm-up, the caller process (``bench/lib/callers.py``) measu
   http          (deskbridge only) the same over one keep-alive HTTP connection
   UxC           C concurrent callers over U users for --load-s seconds: jobs/s, p50/p99
 and for every phase: hub CPU ms per call (``/proc/<pid>/stat`` of the hub's process
-group), Redis commands per call (``INFO commandstats`` deltas, the instruments' own INFO
-left out), Redis connections opened (``total_connections_received`` delta) and held
-(by the hub: its established sockets to Redis from ``/proc``; in all: ``connected_clients``).
+group), Redis CPU ms per call (the ``redis-server`` process's: the single thread every
+replica shares, so what bounds a deployment's jobs/s), Redis commands per call
+(``INFO commandstats`` deltas, the instruments' own INFO left out), Redis connections
+opened (``total_connections_received`` delta) and held (by the hub: its established
+sockets to Redis from ``/proc``; in all: ``connected_clients``).
 Last, ``--monitor-calls`` sequential calls under MONITOR split the commands per call
 into those the caller process sent, those the hub process sent and those run inside
 scripts (``[lua]``), and count *steps* per sender (a command, a script, or a whole
@@ -430,6 +432,11 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
             lambda r, ph=phase: r[ph].get("caller_cpu_ms_per_call", float("nan")),
             3,
         )
+        row(
+            f"{label} redis CPU ms/call",
+            lambda r, ph=phase: r[ph].get("redis_cpu_ms_per_call", float("nan")),
+            3,
+        )
         row(f"{label} redis cmds/call", lambda r, ph=phase: r[ph]["redis_commands_per_call"])
         row(f"{label} redis conns opened", lambda r, ph=phase: r[ph]["redis_connections_opened"], 0)
         row(f"{label} errors", lambda r, ph=phase: r[ph]["errors"], 0)
@@ -442,6 +449,11 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
         row(
             f"{u}x{c} caller CPU ms/call",
             lambda r, k=k: r[k].get("caller_cpu_ms_per_call", float("nan")),
+            3,
+        )
+        row(
+            f"{u}x{c} redis CPU ms/call",
+            lambda r, k=k: r[k].get("redis_cpu_ms_per_call", float("nan")),
             3,
         )
         row(f"{u}x{c} redis cmds/call", lambda r, k=k: r[k]["redis_commands_per_call"])

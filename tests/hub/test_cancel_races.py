@@ -108,14 +108,13 @@ async def test_two_cancels_at_once_of_a_running_job_write_one_control_entry(
         assert stages == ["delivered", "delivered"]  # both requested: 202 each
         controls = await _controls(sub, redis_url, user)
         assert controls == [{"control": "cancel", "job_id": job}], "one control entry per job"
-        # later cancels still write none, and the flag still refuses a fresh delivery
-        # (the desktop's ledger is asked: the job was forwarded, it may have run)
+        # later cancels still write none, and the flag still refuses a delivery
         assert await bridge.cancel(job) == "delivered"
         assert len(await _controls(sub, redis_url, user)) == 1
         marked = await sub.mark_delivered(
             user, job, JobState(Stage.DELIVERED, user), ttl_s=60, deadline=None
         )
-        assert marked.verdict == "ask"
+        assert marked.verdict == "in_doubt"
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])

@@ -8,8 +8,9 @@ process) read the job's entry, found the cancel flag and no delivery (``queued``
 epoch 0) and answered ``cancelled``, about a tool that ran. Now the notice writes the
 delivery back (``restore_delivery``: only over ``queued``, only with an epoch not below
 the stored one), so the next reader knows the job was forwarded and asks the desktop's
-ledger (``ask``). A real hub session and process reader on ``MemorySubstrate``, a fake
-sidecar whose tool a cancel cannot stop (a sync tool), MockClock."""
+ledger (``in_doubt``, not ``elsewhere``: ``_delivery`` asks it). A real hub session and
+process reader on ``MemorySubstrate``, a fake sidecar whose tool a cancel cannot stop (a
+sync tool), MockClock."""
 
 from __future__ import annotations
 
@@ -69,6 +70,6 @@ async def test_a_rewound_job_s_cancel_notice_writes_its_delivery_back(
         nursery.cancel_scope.cancel()
     again = JobState(Stage.DELIVERED, "u1", at=wall(), session_id="s2", daemon_id="d1")
     marked = await sub.mark_delivered("u1", "job-a", again, ttl_s=600)
-    assert marked.verdict == "ask", marked  # was: "cancelled" about a tool that ran
+    assert marked.verdict == "in_doubt", marked  # was: "cancelled" about a tool that ran
     assert not marked.elsewhere  # the same desktop: its ledger answers
     assert "job" not in outcome

@@ -463,14 +463,9 @@ async def _cancelled_redelivery(reply_to=None):
     return substrate, server, entry
 
 
-def _refused_as_late(job):
-    """The desktop asked (no time left, its ledger without the job): never started."""
-    return JobResult(job.id, False, error=JobError("expired", "late; not started"))
-
-
 async def test_a_cancelled_redelivery_s_in_doubt_answer_notifies_its_caller(autojump_clock):
     substrate, server, entry = await _cancelled_redelivery(reply_to="box-1")
-    await server.serve(entry, FakeExecutor(_refused_as_late))
+    await server.serve(entry, FakeExecutor())
     assert (await answer(substrate))["status"] == "in_doubt"
     got = await substrate.read_notifications("box-1", count=10, block_ms=1)
     assert [job for job, _ in got] == ["job-1"]
@@ -479,7 +474,7 @@ async def test_a_cancelled_redelivery_s_in_doubt_answer_notifies_its_caller(auto
 async def test_a_cancelled_redelivery_s_in_doubt_answer_is_fenced(autojump_clock):
     substrate, server, entry = await _cancelled_redelivery()
     server.substrate = NewerDeliveryFirst(substrate)
-    await server.serve(entry, FakeExecutor(_refused_as_late))
+    await server.serve(entry, FakeExecutor())
     assert await answer(substrate) is None  # the newer delivery answers
 
 

@@ -257,6 +257,46 @@ async def test_cancel_of_a_queued_job_answers_at_once_and_never_runs_it(
     assert calls == [] and len(s.results[queued.id]) == 1
 
 
+@pytest.mark.parametrize("finished", [False, True])
+async def test_cancel_of_a_queued_redelivery_the_ledger_answers_gets_the_ledger_s_answer(
+    autojump_clock, start_daemon, wall, tmp_path, finished
+):
+    """The hub asks a desktop for its answer to a cancelled job it had forwarded before
+    (no time left, the cancel right behind: ``_delivery``). A key the ledger holds from
+    before a restart (started, its process killed: ``in_doubt``; or finished) was
+    answered "cancelled by the hub before it started", and recorded so: a lie about a
+    job that had run. The ledger's answer is the delivery's, and the ledger keeps it."""
+    from deskbridge_sidecar import Outcome
+    from deskbridge_sidecar._ledger import LEDGER_FILE, Ledger, args_digest
+
+    path = tmp_path / LEDGER_FILE
+    before = Ledger.open(path, wall_clock=wall)
+    await before.begin("k-before", "effect", args_digest({}), wall() + 600, "job-1")
+    if finished:
+        await before.finish("k-before", Outcome.success("done"), "effect", args_digest({}))
+        before.close()
+    else:
+        before._conn.close()  # the process dies mid-run
+    calls = []
+
+    @tool(side_effects=True)
+    async def effect() -> str:
+        calls.append(1)
+        return "done"
+
+    ledger = Ledger.open(path, wall_clock=wall)
+    daemon, s = await start_daemon(tools=[effect], ledger=ledger)
+    job = await s.send_job("effect", key="k-before", job_id="job-1", timeout_s=0.0)
+    await s.cancel(job.id)
+    result = await s.wait_result(job.id)
+    assert (result.ok, result.result) == (True, "done") if finished else (
+        result.error.code == "in_doubt"
+    ), result
+    assert calls == []
+    await settle()
+    assert (await ledger.get("k-before")).outcome.ok is finished  # not rewritten
+
+
 async def test_cancel_cannot_interrupt_a_sync_tool(autojump_clock, start_daemon, caplog):
     entered, gate = trio.Event(), threading.Event()
 

@@ -79,6 +79,8 @@ UNAUTHORIZED = "unauthorized"  #: a missing or wrong API key (or sidecar token)
 FORBIDDEN = "forbidden"  #: a sidecar token that is valid but not accepted here
 NOT_FOUND = "not_found"  #: no such route, job or user record
 METHOD_NOT_ALLOWED = "method_not_allowed"  #: the route exists; ``Allow`` lists its methods
+#: the request's ``Accept`` lists no type the route answers with (406: the MCP endpoint)
+NOT_ACCEPTABLE = "not_acceptable"
 REQUEST_TIMEOUT = "request_timeout"  #: the body did not arrive within the body timeout
 #: a body over the size limit (Werkzeug's name of 413; MCP said ``payload_too_large``)
 REQUEST_ENTITY_TOO_LARGE = "request_entity_too_large"
@@ -106,6 +108,7 @@ HTTP_STATUS_CODES = {
     403: FORBIDDEN,
     404: NOT_FOUND,
     405: METHOD_NOT_ALLOWED,
+    406: NOT_ACCEPTABLE,
     408: REQUEST_TIMEOUT,
     413: REQUEST_ENTITY_TOO_LARGE,
     415: UNSUPPORTED_MEDIA_TYPE,
@@ -140,6 +143,7 @@ __all__ = [
     "INTERNAL_SERVER_ERROR",
     "JOB_ID_IN_USE",
     "METHOD_NOT_ALLOWED",
+    "NOT_ACCEPTABLE",
     "NOT_CONFIGURED",
     "OVERLOADED",
     "QUEUE_FULL",

@@ -249,8 +249,9 @@ class JobControl:
         interrupted and finishes, and its caller gets the tool's real outcome). Its caller
         is answered "cancelled" when the job never reached a desktop or when the desktop
         cancelled its async tool; a job delivered before and cancelled before its
-        redelivery is asked of the desktop by the hub that reads it (it may have run: its
-        ledger answers, and "never started" there is ``cancelled``).
+        redelivery is asked of the desktop by the hub that reads it, when every earlier
+        delivery went to that desktop (it may have run: its ledger answers, and "never
+        started" there is ``cancelled``), else answered ``in_doubt``.
         A job found ``queued`` is answered here only when no live hub process holds the
         desktop's socket; otherwise that holder answers (it alone knows whether the job
         runs: a store that lost its last writes shows a running job ``queued``). Cancels

@@ -20,7 +20,8 @@ A delivery on the socket is also written back (``restore_delivery``) when the st
 shows the job ``queued``: a store that lost its last writes rewinds a running job's
 state and drops its claim epoch, and if this holder then died, the job's next reader
 found the cancel flag and no delivery and answered ``cancelled`` about a tool that ran.
-Written back, the next reader asks the desktop's ledger (``Marked`` ``ask``).
+Written back, the next reader asks the desktop's ledger (``Marked`` ``in_doubt``, not
+``elsewhere``: ``_delivery``).
 """
 
 from __future__ import annotations

@@ -44,11 +44,12 @@ async def check_restore_delivery_writes_back_only_over_queued(h: SubstrateHarnes
     other = JobState(Stage.DELIVERED, user, at=4.0, session_id="s2", daemon_id="d2")
     assert await s.restore_delivery(user, job, other, epoch=3, ttl_s=60) is False
     assert await s.get_job_state(user, job) == mine
-    # its next reader, the cancel flag set, asks the desktop (never "cancelled")
+    # its next reader, the cancel flag set, asks the desktop (never "cancelled"): in
+    # doubt, and every earlier delivery went to this desktop, whose ledger answers
     await s.request_cancel(user, job, ttl_s=60)
     again = JobState(Stage.DELIVERED, user, at=5.0, session_id="s3", daemon_id="d1")
     marked = await s.mark_delivered(user, job, again, ttl_s=60)
-    assert (marked.verdict, marked.epoch, marked.elsewhere) == ("ask", 4, False)
+    assert (marked.verdict, marked.epoch, marked.elsewhere) == ("in_doubt", 4, False)
     # a newer delivery's epoch is stored: an older holder writes nothing back
     newer = h.job()
     await s.set_job_state(user, newer, queued, ttl_s=60)

@@ -144,6 +144,31 @@ async def check_a_redelivery_says_whether_an_earlier_one_went_to_another_desktop
 
 
 @check
+async def check_a_cancelled_redelivery_says_whether_an_earlier_one_went_to_another_desktop(
+    h: SubstrateHarness,
+) -> None:
+    """A cancel found at a redelivery of a forwarded job is ``in_doubt`` (epoch raised,
+    state untouched); ``elsewhere`` is False only when every earlier delivery went to
+    this very desktop (its ledger knows the job: ``_delivery`` asks it)."""
+    s, user = h.substrate, h.user()
+
+    def at(daemon: str | None) -> JobState:
+        return JobState(Stage.DELIVERED, user, at=1.5, session_id="s1", daemon_id=daemon)
+
+    for first, again, elsewhere in [
+        ("d1", "d1", False), ("d1", "d2", True), (None, None, True), ("d1", None, True),
+    ]:  # fmt: skip
+        job = h.job()
+        before = await s.mark_delivered(user, job, at(first), ttl_s=60)
+        await s.request_cancel(user, job, ttl_s=60)
+        marked = await s.mark_delivered(user, job, at(again), ttl_s=60)
+        assert (marked.verdict, marked.epoch, marked.elsewhere) == (
+            "in_doubt", (before.epoch or 0) + 1, elsewhere,
+        ), (first, again)  # fmt: skip
+        assert await s.get_job_state(user, job) == at(first)  # untouched
+
+
+@check
 async def check_a_delivery_mark_never_forwarded_is_undone_only_while_it_is_the_newest(
     h: SubstrateHarness,
 ) -> None:

@@ -56,10 +56,10 @@ async def check_keep_job_keeps_a_running_jobs_records_alive(h: SubstrateHarness)
     assert state is not None and state.stage is Stage.DELIVERED
     assert await s.job_owner(job) == JobOwner(user, "box")
     # the claim epoch is kept (the next delivery's is larger, never the first again),
-    # and so is the cancel flag (the desktop's ledger is asked, not delivered afresh)
+    # and so is the cancel flag (the delivered job is in doubt, not delivered afresh)
     again = JobState(Stage.DELIVERED, user, at=2.0, session_id="s2")
     marked = await s.mark_delivered(user, job, again, ttl_s=_LONG_S)
-    assert (marked.verdict, marked.epoch) == ("ask", epoch + 1)
+    assert (marked.verdict, marked.epoch) == ("in_doubt", epoch + 1)
     # the idempotency record still names the job: a retry attaches to it
     retry = await s.submit(user, _submission(user, h.job(), key=key))
     assert retry.verdict == "indexed" and (retry.index_value or "").startswith(job + " ")

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from deskbridge_common import _codes
 
 from ._http import _needs_key, asgi_headers
+from ._mcp_answers import MCP_PATH, error_body, send_body
 
 CODE = _codes.CROSS_SITE_REQUEST
 _SAFE_SITES = frozenset({"same-origin", "none"})
@@ -89,6 +90,11 @@ def guard(asgi_app: Any, api_keys: tuple[str, ...] = ("",)) -> Any:
         if scope["type"] == "http":
             headers = asgi_headers(scope)
             why = refusal(scope.get("method", ""), scope.get("path", ""), headers, keyed=keyed)
+            if why is not None and MCP_PATH.match(scope.get("path", "")):
+                # as every refusal on the MCP endpoint: a JSON-RPC error an MCP client reads
+                message = f"refused: {why}; the MCP endpoint is for backends"
+                await send_body(send, 403, error_body(403, CODE, message))
+                return
             if why is not None:
                 body = json.dumps(
                     {"error": {"code": CODE, "message": f"refused: {why}; the API is for "

@@ -13,11 +13,12 @@ For one entry, in order:
 4. mark it delivered in one atomic step on the substrate's clock (Redis ``TIME``; done by
    the process reader in the step that read it, when it came as a new entry): past
    its deadline -> ``expired``, XACK; cancel flag set -> ``cancelled`` (before it
-   started), XACK, or, if it had been forwarded before (it may have run; fenced: the
-   old delivery's late answer is refused), forwarded with no time left (``ask``): the
-   desktop's ledger answers, and its "never started" (``expired``) is ``cancelled``
-   (``in_doubt`` when an earlier delivery went to another desktop) (docs/operations.md,
-   "Clocks");
+   started), XACK, or, if it had been forwarded before (it may have run; fenced: the old
+   delivery's late answer is refused), ``in_doubt`` when an earlier delivery went to
+   another desktop (or one not known), else forwarded to this desktop for its answer
+   only (no time left: its ledger joins the run or answers from its record, never
+   starts it afresh) with the cancel right behind it: the desktop's own answer, and
+   ``cancelled`` for its "expired" (never started) (docs/operations.md, "Clocks");
    the same step raises the job's claim epoch (fencing token) and returns it;
 6. forward it under a fresh delivery ``id`` and wait for the sidecar's ``job_result``
    (meanwhile the process keeps the job's records alive: ``_keepalive``);
@@ -72,6 +73,7 @@ from ._jobs import (
     MalformedEntry,
     cancelled_before_start,
     cancelled_in_doubt_payload,
+    cancelled_unstarted_payload,
     delivered_elsewhere_payload,
     expired_payload,
     failed_payload,
@@ -145,6 +147,16 @@ def outcome_of(result: JobResult) -> tuple[str, str]:
     message = replace_lone_surrogates(result.error.message) if result.error else "failed"
     status = code if code in OUTCOME_ERROR_CODES else "failed"
     return status, result_payload(status, error={"code": code, "message": message})
+
+
+async def _ask_with_cancel(executor: Executor, job: Job, epoch: int | None) -> JobResult:
+    """Forward ``job`` and send its cancel right behind it (the executor registers a
+    delivery before its first checkpoint, so the cancel finds it); return its result.
+
+    Raises: as :meth:`Executor.execute`. Cancellation: as :meth:`Executor.execute`."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(executor.cancel, job.job_id)
+        return await executor.execute(job, epoch=epoch)
 
 
 @attrs.define(eq=False)
@@ -247,12 +259,17 @@ class EntryServer:
                 entry.entry_id, job_id, "cancelled", cancelled_before_start(), envelope=envelope
             )
             return
-        # cancelled, but forwarded before: it may have run, and only the desktop's ledger
-        # knows. Forwarded with no time left, it never starts now: the ledger answers
-        # (its record), or the desktop refuses it as late (never started there)
-        asked = marked.verdict == "ask"
+        # cancelled, but forwarded before: it may have run. Only the desktop can tell, so
+        # unless an earlier delivery went to another (or one not known), it is asked
+        ask = marked.verdict == "in_doubt" and not marked.elsewhere and bool(self.daemon_id)
+        if marked.verdict == "in_doubt" and not ask:
+            await self.finish(
+                entry.entry_id, job_id, "in_doubt", cancelled_in_doubt_payload(),
+                envelope=envelope, epoch=marked.epoch,
+            )  # fmt: skip
+            return
         server_time = marked.server_time
-        if entry.received_at is not None and not asked:
+        if entry.received_at is not None:
             # Pushed: marked in the caller's step at submit, popped at ``received_at``;
             # the time this process has held it since counts against the deadline (a
             # stalled holder must not hand the desktop a fresh budget).
@@ -265,7 +282,8 @@ class EntryServer:
                 return
         # The sidecar gets the time left as a duration (its clock may be anything);
         # ``deadline`` is that duration on this hub's clock, for older sidecars.
-        left_s = 0.0 if asked else max(0.0, envelope.deadline - server_time)
+        # asked for its answer only: no time left, so the desktop never starts it afresh
+        left_s = 0.0 if ask else max(0.0, envelope.deadline - server_time)
         epoch = marked.epoch
         running = (self.user_id, job_id, envelope.idempotency_key)
         if self.running_jobs is not None:
@@ -287,7 +305,10 @@ class EntryServer:
             _metrics.job_dispatched(
                 envelope.name, server_time - envelope.enqueued_at, known=self.knows(envelope.name)
             )
-            result = await executor.execute(job, epoch=epoch)
+            if ask:
+                result = await _ask_with_cancel(executor, job, epoch)
+            else:
+                result = await executor.execute(job, epoch=epoch)
         except LocalProtocolError as exc:
             # An entry no sidecar could accept (written by a buggy producer): answer it
             # as failed instead of letting it crash every session it is redelivered to.
@@ -312,13 +333,10 @@ class EntryServer:
             if self.running_jobs is not None:
                 self.running_jobs.discard(*running)
         status, payload = outcome_of(result)
-        if status == "expired" and asked:
-            # never started on this desktop: "cancelled" if it is the only one it went to
-            status, payload = (
-                ("in_doubt", cancelled_in_doubt_payload())
-                if marked.elsewhere
-                else ("cancelled", cancelled_before_start())
-            )
+        if status == "expired" and ask:
+            # the desktop every delivery went to never started it (its ledger holds no
+            # run of the key): the cancel came first
+            status, payload = "cancelled", cancelled_unstarted_payload()
         elif status == "expired" and marked.elsewhere:
             # "I never started it" from this desktop; an earlier delivery went to another
             # (or one not known), which may have: never "did not run" (expired)

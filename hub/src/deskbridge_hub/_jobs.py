@@ -137,6 +137,16 @@ def cancelled_before_start() -> str:
     )
 
 
+def cancelled_unstarted_payload() -> str:
+    """The payload for a cancelled job delivered before to the desktop it went to again,
+    which said it never started it (no run of its key in its ledger): it did not run."""
+    return result_payload(
+        "cancelled",
+        error={"code": CANCELLED, "message": "cancelled before it started"},
+        detail={"stage": "delivered"},
+    )
+
+
 def interrupted_payload(reason: str, *, pending: bool = False) -> str:
     """The payload for a job that was running on the desktop when its session ended on
     purpose (``reason``: token expired, superseded, hub restarting): it may have acted.
@@ -165,8 +175,9 @@ def interrupted_payload(reason: str, *, pending: bool = False) -> str:
 def cancelled_in_doubt_payload() -> str:
     """The payload for a job whose cancel was found when it was to be delivered again: it
     had been forwarded to a desktop before (its socket or pod went away without an
-    answer), and the desktop asked since never started it but is another one (or one
-    not known): the first may have run it; it is not delivered again."""
+    answer), and this redelivery's desktop is another one (or one of them is not known),
+    which cannot tell whether the first ran it: it may have run; it is not delivered
+    again (the same desktop is asked instead: ``_delivery``)."""
     reason = "cancelled after it was delivered"
     return result_payload(
         "in_doubt",

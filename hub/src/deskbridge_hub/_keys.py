@@ -78,6 +78,12 @@ def tools_key(user_id: str) -> str:
     return f"bridge:tools:{{{user_id}}}"
 
 
+def tools_digest_key(user_id: str) -> str:
+    """The catalogue's digest, ``<SHA-1 hex> <bytes>``, written with the catalogue so the
+    caller's step compares it without hashing the catalogue (``_redis_caller.SUBMIT``)."""
+    return f"bridge:toolsha:{{{user_id}}}"
+
+
 def daemons_key(user_id: str) -> str:
     return f"bridge:daemons:{{{user_id}}}"
 

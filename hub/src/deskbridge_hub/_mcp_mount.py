@@ -20,7 +20,6 @@ import contextlib
 import importlib
 import json
 import logging
-import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,16 @@ from deskbridge_common import _strict_json as strict_json
 
 from ._bridge import Bridge
 from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted, unauthorized_message
+from ._mcp_answers import (
+    INVALID_REQUEST,
+    MCP_PATH,
+    PARSE_ERROR,
+    error_body,
+    guarded_send,
+    send_body,
+    unsupported_version,
+    with_id,
+)
 from ._peer_noise import LogBudget
 from ._shutdown import Draining
 from ._validate import validate_user_id
@@ -45,12 +54,9 @@ log = logging.getLogger("deskbridge.hub.mcp")
 #: ``anyio.current_time()``: ``Bridge.dispatch(started_at=...)`` of its tools/call.
 STARTED_AT = "deskbridge.started_at"
 
-_PATH = re.compile(r"/v1/users/([^/]+)/mcp/?\Z")
+_PATH = MCP_PATH
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
 _METHODS = frozenset({"GET", "POST", "DELETE"})
-#: JSON-RPC's "Parse error" and "Invalid Request".
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
 #: An endpoint with no request for this long, seconds, and no handshake-era session
 #: left (the SDK closes those after 30 minutes idle) is stopped; the next request starts
 #: it again (its only state is the catalogue digest). 10 minutes.
@@ -327,6 +333,10 @@ def mount_mcp(
                 endpoints, user_id, scope, receive, send, raw, initialize=method == "initialize"
             )
             return
+        if scope.get("method") == "GET":
+            # No event store, so no SSE event ids were ever sent and nothing can be
+            # replayed: a Last-Event-ID is a plain GET (the SDK left it unanswered: 500)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"last-event-id"]
         await _serve(endpoints, user_id, scope, receive, send)
 
     return mcp_app
@@ -400,7 +410,13 @@ async def _serve_with(
             retry_after_s=RETRY_AFTER_S,
         )
         return
-    await endpoint.manager.handle_request(scope, receive, send)
+    from mcp_types.version import KNOWN_PROTOCOL_VERSIONS  # loaded with the endpoint
+
+    refused = unsupported_version(scope, KNOWN_PROTOCOL_VERSIONS)
+    if refused is not None:
+        await send_body(send, 400, with_id(refused, _id_of(raw)))
+        return
+    await endpoint.manager.handle_request(scope, receive, guarded_send(send, scope))
 
 
 def _opens_session(scope: Any) -> bool:
@@ -572,14 +588,6 @@ def _authorization(scope: Any) -> str:
     return str(header.decode("latin-1"))
 
 
-#: The JSON-RPC error code of the hub's own HTTP refusals on the MCP endpoint, by HTTP
-#: status: JSON-RPC's Invalid Request for a request refused as it stands, an
-#: implementation-defined server error (-32000..-32099) for a missing or wrong key,
-#: Internal error for a hub that cannot serve it (as a tool call's ``unavailable``).
-RPC_CODE_OF_STATUS = {400: INVALID_REQUEST, 401: -32001, 405: INVALID_REQUEST, 413: INVALID_REQUEST}
-INTERNAL_ERROR = -32603
-
-
 async def _send_json(
     send: Any,
     status: int,
@@ -600,21 +608,14 @@ async def _send_json(
     ``"<code>: <message>"``; ``error.data`` holds what the HTTP API's error body holds
     (``code``, e.g. ``unauthorized``, and ``field``...). A 401 keeps its
     ``WWW-Authenticate``, a 405 its ``Allow``."""
-    error = {
-        "code": RPC_CODE_OF_STATUS.get(status, INTERNAL_ERROR),
-        "message": f"{code}: {message}",
-        "data": {"code": code, **extra},
-    }
-    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = []
     if allow is not None:
         headers.append((b"allow", allow.encode()))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     if retry_after_s is not None:
         headers.append((b"retry-after", str(retry_after_s).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_body(send, status, error_body(status, code, message, request_id, **extra), headers)
 
 
 __all__ = ["STARTED_AT", "McpEndpoints", "mount_mcp"]

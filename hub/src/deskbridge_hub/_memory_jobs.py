@@ -223,9 +223,12 @@ class MemoryJobCommands:
         before = self._forwarded(user_id, job_id, now)
         if deadline is not None and at >= deadline and before is None:
             return Marked("expired", at)
-        cancelled = self._get(cancel_key(user_id, job_id), now) is not None
-        if cancelled and before is None:
-            return Marked("cancelled", at)
+        if self._get(cancel_key(user_id, job_id), now) is not None:
+            if before is None:
+                return Marked("cancelled", at)
+            other = delivered_again(before, state)[1]
+            epoch = self._raise(user_id, job_id, ttl_s, deadline, now)
+            return Marked("in_doubt", at, epoch, other)
         state, elsewhere = delivered_again(before, state)
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         if idempotency_key is not None:  # the key's record, if it names this job
@@ -233,7 +236,7 @@ class MemoryJobCommands:
             if (self._get(ikey, now) or "").startswith(job_id + " "):
                 self._extend(ikey, now, ttl_s)
         epoch = self._raise(user_id, job_id, ttl_s, deadline, now)
-        return Marked("ask" if cancelled else "delivered", at, epoch, elsewhere)
+        return Marked("delivered", at, epoch, elsewhere)
 
     def _raise(
         self, user_id: str, job_id: str, ttl_s: float, deadline: float | None, now: float

@@ -39,6 +39,7 @@ from ._substrate import (
     proc_key,
     result_key,
     state_key,
+    tools_digest_key,
     tools_key,
     wake_key,
 )
@@ -131,7 +132,9 @@ class RedisClock:
         return None if self.offset_s is None else at + self._offset(at)
 
 
-#: The caller's one step. KEYS: presence, tools, jobs, index, state, idem, and on a single
+#: The caller's one step. KEYS: presence, tools, jobs, index, state, idem, the catalogue's
+#: digest (``tools_digest_key``: the catalogue is compared by its recorded SHA-1, not
+#: hashed per call), and on a single
 #: Redis the holder's wake list (under Cluster it is in another slot: the wake follows in
 #: the same write instead), its liveness key, the job's cancel flag and claim epoch, the
 #: user's daemon record (a pushed delivery records its consumer's daemon). ARGV:
@@ -185,7 +188,7 @@ local function again(presence)
   -- ARGV[18] '1': the job id is this call's own, so its job found here was enqueued
   -- by an earlier run of this very step whose reply was lost: answered as then
   local alive = 0
-  if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then alive = 1 end
+  if KEYS[9] and redis.call('EXISTS', KEYS[9]) == 1 then alive = 1 end
   return {now, 'queued', '', presence or '', 0, alive}
 end
 if ARGV[7] ~= '' then
@@ -202,15 +205,28 @@ if not presence then return {now, 'offline'} end
 local holder = string.match(presence, '^(.+)%.[^.]*$')
 if holder and holder ~= ARGV[10] then return {now, 'holder', presence} end
 local consumer = nil
-if KEYS[8] then
-  consumer = redis.call('GET', KEYS[8])
+if KEYS[9] then
+  consumer = redis.call('GET', KEYS[9])
   if not consumer then return {now, 'holder', presence} end
 end
 if ARGV[1] ~= '-' then
-  local catalogue = redis.call('GET', KEYS[2])
-  local sha = ''
-  if catalogue then sha = redis.sha1hex(catalogue) end
-  if sha ~= ARGV[1] then return {now, 'catalogue', catalogue} end
+  -- the digest its writer recorded ('<sha1> <bytes>', ``SET_DIGEST``), trusted while
+  -- the catalogue has that length (a hub from before the digest writes the catalogue
+  -- alone); else hashed here, which costs Redis O(catalogue size) for every call
+  local sha = nil
+  local digest = redis.call('GET', KEYS[7])
+  if digest then
+    local hex, size = string.match(digest, '^(%x+) (%d+)$')
+    if hex and tonumber(size) > 0 and tonumber(size) == redis.call('STRLEN', KEYS[2]) then
+      sha = hex
+    end
+  end
+  if not sha then
+    local catalogue = redis.call('GET', KEYS[2])
+    sha = ''
+    if catalogue then sha = redis.sha1hex(catalogue) end
+  end
+  if sha ~= ARGV[1] then return {now, 'catalogue', redis.call('GET', KEYS[2])} end
 end
 -- the queue's bound: the index holds every entry not yet acknowledged (dropped with the
 -- XACK), so the trim below never has to take an accepted entry to make room
@@ -238,7 +254,7 @@ local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(field
 redis.call('HSET', KEYS[4], id, ARGV[3])
 if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8] .. ' ' .. deadline, 'PX', ARGV[9]) end
 local pushed = 0
-if KEYS[7] then
+if KEYS[8] then
   local item = ARGV[12]
   local reader, most = string.match(consumer, '^(%S+) (%d+)$')
   if ARGV[13] ~= '' and reader and room(KEYS[3], ARGV[14], tonumber(most)) then
@@ -250,17 +266,17 @@ if KEYS[7] then
       if entry[1] == id then
         local state = '{"stage":"delivered","user_id":' .. cjson.encode(ARGV[12]) ..
           ',"at":' .. now .. ',"session_id":' .. cjson.encode(presence)
-        local desk = redis.call('HGET', KEYS[11], reader)
+        local desk = redis.call('HGET', KEYS[12], reader)
         if desk then state = state .. ',"daemon_id":' .. cjson.encode(desk) end
         state = state .. '}'
-        marked = mark(KEYS[5], KEYS[9], KEYS[10], state, ARGV[13], deadline, now, KEYS[6], ARGV[3])
+        marked = mark(KEYS[5], KEYS[10], KEYS[11], state, ARGV[13], deadline, now, KEYS[6], ARGV[3])
       end
       item = cjson.encode({ARGV[12], entry[1], entry[2], marked})
       pushed = 1
     end
   end
-  redis.call('RPUSH', KEYS[7], item)
-  redis.call('PEXPIRE', KEYS[7], ARGV[11])
+  redis.call('RPUSH', KEYS[8], item)
+  redis.call('PEXPIRE', KEYS[8], ARGV[11])
 end
 local alive = 0
 if consumer then alive = 1 end
@@ -319,6 +335,7 @@ class CallerCommands(RedisCommandBase):
             index_key(user_id),
             state_key(user_id, sub.job_id),
             idem_key(user_id, sub.idempotency_key or sub.job_id),
+            tools_digest_key(user_id),
         )
         # On a single Redis the wake-up is the script's own last write (only once queued);
         # under Cluster its key is in the holder's slot, so it follows in the same write.

@@ -41,6 +41,7 @@ from ._substrate import (
     jobs_key,
     presence_key,
     proc_key,
+    tools_digest_key,
     tools_key,
     wake_key,
 )
@@ -57,7 +58,8 @@ _REFRESH_IF_HOLDER = resend_safe_script(
 )
 #: Lua, the heartbeat of up to ``_BEAT_USERS`` users in one script (all keys in one slot
 #: on a Cluster: there, those of users whose keys share a slot, usually one). KEYS: per
-#: user presence, tools, jobs, index, daemon record. ARGV: presence TTL ms, group, this
+#: user presence, tools, jobs, index, daemon record, the catalogue's digest (written with
+#: a catalogue written again: ``SET_DIGEST``). ARGV: presence TTL ms, group, this
 #: consumer, reclaim idle ms, "1" to prune consumers, the daemon record's TTL ms ("" =
 #: leave it), then per user: session id, catalogue ("" = leave it), "1" for a deep beat.
 #: Returns per user {ours, backlog, reclaim_due, trimmed_due, taken} (see BeatReply),
@@ -98,7 +100,7 @@ end
 local px, grp, me, idle_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local prune = ARGV[5] == '1'
 local record_px = ARGV[6]
-local function beat(kp, kt, kj, ki, kd, session, catalogue, deep)
+local function beat(kp, kt, kj, ki, kd, ks, session, catalogue, deep)
   local old = redis.call('GETEX', kp, 'PX', px)
   if old and old ~= session then return {0, 0, 0, 0, 0} end
   local taken = 0
@@ -108,6 +110,7 @@ local function beat(kp, kt, kj, ki, kd, session, catalogue, deep)
   end
   if catalogue ~= '' then
     redis.call('SET', kt, catalogue)
+    redis.call('SET', ks, redis.sha1hex(catalogue) .. ' ' .. string.len(catalogue))
   elseif deep and taken == 0 and redis.call('EXISTS', kt) == 0 then
     taken = 1  -- the store lost the catalogue (an eviction): write it again, as after presence
   end
@@ -176,10 +179,10 @@ end
 local store_wide = {OOM = true, MISCONF = true, BUSY = true, MASTERDOWN = true,
   NOREPLICAS = true, LOADING = true, NOPERM = true, READONLY = true, CLUSTERDOWN = true}
 local out = {}
-for i = 0, #KEYS / 5 - 1 do
+for i = 0, #KEYS / 6 - 1 do
   local a = 7 + i * 3
-  local ok, reply = pcall(beat, KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3],
-    KEYS[i * 5 + 4], KEYS[i * 5 + 5], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
+  local ok, reply = pcall(beat, KEYS[i * 6 + 1], KEYS[i * 6 + 2], KEYS[i * 6 + 3],
+    KEYS[i * 6 + 4], KEYS[i * 6 + 5], KEYS[i * 6 + 6], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
   if ok then
     out[i + 1] = reply
   else
@@ -450,7 +453,10 @@ class PresenceCommands(RedisCommandBase):
             for i in indexes:
                 b = beats[i]
                 u = b.user_id
-                keys += (presence_key(u), tools_key(u), jobs_key(u), index_key(u), daemons_key(u))
+                keys += (
+                    presence_key(u), tools_key(u), jobs_key(u), index_key(u), daemons_key(u),
+                    tools_digest_key(u),
+                )  # fmt: skip
                 args += (b.session_id, b.catalogue or "", b"1" if b.deep else b"0")
             calls.append((indexes, (b"EVALSHA", _HEARTBEAT_SHA, len(keys), *keys, *shared, *args)))
         replies: list[BeatReply | None] = [None] * len(beats)

@@ -95,21 +95,22 @@ class Marked:
             state untouched; a job forwarded before is ``"delivered"`` again: the
             desktop's ledger answers a redelivery),
             ``"cancelled"`` (a cancel was requested and the job was never forwarded;
-            state untouched) or ``"ask"`` (a cancel was requested for a job forwarded
-            before, which may have run: recorded as ``delivered`` is, and forwarded
-            with no time left so that the desktop's ledger answers, its record or
-            ``expired`` (never started there); never "cancelled" unasked).
+            state untouched) or ``"in_doubt"`` (a cancel was requested for a job
+            forwarded before, which may have run: answer it in doubt, never
+            "cancelled"; the epoch is raised so the old delivery's answer is refused).
         server_time: the substrate's clock when it decided (Redis ``TIME``), Unix seconds.
             ``deadline - server_time`` is the time the job has left, measured on the one
             clock that set the deadline (docs/operations.md, "Clocks").
-        epoch: for ``delivered`` and ``ask``, this delivery's claim epoch (fencing
+        epoch: for ``delivered`` and ``in_doubt``, this delivery's claim epoch (fencing
             token): the job's counter, raised by every delivery, so a later delivery
             (after a reclaim or a takeover) always holds a larger one; None for the other
             verdicts.
-        elsewhere: for ``delivered`` and ``ask``, whether an earlier delivery of the job went to
-            another desktop than this one (another ``daemon_id``, or one not known):
-            that desktop may have started it, so this one's "refused as late" is not
-            "did not run" (the recorded ``daemon_id`` is then ``?``).
+        elsewhere: for ``delivered`` and ``in_doubt``, whether an earlier delivery of
+            the job went to another desktop than this one (another ``daemon_id``, or one
+            not known): that desktop may have started it, so this one's "refused as
+            late" is not "did not run" (the recorded ``daemon_id`` is then ``?``; an
+            ``in_doubt`` leaves the state as it was). False for ``in_doubt``: every
+            earlier delivery went to this desktop, whose ledger knows the job.
     """
 
     verdict: str

@@ -239,6 +239,12 @@ class ToolRunner:
             return _reused(key, known[0], job)
         return None
 
+    def answers_from_record(self, job: Job) -> bool:
+        """True if the ledger holds a record of ``job``'s key that speaks for it (a run
+        of it started here, maybe before a restart): :meth:`execute` answers it from
+        that record, and a cancel must not say "before it started"."""
+        return self._speaks(job) is not None
+
     def in_flight(self, key: str) -> bool:
         """True while a run for ``key`` is queued for the lock or executing."""
         return key in self._runs

@@ -73,6 +73,11 @@ class SessionJobs:
             # cancelled, the real outcome if it is a sync tool that cannot.
             self.runner.cancel(key)
             return
+        if self.runner.answers_from_record(job):
+            # Its key has a record (a run of it started here, maybe before a restart): the
+            # tool worker answers from it (the hub asks so after a cancel: ``_delivery``);
+            # "cancelled before it started" would be a lie about a job that ran.
+            return
         # Still queued in this session: never start it, and remember that.
         outcome = self.runner.cached(key)
         if outcome is None:
