@@ -121,3 +121,46 @@ async def test_a_cancel_while_the_store_may_have_lost_the_presence_claims_no_can
         assert state is not None and state.stage is Stage.QUEUED  # was: cancelled
         assert "outcome" not in got
         nursery.cancel_scope.cancel()
+
+
+async def _holder_dies_after_the_wait(sub: Substrate, bridge: Bridge, user: str) -> None:
+    """The holder lives through the cancel's wait without answering (stalled), then
+    dies: the job stayed ``queued`` for ``GET`` (until its TTL) and its caller waited
+    for its timeout. ``GET`` (``Bridge.job_state``) now finds the cancel flag and no
+    live holder, and answers it as the cancel would have: ``cancelled``."""
+    job = f"job-{secrets.token_hex(4)}"
+    holder = f"hub-{secrets.token_hex(4)}"
+    await sub.set_presence(user, f"{holder}.s1", 90)
+    lives_s = PROCESS_LIVENESS_TTL_S + 3  # through the wait and its last look
+    await sub.set_liveness(holder, lives_s)
+    async with trio.open_nursery() as nursery:
+        got, answered = await _queued_call(sub, bridge, user, job, nursery)
+        with trio.fail_after(PROMPT_S * 2):
+            assert await bridge.cancel(job) == "queued"  # the holder still lives
+        state = await bridge.job_state(job)
+        assert state is not None and state.stage is Stage.QUEUED  # it may still answer
+        await trio.sleep(lives_s + 1)  # it died unanswered
+        with trio.fail_after(PROMPT_S):
+            state = await bridge.job_state(job)
+        assert state is not None and state.stage is Stage.CANCELLED, state  # was: queued
+        with trio.fail_after(PROMPT_S):  # was: the caller's 600 s timeout
+            await answered.wait()
+    assert got["outcome"].status == "cancelled", got
+
+
+async def test_a_cancel_left_to_a_holder_that_dies_later_is_answered_by_get(
+    autojump_clock: Any,
+) -> None:
+    sub = MemorySubstrate(clock=wall)
+    await _holder_dies_after_the_wait(sub, Bridge(sub, Timings(), wall_clock=wall), "u1")
+
+
+async def test_a_cancel_left_to_a_holder_that_dies_later_is_answered_by_get_redis(
+    redis_url: str,
+) -> None:
+    user = f"holderlater-{secrets.token_hex(4)}"
+    async with RedisSubstrate.from_url(redis_url) as sub:
+        try:
+            await _holder_dies_after_the_wait(sub, Bridge(sub, Timings()), user)
+        finally:
+            await delete_tagged(RawRedis(redis_url), user)

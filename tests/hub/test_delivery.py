@@ -120,44 +120,41 @@ async def test_cancel_flag_refuses_the_job_before_it_starts(autojump_clock):
     assert substrate.pending_count(USER) == 0
 
 
-@pytest.mark.parametrize("before", [Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL])
-async def test_a_cancelled_redelivery_is_in_doubt_never_cancelled(autojump_clock, before):
-    """Issue 16: the job went to a desktop whose socket (or pod) then went away, and a
-    cancel came before its redelivery. It may have run: the caller is told ``in_doubt``,
-    never "cancelled before it started"; it is not forwarded again, and the old
-    delivery's late answer is refused (one answer)."""
-    substrate, server, _ = await setup()
-    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0")
-    old = await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
-    await substrate.set_job_state(USER, "job-1", JobState(before, USER, at=wall()), ttl_s=300)
-    await substrate.request_cancel(USER, "job-1", ttl_s=60)
-    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
-    executor = FakeExecutor()
-    await server.serve(entry, executor)
-    assert executor.jobs == []
-    body = await answer(substrate)
-    assert body["status"] == "in_doubt", body
-    assert body["detail"] == {"stage": "interrupted", "reason": "cancelled after it was delivered"}
-    assert substrate.pending_count(USER) == 0
-    late = await substrate.finish(
-        USER, "job-1", '{"status":"completed","result":1}', first, ttl_s=300, epoch=old.epoch
-    )
-    assert late.verdict == "stale"
-    assert await answer(substrate) is None
-
-
-async def _cancelled_redelivery_to(daemon: str | None):
-    """A job forwarded to desktop ``d1``, its socket gone, a cancel, then its entry read
-    again by a session of desktop ``daemon``."""
+async def _cancelled_redelivery(
+    before: Stage = Stage.DELIVERED, *, daemon: str | None = "d1", first: str | None = "d1"
+):
+    """job-1 went to desktop ``first`` (None: a desktop not recorded), its state then
+    ``before``, its socket or pod gone; a cancel came before its redelivery, which is read
+    now by a session of desktop ``daemon``. Returns the substrate, that session's server,
+    the entry and the first delivery's ``Marked``."""
     substrate, _, _ = await setup()
-    first = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0", daemon_id="d1")
-    old = await substrate.mark_delivered(USER, "job-1", first, ttl_s=300, deadline=wall() + 60)
-    await substrate.request_cancel(USER, "job-1", ttl_s=60)
-    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
     server = EntryServer(
         substrate, Timings(), USER, "session-2", wall, daemon_id=daemon, tools=frozenset({"echo"})
     )
+    state = JobState(Stage.DELIVERED, USER, at=wall(), session_id="session-0", daemon_id=first)
+    old = await substrate.mark_delivered(USER, "job-1", state, ttl_s=300, deadline=wall() + 60)
+    was = JobState(before, USER, at=wall(), daemon_id=first)
+    await substrate.set_job_state(USER, "job-1", was, ttl_s=300)
+    await substrate.request_cancel(USER, "job-1", ttl_s=60)
+    (entry,) = await substrate.read_pending(USER, "hub-1", count=10)
     return substrate, server, entry, old
+
+
+async def _late_answer_is_refused(substrate, old) -> None:
+    """The old delivery's late answer is refused (one answer)."""
+    late = await substrate.finish(
+        USER, "job-1", '{"status":"completed","result":1}', JobState(Stage.FINISHED, USER),
+        ttl_s=300, epoch=old.epoch,
+    )  # fmt: skip
+    assert late.verdict == "stale"
+
+
+def _refused_as_late(job: Job) -> JobResult:
+    """The desktop's answer to a job it never started, with no time left."""
+    return JobResult(job.id, False, error=JobError("expired", "deadline passed; not started"))
+
+
+FORWARDED_BEFORE = [Stage.DELIVERED, Stage.INTERRUPTED, Stage.AWAITING_APPROVAL]
 
 
 @pytest.mark.parametrize(
@@ -181,7 +178,7 @@ async def test_a_cancelled_redelivery_to_the_same_desktop_gets_its_answer(
     goes to that desktop with no time left (its ledger joins or answers, never starts it
     afresh) and the cancel right behind it; the desktop's answer is the caller's, and its
     "expired" (never started there) is ``cancelled``."""
-    substrate, server, entry, old = await _cancelled_redelivery_to("d1")
+    substrate, server, entry, old = await _cancelled_redelivery()
     executor = FakeExecutor(answer_of)
     await server.serve(entry, executor)
     (job,) = executor.jobs
@@ -191,22 +188,61 @@ async def test_a_cancelled_redelivery_to_the_same_desktop_gets_its_answer(
     assert body["status"] == status, body
     assert message is None or body["error"]["message"] == message, body
     assert substrate.pending_count(USER) == 0
-    late = await substrate.finish(
-        USER, "job-1", '{"status":"completed"}', JobState(Stage.FINISHED, USER), ttl_s=300,
-        epoch=old.epoch,
-    )  # fmt: skip
-    assert late.verdict == "stale"  # the old delivery's answer is still refused
+    await _late_answer_is_refused(substrate, old)  # still refused
 
 
-@pytest.mark.parametrize("daemon", ["d2", None])
-async def test_a_cancelled_redelivery_to_another_desktop_is_in_doubt_unasked(
-    autojump_clock, daemon
+@pytest.mark.parametrize("before", FORWARDED_BEFORE)
+async def test_a_cancelled_redelivery_asks_the_desktops_ledger(autojump_clock, before):
+    """Issue 16, cancel2 round: the job may have run, and only the desktop's ledger
+    knows. Whatever stage the first delivery left, it is forwarded with no time left (it
+    never starts now) with its cancel behind it: a desktop that ran it answers from its
+    record, and that is the caller's answer (was: ``in_doubt`` from the hub, without
+    asking). The old delivery's late answer is refused (one answer)."""
+    substrate, server, entry, old = await _cancelled_redelivery(before)
+    executor = FakeExecutor(lambda job: JobResult(job.id, True, {"ran": True}))
+    await server.serve(entry, executor)
+    assert [job.timeout_s for job in executor.jobs] == [0.0]
+    assert executor.cancels == ["job-1"]
+    assert await answer(substrate) == {"status": "completed", "result": {"ran": True}}
+    assert substrate.pending_count(USER) == 0
+    await _late_answer_is_refused(substrate, old)
+
+
+@pytest.mark.parametrize("before", FORWARDED_BEFORE)
+async def test_a_cancelled_redelivery_the_desktop_never_started_is_cancelled(
+    autojump_clock, before
 ):
-    substrate, server, entry, _ = await _cancelled_redelivery_to(daemon)
-    executor = FakeExecutor()
+    """The same desktop refuses it as late: its ledger has no start, so it never ran
+    there, the only desktop it went to: ``cancelled`` is true."""
+    substrate, server, entry, _ = await _cancelled_redelivery(before)
+    await server.serve(entry, FakeExecutor(_refused_as_late))
+    body = await answer(substrate)
+    assert body["status"] == "cancelled", body
+    assert (await substrate.get_job_state(USER, "job-1")).stage is Stage.CANCELLED
+
+
+@pytest.mark.parametrize("before", FORWARDED_BEFORE)
+@pytest.mark.parametrize(("first", "daemon"), [("d1", "d2"), ("d1", None), (None, "d1")])
+async def test_a_cancelled_redelivery_to_another_desktop_is_in_doubt_unasked(
+    autojump_clock, before, first, daemon
+):
+    """Issue 16: the job went to a desktop whose socket (or pod) then went away, and a
+    cancel came before its redelivery to another desktop, or one not known (either side).
+    The first may have run it and this one cannot tell: the caller is told ``in_doubt``,
+    never "cancelled before it started"; it is not forwarded again (no cancel sent), and
+    the old delivery's late answer is refused (one answer)."""
+    substrate, server, entry, old = await _cancelled_redelivery(
+        before, daemon=daemon, first=first
+    )
+    executor = FakeExecutor(_refused_as_late)
     await server.serve(entry, executor)
     assert executor.jobs == [] and executor.cancels == []
-    assert (await answer(substrate))["status"] == "in_doubt"
+    body = await answer(substrate)
+    assert body["status"] == "in_doubt", body
+    assert body["detail"] == {"stage": "interrupted", "reason": "cancelled after it was delivered"}
+    assert substrate.pending_count(USER) == 0
+    await _late_answer_is_refused(substrate, old)
+    assert await answer(substrate) is None
 
 
 async def test_malformed_entry_is_failed_and_acked(autojump_clock):

@@ -365,3 +365,32 @@ async def test_a_redelivery_of_a_key_the_ledger_holds_is_answered_even_if_its_to
     assert (await runner.execute(job(key="k1"))).ok
     runner.changed_tools = frozenset({"submit"})
     assert runner.admit(_attrs.evolve(job(key="k1"), waited_s=30.0)).ok and calls == ["f"]
+
+
+async def test_a_delivery_with_no_time_left_is_answered_by_what_the_desktop_knows(
+    autojump_clock, nursery
+):
+    """What the hub relies on when it asks about a cancelled job forwarded before (``ask``:
+    sent with no time left): a key the ledger holds answers its record, a key whose run
+    is in flight answers that run's outcome, and an unknown key is refused ``expired``
+    without running (it never started here; the hub answers its caller ``cancelled``)."""
+    submit, calls = counting(seconds=5)
+    ledger = Ledger.memory()
+    await ledger.begin("ran", "submit", args_digest({"form": "f"}), keep_until=2e9)
+    await ledger.finish("ran", Outcome.success({"from": "ledger"}))
+    runner = make(nursery, submit, ledger=ledger)
+    await runner.load()
+    recorded = job(key="ran", deadline_s=0)
+    assert runner.admit(recorded) is None
+    assert await runner.execute(recorded) == Outcome.success({"from": "ledger"})
+    first = job(key="running")
+    assert runner.admit(first) is None
+    async with trio.open_nursery() as inner:
+        inner.start_soon(runner.execute, first)
+        await trio.testing.wait_all_tasks_blocked()
+        late = job(key="running", deadline_s=0)
+        assert runner.admit(late) is None  # joined: the run in flight answers
+        assert await runner.execute(late) == Outcome.success({"submitted": "f", "n": 1})
+    never = runner.admit(job(key="never", deadline_s=0))
+    assert never is not None and never.code == "expired"
+    assert calls == ["f"]

@@ -147,14 +147,52 @@ class JobControl:
 
     async def job_state(self, job_id: str) -> JobState | None:
         """What is known about ``job_id`` (any user's), or None if nothing (unknown, or
-        its state expired).
+        its state expired). A ``queued`` job whose cancel was requested and whose desktop
+        no live hub process holds is answered ``cancelled`` first (``_cancelled_unheld``).
 
         Raises:
             MalformedState: the stored state is not one. SubstrateUnavailable: Redis
                 unreachable.
         """
         found = await self._find(job_id)
-        return None if found is None else found[1]
+        if found is None:
+            return None
+        user_id, state = found
+        return await self._cancelled_unheld(user_id, job_id, state)
+
+    async def _cancelled_unheld(self, user_id: str, job_id: str, state: JobState) -> JobState:
+        """``state`` (read ``queued``) answered ``cancelled`` when the job's cancel flag is
+        set and no live hub process holds the desktop (``live_session``, as the cancel
+        decides): a cancel that left the job to a holder which neither answered nor died
+        within its wait (stalled, then dead) left it ``queued`` for good, and its caller
+        waiting until its timeout. The finish with claim epoch 0 is refused once a
+        delivery was marked (that delivery answers). In doubt (``PresenceInDoubt``: the
+        store changed under this process) nothing is written.
+
+        Returns:
+            The job's state now (``state`` when nothing was answered).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        if state.stage is not Stage.QUEUED:
+            return state
+        if not await self.substrate.cancel_requested(user_id, job_id):
+            return state
+        try:
+            if await self.live_session(user_id) is not None:
+                return state  # its holder answers (``_cancel_notice``)
+        except PresenceInDoubt:
+            return state
+        await finish_cancelled_before_start(
+            self.substrate, user_id, job_id, state, at=self.wall_clock(),
+            ttl_s=self.timings.result_ttl_s,
+        )  # fmt: skip
+        try:
+            now = await self.substrate.get_job_state(user_id, job_id)
+        except MalformedState:
+            now = None
+        return state if now is None else now
 
     async def answer_of(self, job_id: str) -> str | None:
         """The answer published for ``job_id`` (its result payload, JSON text, as the
@@ -211,7 +249,9 @@ class JobControl:
         interrupted and finishes, and its caller gets the tool's real outcome). Its caller
         is answered "cancelled" when the job never reached a desktop or when the desktop
         cancelled its async tool; a job delivered before and cancelled before its
-        redelivery is answered ``in_doubt`` by the hub that reads it (it may have run).
+        redelivery is asked of the desktop by the hub that reads it, when every earlier
+        delivery went to that desktop (it may have run: its ledger answers, and "never
+        started" there is ``cancelled``), else answered ``in_doubt``.
         A job found ``queued`` is answered here only when no live hub process holds the
         desktop's socket; otherwise that holder answers (it alone knows whether the job
         runs: a store that lost its last writes shows a running job ``queued``). Cancels

@@ -15,6 +15,13 @@ handled whatever room the session has: a delivery of the job on the socket gets 
 ``cancel`` frame; a job the session never forwarded and still ``queued`` is answered
 ``cancelled`` (claim epoch 0: refused once any delivery is marked). The control entry
 stays the fallback (a lost notice, a hub of an older version).
+
+A delivery on the socket is also written back (``restore_delivery``) when the store
+shows the job ``queued``: a store that lost its last writes rewinds a running job's
+state and drops its claim epoch, and if this holder then died, the job's next reader
+found the cancel flag and no delivery and answered ``cancelled`` about a tool that ran.
+Written back, the next reader asks the desktop's ledger (``Marked`` ``in_doubt``, not
+``elsewhere``: ``_delivery``).
 """
 
 from __future__ import annotations
@@ -22,12 +29,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+import attrs
+
 from ._errors import SubstrateUnavailable
 from ._jobs import cancelled_before_start
-from ._jobstate import JobState, MalformedState, Stage
+from ._jobstate import JobState, MalformedState, Stage, forwarded_keep_s
 from ._substrate import Finished, Substrate
 
 log = logging.getLogger("deskbridge.hub.cancel")
+
+
+@attrs.frozen
+class Forwarded:
+    """A delivery of a job on the holding session's socket (answered or not).
+
+    Attributes:
+        session_id: the session it went out on.
+        daemon_id: the desktop that session serves (``hello.daemon_id``), or None.
+        epoch: the delivery's claim epoch, or None when not known (nothing is written
+            back then).
+    """
+
+    session_id: str
+    daemon_id: str | None
+    epoch: int | None
 
 
 async def finish_cancelled_before_start(
@@ -58,21 +83,31 @@ async def answer_cancel_notice(
     user_id: str,
     job_id: str,
     *,
-    forwarded: Callable[[str], bool],
+    forwarded: Callable[[str], Forwarded | None],
     send_cancel: Callable[[str], Awaitable[None]],
     wall_clock: Callable[[], float],
     ttl_s: float,
 ) -> None:
-    """The holding session's answer to a cancel of ``job_id`` (module docstring): the
-    ``cancel`` frame when ``forwarded(job_id)`` (a delivery of it on the socket, answered
-    or not), else ``cancelled`` if the job is still ``queued``. Never raises for the
-    store (an outage, a malformed state: the control entry and the cancel flag answer
-    later); logs anything else.
+    """The holding session's answer to a cancel of ``job_id`` (module docstring): when
+    ``forwarded(job_id)`` names a delivery of it on the socket, its delivery written back
+    over a state rewound to ``queued`` and the ``cancel`` frame; else ``cancelled`` if
+    the job is still ``queued``. ``ttl_s``: the result TTL, seconds. Never raises for
+    the store (an outage, a malformed state: the control entry and the cancel flag
+    answer later); logs anything else.
 
     Cancellation: stops where it is; the flag and the control entry still answer.
     """
     try:
-        if forwarded(job_id):
+        delivery = forwarded(job_id)
+        if delivery is not None:
+            if delivery.epoch is not None:  # first: this holder may die at any time
+                mine = JobState(
+                    Stage.DELIVERED, user_id, at=wall_clock(),
+                    session_id=delivery.session_id, daemon_id=delivery.daemon_id,
+                )  # fmt: skip
+                await substrate.restore_delivery(
+                    user_id, job_id, mine, epoch=delivery.epoch, ttl_s=forwarded_keep_s(ttl_s)
+                )
             await send_cancel(job_id)
             return
         state = await substrate.get_job_state(user_id, job_id)
@@ -87,4 +122,4 @@ async def answer_cancel_notice(
         log.exception("cancel notice for %s of %s failed", job_id, user_id)
 
 
-__all__ = ["answer_cancel_notice", "finish_cancelled_before_start"]
+__all__ = ["Forwarded", "answer_cancel_notice", "finish_cancelled_before_start"]

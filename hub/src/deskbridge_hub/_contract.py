@@ -137,6 +137,7 @@ async def check_substrate(
     """
     from . import (  # noqa: F401
         _contract_caller,
+        _contract_cancel,
         _contract_desktop,
         _contract_finish,
         _contract_jobs,

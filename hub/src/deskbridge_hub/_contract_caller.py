@@ -338,9 +338,10 @@ async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
         assert marked.verdict == "expired", unsent
         stored = await s.get_job_state(user, job)
         assert (None if stored is None else stored.stage) == unsent
-    # a cancel requested for a forwarded job still wins over forwarding it again, but the
-    # job may have run: in doubt (never "cancelled"), with a raised epoch that refuses the
-    # old delivery's late answer; past its deadline or not
+    # a cancel requested for a forwarded job still wins over forwarding it afresh, but the
+    # job may have run: in doubt (never "cancelled"; ``_delivery`` asks the desktop only
+    # when every earlier delivery went to it), with a raised epoch that refuses the old
+    # delivery's late answer; past its deadline or not
     for deadline in (now - 5.0, now + 60.0):
         job = h.job()
         first = await s.mark_delivered(user, job, again, ttl_s=60)
@@ -348,6 +349,7 @@ async def check_a_redelivery_past_its_deadline_is_forwarded_not_expired(
         await s.request_cancel(user, job, ttl_s=60)
         marked = await s.mark_delivered(user, job, again, ttl_s=60, deadline=deadline)
         assert (marked.verdict, marked.epoch) == ("in_doubt", (first.epoch or 0) + 1)
+        assert marked.elsewhere  # the interrupted delivery's desktop is not known
         stored = await s.get_job_state(user, job)
         assert stored is not None and stored.stage is Stage.INTERRUPTED  # untouched
         late = JobState(Stage.FINISHED, user)

@@ -46,6 +46,8 @@ class Outstanding:
         stage: the latest stage the desktop reported (``progress.stage``), or None.
         cancel_sent: its ``cancel`` frame was sent (once: a cancel notice and the job's
             control entry both ask for it, ``_cancel_notice``).
+        epoch: the delivery's claim epoch (None: not known), which a cancel notice
+            writes back with the delivery over a state rewound to ``queued``.
     """
 
     job_id: str
@@ -53,6 +55,7 @@ class Outstanding:
     result: JobResult | None = None
     stage: str | None = None
     cancel_sent: bool = False
+    epoch: int | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
     def answer(self, result: JobResult) -> None:

@@ -184,14 +184,16 @@ def interrupted_payload(
 
 def cancelled_in_doubt_payload() -> str:
     """The payload for a job whose cancel was found when it was to be delivered again: it
-    had been forwarded to the desktop before (its socket or pod went away without an
-    answer), so it may have run; it is not delivered again."""
+    had been forwarded to a desktop before (its socket or pod went away without an
+    answer), and this redelivery's desktop is another one (or one of them is not known),
+    which cannot tell whether the first ran it: it may have run; it is not delivered
+    again (the same desktop is asked instead: ``_delivery``)."""
     reason = "cancelled after it was delivered"
     return result_payload(
         "in_doubt",
         error={
             "code": "interrupted",
-            "message": "cancel requested after the job had been delivered to the desktop, "
+            "message": "cancel requested after the job had been delivered to a desktop, "
             "which did not answer before its socket went away; it may have acted and is "
             "not delivered again",
         },

@@ -1,6 +1,7 @@
 """Job records of ``MemorySubstrate`` (mixed in): the progress log
 (``publish_progress`` / ``read_progress``) and the job state (``set_job_state``,
-``claim_job``, ``get_job_state``, ``mark_delivered``, ``request_cancel``), with the
+``claim_job``, ``get_job_state``, ``mark_delivered``, ``restore_delivery``,
+``request_cancel``, ``cancel_requested``), with the
 semantics of the Redis substrate (checked by the same contract suite)."""
 
 from __future__ import annotations
@@ -275,6 +276,40 @@ class MemoryJobCommands:
         self._set(state_key(user_id, job_id), state.encode(), now, ttl_s)
         self._kv.pop(fence, None)
         return True
+
+    async def restore_delivery(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """See ``Substrate.restore_delivery``.
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        skey, fence = state_key(user_id, job_id), fence_key(user_id, job_id)
+        raw = self._get(skey, now)
+        try:
+            stored = None if raw is None else JobState.decode(raw)
+        except MalformedState:
+            return False
+        if stored is None or stored.stage is not Stage.QUEUED:
+            return False
+        if int(self._get(fence, now) or 0) > epoch:
+            return False
+        self._set(skey, state.encode(), now, ttl_s)
+        held = self._kv.get(fence)
+        keep_s = ttl_s if held is None else max(ttl_s, held[1] - now)
+        self._set(fence, str(epoch), now, keep_s)
+        return True
+
+    async def cancel_requested(self, user_id: str, job_id: str) -> bool:
+        """Whether ``job_id`` has its cancel flag (``request_cancel``, ``send_cancel``).
+
+        Raises:
+            SubstrateUnavailable: marked unavailable.
+        """
+        now = await self._enter()
+        return self._get(cancel_key(user_id, job_id), now) is not None
 
     async def keep_job(
         self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None

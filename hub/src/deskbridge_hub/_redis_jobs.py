@@ -163,6 +163,24 @@ return 1
 """
 )
 
+#: restore_delivery: KEYS: state, fence. ARGV: epoch, state, TTL ms. Only over a stored
+#: ``queued`` state and a claim epoch absent or not above ``epoch``; the epoch's TTL is
+#: never shortened.
+_RESTORE = Script(
+    """
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local ok, body = pcall(cjson.decode, current)
+if not ok or type(body) ~= 'table' or body['stage'] ~= 'queued' then return 0 end
+local held = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if held > tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local keep = math.max(redis.call('PTTL', KEYS[2]), tonumber(ARGV[3]))
+redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
+return 1
+"""
+)
+
 
 #: The catalogue's digest (``tools_digest_key``: ``<SHA-1 hex> <bytes>``), which the
 #: caller's step compares instead of hashing the catalogue on every call (Redis' CPU per
@@ -452,6 +470,30 @@ class JobCommands(RedisCommandBase):
             if isinstance(reply, BaseException):
                 raise reply  # inside the session: mapped to SubstrateUnavailable
         return bool(reply)
+
+    async def restore_delivery(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """EVAL ``_RESTORE`` (see ``Substrate.restore_delivery``).
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        keys = (state_key(user_id, job_id), fence_key(user_id, job_id))
+        async with self._session("restore delivery") as s:
+            (reply,) = await self._script(s, _RESTORE, keys, (epoch, state.encode(), _ms(ttl_s)))
+            if isinstance(reply, BaseException):
+                raise reply  # inside the session: mapped to SubstrateUnavailable
+        return bool(reply)
+
+    async def cancel_requested(self, user_id: str, job_id: str) -> bool:
+        """EXISTS ``bridge:cancel:{user_id}:job_id``.
+
+        Raises:
+            SubstrateUnavailable: Redis unreachable.
+        """
+        async with self._session("EXISTS cancel") as s:
+            return bool(await self._call(s, b"EXISTS", cancel_key(user_id, job_id)))
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 NX PX ceil(ttl_s * 1000).

@@ -57,7 +57,7 @@ from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
 from ._asleep import SleepRecord
-from ._cancel_notice import answer_cancel_notice
+from ._cancel_notice import Forwarded, answer_cancel_notice
 from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
 from ._errors import EndSession, SocketClosed
@@ -587,7 +587,7 @@ class HubSession(SessionTimers):
         """Send ``job`` and wait for its ``job_result`` (see ``_delivery.Executor``),
         recording the desktop's stage reports meanwhile (``_desk_stage``, fenced)."""
         frame = self._encode(job)  # LocalProtocolError: no sidecar could accept it
-        delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id)
+        delivery = self.deliveries[job.id] = Outstanding(job_id=job.job_id, epoch=epoch)
         record = stage_recorder(self.state, self.user_id, job.job_id, self.session_id, epoch)
         try:
             # a job into a socket silent for a while: is anyone there? (asked first: a
@@ -608,12 +608,20 @@ class HubSession(SessionTimers):
                 self.state.substrate,
                 self.user_id,
                 job_id,
-                forwarded=lambda j: any(d.job_id == j for d in self.deliveries.values()),
+                forwarded=self._delivery_of,
                 send_cancel=self.cancel,
                 wall_clock=self.state.wall_clock,
                 ttl_s=self.state.timings.result_ttl_s,
             )
         )
+
+    def _delivery_of(self, job_id: str) -> Forwarded | None:
+        """A delivery of ``job_id`` on this socket (answered or not), or None."""
+        for delivery in self.deliveries.values():
+            if delivery.job_id == job_id:
+                daemon_id = self.hello.daemon_id if self.hello else None
+                return Forwarded(self.session_id, daemon_id, delivery.epoch)
+        return None
 
     async def cancel(self, job_id: str) -> None:
         """A cancel control entry or notice: send ``cancel`` at once for a delivery of that

@@ -486,13 +486,19 @@ class LedgerSubstrate(Protocol):
         that clock) has passed and the stored state is not ``delivered``/
         ``awaiting_approval``/``interrupted`` (``FORWARDED``: it may have run, the
         desktop's ledger answers) answer ``expired``; else if a cancel was requested
-        answer ``cancelled``; else SET the job state PX ttl, raise the job's claim epoch (INCR
+        answer ``cancelled`` when the stored state is not ``FORWARDED``, and when it is
+        (the job may have run) raise the job's claim epoch (the old delivery's late
+        answer is refused), leave the state as it was and answer ``in_doubt`` with the
+        epoch and ``elsewhere`` (False only when every earlier delivery went to this
+        very desktop, whose ledger ``_delivery`` then asks; else the hub answers
+        ``in_doubt``); else SET the job state PX ttl, raise the job's claim epoch (INCR
         ``bridge:fence:{user_id}:job_id``, kept until ``deadline`` + ttl_s, at least
         ttl_s), keep the record of ``idempotency_key`` (the entry's), if it names this
         job, at least ttl_s (``PEXPIRE ... GT``: a holder that dies writes nothing more,
         and a retry must still find the key's job) and answer ``delivered`` with the
-        epoch. Only ``delivered`` may be forwarded. ``read_new_delivered`` and the push
-        delivery of ``submit`` do the same for the entry's ``idempotency_key`` field."""
+        epoch. Only ``delivered``, and ``in_doubt`` with ``elsewhere`` False, may be
+        forwarded. ``read_new_delivered`` and the push delivery of ``submit`` do the
+        same for the entry's ``idempotency_key`` field."""
 
     async def keep_job(
         self, user_id: str, job_id: str, *, ttl_s: float, idempotency_key: str | None = None
@@ -530,6 +536,30 @@ class LedgerSubstrate(Protocol):
         ``delivered``, SET the state to ``state`` (``queued``) PX ttl and DEL the claim
         epoch (no delivery exists, so a cancel may answer ``cancelled`` again). True if
         it did."""
+
+    async def restore_delivery(
+        self, user_id: str, job_id: str, state: JobState, *, epoch: int, ttl_s: float
+    ) -> bool:
+        """Write back a delivery that a store rewound to ``queued`` (it lost its last
+        writes: the delivery's mark among them), in one atomic step: only while the
+        stored stage is ``queued`` and the job's claim epoch is absent or not above
+        ``epoch`` (the delivery's own), SET the state to ``state`` (``delivered``) PX
+        ttl and the claim epoch to ``epoch`` (its TTL never shortened). The holder of the
+        delivery does it (``_cancel_notice``): a cancel flag then makes the job's next
+        reader ask the desktop (``in_doubt``, not ``elsewhere``) instead of answering
+        ``cancelled``. True if it wrote; False for a state absent, malformed or not
+        ``queued`` (answered, or delivered again), or a newer delivery's epoch.
+
+        Raises:
+            SubstrateUnavailable: the store is unreachable (written or not).
+        """
+
+    async def cancel_requested(self, user_id: str, job_id: str) -> bool:
+        """Whether ``bridge:cancel:{user_id}:job_id`` (the job's cancel flag) exists.
+
+        Raises:
+            SubstrateUnavailable: the store is unreachable.
+        """
 
     async def request_cancel(self, user_id: str, job_id: str, *, ttl_s: float) -> None:
         """SET ``bridge:cancel:{user_id}:job_id`` 1 NX PX ttl (an existing flag keeps its

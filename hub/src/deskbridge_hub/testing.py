@@ -14,6 +14,7 @@ from deskbridge_common import Frame, decode_frame, encode_frame
 from deskbridge_common.testing import MemorySocket, memory_socket_pair
 
 from . import _contract_caller as _contract_caller  # registers the caller-path checks
+from . import _contract_cancel as _contract_cancel  # registers the cancel read/write-back checks
 from . import _contract_desktop as _contract_desktop  # registers the desktop checks
 from . import _contract_finish as _contract_finish  # registers the finishing-step checks
 from . import _contract_jobs as _contract_jobs  # registers the result and progress checks
