@@ -33,6 +33,29 @@ def test_hub_without_an_http_scheme_is_a_usage_error(capsys, argv):
     assert "expected an http:// or https:// URL" in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["call", "alice", "echo", "--hub", "http://127.0.0.1:8080/v1"],
+        ["inspect", "desktops", "--hub", "http://127.0.0.1:8080/v1/"],
+        ["cancel", "job-1", "--hub", "https://example.com/deskbridge/v1/users/alice/jobs"],
+    ],
+)
+def test_hub_with_the_api_s_own_path_is_a_usage_error(capsys, argv):
+    # was a 404 from /v1/v1/users/...: the commands add /v1/... to the base URL
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "without /v1" in err and "e.g. http://127.0.0.1:8080" in err
+
+
+def test_hub_behind_a_path_prefix_is_accepted():
+    from deskbridge_hub._cli_args import hub_url_problem
+
+    assert hub_url_problem("https://example.com/deskbridge") is None
+    assert hub_url_problem("https://example.com/v1x") is None
+
+
 def test_call_args_must_be_an_object(capsys):
     assert cli.main(["call", "alice", "echo", "--args", "[1, 2]"]) == 2
     assert "--args must be a JSON object" in capsys.readouterr().err

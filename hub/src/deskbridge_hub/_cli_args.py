@@ -90,7 +90,8 @@ def integer(least: int, most: int | None = None) -> Callable[[str], int]:
 
 
 def hub_url_problem(hub: str) -> str | None:
-    """Why ``hub`` (a ``--hub`` value) is not an http(s) base URL, or None when it is.
+    """Why ``hub`` (a ``--hub`` value) is not an http(s) base URL, or None when it is
+    (a path prefix is one: a hub behind a reverse proxy; a path holding ``/v1`` is not).
 
     Without this, urllib answers ``127.0.0.1:8080`` with "unknown url type", and an
     unclosed ``[`` or a port that is not a number in 1-65535 with a traceback."""
@@ -104,6 +105,12 @@ def hub_url_problem(hub: str) -> str | None:
         return f"--hub {hub!r}: {example}"
     if port == 0:
         return f"--hub {hub!r}: port 0; {example}"
+    if "v1" in parts.path.split("/"):
+        # the commands add /v1/...: this one would ask for /v1/v1/... and get a 404
+        return (
+            f"--hub {hub!r}: the hub's base URL, without /v1 (the command adds the API's "
+            "path), e.g. http://127.0.0.1:8080"
+        )
     return None
 
 
