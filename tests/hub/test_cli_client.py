@@ -193,6 +193,51 @@ def test_ctrl_c_while_call_waits_is_one_line_not_a_traceback():
     assert "job may still run" in lines[0] and "--idempotency-key" in lines[0]
 
 
+@pytest.mark.parametrize("command", ["revoke", "cancel"])
+def test_ctrl_c_while_a_write_is_out_says_it_may_be_recorded(command):
+    """A newcomer pass: Ctrl-C on ``revoke`` (or ``cancel``) while its write was out said
+    only "interrupted": the revocation may have been recorded or not, and the one line
+    should say that running it again is safe, as its Redis-failure message does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hub = Path(sys.executable).parent / "deskbridge-hub"
+    with socket.socket() as listening:  # a Redis / hub that takes the connection, silent
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        listening.settimeout(60)
+        port = listening.getsockname()[1]
+        env = {
+            **os.environ,
+            "DESKBRIDGE_API_KEY": "k",
+            "DESKBRIDGE_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+        }
+        argv = (
+            ["revoke", "alice"]
+            if command == "revoke"
+            else ["cancel", "job-1", "--hub", f"http://127.0.0.1:{port}"]
+        )
+        proc = subprocess.Popen(
+            [str(hub), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        try:
+            conn, _ = listening.accept()
+            with conn:
+                proc.send_signal(signal.SIGINT)
+                _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert b"Traceback" not in err, err.decode()
+    assert proc.returncode == 130
+    (line,) = err.decode().splitlines()
+    assert line.startswith(f"deskbridge-hub {command}: interrupted; ")
+    assert "may or may not" in line and "again (repeating it is safe)" in line
+
+
 def test_inspect_refused_for_want_of_a_key_says_the_key_is_not_set(
     monkeypatch, capsys, fake_hub  # noqa: F811
 ):

@@ -182,6 +182,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _left_behind(args: argparse.Namespace) -> str:
     """What a Ctrl-C leaves behind, said after "interrupted": a job the hub took runs to
     its outcome when its HTTP caller goes away (docs/architecture.md)."""
+    if args.command == "revoke":
+        return (
+            "; the revocation may or may not be recorded: run deskbridge-hub revoke "
+            f"{args.user_id} again (repeating it is safe)"
+        )
+    if args.command == "cancel":
+        return (
+            "; the cancel may or may not have reached the hub: run it again (repeating "
+            "it is safe)"
+        )
     if args.command != "call":
         return ""
     if args.idempotency_key is not None:
