@@ -79,3 +79,70 @@ async def test_unavailable_is_mapped() -> None:
         await sub.list_desktops(offset=0, limit=1)
     with pytest.raises(SubstrateUnavailable):
         await sub.record_desktop("u", "{}", at_s=1.0)
+
+
+async def test_a_stale_session_never_overwrites_a_newer_sessions_record(substrate) -> None:
+    """A hub process stopped for 40 s (SIGSTOP, a paused VM) resumes and ends its old
+    sessions (4002) after their desktops reconnected elsewhere: its end writes must not
+    replace the newer sessions' records (the listing said online on the stopped
+    process, since null, with the old session's end). Fenced on presence and the
+    record's own session id."""
+    user = f"stale-{secrets.token_hex(3)}"
+
+    def record(session_id: str, **extra: object) -> str:
+        return json.dumps({"session_id": session_id, "consumer": f"hub-{session_id}", **extra})
+
+    await substrate.set_presence(user, "old", 30.0)
+    await substrate.record_desktop(user, record("old"), at_s=1_800_000_000.0, session_id="old")
+    await substrate.set_presence(user, "new", 30.0)  # the desktop moved
+    await substrate.record_desktop(user, record("new"), at_s=1_800_000_050.0, session_id="new")
+    # the old session ends late: presence names the new one
+    await substrate.record_desktop(
+        user, record("old", ended_at=1_800_000_060.0), at_s=1_800_000_060.0,
+        session_id="old", ending=True,
+    )  # fmt: skip
+    # a late start (or a beat's rewrite) of the old session: refused the same way
+    await substrate.record_desktop(user, record("old"), at_s=1_800_000_061.0, session_id="old")
+    (info,) = await substrate.desktops_info([user])
+    assert json.loads(info[1])["session_id"] == "new"
+    # the new session ends (its presence cleared first): recorded
+    await substrate.clear_presence(user, "new")
+    ended = record("new", ended_at=1_800_000_070.0)
+    await substrate.record_desktop(user, ended, at_s=1_800_000_070.0, session_id="new", ending=True)
+    # presence gone now, but the record is the new session's: the old end stays refused
+    await substrate.record_desktop(
+        user, record("old", ended_at=1_800_000_080.0), at_s=1_800_000_080.0,
+        session_id="old", ending=True,
+    )  # fmt: skip
+    (info,) = await substrate.desktops_info([user])
+    assert info[1] == ended
+
+
+async def test_a_resumed_process_ending_its_old_session_keeps_the_new_record(substrate) -> None:
+    """The session hooks end to end: the old session's end (``disconnected``, after its
+    presence was taken by the desktop's new session on another process) leaves the new
+    session's record, so the admin row names the process that holds the desktop."""
+    from types import SimpleNamespace
+
+    from deskbridge_hub import _directory
+
+    user = f"resumed-{secrets.token_hex(3)}"
+
+    def session(session_id: str, consumer: str, at_s: float) -> SimpleNamespace:
+        state = SimpleNamespace(substrate=substrate, consumer=consumer, wall_clock=lambda: at_s)
+        return SimpleNamespace(user_id=user, session_id=session_id, hello=None, state=state)
+
+    old = session("old-sess", "stopped-hub", 1_800_000_000.0)
+    await substrate.set_presence(user, old.session_id, 30.0)
+    await _directory.connected(old)
+    new = session("new-sess", "other-hub", 1_800_000_040.0)
+    await substrate.set_presence(user, new.session_id, 30.0)
+    await _directory.connected(new)
+    old.state.wall_clock = lambda: 1_800_000_041.0  # the stopped process resumes
+    await _directory.disconnected(old, 4002, "nothing from the sidecar")
+    (info,) = await substrate.desktops_info([user])
+    assert json.loads(info[1])["consumer"] == "other-hub"
+    await substrate.clear_presence(user, new.session_id)
+    await _directory.disconnected(new, 1000, "socket closed")
+    (info,) = await substrate.desktops_info([user])
+    assert json.loads(info[1])["end"] == {"code": 1000, "reason": "socket closed"}

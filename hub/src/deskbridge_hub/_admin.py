@@ -127,7 +127,8 @@ def desktop_row(
         "connected_at": record.get("connected_at"),
         "ended_at": record.get("ended_at"),
         "end": record.get("end"),
-        "hub_consumer": record.get("consumer"),
+        # another session's hub is not the holder's (its start went unrecorded)
+        "hub_consumer": record.get("consumer") if same_session or not online else None,
         "changed_at": changed_at,
     }
 

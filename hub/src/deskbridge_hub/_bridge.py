@@ -131,6 +131,16 @@ class _Step:
     submitted: Submitted | None = None
 
 
+def _last_look_s(give_up: float) -> float:
+    """Seconds the call's last look at its job (result list, stage) may take: what is
+    left of ``ANSWER_GRACE_S`` past ``give_up``; ``ANSWER_GRACE_S`` again when this
+    process ran past that already (stopped: SIGSTOP, a paused VM), so a call late
+    anyway answers the outcome another holder stored meanwhile, not ``timeout`` with
+    no look at all (every deadline had passed at the resume)."""
+    left = give_up + ANSWER_GRACE_S - anyio.current_time()
+    return left if left > 0 else ANSWER_GRACE_S
+
+
 @attrs.define(eq=False)
 class Bridge(JobControl):
     """Dispatch jobs to users' desktops through a substrate.
@@ -578,7 +588,7 @@ class Bridge(JobControl):
         if payload is None:
             may_start_s = None if start_until is None else start_until - anyio.current_time()
             stage = "unknown"
-            with anyio.move_on_after(give_up + ANSWER_GRACE_S - anyio.current_time()):
+            with anyio.move_on_after(_last_look_s(give_up)):
                 # answered just now (after the wait's last look): that answer is the call's
                 stage, payload = await self._last_look(user_id, job_id)
             if payload is None:

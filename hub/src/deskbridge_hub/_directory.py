@@ -19,10 +19,17 @@ A hub that dies without ending its sessions leaves ``ended_at`` unset; presence 
 reads offline within ``presence_ttl_s`` and the listing says offline since "unknown"
 (not later than the connection time). The writes are best effort: a failure is logged
 and never ends a session.
+
+A session writes the record only while no other session holds the desktop (presence
+names it or nobody), and its end only over its own record: a hub process that was
+stopped (SIGSTOP, a paused VM) long enough for its desktops to reconnect elsewhere ends
+its old sessions when it resumes, and those late writes replaced the new sessions'
+records (the listing named the stopped process as the holder, since null).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -64,20 +71,83 @@ class DirectoryPage:
 # -- substrate mixins (the directory's commands on each substrate) --------------------
 
 
+#: record_desktop's fenced write (``session_id`` given): SET the record unless presence
+#: names another session, or (``ending``) the record is another session's. KEYS: record,
+#: presence (one slot: the user's). ARGV: record, EX seconds, session id, "1" ending.
+_RECORD_LUA = """
+local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[3] then return 0 end
+if ARGV[4] == '1' then
+  local current = redis.call('GET', KEYS[1])
+  if current then
+    local ok, record = pcall(cjson.decode, current)
+    if ok and type(record) == 'table' and record.session_id ~= ARGV[3] then return 0 end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+
+@functools.cache
+def _record_script() -> Any:
+    """``_RECORD_LUA`` as a ``Script`` (imported here: ``_redis_base`` imports the
+    substrate module, which imports this one)."""
+    from ._redis_base import Script
+
+    return Script(_RECORD_LUA, resend_safe=True)
+
+
+def _fenced_out(holder: str | None, current: str | None, session_id: str, ending: bool) -> bool:
+    """Whether ``_RECORD`` refuses the write (the memory substrate's copy of it)."""
+    if holder is not None and holder != session_id:
+        return True
+    if not ending or current is None:
+        return False
+    try:
+        record = json.loads(current)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("session_id") != session_id
+
+
 class RedisDirectory:
     """Directory commands for ``RedisSubstrate`` (uses its session and call plumbing)."""
 
-    async def record_desktop(self, user_id: str, info: str, *, at_s: float) -> None:
+    async def record_desktop(
+        self,
+        user_id: str,
+        info: str,
+        *,
+        at_s: float,
+        session_id: str | None = None,
+        ending: bool = False,
+    ) -> None:
         """SET the desktop record (EX retention), ZADD the index, drop entries older
-        than the retention; pipelined in one round trip. Raises SubstrateUnavailable."""
+        than the retention; pipelined in one round trip. With ``session_id`` the record
+        is written only while presence names that session or none, and an ``ending``
+        write only over that session's own record (or none): a late write of an older
+        session never replaces a newer one's (the index is touched either way).
+        Raises SubstrateUnavailable."""
         at_ms = int(at_s * 1000)
+        index = (
+            (b"ZADD", INDEX_KEY, at_ms, user_id),
+            (b"ZREMRANGEBYSCORE", INDEX_KEY, b"-inf", at_ms - int(RETENTION_S * 1000)),
+        )
         async with self._session("record desktop") as s:  # type: ignore[attr-defined]
-            replies = await s.execute(
-                (b"SET", desktop_key(user_id), info, b"EX", int(RETENTION_S)),
-                (b"ZADD", INDEX_KEY, at_ms, user_id),
-                (b"ZREMRANGEBYSCORE", INDEX_KEY, b"-inf", at_ms - int(RETENTION_S * 1000)),
-                timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
-            )
+            if session_id is None:
+                record = (b"SET", desktop_key(user_id), info, b"EX", int(RETENTION_S))
+                replies = await s.execute(
+                    record,
+                    *index,
+                    timeout_s=self._command_timeout_s,  # type: ignore[attr-defined]
+                )
+            else:
+                keys = (desktop_key(user_id), presence_key(user_id))
+                args = (info, int(RETENTION_S), session_id, b"1" if ending else b"0")
+                replies = await self._script(  # type: ignore[attr-defined]
+                    s, _record_script(), keys, args, after=index
+                )
             raise_any(replies)  # inside the session: mapped to SubstrateUnavailable
 
     async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
@@ -129,13 +199,26 @@ class RedisDirectory:
 class MemoryDirectory:
     """Directory commands for ``MemorySubstrate`` (same contract, in process)."""
 
-    async def record_desktop(self, user_id: str, info: str, *, at_s: float) -> None:
+    async def record_desktop(
+        self,
+        user_id: str,
+        info: str,
+        *,
+        at_s: float,
+        session_id: str | None = None,
+        ending: bool = False,
+    ) -> None:
         now = await self._enter()  # type: ignore[attr-defined]
         index = memory_scores(self, "_directory_index")
         index[user_id] = at_s
         for user, when in list(index.items()):
             if when < at_s - RETENTION_S:
                 del index[user]
+        get = self._get  # type: ignore[attr-defined]
+        if session_id is not None and _fenced_out(
+            get(presence_key(user_id), now), get(desktop_key(user_id), now), session_id, ending
+        ):
+            return
         self._set(desktop_key(user_id), info, now, RETENTION_S)  # type: ignore[attr-defined]
 
     async def list_desktops(self, *, offset: int, limit: int) -> DirectoryPage:
@@ -227,16 +310,22 @@ async def disconnected(session: Any, code: int | None, reason: str | None) -> No
         return
     info.update(ended_at=session.state.wall_clock(), end={"code": code, "reason": reason})
     with trio.CancelScope(shield=True):
-        await _write(session, info)
+        await _write(session, info, ending=True)
 
 
-async def _write(session: Any, info: dict[str, Any]) -> None:
+async def _write(session: Any, info: dict[str, Any], *, ending: bool = False) -> None:
     substrate = session.state.substrate
     if not hasattr(substrate, "record_desktop"):
         return  # a test's substrate without the directory
     with trio.move_on_after(WRITE_TIMEOUT_S):
         try:
             at_s = info.get("ended_at") or info["connected_at"]
-            await substrate.record_desktop(session.user_id, json.dumps(info), at_s=at_s)
+            await substrate.record_desktop(
+                session.user_id,
+                json.dumps(info),
+                at_s=at_s,
+                session_id=session.session_id,
+                ending=ending,
+            )
         except SubstrateUnavailable as exc:
             log.info("directory not updated for %s: %s", session.user_id, exc)

@@ -38,6 +38,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from . import _stall
 from ._logging import fields
 from ._peer_noise import LogBudget
 from ._tracing import trace_id
@@ -577,8 +578,12 @@ def render() -> bytes:
 async def probe_loop_lag(
     sleep: Callable[[float], Awaitable[None]], clock: Callable[[], float]
 ) -> None:
-    """Run until cancelled: sleep ``LAG_PROBE_INTERVAL_S`` and observe how late it woke."""
+    """Run until cancelled: sleep ``LAG_PROBE_INTERVAL_S`` and observe how late it woke
+    (a wake ``_stall.STALL_S`` late is also logged once: the process did not run)."""
     while True:
         before = clock()
+        _stall.probe_sleeps(before + LAG_PROBE_INTERVAL_S)
         await sleep(LAG_PROBE_INTERVAL_S)
-        LOOP_LAG.observe(max(clock() - before - LAG_PROBE_INTERVAL_S, 0.0))
+        now = clock()
+        _stall.probe_woke(now)
+        LOOP_LAG.observe(max(now - before - LAG_PROBE_INTERVAL_S, 0.0))

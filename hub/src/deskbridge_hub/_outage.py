@@ -30,6 +30,8 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from . import _stall
+
 log = logging.getLogger("deskbridge.hub.outage")
 
 #: While an outage lasts, one summary line this often, seconds.
@@ -51,6 +53,8 @@ class OutageLog:
     _last_summary: float = 0.0
     _ended_at: float | None = None
     _attempts: int = 0
+    #: the stall (seconds) this outage's first failure followed, 0.0: none (``_stall``)
+    _stall_s: float = 0.0
     #: what -> its kind, for every operation that failed during this outage
     _waiting: dict[str, str] = attrs.field(factory=dict)
 
@@ -76,6 +80,16 @@ class OutageLog:
             self._since = self._last_summary = now
             quiet = self._ended_at is not None and now - self._ended_at < REOPEN_QUIET_S
             self._announced = not quiet
+            stalled_s = _stall.stalled_s()
+            if stalled_s and not quiet:  # timed out by this process's clock: not Redis'
+                self._stall_s = stalled_s
+                log.info(
+                    "%s failed just after this process did not run for %.1f s (its own "
+                    "stall, not Redis'): %s; retrying (each retry at DEBUG, a summary "
+                    "every %.0f s)",
+                    what, stalled_s, exc, self.summary_every_s,
+                )  # fmt: skip
+                return
             log.log(
                 logging.DEBUG if quiet else logging.WARNING,
                 "Redis unavailable: %s failed: %s; retrying (each retry at DEBUG, a "
@@ -97,12 +111,19 @@ class OutageLog:
         if self._since is None:
             return
         now = anyio.current_time()
-        log.log(
-            logging.WARNING if self._announced else logging.DEBUG,
-            "Redis available again after %.1f s (%d failed attempts; waiting: %s)",
-            now - self._since, self._attempts, self.waiting(),
-        )  # fmt: skip
-        self._since, self._ended_at, self._attempts = None, now, 0
+        if self._stall_s:  # what failed after a stall works again: not Redis coming back
+            log.info(
+                "Redis answers (the failures after this process's %.1f s stall were its "
+                "own: %d failed attempts; waiting: %s)",
+                self._stall_s, self._attempts, self.waiting(),
+            )  # fmt: skip
+        else:
+            log.log(
+                logging.WARNING if self._announced else logging.DEBUG,
+                "Redis available again after %.1f s (%d failed attempts; waiting: %s)",
+                now - self._since, self._attempts, self.waiting(),
+            )  # fmt: skip
+        self._since, self._ended_at, self._attempts, self._stall_s = None, now, 0, 0.0
         self._waiting.clear()
         global _down
         _down -= 1
