@@ -568,12 +568,16 @@ async def _slow_call_with_the_documented_client(hub: Hub, user: str) -> None:
     assert slept.structured_content == {"slept_s": 7}
 
 
-def test_after_a_hub_restart_a_2025_session_is_404_and_a_2026_client_carries_on(tmp_path):
-    """Pins what docs/mcp.md tells agent developers: the restarted hub answers the old
-    session 404 (the spec), which the SDK's legacy client reports as "Session not found"
-    on every later call (it does not re-initialize by itself: a new ``Client`` does); the
-    2026 wire has no session and carries on."""
-    first = Hub(tmp_path, workers=1, name="first")
+@pytest.mark.parametrize("store", ["redis", "memory"])
+def test_after_a_hub_restart_a_2025_session_carries_on_with_redis_only(tmp_path, store):
+    """Pins what docs/mcp.md tells agent developers. On Redis the restarted hub adopts
+    the 2025 session from its record (as any other replica would). On the in-memory
+    store the session is gone with the process: the restarted hub answers it 404 (the
+    spec), which the SDK's legacy client reports as "Session not found" on every later
+    call (it does not re-initialize by itself: a new ``Client`` does). The 2026 wire has
+    no session and carries on either way."""
+    env = {"DESKBRIDGE_REDIS_URL": "memory://"} if store == "memory" else {}
+    first = Hub(tmp_path, workers=1, name="first", env=env)
     port = first.port
     seen: dict[str, object] = {}
 
@@ -586,13 +590,18 @@ def test_after_a_hub_restart_a_2025_session_is_404_and_a_2026_client_carries_on(
                 assert (await legacy.list_tools()).tools == []
                 assert (await modern.list_tools()).tools == []
                 await anyio.to_thread.run_sync(first.stop)
-                second = Hub(tmp_path, workers=1, port=port, name="second")
+                second = Hub(tmp_path, workers=1, port=port, name="second", env=env)
                 seen["second"] = second
                 await anyio.to_thread.run_sync(second.wait_healthy)
-                for _ in range(2):
-                    with pytest.raises(MCPError) as gone:
-                        await legacy.list_tools(cache_mode="refresh")
-                    assert "Session not found" in gone.value.message
+                if store == "redis":
+                    assert (await legacy.list_tools(cache_mode="refresh")).tools == []
+                    offline = await legacy.call_tool("echo", {"a": 1})
+                    assert offline.structured_content["status"] == "offline"
+                else:
+                    for _ in range(2):
+                        with pytest.raises(MCPError) as gone:
+                            await legacy.list_tools(cache_mode="refresh")
+                        assert "Session not found" in gone.value.message
                 assert (await modern.list_tools(cache_mode="refresh")).tools == []
                 async with mcp_client(second, "restarts", mode="legacy") as fresh:
                     assert (await fresh.list_tools()).tools == []

@@ -142,6 +142,7 @@ async def check_substrate(
         _contract_finish,
         _contract_jobs,
         _contract_keep,
+        _contract_mcp,
         _contract_revoke,
         _contract_room,
         _contract_streams,  # noqa: F401 - register their checks
@@ -280,6 +281,22 @@ async def check_result_expires_after_ttl(h: SubstrateHarness) -> None:
 
 
 # -- health --------------------------------------------------------------------------------
+
+
+async def assert_each_unavailable(calls: Iterable[Callable[[], Awaitable[Any]]]) -> None:
+    """Each of ``calls`` (on a substrate whose store cannot be reached) raises
+    ``SubstrateUnavailable`` within 3 s.
+
+    Raises:
+        AssertionError: one returned instead.
+    """
+    for call in calls:
+        with trio.fail_after(3):
+            try:
+                await call()
+            except SubstrateUnavailable:
+                continue
+            raise AssertionError("an unreachable store did not raise SubstrateUnavailable")
 
 
 @check

@@ -102,6 +102,12 @@ def revoked_key(user_id: str) -> str:
 REVOCATIONS_KEY = "bridge:revocations"
 
 
+def mcp_session_key(user_id: str, session_id: str) -> str:
+    """A 2025-era MCP session of the user (``_mcp_store``): a hash holding its record and
+    the calls it has in flight; TTL the session's idle timeout, refreshed on use."""
+    return f"bridge:mcp:{{{user_id}}}:{session_id}"
+
+
 def proc_key(holder_id: str) -> str:
     return f"bridge:proc:{{{holder_id}}}"
 

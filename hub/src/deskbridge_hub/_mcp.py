@@ -72,7 +72,6 @@ from deskbridge_common import _codes
 from mcp.server import NotificationOptions, Server
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -91,6 +90,13 @@ from ._http import bridge_error_answer, released_answer
 from ._http_body import string_option, timeout_option
 from ._mcp_mount import MAX_SESSIONS_PER_USER, STARTED_AT
 from ._mcp_params import name_invalid_params
+from ._mcp_sessions import (
+    SESSION_IDLE_TIMEOUT_S,
+    SessionSharing,
+    SharedSessionManager,
+    session_of,
+    withdraw_job,
+)
 from ._outcome import Outcome
 from ._progress import ProgressReport
 from ._shutdown import Draining, WaitingCall
@@ -103,8 +109,6 @@ log = logging.getLogger("deskbridge.hub.mcp")
 CATALOGUE_POLL_S = 2.0
 #: How long one session may take to accept a ``list_changed`` notification, seconds.
 NOTIFY_TIMEOUT_S = 5.0
-#: Streamable HTTP sessions idle this long are closed by the SDK, seconds (its default).
-SESSION_IDLE_TIMEOUT_S = 30 * 60.0
 #: ``_meta`` keys a ``tools/call`` may carry.
 META_IDEMPOTENCY_KEY = "deskbridge/idempotency_key"
 META_TIMEOUT_S = "deskbridge/timeout_s"
@@ -284,7 +288,8 @@ class UserEndpoint:
     get_drain: Callable[[], Draining | None] = lambda: None
     poll_s: float = CATALOGUE_POLL_S
     server: Server[Any] = attrs.field(init=False)
-    manager: StreamableHTTPSessionManager = attrs.field(init=False)
+    manager: SharedSessionManager = attrs.field(init=False)
+    sessions: SessionSharing = attrs.field(init=False)
     bus: InMemorySubscriptionBus = attrs.field(init=False, factory=InMemorySubscriptionBus)
     _connections: weakref.WeakSet[Connection] = attrs.field(init=False, factory=weakref.WeakSet)
     _digest: str | None = attrs.field(init=False, default=None)
@@ -349,21 +354,26 @@ class UserEndpoint:
         self.server.create_initialization_options = functools.partial(  # type: ignore[method-assign]
             self.server.create_initialization_options, NotificationOptions(tools_changed=True)
         )
-        self.manager = StreamableHTTPSessionManager(
+        self.manager = SharedSessionManager(
             app=self.server,
             session_idle_timeout=SESSION_IDLE_TIMEOUT_S,
             max_sessions=MAX_SESSIONS_PER_USER,
+        )
+        self.sessions = SessionSharing(
+            self.user_id, self.manager, self.bridge, MAX_SESSIONS_PER_USER
         )
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until cancelled: the SDK's session manager and the catalogue watcher.
+        """Serve until cancelled: the SDK's session manager, the catalogue watcher and
+        the refresh of the shared records of sessions with a request open.
 
         Cancellation: ends every MCP session of this user (the SDK closes its streams).
         """
         async with self.manager.run(), anyio.create_task_group() as tg:
             tg.start_soon(self._watch_catalogue)
+            tg.start_soon(self.sessions.keep_alive)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -383,14 +393,27 @@ class UserEndpoint:
     async def _remember_session(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
-            # The per-request ServerSession dies with the request; its Connection lives as
-            # long as the Streamable HTTP session (the SDK exposes it to handlers only as
-            # the session's private attribute, so fall back to nothing if it moves).
-            connection = getattr(ctx.session, "_connection", None)
-            if isinstance(connection, Connection):
-                self._connections.add(connection)
-        return await call_next(ctx)
+        if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return await call_next(ctx)
+        # The per-request ServerSession dies with the request; its Connection lives as
+        # long as the Streamable HTTP session (the SDK exposes it to handlers only as
+        # the session's private attribute, so fall back to nothing if it moves).
+        connection = getattr(ctx.session, "_connection", None)
+        if isinstance(connection, Connection):
+            self._connections.add(connection)
+        result = await call_next(ctx)
+        session_id = session_of(ctx.session)
+        if ctx.method == "initialize" and session_id is not None:
+            # recorded before the answer goes out: the client's next request may land
+            # on any process, which adopts the session from this record
+            try:
+                await self.sessions.remember(session_id, result, ctx.params)
+            except SubstrateUnavailable as exc:
+                note_unavailable(str(exc))
+                raise MCPError(
+                    types.INTERNAL_ERROR, f"unavailable: {exc}", data={"code": "unavailable"}
+                ) from None
+        return result
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -431,6 +454,37 @@ class UserEndpoint:
         except BadRequest as exc:
             raise _invalid_params(exc) from None
         job_id = uuid.uuid4().hex
+        session_id = session_of(ctx.session) if key is None else None
+        if session_id is None or ctx.request_id is None:  # nothing a cancel elsewhere withdraws
+            return await self._dispatch(ctx, params, meta, key, timeout_s, job_id)
+        # recorded while it runs, so a cancel or a DELETE on another process withdraws it
+        ttl_s = (timeout_s or self.bridge.timings.call_timeout_s) + SESSION_IDLE_TIMEOUT_S
+        try:
+            runs = await self.sessions.track(session_id, ctx.request_id, job_id, ttl_s=ttl_s)
+        except SubstrateUnavailable as exc:
+            return unavailable_result(exc)
+        if not runs:
+            return _error_result(
+                "cancelled",
+                "cancelled",
+                "cancelled before it started (notifications/cancelled, or the session was "
+                "ended): nothing was enqueued",
+            )
+        try:
+            return await self._dispatch(ctx, params, meta, key, timeout_s, job_id)
+        finally:
+            await self.sessions.untrack(session_id, ctx.request_id, job_id)
+
+    async def _dispatch(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        params: types.CallToolRequestParams,
+        meta: dict[str, Any],
+        key: str | None,
+        timeout_s: float | None,
+        job_id: str,
+    ) -> types.CallToolResult:
+        """:meth:`_call_tool` once its ``_meta`` was read: dispatch, mapped to a result."""
         on_progress = None
         if meta.get("progressToken") is not None:  # the client asked for progress
             last: list[float] = []  # the progress of the last notification sent
@@ -489,7 +543,7 @@ class UserEndpoint:
                 # A keyed request may be shared: a retry (HTTP or MCP) with the same key
                 # attaches to the job, and must not lose it because this call gave up.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-                    await self._cancel_job(job_id)
+                    await withdraw_job(self.bridge, self.user_id, job_id)
             raise
         if outcome is None:  # released (not withdrawn: a retry may attach to the job)
             assert call is not None
@@ -499,17 +553,6 @@ class UserEndpoint:
         if outcome.status == "offline":  # nothing enqueued: the id is ours, not the model's
             outcome = attrs.evolve(outcome, job_id=None)
         return outcome_result(outcome)
-
-    async def _cancel_job(self, job_id: str) -> None:
-        try:
-            # (withdraw, not cancel: the enqueue may have been sent and not landed yet)
-            stage = await self.bridge.withdraw(self.user_id, job_id)
-            what = (
-                "had its answer already" if stage == "finished" else f"cancel requested ({stage})"
-            )
-            log.info("MCP call abandoned by the client: job %s %s", job_id, what)
-        except Exception as exc:  # noqa: BLE001 - Redis down: its deadline ends it
-            log.info("MCP call abandoned by the client: job %s not cancelled (%r)", job_id, exc)
 
     async def _watch_catalogue(self) -> None:
         while True:

@@ -416,7 +416,15 @@ async def _serve_with(
     if refused is not None:
         await send_body(send, 400, with_id(refused, _id_of(raw)))
         return
-    await endpoint.manager.handle_request(scope, receive, guarded_send(send, scope))
+    async with endpoint.sessions.serving(scope, raw) as refusal:  # shared sessions
+        if refusal is not None:
+            status, code, message = refusal
+            retry = RETRY_AFTER_S if status == 429 else None
+            await _send_json(
+                send, status, code, message, request_id=_id_of(raw), retry_after_s=retry
+            )
+            return
+        await endpoint.manager.handle_request(scope, receive, guarded_send(send, scope))
 
 
 def _opens_session(scope: Any) -> bool:

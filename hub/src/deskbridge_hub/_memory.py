@@ -44,6 +44,7 @@ import attrs
 from ._directory import MemoryDirectory
 from ._errors import SubstrateUnavailable
 from ._keys import daemons_key, index_key, jobs_key
+from ._mcp_store import MemoryMcpSessions
 from ._memory_caller import MemoryCallerCommands, _Mailbox, _ResultList, _Waiters, _WakeList
 from ._memory_desktop import MemoryDesktopCommands
 from ._memory_finish import MemoryFinishCommands
@@ -68,6 +69,7 @@ class MemorySubstrate(
     MemoryFinishCommands,
     MemoryDirectory,
     MemoryRevocations,
+    MemoryMcpSessions,
 ):
     """The substrate contract in one process, on ``anyio.current_time()``.
 
@@ -90,6 +92,7 @@ class MemorySubstrate(
     _unavailable: bool = attrs.field(default=False, init=False)
     _index: dict[str, dict[StreamID, str]] = attrs.field(factory=dict, init=False)
     _kv: dict[str, tuple[str, float]] = attrs.field(factory=dict, init=False)
+    _hashes: dict[str, tuple[dict[str, str], float]] = attrs.field(factory=dict, init=False)
     _daemon_records: dict[str, tuple[dict[str, str], float]] = attrs.field(factory=dict, init=False)
     _mailboxes: dict[str, _Mailbox] = attrs.field(factory=dict, init=False)
     _wakes: dict[str, _WakeList] = attrs.field(factory=dict, init=False)
@@ -163,6 +166,7 @@ class MemorySubstrate(
         tag = f"{{{user_id}}}"
         found = [k for k, (_, until) in self._kv.items() if tag in k and now < until]
         found += [k for k, lst in self._results.items() if tag in k and now < lst.expires_at]
+        found += [k for k, (_, until) in self._hashes.items() if tag in k and now < until]
         if user_id in self._streams:
             found.append(jobs_key(user_id))
         if self._index.get(user_id):

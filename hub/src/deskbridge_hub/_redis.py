@@ -29,6 +29,7 @@ from coredis.exceptions import (
 
 from ._directory import RedisDirectory
 from ._errors import SubstrateUnavailable
+from ._mcp_store import RedisMcpSessions
 from ._redis_caller import CallerCommands, RedisClock
 from ._redis_cluster import is_cluster_url
 from ._redis_conn import RedisConnections
@@ -56,6 +57,7 @@ class RedisSubstrate(
     DesktopCommands,
     RedisDirectory,
     RedisRevocations,
+    RedisMcpSessions,
 ):
     """The substrate contract on Redis >= 7 (streams, consumer groups, XAUTOCLAIM).
 

@@ -99,6 +99,7 @@ from ._keys import (
 from ._keys import (
     wake_key as wake_key,
 )
+from ._mcp_store import McpSessionSubstrate as McpSessionSubstrate
 from ._revocation import RevocationSubstrate as RevocationSubstrate
 from ._substrate_desktop import Asleep as Asleep
 from ._substrate_desktop import DesktopSubstrate as DesktopSubstrate
@@ -630,10 +631,12 @@ class Substrate(
     LedgerSubstrate,
     DesktopSubstrate,
     RevocationSubstrate,
+    McpSessionSubstrate,
     Protocol,
 ):
-    """Everything the hub needs from its store: the seven parts (``DesktopSubstrate`` in
-    ``_substrate_desktop``, ``RevocationSubstrate`` in ``_revocation``), plus health and
+    """Everything the hub needs from its store: the eight parts (``DesktopSubstrate`` in
+    ``_substrate_desktop``, ``RevocationSubstrate`` in ``_revocation``,
+    ``McpSessionSubstrate`` in ``_mcp_store``), plus health and
     lifetime. ``MemorySubstrate`` and ``RedisSubstrate`` implement all of it; the shared
     contract suite is ``deskbridge_hub.testing.check_substrate``."""
 

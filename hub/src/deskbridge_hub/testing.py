@@ -19,6 +19,7 @@ from . import _contract_desktop as _contract_desktop  # registers the desktop ch
 from . import _contract_finish as _contract_finish  # registers the finishing-step checks
 from . import _contract_jobs as _contract_jobs  # registers the result and progress checks
 from . import _contract_keep as _contract_keep  # registers the kept-alive record checks
+from . import _contract_mcp as _contract_mcp  # registers the MCP session checks
 from . import _contract_revoke as _contract_revoke  # registers the token revocation checks
 from . import _contract_room as _contract_room  # registers the queue-bound checks
 from . import _contract_streams as _contract_streams  # registers the stream checks

@@ -1,0 +1,158 @@
+"""2025-era MCP sessions shared through the store (``_mcp_sessions``, ``_mcp_store``): two
+mounted MCP apps on one ``MemorySubstrate`` stand for two hub processes on one Redis.
+
+Before: a session lived in the SDK's table of the process that created it; the other
+process answered every request naming it ``404 Session not found``. (The real-process
+version, behind HAProxy round-robin: tests/integration/test_mcp_replicas.py.)"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+from deskbridge_hub import Bridge, _mcp
+from deskbridge_hub._memory import MemorySubstrate
+
+from tests.hub.test_mcp_endpoint_bound import _INITIALIZE, _post
+
+assert _mcp  # imported now: its import in a thread would let the autojump clock run on
+
+_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+
+def _pair(nursery: trio.Nursery) -> tuple[Any, Any, MemorySubstrate]:
+    """Two MCP apps ("processes") on one store."""
+    from deskbridge_hub._mcp_mount import mount_mcp
+
+    store = MemorySubstrate()
+
+    async def quart(scope: Any, receive: Any, send: Any) -> None:  # never reached
+        raise AssertionError(scope)
+
+    apps = []
+    for _ in range(2):
+        holder: dict[str, Any] = {"bridge": Bridge(store)}
+        apps.append(mount_mcp(quart, SimpleNamespace(nursery=nursery), holder, ()))
+    return apps[0], apps[1], store
+
+
+async def _open(app: Any, user: str) -> str:
+    status, headers, body = await _post(app, user, _INITIALIZE)
+    assert status == 200, body
+    session = headers[b"mcp-session-id"].decode()
+    done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await _post(app, user, done, session=session))[0] == 202
+    return session
+
+
+def _answer(body: bytes) -> dict[str, Any]:
+    for line in body.decode().splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            return dict(json.loads(line[5:]))
+    return dict(json.loads(body))
+
+
+async def test_a_session_opened_on_one_process_is_served_by_the_other(autojump_clock, nursery):
+    a, b, _ = _pair(nursery)
+    session = await _open(a, "alice")
+    for app in (b, a, b):
+        status, _, body = await _post(app, "alice", _LIST, session=session)
+        assert status == 200, body
+        assert _answer(body)["result"]["tools"] == []
+
+
+async def test_a_session_is_not_found_under_another_users_url(autojump_clock, nursery):
+    a, b, _ = _pair(nursery)
+    session = await _open(a, "alice")
+    for app in (a, b):
+        status, headers, _ = await _post(app, "bob", _LIST, session=session)
+        assert status == 404 and b"mcp-session-id" not in headers
+
+
+async def test_a_delete_on_one_process_ends_the_session_on_both(autojump_clock, nursery):
+    a, b, _ = _pair(nursery)
+    session = await _open(a, "alice")
+    status, _, body = await _post(b, "alice", None, session=session, method="DELETE")
+    assert status == 200, body
+    for app in (a, b):  # a held it: dropped at its next request
+        assert (await _post(app, "alice", _LIST, session=session))[0] == 404
+
+
+async def test_a_cancel_that_comes_first_stops_the_call_on_the_other_process(
+    autojump_clock, nursery
+):
+    """The cancel lands on B before A recorded the call: the call must not run (it would
+    have: B did not know the call, and A never heard of the cancel)."""
+    a, b, store = _pair(nursery)
+    session = await _open(a, "alice")
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}
+    assert (await _post(b, "alice", cancel, session=session))[0] == 202
+    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {}}}  # fmt: skip
+    status, _, body = await _post(a, "alice", call, session=session)
+    assert status == 200, body
+    result = _answer(body)["result"]
+    assert result["isError"] and result["structuredContent"]["status"] == "cancelled"
+    assert "nothing was enqueued" in result["content"][0]["text"]
+    assert store.pending_count("alice") == 0
+    call["id"] = 6  # another request of the session runs (offline desktop: at once)
+    result = _answer((await _post(a, "alice", call, session=session))[2])["result"]
+    assert result["structuredContent"]["status"] == "offline"
+
+
+async def test_adopting_past_the_bound_drops_an_idle_copy_the_store_still_has(
+    autojump_clock, nursery, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(_mcp, "MAX_SESSIONS_PER_USER", 2)
+    a, b, _ = _pair(nursery)
+    first, second = await _open(a, "alice"), await _open(a, "alice")
+    await trio.sleep(1)
+    third = await _open(b, "alice")
+    for session in (first, second, third, first):  # b holds two at most
+        await trio.sleep(1)
+        status, _, body = await _post(b, "alice", _LIST, session=session)
+        assert status == 200, body
+        endpoint = _endpoint(b)
+        assert len(endpoint.manager.held()) <= 2
+        assert session in endpoint.manager.held()
+
+
+def _endpoint(app: Any) -> Any:
+    """The user endpoint of alice behind ``app`` (the mount's closure holds the
+    endpoints)."""
+    cells = [c.cell_contents for c in app.__closure__ or ()]
+    endpoints = next(c for c in cells if hasattr(c, "_endpoints"))
+    return endpoints._endpoints["alice"]
+
+
+async def test_a_session_with_a_request_open_does_not_expire_in_the_store(
+    autojump_clock, nursery
+):
+    """A standalone GET stream (or a long keyed call) is the only request of a session
+    for longer than the idle timeout: the SDK keeps the session, so its record must stay
+    too (it expired under it, and the next request anywhere was 404)."""
+    from deskbridge_hub._mcp_mount import McpEndpoints
+    from deskbridge_hub._mcp_sessions import SESSION_IDLE_TIMEOUT_S
+    from deskbridge_hub._mcp_store import encode_record
+
+    store = MemorySubstrate()
+    bridge = Bridge(store)
+    endpoints = McpEndpoints(
+        get_nursery=lambda: nursery, get_bridge=lambda: bridge, is_draining=lambda: False
+    )
+    session = "ab" * 16
+    await store.open_mcp_session(
+        "alice", session, encode_record("2025-06-18", None), ttl_s=SESSION_IDLE_TIMEOUT_S
+    )
+    scope = {"method": "GET", "headers": [(b"mcp-session-id", session.encode())]}
+    async with endpoints.using("alice") as endpoint:
+        assert endpoint is not None
+        async with endpoint.sessions.serving(scope, None) as refusal:
+            assert refusal is None and endpoint.manager.holds(session)  # adopted
+            await trio.sleep(3 * SESSION_IDLE_TIMEOUT_S)  # the stream stays open
+            assert await store.touch_mcp_session("alice", session, ttl_s=1) is not None
+    await trio.sleep(SESSION_IDLE_TIMEOUT_S + 1)  # no request open: it idles out
+    assert await store.touch_mcp_session("alice", session, ttl_s=1) is None
