@@ -32,6 +32,13 @@ BEAT_BATCH_S = 1.0
 DEEP_EVERY = 10
 
 
+class SessionGone(Exception):
+    """A ``Listener.dispatch`` found its session ended (its tasks over, its detach not
+    yet run): the entry was not taken, nothing started. The reader treats the session as
+    stopped (a pushed entry goes back to ``queued``; a read one stays pending here for
+    the daemon's next session)."""
+
+
 @attrs.define(eq=False)
 class Listener:
     """One session attached to the process reader.
@@ -41,7 +48,8 @@ class Listener:
         catalogue: the session's tool catalogue (JSON text), written at the handshake and
             again whenever a beat finds presence had been lost.
         dispatch: start serving one entry (returns once its task started; the reader has
-            added the entry ID to the in-flight set).
+            added the entry ID to the in-flight set). Raises :class:`SessionGone`, with
+            ``stopped`` set, when the session has ended meanwhile: nothing started.
         on_deleted: answer entries whose body is gone (see ``EntryServer.answer_deleted``).
         on_superseded: the heartbeat found presence held by another session.
         capacity: how many more entries the session can take now.

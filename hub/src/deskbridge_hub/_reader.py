@@ -44,7 +44,7 @@ import trio
 from deskbridge_common import Timings
 
 from . import _metrics
-from ._beats import BeatSchedule, Listener
+from ._beats import BeatSchedule, Listener, SessionGone
 from ._errors import SubstrateMisconfigured, SubstrateUnavailable
 from ._jobstate import forwarded_keep_s
 from ._keepalive import RunningJobs
@@ -1024,6 +1024,13 @@ class ProcessReader:
             listener.reads += 1  # its next beat looks at the entry index
             try:
                 await listener.dispatch(entry)
+            except SessionGone:
+                # ended before it took the entry (its detach not yet run): stopped now,
+                # nothing started; the rest of the batch is not offered to it either
+                inflight.discard(entry.entry_id)
+                seen.pop(entry.entry_id, None)
+                if pushed:
+                    unsent.append(Pushed(user_id, entry))
             except BaseException:
                 # Never started (cancelled while waiting for an in-flight slot): a stale
                 # in-flight mark would hide the entry from every drain and reclaim here.

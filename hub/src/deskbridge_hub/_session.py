@@ -57,6 +57,7 @@ from deskbridge_common._connection import Event
 
 from . import _directory, _metrics
 from ._asleep import SleepRecord
+from ._beats import SessionGone
 from ._cancel_notice import Forwarded, answer_cancel_notice
 from ._delivery import EntryServer
 from ._desk_stage import Outstanding, stage_recorder
@@ -565,7 +566,12 @@ class HubSession(SessionTimers):
             self._limiter.acquire_on_behalf_of_nowait(entry.entry_id)
         except trio.WouldBlock:
             await self._limiter.acquire_on_behalf_of(entry.entry_id)
-        self._nursery.start_soon(self._serve_entry, entry, serve)
+        try:
+            self._nursery.start_soon(self._serve_entry, entry, serve)
+        except RuntimeError:  # its tasks ended meanwhile (its nursery closed): not taken
+            self._limiter.release_on_behalf_of(entry.entry_id)
+            self.stop_reading()
+            raise SessionGone(f"session {self.session_id} ended") from None
 
     async def _serve_entry(
         self, entry: Entry, serve: Callable[[Entry, HubSession], Awaitable[None]]
@@ -603,17 +609,18 @@ class HubSession(SessionTimers):
         session's nursery (a reader must not wait on one session)."""
         if self._nursery is None or self._done:
             return
-        self._nursery.start_soon(
-            lambda: answer_cancel_notice(
-                self.state.substrate,
-                self.user_id,
-                job_id,
-                forwarded=self._delivery_of,
-                send_cancel=self.cancel,
-                wall_clock=self.state.wall_clock,
-                ttl_s=self.state.timings.result_ttl_s,
+        with contextlib.suppress(RuntimeError):  # its tasks ended: left as for a session gone
+            self._nursery.start_soon(
+                lambda: answer_cancel_notice(
+                    self.state.substrate,
+                    self.user_id,
+                    job_id,
+                    forwarded=self._delivery_of,
+                    send_cancel=self.cancel,
+                    wall_clock=self.state.wall_clock,
+                    ttl_s=self.state.timings.result_ttl_s,
+                )
             )
-        )
 
     def _delivery_of(self, job_id: str) -> Forwarded | None:
         """A delivery of ``job_id`` on this socket (answered or not), or None."""
