@@ -45,11 +45,11 @@ def test_awaiting_approval_sits_between_delivered_and_the_end():
 
 
 async def test_each_stage_change_is_recorded_in_order_then_the_result_returned(autojump_clock):
-    recorded: list[Stage] = []
+    recorded: list[tuple[Stage, bool]] = []
 
-    async def record(stage: Stage) -> None:
+    async def record(stage: Stage, running: bool) -> None:
         await trio.sleep(1)  # a slow write: reports meanwhile are coalesced, not lost
-        recorded.append(stage)
+        recorded.append((stage, running))
 
     delivery = Outstanding(job_id="j1")
     result = JobResult("d1", True, {"ok": 1})
@@ -62,7 +62,6 @@ async def test_each_stage_change_is_recorded_in_order_then_the_result_returned(a
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
         delivery.report(None)  # a plain progress report: nothing to record
-        delivery.report("running")  # already delivered: nothing to record
         await trio.testing.wait_all_tasks_blocked()
         assert recorded == []
         delivery.report("awaiting_approval")
@@ -73,7 +72,27 @@ async def test_each_stage_change_is_recorded_in_order_then_the_result_returned(a
         delivery.report("awaiting_approval")
         delivery.answer(result)  # the result overtakes that last report
     assert got == [result]
-    assert recorded == [Stage.AWAITING_APPROVAL, Stage.DELIVERED]
+    assert recorded == [(Stage.AWAITING_APPROVAL, False), (Stage.DELIVERED, True)]
+    assert delivery.running
+
+
+async def test_a_running_report_on_a_delivered_job_is_recorded_once(autojump_clock):
+    """``running`` without a stage change (no approval asked) is what the hub knows of
+    the job's start: recorded (was: dropped, the stage being ``delivered`` already)."""
+    recorded: list[tuple[Stage, bool]] = []
+
+    async def record(stage: Stage, running: bool) -> None:
+        recorded.append((stage, running))
+
+    delivery = Outstanding(job_id="j1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(delivery.wait, record)
+        await trio.testing.wait_all_tasks_blocked()
+        delivery.report("running")
+        await trio.testing.wait_all_tasks_blocked()
+        delivery.report("running")
+        delivery.answer(JobResult("d1", True, None))
+    assert recorded == [(Stage.DELIVERED, True)]
 
 
 def _hub(substrate):
@@ -88,9 +107,9 @@ async def test_the_recorder_writes_each_stage_stamped_and_never_raises(autojump_
     state = await substrate.get_job_state(USER, "j1")
     assert state == JobState(Stage.AWAITING_APPROVAL, USER, at=EPOCH + 7, session_id="s1")
     await trio.sleep(1)
-    await record(Stage.DELIVERED)
+    await record(Stage.DELIVERED, True)
     state = await substrate.get_job_state(USER, "j1")
-    assert state == JobState(Stage.DELIVERED, USER, at=EPOCH + 8, session_id="s1")
+    assert state == JobState(Stage.DELIVERED, USER, at=EPOCH + 8, session_id="s1", running=True)
     with pytest.raises(InvalidTransition):  # the table is checked: a bug, never data
         await record(Stage.QUEUED)
 

@@ -587,10 +587,10 @@ class Bridge(JobControl):
         elapsed = anyio.current_time() - started
         if payload is None:
             may_start_s = None if start_until is None else start_until - anyio.current_time()
-            stage = "unknown"
+            stage, running = "unknown", False
             with anyio.move_on_after(_last_look_s(give_up)):
                 # answered just now (after the wait's last look): that answer is the call's
-                stage, payload = await self._last_look(user_id, job_id)
+                stage, payload, running = await self._last_look(user_id, job_id)
             if payload is None:
                 return timeout_outcome(
                     job_id,
@@ -599,6 +599,7 @@ class Bridge(JobControl):
                     elapsed_s=elapsed,
                     attached=attached,
                     may_start_within_s=may_start_s,
+                    running=running,
                 )
         body = parse_result(payload)
         return Outcome(

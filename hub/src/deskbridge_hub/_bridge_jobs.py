@@ -221,13 +221,13 @@ class JobControl:
         state = await self.substrate.get_job_state(owner.user_id, job_id)
         return None if state is None else (owner.user_id, state)
 
-    async def _last_look(self, user_id: str, job_id: str) -> tuple[str, str | None]:
+    async def _last_look(self, user_id: str, job_id: str) -> tuple[str, str | None, bool]:
         """A call's look at its job once its wait ended without an answer: the stage
         for its ``timeout`` (a key of ``_TIMEOUT_MESSAGES``), and the job's result payload
         if the stage says it was answered meanwhile (a holder's answer, e.g. ``expired``
         at the deadline, which is the end of the wait, written after the wait's last
         look at the result list: the result is written before the state, in one step),
-        else None.
+        else None, and whether the desktop reported it running (``JobState.running``).
 
         Raises:
             SubstrateUnavailable: Redis unreachable.
@@ -239,9 +239,10 @@ class JobControl:
         if state is not None and state.stage.terminal:
             payload = await self.substrate.get_result(user_id, job_id)
             if payload is not None:
-                return state.stage.value, payload
+                return state.stage.value, payload, state.running
         stage = "unknown" if state is None else state.stage.value
-        return (stage if stage in _TIMEOUT_MESSAGES else "unknown"), None
+        running = state is not None and state.running
+        return (stage if stage in _TIMEOUT_MESSAGES else "unknown"), None, running
 
     async def cancel(self, job_id: str) -> str:
         """Cancel a job: a queued job is never started; a running one gets a ``cancel``

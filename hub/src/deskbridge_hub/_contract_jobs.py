@@ -104,6 +104,28 @@ async def check_queue_info_lists_the_oldest_pending_entries_only_when_asked(
 
 
 @check
+async def check_a_running_report_is_kept_until_the_answer(h: SubstrateHarness) -> None:
+    """The desktop's ``running`` report (``JobState.running``) is kept by every later
+    stage of the delivery written without it (the interrupted mark) and by a redelivery:
+    the hub never forgets that the job may have acted; a terminal stage is as given."""
+    s, user, job = h.substrate, h.user(), h.job()
+    first = await s.mark_delivered(user, job, JobState(Stage.DELIVERED, user), ttl_s=60)
+    ran = JobState(Stage.DELIVERED, user, at=2.0, session_id="s1", running=True)
+    await s.finish(user, job, None, ran, ttl_s=60, epoch=first.epoch)
+    gone = JobState(Stage.INTERRUPTED, user, at=2.5)
+    await s.finish(user, job, None, gone, ttl_s=60, epoch=first.epoch)
+    assert await s.get_job_state(user, job) == attrs.evolve(gone, running=True)
+    again = JobState(Stage.DELIVERED, user, at=3.0, session_id="s2")
+    await s.mark_delivered(user, job, again, ttl_s=60)
+    stored = await s.get_job_state(user, job)
+    assert stored is not None and (stored.session_id, stored.running) == ("s2", True), stored
+    other = h.job()  # never reported: stays False through the same steps
+    marked = await s.mark_delivered(user, other, JobState(Stage.DELIVERED, user), ttl_s=60)
+    await s.finish(user, other, None, gone, ttl_s=60, epoch=marked.epoch)
+    assert await s.get_job_state(user, other) == gone
+
+
+@check
 async def check_a_redelivery_says_whether_an_earlier_one_went_to_another_desktop(
     h: SubstrateHarness,
 ) -> None:

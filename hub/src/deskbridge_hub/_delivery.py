@@ -118,6 +118,10 @@ class Executor(Protocol):
         """Why the session ended on purpose (token expired, superseded, hub restarting),
         or None while it runs or when the socket just went away."""
 
+    def reported_running(self, job_id: str) -> bool:
+        """Whether the desktop reported ``running`` for the delivery of ``job_id`` that
+        just ended unanswered (read once; False: no report, or not known)."""
+
     def handed_over(self) -> bool:
         """Whether the session ended because a newer session of its user took over
         through another hub process (4001): perhaps another desktop, whose ledger does
@@ -320,14 +324,18 @@ class EntryServer:
             return
         except BaseException:
             reason = getattr(executor, "ended_reason", lambda: None)()
+            # what the hub knows of its start: the desktop's ``running`` report, or none
+            ran = getattr(executor, "reported_running", lambda _: False)(job_id)
             if reason is not None:  # ended on purpose: tell the caller now (issue 11.4)
                 final = getattr(executor, "handed_over", lambda: False)()
                 await self._answer_interrupted(
-                    entry.entry_id, job_id, reason, envelope, epoch, final=final
+                    entry.entry_id, job_id, reason, envelope, epoch, final=final, running=ran
                 )
             else:
                 # the socket went away with it
-                await self._mark_interrupted(job_id, epoch, envelope.idempotency_key)
+                await self._mark_interrupted(
+                    job_id, epoch, envelope.idempotency_key, running=ran
+                )
             raise
         finally:
             if self.running_jobs is not None:
@@ -508,10 +516,12 @@ class EntryServer:
         epoch: int | None,
         *,
         final: bool,
+        running: bool = False,
     ) -> None:
-        """The session ended on purpose while the job ran on the desktop: tell its caller
+        """The session ended on purpose while the job was on the desktop: tell its caller
         ``in_doubt`` (it may have acted) at once with the stage ``interrupted``, fenced,
-        shielded and bounded by ``CLEANUP_TIMEOUT_S``.
+        shielded and bounded by ``CLEANUP_TIMEOUT_S``. ``running``: the desktop reported
+        it running (else the answer says it was not known to have started).
 
         ``final`` (a takeover through another process, perhaps by another desktop): the
         answer is published as the job's result and the entry acknowledged, so it is
@@ -520,13 +530,14 @@ class EntryServer:
         redelivery to the returning desktop is answered from its ledger, never run
         twice, and that real outcome is what a retry with the same key gets."""
         log.warning(
-            "user %s: session ended (%s) while job %s ran; its caller is answered in_doubt",
+            "user %s: session ended (%s) with job %s on the desktop; its caller is answered "
+            "in_doubt",
             self.user_id,
             reason,
             job_id,
         )
         stage = STAGE_OF_OUTCOME["in_doubt"] if final else Stage.INTERRUPTED
-        state = JobState(stage, self.user_id, at=self.wall_clock())
+        state = JobState(stage, self.user_id, at=self.wall_clock(), running=running)
         finished = None
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
@@ -538,6 +549,7 @@ class EntryServer:
                         pending=not final,
                         # a call without a key has its job id for key
                         unkeyed_job=job_id if envelope.idempotency_key == job_id else None,
+                        running=running,
                     ),
                     state,
                     # an unanswered job may be redelivered much later (forwarded_keep_s)
@@ -553,7 +565,9 @@ class EntryServer:
             except SubstrateUnavailable:
                 pass
         if finished is None:
-            await self._mark_interrupted(job_id, epoch, envelope.idempotency_key)
+            await self._mark_interrupted(
+                job_id, epoch, envelope.idempotency_key, running=running
+            )
         elif finished.verdict == "stale":
             self._refused(job_id, "in_doubt", epoch, finished)
         elif finished.verdict == "settled":
@@ -562,11 +576,17 @@ class EntryServer:
             _metrics.job_served(self, "in_doubt", envelope, job_id=job_id, provisional=not final)
 
     async def _mark_interrupted(
-        self, job_id: str, epoch: int | None, idempotency_key: str | None = None
+        self,
+        job_id: str,
+        epoch: int | None,
+        idempotency_key: str | None = None,
+        *,
+        running: bool = False,
     ) -> None:
-        """Record the stage ``interrupted`` (fenced: a newer delivery's state stays); the
-        state, and the job's idempotency record, are kept ``forwarded_keep_s``."""
-        state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock())
+        """Record the stage ``interrupted`` (fenced: a newer delivery's state stays), with
+        ``running`` if the desktop reported it (a stored ``running`` is kept); the state,
+        and the job's idempotency record, are kept ``forwarded_keep_s``."""
+        state = JobState(Stage.INTERRUPTED, self.user_id, at=self.wall_clock(), running=running)
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             try:
                 await self.substrate.finish(

@@ -5,9 +5,11 @@ optional ``stage``: ``awaiting_approval`` while a tool waits for the person's ap
 ``running`` once it may run). The session's reader hands each report to the delivery's
 :class:`Outstanding` without waiting (invariant 4: reading never waits on work); the task
 that serves the delivery (``_delivery.EntryServer`` through ``HubSession.execute``)
-records the change as the job state (``awaiting_approval`` / ``delivered``) while it waits
-for the ``job_result``. So a stage is written by the same task, before the terminal state
-that task writes after publishing the result: a late stage can never overwrite
+records the change as the job state (``awaiting_approval`` / ``delivered``, and
+``running`` once the desktop reported it: the only way the hub knows a job may have
+started) while it waits for the ``job_result``. So a stage is written by the same task,
+before the terminal state that task writes after publishing the result: a late stage can
+never overwrite
 ``finished``. Recording is best effort and bounded (``CLEANUP_TIMEOUT_S``): the caller's
 outcome never waits on it for longer, and never depends on it.
 """
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-from deskbridge_common import JobResult
+from deskbridge_common import STAGE_RUNNING, JobResult
 
 from ._errors import SubstrateUnavailable
 from ._jobstate import STAGE_OF_DESK, JobState, Stage, forwarded_keep_s
@@ -31,8 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deskbridge.hub.session")
 
-#: Records that a delivered job entered a stage (``delivered`` / ``awaiting_approval``).
-RecordStage = Callable[[Stage], Awaitable[None]]
+#: Records that a delivered job entered a stage (``delivered`` / ``awaiting_approval``),
+#: and whether the desktop reported it ``running`` (the tool may run: it may have acted).
+RecordStage = Callable[[Stage, bool], Awaitable[None]]
 
 
 @attrs.define(eq=False)
@@ -44,6 +47,7 @@ class Outstanding:
         done: set once the result came.
         result: the sidecar's ``job_result``, once it came.
         stage: the latest stage the desktop reported (``progress.stage``), or None.
+        running: the desktop reported ``running`` (the tool may run) at least once.
         cancel_sent: its ``cancel`` frame was sent (once: a cancel notice and the job's
             control entry both ask for it, ``_cancel_notice``).
         epoch: the delivery's claim epoch (None: not known), which a cancel notice
@@ -54,6 +58,7 @@ class Outstanding:
     done: trio.Event = attrs.field(factory=trio.Event)
     result: JobResult | None = None
     stage: str | None = None
+    running: bool = False
     cancel_sent: bool = False
     epoch: int | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
@@ -68,13 +73,16 @@ class Outstanding:
         """The reader got a ``progress`` frame; remember its stage (never blocks)."""
         if stage is not None and stage != self.stage:
             self.stage = stage
+            self.running = self.running or stage == STAGE_RUNNING
             self._wake.set()
 
     async def wait(self, record: RecordStage) -> JobResult:
         """Wait for the result, recording each stage change reported meanwhile.
 
         Args:
-            record: called with each new stage, in order (the job starts ``delivered``).
+            record: called with each change of the stage or of ``running`` (the
+                desktop reported ``running`` once, which is kept), in order (the job starts
+                ``delivered``, not running).
 
         Returns:
             The ``job_result``. A stage still unrecorded when it came is dropped: the
@@ -82,16 +90,17 @@ class Outstanding:
 
         Cancellation: propagates (the socket went away); nothing more is recorded.
         """
-        recorded = Stage.DELIVERED
+        recorded, running = Stage.DELIVERED, False
         while not self.done.is_set():
             await self._wake.wait()
             self._wake = trio.Event()
             if self.done.is_set() or self.stage is None:
                 continue
             stage = STAGE_OF_DESK[self.stage]
-            if stage is not recorded:
-                recorded = stage
-                await record(stage)
+            now_running = running or self.stage == STAGE_RUNNING
+            if stage is not recorded or now_running != running:
+                recorded, running = stage, now_running
+                await record(stage, running)
         assert self.result is not None
         return self.result
 
@@ -109,13 +118,14 @@ def stage_recorder(
     state: JobState | None = None  # built at the first report (most jobs report none)
     fenced_out = False
 
-    async def record(stage: Stage) -> None:
+    async def record(stage: Stage, running: bool = False) -> None:
         nonlocal state, fenced_out
         if fenced_out:
             return
         if state is None:
             state = JobState(Stage.DELIVERED, user_id, session_id=session_id)
         state = state.advance(stage, at=hub.wall_clock())  # InvalidTransition: a bug here
+        state = attrs.evolve(state, running=state.running or running)
         finished = None
         with trio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
@@ -141,7 +151,7 @@ def stage_recorder(
             log.warning("job %s: stage %s of a stale delivery (epoch %s, newest %s) refused",
                         job_id, stage, epoch, finished.newest)  # fmt: skip
         else:
-            log.info("job %s: %s on the desktop", job_id, stage)
+            log.info("job %s: %s%s on the desktop", job_id, stage, " (running)" * state.running)
 
     return record
 

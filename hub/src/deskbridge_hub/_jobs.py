@@ -148,10 +148,12 @@ def cancelled_unstarted_payload() -> str:
 
 
 def interrupted_payload(
-    reason: str, *, pending: bool = False, unkeyed_job: str | None = None
+    reason: str, *, pending: bool = False, unkeyed_job: str | None = None, running: bool = False
 ) -> str:
-    """The payload for a job that was running on the desktop when its session ended on
-    purpose (``reason``: token expired, superseded, hub restarting): it may have acted.
+    """The payload for a job delivered to the desktop whose session ended on purpose
+    before it answered (``reason``: token expired, superseded, hub restarting): it may
+    have acted. ``running``: the desktop reported it running; otherwise the message says
+    it was delivered and not known to have started (it may have: the hub cannot tell).
 
     ``pending``: the answer is provisional (``detail.pending``: the same desktop comes
     back and its ledger answers the redelivery; a retry with the same idempotency key
@@ -159,6 +161,11 @@ def interrupted_payload(
     ``unkeyed_job``: the job's id when its call had no idempotency key (its key is its
     job id): the advice names the job instead of a key (a retry without one is a new
     job)."""
+    what = (
+        "while the job ran"
+        if running
+        else "with the job delivered to it (not known to have started)"
+    )
     if pending:
         where = (
             "a retry with the same idempotency key gets it"
@@ -166,14 +173,14 @@ def interrupted_payload(
             else f"GET /v1/jobs/{unkeyed_job} reports it (a new call would be a new job)"
         )
         message = (
-            f"the desktop's session ended ({reason}) while the job ran; it may have acted. "
+            f"the desktop's session ended ({reason}) {what}; it may have acted. "
             f"Its outcome is still to come from the desktop's reconnected session: {where}"
         )
         detail: dict[str, object] = {"stage": "interrupted", "reason": reason, "pending": True}
     else:
         again = "retry with a new key" if unkeyed_job is None else "call again"
         message = (
-            f"the desktop's session ended ({reason}) while the job ran; it may have acted "
+            f"the desktop's session ended ({reason}) {what}; it may have acted "
             f"and is not delivered again. Check, then {again} if it should run"
         )
         detail = {"stage": "interrupted", "reason": reason}

@@ -120,10 +120,12 @@ def delivered_again(before: JobState | None, state: JobState) -> tuple[JobState,
     When an earlier delivery went to another desktop, or to one not known, the recorded
     ``daemon_id`` becomes :data:`MIXED` (and stays so), and the flag is True: that
     desktop may have started the job. The Redis mark script (``_redis_jobs._MARK``)
-    does the same.
+    does the same. A ``running`` report of an earlier delivery is kept.
     """
     if before is None:
         return state, False
+    if before.running:
+        state = attrs.evolve(state, running=True)
     if before.daemon_id not in (None, MIXED) and before.daemon_id == state.daemon_id:
         return state, False
     return attrs.evolve(state, daemon_id=MIXED), True
@@ -163,6 +165,13 @@ class JobState:
             or deleted entry, a cancel of a queued job) names the key's record with it,
             so the answer is kept as long as the record. None: no key (or an older
             writer); a stage of the delivery is written without it.
+        running: the desktop reported this job ``running`` (``progress.stage``: the tool
+            may run) on a delivery: it may have acted. False: no such report reached the
+            hub, so the job is only known to have been delivered, not to have started
+            (it may still have: no sidecar reports ``running`` for a tool that needs no
+            approval, docs/architecture.md "What a job's stage claims"). Kept by every
+            later stage of the delivery and by a redelivery (the substrates' finish and
+            mark steps); stored only when True.
     """
 
     stage: Stage = attrs.field(converter=Stage)
@@ -172,6 +181,7 @@ class JobState:
     reply_to: str | None = None
     daemon_id: str | None = None
     idempotency_key: str | None = None
+    running: bool = False
 
     def advance(
         self, stage: Stage, *, at: float | None = None, session_id: str | None = None
@@ -186,7 +196,10 @@ class JobState:
 
     def encode(self) -> str:
         """The stored JSON text (fields that are None are left out)."""
-        body: dict[str, str | float] = {"stage": self.stage.value, "user_id": self.user_id}
+        body: dict[str, str | float | bool] = {
+            "stage": self.stage.value,
+            "user_id": self.user_id,
+        }
         if self.at is not None:
             body["at"] = self.at
         if self.session_id is not None:
@@ -197,6 +210,8 @@ class JobState:
             body["daemon_id"] = self.daemon_id
         if self.idempotency_key is not None:
             body["idempotency_key"] = self.idempotency_key
+        if self.running:
+            body["running"] = True
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -216,6 +231,7 @@ class JobState:
                 reply_to=body.get("reply_to"),
                 daemon_id=body.get("daemon_id"),
                 idempotency_key=body.get("idempotency_key"),
+                running=body.get("running") is True,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MalformedState(f"not a job state: {str(text)[:80]!r} ({exc})") from None

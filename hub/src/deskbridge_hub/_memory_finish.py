@@ -49,15 +49,21 @@ def _deadline_of(record: str) -> float | None:
 
 
 def _keep_desk(stored: str | None, state: JobState) -> JobState:
-    """A stage of the delivery written without ``daemon_id`` keeps the stored one (as
-    ``_redis_finish.FINISH``: only the mark knows which desktops the job went to)."""
-    if stored is None or state.daemon_id is not None or state.stage not in FORWARDED:
+    """A stage of the delivery written without ``daemon_id`` keeps the stored one, and
+    every stage of the delivery keeps a stored ``running`` (as ``_redis_finish.FINISH``:
+    only the mark knows which desktops the job went to; a desktop's ``running`` report
+    is never forgotten while the job is unanswered)."""
+    if stored is None or state.stage not in FORWARDED:
         return state
     try:
-        daemon_id = JobState.decode(stored).daemon_id
+        before = JobState.decode(stored)
     except ValueError:
         return state
-    return state if daemon_id is None else attrs.evolve(state, daemon_id=daemon_id)
+    if state.daemon_id is None and before.daemon_id is not None:
+        state = attrs.evolve(state, daemon_id=before.daemon_id)
+    if before.running and not state.running:
+        state = attrs.evolve(state, running=True)
+    return state
 
 
 class WrongType(Exception):

@@ -406,8 +406,10 @@ def _routes(version: str) -> dict[str, Any]:
                     "responses": {
                         "200": _json(
                             {"type": "object"},
-                            "`{job_id, stage, user_id, at, terminal}`, and `outcome` (the "
-                            "result payload, as `POST /jobs` answers) once answered",
+                            "`{job_id, stage, user_id, at, terminal}`, `running: true` once "
+                            "the desktop reported the job running (absent: delivered at most, "
+                            "not known to have started), and `outcome` (the result payload, as "
+                            "`POST /jobs` answers) once answered",
                         ),
                         "404": _err("unknown, or its state expired"),
                     },

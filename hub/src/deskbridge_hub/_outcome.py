@@ -145,13 +145,22 @@ _ERRORS: dict[str, type[BridgeError]] = {
 
 _TIMEOUT_MESSAGES = {
     "queued": "no answer within {:g} s; the job was still queued (the desktop never took it)",
-    "delivered": "no answer within {:g} s; the job was delivered and may be running; "
-    "outcome unknown",
+    "delivered": "no answer within {:g} s; the job was delivered to the desktop, not known "
+    "to have started (it may have); outcome unknown",
     "awaiting_approval": "no answer within {:g} s; the job was on the desktop waiting for "
     "the person's approval; it had not started (it never starts after its deadline)",
-    "interrupted": "no answer within {:g} s; the job was delivered and running when the "
-    "desktop went away; outcome unknown",
+    "interrupted": "no answer within {:g} s; the job had been delivered to the desktop, "
+    "not known to have started (it may have), when the desktop went away; outcome unknown",
     "unknown": "no answer within {:g} s; outcome unknown",
+}
+
+#: The texts of the stages above once the desktop reported the job ``running``
+#: (``JobState.running``): only then is it said to have run.
+_RUNNING_MESSAGES = {
+    "delivered": "no answer within {:g} s; the desktop reported the job running; it may "
+    "have acted; outcome unknown",
+    "interrupted": "no answer within {:g} s; the desktop reported the job running, then "
+    "went away; it may have acted; outcome unknown",
 }
 
 #: The ``queued`` text for a retry attached (by its idempotency key) to the job of an
@@ -171,6 +180,7 @@ def timeout_outcome(
     elapsed_s: float,
     attached: bool = False,
     may_start_within_s: float | None = None,
+    running: bool = False,
 ) -> Outcome:
     """The ``timeout`` answer for a wait that ended without a result.
 
@@ -183,6 +193,8 @@ def timeout_outcome(
         may_start_within_s: for ``attached``: seconds left before that job's deadline
             (its own, on the substrate's clock), or None if unknown (a record written
             by an older hub).
+        running: the desktop reported the job ``running`` (``JobState.running``); only
+            then does a ``delivered`` / ``interrupted`` message say it ran.
 
     Returns:
         An Outcome with ``detail.stage``. A ``queued`` job still inside its deadline
@@ -191,7 +203,8 @@ def timeout_outcome(
         alone means it will not start later (docs/outcomes.md).
     """
     detail: dict[str, Any] = {"stage": stage}
-    message = _TIMEOUT_MESSAGES[stage].format(timeout_s)
+    texts = _RUNNING_MESSAGES if running and stage in _RUNNING_MESSAGES else _TIMEOUT_MESSAGES
+    message = texts[stage].format(timeout_s)
     if attached and stage == "queued" and (may_start_within_s is None or may_start_within_s > 0):
         within = "" if may_start_within_s is None else f" (within {may_start_within_s:.3g} s)"
         message = _ATTACHED_QUEUED_MESSAGE.format(timeout_s, within)

@@ -77,7 +77,8 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[1], 'GT')
 #: ``done`` when the stored state is this step's own (a retry whose reply was lost),
 #: else ``settled``. A stage of the delivery written without ``daemon_id`` (the
 #: interrupted mark, the desktop's stage reports) keeps the stored one: it names the
-#: desktops the job went to (``_jobstate.JobState.daemon_id``), which only the mark knows.
+#: desktops the job went to (``_jobstate.JobState.daemon_id``), which only the mark knows;
+#: every stage of the delivery keeps a stored ``running`` (the desktop reported it running).
 #: A stage of the delivery (not terminal) keeps the idempotency record that names the
 #: job at least as long as the state (PEXPIRE GT): a retry with the key of a job whose
 #: desktop went away attaches to it, never "offline" (the answer's write then keeps the
@@ -116,12 +117,17 @@ if ARGV[6] ~= '' then
     if current == ARGV[6] then return {'done', acked} end
     return {'settled', acked}
   end
-  if ok and type(body) == 'table' and type(body['daemon_id']) == 'string' then
+  if ok and type(body) == 'table' then
     local new = cjson.decode(ARGV[6])
-    if new['daemon_id'] == nil and (new['stage'] == 'delivered' or
-        new['stage'] == 'interrupted' or new['stage'] == 'awaiting_approval') then
-      ARGV[6] = '{"daemon_id":' .. cjson.encode(body['daemon_id']) .. ',' ..
-        string.sub(ARGV[6], 2)
+    if new['stage'] == 'delivered' or new['stage'] == 'interrupted' or
+        new['stage'] == 'awaiting_approval' then
+      if new['daemon_id'] == nil and type(body['daemon_id']) == 'string' then
+        ARGV[6] = '{"daemon_id":' .. cjson.encode(body['daemon_id']) .. ',' ..
+          string.sub(ARGV[6], 2)
+      end
+      if body['running'] == true and new['running'] ~= true then
+        ARGV[6] = '{"running":true,' .. string.sub(ARGV[6], 2)
+      end
     end
   end
 end

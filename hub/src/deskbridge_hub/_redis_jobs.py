@@ -45,7 +45,8 @@ from ._substrate import (
 #: asked for its answer, ``_delivery``); the state is left as it was.
 #: A redelivery records the desktop it goes to (the state's ``daemon_id``), or ``?`` once
 #: an earlier delivery went to another desktop or one not known (``desk``, as
-#: ``_jobstate.delivered_again``), and says so (the reply's fourth item, 1).
+#: ``_jobstate.delivered_again``), and says so (the reply's fourth item, 1); it keeps
+#: ``running`` from the stored state (an earlier delivery was reported running).
 #: A delivery keeps the idempotency record that names the job (``ikey``, if any) as long
 #: as the state (PEXPIRE GT): a holder that dies writes no ``interrupted`` mark, and the
 #: record lapsed at the deadline + result TTL (or its last keep + result TTL) while the
@@ -101,6 +102,9 @@ local function mark(skey, ckey, fkey, state, ttl, deadline, now, ikey, job)
     return {'in_doubt', now, raise(fkey, ttl, deadline, now), other}
   end
   local written, elsewhere = desk(state, sent)
+  if sent and sent['running'] == true and not string.find(written, '"running":true', 1, true) then
+    written = '{"running":true,' .. string.sub(written, 2)
+  end
   redis.call('SET', skey, written, 'PX', ttl)
   keep_key(ikey, job, ttl)
   return {'delivered', now, raise(fkey, ttl, deadline, now), elsewhere}

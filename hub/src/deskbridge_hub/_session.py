@@ -120,6 +120,8 @@ class HubSession(SessionTimers):
     _presence: PresenceKeeper | None = None
     _listener: Listener | None = None
     _ending: str | None = None
+    #: jobs whose delivery was reported ``running`` and ended unanswered (``reported_running``)
+    _ran_unanswered: set[str] = attrs.field(factory=set)
     _reading_stopped: trio.Event = attrs.field(factory=trio.Event)
     _serving: int = 0
     #: ``wait_idle`` parks here until no entry is served (unparked as each one ends)
@@ -603,6 +605,16 @@ class HubSession(SessionTimers):
             return await delivery.wait(record)
         finally:
             self.deliveries.pop(job.id, None)
+            if delivery.running and not delivery.done.is_set():
+                self._ran_unanswered.add(job.job_id)  # read by ``reported_running``
+
+    def reported_running(self, job_id: str) -> bool:
+        """Whether the desktop reported ``running`` for this session's delivery of
+        ``job_id`` that ended unanswered (see ``_delivery.Executor``); read once."""
+        if job_id in self._ran_unanswered:
+            self._ran_unanswered.discard(job_id)
+            return True
+        return False
 
     def _cancel_asked(self, job_id: str) -> None:
         """A cancel notice (``_cancel_notice``), from the process reader: answered in this
