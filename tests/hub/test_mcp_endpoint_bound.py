@@ -183,7 +183,8 @@ def _app(nursery: trio.Nursery) -> tuple[Any, McpEndpoints]:
         raise AssertionError(scope)
 
     holder: dict[str, Any] = {"bridge": Bridge(MemorySubstrate())}
-    app = mount_mcp(quart, SimpleNamespace(nursery=nursery), holder, ())
+    bounds = {"MAX_CONTENT_LENGTH": 4096, "BODY_TIMEOUT": 60}
+    app = mount_mcp(quart, SimpleNamespace(nursery=nursery, config=bounds), holder, ())
     return app, holder["mcp"]
 
 

@@ -28,9 +28,11 @@ import anyio
 import attrs
 from deskbridge_common import _codes, safe_text
 from deskbridge_common import _strict_json as strict_json
+from werkzeug.exceptions import HTTPException
 
 from ._bridge import Bridge
-from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted, unauthorized_message
+from ._asgi_body import read_body
+from ._http import asgi_headers, http_error_answer, key_accepted, unauthorized_message
 from ._mcp_answers import (
     INVALID_REQUEST,
     MCP_PATH,
@@ -307,14 +309,15 @@ def mount_mcp(
             # a tools/call's timeout_s counts from here, its body read included, as an
             # HTTP call's does (``_call_tool`` reads it from the request's scope)
             scope[STARTED_AT] = anyio.current_time()
-            raw = await _read_body(receive)
-            if raw is _GONE:  # the client left mid-body: nobody to answer
+            try:  # bounded as every route's body: Quart's MAX_CONTENT_LENGTH, BODY_TIMEOUT
+                raw = await read_body(receive, asgi_headers(scope), app.config)
+            except HTTPException as exc:  # 413 (declared or sent), 408
+                where = f"POST {scope.get('path', '')}"
+                limit = app.config["MAX_CONTENT_LENGTH"]
+                status, answer = http_error_answer(exc.code, exc.name, where, body_limit=limit)
+                await _send_json(send, status, answer["error"]["code"], answer["error"]["message"])
                 return
-            if raw is None:
-                await _send_json(
-                    send, 413, _codes.REQUEST_ENTITY_TOO_LARGE,
-                    body_too_large_message(MAX_BODY_BYTES, f"POST {scope.get('path', '')}"),
-                )  # fmt: skip
+            if raw is None:  # the client left mid-body: nobody to answer
                 return
             refusal = _content_type_refusal(scope, raw) or _refusal(raw)
             if refusal is not None:  # answered here: the SDK never sees it
@@ -454,28 +457,6 @@ def _method(raw: bytes) -> str | None:
         return None
     method = value.get("method") if isinstance(value, dict) else None
     return method if isinstance(method, str) else None
-
-
-#: What :func:`_read_body` returns when the client disconnected before the body ended.
-_GONE = b"\x00gone"
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The request's whole body, None once it passes ``MAX_BODY_BYTES``, or ``_GONE``
-    (the very object) when the client left first."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return _GONE
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _replayed(raw: bytes, receive: Any) -> Callable[[], Awaitable[Any]]:
