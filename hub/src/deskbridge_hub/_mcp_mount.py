@@ -58,7 +58,9 @@ STARTED_AT = "deskbridge.started_at"
 
 _PATH = MCP_PATH
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
-_METHODS = frozenset({"GET", "POST", "DELETE"})
+_METHODS = frozenset({"GET", "POST", "DELETE", "OPTIONS"})
+#: Its ``Allow`` header (a 405, and the 204 answering ``OPTIONS``).
+ALLOW = ", ".join(sorted(_METHODS))
 #: An endpoint with no request for this long, seconds, and no handshake-era session
 #: left (the SDK closes those after 30 minutes idle) is stopped; the next request starts
 #: it again (its only state is the catalogue digest). 10 minutes.
@@ -289,7 +291,7 @@ def mount_mcp(
                 405,
                 _codes.METHOD_NOT_ALLOWED,
                 f"Method Not Allowed: {scope.get('method')} {safe_text(scope.get('path', ''))}",
-                allow=", ".join(sorted(_METHODS)),
+                allow=ALLOW,
             )
             return
         if not _authorised(scope, api_keys):
@@ -299,6 +301,11 @@ def mount_mcp(
                 _codes.UNAUTHORIZED,
                 unauthorized_message(_authorization(scope)),
             )
+            return
+        if scope.get("method") == "OPTIONS":  # as on every route (``_app._options``)
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                (b"allow", ALLOW.encode())]})  # fmt: skip
+            await send({"type": "http.response.body", "body": b""})
             return
         try:
             validate_user_id(user_id)
