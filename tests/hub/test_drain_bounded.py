@@ -48,17 +48,21 @@ async def test_a_drain_stuck_on_a_socket_exits_when_its_bound_passes(autojump_cl
     stuck = StuckSocketSession()
     state.sessions["s1"] = stuck  # type: ignore[assignment]
     exited: list[float] = []
+    gone = trio.Event()
     grace_s = 3.0
+
+    def exit_process() -> None:
+        exited.append(trio.current_time())
+        gone.set()
 
     with trio.fail_after(1000):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(drain_on_sigterm, state, grace_s, lambda: exited.append(trio.current_time()))
+            nursery.start_soon(drain_on_sigterm, state, grace_s, exit_process)
             await trio.testing.wait_all_tasks_blocked()
             started = trio.current_time()
             signal.raise_signal(signal.SIGTERM)
             with trio.move_on_after(600):
-                while not exited:
-                    await trio.sleep(0.1)
+                await gone.wait()
             stuck.unstick.set()  # let the test end either way
     bound = grace_s + ANSWER_WAIT_S + timings.close_timeout_s + OVERDUE_MARGIN_S
     assert exited, "never exited"
@@ -75,7 +79,9 @@ async def test_a_drain_that_ends_in_time_exits_once(autojump_clock):
     exited: list[float] = []
     with trio.fail_after(1000):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(drain_on_sigterm, state, 3.0, lambda: exited.append(trio.current_time()))
+            nursery.start_soon(
+                drain_on_sigterm, state, 3.0, lambda: exited.append(trio.current_time())
+            )
             await trio.testing.wait_all_tasks_blocked()
             started = trio.current_time()
             signal.raise_signal(signal.SIGTERM)

@@ -205,7 +205,7 @@ async def test_a_refusal_before_serving_is_a_json_rpc_error_with_the_request_id(
     assert sent[0]["status"] == 503
     answer = json.loads(sent[1]["body"])
     assert answer["jsonrpc"] == "2.0" and answer["id"] == 7, answer
-    assert answer["error"]["data"] == {"code": "unavailable"}
+    assert answer["error"]["data"] == {"code": "unavailable", "retry_after_s": 5}
     assert answer["error"]["message"] == "unavailable: the hub is not serving yet"
 
 

@@ -30,8 +30,9 @@ from deskbridge_common import _codes, safe_text
 from deskbridge_common import _strict_json as strict_json
 from werkzeug.exceptions import HTTPException
 
-from ._bridge import Bridge
 from ._asgi_body import read_body
+from ._bridge import Bridge
+from ._errors import UNAVAILABLE_RETRY_AFTER_S
 from ._http import asgi_headers, http_error_answer, key_accepted, unauthorized_message
 from ._mcp_answers import (
     INVALID_REQUEST,
@@ -405,7 +406,12 @@ async def _serve_with(
     """One request on ``endpoint`` (None: the app is not serving yet, 503)."""
     if endpoint is None:
         await _send_json(
-            send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=_id_of(raw)
+            send,
+            503,
+            _codes.UNAVAILABLE,
+            "the hub is not serving yet",
+            request_id=_id_of(raw),
+            retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
         )
         return
     if initialize and endpoint.sessions_open() >= MAX_SESSIONS_PER_USER and _opens_session(scope):
@@ -594,15 +600,17 @@ async def _send_json(
     hiding the reason). ``id``: ``request_id`` when the body was read and had one, else
     null (the client puts its request's id on it). ``error.message`` is
     ``"<code>: <message>"``; ``error.data`` holds what the HTTP API's error body holds
-    (``code``, e.g. ``unauthorized``, and ``field``...). A 401 keeps its
-    ``WWW-Authenticate``, a 405 its ``Allow``."""
+    (``code``, e.g. ``unauthorized``, and ``field``, ``retry_after_s``...). A 401 keeps
+    its ``WWW-Authenticate``, a 405 its ``Allow``, a retryable refusal its
+    ``Retry-After``."""
     headers = []
     if allow is not None:
         headers.append((b"allow", allow.encode()))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    if retry_after_s is not None:
+    if retry_after_s is not None:  # the header, and in ``data`` as HTTP's body has it
         headers.append((b"retry-after", str(retry_after_s).encode()))
+        extra["retry_after_s"] = retry_after_s
     await send_body(send, status, error_body(status, code, message, request_id, **extra), headers)
 
 
