@@ -38,6 +38,7 @@ async def test_options_is_204_with_allow(autojump_clock, path, allow):
     assert headers["allow"] == allow
     assert body == b""
     assert "content-type" not in headers  # Quart's response had text/html
+    assert "content-length" not in headers  # a 204 has none (RFC 9110 8.6)
     assert "access-control-allow-origin" not in headers
 
 

@@ -220,6 +220,7 @@ def create_app(
         methods = sorted(request_ctx.url_adapter.allowed_methods())  # type: ignore[union-attr]
         response = Response(b"", status=204, headers={"Allow": ", ".join(methods)})
         del response.headers["Content-Type"]
+        del response.headers["Content-Length"]  # a 204 must not have one (RFC 9110 8.6)
         return response
 
     app.make_default_options_response = _options  # type: ignore[method-assign]
