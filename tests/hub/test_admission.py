@@ -344,7 +344,8 @@ async def test_the_mcp_mount_stamps_when_it_began_a_post_before_reading_its_body
 
     import types as pytypes
 
-    app = mount_mcp(inner, pytypes.SimpleNamespace(nursery=None), {}, ())
+    bounds = {"MAX_CONTENT_LENGTH": 4096, "BODY_TIMEOUT": 60}
+    app = mount_mcp(inner, pytypes.SimpleNamespace(nursery=None, config=bounds), {}, ())
     scope = {"type": "http", "method": "POST", "path": "/v1/users/u1/mcp", "headers": []}
     before = trio.current_time()
 

@@ -13,7 +13,7 @@ import pytest
 import trio
 from deskbridge_common import _codes
 from deskbridge_hub import HubConfig, create_app
-from deskbridge_hub._mcp_mount import MAX_BODY_BYTES
+from deskbridge_hub._http import MAX_BODY_BYTES
 from deskbridge_hub._memory import MemorySubstrate
 
 KEY = "k" * 32

@@ -183,7 +183,8 @@ def _app(nursery: trio.Nursery) -> tuple[Any, McpEndpoints]:
         raise AssertionError(scope)
 
     holder: dict[str, Any] = {"bridge": Bridge(MemorySubstrate())}
-    app = mount_mcp(quart, SimpleNamespace(nursery=nursery), holder, ())
+    bounds = {"MAX_CONTENT_LENGTH": 4096, "BODY_TIMEOUT": 60}
+    app = mount_mcp(quart, SimpleNamespace(nursery=nursery, config=bounds), holder, ())
     return app, holder["mcp"]
 
 
@@ -218,7 +219,7 @@ async def test_a_new_user_is_refused_429_while_every_endpoint_is_in_use(
     assert headers[b"retry-after"] == b"5"
     answer = json.loads(body)
     assert answer["jsonrpc"] == "2.0" and answer["id"] == 9
-    assert answer["error"]["data"] == {"code": "too_many_requests"}
+    assert answer["error"]["data"] == {"code": "too_many_requests", "retry_after_s": 5}
     assert str(small_cap) in answer["error"]["message"]
     assert "MAX_ENDPOINTS" in answer["error"]["message"]
     assert "newcomer" not in endpoints._endpoints

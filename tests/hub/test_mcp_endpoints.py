@@ -187,7 +187,8 @@ async def test_a_refusal_before_serving_is_a_json_rpc_error_with_the_request_id(
     async def quart(scope, receive, send):  # never reached
         raise AssertionError(scope)
 
-    app = mount_mcp(quart, SimpleNamespace(nursery=None), {}, ())
+    bounds = {"MAX_CONTENT_LENGTH": 4096, "BODY_TIMEOUT": 60}
+    app = mount_mcp(quart, SimpleNamespace(nursery=None, config=bounds), {}, ())
     body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}).encode()
     sent = []
 
@@ -204,7 +205,7 @@ async def test_a_refusal_before_serving_is_a_json_rpc_error_with_the_request_id(
     assert sent[0]["status"] == 503
     answer = json.loads(sent[1]["body"])
     assert answer["jsonrpc"] == "2.0" and answer["id"] == 7, answer
-    assert answer["error"]["data"] == {"code": "unavailable"}
+    assert answer["error"]["data"] == {"code": "unavailable", "retry_after_s": 5}
     assert answer["error"]["message"] == "unavailable: the hub is not serving yet"
 
 
@@ -284,7 +285,8 @@ async def test_a_served_post_body_is_parsed_no_more_than_its_checks_need(monkeyp
         raise AssertionError(scope)
 
     holder = {"state": SimpleNamespace(drain=Draining())}
-    app = _mcp_mount.mount_mcp(quart, SimpleNamespace(nursery=None), holder, ())
+    bounds = {"MAX_CONTENT_LENGTH": 4096, "BODY_TIMEOUT": 60}
+    app = _mcp_mount.mount_mcp(quart, SimpleNamespace(nursery=None, config=bounds), holder, ())
     message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "echo"}}
     body = json.dumps(message).encode()
 

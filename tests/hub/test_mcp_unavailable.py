@@ -13,7 +13,11 @@ def test_unavailable_while_waiting_names_the_job() -> None:
     assert result.is_error
     assert result.structured_content == {
         "status": "unavailable",
-        "error": {"code": "unavailable", "message": "Redis at h:1 unavailable (x)"},
+        "error": {
+            "code": "unavailable",
+            "message": "Redis at h:1 unavailable (x)",
+            "retry_after_s": 5,
+        },
         "job_id": "j1",
         "detail": {"stage": "unknown"},
     }
@@ -23,7 +27,11 @@ def test_unavailable_before_enqueueing_names_none() -> None:
     result = unavailable_result(SubstrateUnavailable("Redis at h:1 unavailable (submit)"))
     assert result.structured_content == {
         "status": "unavailable",
-        "error": {"code": "unavailable", "message": "Redis at h:1 unavailable (submit)"},
+        "error": {
+            "code": "unavailable",
+            "message": "Redis at h:1 unavailable (submit)",
+            "retry_after_s": 5,
+        },
         "job_id": None,
     }
 
@@ -63,7 +71,7 @@ async def test_tools_list_with_redis_down_says_unavailable_as_http_does(
     else:
         raise AssertionError("tools/list answered with Redis down")
     assert error.code == types.INTERNAL_ERROR
-    assert error.data == {"code": http["error"]["code"]}
+    assert error.data == {"code": http["error"]["code"], "retry_after_s": 5}
     assert error.message == f"unavailable: {http['error']['message']}"
     lines = [
         r.getMessage()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from deskbridge_common import _codes
 from quart import Response, has_request_context, request, websocket
+from quart.globals import request_ctx
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import WebsocketMismatch
@@ -211,6 +212,18 @@ def create_app(
                 response.headers["WWW-Authenticate"] = 'Basic realm="deskbridge admin"'
             return response
         return None
+
+    async def _options() -> Response:
+        """``OPTIONS`` on any route: 204 with ``Allow`` naming its methods, after the
+        route's key check (Quart's own was 200 ``text/html`` with an empty body). No
+        CORS headers: the hub grants no cross-origin access (docs/security.md)."""
+        methods = sorted(request_ctx.url_adapter.allowed_methods())  # type: ignore[union-attr]
+        response = Response(b"", status=204, headers={"Allow": ", ".join(methods)})
+        del response.headers["Content-Type"]
+        del response.headers["Content-Length"]  # a 204 must not have one (RFC 9110 8.6)
+        return response
+
+    app.make_default_options_response = _options  # type: ignore[method-assign]
 
     async def _bridge_error(exc: Any):  # type: ignore[no-untyped-def]
         """503 / 422 / 409 / 400 (``_http.bridge_error_answer``)."""

@@ -27,6 +27,14 @@ class DesktopOffline(BridgeError):
     status = "offline"
 
 
+#: ``Retry-After`` (``retry_after_s``) of an ``unavailable`` refusal, seconds: Redis
+#: cannot be used right now; a reconnect or a failover takes seconds.
+UNAVAILABLE_RETRY_AFTER_S = 5
+#: ``Retry-After`` of a ``draining`` refusal and of a call released by a restart, seconds:
+#: this replica restarts; retry (another replica serves it) after a second.
+RESTART_RETRY_AFTER_S = 1
+
+
 class SubstrateUnavailable(BridgeError):
     """Redis (the substrate) could not be reached; the job may or may not be enqueued.
 
@@ -38,9 +46,12 @@ class SubstrateUnavailable(BridgeError):
             proves it wrote nothing (a submit refused before its script's first write:
             out of memory, too few replicas, a replica, a failed snapshot); the Bridge
             then knows the job was not enqueued, as with ``unsent``.
+        retry_after_s: a hint, seconds: when a retry may find Redis usable
+            (``UNAVAILABLE_RETRY_AFTER_S``; HTTP's ``Retry-After``).
     """
 
     status = "unavailable"
+    retry_after_s = UNAVAILABLE_RETRY_AFTER_S
     unsent = False
     refused = False
 

@@ -117,9 +117,10 @@ def add_event_routes(app: QuartTrio, holder: dict[str, Any]) -> None:
                 f"user {state.user_id!r} already has {MAX_EVENT_STREAMS_PER_USER} event "
                 "streams open on this hub process (MAX_EVENT_STREAMS_PER_USER); close one"
             )
-            body = {"error": {"code": _codes.TOO_MANY_REQUESTS, "message": message}}
+            error = {"code": _codes.TOO_MANY_REQUESTS, "message": message}
+            refused = {"error": {**error, "retry_after_s": RETRY_AFTER_S}}
             return Response(
-                json.dumps(body),
+                json.dumps(refused),
                 status=429,
                 content_type="application/json",
                 headers={"Retry-After": str(RETRY_AFTER_S)},

@@ -16,6 +16,8 @@ from deskbridge_common import _codes, safe_text
 from quart import Response, request
 
 from ._errors import (
+    RESTART_RETRY_AFTER_S,
+    UNAVAILABLE_RETRY_AFTER_S,
     BadRequest,
     IdempotencyKeyReused,
     JobIdInUse,
@@ -49,12 +51,31 @@ HTTP_STATUS = {
 }
 
 
+#: ``retry_after_s`` of a retryable refusal by its ``error.code``, when it gives none of
+#: its own (``queue_full`` and ``overloaded`` do): HTTP's ``Retry-After``, MCP's
+#: ``retry_after_s``. ``offline`` has none: the desktop is off, not the server busy.
+RETRY_AFTER_BY_CODE = {
+    _codes.UNAVAILABLE: UNAVAILABLE_RETRY_AFTER_S,
+    _codes.DRAINING: RESTART_RETRY_AFTER_S,
+}
+
+
+def with_retry_after(error: dict[str, Any]) -> dict[str, Any]:
+    """``error`` (``{"code", "message", ...}``) with the ``retry_after_s`` of its code
+    (:data:`RETRY_AFTER_BY_CODE`) when it has none; unchanged otherwise."""
+    seconds = RETRY_AFTER_BY_CODE.get(error.get("code"))  # type: ignore[arg-type]
+    if seconds is None or "retry_after_s" in error:
+        return error
+    return {**error, "retry_after_s": seconds}
+
+
 def draining_answer() -> Answer:
     """A replica that is shutting down refuses new work before enqueueing anything, so
-    the caller can retry on another replica at once: 503 ``draining``."""
+    the caller can retry on another replica: 503 ``draining``, ``Retry-After: 1``."""
+    message = "this hub replica is restarting; retry"
     return 503, {
         "status": "unavailable",
-        "error": {"code": _codes.DRAINING, "message": "this hub replica is restarting; retry"},
+        "error": with_retry_after({"code": _codes.DRAINING, "message": message}),
     }
 
 
@@ -74,10 +95,16 @@ def restarting_message(job_id: str | None, *, keyed: bool = True) -> str:
 def restarting_answer(job_id: str | None, stage: str, *, keyed: bool = True) -> Answer:
     """The answer to a dispatch call still waiting when its replica's grace ended
     (``_shutdown.Draining.release_calls``): 503 ``unavailable`` naming the job and the
-    stage it was last known in, like an enqueued job whose outcome is unknown."""
+    stage it was last known in, like an enqueued job whose outcome is unknown; a retry
+    (another replica serves it) after ``RESTART_RETRY_AFTER_S``."""
+    message = restarting_message(job_id, keyed=keyed)
     body: dict[str, Any] = {
         "status": "unavailable",
-        "error": {"code": "unavailable", "message": restarting_message(job_id, keyed=keyed)},
+        "error": {
+            "code": _codes.UNAVAILABLE,
+            "message": message,
+            "retry_after_s": RESTART_RETRY_AFTER_S,
+        },
     }
     if job_id is not None:
         body = {"job_id": job_id, **body, "detail": {"stage": stage}}
@@ -126,7 +153,7 @@ def _json(body: Any, status: int = 200) -> Response:
 def answer_headers(answer: Answer) -> list[tuple[str, str]]:
     """The headers an answer carries besides its content type: ``Retry-After`` when its
     error says when to retry (``error.retry_after_s``: a full queue's 429, an overloaded
-    process's 503)."""
+    process's 503, an ``unavailable`` or ``draining`` 503)."""
     error = answer[1].get("error")
     if isinstance(error, dict) and isinstance(error.get("retry_after_s"), int):
         return [("Retry-After", str(error["retry_after_s"]))]
@@ -169,7 +196,8 @@ def bridge_error_answer(
     | BadRequest,
 ) -> Answer:
     """The answer to an error of ``BRIDGE_ERRORS``: ``SubstrateUnavailable`` -> 503
-    ``unavailable`` (naming the job if it was enqueued: its outcome is unknown),
+    ``unavailable`` with its ``retry_after_s`` (naming the job if it was enqueued: its
+    outcome is unknown),
     ``IdempotencyKeyReused`` -> 422, ``JobIdInUse`` -> 409, ``QueueFull`` -> 429
     ``queue_full`` with its ``limit`` and ``retry_after_s`` (``Retry-After``: see
     :func:`answer_headers`), ``Overloaded`` -> 503 ``overloaded`` with its ``reason``
@@ -178,7 +206,11 @@ def bridge_error_answer(
         note_unavailable(str(exc))
         body: dict[str, Any] = {
             "status": "unavailable",
-            "error": {"code": "unavailable", "message": str(exc)},
+            "error": {
+                "code": _codes.UNAVAILABLE,
+                "message": str(exc),
+                "retry_after_s": exc.retry_after_s,
+            },
         }
         if exc.job_id is not None:  # it was enqueued: its outcome is unknown
             body = {"job_id": exc.job_id, **body, "detail": {"stage": "unknown"}}
@@ -341,6 +373,7 @@ def outcome_answer(outcome: Outcome) -> Answer:
         body["error"] = outcome.error
         if outcome.status == "unavailable":
             note_unavailable(str((outcome.error or {}).get("message", "")))
+            body["error"] = with_retry_after(outcome.error or {"code": outcome.status})
     if outcome.detail:
         body["detail"] = outcome.detail
     body["elapsed_ms"] = round(outcome.elapsed_s * 1000, 3)

@@ -39,10 +39,10 @@ from typing import Any
 
 import trio
 from deskbridge_common import _codes
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
-from werkzeug.sansio.utils import get_content_length
+from werkzeug.exceptions import HTTPException
 
 from . import _metrics, _tracing
+from ._asgi_body import read_body
 from ._http import (
     BRIDGE_ERRORS,
     Answer,
@@ -102,7 +102,7 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
     ) -> None:
         raw: bytes | None = None
         try:
-            raw = await _read_body(receive, headers, app.config)
+            raw = await read_body(receive, headers, app.config)
             if raw is None:
                 return  # the client went away
             check_media_type(headers.get("content-type"), raw)
@@ -161,34 +161,6 @@ def mount_jobs(asgi_app: Any, app: Any, holder: dict[str, Any], config: Any) -> 
         return http_error_answer(500, "Internal Server Error", where)
 
     return jobs_app
-
-
-async def _read_body(receive: Any, headers: dict[str, str], quart: Any) -> bytes | None:
-    """The whole body, or None if the client went away first.
-
-    Raises:
-        RequestEntityTooLarge: ``Content-Length`` or the bytes received exceed
-            ``MAX_CONTENT_LENGTH`` (None: no limit).
-        RequestTimeout: the body took longer than ``BODY_TIMEOUT`` seconds (None: no limit).
-    """
-    limit = quart["MAX_CONTENT_LENGTH"]
-    expected = get_content_length(headers.get("content-length"), headers.get("transfer-encoding"))
-    if limit is not None and expected is not None and expected > limit:
-        raise RequestEntityTooLarge()
-    body = bytearray()
-    with trio.move_on_after(_seconds(quart["BODY_TIMEOUT"])):
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            if message["type"] != "http.request":
-                continue
-            body += message.get("body", b"")
-            if limit is not None and len(body) > limit:
-                raise RequestEntityTooLarge()
-            if not message.get("more_body", False):
-                return bytes(body)
-    raise RequestTimeout()
 
 
 async def _send(send: Any, answer: Answer, quart: Any) -> bool:

@@ -86,7 +86,7 @@ from ._errors import (
     QueueFull,
     SubstrateUnavailable,
 )
-from ._http import bridge_error_answer, released_answer
+from ._http import bridge_error_answer, released_answer, with_retry_after
 from ._http_body import string_option, timeout_option
 from ._mcp_mount import MAX_SESSIONS_PER_USER, STARTED_AT
 from ._mcp_params import name_invalid_params
@@ -186,6 +186,7 @@ def outcome_result(outcome: Outcome) -> types.CallToolResult:
     error = outcome.error or {"code": outcome.status, "message": outcome.status}
     if outcome.status == "unavailable":
         note_unavailable(str(error.get("message")))
+        error = with_retry_after(error)  # as HTTP's Retry-After
     text = f"{outcome.status}: {error.get('code')}: {error.get('message')}"
     return types.CallToolResult(
         content=[types.TextContent(text=text)],
@@ -424,9 +425,8 @@ class UserEndpoint:
             # GET .../tools' 503 ``unavailable``, as the hub's own 503 on this endpoint
             # says it: -32603 with HTTP's code in ``data``, and the cause in the log
             note_unavailable(str(exc))
-            raise MCPError(
-                types.INTERNAL_ERROR, f"unavailable: {exc}", data={"code": "unavailable"}
-            ) from None
+            data = {"code": _codes.UNAVAILABLE, "retry_after_s": exc.retry_after_s}
+            raise MCPError(types.INTERNAL_ERROR, f"unavailable: {exc}", data=data) from None
         if self._digest is None:  # the watcher's baseline, if it has none yet
             # Never more: _digest is what every session has been told about, and this
             # answer tells only this one (a change seen here first is still announced).

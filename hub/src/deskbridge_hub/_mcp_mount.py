@@ -28,9 +28,12 @@ import anyio
 import attrs
 from deskbridge_common import _codes, safe_text
 from deskbridge_common import _strict_json as strict_json
+from werkzeug.exceptions import HTTPException
 
+from ._asgi_body import read_body
 from ._bridge import Bridge
-from ._http import MAX_BODY_BYTES, body_too_large_message, key_accepted, unauthorized_message
+from ._errors import UNAVAILABLE_RETRY_AFTER_S
+from ._http import asgi_headers, http_error_answer, key_accepted, unauthorized_message
 from ._mcp_answers import (
     INVALID_REQUEST,
     MCP_PATH,
@@ -56,7 +59,9 @@ STARTED_AT = "deskbridge.started_at"
 
 _PATH = MCP_PATH
 #: The methods of Streamable HTTP (others: 405 ``method_not_allowed``, as on every route).
-_METHODS = frozenset({"GET", "POST", "DELETE"})
+_METHODS = frozenset({"GET", "POST", "DELETE", "OPTIONS"})
+#: Its ``Allow`` header (a 405, and the 204 answering ``OPTIONS``).
+ALLOW = ", ".join(sorted(_METHODS))
 #: An endpoint with no request for this long, seconds, and no handshake-era session
 #: left (the SDK closes those after 30 minutes idle) is stopped; the next request starts
 #: it again (its only state is the catalogue digest). 10 minutes.
@@ -287,7 +292,7 @@ def mount_mcp(
                 405,
                 _codes.METHOD_NOT_ALLOWED,
                 f"Method Not Allowed: {scope.get('method')} {safe_text(scope.get('path', ''))}",
-                allow=", ".join(sorted(_METHODS)),
+                allow=ALLOW,
             )
             return
         if not _authorised(scope, api_keys):
@@ -298,6 +303,11 @@ def mount_mcp(
                 unauthorized_message(_authorization(scope)),
             )
             return
+        if scope.get("method") == "OPTIONS":  # as on every route (``_app._options``)
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                (b"allow", ALLOW.encode())]})  # fmt: skip
+            await send({"type": "http.response.body", "body": b""})
+            return
         try:
             validate_user_id(user_id)
         except ValueError as exc:
@@ -307,14 +317,15 @@ def mount_mcp(
             # a tools/call's timeout_s counts from here, its body read included, as an
             # HTTP call's does (``_call_tool`` reads it from the request's scope)
             scope[STARTED_AT] = anyio.current_time()
-            raw = await _read_body(receive)
-            if raw is _GONE:  # the client left mid-body: nobody to answer
+            try:  # bounded as every route's body: Quart's MAX_CONTENT_LENGTH, BODY_TIMEOUT
+                raw = await read_body(receive, asgi_headers(scope), app.config)
+            except HTTPException as exc:  # 413 (declared or sent), 408
+                where = f"POST {scope.get('path', '')}"
+                limit = app.config["MAX_CONTENT_LENGTH"]
+                status, answer = http_error_answer(exc.code, exc.name, where, body_limit=limit)
+                await _send_json(send, status, answer["error"]["code"], answer["error"]["message"])
                 return
-            if raw is None:
-                await _send_json(
-                    send, 413, _codes.REQUEST_ENTITY_TOO_LARGE,
-                    body_too_large_message(MAX_BODY_BYTES, f"POST {scope.get('path', '')}"),
-                )  # fmt: skip
+            if raw is None:  # the client left mid-body: nobody to answer
                 return
             refusal = _content_type_refusal(scope, raw) or _refusal(raw)
             if refusal is not None:  # answered here: the SDK never sees it
@@ -395,7 +406,12 @@ async def _serve_with(
     """One request on ``endpoint`` (None: the app is not serving yet, 503)."""
     if endpoint is None:
         await _send_json(
-            send, 503, _codes.UNAVAILABLE, "the hub is not serving yet", request_id=_id_of(raw)
+            send,
+            503,
+            _codes.UNAVAILABLE,
+            "the hub is not serving yet",
+            request_id=_id_of(raw),
+            retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
         )
         return
     if initialize and endpoint.sessions_open() >= MAX_SESSIONS_PER_USER and _opens_session(scope):
@@ -462,28 +478,6 @@ def _method(raw: bytes) -> str | None:
         return None
     method = value.get("method") if isinstance(value, dict) else None
     return method if isinstance(method, str) else None
-
-
-#: What :func:`_read_body` returns when the client disconnected before the body ended.
-_GONE = b"\x00gone"
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The request's whole body, None once it passes ``MAX_BODY_BYTES``, or ``_GONE``
-    (the very object) when the client left first."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return _GONE
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _replayed(raw: bytes, receive: Any) -> Callable[[], Awaitable[Any]]:
@@ -614,15 +608,17 @@ async def _send_json(
     hiding the reason). ``id``: ``request_id`` when the body was read and had one, else
     null (the client puts its request's id on it). ``error.message`` is
     ``"<code>: <message>"``; ``error.data`` holds what the HTTP API's error body holds
-    (``code``, e.g. ``unauthorized``, and ``field``...). A 401 keeps its
-    ``WWW-Authenticate``, a 405 its ``Allow``."""
+    (``code``, e.g. ``unauthorized``, and ``field``, ``retry_after_s``...). A 401 keeps
+    its ``WWW-Authenticate``, a 405 its ``Allow``, a retryable refusal its
+    ``Retry-After``."""
     headers = []
     if allow is not None:
         headers.append((b"allow", allow.encode()))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    if retry_after_s is not None:
+    if retry_after_s is not None:  # the header, and in ``data`` as HTTP's body has it
         headers.append((b"retry-after", str(retry_after_s).encode()))
+        extra["retry_after_s"] = retry_after_s
     await send_body(send, status, error_body(status, code, message, request_id, **extra), headers)
 
 

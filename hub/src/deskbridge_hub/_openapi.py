@@ -26,6 +26,18 @@ def _err(description: str) -> dict[str, Any]:
     return _json(_ERROR, description)
 
 
+def _retry(answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` with the ``Retry-After`` header (seconds), as every retryable refusal
+    sends it (``_http.answer_headers``)."""
+    header = {
+        "description": "seconds to wait before a retry (also `error.retry_after_s`): "
+        "unavailable 5, draining and a call released by a restart 1, queue_full 5, "
+        "overloaded 2",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+    return {**answer, "headers": {"Retry-After": header}}
+
+
 _USER = {
     "name": "user_id",
     "in": "path",
@@ -51,20 +63,27 @@ _OUTCOME_CODES = {
         "cancelled, declined (at the desktop), in_doubt (outcomes); or the error `job_id_in_use`",
     ),
     "410": _json(_OUTCOME, "expired or lost"),
-    "429": _err(
-        "queue_full: the user already has DESKBRIDGE_JOBS_MAXLEN jobs queued or running "
+    "429": _retry(
+        _err(
+            "queue_full: the user already has DESKBRIDGE_JOBS_MAXLEN jobs queued or running "
         "(`error.limit`); nothing was enqueued, retry after `Retry-After` seconds "
-        "(`error.retry_after_s`) with the same idempotency_key"
+            "(`error.retry_after_s`) with the same idempotency_key"
+        )
     ),
     "422": _json(
         _OUTCOME_OR_ERROR,
         "failed (the tool's error; an outcome), or the error `idempotency_key_reused`",
     ),
-    "503": _json(
-        _OUTCOME_OR_ERROR,
-        "offline, unavailable (Redis) or draining; or the error `overloaded`: this hub process "
-        "has DESKBRIDGE_MAX_CALLS calls in flight or its loop lags (`error.reason`: calls, "
-        "lag); nothing was enqueued, retry after `Retry-After` seconds or at another replica",
+    "503": _retry(
+        _json(
+            _OUTCOME_OR_ERROR,
+            "offline (no Retry-After: the desktop is off), unavailable (Redis; or this "
+            "replica restarted while the call waited: `job_id` and `detail.stage`) or "
+            "draining; or the error `overloaded`: this hub process has DESKBRIDGE_MAX_CALLS "
+            "calls in flight or its loop lags (`error.reason`: calls, lag); nothing was "
+            "enqueued (but where a `job_id` is named), retry after `Retry-After` seconds or "
+            "at another replica",
+        )
     ),
     "504": _json(
         _OUTCOME,
@@ -135,7 +154,7 @@ def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
                     ),
                 )
             if path.startswith(("/v1/", "/admin/api/")):
-                answers.setdefault("503", _err("Redis unavailable"))
+                answers.setdefault("503", _retry(_err("Redis unavailable")))
     return doc
 
 
@@ -185,8 +204,8 @@ def _routes(version: str) -> dict[str, Any]:
                                 },
                                 "retry_after_s": {
                                     "type": "integer",
-                                    "description": "queue_full, overloaded: as the "
-                                    "Retry-After header",
+                                    "description": "queue_full, overloaded, unavailable, "
+                                    "draining, too_many_requests: as the Retry-After header",
                                 },
                                 "reason": {
                                     "type": "string",
@@ -436,6 +455,12 @@ def _routes(version: str) -> dict[str, Any]:
                             "content": {"text/event-stream": {"schema": {"type": "string"}}},
                         },
                         "404": _err("no such job"),
+                        "429": _retry(
+                            _err(
+                                "the user already has MAX_EVENT_STREAMS_PER_USER event "
+                                "streams open on this hub process: close one"
+                            )
+                        ),
                     },
                 }
             },

@@ -42,6 +42,9 @@ log = logging.getLogger("deskbridge.hub.shutdown")
 ANSWER_WAIT_S = 2.0
 #: Longest look-up of a released call's job stage; past it the stage is "unknown".
 STAGE_LOOKUP_S = 0.5
+#: Slack, seconds, past the drain's own bound (grace + ``ANSWER_WAIT_S`` + the timings'
+#: ``close_timeout_s``) before the process exits with the drain unfinished.
+OVERDUE_MARGIN_S = 1.0
 
 
 @attrs.define(eq=False)
@@ -256,7 +259,9 @@ async def drain_on_sigterm(
     not after a back-off). One operator action is one drain: a Ctrl-C to the process
     group of ``serve --workers N`` reaches this worker both as its own SIGINT and as the
     supervisor's ``drain``; that is one request, not two. A second *signal* to this
-    process, or the supervisor's ``stop`` (it got a second signal), exits at once.
+    process, or the supervisor's ``stop`` (it got a second signal), exits at once. The
+    drain has its own bound (``grace_s`` + ``ANSWER_WAIT_S`` + the timings'
+    ``close_timeout_s`` + ``OVERDUE_MARGIN_S``): past it the process exits, drained or not.
     Must run in the main thread's trio run (Hypercorn worker processes do).
     """
     send, receive = trio.open_memory_channel[_Request](math.inf)
@@ -273,12 +278,42 @@ async def drain_on_sigterm(
                 log.warning("the supervisor is gone: draining (grace %.1f s)", grace_s)
             else:  # "drain"; a "stop" first (not sent so) drains too
                 log.info("the supervisor asks (%s): draining (grace %.1f s)", first.name, grace_s)
+            overdue_s = grace_s + ANSWER_WAIT_S + state.timings.close_timeout_s + OVERDUE_MARGIN_S
+            exit_once = _once(exit_process)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_exit_on_second_request, receive, first, exit_process)
+                nursery.start_soon(_exit_on_second_request, receive, first, exit_once)
+                nursery.start_soon(_exit_when_overdue, overdue_s, exit_once)
                 await drain(state, grace_s)
                 nursery.cancel_scope.cancel()
-            exit_process()
+            exit_once()
             watchers.cancel_scope.cancel()  # exit_process returned: a test's
+
+
+def _once(exit_process: Callable[[], None]) -> Callable[[], None]:
+    """``exit_process`` called at most once (it returns only in tests)."""
+    called: list[bool] = []
+
+    def exit_once() -> None:
+        if not called:
+            called.append(True)
+            exit_process()
+
+    return exit_once
+
+
+async def _exit_when_overdue(overdue_s: float, exit_process: Callable[[], None]) -> None:
+    """Exit once the drain has run ``overdue_s`` seconds: its own waits are bounded, but a
+    socket's write is not (Hypercorn writes shielded, so no cancel scope ends it: a peer
+    that stopped reading, its TCP window shut, holds the write of its close frame as long
+    as it stays connected), and a process that does not exit holds its replica's port and
+    its Redis consumer until the orchestrator kills it."""
+    await trio.sleep(overdue_s)
+    log.error(
+        "drain still not done after %.1f s (grace + answers + socket closes): a socket "
+        "takes no bytes; exiting without it",
+        overdue_s,
+    )
+    exit_process()
 
 
 @contextlib.contextmanager
