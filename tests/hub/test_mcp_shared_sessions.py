@@ -35,7 +35,9 @@ def _pair(nursery: trio.Nursery) -> tuple[Any, Any, MemorySubstrate]:
     apps = []
     for _ in range(2):
         holder: dict[str, Any] = {"bridge": Bridge(store)}
-        apps.append(mount_mcp(quart, SimpleNamespace(nursery=nursery), holder, ()))
+        bounds = {"MAX_CONTENT_LENGTH": 4096, "BODY_TIMEOUT": 60}  # the mount reads the body
+        app = SimpleNamespace(nursery=nursery, config=bounds)
+        apps.append(mount_mcp(quart, app, holder, ()))
     return apps[0], apps[1], store
 
 
@@ -156,3 +158,4 @@ async def test_a_session_with_a_request_open_does_not_expire_in_the_store(
             assert await store.touch_mcp_session("alice", session, ttl_s=1) is not None
     await trio.sleep(SESSION_IDLE_TIMEOUT_S + 1)  # no request open: it idles out
     assert await store.touch_mcp_session("alice", session, ttl_s=1) is None
+
