@@ -159,3 +159,38 @@ async def test_a_session_with_a_request_open_does_not_expire_in_the_store(
     await trio.sleep(SESSION_IDLE_TIMEOUT_S + 1)  # no request open: it idles out
     assert await store.touch_mcp_session("alice", session, ttl_s=1) is None
 
+
+
+async def test_two_requests_adopting_one_session_at_once_adopt_it_once(
+    autojump_clock, nursery, monkeypatch: pytest.MonkeyPatch
+):
+    """Two requests of a session this process does not hold arrive together (a client's
+    GET stream and POST after an initialize served elsewhere): both looked the record up,
+    both adopted, and the second transport replaced the first, which no request ever
+    reached: its idle countdown never started, so it (and its server task) lived until
+    the process stopped, outside the bound."""
+    from deskbridge_hub import _mcp_sessions
+
+    made: list[Any] = []
+
+    class Counted(_mcp_sessions.StreamableHTTPServerTransport):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(_mcp_sessions, "StreamableHTTPServerTransport", Counted)
+    a, b, _ = _pair(nursery)
+    session = await _open(a, "alice")
+    statuses: list[int] = []
+
+    async def one(request_id: int) -> None:
+        request = {**_LIST, "id": request_id}
+        statuses.append((await _post(b, "alice", request, session=session))[0])
+
+    async with trio.open_nursery() as both:
+        both.start_soon(one, 7)
+        both.start_soon(one, 8)
+    assert statuses == [200, 200]
+    assert len(made) == 1, "adopted twice"
+    await trio.sleep(_mcp_sessions.SESSION_IDLE_TIMEOUT_S + 1)  # idles out, all of it
+    assert all(t.is_terminated for t in made)

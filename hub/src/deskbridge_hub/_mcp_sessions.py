@@ -79,6 +79,12 @@ class SharedSessionManager(StreamableHTTPSessionManager):
     after its session was adopted again would have removed the new one).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Adoptions under way: session id -> set once its transport is in the table (or
+        #: the adoption failed). A second request of the session waits for the first's.
+        self._adopting: dict[str, anyio.Event] = {}
+
     def holds(self, session_id: str) -> bool:
         """Whether this process holds the session in memory."""
         return session_id in self._server_instances
@@ -94,11 +100,32 @@ class SharedSessionManager(StreamableHTTPSessionManager):
         client's ``initialize`` params ``client`` (None: not recorded), served in the
         manager's task group until it is deleted, idles out or the manager stops.
 
+        Once only: a session held already, or being adopted by another request (whose
+        adoption this one waits for), is not adopted again (a second transport replaced
+        the first in the table, and the first, reached by no request, never idled out).
+        The transport enters the table only once it is connected (the SDK raised
+        ``ValueError`` for a request handed to it before).
+
         Raises:
             RuntimeError: the manager is not running.
         """
         if self._task_group is None:
             raise RuntimeError("Task group is not initialized. Make sure to use run().")
+        if session_id in self._server_instances:
+            return
+        if session_id in self._adopting:
+            await self._adopting[session_id].wait()
+            return
+        self._adopting[session_id] = anyio.Event()
+        try:
+            await self._adopt(session_id, protocol_version, client)
+        finally:
+            self._adopting.pop(session_id).set()
+
+    async def _adopt(
+        self, session_id: str, protocol_version: str, client: dict[str, Any] | None
+    ) -> None:
+        assert self._task_group is not None
         transport = StreamableHTTPServerTransport(
             mcp_session_id=session_id,
             is_json_response_enabled=self.json_response,
@@ -113,7 +140,6 @@ class SharedSessionManager(StreamableHTTPSessionManager):
                 params = types.InitializeRequestParams.model_validate(client, by_name=False)
             except ValidationError:
                 params = None  # the version alone serves the hub's handlers
-        self._server_instances[session_id] = transport
 
         async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
             async with transport.connect() as (read_stream, write_stream):
@@ -147,6 +173,8 @@ class SharedSessionManager(StreamableHTTPSessionManager):
         except BaseException:
             await self._discard_session(session_id, transport)
             raise
+        if not transport.is_terminated:  # (its server task may have ended already)
+            self._server_instances[session_id] = transport
 
     async def drop(self, session_id: str) -> None:
         """Stop holding the session (its transport is terminated: requests in flight on
@@ -300,7 +328,7 @@ class SessionSharing:
                     "MCP session %s of %s ended elsewhere: dropped", session_id[:8], self.user_id
                 )
             return None  # the SDK answers 404
-        if not held:
+        if not self.manager.holds(session_id):  # (again: another request may have adopted it)
             decoded = decode_record(record)
             if decoded is None:
                 return None
