@@ -194,3 +194,22 @@ async def test_two_requests_adopting_one_session_at_once_adopt_it_once(
     assert len(made) == 1, "adopted twice"
     await trio.sleep(_mcp_sessions.SESSION_IDLE_TIMEOUT_S + 1)  # idles out, all of it
     assert all(t.is_terminated for t in made)
+
+
+async def test_a_delete_the_store_cannot_record_is_refused_not_answered_ended(
+    autojump_clock, nursery
+):
+    """Redis unreachable: a DELETE on the process holding the session ended its copy and
+    answered 200, while the record lived on for every other process (the session still
+    served there, its calls there not withdrawn). It is a 503 the client retries."""
+    a, b, store = _pair(nursery)
+    session = await _open(a, "alice")
+    store.set_unavailable(True)
+    status, _, body = await _post(a, "alice", None, session=session, method="DELETE")
+    assert status == 503, body
+    store.set_unavailable(False)
+    status, _, body = await _post(b, "alice", _LIST, session=session)
+    assert status == 200, body  # not ended: the client was told so
+    assert (await _post(a, "alice", None, session=session, method="DELETE"))[0] == 200
+    for app in (a, b):
+        assert (await _post(app, "alice", _LIST, session=session))[0] == 404

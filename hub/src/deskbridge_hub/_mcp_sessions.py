@@ -274,7 +274,7 @@ class SessionSharing:
         ``notifications/cancelled`` does the shared part first (drop the record and
         withdraw its calls' jobs; withdraw the cancelled call's job when it runs on
         another process). Refusals: 503 (the store cannot be reached and the session is
-        not held here), 429 (adopting it would pass ``bound`` and every session held has
+        not held here, or the request is a ``DELETE``), 429 (adopting it would pass ``bound`` and every session held has
         a request open).
         """
         session_id = _session_id(scope)
@@ -318,8 +318,10 @@ class SessionSharing:
                 self.user_id, session_id, ttl_s=SESSION_IDLE_TIMEOUT_S
             )
         except SubstrateUnavailable as exc:
-            if held:  # served from memory: the calls will say what the store does
-                return None
+            if held and scope.get("method") != "DELETE":
+                return None  # served from memory: the calls will say what the store does
+            # (a DELETE ending only this copy would be answered 200 while the record
+            # kept the session on every other process)
             return 503, "unavailable", f"cannot look up MCP session: {exc}"
         if record is None:
             if held:
