@@ -213,3 +213,27 @@ async def test_a_delete_the_store_cannot_record_is_refused_not_answered_ended(
     assert (await _post(a, "alice", None, session=session, method="DELETE"))[0] == 200
     for app in (a, b):
         assert (await _post(app, "alice", _LIST, session=session))[0] == 404
+
+
+async def test_an_adopted_copy_no_request_reaches_idles_out(
+    autojump_clock, nursery, monkeypatch: pytest.MonkeyPatch
+):
+    """A DELETE that adopted the session and then could not end it (the store failed in
+    between: 503) handed the copy no request: the SDK's idle countdown, started only when
+    a request ends, never started, and the copy held one of the user's slots on that
+    process for good (never picked to make room either: it had no last use)."""
+    from deskbridge_hub._errors import SubstrateUnavailable
+    from deskbridge_hub._mcp_sessions import SESSION_IDLE_TIMEOUT_S
+
+    a, b, store = _pair(nursery)
+    session = await _open(a, "alice")
+
+    async def fails(*args: Any) -> None:
+        raise SubstrateUnavailable("test fault")
+
+    monkeypatch.setattr(store, "end_mcp_session", fails)
+    status, _, body = await _post(b, "alice", None, session=session, method="DELETE")
+    assert status == 503, body
+    assert _endpoint(b).manager.holds(session)  # adopted before the store failed
+    await trio.sleep(SESSION_IDLE_TIMEOUT_S + 1)
+    assert not _endpoint(b).manager.holds(session)

@@ -175,6 +175,10 @@ class SharedSessionManager(StreamableHTTPSessionManager):
             raise
         if not transport.is_terminated:  # (its server task may have ended already)
             self._server_instances[session_id] = transport
+        if transport.idle_scope is not None and self.session_idle_timeout is not None:
+            # the SDK starts the countdown when a request ends: a copy no request reaches
+            # (its adopting request refused after all) would otherwise be held for good
+            transport.idle_scope.deadline = anyio.current_time() + self.session_idle_timeout
 
     async def drop(self, session_id: str) -> None:
         """Stop holding the session (its transport is terminated: requests in flight on
