@@ -278,8 +278,8 @@ class SessionSharing:
         ``notifications/cancelled`` does the shared part first (drop the record and
         withdraw its calls' jobs; withdraw the cancelled call's job when it runs on
         another process). Refusals: 503 (the store cannot be reached and the session is
-        not held here, or the request is a ``DELETE``), 429 (adopting it would pass ``bound`` and every session held has
-        a request open).
+        not held here, or the request is a ``DELETE``), 429 (adopting it would pass
+        ``bound`` and every session held has a request open).
         """
         session_id = _session_id(scope)
         if session_id is None or _SESSION_ID.fullmatch(session_id) is None:
