@@ -211,8 +211,10 @@ if KEYS[9] then
 end
 if ARGV[1] ~= '-' then
   -- the digest its writer recorded ('<sha1> <bytes>', ``SET_DIGEST``), trusted while
-  -- the catalogue has that length (a hub from before the digest writes the catalogue
-  -- alone); else hashed here, which costs Redis O(catalogue size) for every call
+  -- the catalogue has that length and it matches; otherwise (none, another length, or
+  -- another digest: a hub from before the digest wrote the catalogue alone, or the
+  -- digest's own write failed) the catalogue itself is hashed, O(its size), so a stale
+  -- digest can never refuse the catalogue the caller validated against
   local sha = nil
   local digest = redis.call('GET', KEYS[7])
   if digest then
@@ -221,12 +223,12 @@ if ARGV[1] ~= '-' then
       sha = hex
     end
   end
-  if not sha then
+  if sha ~= ARGV[1] then
     local catalogue = redis.call('GET', KEYS[2])
     sha = ''
     if catalogue then sha = redis.sha1hex(catalogue) end
+    if sha ~= ARGV[1] then return {now, 'catalogue', catalogue} end
   end
-  if sha ~= ARGV[1] then return {now, 'catalogue', redis.call('GET', KEYS[2])} end
 end
 -- the queue's bound: the index holds every entry not yet acknowledged (dropped with the
 -- XACK), so the trim below never has to take an accepted entry to make room
