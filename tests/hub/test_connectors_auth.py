@@ -38,7 +38,7 @@ async def test_page_needs_the_key(client) -> None:
     r = await client.get("/admin", headers=basic("x", "k1"))
     assert r.status_code == 308 and r.headers["Location"].endswith("/admin/")
     # Basic works for the API too (the page's fetches), and 401s outside /admin have
-    # no browser challenge.
+    # no browser challenge: they ask for Bearer, which no browser prompts for.
     assert (await client.get("/v1/admin/desktops", headers=basic("x", "k1"))).status_code == 200
     r = await client.get("/v1/admin/desktops")
-    assert r.status_code == 401 and "WWW-Authenticate" not in r.headers
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"

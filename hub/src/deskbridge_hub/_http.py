@@ -153,11 +153,14 @@ def _json(body: Any, status: int = 200) -> Response:
 def answer_headers(answer: Answer) -> list[tuple[str, str]]:
     """The headers an answer carries besides its content type: ``Retry-After`` when its
     error says when to retry (``error.retry_after_s``: a full queue's 429, an overloaded
-    process's 503, an ``unavailable`` or ``draining`` 503)."""
+    process's 503, an ``unavailable`` or ``draining`` 503); ``WWW-Authenticate: Bearer``
+    on a 401 (RFC 9110 15.5.2: a 401 must name the scheme; the connectors page replaces
+    it with ``Basic``)."""
+    headers = [("WWW-Authenticate", "Bearer")] if answer[0] == 401 else []
     error = answer[1].get("error")
     if isinstance(error, dict) and isinstance(error.get("retry_after_s"), int):
-        return [("Retry-After", str(error["retry_after_s"]))]
-    return []
+        headers.append(("Retry-After", str(error["retry_after_s"])))
+    return headers
 
 
 def _respond(answer: Answer) -> Response:

@@ -38,6 +38,18 @@ def _retry(answer: dict[str, Any]) -> dict[str, Any]:
     return {**answer, "headers": {"Retry-After": header}}
 
 
+def _challenge(scheme: str) -> dict[str, Any]:
+    """A 401 with its ``WWW-Authenticate`` header (RFC 9110 15.5.2), which names
+    ``scheme``: ``Bearer`` on the API (``_http.answer_headers``), ``Basic`` on the
+    connectors page (the browser asks for the key once)."""
+    header = {"description": f"`{scheme}`", "schema": {"type": "string", "const": scheme}}
+    description = "missing or wrong API key" if scheme == "Bearer" else "credentials required"
+    return {**_err(description), "headers": {"WWW-Authenticate": header}}
+
+
+_UNAUTHORIZED = _challenge("Bearer")
+_UNAUTHORIZED_PAGE = _challenge('Basic realm="deskbridge admin"')
+
 _USER = {
     "name": "user_id",
     "in": "path",
@@ -57,7 +69,7 @@ _OUTCOME_OR_ERROR = {"anyOf": [_OUTCOME, _ERROR]}
 _OUTCOME_CODES = {
     "200": _json(_OUTCOME, "completed"),
     "400": _err("bad request: `error.field` names the field"),
-    "401": _err("missing or wrong API key"),
+    "401": _UNAUTHORIZED,
     "409": _json(
         _OUTCOME_OR_ERROR,
         "cancelled, declined (at the desktop), in_doubt (outcomes); or the error `job_id_in_use`",
@@ -136,7 +148,7 @@ def _with_common_answers(doc: dict[str, Any]) -> dict[str, Any]:
         for op in ops.values():
             answers = op["responses"]
             if op.get("security"):
-                answers.setdefault("401", _err("missing or wrong API key"))
+                answers.setdefault("401", _UNAUTHORIZED)
             if op.get("parameters") and any(p["in"] == "path" for p in op["parameters"]):
                 answers.setdefault("400", _err("a path value is not valid: `error.field` names it"))
             if any(p["in"] == "query" for p in op.get("parameters", ())):
@@ -336,7 +348,7 @@ def _routes(version: str) -> dict[str, Any]:
                             "description": "text exposition format",
                             "content": {"text/plain": {"schema": {"type": "string"}}},
                         },
-                        "401": _err("missing or wrong API key"),
+                        "401": _UNAUTHORIZED,
                     },
                 }
             },
@@ -357,7 +369,7 @@ def _routes(version: str) -> dict[str, Any]:
                             "`{user_id, online, session_id, status, since?}`: status online, "
                             "offline or asleep (with since, Unix seconds)",
                         ),
-                        "401": _err("missing or wrong API key"),
+                        "401": _UNAUTHORIZED,
                         "503": _err(
                             "Redis unavailable, or no presence while this hub's own writes "
                             "are in doubt (a call is answered unavailable too)"
@@ -397,7 +409,7 @@ def _routes(version: str) -> dict[str, Any]:
                     "parameters": [_USER],
                     "responses": {
                         "200": _json({"type": "object"}, "`{user_id, online, tools}`"),
-                        "401": _err("missing or wrong API key"),
+                        "401": _UNAUTHORIZED,
                     },
                 }
             },
@@ -515,7 +527,7 @@ def _routes(version: str) -> dict[str, Any]:
                     **_page("Redirects to /admin/"),
                     "responses": {
                         "308": {"description": "to /admin/ (`Location`)"},
-                        "401": _err("credentials required"),
+                        "401": _UNAUTHORIZED_PAGE,
                     },
                 }
             },
@@ -539,5 +551,5 @@ def _page(summary: str) -> dict[str, Any]:
     return {
         "summary": summary,
         "security": _AUTH,
-        "responses": {"200": {"description": summary}, "401": _err("credentials required")},
+        "responses": {"200": {"description": summary}, "401": _UNAUTHORIZED_PAGE},
     }

@@ -90,9 +90,12 @@ class AsgiSocket:
 async def _refuse(
     send: Any, status: int, code: str, message: str, *, retry_after_s: int | None = None
 ) -> None:
-    """Refuse the upgrade with an HTTP response: ``{"error": {"code", "message"}}``."""
+    """Refuse the upgrade with an HTTP response: ``{"error": {"code", "message"}}``, a
+    401 with ``WWW-Authenticate: Bearer`` (RFC 9110 15.5.2)."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
     if retry_after_s is not None:
         headers.append((b"retry-after", b"%d" % retry_after_s))
     await send({"type": "websocket.http.response.start", "status": status, "headers": headers})

@@ -20,6 +20,8 @@ from typing import Any
 
 import trio
 
+from ._reconnect import CONNECT_FAILED, REJECTED
+
 log = logging.getLogger("deskbridge.sidecar.status")
 
 #: How often the daemon rewrites the status file, seconds.
@@ -29,8 +31,13 @@ STALE_AFTER_S = 30.0
 
 
 def _describe_end(end: Any) -> str | None:
+    """``"<cause>: <close code> <reason>"`` for ``end`` (a ``SessionEnd``); an attempt that
+    never had a WebSocket (``connect_failed``, ``rejected``: no close code, its recorded
+    1006 is a placeholder) is ``"<cause>: <reason>"``; None for no end."""
     if end is None:
         return None
+    if end.cause in (CONNECT_FAILED, REJECTED):
+        return f"{end.cause}: {end.reason}".strip()
     return f"{end.cause}: {end.code} {end.reason}".strip()
 
 
