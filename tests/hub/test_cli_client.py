@@ -298,3 +298,14 @@ def test_cancel_says_no_such_job_only_for_the_hub_s_own_404(fake_hub):  # noqa: 
     assert cli.main(["cancel", "job-1", "--hub", hub]) == 1
     replies.append((404, b'{"error": {"code": "not_found", "message": "no job"}}'))
     assert cli.main(["cancel", "job-1", "--hub", hub]) == 4
+
+
+def test_help_names_every_variable_the_client_commands_read_and_inspect_s_exits(capsys):
+    # a fresh-clone pass: --help did not list DESKBRIDGE_HUB_HTTP (read by call, inspect
+    # and cancel without --hub) and inspect --help gave no exit statuses (call's and
+    # cancel's do)
+    assert cli.main(["--help"]) == 0
+    top = capsys.readouterr().out
+    assert "DESKBRIDGE_HUB_HTTP" in top and "DESKBRIDGE_API_KEY" in top
+    assert cli.main(["inspect", "--help"]) == 0
+    assert "Exit 0 answered" in " ".join(capsys.readouterr().out.split())

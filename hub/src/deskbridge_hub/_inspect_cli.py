@@ -34,7 +34,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "inspect",
         help="show connected desktops, one user's desktop and queue, or one job",
-        description="Show what a running hub knows (GET /v1/admin/... and /v1/jobs/...).",
+        description="Show what a running hub knows (GET /v1/admin/... and /v1/jobs/...). "
+        "Exit 0 answered, 1 the hub answered an error or cannot be reached, 2 usage, "
+        "130 on Ctrl-C.",
     )
     p.add_argument("what", choices=["desktops", "user", "job"])
     p.add_argument("id", nargs="?", metavar="ID", help="USER_ID for user, JOB_ID for job")

@@ -42,6 +42,8 @@ EPILOG = """environment:
   DESKBRIDGE_SECRET      signs and verifies sidecar tokens (required by serve and token)
   DESKBRIDGE_PREVIOUS_SECRETS  comma-separated older secrets still accepted (rotation)
   DESKBRIDGE_API_KEY     bearer key(s) for the HTTP dispatch API (comma-separated)
+  DESKBRIDGE_HUB_HTTP    the hub call, inspect and cancel talk to without --hub
+                         (default http://127.0.0.1:8080)
   DESKBRIDGE_<TIMING>    timing overrides, e.g. DESKBRIDGE_RECLAIM_IDLE_S (docs/operations.md)
 """
 
