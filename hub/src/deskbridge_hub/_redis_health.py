@@ -68,6 +68,7 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("INCR", "K"),
     ("PEXPIRE", "K", "1"),
     ("PTTL", "K"),
+    ("STRLEN", "K"),  # the submit's catalogue digest check (the catalogue's length)
     ("HSET", "K", "f", "v"),
     ("HGET", "K", "f"),
     ("HMGET", "K", "f"),
@@ -75,6 +76,7 @@ NEEDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("HDEL", "K", "f"),
     ("HKEYS", "K"),
     ("HLEN", "K"),
+    ("HEXISTS", "K", "f"),  # the shared MCP sessions' record (``_mcp_store``)
     ("RPUSH", "K", "v"),
     ("LINDEX", "K", "0"),
     ("BLPOP", "K", "1"),
