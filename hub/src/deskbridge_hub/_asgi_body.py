@@ -17,6 +17,14 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 from werkzeug.sansio.utils import get_content_length
 
+#: Bytes of a refused body read and dropped before the 413 is sent, and for how long
+#: (seconds): closing a connection whose client is still sending resets it (TCP RST)
+#: before the client reads the answer, so an SDK saw a read error instead of the 413
+#: naming the limit (nginx's "lingering close" for the same reason). A body larger than
+#: this, or slower, still gets the 413 at the bound (the client may then see a reset).
+DRAIN_BYTES = 16 * 1024 * 1024
+DRAIN_S = 1.0
+
 
 async def read_body(receive: Any, headers: dict[str, str], quart: Any) -> bytes | None:
     """The whole body, or None if the client went away first.
@@ -30,12 +38,14 @@ async def read_body(receive: Any, headers: dict[str, str], quart: Any) -> bytes 
 
     Raises:
         RequestEntityTooLarge: ``Content-Length`` or the bytes received exceed
-            ``MAX_CONTENT_LENGTH``.
+            ``MAX_CONTENT_LENGTH`` (after what arrives within ``DRAIN_S``, up to
+            ``DRAIN_BYTES``, was read and dropped, so the client can read the answer).
         RequestTimeout: the body took longer than ``BODY_TIMEOUT`` seconds.
     """
     limit = quart["MAX_CONTENT_LENGTH"]
     expected = get_content_length(headers.get("content-length"), headers.get("transfer-encoding"))
     if limit is not None and expected is not None and expected > limit:
+        await _drain(receive, 0)
         raise RequestEntityTooLarge()
     body = bytearray()
     timeout = quart["BODY_TIMEOUT"]
@@ -48,10 +58,27 @@ async def read_body(receive: Any, headers: dict[str, str], quart: Any) -> bytes 
                 continue
             body += message.get("body", b"")
             if limit is not None and len(body) > limit:
+                if message.get("more_body", False):
+                    await _drain(receive, len(body))
                 raise RequestEntityTooLarge()
             if not message.get("more_body", False):
                 return bytes(body)
     raise RequestTimeout()
+
+
+async def _drain(receive: Any, read: int) -> None:
+    """Read and drop the rest of a refused body: until it ends, the client goes away,
+    ``DRAIN_BYTES`` in all were read (``read`` already), or ``DRAIN_S`` passed."""
+    with trio.move_on_after(DRAIN_S):
+        while read < DRAIN_BYTES:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            if message["type"] != "http.request":
+                continue
+            read += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 __all__ = ["read_body"]
