@@ -179,6 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, not urllib's traceback; 130 as a shell
         print(f"deskbridge-hub {args.command}: interrupted{_left_behind(args)}", file=sys.stderr)
         return 130
+    except BaseExceptionGroup as group:  # Ctrl-C inside trio's nurseries (revoke)
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        print(f"deskbridge-hub {args.command}: interrupted{_left_behind(args)}", file=sys.stderr)
+        return 130
 
 
 def _left_behind(args: argparse.Namespace) -> str:
